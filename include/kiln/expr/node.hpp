@@ -1,0 +1,102 @@
+// Expression nodes: the C++ type of an expression is its graph. A node is Node<Op, Children...>;
+// leaves are tensors (eager), argument placeholders (k::compile) and scalar slots. Values that may
+// change between calls (scalars, dims, view sizes) live in the object, never in the type.
+#pragma once
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+
+#include "../core/tensor.hpp"
+#include "op.hpp"
+
+namespace kiln {
+
+// Run-time attributes of a node: reduction dims, view sizes, slice bounds, a cast's dtype.
+struct Attrs {
+  Dims dims;                      // reduce: dims; reshape/expand: sizes; permute: order; iota: shape
+  std::int64_t a = 0, b = 0, c = 0, d = 0;  // slice: dim, start, stop, step; iota: dim
+  kiln::dtype dt = kiln::dtype::f32;        // cast: target; iota: dtype
+  bool keepdim = false;
+  bool all = false;               // reduce over every dim
+  friend constexpr bool operator==(const Attrs&, const Attrs&) = default;
+};
+
+// The base of every expression node. It lives in namespace kiln so that argument-dependent
+// lookup finds kiln's operators and functions for any node.
+struct ExprBase {
+  using kiln_expr_tag = void;
+};
+
+namespace expr {
+
+template <Op O, class... C>
+struct Node : ExprBase {
+  static constexpr Op op = O;
+  std::tuple<C...> in;
+  Attrs attrs;
+  Node(Attrs at, C... c) : in(std::move(c)...), attrs(std::move(at)) {}
+};
+
+// An eager tensor inside an expression (held by value: cheap, and never dangles).
+struct TensorLeaf : ExprBase {
+  Tensor t;
+};
+
+// Argument I of a compiled function; the tensor is bound at each call.
+template <int I>
+struct Arg : ExprBase {
+  static constexpr int index = I;
+  const Tensor* t = nullptr;
+};
+
+// A C++ scalar: its value is a kernel argument, its kind (floating or integral) a type property
+// because it takes part in dtype promotion.
+template <bool Floating>
+struct Scalar : ExprBase {
+  static constexpr bool floating = Floating;
+  double v;
+};
+
+// Index-valued leaves (iota) carry their shape and dim in attrs.
+struct Iota : ExprBase {
+  Attrs attrs;
+};
+
+template <class T> struct is_expr_t : std::false_type {};
+template <Op O, class... C> struct is_expr_t<Node<O, C...>> : std::true_type {};
+template <> struct is_expr_t<TensorLeaf> : std::true_type {};
+template <int I> struct is_expr_t<Arg<I>> : std::true_type {};
+template <bool F> struct is_expr_t<Scalar<F>> : std::true_type {};
+template <> struct is_expr_t<Iota> : std::true_type {};
+
+}  // namespace expr
+
+// Anything that can stand in an expression: an expression node, a tensor, or a C++ arithmetic scalar.
+template <class T>
+concept Expr = expr::is_expr_t<std::remove_cvref_t<T>>::value;
+template <class T>
+concept Operand = Expr<T> || std::is_same_v<std::remove_cvref_t<T>, Tensor> || std::is_arithmetic_v<std::remove_cvref_t<T>>;
+
+namespace expr {
+
+// Lifts an operand into an expression node.
+template <class T>
+auto lift(T&& x) {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (Expr<U>)
+    return U(std::forward<T>(x));
+  else if constexpr (std::is_same_v<U, Tensor>)
+    return TensorLeaf{{}, x};
+  else
+    return Scalar<std::is_floating_point_v<U>>{{}, static_cast<double>(x)};
+}
+template <class T>
+using lifted_t = decltype(lift(std::declval<T>()));
+
+template <Op O, class... T>
+auto make(Attrs at, T&&... x) {
+  return Node<O, lifted_t<T>...>(std::move(at), lift(std::forward<T>(x))...);
+}
+
+}  // namespace expr
+}  // namespace kiln

@@ -1,0 +1,239 @@
+// The user-facing operations of API.md: each builds a lazy expression node; nothing runs here.
+#pragma once
+#include <initializer_list>
+#include <vector>
+
+#include "node.hpp"
+
+namespace kiln {
+
+// A tensor-like operand: an expression or a k::Tensor (not a bare C++ number).
+template <class T>
+concept TensorLike = Expr<T> || std::is_same_v<std::remove_cvref_t<T>, Tensor>;
+
+template <class A, class B>
+concept BinaryOperands = Operand<A> && Operand<B> && (TensorLike<A> || TensorLike<B>);
+
+// Reduction dims: an int, a braced list, a vector, or nothing (= all dims).
+struct DimList {
+  Dims dims;
+  bool all = false;
+  DimList() : all(true) {}
+  DimList(int d) : dims{d} {}
+  DimList(std::int64_t d) : dims{d} {}
+  DimList(std::initializer_list<std::int64_t> l) : dims(l) {}
+  DimList(const std::vector<std::int64_t>& v) : dims(v) {}
+};
+
+enum class approximate { none, tanh };
+
+#define KILN_BINARY_OPERATOR(sym, op)                            \
+  template <class A, class B>                                   \
+    requires BinaryOperands<A, B>                               \
+  auto operator sym(A&& a, B&& b) {                             \
+    return expr::make<Op::op>({}, std::forward<A>(a), std::forward<B>(b)); \
+  }
+KILN_BINARY_OPERATOR(+, add)
+KILN_BINARY_OPERATOR(-, sub)
+KILN_BINARY_OPERATOR(*, mul)
+KILN_BINARY_OPERATOR(/, div)
+KILN_BINARY_OPERATOR(<, lt)
+KILN_BINARY_OPERATOR(<=, le)
+KILN_BINARY_OPERATOR(>, gt)
+KILN_BINARY_OPERATOR(>=, ge)
+KILN_BINARY_OPERATOR(==, eq)
+KILN_BINARY_OPERATOR(!=, ne)
+#undef KILN_BINARY_OPERATOR
+
+#define KILN_BINARY_FUNCTION(fn, op)                             \
+  template <class A, class B>                                   \
+    requires BinaryOperands<A, B>                               \
+  auto fn(A&& a, B&& b) {                                       \
+    return expr::make<Op::op>({}, std::forward<A>(a), std::forward<B>(b)); \
+  }
+KILN_BINARY_FUNCTION(maximum, maximum)
+KILN_BINARY_FUNCTION(minimum, minimum)
+#undef KILN_BINARY_FUNCTION
+
+template <TensorLike A>
+auto operator-(A&& a) { return expr::make<Op::neg>({}, std::forward<A>(a)); }
+
+#define KILN_UNARY_FUNCTION(fn)                                           \
+  template <TensorLike A>                                                \
+  auto fn(A&& a) { return expr::make<Op::fn>({}, std::forward<A>(a)); }
+KILN_UNARY_FUNCTION(abs)
+KILN_UNARY_FUNCTION(exp)
+KILN_UNARY_FUNCTION(exp2)
+KILN_UNARY_FUNCTION(log)
+KILN_UNARY_FUNCTION(log2)
+KILN_UNARY_FUNCTION(log1p)
+KILN_UNARY_FUNCTION(expm1)
+KILN_UNARY_FUNCTION(sqrt)
+KILN_UNARY_FUNCTION(rsqrt)
+KILN_UNARY_FUNCTION(square)
+KILN_UNARY_FUNCTION(sin)
+KILN_UNARY_FUNCTION(cos)
+KILN_UNARY_FUNCTION(tanh)
+KILN_UNARY_FUNCTION(sigmoid)
+KILN_UNARY_FUNCTION(erf)
+KILN_UNARY_FUNCTION(relu)
+KILN_UNARY_FUNCTION(silu)
+KILN_UNARY_FUNCTION(reciprocal)
+KILN_UNARY_FUNCTION(sign)
+KILN_UNARY_FUNCTION(logical_not)
+#undef KILN_UNARY_FUNCTION
+
+// The approximation is an attribute (guarded like dims), so both forms share one node type.
+template <TensorLike A>
+auto gelu(A&& a, approximate mode = approximate::none) {
+  Attrs at;
+  at.a = mode == approximate::tanh ? 1 : 0;
+  return expr::make<Op::gelu>(at, std::forward<A>(a));
+}
+
+template <TensorLike A, class S>
+  requires std::is_arithmetic_v<S>
+auto pow(A&& a, S exponent) { return expr::make<Op::pow>({}, std::forward<A>(a), exponent); }
+
+template <class C, class A, class B>
+  requires Operand<C> && Operand<A> && Operand<B>
+auto where(C&& c, A&& a, B&& b) {
+  return expr::make<Op::where>({}, std::forward<C>(c), std::forward<A>(a), std::forward<B>(b));
+}
+template <TensorLike X, class L, class H>
+  requires Operand<L> && Operand<H>
+auto clamp(X&& x, L&& lo, H&& hi) {
+  return expr::make<Op::clamp>({}, std::forward<X>(x), std::forward<L>(lo), std::forward<H>(hi));
+}
+template <TensorLike X>
+auto cast(X&& x, kiln::dtype d) {
+  Attrs at;
+  at.dt = d;
+  return expr::make<Op::cast>(at, std::forward<X>(x));
+}
+
+// ---- reductions ----------------------------------------------------------------------------------
+namespace detail {
+inline Attrs reduce_attrs(const DimList& d, bool keepdim) {
+  Attrs at;
+  at.dims = d.dims;
+  at.all = d.all;
+  at.keepdim = keepdim;
+  return at;
+}
+}  // namespace detail
+
+#define KILN_REDUCTION(fn)                                                            \
+  template <TensorLike X>                                                            \
+  auto fn(X&& x, DimList dims = {}, bool keepdim = false) {                          \
+    return expr::make<Op::fn>(detail::reduce_attrs(dims, keepdim), std::forward<X>(x)); \
+  }
+KILN_REDUCTION(sum)
+KILN_REDUCTION(mean)
+KILN_REDUCTION(amax)
+KILN_REDUCTION(amin)
+#undef KILN_REDUCTION
+
+template <TensorLike X>
+auto var(X&& x, DimList dims = {}, double correction = 1, bool keepdim = false) {
+  return expr::make<Op::var>(detail::reduce_attrs(dims, keepdim), std::forward<X>(x), correction);
+}
+template <TensorLike X>
+auto logsumexp(X&& x, std::int64_t dim, bool keepdim = false) {
+  return expr::make<Op::logsumexp>(detail::reduce_attrs(DimList(dim), keepdim), std::forward<X>(x));
+}
+
+// ---- composites ----------------------------------------------------------------------------------
+template <TensorLike X>
+auto softmax(X&& x, std::int64_t dim) {
+  return expr::make<Op::softmax>(detail::reduce_attrs(DimList(dim), true), std::forward<X>(x));
+}
+template <TensorLike X>
+auto log_softmax(X&& x, std::int64_t dim) {
+  return expr::make<Op::log_softmax>(detail::reduce_attrs(DimList(dim), true), std::forward<X>(x));
+}
+template <TensorLike X, TensorLike W, TensorLike B>
+auto layer_norm(X&& x, W&& w, B&& b, double eps = 1e-5) {
+  return expr::make<Op::layer_norm>({}, std::forward<X>(x), std::forward<W>(w), std::forward<B>(b), eps);
+}
+template <TensorLike X, TensorLike W>
+auto rms_norm(X&& x, W&& w, double eps = 1e-6) {
+  return expr::make<Op::rms_norm>({}, std::forward<X>(x), std::forward<W>(w), eps);
+}
+template <TensorLike L, TensorLike T>
+auto cross_entropy(L&& logits, T&& targets) {
+  return expr::make<Op::cross_entropy>({}, std::forward<L>(logits), std::forward<T>(targets));
+}
+template <TensorLike A, TensorLike B>
+auto mse_loss(A&& a, B&& b) {
+  return expr::make<Op::mse_loss>({}, std::forward<A>(a), std::forward<B>(b));
+}
+template <TensorLike A, TensorLike B>
+auto matmul(A&& a, B&& b) {
+  return expr::make<Op::matmul>({}, std::forward<A>(a), std::forward<B>(b));
+}
+template <TensorLike X, TensorLike W, TensorLike B>
+auto linear(X&& x, W&& w, B&& b) {
+  return expr::make<Op::linear>({}, std::forward<X>(x), std::forward<W>(w), std::forward<B>(b));
+}
+template <TensorLike X, TensorLike W>
+auto linear(X&& x, W&& w) {
+  return expr::make<Op::linear>({}, std::forward<X>(x), std::forward<W>(w), 0.0);
+}
+
+// ---- views ----------------------------------------------------------------------------------------
+template <TensorLike X>
+auto reshape(X&& x, const Dims& shape) {
+  Attrs at;
+  at.dims = shape;
+  return expr::make<Op::reshape>(at, std::forward<X>(x));
+}
+template <TensorLike X>
+auto permute(X&& x, const Dims& order) {
+  Attrs at;
+  at.dims = order;
+  return expr::make<Op::permute>(at, std::forward<X>(x));
+}
+template <TensorLike X>
+auto transpose(X&& x, std::int64_t d0, std::int64_t d1) {
+  Attrs at;
+  at.a = d0;
+  at.b = d1;
+  return expr::make<Op::transpose>(at, std::forward<X>(x));
+}
+template <TensorLike X>
+auto slice(X&& x, std::int64_t dim, std::int64_t start, std::int64_t stop, std::int64_t step = 1) {
+  Attrs at;
+  at.a = dim;
+  at.b = start;
+  at.c = stop;
+  at.d = step;
+  return expr::make<Op::slice>(at, std::forward<X>(x));
+}
+template <TensorLike X>
+auto expand(X&& x, const Dims& shape) {
+  Attrs at;
+  at.dims = shape;
+  return expr::make<Op::expand>(at, std::forward<X>(x));
+}
+template <TensorLike X>
+auto unsqueeze(X&& x, std::int64_t dim) {
+  Attrs at;
+  at.a = dim;
+  return expr::make<Op::unsqueeze>(at, std::forward<X>(x));
+}
+// squeeze(x, dim) removes one size-1 dim; squeeze(x) removes all of them.
+template <TensorLike X>
+auto squeeze(X&& x, std::int64_t dim) {
+  Attrs at;
+  at.a = dim;
+  return expr::make<Op::squeeze>(at, std::forward<X>(x));
+}
+template <TensorLike X>
+auto squeeze(X&& x) {
+  Attrs at;
+  at.all = true;
+  return expr::make<Op::squeeze>(at, std::forward<X>(x));
+}
+
+}  // namespace kiln

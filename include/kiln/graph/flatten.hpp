@@ -1,0 +1,115 @@
+// Flattening: turns an expression object into the run-time node table once per expression type,
+// and gathers the values that change between calls (tensors, scalars, attributes) at every call
+// into fixed arrays, in the same traversal order, without touching the heap.
+#pragma once
+#include <array>
+
+#include "graph.hpp"
+
+namespace kiln::graph {
+
+// Type-level counts of what one call must gather: tensor leaves, scalars, attributed nodes.
+template <class E> struct Counts;
+template <> struct Counts<expr::TensorLeaf> { static constexpr int tensors = 1, scalars = 0, attrs = 0, max_arg = -1; };
+template <int I> struct Counts<expr::Arg<I>> { static constexpr int tensors = 0, scalars = 0, attrs = 0, max_arg = I; };
+template <bool F> struct Counts<expr::Scalar<F>> { static constexpr int tensors = 0, scalars = 1, attrs = 0, max_arg = -1; };
+template <> struct Counts<expr::Iota> { static constexpr int tensors = 0, scalars = 0, attrs = 1, max_arg = -1; };
+template <Op O, class... C>
+struct Counts<expr::Node<O, C...>> {
+  static constexpr int tensors = (0 + ... + Counts<C>::tensors);
+  static constexpr int scalars = (0 + ... + Counts<C>::scalars);
+  static constexpr int attrs = 1 + (0 + ... + Counts<C>::attrs);
+  static constexpr int max_arg = std::max({-1, Counts<C>::max_arg...});
+};
+
+// The per-call values of an expression of type E.
+template <class E>
+struct Captured {
+  using C = Counts<E>;
+  std::array<const Tensor*, (C::tensors > 0 ? C::tensors : 1)> tensors{};
+  std::array<double, (C::scalars > 0 ? C::scalars : 1)> scalars{};
+  std::array<const Attrs*, C::attrs> attrs{};
+  int nt = 0, ns = 0, na = 0;
+};
+
+namespace detail {
+
+template <class Cap>
+void gather(const expr::TensorLeaf& e, Cap& c) { c.tensors[c.nt++] = &e.t; }
+template <class Cap, int I>
+void gather(const expr::Arg<I>&, Cap&) {}
+template <class Cap, bool F>
+void gather(const expr::Scalar<F>& e, Cap& c) { c.scalars[c.ns++] = e.v; }
+template <class Cap>
+void gather(const expr::Iota& e, Cap& c) { c.attrs[c.na++] = &e.attrs; }
+template <class Cap, Op O, class... C>
+void gather(const expr::Node<O, C...>& e, Cap& c) {
+  std::apply([&](const auto&... child) { (gather(child, c), ...); }, e.in);
+  c.attrs[c.na++] = &e.attrs;
+}
+
+struct FlattenState {
+  int next_tensor = 0;   // eager leaves are numbered after the largest Arg index
+  int next_scalar = 0;
+};
+
+inline int flatten_into(const expr::TensorLeaf&, Graph& g, FlattenState& s) {
+  Node n;
+  n.op = Op::arg;
+  n.slot = s.next_tensor++;
+  g.nodes.push_back(n);  // eager leaves are distinct arguments even if they alias
+  return g.size() - 1;
+}
+template <int I>
+int flatten_into(const expr::Arg<I>&, Graph& g, FlattenState&) {
+  Node n;
+  n.op = Op::arg;
+  n.slot = I;
+  return g.add(n);
+}
+template <bool F>
+int flatten_into(const expr::Scalar<F>&, Graph& g, FlattenState& s) {
+  Node n;
+  n.op = Op::scalar;
+  n.slot = s.next_scalar++;
+  n.weak = true;
+  n.floating = F;
+  return g.add(n);
+}
+inline int flatten_into(const expr::Iota& e, Graph& g, FlattenState&) {
+  Node n;
+  n.op = Op::iota;
+  n.attrs = e.attrs;
+  return g.add(n);
+}
+template <Op O, class... C>
+int flatten_into(const expr::Node<O, C...>& e, Graph& g, FlattenState& s) {
+  Node n;
+  n.op = O;
+  std::apply([&](const auto&... child) { ((n.in[n.n_in++] = flatten_into(child, g, s)), ...); }, e.in);
+  n.attrs = e.attrs;
+  return g.add(n);
+}
+
+}  // namespace detail
+
+// Gathers the per-call values of an expression (the cache-hit path: no allocation).
+template <class E>
+void gather(const E& e, Captured<E>& c) {
+  c.nt = c.ns = c.na = 0;
+  detail::gather(e, c);
+}
+
+// Flattens one or several expressions (several outputs) into a graph.
+template <class... E>
+Graph flatten(const E&... e) {
+  Graph g;
+  detail::FlattenState s;
+  s.next_tensor = std::max({-1, Counts<E>::max_arg...}) + 1;
+  (g.outputs.push_back(detail::flatten_into(e, g, s)), ...);
+  g.num_args = s.next_tensor;
+  g.num_scalars = s.next_scalar;
+  return g;
+}
+
+}  // namespace kiln::graph

@@ -1,0 +1,339 @@
+// Shape and dtype inference over the node table, with PyTorch's broadcasting and promotion rules.
+// Every bad input becomes a typed error naming the op and the shapes or dtypes involved.
+#pragma once
+#include <algorithm>
+#include <string>
+
+#include "graph.hpp"
+
+namespace kiln::graph {
+
+namespace detail {
+
+inline std::string op_str(Op op) { return std::string(name(op)); }
+
+inline kiln::dtype promote_nodes(const Node& a, const Node& b) {
+  if (a.weak && !b.weak) return promote_with_scalar(b.dt, is_floating(a.dt));
+  if (b.weak && !a.weak) return promote_with_scalar(a.dt, is_floating(b.dt));
+  return promote(a.dt, b.dt);
+}
+
+inline bool float_result_op(Op op) {
+  switch (op) {
+    case Op::exp: case Op::exp2: case Op::log: case Op::log2: case Op::log1p: case Op::expm1:
+    case Op::sqrt: case Op::rsqrt: case Op::reciprocal: case Op::sin: case Op::cos: case Op::tanh:
+    case Op::sigmoid: case Op::erf: case Op::silu: case Op::gelu: case Op::gelu_tanh:
+    case Op::softmax: case Op::log_softmax: case Op::logsumexp: case Op::mean: case Op::var:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The dims a reduction-like node works on, normalised and sorted; all dims when attrs.all.
+inline Dims reduced_dims(const Attrs& at, int rank, Op op) {
+  Dims out;
+  if (at.all) {
+    for (int i = 0; i < rank; ++i) out.push_back(i);
+    return out;
+  }
+  for (auto d : at.dims) {
+    int nd = normalize_dim(d, rank, std::string(name(op)).c_str());
+    if (std::find(out.begin(), out.end(), nd) != out.end())
+      throw shape_error(op_str(op) + ": dimension " + std::to_string(d) + " appears twice in " + at.dims.str());
+    out.push_back(nd);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+inline Dims reduced_shape(const Dims& in, const Dims& dims, bool keepdim) {
+  Dims out;
+  for (int i = 0; i < in.size(); ++i) {
+    bool r = std::find(dims.begin(), dims.end(), i) != dims.end();
+    if (!r) out.push_back(in[i]);
+    else if (keepdim) out.push_back(1);
+  }
+  return out;
+}
+
+inline Dims infer_reshape(const Dims& in, const Dims& want, Op op) {
+  Dims out = want;
+  int infer = -1;
+  std::int64_t known = 1;
+  for (int i = 0; i < out.size(); ++i) {
+    if (out[i] == -1) {
+      if (infer >= 0) throw shape_error(op_str(op) + ": only one dimension of " + want.str() + " may be -1");
+      infer = i;
+    } else if (out[i] < 0) {
+      throw shape_error(op_str(op) + ": invalid size in " + want.str());
+    } else {
+      known *= out[i];
+    }
+  }
+  if (infer >= 0 && known != 0 && in.product() % known == 0) out[infer] = in.product() / known;
+  if (out.product() != in.product())
+    throw shape_error(op_str(op) + ": cannot reshape a tensor of shape " + in.str() + " (" + std::to_string(in.product()) +
+                      " elements) to " + want.str());
+  return out;
+}
+
+inline Dims infer_matmul(const Dims& a, const Dims& b) {
+  bool ok = (a.size() == 2 && b.size() == 2) || (a.size() == 3 && (b.size() == 3 || b.size() == 2));
+  if (!ok || a.back() != b[b.size() - 2] || (a.size() == 3 && b.size() == 3 && a[0] != b[0]))
+    throw shape_error("matmul: cannot multiply shapes " + a.str() + " and " + b.str() +
+                      " (2-D by 2-D, or batched 3-D by 3-D or 2-D, with matching inner sizes)");
+  Dims out = a;
+  out[out.size() - 1] = b.back();
+  return out;
+}
+
+void infer_node(Graph& g, Node& n);
+
+}  // namespace detail
+
+// Fills shape and dtype of every node, given the argument tensors (indexed by arg slot).
+template <class TensorAt>
+void infer_shapes(Graph& g, TensorAt&& arg) {
+  for (auto& n : g.nodes) {
+    if (n.op == Op::arg) {
+      const Tensor& t = arg(n.slot);
+      n.shape = t.shape();
+      n.dt = t.dtype();
+    } else if (n.op == Op::constant) {
+      n.shape = {};
+      n.dt = kiln::dtype::f64;
+      n.weak = true;
+    } else if (n.op == Op::scalar) {
+      n.shape = {};
+      n.dt = n.floating ? kiln::dtype::f64 : kiln::dtype::i64;
+      n.weak = true;
+    } else {
+      detail::infer_node(g, n);
+    }
+  }
+}
+
+namespace detail {
+
+inline void check_same_device_free_shape(const Node&) {}
+
+inline void infer_node(Graph& g, Node& n) {
+  auto in = [&](int i) -> const Node& { return g.nodes[n.in[i]]; };
+  const std::string op = op_str(n.op);
+  bool all_weak = true;
+  for (int i = 0; i < n.n_in; ++i) all_weak = all_weak && in(i).weak;
+  n.weak = n.n_in > 0 && all_weak;
+  switch (info(n.op).cls) {
+    case OpClass::unary: {
+      n.shape = in(0).shape;
+      n.dt = in(0).dt;
+      if (n.op == Op::cast) n.dt = n.attrs.dt;
+      else if (n.op == Op::logical_not) n.dt = kiln::dtype::boolean;
+      else if (float_result_op(n.op) && !is_floating(n.dt)) n.dt = kiln::dtype::f32;
+      else if (n.op == Op::neg && n.dt == kiln::dtype::boolean)
+        throw dtype_error("neg: negation of a boolean tensor is not supported; use k::logical_not");
+      return;
+    }
+    case OpClass::binary: {
+      n.shape = broadcast_shapes(in(0).shape, in(1).shape, op.c_str());
+      if (is_comparison(n.op)) {
+        n.dt = kiln::dtype::boolean;
+      } else {
+        n.dt = promote_nodes(in(0), in(1));
+        if (n.op == Op::div && !is_floating(n.dt)) n.dt = kiln::dtype::f32;
+      }
+      return;
+    }
+    case OpClass::ternary: {  // where(c, a, b)
+      if (in(0).dt != kiln::dtype::boolean && !in(0).weak)
+        throw dtype_error("where: the condition must be boolean, got " + std::string(name(in(0).dt)));
+      n.shape = broadcast_shapes(broadcast_shapes(in(0).shape, in(1).shape, op.c_str()), in(2).shape, op.c_str());
+      n.dt = promote_nodes(in(1), in(2));
+      return;
+    }
+    case OpClass::reduce: {
+      Dims rd = reduced_dims(n.attrs, in(0).shape.size(), n.op);
+      n.shape = reduced_shape(in(0).shape, rd, n.attrs.keepdim);
+      n.dt = in(0).dt;
+      if (n.op == Op::sum && !is_floating(n.dt)) n.dt = kiln::dtype::i64;
+      for (int d : rd)
+        if (in(0).shape[d] == 0 && n.op != Op::sum)
+          throw shape_error(op + ": cannot reduce over dimension " + std::to_string(d) + " of size 0 in shape " +
+                            in(0).shape.str());
+      return;
+    }
+    case OpClass::meta: {  // numel(x, dims): the element count of the reduced dims, as a number
+      reduced_dims(n.attrs, in(0).shape.size(), n.op);  // validates the dims
+      n.shape = {};
+      n.dt = kiln::dtype::f64;
+      n.weak = true;
+      return;
+    }
+    case OpClass::view:
+      break;
+    case OpClass::index: {  // gather(x, idx): x[..., idx[...]] along the last dim
+      if (in(1).dt != kiln::dtype::i64 && in(1).dt != kiln::dtype::i32)
+        throw dtype_error("gather: indices must be i64 or i32, got " + std::string(name(in(1).dt)));
+      const Dims &xs = in(0).shape, &is = in(1).shape;
+      if (xs.size() != is.size() || !std::equal(xs.begin(), xs.end() - 1, is.begin()))
+        throw shape_error("gather: index shape " + is.str() + " does not match input shape " + xs.str());
+      n.shape = is;
+      n.dt = in(0).dt;
+      return;
+    }
+    case OpClass::extern_: {
+      n.shape = infer_matmul(in(0).shape, in(1).shape);
+      n.dt = promote(in(0).dt, in(1).dt);
+      if (!is_floating(n.dt)) throw dtype_error("matmul: integer matmul is not supported (" + std::string(name(in(0).dt)) + " x " + std::string(name(in(1).dt)) + ")");
+      return;
+    }
+    case OpClass::composite:
+      break;
+    case OpClass::leaf:
+      if (n.op == Op::iota) {
+        n.shape = n.attrs.dims;
+        n.dt = kiln::dtype::i64;
+      }
+      return;
+  }
+  const Dims& xs = in(0).shape;
+  const int rank = xs.size();
+  switch (n.op) {
+    case Op::reshape:
+      n.shape = infer_reshape(xs, n.attrs.dims, n.op);
+      break;
+    case Op::permute: {
+      if (n.attrs.dims.size() != rank)
+        throw shape_error("permute: order " + n.attrs.dims.str() + " does not match a tensor of shape " + xs.str());
+      Dims seen, out;
+      for (auto d : n.attrs.dims) {
+        int nd = normalize_dim(d, rank, "permute");
+        if (std::find(seen.begin(), seen.end(), nd) != seen.end())
+          throw shape_error("permute: order " + n.attrs.dims.str() + " repeats a dimension");
+        seen.push_back(nd);
+        out.push_back(xs[nd]);
+      }
+      n.attrs.dims = seen;
+      n.shape = out;
+      break;
+    }
+    case Op::transpose: {
+      int a = normalize_dim(n.attrs.a, rank, "transpose"), b = normalize_dim(n.attrs.b, rank, "transpose");
+      n.shape = xs;
+      if (rank > 0) std::swap(n.shape[a], n.shape[b]);
+      break;
+    }
+    case Op::slice: {
+      int d = normalize_dim(n.attrs.a, rank, "slice");
+      if (n.attrs.d <= 0) throw shape_error("slice: step must be positive, got " + std::to_string(n.attrs.d));
+      std::int64_t size = xs[d];
+      auto clampi = [&](std::int64_t v) { return std::clamp<std::int64_t>(v < 0 ? v + size : v, 0, size); };
+      std::int64_t start = clampi(n.attrs.b), stop = clampi(n.attrs.c);
+      n.shape = xs;
+      n.shape[d] = stop > start ? (stop - start + n.attrs.d - 1) / n.attrs.d : 0;
+      break;
+    }
+    case Op::slice_backward:  // the gradient of a slice: attrs as slice's, dims = the sliced input's shape
+      n.shape = n.attrs.dims;
+      break;
+    case Op::expand: {
+      const Dims& want = n.attrs.dims;
+      if (want.size() < rank)
+        throw shape_error("expand: cannot expand shape " + xs.str() + " to fewer dimensions " + want.str());
+      Dims out = want;
+      for (int i = 0; i < want.size(); ++i) {
+        int j = i - (want.size() - rank);
+        std::int64_t have = j >= 0 ? xs[j] : 1;
+        if (want[i] == -1) {
+          if (j < 0) throw shape_error("expand: -1 is not allowed for a new leading dimension in " + want.str());
+          out[i] = have;
+        } else if (have != 1 && have != want[i]) {
+          throw shape_error("expand: cannot expand shape " + xs.str() + " to " + want.str());
+        }
+      }
+      n.shape = out;
+      break;
+    }
+    case Op::unsqueeze: {
+      int d = normalize_dim(n.attrs.a, rank + 1, "unsqueeze");
+      n.shape = xs;
+      n.shape.insert(d, 1);
+      break;
+    }
+    case Op::squeeze: {
+      n.shape = {};
+      if (n.attrs.all) {
+        for (auto s : xs)
+          if (s != 1) n.shape.push_back(s);
+      } else {
+        int d = normalize_dim(n.attrs.a, rank, "squeeze");
+        n.shape = xs;
+        if (rank > 0 && xs[d] == 1) n.shape.erase(d);
+      }
+      break;
+    }
+    case Op::silu: case Op::gelu: case Op::gelu_tanh:
+      n.shape = xs;
+      break;
+    case Op::clamp:
+      n.shape = broadcast_shapes(broadcast_shapes(xs, in(1).shape, "clamp"), in(2).shape, "clamp");
+      n.dt = promote(promote_nodes(in(0), in(1)), promote_nodes(in(0), in(2)));
+      return;
+    case Op::mean: case Op::var: case Op::logsumexp: {
+      Dims rd = reduced_dims(n.attrs, rank, n.op);
+      n.shape = reduced_shape(xs, rd, n.attrs.keepdim);
+      for (int d : rd)
+        if (xs[d] == 0 && n.op == Op::logsumexp)
+          throw shape_error("logsumexp: cannot reduce over dimension of size 0 in shape " + xs.str());
+      break;
+    }
+    case Op::softmax: case Op::log_softmax:
+      reduced_dims(n.attrs, rank, n.op);
+      n.shape = xs;
+      break;
+    case Op::layer_norm: case Op::rms_norm: {
+      if (rank == 0) throw shape_error(op + ": input must have at least one dimension");
+      std::int64_t d = xs.back();
+      for (int i = 1; i < (n.op == Op::layer_norm ? 3 : 2); ++i)
+        if (!(in(i).shape == Dims{d}))
+          throw shape_error(op + ": weight/bias of shape " + in(i).shape.str() + " do not match the last dimension of input " + xs.str());
+      n.shape = xs;
+      break;
+    }
+    case Op::cross_entropy: {
+      const Dims& ts = in(1).shape;
+      if (in(1).dt != kiln::dtype::i64 && in(1).dt != kiln::dtype::i32)
+        throw dtype_error("cross_entropy: targets must be i64 class indices, got " + std::string(name(in(1).dt)));
+      if (rank != 2 || ts.size() != 1 || ts[0] != xs[0])
+        throw shape_error("cross_entropy: logits " + xs.str() + " and targets " + ts.str() + " must be [N, C] and [N]");
+      n.shape = {};
+      n.dt = is_floating(in(0).dt) ? in(0).dt : kiln::dtype::f32;
+      return;
+    }
+    case Op::mse_loss:
+      broadcast_shapes(xs, in(1).shape, "mse_loss");
+      n.shape = {};
+      n.dt = promote_nodes(in(0), in(1));
+      if (!is_floating(n.dt)) n.dt = kiln::dtype::f32;
+      return;
+    case Op::linear: {
+      const Dims& ws = in(1).shape;
+      if (ws.size() != 2 || rank < 1 || xs.back() != ws[1])
+        throw shape_error("linear: input " + xs.str() + " and weight " + ws.str() + " do not match (weight is [out, in])");
+      if (!in(2).weak && !(in(2).shape == Dims{ws[0]}))
+        throw shape_error("linear: bias " + in(2).shape.str() + " does not match weight " + ws.str());
+      n.shape = xs;
+      n.shape[rank - 1] = ws[0];
+      n.dt = promote(in(0).dt, in(1).dt);
+      return;
+    }
+    default:
+      throw error("infer_shapes: no rule for op " + op);
+  }
+  n.dt = in(0).dt;
+  if (float_result_op(n.op) && !is_floating(n.dt)) n.dt = kiln::dtype::f32;
+}
+
+}  // namespace detail
+}  // namespace kiln::graph
