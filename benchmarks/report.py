@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Markdown report of kiln vs PyTorch from two JSONL files.
+
+  python3 benchmarks/report.py TORCH.jsonl KILN.jsonl OUT.md [--png OUT.png] [--no-png]
+
+TORCH.jsonl comes from benchmarks/torch_peer.py, KILN.jsonl from kiln's C++ benchmark binary in the
+same format with impl "kiln" (variants such as "kiln-dynamic" or "kiln-cuda_graphs" are allowed).
+Lines that are not JSON objects are ignored. The table goes to stdout and to OUT.md; when matplotlib
+imports, a bar chart of kiln / torch.compile goes next to it (OUT.png unless --png is given).
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+
+ORDER = ["W1", "W1b", "W1c", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11",
+         "W11w", "W12"]
+GEOMEAN_IDS = ["W1", "W1b", "W1c", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "W8", "W12"]
+DESC = {
+    "W1": "`relu(x*2+1)` 2^26 f32",
+    "W1b": "`sigmoid(tanh(x*0.5+0.1)*x)*exp(-x*x)` 2^26 f32",
+    "W1c": "`gelu(x+b)` 16384×4096 bf16",
+    "W2": "`gelu(x@W+b)` 4096³ bf16",
+    "W3": "softmax 16384×4096 f32",
+    "W3b": "softmax 4096×32768 f32",
+    "W4": "layer_norm fwd 16384×4096 f32",
+    "W5": "layer_norm fwd+bwd 16384×4096 f32",
+    "W6": "rms_norm fwd 16384×4096 bf16",
+    "W7": "cross_entropy fwd+bwd 4096×32000 f32",
+    "W8": "AdamW step 2^24 f32",
+    "W9": "host cost per cached call, 1024 f32",
+    "W10": "layer_norm over 10 batch sizes, total incl. compiles",
+    "W11": "cold compile of W1, empty cache",
+    "W11w": "process start → first result, warm cache",
+    "W12": "MLP block fwd+bwd 8192×1024 bf16",
+}
+MEMORY_BOUND = {"W1", "W1b", "W1c", "W3", "W3b", "W4", "W6", "W8"}
+
+
+def unit_of(wid):
+    if wid == "W9":
+        return "µs"
+    if wid == "W10":
+        return "s"
+    return "ms"
+
+
+def fmt_time(wid, ms):
+    if ms is None:
+        return "—"
+    u = unit_of(wid)
+    if u == "µs":
+        return f"{ms * 1e3:.1f} µs"
+    if u == "s":
+        return f"{ms / 1e3:.2f} s"
+    if wid in ("W11", "W11w"):
+        return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms"
+    return f"{ms:.3f}"
+
+
+def load(path):
+    """-> (env dicts, copy gbps or None, {(id, impl): record}). Missing file -> empty."""
+    envs, copy, recs = [], None, {}
+    if path is None or path == "-" or not os.path.exists(path):
+        if path not in (None, "-"):
+            print(f"warning: {path} not found, treating it as empty", file=sys.stderr)
+        return envs, copy, recs
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for n, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                print(f"warning: {path}:{n}: not JSON, skipped", file=sys.stderr)
+                continue
+            if not isinstance(r, dict) or "id" not in r:
+                continue
+            wid = str(r["id"])
+            if wid == "env":
+                envs.append(r)
+            elif wid == "copy":
+                if isinstance(r.get("gbps"), (int, float)):
+                    copy = float(r["gbps"])
+            else:
+                recs[(wid, str(r.get("impl", "?")))] = r  # later lines win
+    return envs, copy, recs
+
+
+def ms_of(r):
+    if r is None or r.get("error"):
+        return None
+    v = r.get("ms")
+    if isinstance(v, (int, float)) and v > 0 and math.isfinite(v):
+        return float(v)
+    if isinstance(r.get("us"), (int, float)) and r["us"] > 0:
+        return float(r["us"]) / 1e3
+    if isinstance(r.get("s"), (int, float)) and r["s"] > 0:
+        return float(r["s"]) * 1e3
+    return None
+
+
+def cell(wid, r):
+    if r is None:
+        return "—"
+    if r.get("error"):
+        return "error"
+    return fmt_time(wid, ms_of(r))
+
+
+def best(recs, wid, prefix):
+    """(impl, ms) of the fastest impl named prefix or prefix-*, for workload wid."""
+    out = None
+    for (i, impl), r in recs.items():
+        if i != wid or not (impl == prefix or impl.startswith(prefix + "-")):
+            continue
+        ms = ms_of(r)
+        if ms is not None and (out is None or ms < out[1]):
+            out = (impl, ms)
+    return out
+
+
+def sort_key(wid):
+    return (ORDER.index(wid), "") if wid in ORDER else (len(ORDER), wid)
+
+
+def build(torch_path, kiln_path):
+    t_env, t_copy, t_recs = load(torch_path)
+    k_env, k_copy, k_recs = load(kiln_path)
+    recs = dict(t_recs)
+    recs.update(k_recs)
+    ids = sorted({w for (w, _) in recs}, key=sort_key)
+    copy_for_kiln = k_copy if k_copy is not None else t_copy
+
+    lines = []
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    lines.append(f"# kiln vs PyTorch — {now}")
+    lines.append("")
+
+    def env_line(name, envs):
+        if not envs:
+            return f"- {name}: no env line"
+        e = envs[-1]
+        keys = ["device", "torch", "triton", "cuda", "kiln", "nvcc", "driver", "date", "reps", "cache"]
+        parts = [f"{k} {e[k]}" for k in keys if e.get(k) not in (None, "")]
+        parts += [f"{k} {v}" for k, v in e.items()
+                  if k not in keys and k != "id" and isinstance(v, (str, int, float))]
+        return f"- {name}: " + ", ".join(parts)
+
+    lines.append(env_line("PyTorch run", t_env))
+    lines.append(env_line("kiln run", k_env))
+    devs = {e.get("device") for e in t_env + k_env if e.get("device")}
+    if len(devs) > 1:
+        lines.append(f"- **warning: the two files were measured on different devices: "
+                     f"{', '.join(sorted(devs))}**")
+    cp = []
+    if t_copy is not None:
+        cp.append(f"{t_copy:.0f} GB/s (PyTorch run)")
+    if k_copy is not None:
+        cp.append(f"{k_copy:.0f} GB/s (kiln run)")
+    lines.append("- copy ceiling (1 GiB D2D `copy_`, 2·bytes/time): " + (", ".join(cp) or "not measured"))
+    lines.append("")
+    lines.append("Times in ms unless marked (W9 µs per call, W10 total seconds). "
+                 "kiln/torch.compile compares the fastest kiln variant with the fastest torch.compile "
+                 "variant of the row (< 1 means kiln is faster).")
+    lines.append("")
+    lines.append("| workload | eager | torch.compile | kiln | kiln/torch.compile | kiln % of copy | notes |")
+    lines.append("|---|---|---|---|---|---|---|")
+
+    ratios = {}
+    for wid in ids:
+        eager = recs.get((wid, "eager"))
+        tc = recs.get((wid, "torch.compile"))
+        kl = recs.get((wid, "kiln"))
+        tb = best(recs, wid, "torch.compile")
+        kb = best(recs, wid, "kiln")
+        ratio = None
+        if tb and kb:
+            ratio = kb[1] / tb[1]
+            ratios[wid] = ratio
+        pct = ""
+        if kl is not None and not kl.get("error") and isinstance(kl.get("gbps"), (int, float)) \
+                and copy_for_kiln:
+            pct = f"{100.0 * kl['gbps'] / copy_for_kiln:.0f}%"
+        notes = []
+        for (i, impl), r in sorted(recs.items()):
+            if i != wid or impl in ("eager", "torch.compile", "kiln"):
+                continue
+            notes.append(f"{impl} {cell(wid, r)}")
+        if tb and tc is not None and tb[0] != "torch.compile":
+            notes.append(f"ratio vs {tb[0]}")
+        if kb and kl is not None and kb[0] != "kiln":
+            notes.append(f"ratio uses {kb[0]}")
+        if kl is None and kb:
+            notes.append(f"ratio uses {kb[0]}")
+        for impl, r in (("eager", eager), ("torch.compile", tc), ("kiln", kl)):
+            if r is not None and r.get("error"):
+                notes.append(f"{impl} error: {str(r['error'])[:80]}")
+        if tc is not None and isinstance(tc.get("tflops"), (int, float)):
+            notes.append(f"torch.compile {tc['tflops']} TFLOP/s")
+        if kl is not None and isinstance(kl.get("tflops"), (int, float)):
+            notes.append(f"kiln {kl['tflops']} TFLOP/s")
+        if kl is not None and kl.get("note"):
+            notes.append(f"kiln: {kl['note']}")
+        if ratio is not None and ratio > 1.0:
+            notes.append("**slower than torch.compile**")
+        name = f"{wid} {DESC[wid]}" if wid in DESC else wid
+        rtxt = f"{ratio:.2f}" if ratio is not None else "—"
+        lines.append(f"| {name} | {cell(wid, eager)} | {cell(wid, tc)} | {cell(wid, kl)} | {rtxt} | "
+                     f"{pct or '—'} | {'; '.join(n.replace('|', '/') for n in notes)} |")
+
+    lines.append("")
+    used = [w for w in GEOMEAN_IDS if w in ratios]
+    missing = [w for w in GEOMEAN_IDS if w not in ratios]
+    if used:
+        gm = math.exp(sum(math.log(ratios[w]) for w in used) / len(used))
+        worst = max(used, key=lambda w: ratios[w])
+        lines.append(f"**Geometric mean of kiln / torch.compile over W1–W8 and W12: {gm:.3f}** "
+                     f"({len(used)} workloads; target ≤ 0.85; worst {worst} at {ratios[worst]:.2f}, "
+                     f"target ≤ 1.0)" + (f"; missing: {', '.join(missing)}" if missing else ""))
+    else:
+        gm = None
+        lines.append("Geometric mean of kiln / torch.compile over W1–W8 and W12: no workload has both "
+                     "a kiln and a torch.compile time.")
+    if copy_for_kiln:
+        below = []
+        for w in sorted(MEMORY_BOUND, key=sort_key):
+            r = recs.get((w, "kiln"))
+            if r is not None and isinstance(r.get("gbps"), (int, float)) and not r.get("error"):
+                share = r["gbps"] / copy_for_kiln
+                if share < 0.95:
+                    below.append(f"{w} {100 * share:.0f}%")
+        if below:
+            lines.append("")
+            lines.append("Memory-bound workloads below 95% of the copy ceiling: " + ", ".join(below))
+    lines.append("")
+    return "\n".join(lines), ratios, gm
+
+
+def plot(ratios, gm, png_path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # noqa: BLE001
+        print(f"note: matplotlib unavailable ({e}); no chart", file=sys.stderr)
+        return False
+    if not ratios:
+        return False
+    ids = sorted(ratios, key=sort_key)
+    vals = [ratios[w] for w in ids]
+    colors = ["tab:green" if v <= 1.0 else "tab:red" for v in vals]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(ids) + 2), 4))
+    ax.bar(ids, vals, color=colors)
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.axhline(0.85, color="gray", linestyle="--", linewidth=1, label="target geomean 0.85")
+    if gm is not None:
+        ax.axhline(gm, color="tab:blue", linestyle=":", linewidth=1, label=f"geomean {gm:.2f}")
+    for i, v in enumerate(vals):
+        ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(vals + [1.0]) * 1.15)
+    ax.set_ylabel("kiln / torch.compile time (lower is better)")
+    ax.set_title("kiln vs torch.compile")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("torch_jsonl")
+    p.add_argument("kiln_jsonl", help="kiln's JSONL ('-' or a missing file: PyTorch columns only)")
+    p.add_argument("out_md")
+    p.add_argument("--png", help="chart path (default: OUT.md with .png)")
+    p.add_argument("--no-png", action="store_true")
+    a = p.parse_args(argv)
+    if not os.path.exists(a.torch_jsonl):
+        p.error(f"{a.torch_jsonl} not found")
+    md, ratios, gm = build(a.torch_jsonl, a.kiln_jsonl)
+    png = None
+    if not a.no_png:
+        png = a.png or (os.path.splitext(a.out_md)[0] + ".png")
+        if plot(ratios, gm, png):
+            rel = os.path.relpath(png, os.path.dirname(os.path.abspath(a.out_md)) or ".")
+            md += f"\n![kiln / torch.compile]({rel})\n"
+        else:
+            png = None
+    sys.stdout.write(md)
+    d = os.path.dirname(a.out_md)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(a.out_md, "w", encoding="utf-8") as fh:
+        fh.write(md)
+    print(f"wrote {a.out_md}" + (f" and {png}" if png else ""), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
