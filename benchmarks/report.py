@@ -55,7 +55,7 @@ def fmt_time(wid, ms):
     if u == "µs":
         return f"{ms * 1e3:.1f} µs"
     if u == "s":
-        return f"{ms / 1e3:.2f} s"
+        return f"{ms / 1e3:.2f} s" if ms >= 1e3 else f"{ms / 1e3:.4f} s"
     if wid in ("W11", "W11w"):
         return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms"
     return f"{ms:.3f}"
@@ -283,18 +283,23 @@ def main(argv=None):
     if not os.path.exists(a.torch_jsonl):
         p.error(f"{a.torch_jsonl} not found")
     md, ratios, gm = build(a.torch_jsonl, a.kiln_jsonl)
+    d = os.path.dirname(a.out_md)
+    if d:
+        os.makedirs(d, exist_ok=True)
     png = None
     if not a.no_png:
         png = a.png or (os.path.splitext(a.out_md)[0] + ".png")
-        if plot(ratios, gm, png):
+        try:
+            made = plot(ratios, gm, png)
+        except Exception as e:  # noqa: BLE001
+            print(f"warning: chart failed ({e})", file=sys.stderr)
+            made = False
+        if made:
             rel = os.path.relpath(png, os.path.dirname(os.path.abspath(a.out_md)) or ".")
             md += f"\n![kiln / torch.compile]({rel})\n"
         else:
             png = None
     sys.stdout.write(md)
-    d = os.path.dirname(a.out_md)
-    if d:
-        os.makedirs(d, exist_ok=True)
     with open(a.out_md, "w", encoding="utf-8") as fh:
         fh.write(md)
     print(f"wrote {a.out_md}" + (f" and {png}" if png else ""), file=sys.stderr)
