@@ -1,0 +1,184 @@
+// NVRTC: compiles one generated CUDA C++ translation unit to a CUBIN for one GPU architecture, on
+// any machine (no GPU or driver needed), dumping the source and keeping the log when it fails.
+#pragma once
+#include <link.h>
+#include <nvrtc.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+
+namespace kiln::runtime {
+
+// 13000 for NVRTC 13.0, the same encoding as CUDA_VERSION.
+inline int nvrtc_version() {
+  int major = 0, minor = 0;
+  nvrtcVersion(&major, &minor);
+  return major * 1000 + minor * 10;
+}
+
+namespace detail {
+
+namespace fs = std::filesystem;
+
+// The folder of the libnvrtc this process loaded, or empty (NVRTC linked statically).
+inline fs::path loaded_nvrtc_dir() {
+  fs::path found;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* out) {
+        std::string name = info->dlpi_name ? info->dlpi_name : "";
+        std::string file = fs::path(name).filename().string();
+        if (file.rfind("libnvrtc.", 0) != 0 && file.rfind("libnvrtc_", 0) != 0) return 0;
+        *static_cast<fs::path*>(out) = fs::path(name).parent_path();
+        return 1;
+      },
+      &found);
+  return found;
+}
+
+// Where cuda_fp16.h and cuda_bf16.h live (NVRTC 13 does not build them in). An explicit
+// CUDA_HOME / CUDA_PATH wins; then the toolkit the loaded libnvrtc came from, whose headers match
+// its version; then the conventional /usr/local/cuda. Empty when none has them.
+inline std::string find_toolkit_include() {
+  std::vector<fs::path> candidates;
+  for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
+    if (const char* v = std::getenv(var); v && *v) candidates.push_back(fs::path(v) / "include");
+  if (fs::path lib = loaded_nvrtc_dir(); !lib.empty()) {
+    candidates.push_back(lib.parent_path() / "include");                // <toolkit>/lib64/..
+    candidates.push_back(lib.parent_path().parent_path() / "include");  // /usr/lib/<triple>/../..
+  }
+  candidates.push_back("/usr/local/cuda/include");
+  for (const fs::path& dir : candidates) {
+    std::error_code ec;
+    if (fs::exists(dir / "cuda_fp16.h", ec)) return dir.string();
+  }
+  return {};
+}
+
+inline const std::string& toolkit_include() {
+  static const std::string dir = find_toolkit_include();
+  return dir;
+}
+
+inline bool sets_language_standard(const std::vector<std::string>& options) {
+  for (const std::string& o : options)
+    if (o.rfind("-std=", 0) == 0 || o.rfind("--std=", 0) == 0 || o == "-std" || o == "--std") return true;
+  return false;
+}
+
+// Releases the program however compilation ends.
+class Program {
+ public:
+  Program(const std::string& source, const std::string& file_name) {
+    result_ = nvrtcCreateProgram(&program_, source.c_str(), file_name.c_str(), 0, nullptr, nullptr);
+  }
+  ~Program() {
+    if (program_) nvrtcDestroyProgram(&program_);
+  }
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
+
+  nvrtcResult created() const { return result_; }
+  nvrtcProgram get() const { return program_; }
+
+  std::string log() const {
+    std::size_t size = 0;
+    if (nvrtcGetProgramLogSize(program_, &size) != NVRTC_SUCCESS || size <= 1) return {};
+    std::string text(size, '\0');
+    nvrtcGetProgramLog(program_, text.data());
+    text.resize(size - 1);  // the terminating NUL
+    return text;
+  }
+
+ private:
+  nvrtcProgram program_ = nullptr;
+  nvrtcResult result_ = NVRTC_SUCCESS;
+};
+
+inline std::string file_safe(const std::string& name) {
+  std::string out = name.empty() ? "kernel" : name;
+  for (char& c : out)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) c = '_';
+  return out;
+}
+
+}  // namespace detail
+
+// Where generated sources are dumped: KILN_DEBUG_DIR, else <tmp>/kiln-<uid>.
+inline std::filesystem::path debug_dir() {
+  if (const char* d = std::getenv("KILN_DEBUG_DIR"); d && *d) return d;
+  std::error_code ec;
+  std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) tmp = "/tmp";
+  return tmp / ("kiln-" + std::to_string(getuid()));
+}
+
+// Writes the source to <debug_dir>/<kernel_name>.cu and returns its path (or why it could not).
+inline std::string dump_source(const std::string& source, const std::string& kernel_name) {
+  std::filesystem::path dir = debug_dir();
+  std::filesystem::path path = dir / (detail::file_safe(kernel_name) + ".cu");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << source;
+  out.close();
+  if (!out) return "(could not write " + path.string() + ")";
+  return path.string();
+}
+
+// The exact options compile_cubin passes for this architecture ("sm_90a") and these extras.
+// C++17 unless the extras choose a standard; no --use_fast_math unless they ask for it.
+inline std::vector<std::string> nvrtc_options(const std::string& arch, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> options{"--gpu-architecture=" + arch, "-default-device"};
+  if (!detail::sets_language_standard(extra)) options.push_back("-std=c++17");
+  if (const std::string& include = detail::toolkit_include(); !include.empty()) options.push_back("-I" + include);
+  options.insert(options.end(), extra.begin(), extra.end());
+  return options;
+}
+
+// The same, space-separated: for logs and cache keys.
+inline std::string nvrtc_options_string(const std::string& arch, const std::vector<std::string>& extra = {}) {
+  std::string joined;
+  for (const std::string& o : nvrtc_options(arch, extra)) joined += (joined.empty() ? "" : " ") + o;
+  return joined;
+}
+
+[[noreturn]] inline void throw_compile_error(const std::string& source, const std::string& kernel_name,
+                                             const std::string& arch, const std::string& log) {
+  throw compile_error("NVRTC: compiling " + kernel_name + " for " + arch + " failed", log,
+                      dump_source(source, kernel_name));
+}
+
+// Compiles source (a whole translation unit defining kernel_name) to a CUBIN for arch, which must
+// be a real architecture (sm_XY or sm_XYa). Throws kiln::compile_error with NVRTC's log.
+inline std::vector<char> compile_cubin(const std::string& source, const std::string& kernel_name,
+                                       const std::string& arch, const std::vector<std::string>& extra_options = {}) {
+  std::vector<std::string> options = nvrtc_options(arch, extra_options);
+  std::vector<const char*> argv;
+  for (const std::string& o : options) argv.push_back(o.c_str());
+  detail::Program program(source, detail::file_safe(kernel_name) + ".cu");
+  if (program.created() != NVRTC_SUCCESS)
+    throw_compile_error(source, kernel_name, arch, nvrtcGetErrorString(program.created()));
+  nvrtcResult r = nvrtcCompileProgram(program.get(), static_cast<int>(argv.size()), argv.data());
+  if (r != NVRTC_SUCCESS) {
+    std::string log = program.log();
+    throw_compile_error(source, kernel_name, arch, log.empty() ? nvrtcGetErrorString(r) : log);
+  }
+  std::size_t size = 0;
+  if (nvrtcGetCUBINSize(program.get(), &size) != NVRTC_SUCCESS || size == 0)
+    throw_compile_error(source, kernel_name, arch,
+                        "NVRTC produced no CUBIN: '" + arch + "' is not a real architecture (use sm_XY)");
+  std::vector<char> cubin(size);
+  if (nvrtcGetCUBIN(program.get(), cubin.data()) != NVRTC_SUCCESS)
+    throw_compile_error(source, kernel_name, arch, "nvrtcGetCUBIN failed");
+  return cubin;
+}
+
+}  // namespace kiln::runtime

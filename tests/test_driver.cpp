@@ -1,0 +1,275 @@
+// The CUDA driver layer, NVRTC and kernel launches: NVRTC runs everywhere; the GPU cases run
+// only where a driver and a device are present and say so when they are skipped.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kiln/core/driver.hpp"
+#include "kiln/core/stream.hpp"
+#include "kiln/runtime/cuda_module.hpp"
+#include "kiln/runtime/nvrtc.hpp"
+
+namespace k = kiln;
+namespace drv = kiln::driver;
+namespace rt = kiln::runtime;
+
+namespace {
+
+const char* const half_kernel = R"(
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+extern "C" __global__ void kiln_test_affine(const float* x, float* y, __half* h, __nv_bfloat16* b, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = x[i] * a + 1.0f;
+  y[i] = v;
+  h[i] = __float2half(v);
+  b[i] = __float2bfloat16(v);
+}
+)";
+
+bool is_elf(const std::vector<char>& bin) {
+  return bin.size() > 4 && std::memcmp(bin.data(), "\x7f" "ELF", 4) == 0;
+}
+
+// GPU cases say visibly that they did not run.
+bool skip_without_gpu() {
+  if (drv::available()) return false;
+  MESSAGE("skipped: no CUDA device");
+  return true;
+}
+
+std::string gpu_arch() { return drv::available() ? drv::arch(0) : "sm_90a"; }
+
+}  // namespace
+
+TEST_CASE("without a usable driver, CUDA is a device_error and synchronize is a no-op") {
+  if (drv::available()) {
+    MESSAGE("skipped: this machine has a CUDA device");
+    return;
+  }
+  CHECK_FALSE(drv::available());
+  CHECK_FALSE(drv::initialized());
+  std::string message;
+  try {
+    drv::api();
+  } catch (const k::device_error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("CUDA") != std::string::npos);
+  CHECK(message.find("driver") != std::string::npos);
+  CHECK_THROWS_AS(drv::device_count(), k::device_error);
+  CHECK_THROWS_AS(drv::allocate(16, 0, nullptr), k::device_error);
+  CHECK_NOTHROW(k::synchronize());
+  MESSAGE("skipped: no CUDA device");
+}
+
+TEST_CASE("size classes round up to 512 B, then to a quarter of the power of two") {
+  CHECK(drv::size_class(1) == 512);
+  CHECK(drv::size_class(512) == 512);
+  CHECK(drv::size_class(513) == 1024);
+  CHECK(drv::size_class(std::size_t(1) << 20) == (std::size_t(1) << 20));
+  CHECK(drv::size_class((std::size_t(1) << 20) + 1) == (std::size_t(5) << 18));
+  CHECK(drv::size_class(std::size_t(3) << 30) == (std::size_t(3) << 30));
+}
+
+TEST_CASE("a Stream wraps a CUstream without owning it") {
+  k::Stream s;
+  CHECK(s.handle() == nullptr);
+  CHECK(s.is_default());
+  auto* raw = reinterpret_cast<CUstream>(std::uintptr_t{0x1234});
+  k::Stream t = raw;
+  CHECK(t.handle() == raw);
+  CHECK(t.str() == "stream(0x1234)");
+  CHECK(t != s);
+}
+
+TEST_CASE("NVRTC compiles a kernel using __half and __nv_bfloat16 to a CUBIN without a GPU") {
+  CHECK(rt::nvrtc_version() >= 11000);
+  std::string options = rt::nvrtc_options_string("sm_90a");
+  CHECK(options.find("--gpu-architecture=sm_90a") != std::string::npos);
+  CHECK(options.find("-std=c++17") != std::string::npos);
+  CHECK(options.find("fast_math") == std::string::npos);
+  CHECK(rt::nvrtc_options_string("sm_90a", {"-std=c++20"}).find("c++17") == std::string::npos);
+  std::vector<char> cubin = rt::compile_cubin(half_kernel, "kiln_test_affine", "sm_90a");
+  CHECK(is_elf(cubin));
+}
+
+TEST_CASE("an NVRTC syntax error is a compile_error with the log and the dumped source") {
+  auto dir = std::filesystem::temp_directory_path() / "kiln-test-driver-debug";
+  setenv("KILN_DEBUG_DIR", dir.c_str(), 1);
+  const std::string source = "extern \"C\" __global__ void kiln_test_broken(float* x) { x[0] = ; }\n";
+  bool thrown = false;
+  try {
+    rt::compile_cubin(source, "kiln_test_broken", "sm_90a");
+  } catch (const k::compile_error& e) {
+    thrown = true;
+    CHECK(e.log.find("expected an expression") != std::string::npos);
+    CHECK(std::string(e.what()).find("kiln_test_broken for sm_90a") != std::string::npos);
+    CHECK(e.source_path == (dir / "kiln_test_broken.cu").string());
+    CHECK(std::filesystem::exists(e.source_path));
+  }
+  unsetenv("KILN_DEBUG_DIR");
+  CHECK(thrown);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a virtual architecture is refused with a sentence") {
+  CHECK_THROWS_AS(rt::compile_cubin(half_kernel, "kiln_test_affine", "compute_90"), k::compile_error);
+}
+
+TEST_CASE("device memory round-trips host -> device -> host") {
+  if (skip_without_gpu()) return;
+  MESSAGE("device 0: " << drv::device_name(0) << ", " << drv::arch(0) << ", " << drv::sm_count(0) << " SMs");
+  CHECK(drv::compute_capability(0) >= 50);
+  std::vector<std::uint8_t> host(100'003), back(host.size());
+  std::mt19937 rng(7);
+  for (auto& b : host) b = static_cast<std::uint8_t>(rng());
+  drv::make_current(0);
+  void* dev = drv::allocate(host.size(), 0, nullptr);
+  CHECK(drv::pointer_device(dev) == 0);
+  CHECK(drv::pointer_device(host.data()) == -1);
+  drv::copy_async(dev, host.data(), host.size(), nullptr);
+  drv::copy_async(back.data(), dev, back.size(), nullptr);
+  drv::synchronize(nullptr);
+  CHECK(back == host);
+  drv::memset_async(dev, 0xab, 10, nullptr);
+  drv::copy_async(back.data(), dev, 10, nullptr);
+  k::Stream().synchronize();
+  CHECK(back[0] == 0xab);
+  CHECK(back[9] == 0xab);
+  drv::deallocate(dev, host.size(), 0, nullptr);
+  CHECK_THROWS_AS(drv::make_current(drv::device_count()), k::device_error);
+}
+
+TEST_CASE("a compiled kernel launches and computes y = x*2+1") {
+  if (skip_without_gpu()) return;
+  const int n = 1000;
+  std::vector<float> x(n), y(n);
+  for (int i = 0; i < n; ++i) x[i] = 0.5f * static_cast<float>(i) - 100.0f;
+  rt::Module module(rt::compile_cubin(half_kernel, "kiln_test_affine", gpu_arch()), 0);
+  CUfunction f = module.function("kiln_test_affine");
+  CHECK_THROWS_AS(module.function("no_such_kernel"), k::cuda_error);
+  CUstream s = nullptr;
+  drv::make_current(0);
+  void* dx = drv::allocate(n * sizeof(float), 0, s);
+  void* dy = drv::allocate(n * sizeof(float), 0, s);
+  void* dh = drv::allocate(n * 2, 0, s);
+  void* db = drv::allocate(n * 2, 0, s);
+  drv::copy_async(dx, x.data(), n * sizeof(float), s);
+  float a = 2.0f;
+  int count = n;
+  void* args[] = {&dx, &dy, &dh, &db, &a, &count};
+  rt::Event start, end;
+  start.record(s);
+  rt::launch(f, {(n + 127) / 128}, {128}, 0, s, args, "kiln_test_affine");
+  end.record(s);
+  CHECK(rt::elapsed_ms(start, end) >= 0.0f);
+  drv::copy_async(y.data(), dy, n * sizeof(float), s);
+  drv::synchronize(s);
+  for (int i = 0; i < n; ++i) REQUIRE(y[i] == x[i] * 2.0f + 1.0f);
+  CHECK_THROWS_AS(rt::launch(f, {1}, {4096}, 0, s, args, "kiln_test_affine"), k::cuda_error);
+  for (void* p : {dx, dy}) drv::deallocate(p, n * sizeof(float), 0, s);
+  for (void* p : {dh, db}) drv::deallocate(p, n * 2, 0, s);
+  k::synchronize();
+}
+
+TEST_CASE("a launch above 48 KiB of dynamic shared memory raises the kernel's limit") {
+  if (skip_without_gpu()) return;
+  const char* source = R"(
+extern "C" __global__ void kiln_test_shared(float* out, int n) {
+  extern __shared__ float tile[];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) tile[i] = float(i);
+  __syncthreads();
+  if (threadIdx.x == 0) out[0] = tile[n - 1];
+}
+)";
+  rt::Module module(rt::compile_cubin(source, "kiln_test_shared", gpu_arch()), 0);
+  const int n = 100 * 1024 / 4;  // 100 KiB of floats
+  void* out = drv::allocate(sizeof(float), 0, nullptr);
+  int count = n;
+  void* args[] = {&out, &count};
+  rt::launch(module.function("kiln_test_shared"), {1}, {256}, n * 4, nullptr, args, "kiln_test_shared");
+  float last = 0;
+  drv::copy_async(&last, out, sizeof(float), nullptr);
+  drv::synchronize(nullptr);
+  CHECK(last == float(n - 1));
+  drv::deallocate(out, sizeof(float), 0, nullptr);
+}
+
+TEST_CASE("a fresh thread gets kiln's device made current for copies") {
+  if (skip_without_gpu()) return;
+  std::vector<int> host{1, 2, 3}, back(3);
+  bool ok = false;
+  std::thread([&] {
+    void* dev = drv::allocate(12, 0, nullptr);
+    drv::copy_async(dev, host.data(), 12, nullptr);
+    drv::copy_async(back.data(), dev, 12, nullptr);
+    drv::synchronize(nullptr);
+    drv::deallocate(dev, 12, 0, nullptr);
+    ok = back == host;
+  }).join();
+  CHECK(ok);
+}
+
+TEST_CASE("the caching allocator hands a freed block back on the same stream") {
+  if (skip_without_gpu()) return;
+  drv::make_current(0);
+  CUstream other = nullptr;
+  drv::check(drv::api().stream_create(&other, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  void* p = drv::allocate(3000, 0, nullptr);
+  drv::deallocate(p, 3000, 0, nullptr);
+  CHECK(drv::caching_allocator().cached_bytes(0) >= 3072);
+  void* on_other = drv::allocate(3000, 0, other);
+  CHECK(on_other != p);  // another stream waits until the block is known to be free
+  void* again = drv::allocate(2900, 0, nullptr);
+  CHECK(again == p);     // same stream, same size class
+  drv::deallocate(again, 2900, 0, nullptr);
+  drv::deallocate(on_other, 3000, 0, other);
+  drv::caching_allocator().release_cached(0);
+  CHECK(drv::caching_allocator().cached_bytes(0) == 0);
+  drv::check(drv::api().stream_destroy(other), "cuStreamDestroy");
+}
+
+TEST_CASE("an impossible allocation is a cuda_error naming the size and device") {
+  if (skip_without_gpu()) return;
+  std::size_t huge = std::size_t(1) << 50;
+  std::string message;
+  try {
+    drv::allocate(huge, 0, nullptr);
+  } catch (const k::cuda_error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("allocate " + std::to_string(huge) + " bytes on cuda:0: CUDA_ERROR_OUT_OF_MEMORY") == 0);
+}
+
+struct CountingAllocator : k::Allocator {
+  int allocations = 0, frees = 0;
+  void* allocate(std::size_t bytes, int device, CUstream s) override {
+    ++allocations;
+    return drv::caching_allocator().allocate(bytes, device, s);
+  }
+  void deallocate(void* p, std::size_t bytes, int device, CUstream s) override {
+    ++frees;
+    drv::caching_allocator().deallocate(p, bytes, device, s);
+  }
+};
+
+TEST_CASE("set_allocator plugs in another allocator and nullptr restores the default") {
+  CountingAllocator counting;
+  k::set_allocator(&counting);
+  CHECK(&drv::current_allocator() == &counting);
+  if (drv::available()) {
+    drv::deallocate(drv::allocate(64, 0, nullptr), 64, 0, nullptr);
+    CHECK(counting.allocations == 1);
+    CHECK(counting.frees == 1);
+  }
+  k::set_allocator(nullptr);
+  CHECK(&drv::current_allocator() == &drv::caching_allocator());
+}
