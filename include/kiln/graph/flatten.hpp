@@ -3,6 +3,7 @@
 // into fixed arrays, in the same traversal order, without touching the heap.
 #pragma once
 #include <array>
+#include <tuple>
 
 #include "graph.hpp"
 
@@ -20,6 +21,20 @@ struct Counts<expr::Node<O, C...>> {
   static constexpr int scalars = (0 + ... + Counts<C>::scalars);
   static constexpr int attrs = 1 + (0 + ... + Counts<C>::attrs);
   static constexpr int max_arg = std::max({-1, Counts<C>::max_arg...});
+};
+
+template <class N>
+struct Counts<expr::FullReduction<N>> : Counts<N> {};
+
+template <class T> struct is_tuple : std::false_type {};
+template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
+
+template <class... E>
+struct Counts<std::tuple<E...>> {
+  static constexpr int tensors = (0 + ... + Counts<std::remove_cvref_t<E>>::tensors);
+  static constexpr int scalars = (0 + ... + Counts<std::remove_cvref_t<E>>::scalars);
+  static constexpr int attrs = (0 + ... + Counts<std::remove_cvref_t<E>>::attrs);
+  static constexpr int max_arg = std::max({-1, Counts<std::remove_cvref_t<E>>::max_arg...});
 };
 
 // The per-call values of an expression of type E.
@@ -97,19 +112,33 @@ int flatten_into(const expr::Node<O, C...>& e, Graph& g, FlattenState& s) {
 template <class E>
 void gather(const E& e, Captured<E>& c) {
   c.nt = c.ns = c.na = 0;
-  detail::gather(e, c);
+  if constexpr (is_tuple<E>::value)
+    std::apply([&](const auto&... x) { (detail::gather(x, c), ...); }, e);
+  else
+    detail::gather(e, c);
+}
+
+// Flattens a function's result (one expression, or a std::tuple of them) into a graph whose
+// first `nargs` argument slots are the function's arguments; tensors captured inside the
+// expression take the slots after them.
+template <class E>
+Graph flatten_result(int nargs, const E& e) {
+  Graph g;
+  detail::FlattenState s;
+  s.next_tensor = std::max(nargs, Counts<E>::max_arg + 1);
+  if constexpr (is_tuple<E>::value)
+    std::apply([&](const auto&... x) { (g.outputs.push_back(detail::flatten_into(x, g, s)), ...); }, e);
+  else
+    g.outputs.push_back(detail::flatten_into(e, g, s));
+  g.num_args = s.next_tensor;
+  g.num_scalars = s.next_scalar;
+  return g;
 }
 
 // Flattens one or several expressions (several outputs) into a graph.
 template <class... E>
 Graph flatten(const E&... e) {
-  Graph g;
-  detail::FlattenState s;
-  s.next_tensor = std::max({-1, Counts<E>::max_arg...}) + 1;
-  (g.outputs.push_back(detail::flatten_into(e, g, s)), ...);
-  g.num_args = s.next_tensor;
-  g.num_scalars = s.next_scalar;
-  return g;
+  return flatten_result(0, std::tuple<const E&...>(e...));
 }
 
 }  // namespace kiln::graph

@@ -1,0 +1,358 @@
+// Code generation: writes one kernel plan as a readable block program, the way Inductor writes
+// Triton: program ids, xindex/rindex tiles, xmask/rmask, tmp0.. one statement a line. Index
+// arithmetic is symbolic (ir/sym.hpp), so static and dynamic sizes go through one path.
+#pragma once
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../ir/shape_env.hpp"
+#include "../schedule/fuse.hpp"
+#include "launch_config.hpp"
+
+namespace kiln::codegen {
+
+// One parameter of a generated kernel, in signature order.
+struct Param {
+  enum Kind { in_ptr, out_ptr, scalar, size } kind;
+  int ref;           // in/out: node id; scalar: slot; size: symbol id
+  kiln::dtype dt;    // buffers: element dtype
+  std::string name;
+};
+
+struct KernelSource {
+  std::string name;
+  schedule::Kind kind;
+  std::string source;          // the block program (without the prelude)
+  std::vector<Param> params;
+  Sym xnumel, rnumel;          // iteration sizes, for the launch grid
+  LaunchConfig config;
+  std::vector<std::string> fused_ops;
+};
+
+namespace detail {
+
+inline std::string c_type(kiln::dtype d) {
+  switch (compute_dtype(d)) {
+    case kiln::dtype::f64: return "double";
+    case kiln::dtype::i64: return "i64";
+    case kiln::dtype::i32: return "int";
+    case kiln::dtype::boolean: return "bool";
+    default: return "float";
+  }
+}
+inline std::string storage_c_type(kiln::dtype d) {
+  switch (d) {
+    case kiln::dtype::f16: return "f16";
+    case kiln::dtype::bf16: return "bf16";
+    default: return c_type(d);
+  }
+}
+
+inline std::string literal(double v, kiln::dtype ct) {
+  if (std::isnan(v)) return ct == kiln::dtype::f64 ? "(0.0 / 0.0)" : "(0.0f / 0.0f)";
+  if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + (ct == kiln::dtype::f64 ? "(double)KILN_INF" : "KILN_INF");
+  char buf[64];
+  switch (compute_dtype(ct)) {
+    case kiln::dtype::f64: std::snprintf(buf, sizeof buf, "%.17g", v); break;
+    case kiln::dtype::f32: std::snprintf(buf, sizeof buf, "%.9gf", v); break;
+    case kiln::dtype::boolean: return v != 0 ? "true" : "false";
+    case kiln::dtype::i32: std::snprintf(buf, sizeof buf, "%d", static_cast<int>(v)); return buf;
+    default: std::snprintf(buf, sizeof buf, "%lldLL", static_cast<long long>(v)); return buf;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".en") == std::string::npos) s.insert(s.size() - (compute_dtype(ct) == kiln::dtype::f32), ".0");
+  return s;
+}
+
+// The C++ operator or prelude function of each primitive.
+inline std::string pointwise_expr(Op op, const std::vector<std::string>& a) {
+  switch (op) {
+    case Op::add: return a[0] + " + " + a[1];
+    case Op::sub: return a[0] + " - " + a[1];
+    case Op::mul: return a[0] + " * " + a[1];
+    case Op::div: return a[0] + " / " + a[1];
+    case Op::lt: return a[0] + " < " + a[1];
+    case Op::le: return a[0] + " <= " + a[1];
+    case Op::gt: return a[0] + " > " + a[1];
+    case Op::ge: return a[0] + " >= " + a[1];
+    case Op::eq: return a[0] + " == " + a[1];
+    case Op::ne: return a[0] + " != " + a[1];
+    case Op::where: return "kiln::where(" + a[0] + ", " + a[1] + ", " + a[2] + ")";
+    default: break;
+  }
+  std::string s = "kiln::" + std::string(name(op)) + "(";
+  for (std::size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + a[i];
+  return s + ")";
+}
+
+}  // namespace detail
+
+// Writes one kernel. `strides_of(node)` gives the symbolic strides of a buffer (args may be
+// strided; intermediates are contiguous).
+class KernelWriter {
+ public:
+  using StridesOf = std::function<std::vector<Sym>(int)>;
+
+  KernelWriter(const graph::Graph& g, const schedule::Schedule& s, const ir::ShapeEnv& env, int kernel, Target target,
+               StridesOf strides_of)
+      : g_(g), s_(s), env_(env), k_(kernel), plan_(s.kernels[kernel]), target_(target), strides_of_(std::move(strides_of)) {}
+
+  KernelSource write();
+
+ private:
+  struct Value {
+    std::string code;
+    kiln::dtype ct;
+    bool literal = false;
+    double value = 0;
+  };
+
+  bool rows() const { return plan_.kind == schedule::Kind::per || plan_.kind == schedule::Kind::red; }
+  void line(const std::string& s) { body_ << std::string(indent_ * 2, ' ') << s << "\n"; }
+  std::string fresh() { return "tmp" + std::to_string(tmp_++); }
+  std::string mask() const { return in_rloop_ ? "rmask" : "xmask"; }
+
+  Value cast(const Value& v, kiln::dtype to) {
+    kiln::dtype ct = compute_dtype(to);
+    if (v.literal) return {detail::literal(v.value, ct), ct, true, v.value};
+    if (compute_dtype(v.ct) == ct && to != kiln::dtype::f16 && to != kiln::dtype::bf16) return {v.code, ct};
+    return {"kiln::cast<" + detail::c_type(ct) + ">(" + v.code + ")", ct};
+  }
+  Value bind(const std::string& expr, kiln::dtype ct) {
+    std::string n = fresh();
+    line("auto " + n + " = " + expr + ";");
+    return {n, compute_dtype(ct)};
+  }
+
+  std::string param_for(int node, bool out) {
+    auto& list = out ? outs_ : ins_;
+    auto it = list.find(node);
+    if (it != list.end()) return it->second;
+    std::string n = (out ? "out_ptr" : "in_ptr") + std::to_string(list.size());
+    list[node] = n;
+    params_.push_back({out ? Param::out_ptr : Param::in_ptr, node, g_[node].dt, n});
+    return n;
+  }
+  std::string scalar_param(int slot) {
+    std::string n = "sc" + std::to_string(slot);
+    if (!scalars_.count(slot)) {
+      scalars_[slot] = n;
+      params_.push_back({Param::scalar, slot, kiln::dtype::f64, n});
+    }
+    return n;
+  }
+  std::string index_code(const Sym& e) {
+    for (auto& sym : e.free_symbols()) note_symbol(sym);
+    return e.c_expr();
+  }
+  void note_symbol(const Sym& sym) {
+    if (sym.symbol_id() < env_.num_symbols() && !sizes_.count(sym.symbol_id())) {
+      sizes_[sym.symbol_id()] = sym.symbol_name();
+      params_.push_back({Param::size, sym.symbol_id(), kiln::dtype::i64, sym.symbol_name()});
+    }
+  }
+
+  Value load(int node, const std::vector<Sym>& idx, const std::string& extra_mask);
+  Value emit(int node, const std::vector<Sym>& idx, const std::string& extra_mask = "");
+  Value emit_uncached(int node, const std::vector<Sym>& idx, const std::string& extra_mask);
+  std::vector<Sym> broadcast_index(int child, int parent, const std::vector<Sym>& idx);
+  std::vector<Sym> view_index(int node, const std::vector<Sym>& idx);
+  std::vector<Sym> domain_index();
+  std::vector<Sym> row_index(int node);
+  void store(int node, const std::vector<Sym>& idx);
+  void write_pointwise();
+  void write_rows();
+  std::string reduction_identity(Op op, kiln::dtype ct);
+  bool depends_on_any(int red, std::size_t i, std::size_t j);
+
+  const graph::Graph& g_;
+  const schedule::Schedule& s_;
+  const ir::ShapeEnv& env_;
+  int k_;
+  const schedule::KernelPlan& plan_;
+  Target target_;
+  StridesOf strides_of_;
+  std::ostringstream body_;
+  int indent_ = 1, tmp_ = 0;
+  bool in_rloop_ = false;
+  Sym xindex_, rindex_, xnumel_{1}, rnumel_{1};
+  std::map<int, std::string> ins_, outs_, scalars_, sizes_;
+  std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
+  std::vector<Param> params_;
+  std::map<std::string, Value> memo_;
+  int scope_ = 0;
+};
+
+// ---- emission of values -----------------------------------------------------------------------
+
+inline std::vector<Sym> KernelWriter::broadcast_index(int child, int parent, const std::vector<Sym>& idx) {
+  const Dims& c = g_[child].shape;
+  const Dims& p = g_[parent].shape;
+  std::vector<Sym> out(c.size());
+  for (int j = 0; j < c.size(); ++j) {
+    int pj = j + (p.size() - c.size());
+    out[j] = (c[j] == 1 && p[pj] != 1) ? Sym(0) : idx[pj];
+  }
+  return out;
+}
+
+// Maps an index of a view's output to the index of its input.
+inline std::vector<Sym> KernelWriter::view_index(int node, const std::vector<Sym>& idx) {
+  const auto& n = g_[node];
+  int in = n.in[0];
+  const auto& in_shape = env_[in];
+  switch (n.op) {
+    case Op::permute: {
+      std::vector<Sym> out(idx.size());
+      for (int i = 0; i < n.attrs.dims.size(); ++i) out[n.attrs.dims[i]] = idx[i];
+      return out;
+    }
+    case Op::reshape: {
+      if (g_[in].shape == n.shape && in_shape == env_[node]) return idx;
+      Sym flat = ravel(idx, contiguous_strides(env_[node]));
+      return unravel(flat, in_shape);
+    }
+    case Op::expand:
+      return broadcast_index(in, node, idx);
+    case Op::slice: {
+      int d = static_cast<int>(n.attrs.a < 0 ? n.attrs.a + n.shape.size() : n.attrs.a);
+      std::int64_t size = g_[in].shape[d], start = n.attrs.b < 0 ? n.attrs.b + size : n.attrs.b;
+      start = std::clamp<std::int64_t>(start, 0, size);
+      std::vector<Sym> out = idx;
+      out[d] = Sym(start) + idx[d] * Sym(n.attrs.d);
+      return out;
+    }
+    default:
+      throw error("codegen: no index rule for view " + std::string(name(n.op)));
+  }
+}
+
+inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& idx, const std::string& extra_mask) {
+  std::string ptr = param_for(node, false);
+  Sym offset = ravel(idx, strides_of_(node));
+  std::string m = extra_mask.empty() ? mask() : "(" + mask() + " & " + extra_mask + ")";
+  kiln::dtype ct = compute_dtype(g_[node].dt);
+  const Sym& tile = rows() ? rindex_ : xindex_;
+  bool in_tile = rows() ? in_rloop_ : true;
+  if (in_tile) {
+    Sym base = offset - tile;
+    auto free = base.free_symbols();
+    bool contiguous = std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == tile; });
+    if (contiguous && extra_mask.empty()) {
+      std::string start = rows() ? "roffset" : "xoffset";
+      std::string b = base == Sym(0) ? start : start + " + " + index_code(base);
+      std::string vec = rows() ? "RVEC" : "XVEC";
+      return bind("kiln::load_contig<" + vec + ">(" + ptr + ", " + b + ", " + m + ")", ct);
+    }
+  }
+  return bind("kiln::load(" + ptr + ", " + index_code(offset) + ", " + m + ")", ct);
+}
+
+inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& idx, const std::string& extra_mask) {
+  std::string key = std::to_string(scope_) + ":" + std::to_string(node) + ":" + extra_mask;
+  for (auto& i : idx) key += "," + i.str();
+  auto it = memo_.find(key);
+  if (it != memo_.end()) return it->second;
+  Value v = emit_uncached(node, idx, extra_mask);
+  memo_[key] = v;
+  return v;
+}
+
+inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vector<Sym>& idx, const std::string& xm) {
+  const auto& n = g_[node];
+  kiln::dtype ct = compute_dtype(n.dt);
+  bool own = s_.kernel_of[node] == k_;
+  if (n.op == Op::arg || (s_.realized[node] && !own)) return load(node, idx, xm);
+  if (auto r = reduced_.find(node); r != reduced_.end()) return r->second;
+  auto child = [&](int i) { return emit(n.in[i], broadcast_index(n.in[i], node, idx), xm); };
+  switch (info(n.op).cls) {
+    case OpClass::leaf:
+      if (n.op == Op::scalar) {
+        std::string sc = scalar_param(n.slot);
+        return n.floating ? Value{sc, kiln::dtype::f64} : Value{"((i64)" + sc + ")", kiln::dtype::i64};
+      }
+      if (n.op == Op::constant) return {detail::literal(n.value, kiln::dtype::f64), kiln::dtype::f64, true, n.value};
+      if (n.op == Op::iota) return bind("(i64)(" + index_code(idx[n.attrs.a]) + ")", kiln::dtype::i64);
+      break;
+    case OpClass::meta: {  // numel of the reduced dims of its input
+      const auto& in = g_[n.in[0]];
+      Sym count(1);
+      for (int d = 0; d < in.shape.size(); ++d) {
+        bool r = n.attrs.all || std::find_if(n.attrs.dims.begin(), n.attrs.dims.end(), [&](std::int64_t x) {
+                                  return (x < 0 ? x + in.shape.size() : x) == d;
+                                }) != n.attrs.dims.end();
+        if (r) count = count * env_[n.in[0]][d];
+      }
+      if (count.is_constant()) return {detail::literal(double(count.constant_value()), kiln::dtype::f64), kiln::dtype::f64, true,
+                                       double(count.constant_value())};
+      return {"((double)(" + index_code(count) + "))", kiln::dtype::f64};
+    }
+    case OpClass::unary: {
+      Value a = child(0);
+      if (n.op == Op::cast) {
+        if (n.attrs.dt == kiln::dtype::f16 || n.attrs.dt == kiln::dtype::bf16)
+          return bind("kiln::round_to<" + detail::storage_c_type(n.attrs.dt) + ">(" + cast(a, kiln::dtype::f32).code + ")", ct);
+        if (n.attrs.dt == kiln::dtype::boolean) return bind(a.code + " != " + detail::literal(0, a.ct), ct);
+        return bind(cast(a, n.attrs.dt).code, ct);
+      }
+      if (n.op == Op::logical_not) return bind("kiln::logical_not(" + cast(a, kiln::dtype::boolean).code + ")", ct);
+      return bind(detail::pointwise_expr(n.op, {cast(a, ct).code}), ct);
+    }
+    case OpClass::binary:
+    case OpClass::ternary: {
+      std::vector<std::string> args;
+      kiln::dtype operand = ct;
+      if (is_comparison(n.op)) {
+        const auto &a = g_[n.in[0]], &b = g_[n.in[1]];
+        operand = compute_dtype(a.weak && !b.weak ? promote_with_scalar(b.dt, is_floating(a.dt))
+                                : b.weak && !a.weak ? promote_with_scalar(a.dt, is_floating(b.dt))
+                                                    : promote(a.dt, b.dt));
+      }
+      for (int i = 0; i < n.n_in; ++i) {
+        Value v = child(i);
+        args.push_back(n.op == Op::where && i == 0 ? cast(v, kiln::dtype::boolean).code : cast(v, operand).code);
+      }
+      return bind(detail::pointwise_expr(n.op, args), ct);
+    }
+    case OpClass::view:
+      if (n.op == Op::slice_backward) {  // zero outside the sliced positions of the input
+        int d = static_cast<int>(n.attrs.a < 0 ? n.attrs.a + n.shape.size() : n.attrs.a);
+        std::int64_t size = n.shape[d], start = std::clamp<std::int64_t>(n.attrs.b < 0 ? n.attrs.b + size : n.attrs.b, 0, size);
+        std::int64_t step = n.attrs.d, count = g_[n.in[0]].shape[d];
+        Sym rel = idx[d] - Sym(start);
+        std::string r = "(" + index_code(rel) + ")";
+        std::string inside = bind("(" + r + " >= 0) & (" + r + " % " + std::to_string(step) + " == 0) & (" + r + " < " +
+                                      std::to_string(count * step) + ")", kiln::dtype::boolean).code;
+        std::vector<Sym> in_idx = idx;
+        in_idx[d] = floordiv(max(rel, Sym(0)), Sym(step));
+        Value v = emit(n.in[0], in_idx, xm.empty() ? inside : "(" + xm + " & " + inside + ")");
+        return bind("kiln::where(" + inside + ", " + v.code + ", " + detail::literal(0, v.ct) + ")", ct);
+      }
+      return emit(n.in[0], view_index(node, idx), xm);
+    case OpClass::index: {  // gather along the last dim: the source is a buffer
+      Value t = cast(child(1), kiln::dtype::i64);
+      int src = n.in[0];
+      std::vector<Sym> base = idx;
+      base.back() = Sym(0);
+      std::vector<Sym> strides = strides_of_(src);
+      std::string ptr = param_for(src, false);
+      std::string inb = bind("(" + t.code + " >= 0) & (" + t.code + " < " + index_code(env_[src].back()) + ")",
+                             kiln::dtype::boolean).code;
+      std::string off = index_code(ravel(base, strides)) + " + " + t.code + " * " + index_code(strides.back());
+      return bind("kiln::load(" + ptr + ", " + off + ", " + mask() + " & " + inb + ")", ct);
+    }
+    default:
+      break;
+  }
+  throw error("codegen: cannot inline " + std::string(name(n.op)) + " (node %" + std::to_string(node) + ")");
+}
+
+}  // namespace kiln::codegen
+
+#include "kernel_writer_impl.hpp"

@@ -1,0 +1,205 @@
+// The kernel skeletons: the pointwise program (one tile of xindex per step) and the row program
+// (one row per thread group: reduction loops over rindex, then row-level and full-row stores).
+#pragma once
+#include "kernel_writer.hpp"
+
+namespace kiln::codegen {
+
+inline std::vector<Sym> KernelWriter::domain_index() {
+  const auto& p = env_[plan_.domain];
+  if (!rows()) return unravel(xindex_, p);
+  std::vector<Sym> kept, red;
+  for (int i = 0; i < static_cast<int>(p.size()); ++i)
+    (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? red : kept).push_back(p[i]);
+  auto xi = unravel(xindex_, kept), ri = unravel(rindex_, red);
+  std::vector<Sym> idx;
+  std::size_t a = 0, b = 0;
+  for (int i = 0; i < static_cast<int>(p.size()); ++i)
+    idx.push_back(std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? ri[b++] : xi[a++]);
+  return idx;
+}
+
+// The index of a row-level node (shape = the kept dims, with or without keepdim's 1s).
+inline std::vector<Sym> KernelWriter::row_index(int node) { return unravel(xindex_, env_[node]); }
+
+inline void KernelWriter::store(int node, const std::vector<Sym>& idx) {
+  std::string ptr = param_for(node, true);
+  Value v = emit(node, idx);
+  std::string val = v.literal ? detail::literal(v.value, compute_dtype(g_[node].dt)) : cast(v, g_[node].dt).code;
+  Sym offset = ravel(idx, contiguous_strides(env_[node]));
+  const Sym& tile = rows() ? rindex_ : xindex_;
+  bool in_tile = rows() ? in_rloop_ : true;
+  if (in_tile) {
+    Sym base = offset - tile;
+    auto free = base.free_symbols();
+    if (std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == tile; })) {
+      std::string start = rows() ? "roffset" : "xoffset";
+      std::string b = base == Sym(0) ? start : start + " + " + index_code(base);
+      line("kiln::store_contig<" + std::string(rows() ? "RVEC" : "XVEC") + ">(" + ptr + ", " + b + ", " + val + ", " +
+           mask() + ");");
+      return;
+    }
+  }
+  line("kiln::store(" + ptr + ", " + index_code(offset) + ", " + val + ", " + mask() + ");");
+}
+
+inline std::string KernelWriter::reduction_identity(Op op, kiln::dtype ct) {
+  if (op == Op::sum) return detail::literal(0, ct);
+  bool fl = is_floating(ct);
+  if (op == Op::amax) return fl ? "-" + detail::literal(INFINITY, ct).substr(0) : "(" + detail::c_type(ct) + ")(-9223372036854775807LL - 1)";
+  return fl ? detail::literal(INFINITY, ct) : "(" + detail::c_type(ct) + ")9223372036854775807LL";
+}
+
+inline void KernelWriter::write_pointwise() {
+  line("KILN_POINTWISE_LOOP(xoffset) {");
+  ++indent_;
+  line("auto xindex = xoffset + kiln::arange<XVEC>();");
+  line("auto xmask = xindex < xnumel;");
+  auto idx = domain_index();
+  for (int s : plan_.stores) store(s, idx);
+  --indent_;
+  line("}");
+}
+
+inline void KernelWriter::write_rows() {
+  line("KILN_ROW(xindex) {");
+  ++indent_;
+  line("const bool xmask = xindex < xnumel;");
+  auto open_loop = [&] {
+    line("KILN_R_LOOP(roffset, rnumel) {");
+    ++indent_;
+    ++scope_;
+    in_rloop_ = true;
+    line("auto rindex = roffset + kiln::arange<RVEC>();");
+    line("auto rmask = (rindex < rnumel) & xmask;");
+  };
+  auto close_loop = [&] {
+    in_rloop_ = false;
+    ++scope_;
+    --indent_;
+    line("}");
+  };
+  // Reductions, several to a loop when none of them reads another.
+  std::size_t i = 0;
+  while (i < plan_.reductions.size()) {
+    std::size_t j = i + 1;
+    while (j < plan_.reductions.size() && !depends_on_any(plan_.reductions[j], i, j)) ++j;
+    std::vector<std::string> accs;
+    for (std::size_t r = i; r < j; ++r) {
+      int red = plan_.reductions[r];
+      kiln::dtype ct = compute_dtype(g_[red].dt);
+      accs.push_back("acc" + std::to_string(red));
+      line("auto " + accs.back() + " = kiln::full<RVEC>(" + reduction_identity(g_[red].op, ct) + ");");
+    }
+    open_loop();
+    auto idx = domain_index();
+    for (std::size_t r = i; r < j; ++r) {
+      int red = plan_.reductions[r];
+      kiln::dtype ct = compute_dtype(g_[red].dt);
+      Value v = cast(emit(g_[red].in[0], idx), ct);
+      const std::string& acc = accs[r - i];
+      std::string step = g_[red].op == Op::sum ? acc + " + " + v.code
+                                               : "kiln::" + std::string(g_[red].op == Op::amax ? "maximum" : "minimum") + "(" +
+                                                     acc + ", " + v.code + ")";
+      line(acc + " = kiln::where(rmask, " + step + ", " + acc + ");");
+    }
+    close_loop();
+    for (std::size_t r = i; r < j; ++r) {
+      int red = plan_.reductions[r];
+      const char* fn = g_[red].op == Op::sum ? "row_sum" : g_[red].op == Op::amax ? "row_max" : "row_min";
+      reduced_[red] = bind("kiln::" + std::string(fn) + "<ROW_THREADS>(" + accs[r - i] + ")", g_[red].dt);
+    }
+    i = j;
+  }
+  // Row-level stores (reductions others read, per-row epilogues), then full-row stores.
+  std::vector<int> full;
+  for (int s : plan_.stores) {
+    if (g_[s].shape == g_[plan_.domain].shape && !is_reduction(g_[s].op)) full.push_back(s);
+    else store(s, row_index(s));
+  }
+  if (!full.empty()) {
+    open_loop();
+    auto idx = domain_index();
+    for (int s : full) store(s, idx);
+    close_loop();
+  }
+  --indent_;
+  line("}");
+}
+
+// Whether reduction plan_.reductions[j] reads any of plan_.reductions[i..j) inside this kernel.
+inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) {
+  std::vector<int> stack = {g_[red].in[0]};
+  std::vector<bool> seen(g_.size(), false);
+  while (!stack.empty()) {
+    int v = stack.back();
+    stack.pop_back();
+    if (seen[v]) continue;
+    seen[v] = true;
+    for (std::size_t r = i; r < j; ++r)
+      if (plan_.reductions[r] == v) return true;
+    if (g_[v].op == Op::arg || (s_.realized[v] && s_.kernel_of[v] != k_)) continue;
+    for (int c = 0; c < g_[v].n_in; ++c) stack.push_back(g_[v].in[c]);
+  }
+  return false;
+}
+
+inline KernelSource KernelWriter::write() {
+  KernelSource ks;
+  ks.name = plan_.name;
+  ks.kind = plan_.kind;
+  const auto& p = env_[plan_.domain];
+  int max_item = 1;
+  for (int v : plan_.members) max_item = std::max<int>(max_item, static_cast<int>(itemsize(g_[v].dt)));
+  for (int v : plan_.stores) max_item = std::max<int>(max_item, static_cast<int>(itemsize(g_[v].dt)));
+  if (rows()) {
+    std::vector<Sym> kept, red;
+    for (int i = 0; i < static_cast<int>(p.size()); ++i)
+      (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? red : kept).push_back(p[i]);
+    xnumel_ = product(kept);
+    rnumel_ = product(red);
+  } else {
+    xnumel_ = product(p);
+  }
+  std::vector<std::int64_t> example = env_.example;
+  std::int64_t xn = xnumel_.eval(example), rn = rnumel_.eval(example);
+  ks.config = rows() ? row_config(target_, xn, rn, max_item) : pointwise_config(target_, xn, max_item);
+  // Tile symbols get ids past the size symbols: they are never kernel parameters.
+  xindex_ = Sym::symbol("xindex", 1000, {.nonnegative = true, .bound = xnumel_});
+  rindex_ = Sym::symbol("rindex", 1001, {.nonnegative = true, .bound = rnumel_});
+
+  if (rows()) write_rows();
+  else write_pointwise();
+
+  // The signature: inputs, outputs, scalars, sizes (noted while printing the sizes themselves).
+  const std::string xnumel_code = index_code(xnumel_), rnumel_code = index_code(rnumel_);
+  std::stable_sort(params_.begin(), params_.end(), [](const Param& a, const Param& b) { return a.kind < b.kind; });
+  std::ostringstream os;
+  os << "// " << plan_.name << ": " << (rows() ? "rows" : "pointwise") << " over " << (rows() ? "[" + xnumel_.str() + ", " + rnumel_.str() + "]" : "[" + xnumel_.str() + "]") << "\n";
+  os << "KILN_KERNEL " << plan_.name << "(";
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Param& pr = params_[i];
+    os << (i ? ", " : "");
+    if (pr.kind == Param::in_ptr) os << "const " << detail::storage_c_type(pr.dt) << "* __restrict__ " << pr.name;
+    else if (pr.kind == Param::out_ptr) os << detail::storage_c_type(pr.dt) << "* __restrict__ " << pr.name;
+    else if (pr.kind == Param::scalar) os << "double " << pr.name;
+    else os << "i64 " << pr.name;
+  }
+  os << " KILN_PROGRAM_PARAMS) {\n";
+  const auto& c = ks.config;
+  if (rows())
+    os << "  constexpr i64 ROWS = " << c.rows << ", RVEC = " << c.rvec << ";\n  constexpr int ROW_THREADS = " << c.row_threads
+       << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code << ";\n";
+  else
+    os << "  constexpr i64 XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ";\n  const i64 xnumel = " << xnumel_code << ";\n";
+  std::string signature = os.str();
+  ks.params = params_;
+  ks.source = signature + body_.str() + "}\n";
+  ks.xnumel = xnumel_;
+  ks.rnumel = rnumel_;
+  for (int v : plan_.members)
+    if (info(g_[v].op).cls != OpClass::leaf && !is_view(g_[v].op)) ks.fused_ops.push_back(std::string(name(g_[v].op)));
+  return ks;
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,64 @@
+// Block sizes of a kernel for one target: how many elements a program owns (pointwise), how
+// many threads share a row and how many rows a program takes (reductions). Chosen from sizes and
+// dtypes with simple rules; autotuning may override them.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace kiln::codegen {
+
+enum class Target { cpu, cuda };
+
+struct LaunchConfig {
+  int threads = 1;       // CUDA threads per program (block)
+  int xvec = 16;         // pointwise: consecutive elements per thread-tile
+  std::int64_t xblock = 4096;  // pointwise: elements per program
+  int rvec = 16;         // rows: consecutive elements per thread-tile along the row
+  int row_threads = 1;   // rows: threads sharing one row
+  int rows = 1;          // rows: rows per program
+
+  std::string str() const {
+    return "threads=" + std::to_string(threads) + " XVEC=" + std::to_string(xvec) + " XBLOCK=" + std::to_string(xblock) +
+           " RVEC=" + std::to_string(rvec) + " ROW_THREADS=" + std::to_string(row_threads) + " ROWS=" + std::to_string(rows);
+  }
+};
+
+inline std::int64_t next_pow2(std::int64_t v) {
+  std::int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// max_item: the widest element (bytes) the kernel loads or stores; 16-byte vectors per thread.
+inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item) {
+  LaunchConfig c;
+  if (t == Target::cpu) {
+    c.xvec = 16;
+    c.xblock = std::clamp<std::int64_t>(next_pow2(xnumel / 64), 1024, 16384);
+    return c;
+  }
+  c.xvec = std::max(1, 16 / std::max(1, max_item));
+  c.threads = 256;
+  int unroll = xnumel >= (std::int64_t{1} << 22) ? 4 : 1;
+  c.xblock = std::int64_t{c.threads} * c.xvec * unroll;
+  return c;
+}
+
+inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnumel, int max_item) {
+  LaunchConfig c;
+  if (t == Target::cpu) {
+    c.rvec = 16;
+    c.rows = static_cast<int>(std::clamp<std::int64_t>(4096 / std::max<std::int64_t>(rnumel, 1), 1, 64));
+    return c;
+  }
+  c.rvec = std::max(1, 16 / std::max(1, max_item));
+  std::int64_t per_row = next_pow2((rnumel + c.rvec * 8 - 1) / (c.rvec * 8));
+  c.row_threads = static_cast<int>(std::clamp<std::int64_t>(per_row, 32, 1024));
+  if (xnumel < 1024 && rnumel >= 8192) c.row_threads = 1024;  // few long rows: use every thread
+  c.rows = c.row_threads >= 256 ? 1 : 256 / c.row_threads;
+  c.threads = c.row_threads * c.rows;
+  return c;
+}
+
+}  // namespace kiln::codegen

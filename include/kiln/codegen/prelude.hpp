@@ -1,0 +1,389 @@
+// The prelude of every generated kernel: tiles and their operations, loads, stores and reductions,
+// written once for both targets. Under NVRTC a tile is the run of elements one thread owns and
+// row reductions cross threads with warp shuffles and shared memory; under the host compiler a
+// tile is a short array the compiler vectorises and programs are spread over cores by the runtime.
+// It is embedded as a string so nothing at run time depends on where kiln's sources live.
+#pragma once
+#include <string_view>
+
+namespace kiln::codegen {
+
+inline constexpr std::string_view prelude = R"KILN(
+#ifdef __CUDACC_RTC__
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#define KILN_FN __device__ __forceinline__
+#define KILN_KERNEL extern "C" __global__ void
+#define KILN_PROGRAM_PARAMS
+#define KILN_UNROLL _Pragma("unroll")
+typedef long long i64;
+typedef __half f16;
+typedef __nv_bfloat16 bf16;
+#define KILN_INF __int_as_float(0x7f800000)
+namespace kiln {
+KILN_FN float to_compute(f16 x) { return __half2float(x); }
+KILN_FN float to_compute(bf16 x) { return __bfloat162float(x); }
+template <class T> KILN_FN T from_compute(float x);
+template <> KILN_FN f16 from_compute<f16>(float x) { return __float2half_rn(x); }
+template <> KILN_FN bf16 from_compute<bf16>(float x) { return __float2bfloat16_rn(x); }
+}  // namespace kiln
+#else
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#define KILN_FN inline __attribute__((always_inline))
+#define KILN_KERNEL static void
+#define KILN_PROGRAM_PARAMS , i64 kiln_pid
+#define KILN_UNROLL _Pragma("GCC unroll 16")
+typedef long long i64;
+struct f16 { unsigned short bits; };
+struct bf16 { unsigned short bits; };
+#define KILN_INF (std::numeric_limits<float>::infinity())
+namespace kiln {
+KILN_FN unsigned bits_of(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+KILN_FN float float_of(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float to_compute(f16 h) {
+  unsigned sign = (h.bits & 0x8000u) << 16, exp = (h.bits >> 10) & 0x1fu, mant = h.bits & 0x3ffu;
+  if (exp == 0x1fu) return float_of(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0) { float v = (float)mant / 16777216.0f; return sign ? -v : v; }
+  return float_of(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+KILN_FN float to_compute(bf16 b) { return float_of((unsigned)b.bits << 16); }
+template <class T> T from_compute(float x);
+template <> inline f16 from_compute<f16>(float f) {
+  unsigned x = bits_of(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+  if (a >= 0x7f800000u) return f16{(unsigned short)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u))};
+  if (a >= 0x477ff000u) return f16{(unsigned short)(sign | 0x7c00u)};
+  if (a < 0x38800000u) {
+    float s = float_of(a) * 16777216.0f;
+    unsigned m = (unsigned)s;
+    float rem = s - (float)m;
+    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
+    return f16{(unsigned short)(sign | m)};
+  }
+  unsigned h = (((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13), rest = a & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return f16{(unsigned short)(sign | h)};
+}
+template <> inline bf16 from_compute<bf16>(float f) {
+  unsigned x = bits_of(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return bf16{(unsigned short)((x >> 16) | 0x40u)};
+  return bf16{(unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16)};
+}
+}  // namespace kiln
+#endif
+
+namespace kiln {
+template <class T> KILN_FN T to_compute(T x) { return x; }
+template <class T, class C> KILN_FN T store_cast(C x) { return (T)x; }
+template <> KILN_FN f16 store_cast<f16, float>(float x) { return from_compute<f16>(x); }
+template <> KILN_FN bf16 store_cast<bf16, float>(float x) { return from_compute<bf16>(x); }
+template <class T> struct compute_of { typedef T type; };
+template <> struct compute_of<f16> { typedef float type; };
+template <> struct compute_of<bf16> { typedef float type; };
+
+// ---- tiles ---------------------------------------------------------------------------------
+template <class T, int N>
+struct tile {
+  T v[N];
+};
+template <class T> struct tile_traits { static constexpr int width = 0; typedef T elem; };
+template <class T, int N> struct tile_traits<tile<T, N> > { static constexpr int width = N; typedef T elem; };
+template <class A> KILN_FN auto lane(const A& a, int i) {
+  if constexpr (tile_traits<A>::width > 0) return a.v[i]; else return a;
+}
+template <class A, class B> struct width_of {
+  static constexpr int value = tile_traits<A>::width > tile_traits<B>::width ? tile_traits<A>::width : tile_traits<B>::width;
+};
+template <int N> KILN_FN tile<i64, N> arange() {
+  tile<i64, N> t;
+KILN_UNROLL
+  for (int i = 0; i < N; ++i) t.v[i] = i;
+  return t;
+}
+template <int N, class T> KILN_FN tile<T, N> full(T x) {
+  tile<T, N> t;
+KILN_UNROLL
+  for (int i = 0; i < N; ++i) t.v[i] = x;
+  return t;
+}
+
+// Element-wise application over scalars and tiles (a scalar broadcasts against a tile).
+template <class F, class A> KILN_FN auto map1(F f, const A& a) {
+  if constexpr (tile_traits<A>::width == 0) {
+    return f(a);
+  } else {
+    constexpr int N = tile_traits<A>::width;
+    tile<decltype(f(a.v[0])), N> r;
+KILN_UNROLL
+    for (int i = 0; i < N; ++i) r.v[i] = f(a.v[i]);
+    return r;
+  }
+}
+template <class F, class A, class B> KILN_FN auto map2(F f, const A& a, const B& b) {
+  constexpr int N = width_of<A, B>::value;
+  if constexpr (N == 0) {
+    return f(a, b);
+  } else {
+    tile<decltype(f(lane(a, 0), lane(b, 0))), N> r;
+KILN_UNROLL
+    for (int i = 0; i < N; ++i) r.v[i] = f(lane(a, i), lane(b, i));
+    return r;
+  }
+}
+template <class A, class B, class C> struct widest {
+  static constexpr int value = width_of<A, B>::value > tile_traits<C>::width ? width_of<A, B>::value : tile_traits<C>::width;
+};
+template <bool B, class T = void> struct enable_if {};
+template <class T> struct enable_if<true, T> { typedef T type; };
+template <class A, class B> struct any_tile { static constexpr bool value = width_of<A, B>::value > 0; };
+
+#define KILN_BINARY(name, expr) \
+  template <class A, class B> KILN_FN auto name(const A& a, const B& b) { return map2([](auto x, auto y) { return expr; }, a, b); }
+KILN_BINARY(add, x + y)
+KILN_BINARY(sub, x - y)
+KILN_BINARY(mul, x * y)
+KILN_BINARY(div, x / y)
+KILN_BINARY(lt, x < y)
+KILN_BINARY(le, x <= y)
+KILN_BINARY(gt, x > y)
+KILN_BINARY(ge, x >= y)
+KILN_BINARY(eq, x == y)
+KILN_BINARY(ne, x != y)
+KILN_BINARY(logical_and, x && y)
+KILN_BINARY(logical_or, x || y)
+// NaN-propagating, as torch.maximum / torch.minimum.
+KILN_BINARY(maximum, (x != x) ? x : ((y != y) ? y : (x > y ? x : y)))
+KILN_BINARY(minimum, (x != x) ? x : ((y != y) ? y : (x < y ? x : y)))
+#undef KILN_BINARY
+
+// Scalar math for each compute type, then lifted to tiles.
+KILN_FN float m_exp(float x) { return ::expf(x); }
+KILN_FN double m_exp(double x) { return ::exp(x); }
+KILN_FN float m_exp2(float x) { return ::exp2f(x); }
+KILN_FN double m_exp2(double x) { return ::exp2(x); }
+KILN_FN float m_log(float x) { return ::logf(x); }
+KILN_FN double m_log(double x) { return ::log(x); }
+KILN_FN float m_log2(float x) { return ::log2f(x); }
+KILN_FN double m_log2(double x) { return ::log2(x); }
+KILN_FN float m_log1p(float x) { return ::log1pf(x); }
+KILN_FN double m_log1p(double x) { return ::log1p(x); }
+KILN_FN float m_expm1(float x) { return ::expm1f(x); }
+KILN_FN double m_expm1(double x) { return ::expm1(x); }
+KILN_FN float m_sqrt(float x) { return ::sqrtf(x); }
+KILN_FN double m_sqrt(double x) { return ::sqrt(x); }
+#ifdef __CUDACC_RTC__
+KILN_FN float m_rsqrt(float x) { return ::rsqrtf(x); }
+KILN_FN double m_rsqrt(double x) { return ::rsqrt(x); }
+#else
+KILN_FN float m_rsqrt(float x) { return 1.0f / ::sqrtf(x); }
+KILN_FN double m_rsqrt(double x) { return 1.0 / ::sqrt(x); }
+#endif
+KILN_FN float m_sin(float x) { return ::sinf(x); }
+KILN_FN double m_sin(double x) { return ::sin(x); }
+KILN_FN float m_cos(float x) { return ::cosf(x); }
+KILN_FN double m_cos(double x) { return ::cos(x); }
+KILN_FN float m_tanh(float x) { return ::tanhf(x); }
+KILN_FN double m_tanh(double x) { return ::tanh(x); }
+KILN_FN float m_erf(float x) { return ::erff(x); }
+KILN_FN double m_erf(double x) { return ::erf(x); }
+KILN_FN float m_pow(float x, float y) { return ::powf(x, y); }
+KILN_FN double m_pow(double x, double y) { return ::pow(x, y); }
+template <class T> KILN_FN T m_abs(T x) { return x < T(0) ? -x : x; }
+template <class T> KILN_FN T m_sign(T x) { return (T)((x > T(0)) - (x < T(0))); }
+template <class T> KILN_FN T m_relu(T x) { return (x != x) ? x : (x > T(0) ? x : T(0)); }
+template <class T> KILN_FN T m_sigmoid(T x) { return T(1) / (T(1) + m_exp(-x)); }
+
+#define KILN_UNARY(name, expr) \
+  template <class A> KILN_FN auto name(const A& a) { return map1([](auto x) { return expr; }, a); }
+KILN_UNARY(neg, -x)
+KILN_UNARY(abs, m_abs(x))
+KILN_UNARY(sign, m_sign(x))
+KILN_UNARY(exp, m_exp(x))
+KILN_UNARY(exp2, m_exp2(x))
+KILN_UNARY(log, m_log(x))
+KILN_UNARY(log2, m_log2(x))
+KILN_UNARY(log1p, m_log1p(x))
+KILN_UNARY(expm1, m_expm1(x))
+KILN_UNARY(sqrt, m_sqrt(x))
+KILN_UNARY(rsqrt, m_rsqrt(x))
+KILN_UNARY(reciprocal, decltype(x)(1) / x)
+KILN_UNARY(square, x * x)
+KILN_UNARY(sin, m_sin(x))
+KILN_UNARY(cos, m_cos(x))
+KILN_UNARY(tanh, m_tanh(x))
+KILN_UNARY(sigmoid, m_sigmoid(x))
+KILN_UNARY(erf, m_erf(x))
+KILN_UNARY(relu, m_relu(x))
+KILN_UNARY(logical_not, !x)
+#undef KILN_UNARY
+template <class A, class B> KILN_FN auto pow(const A& a, const B& b) { return map2([](auto x, auto y) { return m_pow(x, y); }, a, b); }
+
+template <class T, class A> KILN_FN auto cast(const A& a) { return map1([](auto x) { return (T)x; }, a); }
+// Rounds f32 values through a 16-bit float type (a cast to f16/bf16 inside a kernel).
+template <class T, class A> KILN_FN auto round_to(const A& a) {
+  return map1([](float x) { return to_compute(store_cast<T>(x)); }, a);
+}
+
+template <class C, class A, class B> KILN_FN auto where(const C& c, const A& a, const B& b) {
+  constexpr int N = widest<C, A, B>::value;
+  if constexpr (N == 0) {
+    return c ? a : b;
+  } else {
+    tile<decltype(lane(a, 0)), N> r;
+KILN_UNROLL
+    for (int i = 0; i < N; ++i) r.v[i] = lane(c, i) ? lane(a, i) : lane(b, i);
+    return r;
+  }
+}
+
+// Operators on tiles, so generated code reads `tmp2 = tmp0 + tmp1` (scalars use the built-ins).
+#define KILN_TILE_OPERATOR(op, fn)                                                             \
+  template <class A, class B, class = typename enable_if<any_tile<A, B>::value>::type>        \
+  KILN_FN auto operator op(const A& a, const B& b) { return fn(a, b); }
+KILN_TILE_OPERATOR(+, add)
+KILN_TILE_OPERATOR(-, sub)
+KILN_TILE_OPERATOR(*, mul)
+KILN_TILE_OPERATOR(/, div)
+KILN_TILE_OPERATOR(<, lt)
+KILN_TILE_OPERATOR(<=, le)
+KILN_TILE_OPERATOR(>, gt)
+KILN_TILE_OPERATOR(>=, ge)
+KILN_TILE_OPERATOR(==, eq)
+KILN_TILE_OPERATOR(!=, ne)
+KILN_TILE_OPERATOR(&, logical_and)
+#undef KILN_TILE_OPERATOR
+template <class T, int N> KILN_FN tile<T, N> operator-(const tile<T, N>& a) { return neg(a); }
+template <class T, int N> KILN_FN tile<T, N> operator%(const tile<T, N>& a, i64 b) {
+  return map1([b](T x) { return (T)(x % b); }, a);
+}
+
+// ---- loads and stores -----------------------------------------------------------------------
+// A gather: each lane reads p[idx]; masked lanes give `other` and touch no memory.
+template <class T, class I, class M>
+KILN_FN auto load(const T* p, const I& idx, const M& mask, typename compute_of<T>::type other = 0) {
+  typedef typename compute_of<T>::type C;
+  constexpr int N = width_of<I, M>::value;
+  if constexpr (N == 0) {
+    return mask ? to_compute(p[idx]) : other;
+  } else {
+    tile<C, N> r;
+KILN_UNROLL
+    for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? to_compute(p[lane(idx, i)]) : other;
+    return r;
+  }
+}
+// N consecutive elements from p[base]: one 16-byte vector when aligned and unmasked.
+template <int N, class T, class M>
+KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, const M& mask,
+                                                          typename compute_of<T>::type other = 0) {
+  typedef typename compute_of<T>::type C;
+  tile<C, N> r;
+#ifdef __CUDACC_RTC__
+  if constexpr (sizeof(T) * N == 16) {
+    bool all = true;
+KILN_UNROLL
+    for (int i = 0; i < N; ++i) all = all && lane(mask, i);
+    if (all && ((unsigned long long)(p + base) & 15) == 0) {
+      struct alignas(16) vec { T e[N]; };
+      vec v = *reinterpret_cast<const vec*>(p + base);
+KILN_UNROLL
+      for (int i = 0; i < N; ++i) r.v[i] = to_compute(v.e[i]);
+      return r;
+    }
+  }
+#endif
+KILN_UNROLL
+  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? to_compute(p[base + i]) : other;
+  return r;
+}
+template <class T, class I, class V, class M>
+KILN_FN void store(T* p, const I& idx, const V& v, const M& mask) {
+  constexpr int N = widest<I, V, M>::value;
+  if constexpr (N == 0) {
+    if (mask) p[idx] = store_cast<T>(v);
+  } else {
+KILN_UNROLL
+    for (int i = 0; i < N; ++i)
+      if (lane(mask, i)) p[lane(idx, i)] = store_cast<T>(lane(v, i));
+  }
+}
+template <int N, class T, class V, class M>
+KILN_FN void store_contig(T* p, i64 base, const V& v, const M& mask) {
+#ifdef __CUDACC_RTC__
+  if constexpr (sizeof(T) * N == 16 || sizeof(T) * N == 8) {
+    bool all = true;
+KILN_UNROLL
+    for (int i = 0; i < N; ++i) all = all && lane(mask, i);
+    if (all && ((unsigned long long)(p + base) & (sizeof(T) * N - 1)) == 0) {
+      struct alignas(sizeof(T) * N) vec { T e[N]; };
+      vec w;
+KILN_UNROLL
+      for (int i = 0; i < N; ++i) w.e[i] = store_cast<T>(lane(v, i));
+      *reinterpret_cast<vec*>(p + base) = w;
+      return;
+    }
+  }
+#endif
+KILN_UNROLL
+  for (int i = 0; i < N; ++i)
+    if (lane(mask, i)) p[base + i] = store_cast<T>(lane(v, i));
+}
+
+// ---- reductions -----------------------------------------------------------------------------
+struct op_sum { template <class T> KILN_FN T operator()(T a, T b) const { return a + b; } };
+struct op_max { template <class T> KILN_FN T operator()(T a, T b) const { return maximum(a, b); } };
+struct op_min { template <class T> KILN_FN T operator()(T a, T b) const { return minimum(a, b); } };
+
+// Folds one tile into a scalar; a scalar stays itself.
+template <class Op, class A> KILN_FN auto fold(Op op, const A& a) {
+  if constexpr (tile_traits<A>::width == 0) {
+    return a;
+  } else {
+    auto r = a.v[0];
+KILN_UNROLL
+    for (int i = 1; i < tile_traits<A>::width; ++i) r = op(r, a.v[i]);
+    return r;
+  }
+}
+// Combines the partial results of the ROW_THREADS threads that share a row.
+template <int ROW_THREADS, class Op, class T> KILN_FN T across_row(Op op, T v) {
+#ifdef __CUDACC_RTC__
+KILN_UNROLL
+  for (int o = (ROW_THREADS < 32 ? ROW_THREADS : 32) / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if constexpr (ROW_THREADS > 32) {
+    __shared__ T partial[32];
+    const int warp = threadIdx.x / 32, nwarps = ROW_THREADS / 32;
+    __syncthreads();  // earlier readers of `partial` are done
+    if (threadIdx.x % 32 == 0) partial[warp] = v;
+    __syncthreads();
+    v = partial[0];
+    for (int w = 1; w < nwarps; ++w) v = op(v, partial[w]);
+  }
+#endif
+  return v;
+}
+template <int ROW_THREADS, class A> KILN_FN auto row_sum(const A& a) { return across_row<ROW_THREADS>(op_sum(), fold(op_sum(), a)); }
+template <int ROW_THREADS, class A> KILN_FN auto row_max(const A& a) { return across_row<ROW_THREADS>(op_max(), fold(op_max(), a)); }
+template <int ROW_THREADS, class A> KILN_FN auto row_min(const A& a) { return across_row<ROW_THREADS>(op_min(), fold(op_min(), a)); }
+}  // namespace kiln
+
+// ---- programs: how a kernel's loops map onto the target -------------------------------------
+// Each kernel defines XBLOCK/XVEC (pointwise) or ROWS/ROW_THREADS/RVEC (rows) before its loops.
+#ifdef __CUDACC_RTC__
+#define KILN_POINTWISE_LOOP(xoffset)                                                      \
+  for (i64 xoffset = (i64)blockIdx.x * XBLOCK + (i64)threadIdx.x * XVEC;                 \
+       xoffset < ((i64)blockIdx.x + 1) * XBLOCK; xoffset += (i64)blockDim.x * XVEC)
+#define KILN_ROW(xindex) const i64 xindex = (i64)blockIdx.x * ROWS + threadIdx.x / ROW_THREADS;
+#define KILN_R_LOOP(roffset, rnumel)                                                      \
+  for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
+#else
+#define KILN_POINTWISE_LOOP(xoffset) \
+  for (i64 xoffset = kiln_pid * XBLOCK; xoffset < (kiln_pid + 1) * XBLOCK; xoffset += XVEC)
+#define KILN_ROW(xindex) for (i64 xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS; ++xindex)
+#define KILN_R_LOOP(roffset, rnumel) for (i64 roffset = 0; roffset < (rnumel); roffset += RVEC)
+#endif
+)KILN";
+
+}  // namespace kiln::codegen

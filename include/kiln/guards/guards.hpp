@@ -1,0 +1,122 @@
+// Guards: what a compiled program assumed about its inputs, as explicit data. A call replays a
+// program only when every guard holds; a failed guard names itself (KILN_LOGS=recompiles). The
+// check runs on the cache-hit path, so it compares numbers only: no strings, no allocation.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "../graph/graph.hpp"
+#include "../ir/shape_env.hpp"
+
+namespace kiln::guards {
+
+struct ArgGuard {
+  kiln::dtype dt;
+  Device device;
+  int rank;
+  Dims shape;        // static dims (symbolic dims hold -1)
+  bool contiguous;   // contiguous strides required; otherwise `strides` exactly
+  Dims strides;
+};
+
+struct GuardSet {
+  std::vector<ArgGuard> args;
+  std::vector<Attrs> attrs;               // every node's attributes, in capture order
+  // Dynamic shapes: per node and dim, the constant it must equal (>= 0) or the symbol it binds.
+  std::vector<std::vector<std::int64_t>> node_const;
+  std::vector<std::vector<int>> node_symbol;
+  bool dynamic = false;
+
+  std::vector<std::string> describe() const;
+  std::string describe_failure(int index) const;
+};
+
+inline std::string arg_name(int i) { return "args[" + std::to_string(i) + "]"; }
+
+inline GuardSet make_guards(const graph::Graph& g, const ir::ShapeEnv& env, const std::vector<const Tensor*>& args,
+                            std::vector<Attrs> attrs) {
+  GuardSet gs;
+  gs.dynamic = env.is_dynamic();
+  gs.attrs = std::move(attrs);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const Tensor& t = *args[i];
+    ArgGuard a{t.dtype(), t.device(), t.dim(), t.shape(), t.is_contiguous(), t.is_contiguous() ? Dims{} : t.strides()};
+    gs.args.push_back(a);
+  }
+  if (gs.dynamic) {
+    gs.node_const.resize(g.size());
+    gs.node_symbol.resize(g.size());
+    for (int n = 0; n < g.size(); ++n)
+      for (const Sym& d : env[n]) {
+        gs.node_const[n].push_back(d.is_constant() ? d.constant_value() : -1);
+        gs.node_symbol[n].push_back(d.is_constant() ? -1 : d.symbol_id());
+      }
+    for (int n = 0; n < g.size(); ++n)
+      if (g[n].op == Op::arg)
+        for (int k = 0; k < g[n].shape.size(); ++k)
+          if (gs.node_symbol[n][k] >= 0) gs.args[g[n].slot].shape[k] = -1;
+  }
+  return gs;
+}
+
+// Returns -1 when the arguments satisfy the argument guards, else the index of the failed guard
+// (see describe()). Dims that are symbolic are checked by check_shapes.
+inline int check_args(const GuardSet& gs, const Tensor* const* args, std::size_t nargs) {
+  if (nargs != gs.args.size()) return 0;
+  for (std::size_t i = 0; i < nargs; ++i) {
+    const Tensor& t = *args[i];
+    const ArgGuard& a = gs.args[i];
+    int base = static_cast<int>(i) * 4;
+    if (t.dtype() != a.dt) return base + 0;
+    if (!(t.device() == a.device)) return base + 1;
+    if (t.dim() != a.rank) return base + 2;
+    for (int d = 0; d < a.rank; ++d)
+      if (a.shape[d] >= 0 && t.shape()[d] != a.shape[d]) return base + 2;
+    if (a.contiguous ? !t.is_contiguous() : !(t.strides() == a.strides)) return base + 3;
+  }
+  return -1;
+}
+
+// Dynamic mode: the inferred shapes of this call must keep every constant dim and bind each
+// symbol consistently. Returns -1 or the failing node.
+template <class ShapeOf>
+int check_shapes(const GuardSet& gs, ShapeOf&& shape_of, std::int64_t* symbols, int nsym) {
+  for (int s = 0; s < nsym; ++s) symbols[s] = -1;
+  for (std::size_t n = 0; n < gs.node_const.size(); ++n) {
+    const Dims& shape = shape_of(static_cast<int>(n));
+    for (std::size_t k = 0; k < gs.node_const[n].size(); ++k) {
+      std::int64_t v = shape[static_cast<int>(k)];
+      if (gs.node_const[n][k] >= 0) {
+        if (v != gs.node_const[n][k]) return static_cast<int>(n);
+        continue;
+      }
+      std::int64_t& bound = symbols[gs.node_symbol[n][k]];
+      if (v <= 1 || (bound >= 0 && bound != v)) return static_cast<int>(n);
+      bound = v;
+    }
+  }
+  return -1;
+}
+
+inline std::vector<std::string> GuardSet::describe() const {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const ArgGuard& a = args[i];
+    std::string shape = "[";
+    for (int d = 0; d < a.rank; ++d) shape += (d ? ", " : "") + (a.shape[d] < 0 ? std::string("s?") : std::to_string(a.shape[d]));
+    out.push_back(arg_name(i) + ".dtype == " + std::string(name(a.dt)));
+    out.push_back(arg_name(i) + ".device == " + a.device.str());
+    out.push_back(arg_name(i) + ".shape == " + shape + "]");
+    out.push_back(a.contiguous ? arg_name(i) + " is contiguous" : arg_name(i) + ".strides == " + a.strides.str());
+  }
+  if (dynamic) out.push_back("symbolic sizes: dims sharing a symbol stay equal, sizes 0 and 1 stay specialised");
+  out.push_back("attributes (dims, view sizes) of " + std::to_string(attrs.size()) + " nodes unchanged");
+  return out;
+}
+
+inline std::string GuardSet::describe_failure(int index) const {
+  auto all = describe();
+  return index >= 0 && index < static_cast<int>(all.size()) ? all[index] : "guard " + std::to_string(index);
+}
+
+}  // namespace kiln::guards

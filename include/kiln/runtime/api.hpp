@@ -1,0 +1,169 @@
+// The evaluation API of API.md: k::compile(fn, options), k::eval(expr), k::eval(out, expr) and
+// `k::Tensor y = expr;`, all through the same per-function program cache.
+#pragma once
+#include <tuple>
+#include <utility>
+
+#include "../expr/ops.hpp"
+#include "function.hpp"
+
+namespace kiln {
+
+namespace detail {
+
+// One Tensor for a single output, else a tuple.
+template <int N>
+auto pack_outputs(std::array<Tensor, N>& out) {
+  if constexpr (N == 1) return out[0];
+  else return std::apply([](auto&... t) { return std::make_tuple(t...); }, out);
+}
+
+// Lowers a traced result into a primitive graph, applying the function's transform.
+template <class F, class E>
+auto graph_builder(const F& f, const E& e, int nargs) {
+  return [&f, &e, nargs](auto& arg, runtime::LoweringStats& stats) {
+    return runtime::lower_graph(graph::flatten_result(nargs, e), arg,
+                                [&](graph::Graph g) { return transform_graph(f, std::move(g)); }, stats);
+  };
+}
+
+// Evaluates a traced result: gathers this call's values, finds or compiles the program, runs it.
+template <int NOut, class F, class E, std::size_t NArgs>
+std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, const E& e,
+                                  const std::array<const Tensor*, NArgs>& call_args, Tensor* preset, CUstream stream,
+                                  std::shared_ptr<const runtime::Entry>* used = nullptr) {
+  graph::Captured<E> cap;
+  graph::gather(e, cap);
+  std::array<const Tensor*, NArgs + graph::Counts<E>::tensors> args{};
+  for (std::size_t i = 0; i < NArgs; ++i) args[i] = call_args[i];
+  for (int i = 0; i < cap.nt; ++i) args[NArgs + i] = cap.tensors[i];
+  thread_local runtime::CallShapes shapes;
+  auto entry = cache.get(args.data(), static_cast<int>(args.size()), cap.attrs.data(), cap.na,
+                         graph_builder(f, e, static_cast<int>(NArgs)), shapes);
+  if (used) *used = entry;
+  std::array<Tensor, NOut> out{};
+  if (preset) out[0] = *preset;
+  runtime::run_entry(*entry, args.data(), cap.scalars.data(), out.data(), shapes, stream);
+  return out;
+}
+
+struct Identity {};
+
+}  // namespace detail
+
+// A compiled function (k::compile): callable with tensors, it replays cached programs.
+template <class F>
+class Function {
+ public:
+  Function(F fn, options o) : fn_(std::move(fn)), cache_(std::make_shared<runtime::ProgramCache>(o)) {}
+
+  template <class... T>
+    requires(std::is_same_v<std::remove_cvref_t<T>, Tensor> && ...)
+  auto operator()(const T&... args) const {
+    return call(Stream{}, args...);
+  }
+  // The same, ordered on a caller's stream.
+  template <class... T>
+  auto operator()(Stream stream, const T&... args) const {
+    return call(stream, args...);
+  }
+
+  runtime::ProgramCache& cache() const { return *cache_; }
+  const F& fn() const { return fn_; }
+
+  // Traces the function for these arguments (used by explain).
+  template <class... T>
+  auto trace_with(const T&... args) const {
+    return trace_impl(std::index_sequence_for<T...>{}, args...);
+  }
+
+ private:
+  template <std::size_t... I, class... T>
+  auto trace_impl(std::index_sequence<I...>, const T&... args) const {
+    return detail::trace(fn_, expr::Arg<static_cast<int>(I)>{{}, &args}...);
+  }
+  template <class... T>
+  auto call(Stream stream, const T&... args) const {
+    return call_reporting(stream, nullptr, args...);
+  }
+
+ public:
+  // A call that also says which compiled program ran (explain).
+  template <class... T>
+  auto call_reporting(Stream stream, std::shared_ptr<const runtime::Entry>* used, const T&... args) const {
+    auto e = trace_with(args...);
+    using E = decltype(e);
+    constexpr int n = detail::num_outputs<F, E>;
+    std::array<const Tensor*, sizeof...(T)> argv{&args...};
+    auto out = detail::evaluate<n>(*cache_, fn_, e, argv, nullptr, stream.handle(), used);
+    return detail::pack_outputs<n>(out);
+  }
+
+ private:
+
+  F fn_;
+  std::shared_ptr<runtime::ProgramCache> cache_;
+};
+
+template <class F>
+Function<F> compile(F fn, options o = {}) {
+  return Function<F>(std::move(fn), o);
+}
+
+namespace detail {
+// Eager expressions share one program cache per expression type.
+template <class E>
+runtime::ProgramCache& eager_cache() {
+  static runtime::ProgramCache cache;
+  return cache;
+}
+}  // namespace detail
+
+// Evaluates an expression (fused) into a new tensor; several outputs for a tuple.
+template <class E>
+  requires Expr<E> || graph::is_tuple<E>::value
+auto eval(const E& e, Stream stream = {}) {
+  constexpr int n = detail::output_count<E>::value;
+  auto out = detail::evaluate<n>(detail::eager_cache<E>(), detail::Identity{}, e, std::array<const Tensor*, 0>{}, nullptr,
+                                 stream.handle());
+  return detail::pack_outputs<n>(out);
+}
+
+// Evaluates into an existing tensor without allocating; a failed evaluation leaves it untouched.
+template <Expr E>
+void eval(Tensor& out, const E& e, Stream stream = {}) {
+  if (!out.is_contiguous())
+    throw shape_error("k::eval(out, expr): out must be contiguous, got strides " + out.strides().str());
+  auto full = expr::make<Op::cast>([&] { Attrs a; a.dt = out.dtype(); return a; }(), e);
+  auto probe = graph::flatten(full);
+  graph::Captured<decltype(full)> cap;
+  graph::gather(full, cap);
+  graph::infer_shapes(probe, [&](int s) -> const Tensor& { return *cap.tensors[s]; });
+  const Dims& shape = probe[probe.outputs[0]].shape;
+  if (!(shape == out.shape()))
+    throw shape_error("k::eval(out, expr): out has shape " + out.shape().str() + " but the expression gives " + shape.str());
+  detail::evaluate<1>(detail::eager_cache<decltype(full)>(), detail::Identity{}, full, std::array<const Tensor*, 0>{}, &out,
+                      stream.handle());
+}
+
+template <class E>
+  requires requires { typename E::kiln_expr_tag; }
+Tensor::Tensor(const E& expr) : Tensor(kiln::eval(expr)) {}
+
+inline Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  if (device().is_cpu()) {  // a strided host copy needs no kernel
+    Tensor out = Tensor::empty(shape_, dtype_, cpu);
+    copy_to_contiguous_host(*this, out.data_ptr(), dtype_);
+    return out;
+  }
+  expr::TensorLeaf x{{}, *this};
+  if (dtype_ == kiln::dtype::boolean) return kiln::eval(x != 0);
+  return kiln::eval(cast(x * 1, dtype_));
+}
+inline Tensor Tensor::to(kiln::dtype d) const {
+  if (d == dtype_) return *this;
+  return kiln::eval(cast(expr::TensorLeaf{{}, *this}, d));
+}
+
+}  // namespace kiln

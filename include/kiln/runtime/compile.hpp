@@ -1,0 +1,92 @@
+// The lowering driver: one short function that runs every pass in order, each logged under its
+// KILN_LOGS channel, from the captured graph to a compiled program.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../debug/log.hpp"
+#include "../graph/infer.hpp"
+#include "../rewrite/decompose.hpp"
+#include "../rewrite/simplify.hpp"
+#include "program.hpp"
+
+namespace kiln::runtime {
+
+struct LoweringStats {
+  int ops_captured = 0;
+  int ops_decomposed = 0;
+};
+
+inline void log_graph(debug::Channel ch, const std::string& title, const graph::Graph& g) {
+  if (debug::log_enabled(ch)) debug::log(ch, title + ":\n" + g.str());
+}
+
+// Captured graph -> primitive graph with shapes (decompose, simplify, then the function's own
+// transform such as differentiation, then simplify again).
+template <class Transform, class ArgAt>
+graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, LoweringStats& stats) {
+  graph::infer_shapes(g, arg);                       // shapes and dtypes, errors for bad inputs
+  log_graph(debug::Channel::graph, "captured graph", g);
+  stats.ops_captured = g.count_ops();
+  g = rewrite::decompose(g);                         // composites -> primitives
+  graph::infer_shapes(g, arg);
+  g = rewrite::simplify(g);                          // x*1, x+0, constant folding, CSE, dead code
+  graph::infer_shapes(g, arg);
+  log_graph(debug::Channel::decomp, "after decomposition", g);
+  g = transform(std::move(g));                       // differentiation for k::grad and friends
+  graph::infer_shapes(g, arg);
+  g = rewrite::simplify(g);
+  graph::infer_shapes(g, arg);
+  stats.ops_decomposed = g.count_ops();
+  return g;
+}
+
+// Primitive graph -> compiled program for one device and shape environment.
+template <class ArgAt>
+std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg) {
+  auto p = std::make_shared<Program>();
+  p->device = device;
+  p->sched = schedule::fuse(g);                      // group anchors into kernels
+  schedule::plan_buffers(g, p->sched);               // buffers only at fusion boundaries
+  schedule::name_kernels(g, p->sched);
+  if (debug::log_enabled(debug::Channel::fusion)) {
+    std::string s;
+    for (auto& k : p->sched.kernels) s += "  " + k.debug_str(g) + "\n";
+    debug::log(debug::Channel::fusion, "kernels:\n" + s);
+  }
+  auto strides_of = [&](int node) {
+    const auto& shape = env[node];
+    if (g[node].op == Op::arg && !arg(g[node].slot).is_contiguous()) {
+      std::vector<Sym> st;
+      for (auto s : arg(g[node].slot).strides()) st.push_back(Sym(s));
+      return st;
+    }
+    return contiguous_strides(shape);
+  };
+  codegen::Target target = device.is_cpu() ? codegen::Target::cpu : codegen::Target::cuda;
+  for (int k = 0; k < static_cast<int>(p->sched.kernels.size()); ++k) {
+    CompiledKernel ck;
+    const auto& plan = p->sched.kernels[k];
+    if (plan.kind == schedule::Kind::extern_) {
+      ck.extern_node = plan.domain;
+      ck.src.name = plan.name;
+      ck.src.kind = plan.kind;
+      ck.src.fused_ops = {"matmul"};
+    } else {
+      ck.src = codegen::KernelWriter(g, p->sched, env, k, target, strides_of).write();
+    }
+    p->kernels.push_back(std::move(ck));
+  }
+  for (int i = 0; i < g.size(); ++i)
+    if (p->sched.realized[i] && g[i].op != Op::arg) p->buffers.push_back(i);
+  for (int o : g.outputs) p->arg_of_output.push_back(g[o].op == Op::arg ? g[o].slot : -1);
+  std::string name = p->kernels.empty() ? "kiln_program" : p->kernels.front().src.name;
+  p->graph = std::move(g);
+  p->env = std::move(env);
+  compile_program(*p, name);                         // NVRTC or the host compiler, cached
+  if (debug::log_enabled(debug::Channel::output_code)) debug::log(debug::Channel::output_code, p->source);
+  return p;
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,156 @@
+// A compiled program: the kernels of one graph for one guard set, compiled for one device, plus
+// the buffer plan. Running it allocates outputs and intermediates, binds arguments, scalars and
+// symbolic sizes, and launches every kernel in order on one stream; it never synchronises.
+#pragma once
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../codegen/kernel_writer.hpp"
+#include "../codegen/prelude.hpp"
+#include "../core/tensor.hpp"
+#include "../debug/log.hpp"
+#include "cpu_matmul.hpp"
+#include "cuda_matmul.hpp"
+#include "cuda_module.hpp"
+#include "host_compiler.hpp"
+#include "kernel_cache.hpp"
+#include "nvrtc.hpp"
+
+namespace kiln::runtime {
+
+struct CompiledKernel {
+  codegen::KernelSource src;
+  int extern_node = -1;                         // matmul: the node
+  void (*cpu)(void**, std::int64_t) = nullptr;  // CPU entry: (args, number of programs)
+  CUfunction cuda = nullptr;
+};
+
+struct Program {
+  graph::Graph graph;
+  schedule::Schedule sched;
+  ir::ShapeEnv env;
+  Device device = cpu;
+  std::vector<CompiledKernel> kernels;
+  std::string source;                          // the whole translation unit (prelude excluded)
+  std::shared_ptr<SharedObject> so;            // CPU
+  std::shared_ptr<Module> module;              // CUDA
+  std::vector<int> buffers;                    // realized non-arg nodes, in kernel order
+  std::vector<int> arg_of_output;              // per output: arg slot when the output is an argument
+
+  // Runs the program. args are indexed by arg slot; outputs are filled (pre-set entries are used
+  // as destinations: eval(out, expr)). shape_of(node) gives the node's concrete shape this call.
+  template <class ShapeOf>
+  void run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf&& shape_of, CUstream stream) const;
+};
+
+namespace detail {
+
+inline std::string cpu_trampoline(const codegen::KernelSource& k) {
+  std::string s = "extern \"C\" void " + k.name + "_cpu(void** a, i64 nprog) {\n#pragma omp parallel for schedule(static) if (nprog > 1)\n  for (i64 pid = 0; pid < nprog; ++pid)\n    " + k.name + "(";
+  for (std::size_t i = 0; i < k.params.size(); ++i) {
+    const auto& p = k.params[i];
+    std::string type = p.kind == codegen::Param::in_ptr    ? "const " + codegen::detail::storage_c_type(p.dt) + "*"
+                       : p.kind == codegen::Param::out_ptr ? codegen::detail::storage_c_type(p.dt) + "*"
+                       : p.kind == codegen::Param::scalar  ? "double"
+                                                           : "i64";
+    s += "*(" + type + "*)a[" + std::to_string(i) + "], ";
+  }
+  return s + "pid);\n}\n";
+}
+
+inline std::int64_t num_programs(const CompiledKernel& k, Bindings sizes) {
+  std::int64_t xn = k.src.xnumel.eval(sizes);
+  if (xn == 0) return 0;
+  if (k.src.kind == schedule::Kind::poi) return (xn + k.src.config.xblock - 1) / k.src.config.xblock;
+  return (xn + k.src.config.rows - 1) / k.src.config.rows;
+}
+
+}  // namespace detail
+
+// Compiles the generated sources of a program for its device: one translation unit per program.
+inline void compile_program(Program& p, const std::string& name) {
+  std::string body = std::string(sym_c_helpers) + "\n";
+  for (auto& k : p.kernels)
+    if (k.extern_node < 0) body += "\n" + k.src.source;
+  p.source = body;
+  if (p.device.is_cpu()) {
+    std::string tu = std::string(codegen::prelude) + body;
+    for (auto& k : p.kernels)
+      if (k.extern_node < 0) tu += detail::cpu_trampoline(k.src);
+    p.so = compile_shared_object(tu, name);
+    for (auto& k : p.kernels)
+      if (k.extern_node < 0) k.cpu = reinterpret_cast<void (*)(void**, std::int64_t)>(p.so->symbol((k.src.name + "_cpu").c_str()));
+    return;
+  }
+  driver::make_current(p.device.index);
+  std::string arch = driver::arch(p.device.index);
+  std::string tu = std::string(codegen::prelude) + body;
+  Hasher h;
+  h.update(tu).update(nvrtc_options_string(arch)).update(nvrtc_version());
+  std::string key = hex(h.digest());
+  auto cached = default_disk_cache().load(key, "cubin");
+  std::vector<char> cubin = cached ? std::move(*cached) : compile_cubin(tu, name, arch);
+  if (!cached) default_disk_cache().store(key, "cubin", cubin);
+  if (debug::log_enabled(debug::Channel::cache))
+    debug::log(debug::Channel::cache, std::string(cached ? "hit " : "miss ") + name + " cubin " + key);
+  p.module = std::make_shared<Module>(cubin, p.device.index);
+  for (auto& k : p.kernels)
+    if (k.extern_node < 0) k.cuda = p.module->function(k.src.name.c_str());
+}
+
+template <class ShapeOf>
+void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf&& shape_of,
+                  CUstream stream) const {
+  std::array<std::int64_t, 64> sizes{};
+  env.bind(shape_of, sizes.data());
+  Bindings bind(sizes.data(), static_cast<std::size_t>(env.num_symbols()));
+  // Outputs first (they may be caller-provided), then intermediates.
+  std::vector<Tensor> temps(graph.size());
+  for (std::size_t o = 0; o < graph.outputs.size(); ++o) {
+    int node = graph.outputs[o];
+    if (arg_of_output[o] >= 0) {
+      outputs[o] = *args[arg_of_output[o]];
+      continue;
+    }
+    if (!outputs[o].defined()) outputs[o] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
+    temps[node] = outputs[o];
+  }
+  for (int b : buffers)
+    if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
+  auto buffer = [&](int node) -> const Tensor& { return graph[node].op == Op::arg ? *args[graph[node].slot] : temps[node]; };
+
+  if (device.is_cuda()) driver::make_current(device.index);
+  for (const auto& k : kernels) {
+    if (k.extern_node >= 0) {
+      const auto& n = graph[k.extern_node];
+      if (device.is_cpu()) cpu_matmul(buffer(n.in[0]), buffer(n.in[1]), temps[k.extern_node]);
+      else cuda_matmul(buffer(n.in[0]), buffer(n.in[1]), temps[k.extern_node], stream);
+      continue;
+    }
+    std::int64_t nprog = detail::num_programs(k, bind);
+    if (nprog == 0) continue;
+    std::array<void*, 64> ptrs{};
+    std::array<void*, 64> slots{};
+    std::array<double, 64> scal{};
+    for (std::size_t i = 0; i < k.src.params.size(); ++i) {
+      const auto& p = k.src.params[i];
+      switch (p.kind) {
+        case codegen::Param::in_ptr:
+        case codegen::Param::out_ptr: ptrs[i] = buffer(p.ref).data_ptr(); slots[i] = &ptrs[i]; break;
+        case codegen::Param::scalar: scal[i] = scalars[p.ref]; slots[i] = &scal[i]; break;
+        case codegen::Param::size: slots[i] = &sizes[p.ref]; break;
+      }
+    }
+    if (device.is_cpu()) {
+      k.cpu(slots.data(), nprog);
+    } else {
+      unsigned grid = static_cast<unsigned>(nprog);
+      launch(k.cuda, {grid, 1, 1}, {static_cast<unsigned>(k.src.config.threads), 1, 1}, 0, stream, slots.data(),
+             k.src.name.c_str());
+    }
+  }
+}
+
+}  // namespace kiln::runtime
