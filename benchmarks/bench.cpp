@@ -1,0 +1,204 @@
+// kiln's side of the benchmark suite (BENCHMARKS.md): each workload is checked against the f64
+// reference on a slice, then timed with CUDA events (warm-up, median of >= 100 repetitions).
+// Prints one JSON object per line, the format benchmarks/report.py reads.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+namespace k = kiln;
+using kiln::runtime::Event;
+
+namespace {
+
+std::string only = "";
+int reps = 200;
+
+bool selected(const std::string& id) { return only.empty() || ("," + only + ",").find("," + id + ",") != std::string::npos; }
+
+// Median milliseconds of fn() over reps, timed with events around each repetition.
+double time_ms(const std::function<void()>& fn) {
+  for (int i = 0; i < 10; ++i) fn();
+  k::synchronize();
+  std::vector<float> t;
+  Event a, b;
+  for (int i = 0; i < reps; ++i) {
+    a.record();
+    fn();
+    b.record();
+    b.synchronize();
+    t.push_back(k::runtime::elapsed_ms(a, b));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void emit(const std::string& id, double ms, double bytes, const std::string& note = "") {
+  std::printf("{\"id\": \"%s\", \"impl\": \"kiln\", \"ms\": %.5f, \"gbps\": %.1f, \"note\": \"%s\"}\n", id.c_str(), ms,
+              bytes / ms / 1e6, note.c_str());
+  std::fflush(stdout);
+}
+
+void fail(const std::string& id, const std::string& why) {
+  std::string w = why.substr(0, 300);
+  std::replace(w.begin(), w.end(), '"', '\'');
+  std::replace(w.begin(), w.end(), '\n', ' ');
+  std::printf("{\"id\": \"%s\", \"impl\": \"kiln\", \"error\": \"%s\"}\n", id.c_str(), w.c_str());
+  std::fflush(stdout);
+}
+
+// Checks kiln's result on a small slice of rows against the oracle before timing the full size.
+template <class F>
+bool check(const std::string& id, F make, std::vector<k::Tensor> small, double tol) {
+  std::vector<k::Tensor> cpu;
+  for (auto& t : small) cpu.push_back(t.to(k::cpu));
+  k::Tensor got = make(small);
+  auto r = k::testing::allclose(got, k::reference::eval(make(cpu)), tol, tol);
+  if (!r) fail(id, "wrong result: " + std::string(r.str()));
+  return bool(r);
+}
+
+void run(const std::string& id, const std::function<void()>& body) {
+  if (!selected(id)) return;
+  try {
+    body();
+  } catch (const std::exception& e) {
+    fail(id, e.what());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--only" && i + 1 < argc) only = argv[++i];
+    if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
+  }
+  if (!k::driver::available()) {
+    fail("env", "no CUDA device");
+    return 0;
+  }
+  std::printf("{\"id\": \"env\", \"impl\": \"kiln\", \"device\": \"%s\"}\n", k::driver::device_name(0).c_str());
+
+  run("copy", [] {
+    std::size_t bytes = std::size_t{1} << 30;
+    auto a = k::empty({static_cast<std::int64_t>(bytes / 4)}, k::f32, k::cuda), b = k::empty({static_cast<std::int64_t>(bytes / 4)}, k::f32, k::cuda);
+    double ms = time_ms([&] { k::driver::copy_async(b.data_ptr(), a.data_ptr(), bytes, nullptr); });
+    std::printf("{\"id\": \"copy\", \"impl\": \"kiln\", \"gbps\": %.1f}\n", 2.0 * bytes / ms / 1e6);
+  });
+
+  const std::int64_t n26 = std::int64_t{1} << 26;
+  run("W1", [&] {
+    auto f = [](auto& v) { return k::relu(v[0] * 2.0f + 1.0f); };
+    std::vector<k::Tensor> small{k::randn({1 << 20}, k::f32, k::cuda, 1)};
+    if (!check("W1", f, small, 1e-5)) return;
+    std::vector<k::Tensor> v{k::randn({n26}, k::f32, k::cuda, 2)};
+    k::Tensor out = k::empty({n26}, k::f32, k::cuda);
+    emit("W1", time_ms([&] { k::eval(out, f(v)); }), 8.0 * n26);
+  });
+  run("W1b", [&] {
+    auto f = [](auto& v) { return k::sigmoid(k::tanh(v[0] * 0.5f + 0.1f) * v[0]) * k::exp(-v[0] * v[0]); };
+    std::vector<k::Tensor> small{k::randn({1 << 20}, k::f32, k::cuda, 1)};
+    if (!check("W1b", f, small, 1e-5)) return;
+    std::vector<k::Tensor> v{k::randn({n26}, k::f32, k::cuda, 2)};
+    k::Tensor out = k::empty({n26}, k::f32, k::cuda);
+    emit("W1b", time_ms([&] { k::eval(out, f(v)); }), 8.0 * n26);
+  });
+  run("W1c", [&] {
+    auto f = [](auto& v) { return k::gelu(v[0] + v[1]); };
+    std::vector<k::Tensor> small{k::randn({64, 4096}, k::bf16, k::cuda, 1), k::randn({4096}, k::bf16, k::cuda, 2)};
+    if (!check("W1c", [&](auto& v) { return k::cast(f(v), k::bf16); }, small, 2e-2)) return;
+    std::vector<k::Tensor> v{k::randn({16384, 4096}, k::bf16, k::cuda, 3), k::randn({4096}, k::bf16, k::cuda, 4)};
+    k::Tensor out = k::empty({16384, 4096}, k::bf16, k::cuda);
+    emit("W1c", time_ms([&] { k::eval(out, f(v)); }), 2.0 * 2 * 16384 * 4096);
+  });
+  auto softmax = [&](const std::string& id, std::int64_t rows, std::int64_t cols) {
+    run(id, [&] {
+      auto f = [](auto& v) { return k::softmax(v[0], -1); };
+      std::vector<k::Tensor> small{k::randn({16, cols}, k::f32, k::cuda, 1)};
+      if (!check(id, f, small, 1e-4)) return;
+      std::vector<k::Tensor> v{k::randn({rows, cols}, k::f32, k::cuda, 2)};
+      k::Tensor out = k::empty({rows, cols}, k::f32, k::cuda);
+      emit(id, time_ms([&] { k::eval(out, f(v)); }), 8.0 * rows * cols);
+    });
+  };
+  softmax("W3", 16384, 4096);
+  softmax("W3b", 4096, 32768);
+  run("W4", [&] {
+    auto f = [](auto& v) { return k::layer_norm(v[0], v[1], v[2]); };
+    std::vector<k::Tensor> small{k::randn({16, 4096}, k::f32, k::cuda, 1), k::randn({4096}, k::f32, k::cuda, 2),
+                                 k::randn({4096}, k::f32, k::cuda, 3)};
+    if (!check("W4", f, small, 1e-4)) return;
+    std::vector<k::Tensor> v{k::randn({16384, 4096}, k::f32, k::cuda, 4), small[1], small[2]};
+    k::Tensor out = k::empty({16384, 4096}, k::f32, k::cuda);
+    emit("W4", time_ms([&] { k::eval(out, f(v)); }), 8.0 * 16384 * 4096);
+  });
+  run("W6", [&] {
+    auto f = [](auto& v) { return k::cast(k::rms_norm(k::cast(v[0], k::f32), v[1], 1e-6), k::bf16); };
+    std::vector<k::Tensor> small{k::randn({16, 4096}, k::bf16, k::cuda, 1), k::randn({4096}, k::f32, k::cuda, 2)};
+    if (!check("W6", f, small, 2e-2)) return;
+    std::vector<k::Tensor> v{k::randn({16384, 4096}, k::bf16, k::cuda, 3), small[1]};
+    k::Tensor out = k::empty({16384, 4096}, k::bf16, k::cuda);
+    emit("W6", time_ms([&] { k::eval(out, f(v)); }), 4.0 * 16384 * 4096);
+  });
+  run("W8", [&] {
+    // One AdamW step; p, m, v come back as three outputs of one program (in place: k::assign).
+    const std::int64_t n = std::int64_t{1} << 24;
+    auto step = k::compile([](auto p, auto g, auto m, auto v) {
+      float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f, bc1 = 1 - 0.9f, bc2 = 1 - 0.999f;
+      auto m2 = m * b1 + g * (1 - b1);
+      auto v2 = v * b2 + g * g * (1 - b2);
+      auto p2 = p * (1 - lr * wd) - (m2 / bc1) / (k::sqrt(v2 / bc2) + eps) * lr;
+      return std::make_tuple(p2, m2, v2);
+    });
+    auto p = k::randn({n}, k::f32, k::cuda, 1), g = k::randn({n}, k::f32, k::cuda, 2), m = k::randn({n}, k::f32, k::cuda, 3),
+         v = k::rand({n}, k::f32, k::cuda, 4);
+    auto r = k::explain(step, p, g, m, v);
+    emit("W8", time_ms([&] { step(p, g, m, v); }), 4.0 * 7 * n, std::to_string(r.kernels.size()) + " kernel(s), new outputs");
+  });
+  run("W9", [&] {
+    auto f = k::compile([](auto x) { return k::relu(x * 2.0f + 1.0f); });
+    auto x = k::randn({1024}, k::f32, k::cuda, 1);
+    for (int i = 0; i < 100; ++i) f(x);
+    k::synchronize();
+    int calls = 20000;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) f(x);
+    k::synchronize();
+    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
+    std::printf("{\"id\": \"W9\", \"impl\": \"kiln\", \"ms\": %.5f, \"us\": %.2f}\n", us / 1000, us);
+  });
+  run("W10", [&] {
+    for (auto mode : {k::shapes::static_, k::shapes::dynamic}) {
+      auto f = k::compile([](auto x, auto w, auto b) { return k::layer_norm(x, w, b); }, {.shapes = mode, .recompile_limit = 64});
+      auto w = k::randn({4096}, k::f32, k::cuda, 1), b = k::randn({4096}, k::f32, k::cuda, 2);
+      std::vector<k::Tensor> xs;
+      for (int e = 4; e <= 13; ++e) xs.push_back(k::randn({std::int64_t{1} << e, 4096}, k::f32, k::cuda, 3 + e));
+      k::synchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      for (auto& x : xs) k::Tensor y = f(x, w, b);
+      k::synchronize();
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("{\"id\": \"W10\", \"impl\": \"%s\", \"ms\": %.1f, \"s\": %.3f}\n",
+                  mode == k::shapes::dynamic ? "kiln-dynamic" : "kiln", s * 1000, s);
+    }
+  });
+  run("W11", [&] {
+    // Run first in a fresh process with an empty KILN_CACHE_DIR (benchmarks/run.sh does).
+    auto f = k::compile([](auto x) { return k::relu(x * 2.0f + 1.0f); });
+    auto x = k::randn({1024}, k::f32, k::cuda, 1);
+    k::synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    k::Tensor y = f(x);
+    k::synchronize();
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("{\"id\": \"W11\", \"impl\": \"kiln\", \"ms\": %.2f}\n", ms);
+  });
+  return 0;
+}

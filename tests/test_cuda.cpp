@@ -1,0 +1,102 @@
+// The CUDA target end to end: the same expressions on the GPU as on the CPU, against the f64
+// reference. Skipped, visibly, on machines without a CUDA device.
+#include <doctest/doctest.h>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+namespace k = kiln;
+
+namespace {
+
+bool have_gpu() {
+  if (k::driver::available()) return true;
+  MESSAGE("skipped: no CUDA device on this machine");
+  return false;
+}
+
+// Evaluates on the GPU and checks against the oracle built from the same CPU inputs.
+template <class MakeExpr>
+void check_on_gpu(MakeExpr make, std::vector<k::Tensor> cpu_inputs, double rtol, double atol) {
+  std::vector<k::Tensor> gpu;
+  for (auto& t : cpu_inputs) gpu.push_back(t.to(k::cuda));
+  auto expected = k::reference::eval(make(cpu_inputs));
+  k::Tensor got = make(gpu);
+  CHECK(got.device() == k::Device(k::cuda));
+  auto r = k::testing::allclose(got, expected, rtol, atol);
+  CHECK_MESSAGE(bool(r), r);
+}
+
+}  // namespace
+
+TEST_CASE("cuda: pointwise chains, broadcasting and dtypes") {
+  if (!have_gpu()) return;
+  auto x = k::randn({37, 129}, k::f32, k::cpu, 1), b = k::randn({129}, k::f32, k::cpu, 2);
+  check_on_gpu([](auto& v) { return k::relu(v[0] * 2.0f + 1.0f); }, {x}, 1e-6, 1e-6);
+  check_on_gpu([](auto& v) { return k::sigmoid(k::tanh(v[0] * 0.5f + 0.1f) * v[0]) * k::exp(-v[0] * v[0]); }, {x}, 1e-5, 1e-6);
+  check_on_gpu([](auto& v) { return k::gelu(v[0] + v[1]); }, {x, b}, 1e-5, 1e-6);
+  check_on_gpu([](auto& v) { return k::gelu(v[0] + v[1], k::approximate::tanh); }, {x, b}, 1e-5, 1e-6);
+  auto xh = x.to(k::f16), bb = b.to(k::bf16);
+  check_on_gpu([](auto& v) { return k::gelu(v[0] + v[1]); }, {xh, bb}, 1e-2, 1e-2);
+  check_on_gpu([](auto& v) { return k::where(v[0] > 0.0f, v[0], v[1] * 3.0f); }, {x, b}, 1e-6, 1e-6);
+  auto big = k::randn({1 << 20}, k::f32, k::cpu, 3);
+  check_on_gpu([](auto& v) { return k::relu(v[0] * 2.0f + 1.0f); }, {big}, 1e-6, 1e-6);
+  auto odd = k::randn({(1 << 16) + 3}, k::bf16, k::cpu, 4);
+  check_on_gpu([](auto& v) { return v[0] * 2.0f + 1.0f; }, {odd}, 1e-2, 1e-2);
+}
+
+TEST_CASE("cuda: reductions, softmax and norms") {
+  if (!have_gpu()) return;
+  for (auto shape : {k::Dims{37, 129}, k::Dims{64, 4096}, k::Dims{3, 40000}, k::Dims{257, 33}}) {
+    auto x = k::randn(shape, k::f32, k::cpu, 5), w = k::randn({shape[1]}, k::f32, k::cpu, 6);
+    check_on_gpu([](auto& v) { return k::softmax(v[0], -1); }, {x}, 1e-5, 1e-7);
+    check_on_gpu([](auto& v) { return k::log_softmax(v[0], 1); }, {x}, 1e-5, 1e-5);
+    check_on_gpu([](auto& v) { return k::layer_norm(v[0], v[1], v[1]); }, {x, w}, 1e-4, 1e-4);
+    check_on_gpu([](auto& v) { return k::rms_norm(v[0], v[1]); }, {x, w}, 1e-4, 1e-4);
+    check_on_gpu([](auto& v) { return k::sum(v[0], 0); }, {x}, 1e-4, 1e-3);
+    check_on_gpu([](auto& v) { return k::amax(v[0], 1, true) - k::amin(v[0], 1, true); }, {x}, 1e-6, 1e-6);
+    check_on_gpu([](auto& v) { return k::var(v[0], 1); }, {x}, 1e-4, 1e-5);
+  }
+  auto x = k::randn({1 << 18}, k::f32, k::cpu, 7);
+  check_on_gpu([](auto& v) { return k::sum(v[0]); }, {x}, 1e-4, 1e-2);
+  auto h = k::randn({128, 1000}, k::bf16, k::cpu, 8);
+  check_on_gpu([](auto& v) { return k::softmax(v[0], -1); }, {h}, 2e-2, 1e-3);
+}
+
+TEST_CASE("cuda: views and compiled functions with dynamic shapes") {
+  if (!have_gpu()) return;
+  auto x = k::randn({6, 7, 9}, k::f32, k::cpu, 9);
+  check_on_gpu([](auto& v) { return k::permute(v[0], {2, 0, 1}) * 2.0f; }, {x}, 1e-6, 1e-6);
+  check_on_gpu([](auto& v) { return k::slice(v[0], 2, 1, 8, 3) + 1.0f; }, {x}, 1e-6, 1e-6);
+  check_on_gpu([](auto& v) { return k::reshape(k::transpose(v[0], 0, 1), {7, -1}) - 1.0f; }, {x}, 1e-6, 1e-6);
+
+  auto f = k::compile([](auto a, auto w) { return k::layer_norm(a, w, w) * 2.0f; }, {.shapes = k::shapes::dynamic});
+  auto w = k::randn({256}, k::f32, k::cuda, 10);
+  for (int rows : {3, 17, 64, 129}) {
+    auto a = k::randn({rows, 256}, k::f32, k::cuda, 11 + rows);
+    k::Tensor y = f(a, w);
+    auto ref = k::reference::eval(k::layer_norm(a, w, w) * 2.0f);
+    auto r = k::testing::allclose(y, ref, 1e-4, 1e-4);
+    CHECK_MESSAGE(bool(r), r);
+  }
+  CHECK(k::explain(f, k::randn({5, 256}, k::f32, k::cuda, 1), w).recompiles == 0);
+}
+
+TEST_CASE("cuda: raw device buffers and a user stream") {
+  if (!have_gpu()) return;
+  auto x = k::randn({1000}, k::f32, k::cuda, 12);
+  CUstream s = nullptr;
+  k::driver::check(k::driver::api().stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  k::Tensor out = k::Tensor::wrap(k::driver::allocate(4000, 0, s), {1000}, k::f32, k::cuda);
+  k::eval(out, x * 3.0f, k::Stream(s));
+  k::Stream(s).synchronize();
+  auto got = k::to_vector<float>(out), xs = k::to_vector<float>(x);
+  for (int i = 0; i < 1000; ++i) CHECK(got[i] == doctest::Approx(xs[i] * 3.0f));
+  k::driver::deallocate(out.data_ptr(), 4000, 0, s);
+}
+
+TEST_CASE("cuda: mixing devices is a device_error naming both") {
+  if (!have_gpu()) return;
+  auto a = k::randn({4}, k::f32, k::cuda, 1), b = k::randn({4}, k::f32, k::cpu, 2);
+  CHECK_THROWS_AS(k::eval(a + b), k::device_error);
+}
