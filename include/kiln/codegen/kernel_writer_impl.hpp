@@ -149,9 +149,14 @@ inline KernelSource KernelWriter::write() {
   ks.name = plan_.name;
   ks.kind = plan_.kind;
   const auto& p = env_[plan_.domain];
-  int max_item = 1;
-  for (int v : plan_.members) max_item = std::max<int>(max_item, static_cast<int>(itemsize(g_[v].dt)));
-  for (int v : plan_.stores) max_item = std::max<int>(max_item, static_cast<int>(itemsize(g_[v].dt)));
+  // Vector width from the narrowest element the kernel moves through memory (16 bytes of it).
+  int max_item = 8;
+  auto narrow = [&](int v) { max_item = std::min<int>(max_item, static_cast<int>(itemsize(g_[v].dt))); };
+  for (int v : plan_.stores) narrow(v);
+  for (int v : plan_.members)
+    for (int c = 0; c < g_[v].n_in; ++c)
+      if (g_[g_[v].in[c]].op == Op::arg || (s_.realized[g_[v].in[c]] && s_.kernel_of[g_[v].in[c]] != k_)) narrow(g_[v].in[c]);
+  max_item = std::max(max_item, 2);
   if (rows()) {
     std::vector<Sym> kept, red;
     for (int i = 0; i < static_cast<int>(p.size()); ++i)
@@ -191,7 +196,7 @@ inline KernelSource KernelWriter::write() {
     os << "  constexpr i64 ROWS = " << c.rows << ", RVEC = " << c.rvec << ";\n  constexpr int ROW_THREADS = " << c.row_threads
        << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code << ";\n";
   else
-    os << "  constexpr i64 XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ";\n  const i64 xnumel = " << xnumel_code << ";\n";
+    os << "  constexpr i64 XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ", THREADS = " << c.threads << ";\n  const i64 xnumel = " << xnumel_code << ";\n";
   std::string signature = os.str();
   ks.params = params_;
   ks.source = signature + body_.str() + "}\n";

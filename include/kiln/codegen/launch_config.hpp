@@ -30,7 +30,7 @@ inline std::int64_t next_pow2(std::int64_t v) {
   return p;
 }
 
-// max_item: the widest element (bytes) the kernel loads or stores; 16-byte vectors per thread.
+// item: the narrowest element (bytes) the kernel loads or stores; each thread moves 16 bytes of it.
 inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item) {
   LaunchConfig c;
   if (t == Target::cpu) {

@@ -281,15 +281,19 @@ KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, 
   typedef typename compute_of<T>::type C;
   tile<C, N> r;
 #ifdef __CUDACC_RTC__
-  if constexpr (sizeof(T) * N == 16) {
+  if constexpr ((sizeof(T) * N) % 16 == 0) {  // whole 16-byte vectors
+    constexpr int V = 16 / sizeof(T);
     bool all = true;
 KILN_UNROLL
     for (int i = 0; i < N; ++i) all = all && lane(mask, i);
     if (all && ((unsigned long long)(p + base) & 15) == 0) {
-      struct alignas(16) vec { T e[N]; };
-      vec v = *reinterpret_cast<const vec*>(p + base);
+      struct alignas(16) vec { T e[V]; };
 KILN_UNROLL
-      for (int i = 0; i < N; ++i) r.v[i] = to_compute(v.e[i]);
+      for (int c = 0; c < N / V; ++c) {
+        vec w = *reinterpret_cast<const vec*>(p + base + c * V);
+KILN_UNROLL
+        for (int i = 0; i < V; ++i) r.v[c * V + i] = to_compute(w.e[i]);
+      }
       return r;
     }
   }
@@ -312,16 +316,21 @@ KILN_UNROLL
 template <int N, class T, class V, class M>
 KILN_FN void store_contig(T* p, i64 base, const V& v, const M& mask) {
 #ifdef __CUDACC_RTC__
-  if constexpr (sizeof(T) * N == 16 || sizeof(T) * N == 8) {
+  if constexpr ((sizeof(T) * N) % 16 == 0 || sizeof(T) * N == 8) {
+    constexpr int V = sizeof(T) * N == 8 ? N : 16 / sizeof(T);
+    constexpr int A = sizeof(T) * V;
     bool all = true;
 KILN_UNROLL
     for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && ((unsigned long long)(p + base) & (sizeof(T) * N - 1)) == 0) {
-      struct alignas(sizeof(T) * N) vec { T e[N]; };
-      vec w;
+    if (all && ((unsigned long long)(p + base) & (A - 1)) == 0) {
+      struct alignas(A) vec { T e[V]; };
 KILN_UNROLL
-      for (int i = 0; i < N; ++i) w.e[i] = store_cast<T>(lane(v, i));
-      *reinterpret_cast<vec*>(p + base) = w;
+      for (int c = 0; c < N / V; ++c) {
+        vec w;
+KILN_UNROLL
+        for (int i = 0; i < V; ++i) w.e[i] = store_cast<T>(lane(v, c * V + i));
+        *reinterpret_cast<vec*>(p + base + c * V) = w;
+      }
       return;
     }
   }
@@ -373,8 +382,8 @@ template <int ROW_THREADS, class A> KILN_FN auto row_min(const A& a) { return ac
 // Each kernel defines XBLOCK/XVEC (pointwise) or ROWS/ROW_THREADS/RVEC (rows) before its loops.
 #ifdef __CUDACC_RTC__
 #define KILN_POINTWISE_LOOP(xoffset)                                                      \
-  for (i64 xoffset = (i64)blockIdx.x * XBLOCK + (i64)threadIdx.x * XVEC;                 \
-       xoffset < ((i64)blockIdx.x + 1) * XBLOCK; xoffset += (i64)blockDim.x * XVEC)
+  KILN_UNROLL for (i64 xoffset = (i64)blockIdx.x * XBLOCK + (i64)threadIdx.x * XVEC;     \
+       xoffset < ((i64)blockIdx.x + 1) * XBLOCK; xoffset += (i64)THREADS * XVEC)
 #define KILN_ROW(xindex) const i64 xindex = (i64)blockIdx.x * ROWS + threadIdx.x / ROW_THREADS;
 #define KILN_R_LOOP(roffset, rnumel)                                                      \
   for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
