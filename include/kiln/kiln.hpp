@@ -5,6 +5,7 @@
 #include "core/factories.hpp"
 #include "core/stream.hpp"
 #include "core/tensor.hpp"
+#include "expr/assign.hpp"
 #include "expr/ops.hpp"
 #include "autodiff/grad.hpp"
 #include "runtime/api.hpp"

@@ -5,6 +5,7 @@
 #include <array>
 #include <tuple>
 
+#include "../expr/assign.hpp"
 #include "graph.hpp"
 
 namespace kiln::graph {
@@ -25,6 +26,10 @@ struct Counts<expr::Node<O, C...>> {
 
 template <class N>
 struct Counts<expr::FullReduction<N>> : Counts<N> {};
+template <int I, class E>
+struct Counts<expr::Assign<I, E>> : Counts<E> {
+  static constexpr int max_arg = std::max(I, Counts<E>::max_arg);
+};
 
 template <class T> struct is_tuple : std::false_type {};
 template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
@@ -62,6 +67,11 @@ void gather(const expr::Node<O, C...>& e, Cap& c) {
   std::apply([&](const auto&... child) { (gather(child, c), ...); }, e.in);
   c.attrs[c.na++] = &e.attrs;
 }
+template <class Cap, int I, class E>
+void gather(const expr::Assign<I, E>& e, Cap& c) { gather(e.value, c); }
+
+template <class T> struct is_assign : std::false_type {};
+template <int I, class E> struct is_assign<expr::Assign<I, E>> : std::true_type {};
 
 struct FlattenState {
   int next_tensor = 0;   // eager leaves are numbered after the largest Arg index
@@ -126,10 +136,20 @@ Graph flatten_result(int nargs, const E& e) {
   Graph g;
   detail::FlattenState s;
   s.next_tensor = std::max(nargs, Counts<E>::max_arg + 1);
+  auto add_output = [&](const auto& x) {
+    using X = std::remove_cvref_t<decltype(x)>;
+    if constexpr (detail::is_assign<X>::value) {
+      g.outputs.push_back(detail::flatten_into(x.value, g, s));
+      g.output_into.push_back(X::slot);
+    } else {
+      g.outputs.push_back(detail::flatten_into(x, g, s));
+      g.output_into.push_back(-1);
+    }
+  };
   if constexpr (is_tuple<E>::value)
-    std::apply([&](const auto&... x) { (g.outputs.push_back(detail::flatten_into(x, g, s)), ...); }, e);
+    std::apply([&](const auto&... x) { (add_output(x), ...); }, e);
   else
-    g.outputs.push_back(detail::flatten_into(e, g, s));
+    add_output(e);
   g.num_args = s.next_tensor;
   g.num_scalars = s.next_scalar;
   return g;

@@ -34,6 +34,7 @@ struct Node {
 struct Graph {
   std::vector<Node> nodes;
   std::vector<int> outputs;
+  std::vector<int> output_into;  // per output: the argument slot it is written into (k::assign), else -1
   int num_args = 0;
   int num_scalars = 0;
 
@@ -100,7 +101,8 @@ inline std::string Graph::str() const {
     os << attrs_str(n) << ") : " << name(n.dt) << n.shape.str() << "\n";
   }
   os << "  return";
-  for (int o : outputs) os << " %" << o;
+  for (std::size_t i = 0; i < outputs.size(); ++i)
+    os << " %" << outputs[i] << (i < output_into.size() && output_into[i] >= 0 ? " -> arg" + std::to_string(output_into[i]) : "");
   os << "\n";
   return os.str();
 }

@@ -22,12 +22,40 @@ inline void log_graph(debug::Channel ch, const std::string& title, const graph::
   if (debug::log_enabled(ch)) debug::log(ch, title + ":\n" + g.str());
 }
 
+// k::assign(a, expr): expr must have a's shape; its value is cast to a's dtype on store.
+template <class ArgAt>
+void write_into_arguments(graph::Graph& g, ArgAt&& arg) {
+  for (std::size_t o = 0; o < g.outputs.size(); ++o) {
+    int slot = g.output_into[o];
+    if (slot < 0) continue;
+    const Tensor& a = arg(slot);
+    const graph::Node& n = g[g.outputs[o]];
+    if (!(n.shape == a.shape()))
+      throw shape_error("k::assign: the value has shape " + n.shape.str() + " but argument " + std::to_string(slot) +
+                        " has shape " + a.shape().str());
+    if (!a.is_contiguous()) throw shape_error("k::assign: argument " + std::to_string(slot) + " must be contiguous");
+    if (n.dt != a.dtype() || n.op == Op::arg) {
+      Attrs at;
+      at.dt = a.dtype();
+      graph::Node c;
+      c.op = Op::cast;
+      c.in[c.n_in++] = g.outputs[o];
+      c.attrs = at;
+      c.shape = n.shape;
+      c.dt = a.dtype();
+      g.nodes.push_back(c);  // not through add(): a same-dtype cast here is a real copy
+      g.outputs[o] = g.size() - 1;
+    }
+  }
+}
+
 // Captured graph -> primitive graph with shapes (decompose, simplify, then the function's own
 // transform such as differentiation, then simplify again).
 template <class Transform, class ArgAt>
 graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, LoweringStats& stats) {
   graph::infer_shapes(g, arg);                       // shapes and dtypes, errors for bad inputs
   log_graph(debug::Channel::graph, "captured graph", g);
+  std::vector<int> into = g.output_into;             // k::assign targets survive the rewrites
   stats.ops_captured = g.count_ops();
   g = rewrite::decompose(g);                         // composites -> primitives
   graph::infer_shapes(g, arg);
@@ -39,7 +67,23 @@ graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, Low
   g = rewrite::simplify(g);
   graph::infer_shapes(g, arg);
   stats.ops_decomposed = g.count_ops();
+  g.output_into = into.size() == g.outputs.size() ? into : std::vector<int>(g.outputs.size(), -1);
+  write_into_arguments(g, arg);
   return g;
+}
+
+// An argument updated by k::assign must not be read by a kernel that runs after the update.
+inline void check_assign_order(const graph::Graph& g, const Program& p) {
+  for (std::size_t o = 0; o < g.outputs.size(); ++o) {
+    int slot = o < g.output_into.size() ? g.output_into[o] : -1;
+    if (slot < 0) continue;
+    int writer = p.sched.kernel_of[g.outputs[o]];
+    for (int k = writer + 1; k < static_cast<int>(p.kernels.size()); ++k)
+      for (const auto& prm : p.kernels[k].src.params)
+        if (prm.kind == codegen::Param::in_ptr && g[prm.ref].op == Op::arg && g[prm.ref].slot == slot)
+          throw error("k::assign: argument " + std::to_string(slot) + " is updated by " + p.kernels[writer].src.name +
+                      " but read afterwards by " + p.kernels[k].src.name + "; return the new value instead of assigning it");
+  }
 }
 
 // Primitive graph -> compiled program for one device and shape environment.
@@ -81,6 +125,7 @@ std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device 
   for (int i = 0; i < g.size(); ++i)
     if (p->sched.realized[i] && g[i].op != Op::arg) p->buffers.push_back(i);
   for (int o : g.outputs) p->arg_of_output.push_back(g[o].op == Op::arg ? g[o].slot : -1);
+  check_assign_order(g, *p);
   std::string name = p->kernels.empty() ? "kiln_program" : p->kernels.front().src.name;
   p->graph = std::move(g);
   p->env = std::move(env);

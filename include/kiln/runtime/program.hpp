@@ -114,6 +114,7 @@ void Program::run(const Tensor* const* args, const double* scalars, Tensor* outp
       outputs[o] = *args[arg_of_output[o]];
       continue;
     }
+    if (o < graph.output_into.size() && graph.output_into[o] >= 0) outputs[o] = *args[graph.output_into[o]];
     if (!outputs[o].defined()) outputs[o] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
     temps[node] = outputs[o];
   }
