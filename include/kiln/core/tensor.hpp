@@ -52,6 +52,7 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const { return storage_; }
 
   bool is_contiguous() const {
+    if (numel() == 0) return true;  // as in PyTorch: nothing to lay out
     std::int64_t expect = 1;
     for (int i = dim() - 1; i >= 0; --i) {
       if (shape_[i] == 1) continue;

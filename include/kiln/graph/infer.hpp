@@ -71,7 +71,10 @@ inline Dims infer_reshape(const Dims& in, const Dims& want, Op op) {
       known *= out[i];
     }
   }
-  if (infer >= 0 && known != 0 && in.product() % known == 0) out[infer] = in.product() / known;
+  if (infer >= 0 && known == 0)
+    throw shape_error(op_str(op) + ": cannot reshape a tensor of shape " + in.str() + " to " + want.str() +
+                      ": the -1 is ambiguous next to a size 0");
+  if (infer >= 0 && in.product() % known == 0) out[infer] = in.product() / known;
   if (out.product() != in.product())
     throw shape_error(op_str(op) + ": cannot reshape a tensor of shape " + in.str() + " (" + std::to_string(in.product()) +
                       " elements) to " + want.str());
@@ -176,7 +179,7 @@ inline void infer_node(Graph& g, Node& n) {
       if (in(1).dt != kiln::dtype::i64 && in(1).dt != kiln::dtype::i32)
         throw dtype_error("gather: indices must be i64 or i32, got " + std::string(name(in(1).dt)));
       const Dims &xs = in(0).shape, &is = in(1).shape;
-      if (xs.size() != is.size() || !std::equal(xs.begin(), xs.end() - 1, is.begin()))
+      if (xs.size() == 0 || xs.size() != is.size() || !std::equal(xs.begin(), xs.end() - 1, is.begin()))
         throw shape_error("gather: index shape " + is.str() + " does not match input shape " + xs.str());
       n.shape = is;
       n.dt = in(0).dt;
