@@ -1,0 +1,477 @@
+// Matrix multiplication kernels: runtime::cpu_matmul against a naive f64 triple loop (odd shapes,
+// batches, broadcasting, transposed and strided views, every floating dtype, K = 0), the host
+// logic of runtime::cuda_matmul (operand layouts and the cuBLASLt plan, checked by emulating
+// cuBLAS's column-major semantics on the host; the copy kernels through NVRTC), and on machines
+// with a GPU runtime::cuda_matmul itself.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <kiln/core/driver.hpp>
+#include <kiln/core/memory.hpp>
+#include <kiln/core/tensor.hpp>
+#include <kiln/runtime/cpu_matmul.hpp>
+#include <kiln/runtime/cuda_matmul.hpp>
+
+namespace {
+
+namespace k = kiln;
+namespace rt = kiln::runtime;
+using k::Dims;
+using k::Tensor;
+
+std::mt19937& gen() {
+  static std::mt19937 g(4242);
+  return g;
+}
+
+// A host tensor with `storage` elements of random values (rounded once to dt), viewed with the
+// given shape, strides and offset (contiguous by default).
+Tensor random_view(const Dims& shape, k::dtype dt, Dims strides = {}, std::int64_t offset = 0,
+                   std::int64_t storage = -1) {
+  if (strides.empty()) strides = k::contiguous_strides(shape);
+  if (storage < 0) {
+    storage = offset + 1;
+    for (int i = 0; i < shape.size(); ++i) storage += (shape[i] - 1) * strides[i];
+    if (shape.product() == 0) storage = offset;
+  }
+  Tensor t = Tensor::empty({storage}, dt, k::cpu);
+  std::normal_distribution<double> d(0.0, 1.0);
+  for (std::int64_t i = 0; i < storage; ++i) k::store_from_double(t.data_ptr(), dt, i, d(gen()));
+  return t.as_strided(shape, strides, offset);
+}
+
+Tensor random(const Dims& shape, k::dtype dt = k::f32) { return random_view(shape, dt); }
+
+// A transposed view: an [rows, cols] tensor stored as its contiguous [cols, rows] transpose.
+Tensor random_transposed(std::int64_t rows, std::int64_t cols, k::dtype dt = k::f32) {
+  return random_view({rows, cols}, dt, {1, rows});
+}
+
+double at(const Tensor& t, const Dims& idx) {
+  return k::load_as_double(t.storage()->data, t.dtype(), t.offset() + k::dot_strides(idx, t.strides()));
+}
+
+// The product in f64 from the stored (already rounded) values, as a contiguous [B?, M, N] list.
+std::vector<double> reference(const Tensor& a, const Tensor& b) {
+  const bool batched = a.dim() == 3 || b.dim() == 3;
+  const std::int64_t ab = a.dim() == 3 ? a.shape()[0] : 1, bb = b.dim() == 3 ? b.shape()[0] : 1;
+  const std::int64_t B = batched ? std::max(ab, bb) : 1;
+  const std::int64_t M = a.shape()[a.dim() - 2], K = a.shape()[a.dim() - 1], N = b.shape()[b.dim() - 1];
+  std::vector<double> out(static_cast<std::size_t>(B * M * N), 0.0);
+  for (std::int64_t p = 0; p < B; ++p)
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < N; ++j) {
+        double acc = 0;
+        for (std::int64_t l = 0; l < K; ++l) {
+          double x = a.dim() == 3 ? at(a, {ab == 1 ? 0 : p, i, l}) : at(a, {i, l});
+          double y = b.dim() == 3 ? at(b, {bb == 1 ? 0 : p, l, j}) : at(b, {l, j});
+          acc += x * y;
+        }
+        out[static_cast<std::size_t>((p * M + i) * N + j)] = acc;
+      }
+  return out;
+}
+
+Dims out_shape(const Tensor& a, const Tensor& b) {
+  const std::int64_t M = a.shape()[a.dim() - 2], N = b.shape()[b.dim() - 1];
+  if (a.dim() == 2 && b.dim() == 2) return {M, N};
+  const std::int64_t ab = a.dim() == 3 ? a.shape()[0] : 1, bb = b.dim() == 3 ? b.shape()[0] : 1;
+  return {std::max(ab, bb), M, N};
+}
+
+struct Tol {
+  double rtol, atol;
+};
+Tol tolerance(k::dtype out) {
+  switch (out) {
+    case k::dtype::f64: return {1e-12, 1e-12};
+    case k::dtype::f32: return {2e-5, 2e-5};
+    case k::dtype::f16: return {2e-3, 2e-3};
+    default: return {1e-2, 1e-2};  // bf16
+  }
+}
+
+// Compares a (host, any strides) result against the reference; reports the worst element.
+void check_close(const Tensor& out, const std::vector<double>& want, Tol tol) {
+  REQUIRE(static_cast<std::int64_t>(want.size()) == out.numel());
+  double worst = 0;
+  std::int64_t worst_at = -1;
+  double got_at = 0;
+  k::for_each_index(out.shape(), [&](std::int64_t lin, const Dims& idx) {
+    double got = at(out, idx), w = want[static_cast<std::size_t>(lin)];
+    double excess = std::abs(got - w) - (tol.atol + tol.rtol * std::abs(w));
+    if (!(excess <= worst) || std::isnan(got)) {
+      worst = std::isnan(got) ? INFINITY : excess;
+      worst_at = lin;
+      got_at = got;
+    }
+  });
+  INFO("worst element " << worst_at << ": got " << got_at << ", want "
+                        << (worst_at >= 0 ? want[static_cast<std::size_t>(worst_at)] : 0.0));
+  CHECK(worst_at == -1);
+}
+
+// Runs cpu_matmul into a fresh output (pre-filled with garbage) and checks it.
+void check_cpu(const Tensor& a, const Tensor& b, k::dtype out_dt) {
+  Tensor out = Tensor::empty(out_shape(a, b), out_dt, k::cpu);
+  for (std::int64_t i = 0; i < out.numel(); ++i) k::store_from_double(out.data_ptr(), out_dt, i, 12345.0);
+  rt::cpu_matmul(a, b, out);
+  check_close(out, reference(a, b), tolerance(out_dt));
+}
+
+k::dtype result_dtype(const Tensor& a, const Tensor& b) { return k::promote(a.dtype(), b.dtype()); }
+
+void check_cpu(const Tensor& a, const Tensor& b) { check_cpu(a, b, result_dtype(a, b)); }
+
+}  // namespace
+
+TEST_CASE("cpu_matmul: 2-D shapes, odd and blocked") {
+  for (Dims mnk : {Dims{1, 1, 1}, Dims{37, 129, 65}, Dims{64, 64, 64}, Dims{1, 300, 7}, Dims{300, 1, 7},
+                   Dims{150, 300, 520}, Dims{5, 3, 2}}) {
+    CAPTURE(mnk);
+    check_cpu(random({mnk[0], mnk[2]}), random({mnk[2], mnk[1]}));
+  }
+}
+
+TEST_CASE("cpu_matmul: batched, 3-D x 2-D and broadcast batches") {
+  check_cpu(random({3, 17, 33}), random({3, 33, 9}));
+  check_cpu(random({4, 5, 7}), random({7, 6}));   // 3-D x 2-D
+  check_cpu(random({5, 7}), random({4, 7, 6}));   // 2-D x 3-D
+  check_cpu(random({1, 5, 7}), random({3, 7, 6}));  // a batch of 1 broadcasts
+  check_cpu(random({3, 5, 7}), random({1, 7, 6}));
+  check_cpu(random({2, 80, 300}), random({300, 270}));  // several blocks per batch
+}
+
+TEST_CASE("cpu_matmul: few rows against a wide b (computed as b^T a^T)") {
+  check_cpu(random({8, 300}), random_transposed(300, 700));           // linear on a small batch
+  check_cpu(random({3, 4, 20}), random({20, 50}));                     // 3-D x 2-D
+  check_cpu(random({2, 3, 20}, k::f16), random_view({2, 20, 70}, k::f16, {1, 2, 40}));
+  check_cpu(random({5, 7}), random({4, 7, 60}));                       // 2-D x 3-D
+  check_cpu(random_view({6, 9}, k::f32, {1, 6}), random({9, 400}, k::bf16));
+  Tensor a = random({3, 5}), b = random({5, 40});
+  Tensor out = Tensor::empty({40, 3}, k::f32, k::cpu).as_strided({3, 40}, {1, 3}, 0);
+  rt::cpu_matmul(a, b, out);
+  check_close(out, reference(a, b), tolerance(k::f32));
+  Tensor z = Tensor::empty({2, 30}, k::f32, k::cpu);
+  rt::cpu_matmul(random({2, 0}), random({0, 30}), z);
+  check_close(z, std::vector<double>(60, 0.0), tolerance(k::f32));
+}
+
+TEST_CASE("cpu_matmul: transposed and strided operands") {
+  // linear: x @ permute(w, {1, 0}) with w [N, K] contiguous.
+  check_cpu(random({37, 65}), random_transposed(65, 129));
+  check_cpu(random_transposed(37, 65), random({65, 129}));
+  check_cpu(random_transposed(37, 65), random_transposed(65, 129));
+  // Every other column and row, at an offset.
+  check_cpu(random_view({9, 11}, k::f32, {40, 2}, 3), random_view({11, 13}, k::f32, {3, 50}, 1));
+  // A broadcast (stride 0) dimension, and batched transposes.
+  check_cpu(random_view({6, 4}, k::f32, {0, 1}), random({4, 5}));
+  check_cpu(random_view({3, 17, 33}, k::f32, {17 * 33, 1, 17}), random_view({3, 33, 9}, k::f32, {1, 3, 99}));
+  check_cpu(random_view({3, 8, 5}, k::f32, {0, 5, 1}), random({3, 5, 4}));  // expanded batch
+}
+
+TEST_CASE("cpu_matmul: dtypes") {
+  for (k::dtype dt : {k::f64, k::f16, k::bf16}) {
+    CAPTURE(k::name(dt));
+    check_cpu(random({37, 65}, dt), random({65, 129}, dt));
+    check_cpu(random({3, 17, 33}, dt), random_transposed(33, 9, dt));
+  }
+  check_cpu(random({13, 21}, k::f16), random({21, 8}, k::f32));      // f16 x f32 -> f32
+  check_cpu(random({13, 21}, k::f16), random({21, 8}, k::bf16));     // f16 x bf16 -> f32
+  check_cpu(random({13, 21}, k::f64), random({21, 8}, k::f16));      // -> f64
+  check_cpu(random({13, 300}, k::f32), random({300, 8}, k::f32), k::f16);  // rounded once into f16
+}
+
+TEST_CASE("cpu_matmul: strided output and zero-size dimensions") {
+  Tensor a = random({7, 5}), b = random({5, 6});
+  Tensor storage = Tensor::empty({6 * 7}, k::f32, k::cpu);
+  Tensor out = storage.as_strided({7, 6}, {1, 7}, 0);  // the transpose of a contiguous [6, 7]
+  rt::cpu_matmul(a, b, out);
+  check_close(out, reference(a, b), tolerance(k::f32));
+
+  // K = 0 gives zeros.
+  for (k::dtype dt : {k::f32, k::f16, k::f64}) {
+    Tensor z = Tensor::empty({4, 5}, dt, k::cpu);
+    for (std::int64_t i = 0; i < z.numel(); ++i) k::store_from_double(z.data_ptr(), dt, i, 7.0);
+    rt::cpu_matmul(random({4, 0}, dt), random({0, 5}, dt), z);
+    check_close(z, std::vector<double>(20, 0.0), tolerance(dt));
+  }
+  Tensor zb = Tensor::empty({2, 3, 4}, k::f32, k::cpu);
+  for (std::int64_t i = 0; i < zb.numel(); ++i) static_cast<float*>(zb.data_ptr())[i] = 7.0f;
+  rt::cpu_matmul(random({2, 3, 0}), random({0, 4}), zb);
+  check_close(zb, std::vector<double>(24, 0.0), tolerance(k::f32));
+
+  // M = 0, N = 0 and an empty batch do nothing.
+  rt::cpu_matmul(random({0, 5}), random({5, 3}), Tensor::empty({0, 3}, k::f32, k::cpu));
+  rt::cpu_matmul(random({4, 5}), random({5, 0}), Tensor::empty({4, 0}, k::f32, k::cpu));
+  rt::cpu_matmul(random({0, 4, 5}), random({5, 3}), Tensor::empty({0, 4, 3}, k::f32, k::cpu));
+}
+
+TEST_CASE("cpu_matmul: errors name the shapes and dtypes") {
+  Tensor out = Tensor::empty({4, 6}, k::f32, k::cpu);
+  CHECK_THROWS_AS(rt::cpu_matmul(random({4, 5}), random({6, 6}), out), k::shape_error);
+  CHECK_THROWS_AS(rt::cpu_matmul(random({4, 5}), random({5, 7}), out), k::shape_error);
+  CHECK_THROWS_AS(rt::cpu_matmul(random({2, 4, 5}), random({3, 5, 6}), Tensor::empty({3, 4, 6}, k::f32, k::cpu)),
+                  k::shape_error);
+  CHECK_THROWS_AS(rt::cpu_matmul(random({5}), random({5, 6}), out), k::shape_error);
+  CHECK_THROWS_AS(rt::cpu_matmul(random({4, 5}, k::i32), random({5, 6}), out), k::dtype_error);
+  try {
+    rt::cpu_matmul(random({4, 5}), random({6, 6}), out);
+  } catch (const k::shape_error& e) {
+    CHECK(std::string(e.what()).find("[4, 5]") != std::string::npos);
+    CHECK(std::string(e.what()).find("[6, 6]") != std::string::npos);
+  }
+}
+
+// ---- CUDA: host-side logic ----------------------------------------------------------------------
+
+namespace {
+
+// Runs a GemmPlan as cuBLAS would (column-major, op N/T, strided batches) on host tensors: the
+// check that the row-major to column-major mapping, leading dimensions, batch strides and batch
+// folding are right, without a GPU.
+std::vector<double> emulate_plan(const Tensor& a_in, const Tensor& b_in) {
+  Dims shape = out_shape(a_in, b_in);
+  Tensor out = Tensor::empty(shape, k::f64, k::cpu);
+  rt::MatmulGeometry g = rt::matmul_geometry(a_in, b_in, out, "matmul");
+  rt::GemmPlan p = rt::plan_gemm(g, true, true, true);
+  auto contiguous = [](const Tensor& t) {
+    Tensor c = Tensor::empty(t.shape(), k::f64, k::cpu);
+    k::copy_to_contiguous_host(t, c.data_ptr(), k::f64);
+    return c;
+  };
+  Tensor a = p.copy_a ? contiguous(a_in) : a_in;
+  Tensor b = p.copy_b ? contiguous(b_in) : b_in;
+  // Raw element addressing from each operand's data pointer, as cuBLAS sees it.
+  auto A = [&](std::int64_t batch, std::int64_t r, std::int64_t c) {
+    return k::load_as_double(b.data_ptr(), b.dtype(), batch * p.stride_a + r + c * p.lda);
+  };
+  auto B = [&](std::int64_t batch, std::int64_t r, std::int64_t c) {
+    return k::load_as_double(a.data_ptr(), a.dtype(), batch * p.stride_b + r + c * p.ldb);
+  };
+  REQUIRE(p.direct);
+  CHECK(p.rows_a == (p.trans_a ? p.k : p.m));
+  CHECK(p.cols_a == (p.trans_a ? p.m : p.k));
+  CHECK(p.rows_b == (p.trans_b ? p.n : p.k));
+  CHECK(p.cols_b == (p.trans_b ? p.k : p.n));
+  CHECK(p.lda >= std::max<std::int64_t>(p.rows_a, 1));
+  CHECK(p.ldb >= std::max<std::int64_t>(p.rows_b, 1));
+  CHECK(p.ldd >= std::max<std::int64_t>(p.m, 1));
+  for (std::int64_t q = 0; q < p.batch; ++q)
+    for (std::int64_t i = 0; i < p.m; ++i)
+      for (std::int64_t j = 0; j < p.n; ++j) {
+        double acc = 0;
+        for (std::int64_t l = 0; l < p.k; ++l) {
+          double x = p.trans_a ? A(q, l, i) : A(q, i, l);
+          double y = p.trans_b ? B(q, j, l) : B(q, l, j);
+          acc += x * y;
+        }
+        static_cast<double*>(out.data_ptr())[q * p.stride_d + i + j * p.ldd] = acc;
+      }
+  return std::vector<double>(static_cast<double*>(out.data_ptr()), static_cast<double*>(out.data_ptr()) + out.numel());
+}
+
+void check_plan(const Tensor& a, const Tensor& b) {
+  std::vector<double> want = reference(a, b), got = emulate_plan(a, b);
+  REQUIRE(want.size() == got.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(want[i] - got[i]));
+  CHECK(worst < 1e-9);
+}
+
+}  // namespace
+
+TEST_CASE("cuda_matmul: operand layouts for cuBLASLt") {
+  using rt::cuda_mm_detail::classify;
+  auto row = classify(4, 6, 6, 1);  // row-major [4, 6]: the column-major 6 x 4 transpose, op N
+  CHECK((row.ok && !row.transpose && row.rows == 6 && row.cols == 4 && row.ld == 6));
+  auto col = classify(4, 6, 1, 4);  // column-major (a permuted [6, 4]): itself, op T
+  CHECK((col.ok && col.transpose && col.rows == 4 && col.cols == 6 && col.ld == 4));
+  CHECK(classify(4, 6, 8, 1).ld == 8);        // padded rows
+  CHECK_FALSE(classify(4, 6, 12, 2).ok);      // every other column: copy first
+  CHECK_FALSE(classify(4, 6, 0, 1).ok);       // a broadcast row: copy first
+  CHECK(classify(1, 6, 999, 1).ok);           // a single row: its stride does not matter
+  CHECK(classify(4, 1, 1, 999).ok);           // a single column either
+}
+
+TEST_CASE("cuda_matmul: the cuBLASLt plan computes a @ b (host emulation)") {
+  check_plan(random({1, 1}), random({1, 1}));
+  check_plan(random({37, 129}), random({129, 65}));
+  check_plan(random({37, 65}), random_transposed(65, 129));              // linear
+  check_plan(random_transposed(37, 65), random({65, 129}));
+  check_plan(random_transposed(37, 65), random_transposed(65, 129));
+  check_plan(random_view({9, 11}, k::f32, {40, 2}, 3), random_view({11, 13}, k::f32, {3, 50}, 1));  // copies
+  check_plan(random({3, 17, 33}), random({3, 33, 9}));                   // strided batch
+  check_plan(random({3, 17, 33}), random_transposed(33, 9));             // folded into one GEMM
+  check_plan(random({4, 1, 7}), random({7, 6}));                         // folded, M = 1
+  check_plan(random_view({3, 17, 33}, k::f32, {17 * 40, 40, 1}), random({33, 9}));  // padded rows
+  check_plan(random_view({3, 17, 33}, k::f32, {17 * 40 + 8, 40, 1}), random({33, 9}));  // not foldable
+  check_plan(random_view({3, 8, 5}, k::f32, {0, 5, 1}), random({3, 5, 4}));            // expanded batch
+  check_plan(random_view({6, 4}, k::f32, {0, 1}), random({4, 5}));                     // broadcast rows: copy
+  check_plan(random_view({3, 17, 33}, k::f32, {17 * 33, 1, 17}), random({33, 9}));  // transposed batches
+  check_plan(random({5, 7}), random({4, 7, 6}));                         // a broadcasts
+  check_plan(random({1, 5, 7}), random({3, 7, 6}));
+  check_plan(random({3, 5, 7}), random_view({3, 7, 6}, k::f32, {1, 3, 21}));
+
+  // Folding needs a's batches and out's back to back.
+  Tensor a = random({3, 17, 33}), b = random({33, 9});
+  Tensor out = Tensor::empty({3, 17, 9}, k::f32, k::cpu);
+  rt::GemmPlan p = rt::plan_gemm(rt::matmul_geometry(a, b, out, "matmul"), true, true, true);
+  CHECK(p.batch == 1);
+  CHECK(p.n == 51);
+  Tensor padded = random_view({3, 17, 33}, k::f32, {17 * 40, 40, 1});  // padded rows, batches back to back
+  p = rt::plan_gemm(rt::matmul_geometry(padded, b, out, "matmul"), true, true, true);
+  CHECK(p.batch == 1);
+  CHECK(p.ldb == 40);
+  Tensor gaps = random_view({3, 17, 33}, k::f32, {17 * 40 + 8, 40, 1});  // gaps between batches
+  p = rt::plan_gemm(rt::matmul_geometry(gaps, b, out, "matmul"), true, true, true);
+  CHECK(p.batch == 3);
+  CHECK(p.stride_b == 17 * 40 + 8);
+  CHECK(p.stride_a == 0);
+  // An output cuBLAS cannot write (transposed, or another dtype) goes through a temporary.
+  Tensor out_t = Tensor::empty({9, 17}, k::f32, k::cpu).as_strided({17, 9}, {1, 17}, 0);
+  p = rt::plan_gemm(rt::matmul_geometry(random({17, 33}), b, out_t, "matmul"), true, true, true);
+  CHECK_FALSE(p.direct);
+  CHECK(p.ldd == 9);
+}
+
+TEST_CASE("cuda_matmul: the copy kernels compile with NVRTC") {
+  std::vector<char> cubin =
+      rt::compile_cubin(rt::cuda_mm_detail::copy_kernel_source(), "kiln_mm_copy", "sm_90a");
+  CHECK(cubin.size() > 0);
+  std::string image(cubin.begin(), cubin.end());
+  CHECK(image.find(rt::cuda_mm_detail::copy_kernel_name(k::f16, k::f32)) != std::string::npos);
+  CHECK(image.find(rt::cuda_mm_detail::copy_kernel_name(k::bf16, k::f64)) != std::string::npos);
+}
+
+TEST_CASE("cuda_matmul: cuBLASLt loads or says why") {
+  if (rt::cublaslt::available()) {
+    CHECK_NOTHROW(rt::cublaslt::api());
+  } else {
+    try {
+      rt::cublaslt::api();
+      FAIL("api() should throw when cuBLASLt is missing");
+    } catch (const k::device_error& e) {
+      CHECK(std::string(e.what()).find("libcublasLt") != std::string::npos);
+    }
+  }
+}
+
+// ---- CUDA: on a device --------------------------------------------------------------------------
+
+namespace {
+
+// A CUDA copy of a host view: the whole underlying storage, viewed with the same strides.
+Tensor to_cuda(const Tensor& host) {
+  const std::int64_t elems = static_cast<std::int64_t>(host.storage()->bytes / k::itemsize(host.dtype()));
+  Tensor dev = Tensor::empty({elems}, host.dtype(), k::cuda);
+  k::memory::copy(dev.data_ptr(), k::cuda, host.storage()->data, k::cpu, host.storage()->bytes, nullptr);
+  return dev.as_strided(host.shape(), host.strides(), host.offset());
+}
+
+// A host copy of a contiguous CUDA tensor (waits for the default stream).
+Tensor to_host(const Tensor& dev) {
+  REQUIRE(dev.is_contiguous());
+  Tensor host = Tensor::empty(dev.shape(), dev.dtype(), k::cpu);
+  k::memory::copy(host.data_ptr(), k::cpu, dev.data_ptr(), dev.device(), dev.nbytes(), nullptr);
+  k::memory::synchronize(nullptr, dev.device());
+  return host;
+}
+
+void check_cuda(const Tensor& a, const Tensor& b, k::dtype out_dt, Tol tol) {
+  Tensor out = Tensor::empty(out_shape(a, b), out_dt, k::cuda);
+  rt::cuda_matmul(to_cuda(a), to_cuda(b), out, nullptr);
+  check_close(to_host(out), reference(a, b), tol);
+}
+
+// cuBLASLt may split K and sum in another order: f32 gets a little more room than on the host.
+Tol gpu_tolerance(k::dtype out) { return out == k::dtype::f32 ? Tol{1e-4, 1e-4} : tolerance(out); }
+
+void check_cuda(const Tensor& a, const Tensor& b) {
+  k::dtype dt = result_dtype(a, b);
+  check_cuda(a, b, dt, gpu_tolerance(dt));
+}
+
+double gelu_tanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+}  // namespace
+
+TEST_CASE("cuda_matmul: against the reference on the GPU") {
+  if (!k::driver::available()) {
+    MESSAGE("skipped: no CUDA device");
+    return;
+  }
+  if (!rt::cublaslt::available()) {
+    MESSAGE("skipped: no cuBLASLt");
+    return;
+  }
+  SUBCASE("f32 shapes") {
+    check_cuda(random({1, 1}), random({1, 1}));
+    check_cuda(random({37, 129}), random({129, 65}));
+    check_cuda(random({64, 64}), random({64, 64}));
+    check_cuda(random({150, 300}), random({300, 520}));
+  }
+  SUBCASE("batched and broadcast") {
+    check_cuda(random({3, 17, 33}), random({3, 33, 9}));
+    check_cuda(random({4, 5, 7}), random({7, 6}));
+    check_cuda(random({5, 7}), random({4, 7, 6}));
+    check_cuda(random({1, 5, 7}), random({3, 7, 6}));
+  }
+  SUBCASE("transposed and strided") {
+    check_cuda(random({37, 65}), random_transposed(65, 129));
+    check_cuda(random_transposed(37, 65), random_transposed(65, 129));
+    check_cuda(random_view({9, 11}, k::f32, {40, 2}, 3), random_view({11, 13}, k::f32, {3, 50}, 1));
+    check_cuda(random_view({3, 17, 33}, k::f32, {17 * 33, 1, 17}), random_view({3, 33, 9}, k::f32, {1, 3, 99}));
+  }
+  SUBCASE("dtypes") {
+    for (k::dtype dt : {k::f64, k::f16, k::bf16}) {
+      CAPTURE(k::name(dt));
+      check_cuda(random({37, 65}, dt), random({65, 129}, dt));
+      check_cuda(random({3, 17, 33}, dt), random_transposed(33, 9, dt));
+    }
+    check_cuda(random({13, 21}, k::f16), random({21, 8}, k::f32));
+    check_cuda(random({13, 21}, k::f16), random({21, 8}, k::bf16));
+    check_cuda(random({13, 21}, k::f16), random({21, 8}, k::f16), k::f32, gpu_tolerance(k::f32));
+    check_cuda(random({13, 21}, k::f64), random({21, 8}, k::f16));
+  }
+  SUBCASE("strided output and K = 0") {
+    Tensor a = random({7, 5}), b = random({5, 6});
+    Tensor storage = Tensor::empty({42}, k::f32, k::cuda);
+    rt::cuda_matmul(to_cuda(a), to_cuda(b), storage.as_strided({7, 6}, {1, 7}, 0), nullptr);
+    Tensor host = to_host(storage).as_strided({7, 6}, {1, 7}, 0);
+    check_close(host, reference(a, b), gpu_tolerance(k::f32));
+
+    Tensor z = Tensor::empty({2, 4, 5}, k::f32, k::cuda);
+    rt::cuda_matmul(to_cuda(random({2, 4, 0})), to_cuda(random({0, 5})), z, nullptr);
+    check_close(to_host(z), std::vector<double>(40, 0.0), gpu_tolerance(k::f32));
+  }
+  SUBCASE("epilogues") {
+    Tensor a = random({3, 17, 33}), w = random_transposed(33, 40), bias = random({40});
+    std::vector<double> mm = reference(a, w);
+    for (rt::Epilogue e : {rt::Epilogue::bias, rt::Epilogue::relu_bias, rt::Epilogue::gelu_tanh_bias,
+                           rt::Epilogue::relu, rt::Epilogue::gelu_tanh}) {
+      CAPTURE(static_cast<int>(e));
+      std::vector<double> want = mm;
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        double x = want[i] + (rt::epilogue_has_bias(e) ? at(bias, {static_cast<std::int64_t>(i % 40)}) : 0.0);
+        if (e == rt::Epilogue::relu_bias || e == rt::Epilogue::relu) x = std::max(x, 0.0);
+        if (e == rt::Epilogue::gelu_tanh_bias || e == rt::Epilogue::gelu_tanh) x = gelu_tanh(x);
+        want[i] = x;
+      }
+      Tensor out = Tensor::empty({3, 17, 40}, k::f32, k::cuda);
+      Tensor bias_dev = to_cuda(bias);
+      rt::cuda_matmul_epilogue(to_cuda(a), to_cuda(w), &bias_dev, e, out, nullptr);
+      check_close(to_host(out), want, {1e-4, 1e-4});
+    }
+    Tensor out = Tensor::empty({3, 17, 40}, k::f32, k::cuda);
+    CHECK_THROWS_AS(rt::cuda_matmul_epilogue(to_cuda(a), to_cuda(w), nullptr, rt::Epilogue::bias, out, nullptr),
+                    k::shape_error);
+  }
+}
