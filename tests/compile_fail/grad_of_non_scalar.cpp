@@ -1,14 +1,10 @@
-// expect: kiln::grad needs a scalar-valued function
-// PLACEHOLDER for the autodiff engineer: written by the build engineer to show the
-// mechanism; replace the sentence above (a CMake regex matched against the compiler's
-// "static assertion failed" line) and the misuse below with the real ones. Until
-// k::grad exists and rejects this with that sentence, this test fails on purpose.
+// expect: k::grad needs a scalar-valued function: reduce the result with k::sum or k::mean, or use k::vjp
+// k::grad of a function whose value is a whole tensor: it has no gradient in the sense of k::grad.
 #include <kiln/kiln.hpp>
 
 namespace k = kiln;
 
 int main() {
-  // x * 2 is a tensor, not a scalar, so it has no gradient in the sense of k::grad.
   auto not_scalar = [](auto x) { return x * 2.0f; };
   auto df = k::grad(not_scalar, k::wrt<0>);
   k::Tensor x = k::ones({3});

@@ -62,12 +62,20 @@ struct Iota : ExprBase {
   Attrs attrs;
 };
 
+// A reduction over every dim (k::sum(x) with no dims): the same node, marked in the type so that
+// k::grad can tell at C++ compile time that the value is a single element.
+template <class N>
+struct FullReduction : N {
+  using N::N;
+};
+
 template <class T> struct is_expr_t : std::false_type {};
 template <Op O, class... C> struct is_expr_t<Node<O, C...>> : std::true_type {};
 template <> struct is_expr_t<TensorLeaf> : std::true_type {};
 template <int I> struct is_expr_t<Arg<I>> : std::true_type {};
 template <bool F> struct is_expr_t<Scalar<F>> : std::true_type {};
 template <> struct is_expr_t<Iota> : std::true_type {};
+template <class N> struct is_expr_t<FullReduction<N>> : std::true_type {};
 
 }  // namespace expr
 

@@ -123,10 +123,16 @@ inline Attrs reduce_attrs(const DimList& d, bool keepdim) {
 }
 }  // namespace detail
 
-#define KILN_REDUCTION(fn)                                                            \
-  template <TensorLike X>                                                            \
-  auto fn(X&& x, DimList dims = {}, bool keepdim = false) {                          \
-    return expr::make<Op::fn>(detail::reduce_attrs(dims, keepdim), std::forward<X>(x)); \
+// With no dims the result is typed as a full reduction (a single element), which k::grad checks.
+#define KILN_REDUCTION(fn)                                                                    \
+  template <TensorLike X>                                                                    \
+  auto fn(X&& x, DimList dims, bool keepdim = false) {                                       \
+    return expr::make<Op::fn>(detail::reduce_attrs(dims, keepdim), std::forward<X>(x));        \
+  }                                                                                          \
+  template <TensorLike X>                                                                    \
+  auto fn(X&& x) {                                                                           \
+    using N = decltype(expr::make<Op::fn>({}, std::forward<X>(x)));                          \
+    return expr::FullReduction<N>(detail::reduce_attrs({}, false), expr::lift(std::forward<X>(x))); \
   }
 KILN_REDUCTION(sum)
 KILN_REDUCTION(mean)
@@ -135,8 +141,13 @@ KILN_REDUCTION(amin)
 #undef KILN_REDUCTION
 
 template <TensorLike X>
-auto var(X&& x, DimList dims = {}, double correction = 1, bool keepdim = false) {
+auto var(X&& x, DimList dims, double correction = 1, bool keepdim = false) {
   return expr::make<Op::var>(detail::reduce_attrs(dims, keepdim), std::forward<X>(x), correction);
+}
+template <TensorLike X>
+auto var(X&& x) {
+  using N = decltype(expr::make<Op::var>({}, std::forward<X>(x), 1.0));
+  return expr::FullReduction<N>(detail::reduce_attrs({}, false), expr::lift(std::forward<X>(x)), expr::lift(1.0));
 }
 template <TensorLike X>
 auto logsumexp(X&& x, std::int64_t dim, bool keepdim = false) {

@@ -1,0 +1,208 @@
+// k::grad, k::value_and_grad and k::vjp (API.md, "gradients"): wrappers that the runtime traces like
+// any function and then differentiates with autodiff::differentiate. Misuse that the expression type
+// shows (a non-scalar value, a k::wrt index out of range, class indices in k::wrt) is a
+// static_assert with a sentence, raised when the wrapper is traced.
+//
+// Protocol with the runtime (runtime/function.hpp), for any function object f:
+//   1. traced = kiln::detail::trace(f, expr::Arg<0>{..}, ..., expr::Arg<M-1>{..})   (every call)
+//   2. g = flatten(traced) -> infer_shapes -> rewrite::decompose -> infer_shapes -> rewrite::simplify
+//   3. g = kiln::detail::transform_graph(f, g) -> infer_shapes -> rewrite::simplify  (once per type)
+//   4. kiln::detail::num_outputs<F, decltype(traced)> results, in g.outputs order.
+// For a GradFn, trace returns std::tuple{value, Arg<I>..., [cotangent Arg<M-1> for vjp]}: the extra
+// outputs give every wrt argument (and the cotangent) a node with an inferred shape even when the
+// value does not use it; transform_graph drops them again.
+#pragma once
+#include <cstddef>
+#include <initializer_list>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "../expr/ops.hpp"
+#include "differentiate.hpp"
+
+namespace kiln {
+
+template <int... I>
+struct wrt_t {};
+template <int... I>
+inline constexpr wrt_t<I...> wrt{};
+
+namespace detail {
+template <class G, int NumArgs>
+constexpr void check_gradient_fn();
+}  // namespace detail
+
+// The function returned by k::grad / k::value_and_grad / k::vjp: F's gradients with respect to the
+// arguments I... (value first for value_and_grad), as one k::Tensor or a std::tuple of them.
+template <class F, autodiff::Mode M, int... I>
+struct GradFn {
+  static_assert(sizeof...(I) > 0, "k::wrt<...> needs at least one argument index");
+  static constexpr autodiff::Mode mode = M;
+  F fn;
+
+  // Runs through k::compile, which <kiln/kiln.hpp> defines and ADL finds when this is instantiated,
+  // so this header does not depend on the runtime. For repeated calls, keep k::compile(grad_fn).
+  template <class... T>
+    requires(std::is_same_v<T, Tensor> && ...)
+  auto operator()(const T&... args) const {
+    detail::check_gradient_fn<GradFn, static_cast<int>(sizeof...(T))>();
+    return compile(*this)(args...);
+  }
+};
+
+template <class F, int... I>
+auto grad(F fn, wrt_t<I...>) { return GradFn<F, autodiff::Mode::grad, I...>{std::move(fn)}; }
+template <class F, int... I>
+auto value_and_grad(F fn, wrt_t<I...>) { return GradFn<F, autodiff::Mode::value_and_grad, I...>{std::move(fn)}; }
+// The returned function takes the cotangent of F's value as an extra last argument.
+template <class F, int... I>
+auto vjp(F fn, wrt_t<I...>) { return GradFn<F, autodiff::Mode::vjp, I...>{std::move(fn)}; }
+
+template <class T> struct is_gradient_fn : std::false_type {};
+template <class F, autodiff::Mode M, int... I> struct is_gradient_fn<GradFn<F, M, I...>> : std::true_type {};
+
+namespace detail {
+
+// ---- what the expression type says about its value: a single element? -------------------------
+enum class Scalarity { no, maybe, yes };  // maybe: a reduction with dims, checked at run time
+
+constexpr Scalarity node_scalarity(Op op, std::initializer_list<Scalarity> in) {
+  if (op == Op::cross_entropy || op == Op::mse_loss || op == Op::numel) return Scalarity::yes;
+  if (is_reduction(op) || op == Op::mean || op == Op::var || op == Op::logsumexp) return Scalarity::maybe;
+  if (is_pointwise(op) || op == Op::silu || op == Op::gelu || op == Op::gelu_tanh || op == Op::clamp) {
+    bool all_yes = true;
+    for (auto s : in) {
+      if (s == Scalarity::no) return Scalarity::no;
+      all_yes = all_yes && s == Scalarity::yes;
+    }
+    return all_yes ? Scalarity::yes : Scalarity::maybe;
+  }
+  switch (op) {  // views and shape-preserving ops of one input keep its answer
+    case Op::reshape: case Op::permute: case Op::transpose: case Op::unsqueeze: case Op::squeeze: case Op::slice:
+    case Op::softmax: case Op::log_softmax:
+      return *in.begin();
+    default:
+      return Scalarity::no;
+  }
+}
+
+template <class E> struct scalarity : std::integral_constant<Scalarity, Scalarity::no> {};
+template <bool F> struct scalarity<expr::Scalar<F>> : std::integral_constant<Scalarity, Scalarity::yes> {};
+template <class N> struct scalarity<expr::FullReduction<N>> : std::integral_constant<Scalarity, Scalarity::yes> {};
+template <Op O, class... C>
+struct scalarity<expr::Node<O, C...>> : std::integral_constant<Scalarity, node_scalarity(O, {scalarity<C>::value...})> {};
+
+template <class E> inline constexpr Scalarity scalarity_v = scalarity<std::remove_cvref_t<E>>::value;
+// True when the type guarantees a single-element value (full reductions, losses, their pointwise
+// combinations with each other and with C++ scalars).
+template <class E> inline constexpr bool is_scalar_valued = scalarity_v<E> == Scalarity::yes;
+
+// ---- how argument I is used: as a value (differentiable) and/or as class indices ---------------
+inline constexpr int used_as_value = 1, used_as_index = 2;
+
+constexpr bool index_operand(Op op, std::size_t k) { return (op == Op::cross_entropy || op == Op::gather) && k == 1; }
+
+template <int I, class E> struct arg_use : std::integral_constant<int, 0> {};
+template <int I> struct arg_use<I, expr::Arg<I>> : std::integral_constant<int, used_as_value> {};
+template <int I, class N> struct arg_use<I, expr::FullReduction<N>> : arg_use<I, N> {};
+
+template <int I, Op O, class... C, std::size_t... K>
+constexpr int node_arg_use(std::index_sequence<K...>) {
+  return (0 | ... | (index_operand(O, K) ? (arg_use<I, C>::value ? used_as_index : 0) : arg_use<I, C>::value));
+}
+template <int I, Op O, class... C>
+struct arg_use<I, expr::Node<O, C...>>
+    : std::integral_constant<int, node_arg_use<I, O, C...>(std::index_sequence_for<C...>{})> {};
+
+template <int I, class E> inline constexpr int arg_use_v = arg_use<I, std::remove_cvref_t<E>>::value;
+
+// ---- the checks, one sentence each -------------------------------------------------------------
+template <int Index, int NumArgs>
+struct wrt_index_check {
+  static_assert(Index >= 0 && Index < NumArgs,
+                "k::wrt<...> names an argument that the function does not take: every index must be below the "
+                "number of arguments (see wrt_index_check<index, number of arguments> above)");
+  static constexpr bool ok = Index >= 0 && Index < NumArgs;
+};
+
+template <autodiff::Mode M, class E, int... I>
+constexpr void check_value() {
+  if constexpr (M == autodiff::Mode::grad)
+    static_assert(scalarity_v<E> != Scalarity::no,
+                  "k::grad needs a scalar-valued function: reduce the result with k::sum or k::mean, or use k::vjp");
+  else if constexpr (M == autodiff::Mode::value_and_grad)
+    static_assert(scalarity_v<E> != Scalarity::no,
+                  "k::value_and_grad needs a scalar-valued function: reduce the result with k::sum or k::mean, or use k::vjp");
+  else
+    static_assert(Expr<E>, "k::vjp needs a function returning one expression (not a std::tuple or a k::Tensor)");
+  static_assert(((arg_use_v<I, E> != used_as_index) && ...),
+                "k::wrt names an integer argument (class indices) that has no gradient: remove its index from k::wrt<...>");
+}
+
+// ---- the protocol --------------------------------------------------------------------------------
+// A plain function: its expression, built from the argument placeholders.
+template <class F, class... A>
+auto trace(const F& f, const A&... a) {
+  return f(a...);
+}
+
+// A gradient function: F on the forward arguments (all but the cotangent for vjp), followed by the
+// wrt arguments (and the cotangent) as extra outputs.
+template <class F, autodiff::Mode M, int... I, class... A>
+auto trace(const GradFn<F, M, I...>& gf, const A&... a) {
+  constexpr bool vjp = M == autodiff::Mode::vjp;
+  static_assert(!vjp || sizeof...(A) >= 1, "k::vjp takes the cotangent of the function's value as its last argument");
+  constexpr int n = static_cast<int>(sizeof...(A)) - (vjp ? 1 : 0);
+  if constexpr ((wrt_index_check<I, n>::ok && ...)) {
+    auto args = std::forward_as_tuple(a...);
+    auto value = [&]<std::size_t... K>(std::index_sequence<K...>) {
+      return gf.fn(std::get<K>(args)...);
+    }(std::make_index_sequence<static_cast<std::size_t>(n)>{});
+    check_value<M, decltype(value), I...>();
+    if constexpr (vjp)
+      return std::make_tuple(value, std::get<I>(args)..., std::get<n>(args));
+    else
+      return std::make_tuple(value, std::get<I>(args)...);
+  }
+}
+
+// Graph outputs of the transformed graph, as the runtime returns them (one: a k::Tensor).
+template <class T> struct output_count : std::integral_constant<int, 1> {};
+template <class... T> struct output_count<std::tuple<T...>> : std::integral_constant<int, sizeof...(T)> {};
+template <class F, class Traced>
+inline constexpr int num_outputs = output_count<Traced>::value;
+template <class F, autodiff::Mode M, int... I, class Traced>
+inline constexpr int num_outputs<GradFn<F, M, I...>, Traced> =
+    static_cast<int>(sizeof...(I)) + (M == autodiff::Mode::value_and_grad ? 1 : 0);
+
+// The graph pass a function object asks for after decomposition: none for a plain function.
+template <class F>
+graph::Graph transform_graph(const F&, graph::Graph g) {
+  return g;
+}
+template <class F, autodiff::Mode M, int... I>
+graph::Graph transform_graph(const GradFn<F, M, I...>&, graph::Graph g) {
+  constexpr int wrt_slots[] = {I...};
+  int cotangent = -1;
+  if constexpr (M == autodiff::Mode::vjp) {
+    const graph::Node& c = g[g.outputs.back()];
+    if (c.op != Op::arg) throw error("k::vjp: the last traced output is not the cotangent argument");
+    cotangent = c.slot;
+  }
+  g.outputs.resize(1);
+  return autodiff::differentiate(g, wrt_slots, M, cotangent);
+}
+
+// Instantiates trace for NumArgs placeholders, so that the static_asserts above fire at the call.
+template <class G, std::size_t... K>
+auto traced_type(std::index_sequence<K...>)
+    -> decltype(trace(std::declval<const G&>(), std::declval<const expr::Arg<static_cast<int>(K)>&>()...));
+template <class G, int NumArgs>
+constexpr void check_gradient_fn() {
+  using Traced = decltype(traced_type<G>(std::make_index_sequence<static_cast<std::size_t>(NumArgs)>{}));
+  static_assert(sizeof(Traced*) > 0);
+}
+
+}  // namespace detail
+}  // namespace kiln

@@ -1,0 +1,215 @@
+// Derivative rules: one table entry per primitive op giving the cotangents of its inputs from the
+// cotangent of its output (as tinygrad's pm_gradient). Composites have no entry: they are
+// decomposed first. Broadcast inputs get their cotangent summed back to their shape.
+#pragma once
+#include <array>
+#include <numbers>
+
+#include "../rewrite/builder.hpp"
+
+namespace kiln::autodiff {
+
+using rewrite::Builder;
+
+// The cotangents of a node's inputs (ids in the builder); -1 where an input gets none.
+using Cotangents = std::array<int, 4>;
+// A rule: the input cotangents of node y given g, the cotangent of y (both ids in b).
+using Rule = Cotangents (*)(Builder& b, int y, int g);
+
+inline constexpr Cotangents no_cotangents{-1, -1, -1, -1};
+
+// Sums a cotangent over the dims its input was broadcast along, then reshapes it to that input's shape.
+inline int sum_to_shape(Builder& b, int g, const Dims& shape) {
+  const Dims gs = b.shape(g);
+  if (gs == shape) return g;
+  const int lead = gs.size() - shape.size();
+  Dims rd;
+  for (int i = 0; i < gs.size(); ++i)
+    if (i < lead || (shape[i - lead] == 1 && gs[i] != 1)) rd.push_back(i);
+  return b.reshape(rd.empty() ? g : b.sum(g, rd, true), shape);
+}
+
+namespace rules {
+
+inline int in(const Builder& b, int y, int k) { return b[y].in[k]; }
+inline int x0(const Builder& b, int y) { return b[y].in[0]; }
+// The cotangent of input k of a broadcasting op: c summed back to that input's shape.
+inline int back(Builder& b, int y, int k, int c) { return sum_to_shape(b, c, b.shape(in(b, y, k))); }
+
+inline Cotangents none(Builder&, int, int) { return no_cotangents; }
+inline Cotangents neg(Builder& b, int, int g) { return {b.neg(g), -1, -1, -1}; }
+inline Cotangents abs(Builder& b, int y, int g) { return {b.mul(g, b.unary(Op::sign, x0(b, y))), -1, -1, -1}; }
+inline Cotangents exp(Builder& b, int y, int g) { return {b.mul(g, y), -1, -1, -1}; }
+inline Cotangents exp2(Builder& b, int y, int g) { return {b.mul(g, b.mul(y, std::numbers::ln2)), -1, -1, -1}; }
+inline Cotangents log(Builder& b, int y, int g) { return {b.div(g, x0(b, y)), -1, -1, -1}; }
+inline Cotangents log2(Builder& b, int y, int g) { return {b.div(g, b.mul(x0(b, y), std::numbers::ln2)), -1, -1, -1}; }
+inline Cotangents log1p(Builder& b, int y, int g) { return {b.div(g, b.add(x0(b, y), 1.0)), -1, -1, -1}; }
+inline Cotangents expm1(Builder& b, int y, int g) { return {b.mul(g, b.add(y, 1.0)), -1, -1, -1}; }
+inline Cotangents sqrt(Builder& b, int y, int g) { return {b.div(b.mul(g, 0.5), y), -1, -1, -1}; }
+// d rsqrt(x) = -x^(-3/2) / 2 = -y^3 / 2
+inline Cotangents rsqrt(Builder& b, int y, int g) { return {b.mul(b.mul(g, -0.5), b.mul(b.square(y), y)), -1, -1, -1}; }
+inline Cotangents reciprocal(Builder& b, int y, int g) { return {b.neg(b.mul(g, b.square(y))), -1, -1, -1}; }
+inline Cotangents square(Builder& b, int y, int g) { return {b.mul(g, b.mul(x0(b, y), 2.0)), -1, -1, -1}; }
+inline Cotangents sin(Builder& b, int y, int g) { return {b.mul(g, b.unary(Op::cos, x0(b, y))), -1, -1, -1}; }
+inline Cotangents cos(Builder& b, int y, int g) { return {b.neg(b.mul(g, b.unary(Op::sin, x0(b, y)))), -1, -1, -1}; }
+inline Cotangents tanh(Builder& b, int y, int g) { return {b.mul(g, b.sub(1.0, b.square(y))), -1, -1, -1}; }
+inline Cotangents sigmoid(Builder& b, int y, int g) { return {b.mul(g, b.mul(y, b.sub(1.0, y))), -1, -1, -1}; }
+inline Cotangents erf(Builder& b, int y, int g) {  // 2/sqrt(pi) exp(-x^2)
+  int d = b.mul(b.exp(b.neg(b.square(x0(b, y)))), 2 * std::numbers::inv_sqrtpi);
+  return {b.mul(g, d), -1, -1, -1};
+}
+inline Cotangents relu(Builder& b, int y, int g) { return {b.where(b.cmp(Op::gt, y, b.constant(0)), g, 0.0), -1, -1, -1}; }
+inline Cotangents cast(Builder& b, int y, int g) {  // differentiate() casts g to the input's dtype
+  return is_floating(b.dt(x0(b, y))) ? Cotangents{g, -1, -1, -1} : no_cotangents;
+}
+
+inline Cotangents add(Builder& b, int y, int g) { return {back(b, y, 0, g), back(b, y, 1, g), -1, -1}; }
+inline Cotangents sub(Builder& b, int y, int g) { return {back(b, y, 0, g), back(b, y, 1, b.neg(g)), -1, -1}; }
+inline Cotangents mul(Builder& b, int y, int g) {
+  const int l = in(b, y, 0), r = in(b, y, 1);
+  return {back(b, y, 0, b.mul(g, r)), back(b, y, 1, b.mul(g, l)), -1, -1};
+}
+inline Cotangents div(Builder& b, int y, int g) {  // d/dr (l / r) = -y / r
+  const int r = in(b, y, 1);
+  return {back(b, y, 0, b.div(g, r)), back(b, y, 1, b.neg(b.div(b.mul(g, y), r))), -1, -1};
+}
+// Ties share the cotangent equally, as PyTorch's maximum/minimum backward does.
+inline Cotangents select(Builder& b, int y, int g, Op wins_left) {
+  const int l = in(b, y, 0), r = in(b, y, 1);
+  const Op wins_right = wins_left == Op::gt ? Op::lt : Op::gt;
+  int tie = b.where(b.cmp(Op::eq, l, r), b.mul(g, 0.5), 0.0);
+  return {back(b, y, 0, b.where(b.cmp(wins_left, l, r), g, tie)), back(b, y, 1, b.where(b.cmp(wins_right, l, r), g, tie)), -1, -1};
+}
+inline Cotangents maximum(Builder& b, int y, int g) { return select(b, y, g, Op::gt); }
+inline Cotangents minimum(Builder& b, int y, int g) { return select(b, y, g, Op::lt); }
+// d/dx x^p = p x^(p-1) (0 when p == 0, even at x == 0); d/dp x^p = x^p log x
+inline Cotangents pow(Builder& b, int y, int g) {
+  const int x = in(b, y, 0), p = in(b, y, 1);
+  int dx = b.mul(b.mul(g, p), b.op(Op::pow, {x, b.sub(p, b.constant(1))}));
+  dx = b.where(b.cmp(Op::eq, p, b.constant(0)), 0.0, dx);
+  return {back(b, y, 0, dx), back(b, y, 1, b.mul(b.mul(g, y), b.log(x))), -1, -1};
+}
+inline Cotangents where(Builder& b, int y, int g) {
+  const int c = in(b, y, 0);
+  return {-1, back(b, y, 1, b.where(c, g, 0.0)), back(b, y, 2, b.where(c, 0.0, g)), -1};
+}
+
+// The shape a reduction's output has with keepdim, and its normalised dims.
+inline Dims kept_shape(const Builder& b, int y, Dims& rd) {
+  const graph::Node& n = b[y];
+  rd = graph::detail::reduced_dims(n.attrs, b.rank(n.in[0]), n.op);
+  return graph::detail::reduced_shape(b.shape(n.in[0]), rd, true);
+}
+inline Cotangents sum(Builder& b, int y, int g) {
+  Dims rd;
+  const Dims kept = kept_shape(b, y, rd);
+  return {b.expand(b.reshape(g, kept), b.shape(x0(b, y))), -1, -1, -1};
+}
+// amax/amin: the cotangent goes to the elements equal to the result, split evenly among ties.
+inline Cotangents extremum(Builder& b, int y, int g) {
+  if (b[y].attrs.d == Builder::detached_shift) return no_cotangents;
+  Dims rd;
+  const Dims kept = kept_shape(b, y, rd);
+  const int x = x0(b, y);
+  int mask = b.cmp(Op::eq, x, b.reshape(y, kept));
+  int count = b.sum(b.cast(mask, b.dt(x)), rd, true);
+  return {b.where(mask, b.div(b.reshape(g, kept), count), 0.0), -1, -1, -1};
+}
+
+inline Cotangents reshape(Builder& b, int y, int g) { return {b.reshape(g, b.shape(x0(b, y))), -1, -1, -1}; }
+inline Cotangents permute(Builder& b, int y, int g) {
+  const Dims order = b[y].attrs.dims;
+  Dims inverse = order;
+  for (int i = 0; i < order.size(); ++i) inverse[static_cast<int>(order[i])] = i;
+  return {b.permute(g, inverse), -1, -1, -1};
+}
+inline Cotangents slice(Builder& b, int y, int g) {  // scatter into zeros of the input's shape
+  Attrs at = b[y].attrs;
+  at.dims = b.shape(x0(b, y));
+  return {b.op(Op::slice_backward, {g}, at), -1, -1, -1};
+}
+inline Cotangents slice_backward(Builder& b, int y, int g) {
+  Attrs at = b[y].attrs;
+  at.dims = {};
+  return {b.op(Op::slice, {g}, at), -1, -1, -1};
+}
+inline Cotangents expand(Builder& b, int y, int g) { return {back(b, y, 0, g), -1, -1, -1}; }
+
+// gather(x, idx) along the last dim: dx[..., c] = sum_j g[..., j] * (idx[..., j] == c), through a
+// one-hot [..., J, C] built from iota (no scatter needed).
+inline Cotangents gather(Builder& b, int y, int g) {
+  const int x = x0(b, y), idx = in(b, y, 1);
+  const Dims is = b.shape(idx);
+  Dims col = is, onehot = is;
+  col.push_back(1);
+  onehot.push_back(b.shape(x).back());
+  int hit = b.cmp(Op::eq, b.reshape(idx, col), b.iota(onehot, onehot.size() - 1));
+  int spread = b.where(hit, b.reshape(g, col), 0.0);
+  return {b.sum(spread, Dims{onehot.size() - 2}, false), -1, -1, -1};
+}
+
+// y = a @ b: da = g @ b^T, db = a^T @ g; a 2-D b under a batched a gets the batch folded into rows.
+inline Cotangents matmul(Builder& b, int y, int g) {
+  const int l = in(b, y, 0), r = in(b, y, 1);
+  int dl = b.matmul(g, b.transpose_last(r));
+  int dr;
+  if (b.rank(l) == 3 && b.rank(r) == 2) {
+    const Dims ls = b.shape(l), gs = b.shape(g);
+    int l2 = b.reshape(l, Dims{ls[0] * ls[1], ls[2]}), g2 = b.reshape(g, Dims{gs[0] * gs[1], gs[2]});
+    dr = b.matmul(b.transpose_last(l2), g2);
+  } else {
+    dr = b.matmul(b.transpose_last(l), g);
+  }
+  return {dl, dr, -1, -1};
+}
+
+}  // namespace rules
+
+// The table: nullptr for composites (decompose first); `none` for ops without a gradient.
+inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
+  std::array<Rule, rewrite::op_count> t{};
+  auto set = [&](Op op, Rule r) { t[static_cast<int>(op)] = r; };
+  for (Op op : {Op::arg, Op::scalar, Op::constant, Op::iota, Op::numel, Op::sign, Op::logical_not, Op::lt, Op::le,
+                Op::gt, Op::ge, Op::eq, Op::ne})
+    set(op, rules::none);
+  set(Op::neg, rules::neg);
+  set(Op::abs, rules::abs);
+  set(Op::exp, rules::exp);
+  set(Op::exp2, rules::exp2);
+  set(Op::log, rules::log);
+  set(Op::log2, rules::log2);
+  set(Op::log1p, rules::log1p);
+  set(Op::expm1, rules::expm1);
+  set(Op::sqrt, rules::sqrt);
+  set(Op::rsqrt, rules::rsqrt);
+  set(Op::reciprocal, rules::reciprocal);
+  set(Op::square, rules::square);
+  set(Op::sin, rules::sin);
+  set(Op::cos, rules::cos);
+  set(Op::tanh, rules::tanh);
+  set(Op::sigmoid, rules::sigmoid);
+  set(Op::erf, rules::erf);
+  set(Op::relu, rules::relu);
+  set(Op::cast, rules::cast);
+  set(Op::add, rules::add);
+  set(Op::sub, rules::sub);
+  set(Op::mul, rules::mul);
+  set(Op::div, rules::div);
+  set(Op::maximum, rules::maximum);
+  set(Op::minimum, rules::minimum);
+  set(Op::pow, rules::pow);
+  set(Op::where, rules::where);
+  set(Op::sum, rules::sum);
+  set(Op::amax, rules::extremum);
+  set(Op::amin, rules::extremum);
+  set(Op::reshape, rules::reshape);
+  set(Op::permute, rules::permute);
+  set(Op::slice, rules::slice);
+  set(Op::slice_backward, rules::slice_backward);
+  set(Op::expand, rules::expand);
+  set(Op::gather, rules::gather);
+  set(Op::matmul, rules::matmul);
+  return t;
+}();
+
+}  // namespace kiln::autodiff

@@ -1,0 +1,209 @@
+// decompose: lowers every composite op of API.md (softmax, layer_norm, cross_entropy, ...) to the
+// primitives the fuser understands, as AOTAutograd's decomposition table does for Inductor. One table
+// entry per composite; each builds its primitives into the new graph through the CSE Builder.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <numbers>
+#include <span>
+#include <string>
+
+#include "../debug/log.hpp"
+#include "builder.hpp"
+
+namespace kiln::rewrite {
+
+namespace detail {
+
+using graph::Node;
+
+// Builds the primitives of composite node n (of the source graph) whose inputs are `in` in b.
+using Decomposition = int (*)(Builder& b, const Node& n, std::span<const int> in);
+
+struct DecompositionRule {
+  Decomposition build = nullptr;
+  // Bit k: input k is computed in f32 when it is f16/bf16 (as Inductor upcasts), so that
+  // reductions accumulate in f32; the result is cast back to the node's dtype.
+  std::uint8_t upcast = 0;
+};
+
+inline Dims reduce_dims_of(const Builder& b, const Node& n, int x) {
+  return graph::detail::reduced_dims(n.attrs, b.rank(x), n.op);
+}
+inline Dims last_dim(const Builder& b, int x) { return Dims{b.rank(x) - 1}; }
+inline Dims all_dims(const Builder& b, int x) {
+  Dims d;
+  for (int i = 0; i < b.rank(x); ++i) d.push_back(i);
+  return d;
+}
+
+// m + log(sum(exp(x - m))) with m = amax(x); a row of -inf (or one holding +inf) shifts by 0 instead,
+// so that it gives -inf (+inf) as PyTorch does rather than NaN.
+inline int logsumexp_of(Builder& b, int x, const Dims& dims, bool keepdim) {
+  int m = b.shift_max(x, dims);
+  int m_safe = b.where(b.cmp(Op::eq, b.unary(Op::abs, m), b.constant(inf)), 0.0, m);
+  int s = b.sum(b.exp(b.sub(x, m_safe)), dims, keepdim);
+  return b.add(b.log(s), keepdim ? m_safe : b.reshape(m_safe, b.shape(s)));
+}
+
+inline int gelu_exact(Builder& b, int x) {  // 0.5 x (1 + erf(x / sqrt 2))
+  int e = b.unary(Op::erf, b.mul(x, std::numbers::sqrt2 / 2));
+  return b.mul(b.mul(x, 0.5), b.add(e, 1.0));
+}
+inline int gelu_tanh(Builder& b, int x) {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  const double k = std::numbers::sqrt2 * std::numbers::inv_sqrtpi;
+  int inner = b.add(x, b.mul(b.mul(b.square(x), x), 0.044715));
+  int t = b.unary(Op::tanh, b.mul(inner, k));
+  return b.mul(b.mul(x, 0.5), b.add(t, 1.0));
+}
+
+// ---- the table entries --------------------------------------------------------------------------
+inline int silu(Builder& b, const Node&, std::span<const int> in) { return b.mul(in[0], b.unary(Op::sigmoid, in[0])); }
+inline int gelu(Builder& b, const Node& n, std::span<const int> in) {
+  return n.op == Op::gelu_tanh || n.attrs.a == 1 ? gelu_tanh(b, in[0]) : gelu_exact(b, in[0]);
+}
+inline int clamp(Builder& b, const Node&, std::span<const int> in) {
+  return b.op(Op::minimum, {b.op(Op::maximum, {in[0], in[1]}), in[2]});
+}
+inline int mean(Builder& b, const Node& n, std::span<const int> in) {
+  return b.mean(in[0], reduce_dims_of(b, n, in[0]), n.attrs.keepdim);
+}
+// sum((x - mean)^2) / max(numel - correction, 0); the correction is a run-time scalar.
+inline int var(Builder& b, const Node& n, std::span<const int> in) {
+  const Dims rd = reduce_dims_of(b, n, in[0]);
+  int centred = b.sub(in[0], b.mean(in[0], rd, true));
+  int ss = b.sum(b.square(centred), rd, n.attrs.keepdim);
+  int dof = b.op(Op::maximum, {b.sub(b.numel(in[0], rd), in[1]), b.constant(0)});
+  return b.div(ss, dof);
+}
+inline int logsumexp(Builder& b, const Node& n, std::span<const int> in) {
+  return logsumexp_of(b, in[0], reduce_dims_of(b, n, in[0]), n.attrs.keepdim);
+}
+inline int softmax(Builder& b, const Node& n, std::span<const int> in) {
+  const Dims rd = reduce_dims_of(b, n, in[0]);
+  int e = b.exp(b.sub(in[0], b.shift_max(in[0], rd)));
+  return b.div(e, b.sum(e, rd, true));
+}
+inline int log_softmax(Builder& b, const Node& n, std::span<const int> in) {
+  const Dims rd = reduce_dims_of(b, n, in[0]);
+  int shifted = b.sub(in[0], b.shift_max(in[0], rd));
+  return b.sub(shifted, b.log(b.sum(b.exp(shifted), rd, true)));
+}
+// (x - mean) * rsqrt(biased var + eps) * w + b over the last dim.
+inline int layer_norm(Builder& b, const Node&, std::span<const int> in) {
+  const Dims rd = last_dim(b, in[0]);
+  int centred = b.sub(in[0], b.mean(in[0], rd, true));
+  int rstd = b.unary(Op::rsqrt, b.add(b.mean(b.square(centred), rd, true), in[3]));
+  return b.add(b.mul(b.mul(centred, rstd), in[1]), in[2]);
+}
+inline int rms_norm(Builder& b, const Node&, std::span<const int> in) {
+  int rstd = b.unary(Op::rsqrt, b.add(b.mean(b.square(in[0]), last_dim(b, in[0]), true), in[2]));
+  return b.mul(b.mul(in[0], rstd), in[1]);
+}
+// mean over rows of logsumexp(logits[r]) - logits[r, target[r]].
+inline int cross_entropy(Builder& b, const Node&, std::span<const int> in) {
+  const std::int64_t rows = b.shape(in[0])[0];
+  int lse = logsumexp_of(b, in[0], Dims{1}, false);
+  int picked = b.reshape(b.op(Op::gather, {in[0], b.reshape(in[1], Dims{rows, 1})}), Dims{rows});
+  int loss = b.sub(lse, picked);
+  return b.mean(loss, Dims{0}, false);
+}
+inline int mse_loss(Builder& b, const Node&, std::span<const int> in) {
+  int d = b.square(b.sub(in[0], in[1]));
+  return b.mean(d, all_dims(b, d), false);
+}
+// matmul(x, w^T) + b; matmul takes 2-D and 3-D operands, so other ranks go through a 2-D reshape.
+// Linear without bias passes a scalar 0 placeholder as b, which is skipped.
+inline int linear(Builder& b, const Node& n, std::span<const int> in) {
+  int x = in[0];
+  const Dims xs = b.shape(x);
+  const bool reshaped = xs.size() != 2 && xs.size() != 3;
+  if (reshaped) x = b.reshape(x, Dims{xs.product() / std::max<std::int64_t>(xs.back(), 1), xs.back()});
+  int y = b.matmul(x, b.permute(in[1], Dims{1, 0}));
+  if (reshaped) y = b.reshape(y, n.shape);
+  const Op bias = b[in[2]].op;
+  if (bias == Op::scalar || (bias == Op::constant && b[in[2]].value == 0)) return y;
+  return b.add(y, in[2]);
+}
+inline int transpose(Builder& b, const Node& n, std::span<const int> in) {
+  const int rank = b.rank(in[0]);
+  Dims order;
+  for (int i = 0; i < rank; ++i) order.push_back(i);
+  if (rank > 0) std::swap(order[normalize_dim(n.attrs.a, rank, "transpose")], order[normalize_dim(n.attrs.b, rank, "transpose")]);
+  return b.permute(in[0], order);
+}
+inline int to_reshape(Builder& b, const Node& n, std::span<const int> in) { return b.reshape(in[0], n.shape); }
+
+inline constexpr std::array<DecompositionRule, op_count> decompositions = [] {
+  std::array<DecompositionRule, op_count> t{};
+  auto set = [&](Op op, Decomposition f, std::uint8_t upcast) { t[static_cast<int>(op)] = {f, upcast}; };
+  set(Op::silu, silu, 0b1);
+  set(Op::gelu, gelu, 0b1);
+  set(Op::gelu_tanh, gelu, 0b1);
+  set(Op::clamp, clamp, 0);
+  set(Op::mean, mean, 0b1);
+  set(Op::var, var, 0b1);
+  set(Op::logsumexp, logsumexp, 0b1);
+  set(Op::softmax, softmax, 0b1);
+  set(Op::log_softmax, log_softmax, 0b1);
+  set(Op::layer_norm, layer_norm, 0b111);
+  set(Op::rms_norm, rms_norm, 0b11);
+  set(Op::cross_entropy, cross_entropy, 0b1);
+  set(Op::mse_loss, mse_loss, 0b11);
+  set(Op::linear, linear, 0);
+  set(Op::transpose, transpose, 0);
+  set(Op::unsqueeze, to_reshape, 0);
+  set(Op::squeeze, to_reshape, 0);
+  return t;
+}();
+
+// Decomposes one composite: inputs to the compute dtype, the rule, the result back to n's dtype.
+inline int decompose_node(Builder& b, const Node& n, std::span<const int> in) {
+  const DecompositionRule& rule = decompositions[static_cast<int>(n.op)];
+  if (!rule.build) throw error("decompose: no decomposition rule for composite op " + std::string(name(n.op)));
+  const kiln::dtype compute = is_floating(n.dt) ? compute_dtype(n.dt) : n.dt;
+  std::array<int, 4> args{};
+  for (int k = 0; k < n.n_in; ++k)
+    args[k] = (rule.upcast >> k & 1) && !b[in[k]].weak ? b.cast(in[k], compute) : in[k];
+  int out = b.cast(rule.build(b, n, std::span<const int>(args.data(), n.n_in)), n.dt);
+  if (!(b.shape(out) == n.shape))
+    throw error("decompose: the rule for " + std::string(name(n.op)) + " built shape " + b.shape(out).str() +
+                " instead of " + n.shape.str());
+  return out;
+}
+
+// Copies a leaf: arguments and scalars keep their slot, shape and dtype.
+inline int copy_leaf(Builder& b, const Node& n) {
+  if (n.op == Op::constant) return b.constant(n.value);
+  return b.node(n);
+}
+
+}  // namespace detail
+
+// Rebuilds g (with shapes, from graph::infer_shapes) with every composite replaced by primitives;
+// nodes that no output needs are dropped.
+inline graph::Graph decompose(const graph::Graph& g) {
+  debug::log_lazy(debug::Channel::decomp, [&] { return "before decompose:\n" + g.str(); });
+  Builder b;
+  std::vector<int> map(static_cast<std::size_t>(g.size()));
+  for (int i = 0; i < g.size(); ++i) {
+    const graph::Node& n = g[i];
+    std::array<int, 4> in{};
+    for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
+    if (info(n.op).cls == OpClass::leaf) map[i] = detail::copy_leaf(b, n);
+    else if (is_composite(n.op)) map[i] = detail::decompose_node(b, n, std::span<const int>(in.data(), n.n_in));
+    else map[i] = b.rebuild(n, in.data());
+  }
+  graph::Graph& built = b.graph();
+  for (int o : g.outputs) built.outputs.push_back(map[o]);
+  built.num_args = g.num_args;
+  built.num_scalars = g.num_scalars;
+  built.output_into = g.output_into;  // k::assign targets, one per output
+  graph::Graph out = remove_dead(built);
+  debug::log_lazy(debug::Channel::decomp, [&] {
+    return "after decompose (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) + " ops):\n" + out.str();
+  });
+  return out;
+}
+
+}  // namespace kiln::rewrite

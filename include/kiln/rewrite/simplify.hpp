@@ -1,0 +1,165 @@
+// simplify: algebraic clean-up after decomposition and differentiation, so the fuser never sees
+// x*1, -(-x), casts and views that do nothing, constant-only arithmetic, duplicated subtrees or
+// nodes no output needs. Only Op::constant operands (from rewrite rules) are folded: user scalars
+// are run-time slots whose values change between calls without recompiling.
+#pragma once
+#include <array>
+#include <cmath>
+#include <numbers>
+#include <string>
+
+#include "../debug/log.hpp"
+#include "builder.hpp"
+
+namespace kiln::rewrite {
+
+namespace detail {
+
+// One simplification: given a node just built into b, the id that replaces it, or -1.
+using Simplification = int (*)(Builder& b, int id);
+
+inline bool foldable(Op op) {
+  return is_pointwise(op) && !is_comparison(op) && op != Op::cast && op != Op::logical_not && op != Op::where;
+}
+
+inline double fold_value(Op op, double x, double y) {
+  switch (op) {
+    case Op::neg: return -x;
+    case Op::abs: return std::abs(x);
+    case Op::sign: return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
+    case Op::exp: return std::exp(x);
+    case Op::exp2: return std::exp2(x);
+    case Op::log: return std::log(x);
+    case Op::log2: return std::log2(x);
+    case Op::log1p: return std::log1p(x);
+    case Op::expm1: return std::expm1(x);
+    case Op::sqrt: return std::sqrt(x);
+    case Op::rsqrt: return 1.0 / std::sqrt(x);
+    case Op::reciprocal: return 1.0 / x;
+    case Op::square: return x * x;
+    case Op::sin: return std::sin(x);
+    case Op::cos: return std::cos(x);
+    case Op::tanh: return std::tanh(x);
+    case Op::sigmoid: return 1.0 / (1.0 + std::exp(-x));
+    case Op::erf: return std::erf(x);
+    case Op::relu: return x > 0 ? x : 0.0;
+    case Op::add: return x + y;
+    case Op::sub: return x - y;
+    case Op::mul: return x * y;
+    case Op::div: return x / y;
+    case Op::maximum: return std::isnan(x) || std::isnan(y) ? NAN : std::max(x, y);
+    case Op::minimum: return std::isnan(x) || std::isnan(y) ? NAN : std::min(x, y);
+    case Op::pow: return std::pow(x, y);
+    default: throw error("simplify: cannot fold op " + std::string(name(op)));
+  }
+}
+
+// Arithmetic on constants only becomes one constant (constants are weak f64 scalars, so is the result).
+inline int fold_constants(Builder& b, int id) {
+  const graph::Node& n = b[id];
+  if (!foldable(n.op) || n.dt != kiln::dtype::f64) return -1;
+  for (int k = 0; k < n.n_in; ++k)
+    if (b[n.in[k]].op != Op::constant) return -1;
+  const double x = b[n.in[0]].value, y = n.n_in > 1 ? b[n.in[1]].value : 0.0;
+  return b.constant(fold_value(n.op, x, y));
+}
+
+// x*1, 1*x, x+0, 0+x, x-0, x/1 -> x, when x already has the result's shape and dtype.
+inline int drop_identity_operand(Builder& b, int id) {
+  const graph::Node n = b[id];
+  auto keeps = [&](int x) { return b.dt(x) == n.dt && b.shape(x) == n.shape && b[x].weak == n.weak; };
+  auto is = [&](int k, double v) { return b.is_constant(n.in[k], v) && keeps(n.in[1 - k]); };
+  switch (n.op) {
+    case Op::mul: return is(1, 1) ? n.in[0] : is(0, 1) ? n.in[1] : -1;
+    case Op::add: return is(1, 0) ? n.in[0] : is(0, 0) ? n.in[1] : -1;
+    case Op::sub: return is(1, 0) ? n.in[0] : -1;
+    case Op::div: return is(1, 1) ? n.in[0] : -1;
+    default: return -1;
+  }
+}
+
+inline int cancel_double_negation(Builder& b, int id) {
+  const graph::Node& n = b[id];
+  if (n.op != Op::neg || b[n.in[0]].op != Op::neg) return -1;
+  const int x = b[n.in[0]].in[0];
+  return b.dt(x) == n.dt ? x : -1;
+}
+
+inline int drop_noop_cast(Builder& b, int id) {
+  const graph::Node& n = b[id];
+  return n.op == Op::cast && b.dt(n.in[0]) == n.dt ? n.in[0] : -1;
+}
+
+// Views that change nothing (same shape; permute identity; a full slice with step 1) are their
+// input; chains of reshapes and of permutes become one view (the Builder merges them).
+inline int simplify_view(Builder& b, int id) {
+  const graph::Node n = b[id];
+  const int x = n.in[0];
+  switch (n.op) {
+    case Op::reshape: {
+      int r = b.reshape(x, n.shape);
+      return r == id ? -1 : r;
+    }
+    case Op::expand: return b.shape(x) == n.shape ? x : -1;
+    case Op::permute: {
+      int r = b.permute(x, n.attrs.dims);
+      return r == id ? -1 : r;
+    }
+    case Op::slice: {
+      const int rank = b.rank(x);
+      const std::int64_t start = n.attrs.b < 0 ? n.attrs.b + (rank ? b.shape(x)[normalize_dim(n.attrs.a, rank, "slice")] : 1) : n.attrs.b;
+      return b.shape(x) == n.shape && n.attrs.d == 1 && start <= 0 ? x : -1;
+    }
+    default: return -1;
+  }
+}
+
+// numel depends only on its input's shape: one node per shape rather than one per input.
+inline int share_numel(Builder& b, int id) {
+  const graph::Node n = b[id];
+  if (n.op != Op::numel) return -1;
+  int r = b.numel(n.in[0], n.attrs.dims);
+  return r == id ? -1 : r;
+}
+
+inline constexpr std::array<Simplification, 6> simplifications = {
+    fold_constants, drop_identity_operand, cancel_double_negation, drop_noop_cast, simplify_view, share_numel};
+
+// Builds node n (inputs already mapped) and applies the simplifications until none fires.
+inline int simplify_node(Builder& b, const graph::Node& n, const int* in) {
+  int id = n.op == Op::constant ? b.constant(n.value) : b.rebuild(n, in);
+  for (int round = 0; round < 16; ++round) {
+    int next = -1;
+    for (auto rule : simplifications)
+      if ((next = rule(b, id)) >= 0 && next != id) break;
+    if (next < 0 || next == id) return id;
+    id = next;
+  }
+  return id;
+}
+
+}  // namespace detail
+
+// Simplifies g (with shapes); outputs keep their order and point at the simplified nodes.
+inline graph::Graph simplify(const graph::Graph& g) {
+  Builder b;
+  std::vector<int> map(static_cast<std::size_t>(g.size()));
+  for (int i = 0; i < g.size(); ++i) {
+    const graph::Node& n = g[i];
+    std::array<int, 4> in{};
+    for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
+    map[i] = detail::simplify_node(b, n, in.data());
+  }
+  graph::Graph built = std::move(b.graph());
+  for (int o : g.outputs) built.outputs.push_back(map[o]);
+  built.num_args = g.num_args;
+  built.num_scalars = g.num_scalars;
+  built.output_into = g.output_into;  // k::assign targets, one per output
+  graph::Graph out = remove_dead(built);
+  debug::log_lazy(debug::Channel::decomp, [&] {
+    return "after simplify (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) + " ops):\n" + out.str();
+  });
+  return out;
+}
+
+}  // namespace kiln::rewrite
