@@ -1,6 +1,7 @@
 // The evaluation API of API.md: k::compile(fn, options), k::eval(expr), k::eval(out, expr) and
 // `k::Tensor y = expr;`, all through the same per-function program cache.
 #pragma once
+#include <algorithm>
 #include <tuple>
 #include <utility>
 
@@ -35,7 +36,7 @@ std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, cons
   graph::Captured<E> cap;
   graph::gather(e, cap);
   std::array<const Tensor*, NArgs + graph::Counts<E>::tensors> args{};
-  for (std::size_t i = 0; i < NArgs; ++i) args[i] = call_args[i];
+  std::copy(call_args.begin(), call_args.end(), args.begin());
   for (int i = 0; i < cap.nt; ++i) args[NArgs + i] = cap.tensors[i];
   thread_local runtime::CallShapes shapes;
   auto entry = cache.get(args.data(), static_cast<int>(args.size()), cap.attrs.data(), cap.na,
