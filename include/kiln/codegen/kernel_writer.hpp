@@ -7,6 +7,7 @@
 #include <functional>
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -170,6 +171,7 @@ class KernelWriter {
   void write_rows();
   std::string reduction_identity(Op op, kiln::dtype ct);
   bool depends_on_any(int red, std::size_t i, std::size_t j);
+  std::string access_base(const Sym& offset);
 
   const graph::Graph& g_;
   const schedule::Schedule& s_;
@@ -182,6 +184,7 @@ class KernelWriter {
   int indent_ = 1, tmp_ = 0;
   bool in_rloop_ = false;
   Sym xindex_, rindex_, xnumel_{1}, rnumel_{1};
+  LaunchConfig config_;
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
   std::vector<Param> params_;
@@ -233,23 +236,54 @@ inline std::vector<Sym> KernelWriter::view_index(int node, const std::vector<Sym
   }
 }
 
+// Whether e is the same for every lane of an aligned tile of `vec` consecutive values of t.
+inline bool tile_invariant(const Sym& e, const Sym& t, std::int64_t vec) {
+  auto free = e.free_symbols();
+  if (std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == t; })) return true;
+  if (e.kind() == SymKind::floordiv && e.args()[0] == t && e.args()[1].is_constant())
+    return e.args()[1].constant_value() % vec == 0;
+  if (e.kind() == SymKind::mod) return tile_invariant(e.args()[0], t, vec);
+  if (e.kind() == SymKind::add || e.kind() == SymKind::mul)
+    return std::all_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return tile_invariant(a, t, vec); });
+  return false;
+}
+
+// When offset(t) = base(tile start) + lane inside every aligned tile of t, returns base with t
+// replaced by the tile start: the access is then one contiguous run (a vector load or store).
+inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& start, std::int64_t vec) {
+  std::vector<Sym> terms = offset.kind() == SymKind::add ? std::vector<Sym>(offset.args().begin(), offset.args().end())
+                                                          : std::vector<Sym>{offset};
+  int varying = 0;
+  for (const Sym& term : terms) {
+    if (tile_invariant(term, t, vec)) continue;
+    bool lane = term == t || (term.kind() == SymKind::mod && term.args()[0] == t && term.args()[1].is_constant() &&
+                              term.args()[1].constant_value() % vec == 0);
+    if (!lane) return std::nullopt;
+    ++varying;
+  }
+  if (varying != 1) return std::nullopt;
+  SymMap m;
+  m.emplace(t, start);
+  return offset.substitute(m);
+}
+
+inline std::string KernelWriter::access_base(const Sym& offset) {
+  const Sym& tile = rows() ? rindex_ : xindex_;
+  if (rows() && !in_rloop_) return "";
+  std::int64_t vec = rows() ? config_.rvec : config_.xvec;
+  Sym start = Sym::symbol(rows() ? "roffset" : "xoffset", rows() ? 1003 : 1002, {.nonnegative = true});
+  auto base = tile_base(offset, tile, start, vec);
+  return base ? index_code(*base) : "";
+}
+
 inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& idx, const std::string& extra_mask) {
   std::string ptr = param_for(node, false);
   Sym offset = ravel(idx, strides_of_(node));
   std::string m = extra_mask.empty() ? mask() : "(" + mask() + " & " + extra_mask + ")";
   kiln::dtype ct = compute_dtype(g_[node].dt);
-  const Sym& tile = rows() ? rindex_ : xindex_;
-  bool in_tile = rows() ? in_rloop_ : true;
-  if (in_tile) {
-    Sym base = offset - tile;
-    auto free = base.free_symbols();
-    bool contiguous = std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == tile; });
-    if (contiguous && extra_mask.empty()) {
-      std::string start = rows() ? "roffset" : "xoffset";
-      std::string b = base == Sym(0) ? start : start + " + " + index_code(base);
-      std::string vec = rows() ? "RVEC" : "XVEC";
-      return bind("kiln::load_contig<" + vec + ">(" + ptr + ", " + b + ", " + m + ")", ct);
-    }
+  if (extra_mask.empty()) {
+    std::string base = access_base(offset);
+    if (!base.empty()) return bind("kiln::load_contig<" + std::string(rows() ? "RVEC" : "XVEC") + ">(" + ptr + ", " + base + ", " + m + ")", ct);
   }
   return bind("kiln::load(" + ptr + ", " + index_code(offset) + ", " + m + ")", ct);
 }
@@ -299,6 +333,7 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
         if (n.attrs.dt == kiln::dtype::f16 || n.attrs.dt == kiln::dtype::bf16)
           return bind("kiln::round_to<" + detail::storage_c_type(n.attrs.dt) + ">(" + cast(a, kiln::dtype::f32).code + ")", ct);
         if (n.attrs.dt == kiln::dtype::boolean) return bind(a.code + " != " + detail::literal(0, a.ct), ct);
+        if (compute_dtype(a.ct) == ct) return a;  // f32 <-> f32 compute: nothing to do
         return bind(cast(a, n.attrs.dt).code, ct);
       }
       if (n.op == Op::logical_not) return bind("kiln::logical_not(" + cast(a, kiln::dtype::boolean).code + ")", ct);

@@ -24,21 +24,18 @@ inline std::vector<Sym> KernelWriter::row_index(int node) { return unravel(xinde
 
 inline void KernelWriter::store(int node, const std::vector<Sym>& idx) {
   std::string ptr = param_for(node, true);
-  Value v = emit(node, idx);
-  std::string val = v.literal ? detail::literal(v.value, compute_dtype(g_[node].dt)) : cast(v, g_[node].dt).code;
+  // A cast to the buffer's own 16-bit dtype is the store's rounding: store the value before it.
+  const auto& n = g_[node];
+  bool store_rounds = n.op == Op::cast && (n.dt == kiln::dtype::f16 || n.dt == kiln::dtype::bf16) &&
+                      compute_dtype(g_[n.in[0]].dt) == kiln::dtype::f32 && !(s_.realized[n.in[0]] && s_.kernel_of[n.in[0]] != k_);
+  Value v = store_rounds ? emit(n.in[0], broadcast_index(n.in[0], node, idx)) : emit(node, idx);
+  kiln::dtype ct = compute_dtype(g_[node].dt);
+  std::string val = v.literal ? detail::literal(v.value, ct) : cast(v, ct).code;
   Sym offset = ravel(idx, contiguous_strides(env_[node]));
-  const Sym& tile = rows() ? rindex_ : xindex_;
-  bool in_tile = rows() ? in_rloop_ : true;
-  if (in_tile) {
-    Sym base = offset - tile;
-    auto free = base.free_symbols();
-    if (std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == tile; })) {
-      std::string start = rows() ? "roffset" : "xoffset";
-      std::string b = base == Sym(0) ? start : start + " + " + index_code(base);
-      line("kiln::store_contig<" + std::string(rows() ? "RVEC" : "XVEC") + ">(" + ptr + ", " + b + ", " + val + ", " +
-           mask() + ");");
-      return;
-    }
+  std::string base = access_base(offset);
+  if (!base.empty()) {
+    line("kiln::store_contig<" + std::string(rows() ? "RVEC" : "XVEC") + ">(" + ptr + ", " + base + ", " + val + ", " + mask() + ");");
+    return;
   }
   line("kiln::store(" + ptr + ", " + index_code(offset) + ", " + val + ", " + mask() + ");");
 }
@@ -169,6 +166,7 @@ inline KernelSource KernelWriter::write() {
   std::vector<std::int64_t> example = env_.example;
   std::int64_t xn = xnumel_.eval(example), rn = rnumel_.eval(example);
   ks.config = rows() ? row_config(target_, xn, rn, max_item) : pointwise_config(target_, xn, max_item);
+  config_ = ks.config;
   // Tile symbols get ids past the size symbols: they are never kernel parameters.
   xindex_ = Sym::symbol("xindex", 1000, {.nonnegative = true, .bound = xnumel_});
   rindex_ = Sym::symbol("rindex", 1001, {.nonnegative = true, .bound = rnumel_});

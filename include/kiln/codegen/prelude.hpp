@@ -139,12 +139,20 @@ template <bool B, class T = void> struct enable_if {};
 template <class T> struct enable_if<true, T> { typedef T type; };
 template <class A, class B> struct any_tile { static constexpr bool value = width_of<A, B>::value > 0; };
 
+template <class T> KILN_FN T m_div(T a, T b) { return a / b; }
+#ifdef __CUDACC_RTC__
+// Triton's default for f32 division, so results match torch.compile's: div.full (2 ulp).
+KILN_FN float m_div(float a, float b) { float r; asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+#else
+KILN_FN float m_div(float a, float b) { return a / b; }
+#endif
+
 #define KILN_BINARY(name, expr) \
   template <class A, class B> KILN_FN auto name(const A& a, const B& b) { return map2([](auto x, auto y) { return expr; }, a, b); }
 KILN_BINARY(add, x + y)
 KILN_BINARY(sub, x - y)
 KILN_BINARY(mul, x * y)
-KILN_BINARY(div, x / y)
+KILN_BINARY(div, m_div(x, y))
 KILN_BINARY(lt, x < y)
 KILN_BINARY(le, x <= y)
 KILN_BINARY(gt, x > y)
@@ -159,7 +167,11 @@ KILN_BINARY(minimum, (x != x) ? x : ((y != y) ? y : (x < y ? x : y)))
 #undef KILN_BINARY
 
 // Scalar math for each compute type, then lifted to tiles.
+#ifdef __CUDACC_RTC__
+KILN_FN float m_exp(float x) { return __expf(x); }  // ex2.approx, as Triton's tl.exp
+#else
 KILN_FN float m_exp(float x) { return ::expf(x); }
+#endif
 KILN_FN double m_exp(double x) { return ::exp(x); }
 KILN_FN float m_exp2(float x) { return ::exp2f(x); }
 KILN_FN double m_exp2(double x) { return ::exp2(x); }
@@ -193,7 +205,7 @@ KILN_FN double m_pow(double x, double y) { return ::pow(x, y); }
 template <class T> KILN_FN T m_abs(T x) { return x < T(0) ? -x : x; }
 template <class T> KILN_FN T m_sign(T x) { return (T)((x > T(0)) - (x < T(0))); }
 template <class T> KILN_FN T m_relu(T x) { return (x != x) ? x : (x > T(0) ? x : T(0)); }
-template <class T> KILN_FN T m_sigmoid(T x) { return T(1) / (T(1) + m_exp(-x)); }
+template <class T> KILN_FN T m_sigmoid(T x) { return m_div(T(1), T(1) + m_exp(-x)); }
 
 #define KILN_UNARY(name, expr) \
   template <class A> KILN_FN auto name(const A& a) { return map1([](auto x) { return expr; }, a); }
@@ -208,7 +220,7 @@ KILN_UNARY(log1p, m_log1p(x))
 KILN_UNARY(expm1, m_expm1(x))
 KILN_UNARY(sqrt, m_sqrt(x))
 KILN_UNARY(rsqrt, m_rsqrt(x))
-KILN_UNARY(reciprocal, decltype(x)(1) / x)
+KILN_UNARY(reciprocal, m_div(decltype(x)(1), x))
 KILN_UNARY(square, x * x)
 KILN_UNARY(sin, m_sin(x))
 KILN_UNARY(cos, m_cos(x))
@@ -364,11 +376,12 @@ KILN_UNROLL
   if constexpr (ROW_THREADS > 32) {
     __shared__ T partial[32];
     const int warp = threadIdx.x / 32, nwarps = ROW_THREADS / 32;
+    const int first = (threadIdx.x / ROW_THREADS) * nwarps;  // this row's warps (several rows a block)
     __syncthreads();  // earlier readers of `partial` are done
     if (threadIdx.x % 32 == 0) partial[warp] = v;
     __syncthreads();
-    v = partial[0];
-    for (int w = 1; w < nwarps; ++w) v = op(v, partial[w]);
+    v = partial[first];
+    for (int w = 1; w < nwarps; ++w) v = op(v, partial[first + w]);
   }
 #endif
   return v;
@@ -382,14 +395,15 @@ template <int ROW_THREADS, class A> KILN_FN auto row_min(const A& a) { return ac
 // Each kernel defines XBLOCK/XVEC (pointwise) or ROWS/ROW_THREADS/RVEC (rows) before its loops.
 #ifdef __CUDACC_RTC__
 #define KILN_POINTWISE_LOOP(xoffset)                                                      \
-  KILN_UNROLL for (i64 xoffset = (i64)blockIdx.x * XBLOCK + (i64)threadIdx.x * XVEC;     \
-       xoffset < ((i64)blockIdx.x + 1) * XBLOCK; xoffset += (i64)THREADS * XVEC)
+  KILN_UNROLL for (int kiln_u = 0; kiln_u < XBLOCK / (THREADS * XVEC); ++kiln_u)          \
+    if (const i64 xoffset = (i64)blockIdx.x * XBLOCK + ((i64)kiln_u * THREADS + threadIdx.x) * XVEC; true)
 #define KILN_ROW(xindex) const i64 xindex = (i64)blockIdx.x * ROWS + threadIdx.x / ROW_THREADS;
 #define KILN_R_LOOP(roffset, rnumel)                                                      \
   for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
 #else
-#define KILN_POINTWISE_LOOP(xoffset) \
-  for (i64 xoffset = kiln_pid * XBLOCK; xoffset < (kiln_pid + 1) * XBLOCK; xoffset += XVEC)
+#define KILN_POINTWISE_LOOP(xoffset)                                   \
+  for (int kiln_u = 0; kiln_u < XBLOCK / XVEC; ++kiln_u)              \
+    if (const i64 xoffset = kiln_pid * XBLOCK + (i64)kiln_u * XVEC; true)
 #define KILN_ROW(xindex) for (i64 xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS; ++xindex)
 #define KILN_R_LOOP(roffset, rnumel) for (i64 roffset = 0; roffset < (rnumel); roffset += RVEC)
 #endif
