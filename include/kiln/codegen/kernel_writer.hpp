@@ -185,6 +185,9 @@ class KernelWriter {
   bool in_rloop_ = false;
   Sym xindex_, rindex_, xnumel_{1}, rnumel_{1};
   LaunchConfig config_;
+  std::map<std::string, std::string> row_cache_;  // load code -> register array holding it
+  std::vector<std::string> cache_decls_;
+  bool final_loop_ = false;
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
   std::vector<Param> params_;
@@ -281,11 +284,25 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   Sym offset = ravel(idx, strides_of_(node));
   std::string m = extra_mask.empty() ? mask() : "(" + mask() + " & " + extra_mask + ")";
   kiln::dtype ct = compute_dtype(g_[node].dt);
+  std::string code;
   if (extra_mask.empty()) {
     std::string base = access_base(offset);
-    if (!base.empty()) return bind("kiln::load_contig<" + std::string(rows() ? "RVEC" : "XVEC") + ">(" + ptr + ", " + base + ", " + m + ")", ct);
+    if (!base.empty()) code = "kiln::load_contig<" + std::string(rows() ? "RVEC" : "XVEC") + ">(" + ptr + ", " + base + ", " + m + ")";
   }
-  return bind("kiln::load(" + ptr + ", " + index_code(offset) + ", " + m + ")", ct);
+  if (code.empty()) code = "kiln::load(" + ptr + ", " + index_code(offset) + ", " + m + ")";
+  // A persistent row: the tiles of a row read in one loop stay in registers for the next loops.
+  auto free = offset.free_symbols();
+  bool per_tile = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == rindex_; });
+  bool reused = !final_loop_ || row_cache_.count(code);  // a tile first read by the last loop is read once
+  if (rows() && in_rloop_ && config_.riters > 0 && per_tile && reused) {
+    auto [it, fresh_cache] = row_cache_.try_emplace(code, "cache" + std::to_string(row_cache_.size()));
+    if (fresh_cache) {
+      cache_decls_.push_back("kiln::tile<" + detail::c_type(ct) + ", RVEC> " + it->second + "[RITERS];");
+      line(it->second + "[kiln_it] = " + code + ";");
+    }
+    return bind(it->second + "[kiln_it]", ct);
+  }
+  return bind(code, ct);
 }
 
 inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& idx, const std::string& extra_mask) {

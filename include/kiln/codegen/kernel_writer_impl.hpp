@@ -62,8 +62,9 @@ inline void KernelWriter::write_rows() {
   line("KILN_ROW(xindex) {");
   ++indent_;
   line("const bool xmask = xindex < xnumel;");
+  line("/*KILN_ROW_CACHES*/");
   auto open_loop = [&] {
-    line("KILN_R_LOOP(roffset, rnumel) {");
+    line(config_.riters > 0 ? "KILN_R_TILES(roffset) {" : "KILN_R_LOOP(roffset, rnumel) {");
     ++indent_;
     ++scope_;
     in_rloop_ = true;
@@ -115,6 +116,7 @@ inline void KernelWriter::write_rows() {
     else store(s, row_index(s));
   }
   if (!full.empty()) {
+    final_loop_ = true;
     open_loop();
     auto idx = domain_index();
     for (int s : full) store(s, idx);
@@ -165,7 +167,7 @@ inline KernelSource KernelWriter::write() {
   }
   std::vector<std::int64_t> example = env_.example;
   std::int64_t xn = xnumel_.eval(example), rn = rnumel_.eval(example);
-  ks.config = rows() ? row_config(target_, xn, rn, max_item) : pointwise_config(target_, xn, max_item);
+  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant()) : pointwise_config(target_, xn, max_item);
   config_ = ks.config;
   // Tile symbols get ids past the size symbols: they are never kernel parameters.
   xindex_ = Sym::symbol("xindex", 1000, {.nonnegative = true, .bound = xnumel_});
@@ -192,12 +194,18 @@ inline KernelSource KernelWriter::write() {
   const auto& c = ks.config;
   if (rows())
     os << "  constexpr i64 ROWS = " << c.rows << ", RVEC = " << c.rvec << ";\n  constexpr int ROW_THREADS = " << c.row_threads
+       << ", RITERS = " << c.riters
        << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code << ";\n";
   else
     os << "  constexpr i64 XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ", THREADS = " << c.threads << ";\n  const i64 xnumel = " << xnumel_code << ";\n";
   std::string signature = os.str();
   ks.params = params_;
-  ks.source = signature + body_.str() + "}\n";
+  std::string body = body_.str();
+  std::string decls;
+  for (const auto& d : cache_decls_) decls += "    " + d + "\n";
+  auto at = body.find("    /*KILN_ROW_CACHES*/\n");
+  if (at != std::string::npos) body.replace(at, std::string("    /*KILN_ROW_CACHES*/\n").size(), decls);
+  ks.source = signature + body + "}\n";
   ks.xnumel = xnumel_;
   ks.rnumel = rnumel_;
   for (int v : plan_.members)

@@ -17,6 +17,8 @@ struct LaunchConfig {
   int rvec = 16;         // rows: consecutive elements per thread-tile along the row
   int row_threads = 1;   // rows: threads sharing one row
   int rows = 1;          // rows: rows per program
+  int riters = 0;        // rows: tiles per thread along a row when known (the row is then kept in
+                         // registers across loops: the "per" kind); 0 = looped ("red")
 
   std::string str() const {
     return "threads=" + std::to_string(threads) + " XVEC=" + std::to_string(xvec) + " XBLOCK=" + std::to_string(xblock) +
@@ -45,11 +47,14 @@ inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item
   return c;
 }
 
-inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnumel, int max_item) {
+// static_rnumel: the row length is a compile-time constant (then rows may stay in registers).
+inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnumel, int max_item, bool static_rnumel) {
   LaunchConfig c;
+  auto iters = [&] { return (rnumel + std::int64_t{c.row_threads} * c.rvec - 1) / (std::int64_t{c.row_threads} * c.rvec); };
   if (t == Target::cpu) {
     c.rvec = 16;
     c.rows = static_cast<int>(std::clamp<std::int64_t>(4096 / std::max<std::int64_t>(rnumel, 1), 1, 64));
+    if (static_rnumel && iters() <= 256) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
     return c;
   }
   c.rvec = std::max(1, 16 / std::max(1, max_item));
@@ -58,6 +63,7 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   if (xnumel < 1024 && rnumel >= 8192) c.row_threads = 1024;  // few long rows: use every thread
   c.rows = c.row_threads >= 256 ? 1 : 256 / c.row_threads;
   c.threads = c.row_threads * c.rows;
+  if (static_rnumel && iters() <= 8) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
   return c;
 }
 

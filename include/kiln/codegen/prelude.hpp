@@ -400,12 +400,17 @@ template <int ROW_THREADS, class A> KILN_FN auto row_min(const A& a) { return ac
 #define KILN_ROW(xindex) const i64 xindex = (i64)blockIdx.x * ROWS + threadIdx.x / ROW_THREADS;
 #define KILN_R_LOOP(roffset, rnumel)                                                      \
   for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
+#define KILN_R_TILES(roffset)                                                             \
+  KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)                          \
+    if (const i64 roffset = ((i64)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC; true)
 #else
 #define KILN_POINTWISE_LOOP(xoffset)                                   \
   for (int kiln_u = 0; kiln_u < XBLOCK / XVEC; ++kiln_u)              \
     if (const i64 xoffset = kiln_pid * XBLOCK + (i64)kiln_u * XVEC; true)
 #define KILN_ROW(xindex) for (i64 xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS; ++xindex)
 #define KILN_R_LOOP(roffset, rnumel) for (i64 roffset = 0; roffset < (rnumel); roffset += RVEC)
+#define KILN_R_TILES(roffset) \
+  for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it) if (const i64 roffset = (i64)kiln_it * RVEC; true)
 #endif
 )KILN";
 
