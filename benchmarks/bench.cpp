@@ -162,6 +162,47 @@ int main(int argc, char** argv) {
     auto r = k::explain(step, p, g, m, v);
     emit("W8", time_ms([&] { step(p, g, m, v); }), 4.0 * 7 * n, std::to_string(r.kernels.size()) + " kernel(s), in place");
   });
+  run("W2", [&] {
+    auto f = k::compile([](auto x, auto w, auto b) { return k::gelu(k::matmul(x, w) + b); });
+    auto x = k::randn({4096, 4096}, k::bf16, k::cuda, 1), b = k::randn({4096}, k::bf16, k::cuda, 3);
+    k::Tensor W = k::randn({4096, 4096}, k::bf16, k::cuda, 2) * 0.02f;
+    auto xs = k::slice(x, 0, 0, 64);
+    k::Tensor small = xs;
+    auto r = k::testing::allclose(f(small, W, b), k::reference::eval(k::gelu(k::matmul(small, W) + b)), 3e-2, 3e-2);
+    if (!r) return fail("W2", "wrong result: " + r.str());
+    double ms = time_ms([&] { f(x, W, b); });
+    std::printf("{\"id\": \"W2\", \"impl\": \"kiln\", \"ms\": %.5f, \"tflops\": %.1f}\n", ms, 2.0 * 4096 * 4096 * 4096 / ms / 1e9);
+  });
+  run("W5", [&] {
+    auto ln = [](auto x, auto w, auto b) { return k::layer_norm(x, w, b); };
+    auto f = k::compile(k::vjp(ln, k::wrt<0, 1, 2>));
+    auto x = k::randn({16384, 4096}, k::f32, k::cuda, 1), w = k::randn({4096}, k::f32, k::cuda, 2),
+         b = k::randn({4096}, k::f32, k::cuda, 3), dy = k::randn({16384, 4096}, k::f32, k::cuda, 4);
+    auto xs = k::randn({8, 64}, k::f64, k::cpu, 5), ws = k::randn({64}, k::f64, k::cpu, 6), bs = k::randn({64}, k::f64, k::cpu, 7);
+    if (!k::testing::gradcheck(ln, xs, ws, bs)) return fail("W5", "gradcheck failed");
+    auto rep = k::explain(f, x, w, b, dy);
+    emit("W5", time_ms([&] { f(x, w, b, dy); }), 4.0 * (3.0 * 16384 * 4096 + 4 * 4096), std::to_string(rep.kernels.size()) + " kernels");
+  });
+  run("W7", [&] {
+    auto ce = [](auto logits, auto t) { return k::cross_entropy(logits, t); };
+    auto f = k::compile(k::value_and_grad(ce, k::wrt<0>));
+    auto logits = k::randn({4096, 32000}, k::f32, k::cuda, 1);
+    auto t = (k::Tensor(k::cast(k::rand({4096}, k::f32, k::cuda, 2) * 31999.0f, k::i64)));
+    auto rep = k::explain(f, logits, t);
+    emit("W7", time_ms([&] { f(logits, t); }), 4.0 * 2 * 4096 * 32000, std::to_string(rep.kernels.size()) + " kernels");
+  });
+  run("W12", [&] {
+    auto block = [](auto x, auto w1, auto b1, auto w2, auto b2, auto g, auto be) {
+      return k::layer_norm(x + k::linear(k::gelu(k::linear(x, w1, b1)), w2, b2), g, be);
+    };
+    auto f = k::compile(k::vjp(block, k::wrt<0, 1, 2, 3, 4, 5, 6>));
+    auto x = k::randn({8192, 1024}, k::bf16, k::cuda, 1), w1 = k::randn({4096, 1024}, k::bf16, k::cuda, 2),
+         b1 = k::randn({4096}, k::bf16, k::cuda, 3), w2 = k::randn({1024, 4096}, k::bf16, k::cuda, 4),
+         b2 = k::randn({1024}, k::bf16, k::cuda, 5), g = k::randn({1024}, k::bf16, k::cuda, 6),
+         be = k::randn({1024}, k::bf16, k::cuda, 7), dy = k::randn({8192, 1024}, k::bf16, k::cuda, 8);
+    auto rep = k::explain(f, x, w1, b1, w2, b2, g, be, dy);
+    emit("W12", time_ms([&] { f(x, w1, b1, w2, b2, g, be, dy); }), 0, std::to_string(rep.kernels.size()) + " kernels");
+  });
   run("W9", [&] {
     auto f = k::compile([](auto x) { return k::relu(x * 2.0f + 1.0f); });
     auto x = k::randn({1024}, k::f32, k::cuda, 1);

@@ -107,7 +107,17 @@ void Program::run(const Tensor* const* args, const double* scalars, Tensor* outp
   env.bind(shape_of, sizes.data());
   Bindings bind(sizes.data(), static_cast<std::size_t>(env.num_symbols()));
   // Outputs first (they may be caller-provided), then intermediates.
-  std::vector<Tensor> temps(graph.size());
+  // Buffers of this call, indexed by node; reused across calls (no allocation on the hit path).
+  thread_local std::vector<Tensor> temps;
+  temps.resize(std::max<std::size_t>(temps.size(), graph.nodes.size()));
+  struct Release {
+    const std::vector<int>& nodes;
+    const std::vector<int>& outs;
+    ~Release() {
+      for (int n : nodes) temps[n] = Tensor();
+      for (int n : outs) temps[n] = Tensor();
+    }
+  } release{buffers, graph.outputs};
   for (std::size_t o = 0; o < graph.outputs.size(); ++o) {
     int node = graph.outputs[o];
     if (arg_of_output[o] >= 0) {
