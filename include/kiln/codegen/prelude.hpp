@@ -139,7 +139,7 @@ template <bool B, class T = void> struct enable_if {};
 template <class T> struct enable_if<true, T> { typedef T type; };
 template <class A, class B> struct any_tile { static constexpr bool value = width_of<A, B>::value > 0; };
 
-template <class T> KILN_FN T m_div(T a, T b) { return a / b; }
+template <class A, class B> KILN_FN auto m_div(A a, B b) { return a / b; }
 #ifdef __CUDACC_RTC__
 // Triton's default for f32 division, so results match torch.compile's: div.full (2 ulp).
 KILN_FN float m_div(float a, float b) { float r; asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
