@@ -114,7 +114,7 @@ class KernelWriter {
     double value = 0;
   };
 
-  bool rows() const { return plan_.kind == schedule::Kind::per || plan_.kind == schedule::Kind::red; }
+  bool rows() const { return plan_.kind != schedule::Kind::poi; }
   void line(const std::string& s) { body_ << std::string(indent_ * 2, ' ') << s << "\n"; }
   std::string fresh() { return "tmp" + std::to_string(tmp_++); }
   std::string mask() const { return in_rloop_ ? "rmask" : "xmask"; }
@@ -329,7 +329,7 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
         return n.floating ? Value{sc, kiln::dtype::f64} : Value{"((i64)" + sc + ")", kiln::dtype::i64};
       }
       if (n.op == Op::constant) return {detail::literal(n.value, kiln::dtype::f64), kiln::dtype::f64, true, n.value};
-      if (n.op == Op::iota) return bind("(i64)(" + index_code(idx[n.attrs.a]) + ")", kiln::dtype::i64);
+      if (n.op == Op::iota) return bind("kiln::cast<i64>(" + index_code(idx[n.attrs.a]) + ")", kiln::dtype::i64);
       break;
     case OpClass::meta: {  // numel of the reduced dims of its input
       const auto& in = g_[n.in[0]];

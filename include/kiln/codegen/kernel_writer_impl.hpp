@@ -167,8 +167,15 @@ inline KernelSource KernelWriter::write() {
   }
   std::vector<std::int64_t> example = env_.example;
   std::int64_t xn = xnumel_.eval(example), rn = rnumel_.eval(example);
-  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant()) : pointwise_config(target_, xn, max_item);
+  bool column = rows() && !p.empty() &&
+                std::find(plan_.rdims.begin(), plan_.rdims.end(), static_cast<std::int64_t>(p.size()) - 1) == plan_.rdims.end();
+  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column)
+                     : pointwise_config(target_, xn, max_item);
   config_ = ks.config;
+  if (ks.kind == schedule::Kind::per && ks.config.riters == 0) {  // the row is looped, not held
+    ks.kind = schedule::Kind::red;
+    if (ks.name.rfind("kiln_per_", 0) == 0) ks.name.replace(5, 3, "red");
+  }
   // Tile symbols get ids past the size symbols: they are never kernel parameters.
   xindex_ = Sym::symbol("xindex", 1000, {.nonnegative = true, .bound = xnumel_});
   rindex_ = Sym::symbol("rindex", 1001, {.nonnegative = true, .bound = rnumel_});
@@ -180,8 +187,8 @@ inline KernelSource KernelWriter::write() {
   const std::string xnumel_code = index_code(xnumel_), rnumel_code = index_code(rnumel_);
   std::stable_sort(params_.begin(), params_.end(), [](const Param& a, const Param& b) { return a.kind < b.kind; });
   std::ostringstream os;
-  os << "// " << plan_.name << ": " << (rows() ? "rows" : "pointwise") << " over " << (rows() ? "[" + xnumel_.str() + ", " + rnumel_.str() + "]" : "[" + xnumel_.str() + "]") << "\n";
-  os << "KILN_KERNEL " << plan_.name << "(";
+  os << "// " << ks.name << ": " << (rows() ? "rows" : "pointwise") << " over " << (rows() ? "[" + xnumel_.str() + ", " + rnumel_.str() + "]" : "[" + xnumel_.str() + "]") << "\n";
+  os << "KILN_KERNEL KILN_BOUNDS(" << ks.config.threads << ") " << ks.name << "(";
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Param& pr = params_[i];
     os << (i ? ", " : "");

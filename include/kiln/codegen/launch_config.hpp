@@ -48,22 +48,31 @@ inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item
 }
 
 // static_rnumel: the row length is a compile-time constant (then rows may stay in registers).
-inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnumel, int max_item, bool static_rnumel) {
+// column: the innermost dim is kept (a reduction over outer dims, e.g. a bias gradient).
+inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnumel, int max_item, bool static_rnumel,
+                               bool column) {
   LaunchConfig c;
   auto iters = [&] { return (rnumel + std::int64_t{c.row_threads} * c.rvec - 1) / (std::int64_t{c.row_threads} * c.rvec); };
   if (t == Target::cpu) {
     c.rvec = 16;
     c.rows = static_cast<int>(std::clamp<std::int64_t>(4096 / std::max<std::int64_t>(rnumel, 1), 1, 64));
-    if (static_rnumel && iters() <= 256) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
+    if (static_rnumel && !column && iters() <= 256) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
+    return c;
+  }
+  if (column) {  // the reduced dims are outer: a thread per kept element, coalesced across threads
+    c.rvec = 1;
+    c.rows = 256;
+    c.threads = 256;
     return c;
   }
   c.rvec = std::max(1, 16 / std::max(1, max_item));
+  // About 8 tiles a thread (16 for long rows, at most 512 threads so registers hold them).
   std::int64_t per_row = next_pow2((rnumel + c.rvec * 8 - 1) / (c.rvec * 8));
-  c.row_threads = static_cast<int>(std::clamp<std::int64_t>(per_row, 32, 1024));
-  if (xnumel < 1024 && rnumel >= 8192) c.row_threads = 1024;  // few long rows: use every thread
+  c.row_threads = static_cast<int>(std::clamp<std::int64_t>(per_row, 32, 512));
   c.rows = c.row_threads >= 256 ? 1 : 256 / c.row_threads;
   c.threads = c.row_threads * c.rows;
-  if (static_rnumel && iters() <= 8) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
+  if (static_rnumel && iters() <= 16) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
+  (void)xnumel;
   return c;
 }
 

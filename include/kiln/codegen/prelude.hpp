@@ -10,16 +10,19 @@ namespace kiln::codegen {
 
 inline constexpr std::string_view prelude = R"KILN(
 #ifdef __CUDACC_RTC__
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
 #define KILN_FN __device__ __forceinline__
 #define KILN_KERNEL extern "C" __global__ void
+#define KILN_BOUNDS(threads) __launch_bounds__(threads)
 #define KILN_PROGRAM_PARAMS
 #define KILN_UNROLL _Pragma("unroll")
 typedef long long i64;
+#define KILN_INF __int_as_float(0x7f800000)
+// The 16-bit float headers are large: only kernels that move f16/bf16 include them (KILN_HALF).
+#ifdef KILN_HALF
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
 typedef __half f16;
 typedef __nv_bfloat16 bf16;
-#define KILN_INF __int_as_float(0x7f800000)
 namespace kiln {
 KILN_FN float to_compute(f16 x) { return __half2float(x); }
 KILN_FN float to_compute(bf16 x) { return __bfloat162float(x); }
@@ -28,12 +31,22 @@ template <> KILN_FN f16 from_compute<f16>(float x) { return __float2half_rn(x); 
 template <> KILN_FN bf16 from_compute<bf16>(float x) { return __float2bfloat16_rn(x); }
 }  // namespace kiln
 #else
+struct f16 { unsigned short bits; };
+struct bf16 { unsigned short bits; };
+namespace kiln {
+template <class T> KILN_FN T from_compute(float x) { return T{}; }
+KILN_FN float to_compute(f16) { return 0.0f; }
+KILN_FN float to_compute(bf16) { return 0.0f; }
+}  // namespace kiln
+#endif
+#else
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #define KILN_FN inline __attribute__((always_inline))
 #define KILN_KERNEL static void
+#define KILN_BOUNDS(threads)
 #define KILN_PROGRAM_PARAMS , i64 kiln_pid
 #define KILN_UNROLL _Pragma("GCC unroll 16")
 typedef long long i64;

@@ -9,6 +9,7 @@
 #include "../graph/infer.hpp"
 #include "../rewrite/decompose.hpp"
 #include "../rewrite/simplify.hpp"
+#include "../schedule/split.hpp"
 #include "program.hpp"
 
 namespace kiln::runtime {
@@ -67,8 +68,11 @@ graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, Low
   g = rewrite::simplify(g);
   graph::infer_shapes(g, arg);
   stats.ops_decomposed = g.count_ops();
+  g = schedule::split_reductions(g);                 // long reductions with few outputs in two stages
+  graph::infer_shapes(g, arg);
   g.output_into = into.size() == g.outputs.size() ? into : std::vector<int>(g.outputs.size(), -1);
   write_into_arguments(g, arg);
+  log_graph(debug::Channel::graph, "lowered graph", g);
   return g;
 }
 

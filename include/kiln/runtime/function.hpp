@@ -108,7 +108,8 @@ class ProgramCache {
       }
       if (e->guards.dynamic) {
         if (!infer_call_shapes(*e->program, args, shapes)) continue;
-        std::array<std::int64_t, 64> sym{};
+        thread_local std::vector<std::int64_t> sym;
+        sym.resize(std::max<std::size_t>(sym.size(), static_cast<std::size_t>(e->program->env.num_symbols()) + 1));
         int node = guards::check_shapes(e->guards, [&](int n) -> const Dims& { return shapes.nodes[n].shape; }, sym.data(),
                                         e->program->env.num_symbols());
         if (node >= 0) {

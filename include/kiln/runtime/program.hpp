@@ -71,6 +71,9 @@ inline std::int64_t num_programs(const CompiledKernel& k, Bindings sizes) {
 
 // Compiles the generated sources of a program for its device: one translation unit per program.
 inline void compile_program(Program& p, const std::string& name) {
+  bool half = false;
+  for (auto& k : p.kernels)
+    for (auto& prm : k.src.params) half = half || prm.dt == kiln::dtype::f16 || prm.dt == kiln::dtype::bf16;
   std::string body = std::string(sym_c_helpers) + "\n";
   for (auto& k : p.kernels)
     if (k.extern_node < 0) body += "\n" + k.src.source;
@@ -86,7 +89,7 @@ inline void compile_program(Program& p, const std::string& name) {
   }
   driver::make_current(p.device.index);
   std::string arch = driver::arch(p.device.index);
-  std::string tu = std::string(codegen::prelude) + body;
+  std::string tu = std::string(half ? "#define KILN_HALF 1\n" : "") + std::string(codegen::prelude) + body;
   Hasher h;
   h.update(tu).update(nvrtc_options_string(arch)).update(nvrtc_version());
   std::string key = hex(h.digest());
@@ -103,7 +106,11 @@ inline void compile_program(Program& p, const std::string& name) {
 template <class ShapeOf>
 void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf&& shape_of,
                   CUstream stream) const {
-  std::array<std::int64_t, 64> sizes{};
+  // Per-call scratch: symbol values and kernel argument slots (grown once, then reused).
+  thread_local std::vector<std::int64_t> sizes;
+  thread_local std::vector<void*> ptrs, slots;
+  thread_local std::vector<double> scal;
+  sizes.resize(std::max<std::size_t>(sizes.size(), static_cast<std::size_t>(env.num_symbols()) + 1));
   env.bind(shape_of, sizes.data());
   Bindings bind(sizes.data(), static_cast<std::size_t>(env.num_symbols()));
   // Outputs first (they may be caller-provided), then intermediates.
@@ -142,9 +149,8 @@ void Program::run(const Tensor* const* args, const double* scalars, Tensor* outp
     }
     std::int64_t nprog = detail::num_programs(k, bind);
     if (nprog == 0) continue;
-    std::array<void*, 64> ptrs{};
-    std::array<void*, 64> slots{};
-    std::array<double, 64> scal{};
+    std::size_t np = k.src.params.size();
+    if (ptrs.size() < np) ptrs.resize(np), slots.resize(np), scal.resize(np);
     for (std::size_t i = 0; i < k.src.params.size(); ++i) {
       const auto& p = k.src.params[i];
       switch (p.kind) {

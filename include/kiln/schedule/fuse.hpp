@@ -12,9 +12,9 @@
 
 namespace kiln::schedule {
 
-enum class Kind { poi, per, red, extern_ };
+enum class Kind { poi, per, red, split, extern_ };
 inline const char* kind_name(Kind k) {
-  constexpr const char* names[] = {"poi", "per", "red", "extern"};
+  constexpr const char* names[] = {"poi", "per", "red", "split", "extern"};
   return names[static_cast<int>(k)];
 }
 
@@ -87,8 +87,47 @@ inline std::vector<bool> find_anchors(const graph::Graph& g) {
 
 }  // namespace detail
 
-// Groups the graph's anchors into kernels, greedily in topological order: an anchor joins the
-// most recent kernel when it iterates over the same domain, else it opens a new kernel.
+namespace detail {
+
+// Whether anchor node i can be computed inside kernel `k` (same iteration domain).
+inline bool joins(const graph::Graph& g, const KernelPlan& k, int i) {
+  const auto& n = g[i];
+  if (k.closed || k.kind == Kind::extern_ || n.op == Op::matmul) return false;
+  bool rows = k.kind != Kind::poi;
+  if (is_reduction(n.op)) {
+    const Dims& p = g[n.in[0]].shape;
+    return rows && g[k.domain].shape == p && k.rdims == reduce_dims_of(n, p.size()) &&
+           (n.attrs.c == 1) == (k.kind == Kind::split);
+  }
+  const Dims& domain = g[k.domain].shape;
+  if (!rows) return domain == n.shape;
+  return domain == n.shape || kept_shape(domain, k.rdims, true) == n.shape || kept_shape(domain, k.rdims, false) == n.shape;
+}
+
+// The latest kernel that an anchor reads from: it cannot join any kernel before that one.
+inline int first_possible_kernel(const graph::Graph& g, const std::vector<bool>& anchor, const std::vector<int>& kernel_of,
+                                 int i) {
+  int latest = 0;
+  std::vector<int> stack(g[i].in.begin(), g[i].in.begin() + g[i].n_in);
+  std::vector<bool> seen(g.size(), false);
+  while (!stack.empty()) {
+    int v = stack.back();
+    stack.pop_back();
+    if (v < 0 || seen[v]) continue;
+    seen[v] = true;
+    if (anchor[v]) {
+      latest = std::max(latest, kernel_of[v]);
+      continue;
+    }
+    for (int c = 0; c < g[v].n_in; ++c) stack.push_back(g[v].in[c]);
+  }
+  return latest;
+}
+
+}  // namespace detail
+
+// Groups the graph's anchors into kernels in topological order: an anchor joins the latest kernel
+// that iterates over its domain and runs after everything it reads; otherwise it opens a kernel.
 inline Schedule fuse(const graph::Graph& g) {
   Schedule s;
   auto anchor = detail::find_anchors(g);
@@ -102,45 +141,30 @@ inline Schedule fuse(const graph::Graph& g) {
   for (int i = 0; i < g.size(); ++i) {
     if (!anchor[i]) continue;
     const auto& n = g[i];
-    KernelPlan* last = s.kernels.empty() || s.kernels.back().closed ? nullptr : &s.kernels.back();
-    bool last_rows = last && (last->kind == Kind::per || last->kind == Kind::red);
-    if (n.op == Op::matmul) {
+    int first = detail::first_possible_kernel(g, anchor, s.kernel_of, i);
+    int chosen = -1;
+    for (int k = static_cast<int>(s.kernels.size()) - 1; k >= first && chosen < 0; --k)
+      if (detail::joins(g, s.kernels[k], i)) chosen = k;
+    if (chosen < 0) {
       KernelPlan k;
-      k.kind = Kind::extern_;
-      k.domain = i;
-      k.stores = {i};
-      s.kernels.push_back(k);
-    } else if (is_reduction(n.op)) {
-      const Dims& p = g[n.in[0]].shape;
-      Dims rd = detail::reduce_dims_of(n, p.size());
-      if (last_rows && g[last->domain].shape == p && last->rdims == rd) {
-        last->reductions.push_back(i);
-      } else {
-        KernelPlan k;
-        k.kind = Kind::per;
+      if (n.op == Op::matmul) {
+        k.kind = Kind::extern_;
+        k.domain = i;
+      } else if (is_reduction(n.op)) {
+        k.kind = n.attrs.c == 1 ? Kind::split : Kind::per;  // split.hpp marks first stages
         k.domain = n.in[0];
-        k.rdims = rd;
-        k.reductions = {i};
-        s.kernels.push_back(k);
-      }
-    } else {
-      const Dims& shape = n.shape;
-      bool joins_rows = last_rows && (g[last->domain].shape == shape ||
-                                      detail::kept_shape(g[last->domain].shape, last->rdims, true) == shape ||
-                                      detail::kept_shape(g[last->domain].shape, last->rdims, false) == shape);
-      bool joins_poi = last && last->kind == Kind::poi && g[last->domain].shape == shape;
-      if (joins_rows || joins_poi) {
-        last->stores.push_back(i);
+        k.rdims = detail::reduce_dims_of(n, g[n.in[0]].shape.size());
       } else {
-        KernelPlan k;
         k.kind = Kind::poi;
         k.domain = i;
-        k.stores = {i};
-        s.kernels.push_back(k);
       }
+      s.kernels.push_back(k);
+      chosen = static_cast<int>(s.kernels.size()) - 1;
     }
-    s.kernel_of[i] = static_cast<int>(s.kernels.size()) - 1;
-    if (gather_source[i]) s.kernels.back().closed = true;
+    KernelPlan& plan = s.kernels[chosen];
+    (is_reduction(n.op) ? plan.reductions : plan.stores).push_back(i);
+    s.kernel_of[i] = chosen;
+    if (gather_source[i]) plan.closed = true;
   }
   return s;
 }

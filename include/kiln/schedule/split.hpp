@@ -1,0 +1,97 @@
+// Reshaping reductions before fusion: a reduction over size-1 dims is a reshape, and a long
+// reduction with few outputs (a bias gradient over 16384 rows, a full sum) is split in two stages
+// — partial results over S chunks, then a short reduction of the partials — so that enough
+// programs run at once. The first stage is a kernel of kind "split".
+#pragma once
+#include <algorithm>
+
+#include "../rewrite/builder.hpp"
+
+namespace kiln::schedule {
+
+inline constexpr std::int64_t split_stage_mark = 1;  // attrs.c of a first-stage reduction
+
+namespace detail {
+
+struct ReductionShape {
+  Dims in;           // input shape
+  Dims dims;         // reduced dims, sorted
+  std::int64_t kept = 1, reduced = 1;
+  bool prefix = true, suffix = true;  // reduced dims are the outermost / innermost ones
+};
+
+inline ReductionShape describe_reduction(const graph::Graph& g, const graph::Node& n) {
+  ReductionShape r;
+  r.in = g[n.in[0]].shape;
+  int rank = r.in.size();
+  for (int d = 0; d < rank; ++d) {
+    bool red = n.attrs.all || std::any_of(n.attrs.dims.begin(), n.attrs.dims.end(), [&](std::int64_t x) {
+                 return (x < 0 ? x + rank : x) == d;
+               });
+    if (red) r.dims.push_back(d);
+    (red ? r.reduced : r.kept) *= r.in[d];
+  }
+  for (int i = 0; i < r.dims.size(); ++i) {
+    r.prefix = r.prefix && r.dims[i] == i;
+    r.suffix = r.suffix && r.dims[i] == rank - r.dims.size() + i;
+  }
+  return r;
+}
+
+// The number of chunks: enough partial results to fill the machine (~64K programs' worth of
+// elements), each chunk still long, and a power of two that divides the reduced length.
+inline std::int64_t choose_splits(const ReductionShape& r) {
+  if (r.reduced < 4096 || r.kept >= 32768 || r.dims.empty()) return 1;
+  std::int64_t want = std::max<std::int64_t>(2, 65536 / std::max<std::int64_t>(r.kept, 1));
+  std::int64_t s = 1;
+  while (s * 2 <= want && r.reduced % (s * 2) == 0 && r.reduced / (s * 2) >= 256) s *= 2;
+  return s;
+}
+
+}  // namespace detail
+
+// Rewrites reductions as described above; other nodes are copied unchanged.
+inline graph::Graph split_reductions(const graph::Graph& g) {
+  rewrite::Builder b;
+  std::vector<int> map(g.size(), -1);
+  for (int i = 0; i < g.size(); ++i) {
+    const graph::Node& n = g[i];
+    std::array<int, 4> in{};
+    for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
+    if (!is_reduction(n.op)) {
+      map[i] = b.rebuild(n, in.data());
+      continue;
+    }
+    auto r = detail::describe_reduction(g, n);
+    if (r.reduced == 1 && r.in.product() > 0) {  // over size-1 dims only: nothing to reduce
+      map[i] = b.reshape(in[0], n.shape);
+      continue;
+    }
+    std::int64_t s = detail::choose_splits(r);
+    if (s == 1 || !(r.prefix || r.suffix)) {
+      map[i] = b.rebuild(n, in.data());
+      continue;
+    }
+    // prefix: [S, R/S, K] reduce 1 then 0; suffix: [K, S, R/S] reduce 2 then 1.
+    Dims shape = r.prefix ? Dims{s, r.reduced / s, r.kept} : Dims{r.kept, s, r.reduced / s};
+    int x = b.reshape(in[0], shape);
+    Attrs first;
+    first.dims = {r.prefix ? 1 : 2};
+    first.c = split_stage_mark;
+    first.d = n.attrs.d;
+    int partial = b.op(n.op, {x}, first);
+    Attrs second;
+    second.dims = {r.prefix ? 0 : 1};
+    second.d = n.attrs.d;
+    int total = b.op(n.op, {partial}, second);
+    map[i] = b.reshape(total, n.shape);
+  }
+  graph::Graph out = std::move(b.graph());
+  for (int o : g.outputs) out.outputs.push_back(map[o]);
+  out.output_into = g.output_into;
+  out.num_args = g.num_args;
+  out.num_scalars = g.num_scalars;
+  return out;
+}
+
+}  // namespace kiln::schedule
