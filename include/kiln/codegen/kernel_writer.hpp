@@ -188,6 +188,8 @@ class KernelWriter {
   std::map<std::string, std::string> row_cache_;  // load code -> register array holding it
   std::vector<std::string> cache_decls_;
   bool final_loop_ = false;
+  std::map<std::string, std::string> column_cache_;  // row-invariant loads hoisted before the rows
+  std::vector<std::string> column_decls_, column_loads_;
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
   std::vector<Param> params_;
@@ -293,6 +295,19 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   // A persistent row: the tiles of a row read in one loop stay in registers for the next loops.
   auto free = offset.free_symbols();
   bool per_tile = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == rindex_; });
+  bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == xindex_; });
+  if (rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() && target_ == Target::cuda) {
+    // The same for every row (a weight): loaded once per thread, before the row loop.
+    std::string base = access_base(offset);
+    std::string col = base.empty() ? "kiln::load(" + ptr + ", " + index_code(offset) + ", rindex < rnumel)"
+                                   : "kiln::load_contig<RVEC>(" + ptr + ", " + base + ", rindex < rnumel)";
+    auto [it, fresh_cache] = column_cache_.try_emplace(col, "weights" + std::to_string(column_cache_.size()));
+    if (fresh_cache) {
+      column_decls_.push_back("kiln::tile<" + detail::c_type(ct) + ", RVEC> " + it->second + "[RITERS];");
+      column_loads_.push_back(it->second + "[kiln_it] = " + col + ";");
+    }
+    return bind(it->second + "[kiln_it]", ct);
+  }
   bool reused = !final_loop_ || row_cache_.count(code);  // a tile first read by the last loop is read once
   if (rows() && in_rloop_ && config_.riters > 0 && per_tile && reused) {
     auto [it, fresh_cache] = row_cache_.try_emplace(code, "cache" + std::to_string(row_cache_.size()));

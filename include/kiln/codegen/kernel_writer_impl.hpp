@@ -212,6 +212,14 @@ inline KernelSource KernelWriter::write() {
   for (const auto& d : cache_decls_) decls += "    " + d + "\n";
   auto at = body.find("    /*KILN_ROW_CACHES*/\n");
   if (at != std::string::npos) body.replace(at, std::string("    /*KILN_ROW_CACHES*/\n").size(), decls);
+  if (!column_loads_.empty()) {
+    std::string pre;
+    for (const auto& d : column_decls_) pre += "  " + d + "\n";
+    pre += "  KILN_R_TILES(roffset) {\n    auto rindex = roffset + kiln::arange<RVEC>();\n";
+    for (const auto& l : column_loads_) pre += "    " + l + "\n";
+    pre += "  }\n";
+    body.insert(body.find("  KILN_ROW(xindex)"), pre);
+  }
   ks.source = signature + body + "}\n";
   ks.xnumel = xnumel_;
   ks.rnumel = rnumel_;

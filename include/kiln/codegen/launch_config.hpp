@@ -66,8 +66,8 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
     return c;
   }
   c.rvec = std::max(1, 16 / std::max(1, max_item));
-  // About 8 tiles a thread (16 for long rows, at most 512 threads so registers hold them).
-  std::int64_t per_row = next_pow2((rnumel + c.rvec * 8 - 1) / (c.rvec * 8));
+  // About 32 elements of the row a thread (more for long rows: at most 512 threads a row).
+  std::int64_t per_row = next_pow2((rnumel + 31) / 32);
   c.row_threads = static_cast<int>(std::clamp<std::int64_t>(per_row, 32, 512));
   c.rows = c.row_threads >= 256 ? 1 : 256 / c.row_threads;
   c.threads = c.row_threads * c.rows;

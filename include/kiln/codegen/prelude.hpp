@@ -410,7 +410,11 @@ template <int ROW_THREADS, class A> KILN_FN auto row_min(const A& a) { return ac
 #define KILN_POINTWISE_LOOP(xoffset)                                                      \
   KILN_UNROLL for (int kiln_u = 0; kiln_u < XBLOCK / (THREADS * XVEC); ++kiln_u)          \
     if (const i64 xoffset = (i64)blockIdx.x * XBLOCK + ((i64)kiln_u * THREADS + threadIdx.x) * XVEC; true)
-#define KILN_ROW(xindex) const i64 xindex = (i64)blockIdx.x * ROWS + threadIdx.x / ROW_THREADS;
+// Programs loop over rows (a grid smaller than the row count): loads that do not depend on the
+// row (weights, biases) are made once per thread, before the loop.
+#define KILN_ROW(xindex)                                                                  \
+  for (i64 kiln_xbase = (i64)blockIdx.x * ROWS; kiln_xbase < xnumel; kiln_xbase += (i64)gridDim.x * ROWS) \
+    if (const i64 xindex = kiln_xbase + threadIdx.x / ROW_THREADS; true)
 #define KILN_R_LOOP(roffset, rnumel)                                                      \
   for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
 #define KILN_R_TILES(roffset)                                                             \

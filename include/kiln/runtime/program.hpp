@@ -103,6 +103,12 @@ inline void compile_program(Program& p, const std::string& name) {
     if (k.extern_node < 0) k.cuda = p.module->function(k.src.name.c_str());
 }
 
+// Enough blocks of `threads` threads for four full waves on the device.
+inline std::int64_t row_grid_limit(int threads) {
+  static const int sms = driver::sm_count(driver::current_device());
+  return std::int64_t{sms} * std::max(1, 2048 / std::max(threads, 1)) * 4;
+}
+
 template <class ShapeOf>
 void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf&& shape_of,
                   CUstream stream) const {
@@ -138,13 +144,24 @@ void Program::run(const Tensor* const* args, const double* scalars, Tensor* outp
   for (int b : buffers)
     if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
   auto buffer = [&](int node) -> const Tensor& { return graph[node].op == Op::arg ? *args[graph[node].slot] : temps[node]; };
+  // A matmul operand: its buffer, or a transposed view of one (no copy).
+  auto operand = [&](int node) {
+    int src = schedule::detail::matmul_operand(graph, node);
+    if (src == node) return buffer(node);
+    const Tensor& t = buffer(src);
+    const Dims& order = graph[node].attrs.dims;
+    Dims shape, strides;
+    for (auto d : order) shape.push_back(t.shape()[d]), strides.push_back(t.strides()[d]);
+    return t.as_strided(shape, strides, t.offset());
+  };
 
   if (device.is_cuda()) driver::make_current(device.index);
   for (const auto& k : kernels) {
     if (k.extern_node >= 0) {
       const auto& n = graph[k.extern_node];
-      if (device.is_cpu()) cpu_matmul(buffer(n.in[0]), buffer(n.in[1]), temps[k.extern_node]);
-      else cuda_matmul(buffer(n.in[0]), buffer(n.in[1]), temps[k.extern_node], stream);
+      Tensor a = operand(n.in[0]), b = operand(n.in[1]);
+      if (device.is_cpu()) cpu_matmul(a, b, temps[k.extern_node]);
+      else cuda_matmul(a, b, temps[k.extern_node], stream);
       continue;
     }
     std::int64_t nprog = detail::num_programs(k, bind);
@@ -163,6 +180,8 @@ void Program::run(const Tensor* const* args, const double* scalars, Tensor* outp
     if (device.is_cpu()) {
       k.cpu(slots.data(), nprog);
     } else {
+      // Row programs loop over rows: a few waves of blocks, so row-invariant loads are reused.
+      if (k.src.kind != schedule::Kind::poi) nprog = std::min<std::int64_t>(nprog, row_grid_limit(k.src.config.threads));
       unsigned grid = static_cast<unsigned>(nprog);
       launch(k.cuda, {grid, 1, 1}, {static_cast<unsigned>(k.src.config.threads), 1, 1}, 0, stream, slots.data(),
              k.src.name.c_str());

@@ -68,6 +68,13 @@ inline Dims kept_shape(const Dims& p, const Dims& rd, bool keepdim) {
   return out;
 }
 
+// The buffer a matmul reads for an operand: a transpose of a buffer is read through its strides
+// (the library takes transposed operands), anything else is materialised first.
+inline int matmul_operand(const graph::Graph& g, int node) {
+  const auto& n = g[node];
+  return n.op == Op::permute && n.shape.size() >= 2 && n.attrs.dims[n.shape.size() - 1] == n.shape.size() - 2 ? n.in[0] : node;
+}
+
 inline bool is_leaf(const graph::Node& n) { return info(n.op).cls == OpClass::leaf || n.op == Op::numel; }
 
 // Nodes whose value must live in memory: outputs, reductions, matmuls and matmul operands.
@@ -79,8 +86,10 @@ inline std::vector<bool> find_anchors(const graph::Graph& g) {
     if (is_reduction(n.op) || n.op == Op::matmul) anchor[i] = true;
     if (n.op == Op::gather && g[n.in[0]].op != Op::arg) anchor[n.in[0]] = true;  // indexed by loaded values
     if (n.op == Op::matmul)
-      for (int k = 0; k < 2; ++k)
-        if (g[n.in[k]].op != Op::arg) anchor[n.in[k]] = true;
+      for (int k = 0; k < 2; ++k) {
+        int src = matmul_operand(g, n.in[k]);
+        if (g[src].op != Op::arg) anchor[src] = true;
+      }
   }
   return anchor;
 }
@@ -192,7 +201,10 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
       if (g[v].op == Op::arg) continue;
       plan.members.push_back(v);
       if (plan.kind == Kind::extern_ && v == plan.domain) {
-        for (int c = 0; c < 2; ++c) needed[g[v].in[c]] = g[g[v].in[c]].op != Op::arg;
+        for (int c = 0; c < 2; ++c) {
+          int src = detail::matmul_operand(g, g[v].in[c]);
+          needed[src] = g[src].op != Op::arg;
+        }
         continue;
       }
       for (int c = 0; c < g[v].n_in; ++c) roots.push_back(g[v].in[c]);
