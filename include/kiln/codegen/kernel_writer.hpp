@@ -71,6 +71,14 @@ inline std::string literal(double v, kiln::dtype ct) {
   return s;
 }
 
+// Sizes for unravelling an index: a size-0 dim launches nothing, so any nonzero stand-in works.
+inline std::vector<Sym> nonzero(const std::vector<Sym>& sizes) {
+  std::vector<Sym> out = sizes;
+  for (auto& s : out)
+    if (s.is_constant() && s.constant_value() == 0) s = Sym(1);
+  return out;
+}
+
 // The C++ operator or prelude function of each primitive.
 inline std::string pointwise_expr(Op op, const std::vector<std::string>& a) {
   switch (op) {
@@ -224,7 +232,7 @@ inline std::vector<Sym> KernelWriter::view_index(int node, const std::vector<Sym
     case Op::reshape: {
       if (g_[in].shape == n.shape && in_shape == env_[node]) return idx;
       Sym flat = ravel(idx, contiguous_strides(env_[node]));
-      return unravel(flat, in_shape);
+      return unravel(flat, detail::nonzero(in_shape));
     }
     case Op::expand:
       return broadcast_index(in, node, idx);
@@ -310,12 +318,18 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   }
   bool reused = !final_loop_ || row_cache_.count(code);  // a tile first read by the last loop is read once
   if (rows() && in_rloop_ && config_.riters > 0 && per_tile && reused) {
+    // 16-bit inputs stay 16-bit in the register cache (half the registers) and widen on use.
+    kiln::dtype st = g_[node].dt;
+    bool narrow = st == kiln::dtype::f16 || st == kiln::dtype::bf16;
+    std::string raw = code;
+    if (narrow) raw.replace(0, raw.find('<'), raw.rfind("kiln::load_contig", 0) == 0 ? "kiln::load_contig_raw" : "kiln::load_raw");
     auto [it, fresh_cache] = row_cache_.try_emplace(code, "cache" + std::to_string(row_cache_.size()));
     if (fresh_cache) {
-      cache_decls_.push_back("kiln::tile<" + detail::c_type(ct) + ", RVEC> " + it->second + "[RITERS];");
-      line(it->second + "[kiln_it] = " + code + ";");
+      cache_decls_.push_back("kiln::tile<" + (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) + ", RVEC> " +
+                             it->second + "[RITERS];");
+      line(it->second + "[kiln_it] = " + raw + ";");
     }
-    return bind(it->second + "[kiln_it]", ct);
+    return bind(narrow ? "kiln::widen(" + it->second + "[kiln_it])" : it->second + "[kiln_it]", ct);
   }
   return bind(code, ct);
 }

@@ -7,11 +7,11 @@ namespace kiln::codegen {
 
 inline std::vector<Sym> KernelWriter::domain_index() {
   const auto& p = env_[plan_.domain];
-  if (!rows()) return unravel(xindex_, p);
+  if (!rows()) return unravel(xindex_, detail::nonzero(p));
   std::vector<Sym> kept, red;
   for (int i = 0; i < static_cast<int>(p.size()); ++i)
     (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? red : kept).push_back(p[i]);
-  auto xi = unravel(xindex_, kept), ri = unravel(rindex_, red);
+  auto xi = unravel(xindex_, detail::nonzero(kept)), ri = unravel(rindex_, detail::nonzero(red));
   std::vector<Sym> idx;
   std::size_t a = 0, b = 0;
   for (int i = 0; i < static_cast<int>(p.size()); ++i)
@@ -20,7 +20,7 @@ inline std::vector<Sym> KernelWriter::domain_index() {
 }
 
 // The index of a row-level node (shape = the kept dims, with or without keepdim's 1s).
-inline std::vector<Sym> KernelWriter::row_index(int node) { return unravel(xindex_, env_[node]); }
+inline std::vector<Sym> KernelWriter::row_index(int node) { return unravel(xindex_, detail::nonzero(env_[node])); }
 
 inline void KernelWriter::store(int node, const std::vector<Sym>& idx) {
   std::string ptr = param_for(node, true);

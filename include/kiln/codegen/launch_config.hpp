@@ -56,13 +56,14 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   if (t == Target::cpu) {
     c.rvec = 16;
     c.rows = static_cast<int>(std::clamp<std::int64_t>(4096 / std::max<std::int64_t>(rnumel, 1), 1, 64));
-    if (static_rnumel && !column && iters() <= 256) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
+    if (static_rnumel && iters() <= 256) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
     return c;
   }
   if (column) {  // the reduced dims are outer: a thread per kept element, coalesced across threads
     c.rvec = 1;
     c.rows = 256;
     c.threads = 256;
+    if (static_rnumel && rnumel <= 16) c.riters = static_cast<int>(std::max<std::int64_t>(rnumel, 1));
     return c;
   }
   c.rvec = std::max(1, 16 / std::max(1, max_item));

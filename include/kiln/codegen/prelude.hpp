@@ -327,6 +327,47 @@ KILN_UNROLL
   for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? to_compute(p[base + i]) : other;
   return r;
 }
+// The same loads without widening: a register cache of 16-bit values, widened on use.
+template <int N, class T, class M>
+KILN_FN tile<T, N> load_contig_raw(const T* p, i64 base, const M& mask) {
+  tile<T, N> r;
+#ifdef __CUDACC_RTC__
+  if constexpr ((sizeof(T) * N) % 16 == 0) {
+    constexpr int V = 16 / sizeof(T);
+    bool all = true;
+KILN_UNROLL
+    for (int i = 0; i < N; ++i) all = all && lane(mask, i);
+    if (all && ((unsigned long long)(p + base) & 15) == 0) {
+      struct alignas(16) vec { T e[V]; };
+KILN_UNROLL
+      for (int c = 0; c < N / V; ++c) {
+        vec w = *reinterpret_cast<const vec*>(p + base + c * V);
+KILN_UNROLL
+        for (int i = 0; i < V; ++i) r.v[c * V + i] = w.e[i];
+      }
+      return r;
+    }
+  }
+#endif
+KILN_UNROLL
+  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? p[base + i] : T{};
+  return r;
+}
+template <class T, class I, class M>
+KILN_FN auto load_raw(const T* p, const I& idx, const M& mask) {
+  constexpr int N = width_of<I, M>::value;
+  tile<T, N> r;
+KILN_UNROLL
+  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? p[lane(idx, i)] : T{};
+  return r;
+}
+template <class T, int N> KILN_FN auto widen(const tile<T, N>& t) {
+  tile<typename compute_of<T>::type, N> r;
+KILN_UNROLL
+  for (int i = 0; i < N; ++i) r.v[i] = to_compute(t.v[i]);
+  return r;
+}
+
 template <class T, class I, class V, class M>
 KILN_FN void store(T* p, const I& idx, const V& v, const M& mask) {
   constexpr int N = widest<I, V, M>::value;

@@ -43,7 +43,18 @@ std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, cons
                          graph_builder(f, e, static_cast<int>(NArgs)), shapes);
   if (used) *used = entry;
   std::array<Tensor, NOut> out{};
-  if (preset) out[0] = *preset;
+  if (preset) {  // k::eval(out, expr): check before anything runs, so a mismatch leaves out untouched
+    const auto& p = *entry->program;
+    int node = p.graph.outputs[0];
+    const Dims& shape = shapes.nodes.empty() ? p.graph[node].shape : shapes.nodes[node].shape;
+    if (!(shape == preset->shape()))
+      throw shape_error("k::eval(out, expr): out has shape " + preset->shape().str() + " but the expression gives " +
+                        shape.str());
+    if (!(preset->device() == p.device))
+      throw device_error("k::eval(out, expr): out is on " + preset->device().str() + " but the expression on " +
+                         p.device.str());
+    out[0] = *preset;
+  }
   runtime::run_entry(*entry, args.data(), cap.scalars.data(), out.data(), shapes, stream);
   return out;
 }
@@ -135,14 +146,9 @@ template <Expr E>
 void eval(Tensor& out, const E& e, Stream stream = {}) {
   if (!out.is_contiguous())
     throw shape_error("k::eval(out, expr): out must be contiguous, got strides " + out.strides().str());
-  auto full = expr::make<Op::cast>([&] { Attrs a; a.dt = out.dtype(); return a; }(), e);
-  auto probe = graph::flatten(full);
-  graph::Captured<decltype(full)> cap;
-  graph::gather(full, cap);
-  graph::infer_shapes(probe, [&](int s) -> const Tensor& { return *cap.tensors[s]; });
-  const Dims& shape = probe[probe.outputs[0]].shape;
-  if (!(shape == out.shape()))
-    throw shape_error("k::eval(out, expr): out has shape " + out.shape().str() + " but the expression gives " + shape.str());
+  Attrs to;
+  to.dt = out.dtype();
+  auto full = expr::make<Op::cast>(to, e);  // the value is stored in out's dtype
   detail::evaluate<1>(detail::eager_cache<decltype(full)>(), detail::Identity{}, full, std::array<const Tensor*, 0>{}, &out,
                       stream.handle());
 }
