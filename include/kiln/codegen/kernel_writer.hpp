@@ -322,7 +322,11 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
     kiln::dtype st = g_[node].dt;
     bool narrow = st == kiln::dtype::f16 || st == kiln::dtype::bf16;
     std::string raw = code;
-    if (narrow) raw.replace(0, raw.find('<'), raw.rfind("kiln::load_contig", 0) == 0 ? "kiln::load_contig_raw" : "kiln::load_raw");
+    if (narrow) {  // the same call without widening
+      const std::string contig = "kiln::load_contig<", gather = "kiln::load(";
+      if (raw.rfind(contig, 0) == 0) raw.replace(0, contig.size(), "kiln::load_contig_raw<");
+      else if (raw.rfind(gather, 0) == 0) raw.replace(0, gather.size(), "kiln::load_raw(");
+    }
     auto [it, fresh_cache] = row_cache_.try_emplace(code, "cache" + std::to_string(row_cache_.size()));
     if (fresh_cache) {
       cache_decls_.push_back("kiln::tile<" + (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) + ", RVEC> " +

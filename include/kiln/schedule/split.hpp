@@ -78,7 +78,9 @@ inline graph::Graph split_reductions(const graph::Graph& g) {
     }
     // prefix: [S, R/S, K] reduce 1 then 0; suffix: [K, S, R/S] reduce 2 then 1.
     Dims shape = r.prefix ? Dims{s, r.reduced / s, r.kept} : Dims{r.kept, s, r.reduced / s};
-    int x = b.reshape(in[0], shape);
+    // 16-bit sums keep their partial results in f32, as one accumulation would.
+    bool narrow = n.dt == kiln::dtype::f16 || n.dt == kiln::dtype::bf16;
+    int x = b.reshape(narrow ? b.cast(in[0], kiln::dtype::f32) : in[0], shape);
     Attrs first;
     first.dims = {r.prefix ? 1 : 2};
     first.c = split_stage_mark;
@@ -88,7 +90,7 @@ inline graph::Graph split_reductions(const graph::Graph& g) {
     second.dims = {r.prefix ? 0 : 1};
     second.d = n.attrs.d;
     int total = b.op(n.op, {partial}, second);
-    map[i] = b.reshape(total, n.shape);
+    map[i] = b.reshape(narrow ? b.cast(total, n.dt) : total, n.shape);
   }
   graph::Graph out = std::move(b.graph());
   for (int o : g.outputs) out.outputs.push_back(map[o]);
