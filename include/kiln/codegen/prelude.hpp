@@ -299,35 +299,8 @@ KILN_UNROLL
     return r;
   }
 }
-// N consecutive elements from p[base]: one 16-byte vector when aligned and unmasked.
-template <int N, class T, class M>
-KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, const M& mask,
-                                                          typename compute_of<T>::type other = 0) {
-  typedef typename compute_of<T>::type C;
-  tile<C, N> r;
-#ifdef __CUDACC_RTC__
-  if constexpr ((sizeof(T) * N) % 16 == 0) {  // whole 16-byte vectors
-    constexpr int V = 16 / sizeof(T);
-    bool all = true;
-KILN_UNROLL
-    for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && ((unsigned long long)(p + base) & 15) == 0) {
-      struct alignas(16) vec { T e[V]; };
-KILN_UNROLL
-      for (int c = 0; c < N / V; ++c) {
-        vec w = *reinterpret_cast<const vec*>(p + base + c * V);
-KILN_UNROLL
-        for (int i = 0; i < V; ++i) r.v[c * V + i] = to_compute(w.e[i]);
-      }
-      return r;
-    }
-  }
-#endif
-KILN_UNROLL
-  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? to_compute(p[base + i]) : other;
-  return r;
-}
-// The same loads without widening: a register cache of 16-bit values, widened on use.
+// N consecutive elements from p[base], unconverted: one 16-byte vector when aligned and unmasked
+// (a register cache of 16-bit values keeps these and widens them on use).
 template <int N, class T, class M>
 KILN_FN tile<T, N> load_contig_raw(const T* p, i64 base, const M& mask) {
   tile<T, N> r;
@@ -368,6 +341,16 @@ KILN_UNROLL
   return r;
 }
 
+// N consecutive elements from p[base] in the compute type; masked lanes give `other`.
+template <int N, class T, class M>
+KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, const M& mask,
+                                                          typename compute_of<T>::type other = 0) {
+  tile<T, N> raw = load_contig_raw<N>(p, base, mask);
+  tile<typename compute_of<T>::type, N> r;
+KILN_UNROLL
+  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? to_compute(raw.v[i]) : other;
+  return r;
+}
 template <class T, class I, class V, class M>
 KILN_FN void store(T* p, const I& idx, const V& v, const M& mask) {
   constexpr int N = widest<I, V, M>::value;

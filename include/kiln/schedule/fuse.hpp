@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "../graph/graph.hpp"
+#include "../graph/infer.hpp"
 
 namespace kiln::schedule {
 
@@ -58,15 +58,7 @@ inline Dims reduce_dims_of(const graph::Node& n, int rank) {
 }
 
 // The kept shape of a row domain, without and with the reduced dims kept as 1.
-inline Dims kept_shape(const Dims& p, const Dims& rd, bool keepdim) {
-  Dims out;
-  for (int i = 0; i < p.size(); ++i) {
-    bool r = std::find(rd.begin(), rd.end(), i) != rd.end();
-    if (!r) out.push_back(p[i]);
-    else if (keepdim) out.push_back(1);
-  }
-  return out;
-}
+inline Dims kept_shape(const Dims& p, const Dims& rd, bool keepdim) { return graph::detail::reduced_shape(p, rd, keepdim); }
 
 // The buffer a matmul reads for an operand: a transpose of a buffer is read through its strides
 // (the library takes transposed operands), anything else is materialised first.
