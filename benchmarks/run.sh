@@ -12,4 +12,5 @@ KILN_CACHE_DIR=$(mktemp -d) build/benchmarks/bench --only W11 > "$out/kiln.jsonl
 KILN_CACHE_DIR=$(mktemp -d) build/benchmarks/bench ${KILN_BENCH_ARGS:-} | grep -v '"W11"' >> "$out/kiln.jsonl"
 PYTHONUNBUFFERED=1 python3 benchmarks/torch_peer.py ${TORCH_BENCH_ARGS:-} > "$out/torch.jsonl" 2> "$out/torch.err"
 python3 benchmarks/report.py "$out/torch.jsonl" "$out/kiln.jsonl" benchmarks/RESULTS.md
+{ echo; echo "## Compile time of user code (this machine)"; echo; benchmarks/compile_times.sh; } >> benchmarks/RESULTS.md
 cat "$out/kiln.jsonl"
