@@ -1,0 +1,490 @@
+// k::compile's behaviour (API.md "Evaluating", issue 4 "runtime/"): captured scalars are kernel
+// arguments, the three shape modes and their recompiles, the recompile limit, one compile under
+// concurrent calls, the disk cache surviving a truncated entry, and the typed errors.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <latch>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+namespace k = kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+void check_close(const k::Tensor& got, const k::Tensor& want, double rtol = 1e-4, double atol = 1e-5) {
+  auto r = k::testing::allclose(got, want, rtol, atol);
+  INFO(r.str());
+  CHECK(r);
+}
+
+std::size_t entries(const auto& f) { return f.cache().entries().size(); }
+
+// Sets an environment variable for one scope and restores the old value after.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> old;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (const char* v = std::getenv(n)) old = v;
+    if (value) ::setenv(n, value, 1);
+    else ::unsetenv(n);
+  }
+  ~ScopedEnv() {
+    if (old) ::setenv(name.c_str(), old->c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+};
+
+}  // namespace
+
+// ---- scalars -------------------------------------------------------------------------------------
+
+TEST_CASE("compile: captured scalars change the result without recompiling") {
+  double scale = 2.0;
+  int shift = 1;
+  float floor_at = -0.5f;
+  auto f = k::compile([&](auto x) { return k::maximum(x * scale + shift, floor_at); });
+  k::Tensor x = k::randn({37, 129}, k::f32, k::cpu, 1);
+  check_close(f(x), k::reference::eval(k::maximum(x * 2.0 + 1, -0.5f)));
+  std::size_t compiles = k::runtime::host_compile_count();
+  scale = -3.5;
+  shift = 7;
+  floor_at = 4.0f;
+  check_close(f(x), k::reference::eval(k::maximum(x * -3.5 + 7, 4.0f)));
+  scale = 0.25;
+  check_close(f(x), k::reference::eval(k::maximum(x * 0.25 + 7, 4.0f)));
+  CHECK(k::runtime::host_compile_count() == compiles);
+  k::report r = k::explain(f, x);
+  INFO(r);
+  CHECK(r.recompiles == 0);
+  CHECK(r.recompile_reasons.empty());
+  CHECK(entries(f) == 1);
+  REQUIRE(r.kernels.size() == 1);
+  // The scalars are parameters of the kernel, not literals in its source.
+  CHECK_FALSE(contains(r.kernels[0].source, "0.25"));
+}
+
+TEST_CASE("compile: eager expressions with different scalar values share one program") {
+  k::Tensor x = k::randn({37, 129}, k::f32, k::cpu, 2);
+  auto run = [&](float a) {
+    k::Tensor y = k::tanh(x) * a;
+    return y;
+  };
+  check_close(run(1.5f), k::reference::eval(k::tanh(x) * 1.5f));
+  std::size_t compiles = k::runtime::host_compile_count();
+  check_close(run(-4.0f), k::reference::eval(k::tanh(x) * -4.0f));
+  check_close(run(0.0f), k::reference::eval(k::tanh(x) * 0.0f));
+  CHECK(k::runtime::host_compile_count() == compiles);
+  CHECK(k::explain(k::tanh(x) * 2.0f).recompiles == 0);
+}
+
+// ---- shape modes -----------------------------------------------------------------------------------
+
+TEST_CASE("compile: shapes::dynamic compiles once for 10 batch sizes") {
+  auto fn = [](auto x, auto b) { return k::relu(x * 2 + b) - k::sigmoid(x); };
+  auto f = k::compile(fn, {.shapes = k::shapes::dynamic});
+  k::Tensor b = k::randn({129}, k::f32, k::cpu, 3);
+  const std::int64_t batches[] = {37, 5, 2, 64, 3, 100, 17, 8, 250, 11};
+  k::Tensor x;
+  for (std::int64_t n : batches) {
+    CAPTURE(n);
+    x = k::randn({n, 129}, k::f32, k::cpu, 100 + static_cast<std::uint64_t>(n));
+    k::Tensor y = f(x, b);
+    CHECK(y.shape() == std::vector<std::int64_t>{n, 129});
+    check_close(y, k::reference::eval(fn(x, b)));
+  }
+  k::report r = k::explain(f, x, b);
+  INFO(r);
+  CHECK(r.recompiles == 0);
+  CHECK(entries(f) == 1);
+  REQUIRE(r.kernels.size() == 1);
+  // Sizes are kernel arguments s0, s1, ...: the batch is not a literal of the source.
+  CHECK(contains(r.kernels[0].source, "s0"));
+}
+
+TEST_CASE("compile: shapes::dynamic reductions: changing rows and changing row lengths") {
+  auto fn = [](auto x) { return k::softmax(x, -1) + k::sum(x, 1, true); };
+  SUBCASE("rows change") {
+    auto f = k::compile(fn, {.shapes = k::shapes::dynamic});
+    k::Tensor x;
+    for (std::int64_t n : {37, 3, 12, 64, 5}) {
+      CAPTURE(n);
+      x = k::randn({n, 129}, k::f32, k::cpu, 200 + static_cast<std::uint64_t>(n));
+      check_close(f(x), k::reference::eval(fn(x)), 1e-4, 1e-4);
+    }
+    CHECK(k::explain(f, x).recompiles == 0);
+  }
+  SUBCASE("row length changes") {
+    auto f = k::compile(fn, {.shapes = k::shapes::dynamic});
+    k::Tensor x;
+    for (std::int64_t n : {129, 7, 1000, 33, 2}) {
+      CAPTURE(n);
+      x = k::randn({37, n}, k::f32, k::cpu, 300 + static_cast<std::uint64_t>(n));
+      check_close(f(x), k::reference::eval(fn(x)), 1e-4, 1e-4);
+    }
+    CHECK(k::explain(f, x).recompiles == 0);
+  }
+}
+
+TEST_CASE("compile: shapes::automatic recompiles once at the second shape, then never") {
+  auto fn = [](auto x, auto b) { return k::gelu(x + b) * 0.5f; };
+  auto f = k::compile(fn);  // automatic is the default
+  k::Tensor b = k::randn({129}, k::f32, k::cpu, 4);
+  k::Tensor x8 = k::randn({8, 129}, k::f32, k::cpu, 5), x16 = k::randn({16, 129}, k::f32, k::cpu, 6),
+            x24 = k::randn({24, 129}, k::f32, k::cpu, 7), x3 = k::randn({3, 129}, k::f32, k::cpu, 8);
+  check_close(f(x8, b), k::reference::eval(fn(x8, b)));
+  k::report r = k::explain(f, x8, b);
+  CHECK(r.recompiles == 0);
+  // The first compile is static: the batch is a literal.
+  REQUIRE(r.kernels.size() == 1);
+  CHECK_FALSE(contains(r.kernels[0].source, "s0"));
+
+  check_close(f(x16, b), k::reference::eval(fn(x16, b)));
+  r = k::explain(f, x16, b);
+  INFO(r);
+  CHECK(r.recompiles == 1);
+  REQUIRE(r.recompile_reasons.size() == 1);
+  // The reason names the guard that failed: the first argument's shape.
+  CHECK(contains(r.recompile_reasons[0], "args[0].shape"));
+  CHECK(contains(r.recompile_reasons[0], "8"));
+
+  check_close(f(x24, b), k::reference::eval(fn(x24, b)));
+  check_close(f(x3, b), k::reference::eval(fn(x3, b)));
+  check_close(f(x8, b), k::reference::eval(fn(x8, b)));
+  r = k::explain(f, x24, b);
+  CHECK(r.recompiles == 1);
+  CHECK(r.recompile_reasons.size() == 1);
+  CHECK(entries(f) == 2);
+}
+
+TEST_CASE("compile: a changed dtype recompiles and says so") {
+  auto f = k::compile([](auto x) { return k::exp(x) - 1; });
+  k::Tensor a = k::randn({37, 129}, k::f32, k::cpu, 9), h = k::randn({37, 129}, k::f16, k::cpu, 9);
+  check_close(f(a), k::reference::eval(k::exp(a) - 1));
+  k::Tensor y = f(h);
+  CHECK(y.dtype() == k::f16);
+  check_close(y, k::reference::eval(k::exp(h) - 1), 1e-2, 1e-2);
+  k::report r = k::explain(f, h);
+  CHECK(r.recompiles == 1);
+  REQUIRE(r.recompile_reasons.size() == 1);
+  CHECK(contains(r.recompile_reasons[0], "args[0].dtype"));
+}
+
+TEST_CASE("compile: static shapes hit recompile_limit_error at the limit, naming the guard") {
+  auto fn = [](auto x) { return k::tanh(x) + 1; };
+  auto f = k::compile(fn, {.shapes = k::shapes::static_, .recompile_limit = 3});
+  for (std::int64_t n : {5, 6, 7}) {
+    k::Tensor x = k::randn({n, 13}, k::f32, k::cpu, 10);
+    check_close(f(x), k::reference::eval(fn(x)));
+  }
+  CHECK(entries(f) == 3);
+  k::Tensor x8 = k::randn({8, 13}, k::f32, k::cpu, 11);
+  CHECK_THROWS_AS(f(x8), k::recompile_limit_error);
+  try {
+    f(x8);
+    FAIL("expected a recompile_limit_error");
+  } catch (const k::recompile_limit_error& e) {
+    std::string what = e.what();
+    INFO(what);
+    CHECK(contains(what, "3"));
+    CHECK(contains(what, "args[0].shape"));
+  }
+  // Nothing was half-compiled, and the shapes seen before still replay.
+  CHECK(entries(f) == 3);
+  k::Tensor x6 = k::randn({6, 13}, k::f32, k::cpu, 12);
+  check_close(f(x6), k::reference::eval(fn(x6)));
+  // A recompile_limit_error is a k::error.
+  CHECK_THROWS_AS(f(x8), k::error);
+}
+
+TEST_CASE("compile: shapes::dynamic with views, broadcasting and reductions over the changing dim") {
+  // The batch is a symbol s0 in slices, permutes, broadcasts and in the length of reduced rows.
+  auto fn = [](auto x, auto w) {
+    auto xs = k::slice(x, 1, 1, 12, 2);                 // [n, 6]
+    auto col = k::softmax(k::permute(xs, {1, 0}), 1);  // [6, n], rows of the changing length n
+    auto row = k::sum(xs * w, 1, true);                 // [n, 1]
+    return k::permute(col, {1, 0}) * k::sigmoid(row) + k::amax(xs, 0);
+  };
+  auto f = k::compile(fn, {.shapes = k::shapes::dynamic});
+  k::Tensor w = k::randn({6}, k::f32, k::cpu, 20);
+  k::Tensor x;
+  for (std::int64_t n : {9, 4, 31, 2, 130}) {
+    CAPTURE(n);
+    x = k::randn({n, 13}, k::f32, k::cpu, 500 + static_cast<std::uint64_t>(n));
+    k::Tensor y = f(x, w);
+    CHECK(y.shape() == std::vector<std::int64_t>{n, 6});
+    check_close(y, k::reference::eval(fn(x, w)), 1e-4, 1e-5);
+  }
+  k::report r = k::explain(f, x, w);
+  INFO(r);
+  CHECK(r.recompiles == 0);
+}
+
+TEST_CASE("compile: shapes::dynamic specialises size 1 with its own program, and comes back") {
+  auto fn = [](auto x) { return k::softmax(x, -1) * 2; };
+  auto f = k::compile(fn, {.shapes = k::shapes::dynamic});
+  for (std::int64_t n : {4, 1, 9, 1, 30}) {
+    CAPTURE(n);
+    k::Tensor x = k::randn({n, 33}, k::f32, k::cpu, 400 + static_cast<std::uint64_t>(n));
+    check_close(f(x), k::reference::eval(fn(x)));
+  }
+  // One program for the symbolic batch, one for the batch of 1.
+  k::report r = k::explain(f, k::randn({12, 33}, k::f32, k::cpu, 1));
+  INFO(r);
+  CHECK(r.recompiles == 1);
+  CHECK(entries(f) == 2);
+}
+
+TEST_CASE("compile: empty tensors and rank-0 tensors") {
+  // PyTorch evaluates these: ops on a [0, 5] tensor give empty results, a sum over an empty dim
+  // gives zeros, and rank-0 tensors behave like any other.
+  k::Tensor z = k::randn({0, 5}, k::f32, k::cpu, 1);
+  auto no_throw = [](const char* what, auto&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      FAIL_CHECK(std::string(what) << " threw: " << std::string(e.what()));
+    }
+  };
+  no_throw("exp of a [0, 5] tensor", [&] {
+    k::Tensor y = k::exp(z);
+    CHECK(y.shape() == std::vector<std::int64_t>{0, 5});
+  });
+  no_throw("sum over dim 1 of a [0, 5] tensor", [&] {
+    k::Tensor y = k::sum(z, 1);
+    CHECK(y.shape() == std::vector<std::int64_t>{0});
+  });
+  no_throw("sum over dim 0 of a [0, 5] tensor", [&] {
+    k::Tensor y = k::sum(z, 0);
+    CHECK(k::to_vector<float>(y) == std::vector<float>(5, 0.0f));
+  });
+  no_throw("a compiled function called with a batch of 0", [&] {
+    auto f = k::compile([](auto a) { return a * 2 + 1; });
+    CHECK(f(z).shape() == std::vector<std::int64_t>{0, 5});
+  });
+  k::Tensor s = k::full({}, 3.0, k::f32);
+  k::Tensor x = k::randn({7, 13}, k::f32, k::cpu, 2);
+  no_throw("rank-0 tensors", [&] {
+    k::Tensor y = s * 2 + 1;
+    CHECK(y.shape() == std::vector<std::int64_t>{});
+    CHECK(k::to_vector<float>(y) == std::vector<float>{7.0f});
+    check_close(k::Tensor(x * s), k::reference::eval(x * 3.0f));
+    check_close(k::Tensor(k::sum(x) + s), k::reference::eval(k::sum(x) + 3.0f), 1e-5, 1e-5);
+  });
+}
+
+// ---- concurrency ------------------------------------------------------------------------------------
+
+TEST_CASE("compile: 8 threads x 1000 calls of one compiled function compile once") {
+  auto fn = [](auto x, auto y) { return k::sigmoid(x * y) - k::abs(y) * 0.125f; };
+  auto f = k::compile(fn);
+  k::Tensor x = k::randn({7, 13}, k::f32, k::cpu, 13), y = k::randn({7, 13}, k::f32, k::cpu, 14);
+  const std::vector<double> want = k::reference::read(k::reference::eval(fn(x, y))).data;
+  constexpr int threads = 8, calls = 1000;
+  std::latch start(threads);
+  std::atomic<int> wrong{0}, failures{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      start.arrive_and_wait();  // all threads ask for the first compile together
+      for (int i = 0; i < calls; ++i) {
+        try {
+          k::Tensor out = f(x, y);
+          std::vector<float> got = k::to_vector<float>(out);
+          for (std::size_t j = 0; j < want.size(); ++j)
+            if (!(std::abs(got[j] - want[j]) <= 1e-5 + 1e-4 * std::abs(want[j]))) {
+              ++wrong;
+              break;
+            }
+        } catch (...) {
+          ++failures;
+        }
+      }
+    });
+  for (auto& th : pool) th.join();
+  CHECK(failures == 0);
+  CHECK(wrong == 0);
+  CHECK(entries(f) == 1);
+  CHECK(k::explain(f, x, y).recompiles == 0);
+}
+
+// ---- the disk cache ------------------------------------------------------------------------------------
+
+TEST_CASE("compile: a truncated disk-cache entry is a miss: rebuilt, stored again, and correct") {
+  auto& disk = k::runtime::default_disk_cache();
+  if (!disk.enabled()) {
+    MESSAGE("no disk cache directory (KILN_CACHE_DIR, XDG_CACHE_HOME and HOME unset): skipped");
+    return;
+  }
+  // A size unique to this process: a static source that earlier runs are unlikely to have cached.
+  const std::int64_t n = 5000 + ::getpid() % 50000;
+  auto fn = [](auto x) { return k::sigmoid(x) * x; };  // no scalars: run below binds only x
+  auto f = k::compile(fn, {.shapes = k::shapes::static_});
+  k::Tensor x = k::randn({n}, k::f32, k::cpu, 15);
+  check_close(f(x), k::reference::eval(fn(x)));
+  auto entry = f.cache().entries().at(0);
+  const k::runtime::Program& p = *entry->program;
+  REQUIRE(p.device.is_cpu());
+
+  // The translation unit exactly as runtime::compile_program builds it, and its cache entry.
+  std::string tu = std::string(k::codegen::prelude) + p.source;
+  for (const auto& kern : p.kernels)
+    if (kern.extern_node < 0) tu += k::runtime::detail::cpu_trampoline(kern.src);
+  const std::string name = p.kernels.at(0).src.name;
+  const std::string key = k::runtime::hex(k::runtime::detail::shared_object_key(tu));
+  const fs::path path = disk.entry_path(key, "so");
+  INFO("cache entry " << path);
+  // If this fails, compile_program changed how it assembles the TU: update the lines above.
+  REQUIRE(fs::exists(path));
+  const auto size = fs::file_size(path);
+  REQUIRE(size > 100);
+  fs::resize_file(path, size / 2);
+
+  std::size_t compiles = k::runtime::host_compile_count();
+  std::vector<char> bytes = k::runtime::build_shared_object(tu, name);
+  CHECK(k::runtime::host_compile_count() == compiles + 1);  // the truncated entry was a miss
+  auto stored = disk.load(key, "so");
+  REQUIRE(stored.has_value());  // and a whole entry replaced it
+  CHECK(*stored == bytes);
+  compiles = k::runtime::host_compile_count();
+  CHECK(k::runtime::build_shared_object(tu, name) == bytes);  // a hit now
+  CHECK(k::runtime::host_compile_count() == compiles);
+
+  // The rebuilt object runs the program and gives the right values.
+  k::runtime::Program again = p;
+  again.so = k::runtime::load_shared_object(bytes, name);
+  for (auto& kern : again.kernels)
+    if (kern.extern_node < 0)
+      kern.cpu = reinterpret_cast<void (*)(void**, std::int64_t)>(again.so->symbol((kern.src.name + "_cpu").c_str()));
+  const k::Tensor* args[] = {&x};
+  double scalars[1] = {0};
+  k::Tensor out[1];
+  again.run(args, scalars, out, [&](int node) -> const k::Dims& { return again.graph[node].shape; }, nullptr);
+  REQUIRE(out[0].defined());
+  check_close(out[0], k::reference::eval(fn(x)));
+}
+
+// ---- the host compiler ------------------------------------------------------------------------------------
+
+TEST_CASE("compile: a bad host compiler or bad generated code is a compile_error") {
+  SUBCASE("KILN_CXX naming no executable") {
+    // The toolchain is found once per process (the first compile), so the search itself is
+    // tested: what a process started with this KILN_CXX meets at its first compile.
+    ScopedEnv cxx("KILN_CXX", "/nonexistent/kiln-c++");
+    try {
+      k::runtime::detail::find_host_compiler();
+      FAIL("expected a compile_error");
+    } catch (const k::compile_error& e) {
+      CHECK(contains(e.what(), "KILN_CXX"));
+      CHECK(contains(e.what(), "/nonexistent/kiln-c++"));
+    }
+  }
+  SUBCASE("source that does not compile: the command, the log and the source path") {
+    k::runtime::DiskCache no_cache;  // disabled: always a real compile
+    const std::string source = "// kiln test " + std::to_string(::getpid()) + "\nextern \"C\" void kiln_broken( { return }\n";
+    try {
+      k::runtime::build_shared_object(source, "kiln_broken", no_cache);
+      FAIL("expected a compile_error");
+    } catch (const k::compile_error& e) {
+      INFO(std::string(e.what()));
+      CHECK(contains(e.what(), k::runtime::host_compiler_command()));
+      CHECK_FALSE(e.log.empty());
+      CHECK(contains(e.what(), e.log));
+      CHECK_FALSE(e.source_path.empty());
+      CHECK(contains(e.what(), e.source_path));
+      std::error_code ec;
+      if (fs::exists(e.source_path) && fs::path(e.source_path).parent_path().filename().string().rfind("kiln-", 0) == 0)
+        fs::remove_all(fs::path(e.source_path).parent_path(), ec);
+    }
+  }
+}
+
+// ---- errors ------------------------------------------------------------------------------------------------
+
+TEST_CASE("errors: a shape mismatch is a shape_error naming both shapes, and out is left untouched") {
+  k::Tensor x = k::randn({37, 129}, k::f32, k::cpu, 16), y = k::randn({37, 128}, k::f32, k::cpu, 17);
+  k::Tensor out = k::full({37, 129}, 7.25, k::f32);
+  auto untouched = [&] {
+    std::vector<float> v = k::to_vector<float>(out);
+    return std::all_of(v.begin(), v.end(), [](float e) { return e == 7.25f; });
+  };
+  try {
+    k::eval(out, x + y);
+    FAIL("expected a shape_error");
+  } catch (const k::shape_error& e) {
+    INFO(std::string(e.what()));
+    CHECK(contains(e.what(), "[37, 129]"));
+    CHECK(contains(e.what(), "[37, 128]"));
+  }
+  CHECK(untouched());
+
+  // out of the wrong shape for a valid expression
+  k::Tensor small = k::full({37, 128}, 7.25, k::f32);
+  try {
+    k::eval(small, x * 2);
+    FAIL("expected a shape_error");
+  } catch (const k::shape_error& e) {
+    INFO(std::string(e.what()));
+    CHECK(contains(e.what(), "[37, 129]"));
+    CHECK(contains(e.what(), "[37, 128]"));
+  }
+  std::vector<float> s = k::to_vector<float>(small);
+  CHECK(std::all_of(s.begin(), s.end(), [](float e) { return e == 7.25f; }));
+
+  // A reduction over a dim that does not exist.
+  CHECK_THROWS_AS(k::eval(out, k::sum(x, 2, true) + x), k::shape_error);
+  CHECK(untouched());
+
+  // The same through k::compile and through `Tensor y = expr`.
+  auto f = k::compile([](auto a, auto b) { return a * b; });
+  CHECK_THROWS_AS(f(x, y), k::shape_error);
+  CHECK_THROWS_AS(k::Tensor(x - y), k::shape_error);
+
+  // And a good evaluation into out afterwards still works (nothing cached in a bad state).
+  k::eval(out, x * 2);
+  check_close(out, k::reference::eval(x * 2));
+}
+
+TEST_CASE("errors: a dtype_error for a non-boolean condition") {
+  k::Tensor x = k::randn({7, 13}, k::f32, k::cpu, 18);
+  k::Tensor out = k::full({7, 13}, -1.0, k::f32);
+  CHECK_THROWS_AS(k::eval(out, k::where(x, x, 0.0f)), k::dtype_error);
+  std::vector<float> v = k::to_vector<float>(out);
+  CHECK(std::all_of(v.begin(), v.end(), [](float e) { return e == -1.0f; }));
+}
+
+TEST_CASE("errors: devices") {
+  if (!k::driver::available()) {
+    // Without a GPU (CI) a CUDA tensor cannot even be made: that is the device_error.
+    CHECK_THROWS_AS(k::randn({7, 13}, k::f32, k::cuda, 1), k::device_error);
+    CHECK_THROWS_AS(k::zeros({7, 13}, k::f32, k::cuda(1)), k::device_error);
+    CHECK_THROWS_AS(k::randn({7, 13}, k::f32, k::cpu, 1).to(k::cuda), k::device_error);
+    MESSAGE("no CUDA device: mixing CPU and CUDA tensors is tested on GPU machines only");
+    return;
+  }
+  k::Tensor a = k::randn({7, 13}, k::f32, k::cpu, 1);
+  k::Tensor b = k::randn({7, 13}, k::f32, k::cuda, 2);
+  try {
+    k::Tensor c = a + b;
+    FAIL("expected a device_error");
+  } catch (const k::device_error& e) {
+    INFO(std::string(e.what()));
+    CHECK(contains(e.what(), "cpu"));
+    CHECK(contains(e.what(), "cuda:0"));
+  }
+  auto f = k::compile([](auto x, auto y) { return x * y; });
+  CHECK_THROWS_AS(f(a, b), k::device_error);
+}

@@ -1,0 +1,460 @@
+// Fusion, seen through k::explain: how many kernels the fuser makes and of which kind for the
+// patterns of issue 4 (pointwise chains, softmax, layer_norm, bias + gelu, a reduction with a
+// pointwise epilogue, horizontal fusion of independent outputs), what their block programs look
+// like, that each one also compiles for the GPU with NVRTC (no GPU needed), and that every one of
+// them computes the values of the f64 oracle (k::reference::eval) in f32, f16 and bf16.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+namespace k = kiln;
+
+namespace {
+
+const k::dtype float_types[] = {k::f32, k::f16, k::bf16};
+
+struct Tolerance {
+  double rtol, atol;
+};
+// f16 and bf16 results are computed in f32 and rounded once on store: a few of their ulps.
+Tolerance tolerance(k::dtype d) {
+  switch (d) {
+    case k::dtype::f64: return {1e-9, 1e-12};
+    case k::dtype::f16: return {1e-2, 1e-2};
+    case k::dtype::bf16: return {2e-2, 2e-2};
+    default: return {1e-4, 1e-5};
+  }
+}
+
+// The result of kiln against the oracle's f64 value of the same expression.
+void check_values(const k::Tensor& got, const k::Tensor& want, k::dtype d) {
+  Tolerance t = tolerance(d);
+  auto r = k::testing::allclose(got, want, t.rtol, t.atol);
+  INFO(r.str());
+  CHECK(r);
+}
+
+bool is_elf(const std::vector<char>& b) {
+  return b.size() > 4 && b[0] == '\x7f' && b[1] == 'E' && b[2] == 'L' && b[3] == 'F';
+}
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+bool has_op(const k::kernel_info& ki, const std::string& op) {
+  return std::find(ki.fused_ops.begin(), ki.fused_ops.end(), op) != ki.fused_ops.end();
+}
+
+// What every generated kernel must look like: its name says its kind, its block program uses the
+// tile vocabulary of its kind, and its CUDA translation unit compiles with NVRTC to a CUBIN.
+void check_kernel(const k::kernel_info& ki) {
+  INFO("kernel " << ki.name << " [" << ki.kind << "]\n" << ki.source);
+  CHECK(ki.name.rfind("kiln_" + ki.kind + "_fused_", 0) == 0);
+  CHECK_FALSE(ki.fused_ops.empty());
+  if (ki.kind == "poi") {
+    CHECK(contains(ki.source, "xindex"));
+    CHECK(contains(ki.source, "xmask"));
+  } else {
+    REQUIRE((ki.kind == "per" || ki.kind == "red" || ki.kind == "split"));
+    CHECK(contains(ki.source, "rindex"));
+    CHECK(contains(ki.source, "rmask"));
+  }
+  // NVRTC once per distinct source: the same kernel in two tests is one compile.
+  static std::set<std::string> compiled;
+  if (!compiled.insert(ki.source).second) return;
+  std::vector<char> bin;
+  try {
+    bin = k::cubin(ki, "sm_90a");
+  } catch (const k::error& e) {
+    FAIL_CHECK("k::cubin(" << ki.name << ", sm_90a) threw: " << std::string(e.what()));
+    return;
+  }
+  CHECK(is_elf(bin));
+}
+
+void check_kernels(const k::report& r) {
+  INFO(r);
+  for (const auto& ki : r.kernels) check_kernel(ki);
+}
+
+// Runs fn in a child process, so that a crash fails one check instead of ending the test binary.
+// Returns "" when fn returned true, else what happened.
+template <class F>
+std::string in_child_process(F&& fn) {
+  pid_t pid = ::fork();
+  if (pid < 0) return "fork failed";
+  if (pid == 0) {
+    // The default actions, not doctest's handlers (which would report a crashed test from here).
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) std::signal(sig, SIG_DFL);
+    bool ok = false;
+    try {
+      ok = fn();
+    } catch (...) {
+      ::_exit(2);
+    }
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) < 0) return "waitpid failed";
+  if (WIFSIGNALED(status)) return "the child process was killed by signal " + std::to_string(WTERMSIG(status));
+  if (!WIFEXITED(status)) return "the child process did not exit normally";
+  switch (WEXITSTATUS(status)) {
+    case 0: return "";
+    case 1: return "wrong values";
+    case 2: return "an exception";
+    default: return "exit status " + std::to_string(WEXITSTATUS(status));
+  }
+}
+
+// (x * 1, x * 2, ..., x * N): N independent same-shape outputs, each with its own scalar.
+template <std::size_t... I>
+auto scaled_copies(auto x, std::index_sequence<I...>) {
+  return std::make_tuple((x * static_cast<float>(I + 1))...);
+}
+
+}  // namespace
+
+TEST_CASE("fusion: an 8-op pointwise chain is one poi kernel") {
+  // mul, add, tanh, sigmoid, sub, relu, mul, add: eight ops, two of them with C++ scalars.
+  auto chain = [](auto x, auto y) { return k::relu(k::tanh(x * y + x) - k::sigmoid(y)) * 2.0f + 1.0f; };
+  for (k::dtype d : float_types) {
+    INFO("dtype " << k::name(d));
+    k::Tensor x = k::randn({37, 129}, d, k::cpu, 11), y = k::randn({37, 129}, d, k::cpu, 12);
+    auto f = k::compile(chain);
+    k::report r = k::explain(f, x, y);
+    INFO(r);
+    CHECK(r.ops_captured == 8);
+    CHECK(r.ops_decomposed == 8);  // nothing to decompose; scalars are never folded
+    REQUIRE(r.kernels.size() == 1);
+    CHECK(r.kernels[0].kind == "poi");
+    CHECK(r.kernels[0].name.rfind("kiln_poi_fused_", 0) == 0);
+    for (const char* op : {"mul", "add", "tanh", "sigmoid", "sub", "relu"}) {
+      INFO("op " << std::string(op));
+      CHECK(has_op(r.kernels[0], op));
+    }
+    CHECK(r.recompiles == 0);
+    check_kernels(r);
+    k::Tensor out = f(x, y);
+    CHECK(out.dtype() == d);
+    CHECK(out.shape() == std::vector<std::int64_t>{37, 129});
+    check_values(out, k::reference::eval(chain(x, y)), d);
+  }
+}
+
+TEST_CASE("fusion: softmax is one persistent-reduction kernel, over the last dim and over dim 0") {
+  for (k::dtype d : float_types) {
+    INFO("dtype " << k::name(d));
+    k::Tensor x = k::randn({37, 129}, d, k::cpu, 21) * 3;
+    for (int dim : {1, 0, -1}) {
+      CAPTURE(dim);
+      auto f = k::compile([dim](auto a) { return k::softmax(a, dim); });
+      k::report r = k::explain(f, x);
+      INFO(r);
+      CHECK(r.ops_captured == 1);
+      if (d == k::f32) CHECK(r.ops_decomposed == 5);  // amax, sub, exp, sum, div
+      else CHECK(r.ops_decomposed == 7);              // the same between a cast to f32 and one back
+      REQUIRE(r.kernels.size() == 1);
+      // A row of 129 in the last dim is one persistent program per row; over dim 0 the fuser may
+      // choose a looped reduction as well.
+      if (dim == 0) CHECK((r.kernels[0].kind == "per" || r.kernels[0].kind == "red"));
+      else CHECK(r.kernels[0].kind == "per");
+      for (const char* op : {"amax", "sub", "exp", "sum", "div"}) {
+        INFO("op " << std::string(op));
+        CHECK(has_op(r.kernels[0], op));
+      }
+      check_kernels(r);
+      k::Tensor out = f(x);
+      CHECK(out.dtype() == d);
+      check_values(out, k::reference::eval(k::softmax(x, dim)), d);
+    }
+  }
+}
+
+TEST_CASE("fusion: log_softmax is one kernel") {
+  for (k::dtype d : float_types) {
+    INFO("dtype " << k::name(d));
+    k::Tensor x = k::randn({37, 129}, d, k::cpu, 22);
+    auto f = k::compile([](auto a) { return k::log_softmax(a, -1); });
+    k::report r = k::explain(f, x);
+    INFO(r);
+    REQUIRE(r.kernels.size() == 1);
+    CHECK(r.kernels[0].kind == "per");
+    check_kernels(r);
+    check_values(f(x), k::reference::eval(k::log_softmax(x, -1)), d);
+  }
+}
+
+TEST_CASE("fusion: layer_norm forward is one kernel") {
+  for (k::dtype d : float_types) {
+    INFO("dtype " << k::name(d));
+    k::Tensor x = k::randn({37, 129}, d, k::cpu, 31) * 2 + 1;
+    k::Tensor w = k::randn({129}, d, k::cpu, 32), b = k::randn({129}, d, k::cpu, 33);
+    auto f = k::compile([](auto a, auto wt, auto bs) { return k::layer_norm(a, wt, bs); });
+    k::report r = k::explain(f, x, w, b);
+    INFO(r);
+    CHECK(r.ops_captured == 1);
+    CHECK(r.ops_decomposed > 5);
+    REQUIRE(r.kernels.size() == 1);
+    CHECK(r.kernels[0].kind == "per");
+    CHECK(has_op(r.kernels[0], "rsqrt"));
+    CHECK(has_op(r.kernels[0], "sum"));
+    check_kernels(r);
+    k::Tensor out = f(x, w, b);
+    CHECK(out.dtype() == d);
+    check_values(out, k::reference::eval(k::layer_norm(x, w, b)), d);
+  }
+}
+
+TEST_CASE("fusion: a 3-D layer_norm and rms_norm are one kernel each") {
+  k::Tensor x = k::randn({5, 7, 33}, k::f32, k::cpu, 34), w = k::randn({33}, k::f32, k::cpu, 35),
+            b = k::randn({33}, k::f32, k::cpu, 36);
+  auto ln = k::compile([](auto a, auto wt, auto bs) { return k::layer_norm(a, wt, bs, 1e-3); });
+  k::report r = k::explain(ln, x, w, b);
+  CHECK(r.kernels.size() == 1);
+  check_kernels(r);
+  check_values(ln(x, w, b), k::reference::eval(k::layer_norm(x, w, b, 1e-3)), k::f32);
+  auto rms = k::compile([](auto a, auto wt) { return k::rms_norm(a, wt); });
+  r = k::explain(rms, x, w);
+  CHECK(r.kernels.size() == 1);
+  check_kernels(r);
+  check_values(rms(x, w), k::reference::eval(k::rms_norm(x, w)), k::f32);
+}
+
+TEST_CASE("fusion: a broadcast bias and gelu are one poi kernel") {
+  for (k::dtype d : float_types) {
+    INFO("dtype " << k::name(d));
+    SUBCASE("[37, 129] + [129]") {
+      k::Tensor x = k::randn({37, 129}, d, k::cpu, 41), b = k::randn({129}, d, k::cpu, 42);
+      for (auto mode : {k::approximate::none, k::approximate::tanh}) {
+        auto f = k::compile([mode](auto a, auto bias) { return k::gelu(a + bias, mode); });
+        k::report r = k::explain(f, x, b);
+        INFO(r);
+        REQUIRE(r.kernels.size() == 1);
+        CHECK(r.kernels[0].kind == "poi");
+        CHECK(has_op(r.kernels[0], mode == k::approximate::none ? "erf" : "tanh"));
+        check_kernels(r);
+        k::Tensor out = f(x, b);
+        CHECK(out.shape() == std::vector<std::int64_t>{37, 129});
+        check_values(out, k::reference::eval(k::gelu(x + b, mode)), d);
+      }
+    }
+    SUBCASE("[5, 1, 3] + [7, 1] broadcast to [5, 7, 3]") {
+      k::Tensor x = k::randn({5, 1, 3}, d, k::cpu, 43), b = k::randn({7, 1}, d, k::cpu, 44);
+      auto f = k::compile([](auto a, auto bias) { return k::gelu(a + bias); });
+      k::report r = k::explain(f, x, b);
+      INFO(r);
+      REQUIRE(r.kernels.size() == 1);
+      CHECK(r.kernels[0].kind == "poi");
+      check_kernels(r);
+      k::Tensor out = f(x, b);
+      CHECK(out.shape() == std::vector<std::int64_t>{5, 7, 3});
+      check_values(out, k::reference::eval(k::gelu(x + b)), d);
+    }
+  }
+}
+
+TEST_CASE("fusion: a reduction then pointwise ops on the reduced shape are one row kernel") {
+  // The epilogue (* 2 + 1, on the reduced shape [37]) runs in the kernel that reduces: no buffer
+  // for the sum, one kernel of kind per.
+  for (k::dtype d : float_types) {
+    INFO("dtype " << k::name(d));
+    k::Tensor x = k::randn({37, 129}, d, k::cpu, 51);
+    auto f = k::compile([](auto a) { return k::sum(a, 1) * 2 + 1; });
+    k::report r = k::explain(f, x);
+    INFO(r);
+    CHECK(r.ops_captured == 3);
+    REQUIRE(r.kernels.size() == 1);
+    CHECK(r.kernels[0].kind == "per");
+    CHECK(has_op(r.kernels[0], "sum"));
+    CHECK(has_op(r.kernels[0], "mul"));
+    CHECK(has_op(r.kernels[0], "add"));
+    check_kernels(r);
+    k::Tensor out = f(x);
+    CHECK(out.shape() == std::vector<std::int64_t>{37});
+    // A sum of 129 values: its error scales with the sum of their magnitudes.
+    Tolerance t = tolerance(d);
+    auto res = k::testing::allclose(out, k::reference::eval(k::sum(x, 1) * 2 + 1), t.rtol, t.atol * 20);
+    INFO(res.str());
+    CHECK(res);
+  }
+}
+
+TEST_CASE("fusion: a pointwise prologue, a keepdim reduction and a broadcast epilogue are one kernel") {
+  // x - amax(exp(x) * y, 1, keepdim) uses the row result on the full row: one per kernel.
+  k::Tensor x = k::randn({37, 129}, k::f32, k::cpu, 52), y = k::randn({37, 129}, k::f32, k::cpu, 53);
+  auto fn = [](auto a, auto b) { return a - k::amax(k::exp(a) * b, 1, true); };
+  auto f = k::compile(fn);
+  k::report r = k::explain(f, x, y);
+  INFO(r);
+  REQUIRE(r.kernels.size() == 1);
+  CHECK(r.kernels[0].kind == "per");
+  check_kernels(r);
+  check_values(f(x, y), k::reference::eval(fn(x, y)), k::f32);
+}
+
+TEST_CASE("fusion: mean and var over the last dim are one kernel each") {
+  k::Tensor x = k::randn({37, 129}, k::f32, k::cpu, 54);
+  auto m = k::compile([](auto a) { return k::mean(a, -1); });
+  k::report r = k::explain(m, x);
+  INFO(r);
+  CHECK(r.ops_captured == 1);
+  CHECK(r.kernels.size() == 1);
+  check_kernels(r);
+  check_values(m(x), k::reference::eval(k::mean(x, -1)), k::f32);
+  auto v = k::compile([](auto a) { return k::var(a, 1); });
+  r = k::explain(v, x);
+  INFO(r);
+  CHECK(r.kernels.size() == 1);
+  check_kernels(r);
+  check_values(v(x), k::reference::eval(k::var(x, 1)), k::f32);
+}
+
+TEST_CASE("fusion: long rows and long full reductions") {
+  // Rows longer than any tile: softmax stays one kernel (a looped or persistent row kernel).
+  k::Tensor x = k::randn({3, 20011}, k::f32, k::cpu, 55);
+  auto sm = k::compile([](auto a) { return k::softmax(a, 1); });
+  k::report r = k::explain(sm, x);
+  INFO(r);
+  REQUIRE(r.kernels.size() == 1);
+  CHECK((r.kernels[0].kind == "per" || r.kernels[0].kind == "red"));
+  check_kernels(r);
+  auto res = k::testing::allclose(sm(x), k::reference::eval(k::softmax(x, 1)), 1e-4, 1e-8);
+  INFO(res.str());
+  CHECK(res);
+
+  // A full reduction of 10^6 elements (may be split in two stages) and a pointwise use of it.
+  k::Tensor big = k::randn({1000003}, k::f32, k::cpu, 56);
+  auto total = k::compile([](auto a) { return k::amax(a, 0) - k::mean(a); });
+  r = k::explain(total, big);
+  INFO(r);
+  CHECK(r.kernels.size() <= 3);
+  check_kernels(r);
+  res = k::testing::allclose(total(big), k::reference::eval(k::amax(big, 0) - k::mean(big)), 1e-5, 1e-5);
+  INFO(res.str());
+  CHECK(res);
+}
+
+TEST_CASE("fusion: independent same-shape outputs returned as a tuple share one kernel") {
+  for (k::dtype d : float_types) {
+    INFO("dtype " << k::name(d));
+    k::Tensor x = k::randn({37, 129}, d, k::cpu, 61), y = k::randn({37, 129}, d, k::cpu, 62);
+    auto fn = [](auto a, auto b) { return std::make_tuple(k::exp(a) + 1, a * b, k::relu(b) - a); };
+    auto f = k::compile(fn);
+    k::report r = k::explain(f, x, y);
+    INFO(r);
+    CHECK(r.ops_captured == 5);
+    REQUIRE(r.kernels.size() == 1);
+    CHECK(r.kernels[0].kind == "poi");
+    for (const char* op : {"exp", "add", "mul", "relu", "sub"}) {
+      INFO("op " << std::string(op));
+      CHECK(has_op(r.kernels[0], op));
+    }
+    check_kernels(r);
+    auto [o0, o1, o2] = f(x, y);
+    auto [r0, r1, r2] = k::reference::eval(fn(x, y));
+    check_values(o0, r0, d);
+    check_values(o1, r1, d);
+    check_values(o2, r2, d);
+  }
+}
+
+TEST_CASE("fusion: a reduction and an elementwise output of its input share one row kernel") {
+  // Multi-output: the normalised rows and their sums come from one kernel.
+  k::Tensor x = k::randn({37, 129}, k::f32, k::cpu, 63);
+  auto fn = [](auto a) { return std::make_tuple(k::sum(a, 1), k::softmax(a, 1)); };
+  auto f = k::compile(fn);
+  k::report r = k::explain(f, x);
+  INFO(r);
+  CHECK(r.kernels.size() == 1);
+  check_kernels(r);
+  auto [s, p] = f(x);
+  auto [rs, rp] = k::reference::eval(fn(x));
+  auto res = k::testing::allclose(s, rs, 1e-4, 1e-4);
+  INFO(res.str());
+  CHECK(res);
+  check_values(p, rp, k::f32);
+}
+
+TEST_CASE("fusion: eager expressions report through k::explain(expr)") {
+  k::Tensor x = k::randn({37, 129}, k::f32, k::cpu, 71), b = k::randn({129}, k::f32, k::cpu, 72);
+  auto e = k::relu(x * 0.5f + b);
+  k::report r = k::explain(e);
+  INFO(r);
+  CHECK(r.ops_captured == 3);
+  REQUIRE(r.kernels.size() == 1);
+  CHECK(r.kernels[0].kind == "poi");
+  check_kernels(r);
+  k::Tensor out = e;
+  check_values(out, k::reference::eval(e), k::f32);
+}
+
+TEST_CASE("fusion: views and casts inline into the consumer's kernel") {
+  // permute, slice with a step, reshape and a cast feed a pointwise op: still one kernel.
+  k::Tensor x = k::randn({5, 7, 13}, k::f32, k::cpu, 81), y = k::randn({13, 7}, k::f16, k::cpu, 82);
+  auto fn = [](auto a, auto b) {
+    auto at = k::permute(k::slice(a, 0, 1, 5, 2), {0, 2, 1});  // [2, 13, 7]
+    return k::cast(k::tanh(at * k::cast(b, k::f32)), k::bf16);
+  };
+  auto f = k::compile(fn);
+  k::report r = k::explain(f, x, y);
+  INFO(r);
+  REQUIRE(r.kernels.size() == 1);
+  CHECK(r.kernels[0].kind == "poi");
+  check_kernels(r);
+  k::Tensor out = f(x, y);
+  CHECK(out.dtype() == k::bf16);
+  CHECK(out.shape() == std::vector<std::int64_t>{2, 13, 7});
+  check_values(out, k::reference::eval(fn(x, y)), k::bf16);
+}
+
+TEST_CASE("fusion: f64 stays f64 through a fused softmax and a chain") {
+  k::Tensor x = k::randn({37, 129}, k::f64, k::cpu, 91);
+  auto fn = [](auto a) { return k::softmax(a, 1) * k::sigmoid(a) + k::exp(-k::abs(a)); };
+  auto f = k::compile(fn);
+  k::report r = k::explain(f, x);
+  INFO(r);
+  CHECK(r.kernels.size() == 1);
+  check_kernels(r);
+  k::Tensor out = f(x);
+  CHECK(out.dtype() == k::f64);
+  check_values(out, k::reference::eval(fn(x)), k::f64);
+}
+
+TEST_CASE("fusion: horizontal fusion of many outputs (more kernel parameters than 64)") {
+  // 40 outputs x * 1 ... x * 40 fuse into one poi kernel with 1 input, 40 outputs and 40 scalars:
+  // 81 parameters. Run in a child process: this used to overflow a fixed array of 64 parameter
+  // slots in runtime::Program::run and crash.
+  k::Tensor x = k::randn({5, 7}, k::f32, k::cpu, 99);
+  std::string what = in_child_process([&] {
+    auto f = k::compile([](auto a) { return scaled_copies(a, std::make_index_sequence<40>{}); });
+    auto outs = f(x);
+    bool ok = true;
+    std::apply(
+        [&](const auto&... t) {
+          int i = 0;
+          ((ok = ok && k::testing::allclose(t, k::reference::eval(x * static_cast<float>(++i)), 1e-6, 1e-6)), ...);
+        },
+        outs);
+    return ok;
+  });
+  CHECK_MESSAGE(what.empty(), "40 horizontally fused outputs: " << what);
+  // One kernel for all of them (explain runs the function too, so it is in a child as well).
+  std::string kernels = in_child_process([&] {
+    auto f = k::compile([](auto a) { return scaled_copies(a, std::make_index_sequence<40>{}); });
+    k::report r = k::explain(f, x);
+    return r.kernels.size() == 1 && r.kernels[0].kind == "poi";
+  });
+  CHECK_MESSAGE(kernels.empty(), "40 outputs as one poi kernel: " << kernels);
+}
