@@ -3,6 +3,7 @@
 // symbolic sizes, and launches every kernel in order on one stream; it never synchronises.
 #pragma once
 #include <array>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,6 +94,7 @@ inline void compile_program(Program& p, const std::string& name) {
   Hasher h;
   h.update(tu).update(nvrtc_options_string(arch)).update(nvrtc_version());
   std::string key = hex(h.digest());
+  if (std::getenv("KILN_DEBUG_DIR")) dump_source(tu, name);  // KILN_DEBUG_DIR: every generated source
   auto cached = default_disk_cache().load(key, "cubin");
   std::vector<char> cubin = cached ? std::move(*cached) : compile_cubin(tu, name, arch);
   if (!cached) default_disk_cache().store(key, "cubin", cubin);
