@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 namespace kiln::codegen {
@@ -68,7 +69,12 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   }
   c.rvec = std::max(1, 16 / std::max(1, max_item));
   // About 32 elements of the row a thread (more for long rows: at most 512 threads a row).
-  std::int64_t per_row = next_pow2((rnumel + 31) / 32);
+  // KILN_TUNE_ROW_ELEMS overrides the 32, for tuning experiments (benchmarks/NOTES.md).
+  static const std::int64_t elems = [] {
+    const char* e = std::getenv("KILN_TUNE_ROW_ELEMS");
+    return e ? std::max<std::int64_t>(1, std::atoll(e)) : std::int64_t{32};
+  }();
+  std::int64_t per_row = next_pow2((rnumel + elems - 1) / elems);
   c.row_threads = static_cast<int>(std::clamp<std::int64_t>(per_row, 32, 512));
   c.rows = c.row_threads >= 256 ? 1 : 256 / c.row_threads;
   c.threads = c.row_threads * c.rows;
