@@ -370,31 +370,6 @@ KILN_UNROLL
   for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? to_compute(p[base + i]) : other;
   return r;
 }
-template <class T, class I, class M>
-KILN_FN auto load_raw(const T* p, const I& idx, const M& mask) {
-  constexpr int N = width_of<I, M>::value;
-  tile<T, N> r;
-KILN_UNROLL
-  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? p[lane(idx, i)] : T{};
-  return r;
-}
-template <class T, int N> KILN_FN auto widen(const tile<T, N>& t) {
-  tile<typename compute_of<T>::type, N> r;
-KILN_UNROLL
-  for (int i = 0; i < N; ++i) r.v[i] = to_compute(t.v[i]);
-  return r;
-}
-
-// N consecutive elements from p[base] in the compute type; masked lanes give `other`.
-template <int N, class T, class M>
-KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, const M& mask,
-                                                          typename compute_of<T>::type other = 0) {
-  tile<T, N> raw = load_contig_raw<N>(p, base, mask);
-  tile<typename compute_of<T>::type, N> r;
-KILN_UNROLL
-  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? to_compute(raw.v[i]) : other;
-  return r;
-}
 template <class T, class I, class V, class M>
 KILN_FN void store(T* p, const I& idx, const V& v, const M& mask) {
   constexpr int N = widest<I, V, M>::value;
