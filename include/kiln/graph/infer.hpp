@@ -119,8 +119,6 @@ void infer_shapes(Graph& g, TensorAt&& arg) {
 
 namespace detail {
 
-inline void check_same_device_free_shape(const Node&) {}
-
 inline void infer_node(Graph& g, Node& n) {
   auto in = [&](int i) -> const Node& { return g.nodes[n.in[i]]; };
   const std::string op = op_str(n.op);

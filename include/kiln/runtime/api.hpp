@@ -59,6 +59,7 @@ std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, cons
   return out;
 }
 
+// The function object of an eager expression: traced as itself, no graph transform.
 struct Identity {};
 
 }  // namespace detail

@@ -1,0 +1,47 @@
+// k::assign: in-place updates of a compiled function's arguments, written by the kernel that
+// computes them, and the error when a later kernel would read the old value.
+#include <doctest/doctest.h>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+namespace k = kiln;
+
+TEST_CASE("assign: several arguments updated in place by one kernel") {
+  auto p = k::randn({37, 129}, k::f32, k::cpu, 1), g = k::randn({37, 129}, k::f32, k::cpu, 2);
+  auto m = k::randn({37, 129}, k::f32, k::cpu, 3);
+  auto p0 = k::to_vector<float>(p), g0 = k::to_vector<float>(g), m0 = k::to_vector<float>(m);
+  float lr = 0.1f;
+  auto step = k::compile([&](auto p, auto g, auto m) {
+    auto m2 = m * 0.9f + g;
+    return std::make_tuple(k::assign(p, p - m2 * lr), k::assign(m, m2));
+  });
+  void* where = p.data_ptr();
+  step(p, g, m);
+  CHECK(p.data_ptr() == where);  // the same memory, updated
+  auto p1 = k::to_vector<float>(p), m1 = k::to_vector<float>(m);
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    float mm = m0[i] * 0.9f + g0[i];
+    CHECK(m1[i] == doctest::Approx(mm).epsilon(1e-6));
+    CHECK(p1[i] == doctest::Approx(p0[i] - mm * lr).epsilon(1e-5));
+  }
+  lr = 0.0f;  // a captured scalar: new value, no recompile
+  step(p, g, m);
+  CHECK(k::to_vector<float>(p) == p1);
+  CHECK(k::explain(step, p, g, m).kernels.size() == 1);
+  CHECK(k::explain(step, p, g, m).recompiles == 0);
+}
+
+TEST_CASE("assign: the value is cast to the argument's dtype; a wrong shape is a shape_error") {
+  auto h = k::randn({16}, k::bf16, k::cpu, 4);
+  auto f = k::compile([](auto a, auto b) { return k::assign(a, k::cast(a, k::f32) * 2.0f + b); });
+  auto b = k::randn({16}, k::f32, k::cpu, 5);
+  auto want = k::reference::eval(k::cast(h, k::f32) * 2.0f + b);
+  f(h, b);
+  CHECK(h.dtype() == k::bf16);
+  auto r = k::testing::allclose(h, want, 1e-2, 1e-2);
+  CHECK_MESSAGE(bool(r), r);
+  auto wrong = k::compile([](auto a, auto b) { return k::assign(a, k::sum(b, 0)); });
+  auto a2 = k::randn({4, 3}, k::f32, k::cpu, 6), b2 = k::randn({5, 3}, k::f32, k::cpu, 7);
+  CHECK_THROWS_AS(wrong(a2, b2), k::shape_error);
+}
