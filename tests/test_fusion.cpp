@@ -434,8 +434,8 @@ TEST_CASE("fusion: f64 stays f64 through a fused softmax and a chain") {
 
 TEST_CASE("fusion: horizontal fusion of many outputs (more kernel parameters than 64)") {
   // 40 outputs x * 1 ... x * 40 fuse into one poi kernel with 1 input, 40 outputs and 40 scalars:
-  // 81 parameters. Run in a child process: this used to overflow a fixed array of 64 parameter
-  // slots in runtime::Program::run and crash.
+  // 81 parameters. Run in a child process, so that a regression (this once overflowed a fixed
+  // array of 64 parameter slots in runtime::Program::run) fails a check instead of crashing.
   k::Tensor x = k::randn({5, 7}, k::f32, k::cpu, 99);
   std::string what = in_child_process([&] {
     auto f = k::compile([](auto a) { return scaled_copies(a, std::make_index_sequence<40>{}); });
