@@ -3,12 +3,14 @@
 // its shape and dtype at once, so the next rule can read them. The named helpers skip no-ops (a cast
 // to the same dtype, a reshape to the same shape) and merge chains of views.
 #pragma once
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
 #include <unordered_map>
+#include <vector>
 
 #include "../graph/infer.hpp"
 
@@ -197,6 +199,27 @@ class Builder {
   graph::Graph g_;
   std::unordered_multimap<std::uint64_t, int> index_;
 };
+
+// The shape of every rewrite pass: rebuilds g node by node in order, `rule(b, node, inputs)`
+// returning the new id of each node from its inputs' new ids, and keeps g's outputs, argument and
+// scalar counts and k::assign targets.
+template <class Rule>
+graph::Graph rebuild_graph(const graph::Graph& g, Rule&& rule) {
+  Builder b;
+  std::vector<int> map(static_cast<std::size_t>(g.size()), -1);
+  for (int i = 0; i < g.size(); ++i) {
+    const graph::Node& n = g[i];
+    std::array<int, 4> in{};
+    for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
+    map[i] = rule(b, n, in.data());
+  }
+  graph::Graph out = std::move(b.graph());
+  for (int o : g.outputs) out.outputs.push_back(map[o]);
+  out.num_args = g.num_args;
+  out.num_scalars = g.num_scalars;
+  out.output_into = g.output_into;  // k::assign targets, one per output
+  return out;
+}
 
 // Keeps only the nodes that reach g's outputs, in their order; old_to_new (if given) maps ids (-1:
 // removed).

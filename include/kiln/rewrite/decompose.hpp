@@ -184,21 +184,11 @@ inline int copy_leaf(Builder& b, const Node& n) {
 // nodes that no output needs are dropped.
 inline graph::Graph decompose(const graph::Graph& g) {
   debug::log_lazy(debug::Channel::decomp, [&] { return "before decompose:\n" + g.str(); });
-  Builder b;
-  std::vector<int> map(static_cast<std::size_t>(g.size()));
-  for (int i = 0; i < g.size(); ++i) {
-    const graph::Node& n = g[i];
-    std::array<int, 4> in{};
-    for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
-    if (info(n.op).cls == OpClass::leaf) map[i] = detail::copy_leaf(b, n);
-    else if (is_composite(n.op)) map[i] = detail::decompose_node(b, n, std::span<const int>(in.data(), n.n_in));
-    else map[i] = b.rebuild(n, in.data());
-  }
-  graph::Graph& built = b.graph();
-  for (int o : g.outputs) built.outputs.push_back(map[o]);
-  built.num_args = g.num_args;
-  built.num_scalars = g.num_scalars;
-  built.output_into = g.output_into;  // k::assign targets, one per output
+  graph::Graph built = rebuild_graph(g, [](Builder& b, const graph::Node& n, const int* in) {
+    if (info(n.op).cls == OpClass::leaf) return detail::copy_leaf(b, n);
+    if (is_composite(n.op)) return detail::decompose_node(b, n, std::span<const int>(in, n.n_in));
+    return b.rebuild(n, in);
+  });
   graph::Graph out = remove_dead(built);
   debug::log_lazy(debug::Channel::decomp, [&] {
     return "after decompose (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) + " ops):\n" + out.str();

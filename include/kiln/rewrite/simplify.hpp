@@ -142,19 +142,8 @@ inline int simplify_node(Builder& b, const graph::Node& n, const int* in) {
 
 // Simplifies g (with shapes); outputs keep their order and point at the simplified nodes.
 inline graph::Graph simplify(const graph::Graph& g) {
-  Builder b;
-  std::vector<int> map(static_cast<std::size_t>(g.size()));
-  for (int i = 0; i < g.size(); ++i) {
-    const graph::Node& n = g[i];
-    std::array<int, 4> in{};
-    for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
-    map[i] = detail::simplify_node(b, n, in.data());
-  }
-  graph::Graph built = std::move(b.graph());
-  for (int o : g.outputs) built.outputs.push_back(map[o]);
-  built.num_args = g.num_args;
-  built.num_scalars = g.num_scalars;
-  built.output_into = g.output_into;  // k::assign targets, one per output
+  graph::Graph built = rebuild_graph(
+      g, [](Builder& b, const graph::Node& n, const int* in) { return detail::simplify_node(b, n, in); });
   graph::Graph out = remove_dead(built);
   debug::log_lazy(debug::Channel::decomp, [&] {
     return "after simplify (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) + " ops):\n" + out.str();

@@ -56,26 +56,12 @@ inline std::int64_t choose_splits(const ReductionShape& r) {
 
 // Rewrites reductions as described above; other nodes are copied unchanged.
 inline graph::Graph split_reductions(const graph::Graph& g) {
-  rewrite::Builder b;
-  std::vector<int> map(g.size(), -1);
-  for (int i = 0; i < g.size(); ++i) {
-    const graph::Node& n = g[i];
-    std::array<int, 4> in{};
-    for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
-    if (!is_reduction(n.op)) {
-      map[i] = b.rebuild(n, in.data());
-      continue;
-    }
+  return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
+    if (!is_reduction(n.op)) return b.rebuild(n, in);
     auto r = detail::describe_reduction(g, n);
-    if (r.reduced == 1 && r.in.product() > 0) {  // over size-1 dims only: nothing to reduce
-      map[i] = b.reshape(in[0], n.shape);
-      continue;
-    }
+    if (r.reduced == 1 && r.in.product() > 0) return b.reshape(in[0], n.shape);  // over size-1 dims only
     std::int64_t s = detail::choose_splits(r);
-    if (s == 1 || !(r.prefix || r.suffix)) {
-      map[i] = b.rebuild(n, in.data());
-      continue;
-    }
+    if (s == 1 || !(r.prefix || r.suffix)) return b.rebuild(n, in);
     // prefix: [S, R/S, K] reduce 1 then 0; suffix: [K, S, R/S] reduce 2 then 1.
     Dims shape = r.prefix ? Dims{s, r.reduced / s, r.kept} : Dims{r.kept, s, r.reduced / s};
     // 16-bit sums keep their partial results in f32, as one accumulation would.
@@ -90,14 +76,8 @@ inline graph::Graph split_reductions(const graph::Graph& g) {
     second.dims = {r.prefix ? 0 : 1};
     second.d = n.attrs.d;
     int total = b.op(n.op, {partial}, second);
-    map[i] = b.reshape(narrow ? b.cast(total, n.dt) : total, n.shape);
-  }
-  graph::Graph out = std::move(b.graph());
-  for (int o : g.outputs) out.outputs.push_back(map[o]);
-  out.output_into = g.output_into;
-  out.num_args = g.num_args;
-  out.num_scalars = g.num_scalars;
-  return out;
+    return b.reshape(narrow ? b.cast(total, n.dt) : total, n.shape);
+  });
 }
 
 }  // namespace kiln::schedule
