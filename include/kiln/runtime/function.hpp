@@ -86,7 +86,7 @@ class ProgramCache {
     } catch (const error&) {
       return false;
     }
-    out.nodes = scratch.nodes;
+    out.nodes.swap(scratch.nodes);  // no second copy of the node table on the hit path
     return true;
   }
   static graph::Graph& scratch_graph() {
