@@ -67,6 +67,19 @@ bool check(const std::string& id, F make, std::vector<k::Tensor> small, double t
   return bool(r);
 }
 
+// Host microseconds per call of fn, back to back (20000 calls after 100 warm-up calls).
+double host_us_per_call(const std::function<void()>& fn, CUstream s = nullptr) {
+  for (int i = 0; i < 100; ++i) fn();
+  k::synchronize();
+  k::driver::synchronize(s);
+  int calls = 20000;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) fn();
+  k::synchronize();
+  k::driver::synchronize(s);
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
+}
+
 void run(const std::string& id, const std::function<void()>& body) {
   if (!selected(id)) return;
   try {
@@ -208,16 +221,42 @@ int main(int argc, char** argv) {
     emit("W12", time_ms([&] { f(x, w1, b1, w2, b2, g, be, dy); }), 0, std::to_string(rep.kernels.size()) + " kernels");
   });
   run("W9", [&] {
-    auto f = k::compile([](auto x) { return k::relu(x * 2.0f + 1.0f); });
     auto x = k::randn({1024}, k::f32, k::cuda, 1);
-    for (int i = 0; i < 100; ++i) f(x);
-    k::synchronize();
-    int calls = 20000;
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < calls; ++i) f(x);
-    k::synchronize();
-    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
-    std::printf("{\"id\": \"W9\", \"impl\": \"kiln\", \"ms\": %.5f, \"us\": %.2f}\n", us / 1000, us);
+    for (bool graphs : {false, true}) {
+      auto f = k::compile([](auto x) { return k::relu(x * 2.0f + 1.0f); }, {.cuda_graphs = graphs});
+      double us = host_us_per_call([&] { f(x); });
+      std::printf("{\"id\": \"W9\", \"impl\": \"%s\", \"ms\": %.5f, \"us\": %.2f}\n",
+                  graphs ? "kiln-cuda_graphs" : "kiln", us / 1000, us);
+    }
+  });
+  run("W9m", [&] {
+    // A three-kernel program (a full mean, a row softmax, a column sum): plain launches, the
+    // reduce-overhead mode, and the floor: the driver replaying the same launches as one graph.
+    auto body = [](auto x) { return k::sum(k::softmax(x - k::mean(x), -1), 0); };
+    auto x = k::randn({32, 32}, k::f32, k::cuda, 1);
+    auto plain = k::compile(body);
+    auto graphed = k::compile(body, {.cuda_graphs = true});
+    int kernels = static_cast<int>(k::explain(plain, x).kernels.size());
+    auto line = [&](const char* impl, double us) {
+      std::printf("{\"id\": \"W9m\", \"impl\": \"%s\", \"ms\": %.5f, \"us\": %.2f, \"note\": \"%d kernels\"}\n", impl,
+                  us / 1000, us, kernels);
+    };
+    line("kiln", host_us_per_call([&] { plain(x); }));
+    line("kiln-cuda_graphs", host_us_per_call([&] { graphed(x); }));
+    CUstream s = nullptr;
+    const auto& api = k::driver::api();
+    k::driver::check(api.stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    k::Tensor out = plain(k::Stream(s), x);
+    k::Stream(s).synchronize();
+    CUgraph g = nullptr;
+    CUgraphExec exec = nullptr;
+    k::driver::check(api.stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+    out = plain(k::Stream(s), x);
+    k::driver::check(api.stream_end_capture(s, &g), "cuStreamEndCapture");
+    k::driver::check(api.graph_instantiate(&exec, g, 0), "cuGraphInstantiate");
+    line("driver-graph", host_us_per_call([&] { api.graph_launch(exec, s); }, s));
+    api.graph_exec_destroy(exec);
+    api.graph_destroy(g);
   });
   run("W10", [&] {
     for (auto mode : {k::shapes::static_, k::shapes::dynamic}) {

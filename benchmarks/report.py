@@ -16,7 +16,7 @@ import math
 import os
 import sys
 
-ORDER = ["W1", "W1b", "W1c", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11",
+ORDER = ["W1", "W1b", "W1c", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "W8", "W9", "W9m", "W10", "W11",
          "W11w", "W12"]
 GEOMEAN_IDS = ["W1", "W1b", "W1c", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "W8", "W12"]
 DESC = {
@@ -32,6 +32,7 @@ DESC = {
     "W7": "cross_entropy fwd+bwd 4096×32000 f32",
     "W8": "AdamW step 2^24 f32",
     "W9": "host cost per cached call, 1024 f32",
+    "W9m": "host cost per call, 3-kernel program 32×32 f32",
     "W10": "layer_norm over 10 batch sizes, total incl. compiles",
     "W11": "cold compile of W1, empty cache",
     "W11w": "process start → first result, warm cache",
@@ -41,7 +42,7 @@ MEMORY_BOUND = {"W1", "W1b", "W1c", "W3", "W3b", "W4", "W6", "W8"}
 
 
 def unit_of(wid):
-    if wid == "W9":
+    if wid in ("W9", "W9m"):
         return "µs"
     if wid == "W10":
         return "s"

@@ -44,6 +44,7 @@ namespace kiln::driver {
   X(stream_create, cuStreamCreate)                                      \
   X(stream_destroy, cuStreamDestroy_v2)                                 \
   X(stream_synchronize, cuStreamSynchronize)                            \
+  X(stream_query, cuStreamQuery)                                        \
   X(event_create, cuEventCreate)                                        \
   X(event_record, cuEventRecord)                                        \
   X(event_synchronize, cuEventSynchronize)                              \
@@ -59,6 +60,8 @@ namespace kiln::driver {
   X(stream_is_capturing, cuStreamIsCapturing)                           \
   X(graph_instantiate, cuGraphInstantiateWithFlags)                     \
   X(graph_launch, cuGraphLaunch)                                        \
+  X(graph_exec_update, cuGraphExecUpdate_v2)                            \
+  X(stream_wait_event, cuStreamWaitEvent)                               \
   X(graph_exec_destroy, cuGraphExecDestroy)                             \
   X(graph_destroy, cuGraphDestroy)
 
@@ -272,6 +275,14 @@ inline void synchronize(CUstream s) {
   check(api().stream_synchronize(s), "cuStreamSynchronize");
 }
 
+// True while a CUDA graph capture is recording work queued on s (kiln's or the caller's).
+inline bool is_capturing(CUstream s) {
+  ensure_context();
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  check(api().stream_is_capturing(s, &status), "cuStreamIsCapturing");
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 inline void synchronize_device(int device) {
   make_current(device);
   check(api().ctx_synchronize(), "cuCtxSynchronize");
@@ -319,6 +330,11 @@ class CachingAllocator final : public Allocator {
     if (bytes == 0) return nullptr;
     std::size_t size = size_class(bytes);
     if (void* p = take(device, stream, size)) return p;
+    // cuMemAlloc would break a capture the caller is recording on this stream.
+    if (stream && is_capturing(stream))
+      throw cuda_error("CUDA graph capture: kiln needs " + std::to_string(bytes) + " new bytes on cuda:" +
+                       std::to_string(device) + " while the stream is being captured; call the kiln function once "
+                       "before capturing (so its buffers are cached), or pass outputs with k::eval(out, expr, stream)");
     return allocate_new(bytes, size, device);
   }
 

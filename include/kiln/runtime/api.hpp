@@ -40,7 +40,7 @@ std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, cons
   for (int i = 0; i < cap.nt; ++i) args[NArgs + i] = cap.tensors[i];
   thread_local runtime::CallShapes shapes;
   auto entry = cache.get(args.data(), static_cast<int>(args.size()), cap.attrs.data(), cap.na,
-                         graph_builder(f, e, static_cast<int>(NArgs)), shapes);
+                         graph_builder(f, e, static_cast<int>(NArgs)), shapes, stream);
   if (used) *used = entry;
   std::array<Tensor, NOut> out{};
   if (preset) {  // k::eval(out, expr): check before anything runs, so a mismatch leaves out untouched

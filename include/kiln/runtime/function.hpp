@@ -12,6 +12,7 @@
 #include "../graph/flatten.hpp"
 #include "../guards/guards.hpp"
 #include "compile.hpp"
+#include "cuda_graph.hpp"
 
 namespace kiln {
 
@@ -32,6 +33,7 @@ struct Entry {
   guards::GuardSet guards;
   std::shared_ptr<Program> program;
   LoweringStats stats;
+  std::shared_ptr<GraphReplay> graphs;  // .cuda_graphs on a CUDA device; after program: destroyed first
 };
 
 // The scratch shapes of a dynamic call: the program's graph re-inferred for this call's inputs.
@@ -45,15 +47,18 @@ class ProgramCache {
 
   // Finds or compiles the program for these inputs. `build` returns the lowered graph (it is
   // only called on a miss); attrs are the captured attributes, compared against each entry.
+  // A miss while the caller is recording a CUDA graph on `stream` is an error: compiling (and the
+  // allocation and synchronisation it needs) cannot be captured.
   template <class Build>
   std::shared_ptr<const Entry> get(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
-                                   Build&& build, CallShapes& shapes_out) {
+                                   Build&& build, CallShapes& shapes_out, CUstream stream = nullptr) {
     {
       std::shared_lock lock(mu_);
       if (auto e = find(args, nargs, attrs, nattrs, shapes_out, nullptr)) return e;
     }
     std::unique_lock lock(mu_);
     if (auto e = find(args, nargs, attrs, nattrs, shapes_out, &last_failure_)) return e;  // another thread compiled it
+    refuse_during_capture(args, nargs, stream);
     return compile(args, nargs, attrs, nattrs, build, shapes_out);
   }
 
@@ -69,6 +74,16 @@ class ProgramCache {
   const options& opts() const { return opt_; }
 
  private:
+  static void refuse_during_capture(const Tensor* const* args, int nargs, CUstream stream) {
+    if (!stream) return;  // the legacy default stream cannot be captured
+    bool cuda = false;
+    for (int i = 0; i < nargs; ++i) cuda = cuda || args[i]->device().is_cuda();
+    if (cuda && driver::is_capturing(stream))
+      throw cuda_error("k::compile: a CUDA graph capture is in progress on " + Stream(stream).str() +
+                       " and this call needs a new compiled program (first call, or a guard failed); "
+                       "call the function once with the same shapes and dtypes before capturing (warm it first)");
+  }
+
   static bool attrs_match(const Entry& e, const Attrs* const* attrs, int nattrs) {
     if (static_cast<int>(e.guards.attrs.size()) != nattrs) return false;
     for (int i = 0; i < nattrs; ++i)
@@ -158,6 +173,7 @@ class ProgramCache {
     }
     remember_shapes(g);
     e->program = build_program(std::move(g), std::move(env), device, arg);
+    if (opt_.cuda_graphs && device.is_cuda()) e->graphs = std::make_shared<GraphReplay>(*e->program);
     entries_.push_back(e);
     shapes.nodes.clear();
     if (e->guards.dynamic) infer_call_shapes(*e->program, args, shapes);
@@ -200,9 +216,19 @@ class ProgramCache {
 };
 
 // Runs an entry's program for one call and returns its outputs.
+// With .cuda_graphs the launches replay as one CUDA graph, unless the caller is capturing the
+// stream themselves: then the plain launches become part of the caller's graph.
 inline void run_entry(const Entry& e, const Tensor* const* args, const double* scalars, Tensor* outputs,
                       const CallShapes& shapes, CUstream stream) {
   const Program& p = *e.program;
+  if (e.graphs && !(stream && driver::is_capturing(stream))) {
+    int nargs = static_cast<int>(e.guards.args.size());
+    if (shapes.nodes.empty())
+      e.graphs->run(args, nargs, scalars, outputs, [&](int n) -> const Dims& { return p.graph[n].shape; }, stream);
+    else
+      e.graphs->run(args, nargs, scalars, outputs, [&](int n) -> const Dims& { return shapes.nodes[n].shape; }, stream);
+    return;
+  }
   if (shapes.nodes.empty())
     p.run(args, scalars, outputs, [&](int n) -> const Dims& { return p.graph[n].shape; }, stream);
   else

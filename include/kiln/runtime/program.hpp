@@ -42,8 +42,26 @@ struct Program {
 
   // Runs the program. args are indexed by arg slot; outputs are filled (pre-set entries are used
   // as destinations: eval(out, expr)). shape_of(node) gives the node's concrete shape this call.
+  // `keep`, when given, holds the intermediates across calls (a CUDA graph replays into the same
+  // addresses): missing ones are allocated into it and none are released.
   template <class ShapeOf>
-  void run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf&& shape_of, CUstream stream) const;
+  void run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf&& shape_of, CUstream stream,
+           std::vector<Tensor>* keep = nullptr) const;
+
+  // Fills the outputs a run writes: arguments written in place, then the caller's preset tensors,
+  // then fresh tensors ordered on `stream`.
+  template <class ShapeOf>
+  void allocate_outputs(const Tensor* const* args, Tensor* outputs, ShapeOf&& shape_of, CUstream stream) const {
+    for (std::size_t o = 0; o < graph.outputs.size(); ++o) {
+      int node = graph.outputs[o];
+      if (arg_of_output[o] >= 0) {
+        outputs[o] = *args[arg_of_output[o]];
+        continue;
+      }
+      if (o < graph.output_into.size() && graph.output_into[o] >= 0) outputs[o] = *args[graph.output_into[o]];
+      if (!outputs[o].defined()) outputs[o] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
+    }
+  }
 };
 
 namespace detail {
@@ -113,7 +131,7 @@ inline std::int64_t row_grid_limit(int threads) {
 
 template <class ShapeOf>
 void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf&& shape_of,
-                  CUstream stream) const {
+                  CUstream stream, std::vector<Tensor>* keep) const {
   // Per-call scratch: symbol values and kernel argument slots (grown once, then reused).
   thread_local std::vector<std::int64_t> sizes;
   thread_local std::vector<void*> ptrs, slots;
@@ -123,26 +141,23 @@ void Program::run(const Tensor* const* args, const double* scalars, Tensor* outp
   Bindings bind(sizes.data(), static_cast<std::size_t>(env.num_symbols()));
   // Outputs first (they may be caller-provided), then intermediates.
   // Buffers of this call, indexed by node; reused across calls (no allocation on the hit path).
-  thread_local std::vector<Tensor> temps;
+  thread_local std::vector<Tensor> call_temps;
+  std::vector<Tensor>& temps = keep ? *keep : call_temps;
   temps.resize(std::max<std::size_t>(temps.size(), graph.nodes.size()));
   struct Release {
+    std::vector<Tensor>& temps;
     const std::vector<int>& nodes;
     const std::vector<int>& outs;
+    bool keep;
     ~Release() {
-      for (int n : nodes) temps[n] = Tensor();
+      if (!keep)
+        for (int n : nodes) temps[n] = Tensor();
       for (int n : outs) temps[n] = Tensor();
     }
-  } release{buffers, graph.outputs};
-  for (std::size_t o = 0; o < graph.outputs.size(); ++o) {
-    int node = graph.outputs[o];
-    if (arg_of_output[o] >= 0) {
-      outputs[o] = *args[arg_of_output[o]];
-      continue;
-    }
-    if (o < graph.output_into.size() && graph.output_into[o] >= 0) outputs[o] = *args[graph.output_into[o]];
-    if (!outputs[o].defined()) outputs[o] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
-    temps[node] = outputs[o];
-  }
+  } release{temps, buffers, graph.outputs, keep != nullptr};
+  allocate_outputs(args, outputs, shape_of, stream);
+  for (std::size_t o = 0; o < graph.outputs.size(); ++o)
+    if (arg_of_output[o] < 0) temps[graph.outputs[o]] = outputs[o];
   for (int b : buffers)
     if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
   auto buffer = [&](int node) -> const Tensor& { return graph[node].op == Op::arg ? *args[graph[node].slot] : temps[node]; };

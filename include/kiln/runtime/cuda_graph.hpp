@@ -1,0 +1,188 @@
+// The reduce-overhead mode (`.cuda_graphs = true`): a compiled program's launches are captured
+// once into a CUDA graph and replayed with one cuGraphLaunch. A graph bakes in every kernel
+// argument (buffer addresses, scalars, symbolic sizes), so each compiled program keeps a few
+// instantiated graphs keyed by those values: a training loop whose outputs alternate between two
+// buffers replays two graphs and never re-captures. Intermediates live as long as the graphs that
+// write them; replays on different streams are ordered with an event, since they share them.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "program.hpp"
+
+namespace kiln::runtime {
+
+class GraphReplay {
+ public:
+  // Instantiated graphs kept per program; the least recently used one is updated in place after.
+  static constexpr std::size_t max_graphs = 8;
+
+  explicit GraphReplay(const Program& p) : program_(p) {
+    for (const auto& k : p.kernels)
+      for (const auto& prm : k.src.params)
+        if (prm.kind == codegen::Param::scalar) num_scalars_ = std::max(num_scalars_, prm.ref + 1);
+    graphs_.reserve(max_graphs);  // slots are referred to by address
+  }
+  GraphReplay(const GraphReplay&) = delete;
+  GraphReplay& operator=(const GraphReplay&) = delete;
+  ~GraphReplay() {
+    if (!driver::initialized()) return;
+    for (auto& g : graphs_)
+      if (g.exec) driver::api().graph_exec_destroy(g.exec);
+    if (capture_stream_) driver::api().stream_destroy(capture_stream_);
+  }
+
+  // Fills the outputs and queues one graph launch on `stream` (capturing a graph on a miss).
+  template <class ShapeOf>
+  void run(const Tensor* const* args, int nargs, const double* scalars, Tensor* outputs, ShapeOf&& shape_of,
+           CUstream stream) {
+    const Program& p = program_;
+    p.allocate_outputs(args, outputs, shape_of, stream);
+    std::lock_guard lock(mutex_);
+    make_key(args, nargs, scalars, outputs, shape_of);
+    Graph* g = find();
+    if (!g) g = &capture(args, scalars, outputs, shape_of, stream);
+    g->last_use = ++clock_;
+    order_after_last(stream);
+    driver::check(driver::api().graph_launch(g->exec, stream), "cuGraphLaunch");
+    ++replays_;
+  }
+
+  std::size_t graphs() const {
+    std::lock_guard lock(mutex_);
+    return graphs_.size();
+  }
+  std::size_t captures() const {
+    std::lock_guard lock(mutex_);
+    return captures_;
+  }
+  std::size_t replays() const {
+    std::lock_guard lock(mutex_);
+    return replays_;
+  }
+
+ private:
+  // The intermediates of one set of sizes, shared by the graphs captured with those sizes.
+  struct Temps {
+    std::vector<std::int64_t> sizes;
+    std::vector<Tensor> buffers;
+  };
+  struct Graph {
+    std::vector<std::uint64_t> key;
+    CUgraphExec exec = nullptr;
+    std::shared_ptr<Temps> temps;
+    std::uint64_t last_use = 0;
+  };
+
+  // Everything a graph bakes in: buffer addresses, scalar bits and symbolic sizes.
+  template <class ShapeOf>
+  void make_key(const Tensor* const* args, int nargs, const double* scalars, const Tensor* outputs, ShapeOf& shape_of) {
+    const Program& p = program_;
+    key_.clear();
+    for (int i = 0; i < nargs; ++i) key_.push_back(reinterpret_cast<std::uintptr_t>(args[i]->data_ptr()));
+    for (std::size_t o = 0; o < p.graph.outputs.size(); ++o)
+      key_.push_back(reinterpret_cast<std::uintptr_t>(outputs[o].data_ptr()));
+    for (int i = 0; i < num_scalars_; ++i) {
+      std::uint64_t bits;
+      std::memcpy(&bits, &scalars[i], sizeof bits);
+      key_.push_back(bits);
+    }
+    sizes_.assign(static_cast<std::size_t>(p.env.num_symbols()) + 1, 0);
+    p.env.bind(shape_of, sizes_.data());
+    for (auto v : sizes_) key_.push_back(static_cast<std::uint64_t>(v));
+  }
+
+  Graph* find() {
+    for (auto& g : graphs_)
+      if (g.key == key_) return &g;
+    return nullptr;
+  }
+
+  std::shared_ptr<Temps> temps_for_sizes() {
+    for (auto& g : graphs_)
+      if (g.temps && g.temps->sizes == sizes_) return g.temps;
+    auto t = std::make_shared<Temps>();
+    t->sizes = sizes_;
+    return t;
+  }
+
+  // Records the program's launches on a private stream (relaxed mode: other threads may keep
+  // allocating meanwhile) and instantiates them, or updates the least recently used graph.
+  template <class ShapeOf>
+  Graph& capture(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf& shape_of,
+                 CUstream stream) {
+    const Program& p = program_;
+    const driver::Api& api = driver::api();
+    driver::make_current(p.device.index);
+    if (!capture_stream_) driver::check(api.stream_create(&capture_stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    for (const auto& k : p.kernels)  // library workspaces must exist before the capture starts
+      if (k.extern_node >= 0) cuda_mm_detail::workspace(p.device.index, capture_stream_);
+    auto temps = temps_for_sizes();
+    for (int b : p.buffers)  // allocated outside the capture, on the stream the replays go to
+      if (temps->buffers.size() <= static_cast<std::size_t>(b) || !temps->buffers[b].defined()) {
+        temps->buffers.resize(std::max<std::size_t>(temps->buffers.size(), p.graph.nodes.size()));
+        temps->buffers[b] = Tensor::empty(shape_of(b), p.graph[b].dt, p.device, stream);
+      }
+    driver::check(api.stream_begin_capture(capture_stream_, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
+    CUgraph graph = nullptr;
+    try {
+      p.run(args, scalars, outputs, shape_of, capture_stream_, &temps->buffers);
+    } catch (...) {
+      api.stream_end_capture(capture_stream_, &graph);
+      if (graph) api.graph_destroy(graph);
+      throw;
+    }
+    driver::check(api.stream_end_capture(capture_stream_, &graph), "cuStreamEndCapture");
+    struct Destroy {
+      CUgraph g;
+      ~Destroy() { driver::api().graph_destroy(g); }
+    } destroy{graph};
+    ++captures_;
+    Graph* slot = nullptr;
+    if (graphs_.size() < max_graphs) {
+      slot = &graphs_.emplace_back();
+    } else {
+      slot = &graphs_.front();
+      for (auto& g : graphs_)
+        if (g.last_use < slot->last_use) slot = &g;
+      CUgraphExecUpdateResultInfo info{};
+      if (api.graph_exec_update(slot->exec, graph, &info) != CUDA_SUCCESS) {
+        api.graph_exec_destroy(slot->exec);
+        slot->exec = nullptr;
+      }
+    }
+    if (!slot->exec) driver::check(api.graph_instantiate(&slot->exec, graph, 0), "cuGraphInstantiate");
+    slot->key = key_;
+    slot->temps = std::move(temps);
+    return *slot;
+  }
+
+  // Replays share their intermediates: a replay on another stream first waits for the last one.
+  void order_after_last(CUstream stream) {
+    if (launched_ && stream != last_stream_) {
+      if (!switch_event_) switch_event_ = std::make_unique<Event>(CU_EVENT_DISABLE_TIMING);
+      switch_event_->record(last_stream_);
+      driver::check(driver::api().stream_wait_event(stream, switch_event_->handle(), 0), "cuStreamWaitEvent");
+    }
+    launched_ = true;
+    last_stream_ = stream;
+  }
+
+  const Program& program_;
+  mutable std::mutex mutex_;
+  int num_scalars_ = 0;
+  std::vector<Graph> graphs_;
+  std::vector<std::uint64_t> key_;
+  std::vector<std::int64_t> sizes_;
+  CUstream capture_stream_ = nullptr;
+  CUstream last_stream_ = nullptr;
+  bool launched_ = false;
+  std::unique_ptr<Event> switch_event_;
+  std::uint64_t clock_ = 0;
+  std::size_t captures_ = 0, replays_ = 0;
+};
+
+}  // namespace kiln::runtime
