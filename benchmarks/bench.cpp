@@ -246,12 +246,12 @@ int main(int argc, char** argv) {
     CUstream s = nullptr;
     const auto& api = k::driver::api();
     k::driver::check(api.stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    k::Tensor out = plain(k::Stream(s), x);
+    plain(k::Stream(s), x);  // warm on this stream: the capture below then allocates nothing new
     k::Stream(s).synchronize();
     CUgraph g = nullptr;
     CUgraphExec exec = nullptr;
     k::driver::check(api.stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
-    out = plain(k::Stream(s), x);
+    k::Tensor out = plain(k::Stream(s), x);
     k::driver::check(api.stream_end_capture(s, &g), "cuStreamEndCapture");
     k::driver::check(api.graph_instantiate(&exec, g, 0), "cuGraphInstantiate");
     line("driver-graph", host_us_per_call([&] { api.graph_launch(exec, s); }, s));

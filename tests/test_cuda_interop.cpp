@@ -172,10 +172,11 @@ TEST_CASE("cuda graphs: kiln calls inside a capture the caller started") {
   auto x = k::randn({29, 130}, k::f32, k::cuda, 11), w = k::rand({130}, k::f32, k::cuda, 12);
   k::Tensor out = k::empty({29, 130}, k::f32, k::cuda);
   k::synchronize();
-  k::Tensor y = f(k::Stream(s), x, w);  // warm: compiled and its buffers cached on this stream
-  k::eval(out, x + 1.0f, s);
-  k::Stream(s).synchronize();
-  y = k::Tensor();
+  {  // warm: both calls compiled and their buffers cached on this stream
+    k::Tensor y = f(k::Stream(s), x, w);
+    k::eval(out, y + x, s);
+    k::Stream(s).synchronize();
+  }
 
   k::driver::check(api.stream_begin_capture(s.s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
   k::Tensor yc = f(k::Stream(s), x, w);  // captured, not run
