@@ -70,17 +70,22 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   c.rvec = std::max(1, 16 / std::max(1, max_item));
   // About 32 elements of the row a thread (more for long rows: at most 512 threads a row).
   // KILN_TUNE_ROW_ELEMS overrides the 32, for tuning experiments (benchmarks/NOTES.md).
-  static const std::int64_t elems = [] {
-    const char* e = std::getenv("KILN_TUNE_ROW_ELEMS");
-    return e ? std::max<std::int64_t>(1, std::atoll(e)) : std::int64_t{0};
-  }();
+  // KILN_TUNE_ROW_THREADS caps the threads a row (512), KILN_TUNE_ROW_ITERS the register-cached
+  // tiles a thread (16; above it the row is re-read from L2 instead: the "red" kind).
+  auto knob = [](const char* name, std::int64_t fallback) {
+    const char* e = std::getenv(name);
+    return e ? std::max<std::int64_t>(0, std::atoll(e)) : fallback;
+  };
+  static const std::int64_t elems = knob("KILN_TUNE_ROW_ELEMS", 0);
+  static const std::int64_t max_threads = std::clamp<std::int64_t>(knob("KILN_TUNE_ROW_THREADS", 512), 32, 1024);
+  static const std::int64_t max_iters = knob("KILN_TUNE_ROW_ITERS", 16);
   // Measured on an H200: 32 elements a thread for f32 rows, 16 for 16-bit rows (W6 0.146 -> 0.086 ms).
   std::int64_t per_thread = elems ? elems : (max_item <= 2 ? 16 : 32);
   std::int64_t per_row = next_pow2((rnumel + per_thread - 1) / per_thread);
-  c.row_threads = static_cast<int>(std::clamp<std::int64_t>(per_row, 32, 512));
+  c.row_threads = static_cast<int>(std::clamp<std::int64_t>(per_row, 32, max_threads));
   c.rows = c.row_threads >= 256 ? 1 : 256 / c.row_threads;
   c.threads = c.row_threads * c.rows;
-  if (static_rnumel && iters() <= 16) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
+  if (static_rnumel && iters() <= max_iters) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
   (void)xnumel;
   return c;
 }
