@@ -459,7 +459,7 @@ template <int ROW_THREADS, class A> KILN_FN auto row_min(const A& a) { return ac
   for (i64 kiln_xbase = (i64)blockIdx.x * ROWS; kiln_xbase < xnumel; kiln_xbase += (i64)gridDim.x * ROWS) \
     if (const i64 xindex = kiln_xbase + threadIdx.x / ROW_THREADS; true)
 #define KILN_R_LOOP(roffset, rnumel)                                                      \
-  for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
+  _Pragma("unroll 4") for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
 #define KILN_R_TILES(roffset)                                                             \
   KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)                          \
     if (const i64 roffset = ((i64)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC; true)

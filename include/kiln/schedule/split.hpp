@@ -38,15 +38,19 @@ inline ReductionShape describe_reduction(const graph::Graph& g, const graph::Nod
   return r;
 }
 
-// The number of chunks: enough partial results to fill the machine (~64K programs' worth of
-// elements), each chunk still long, and a power of two that divides the reduced length.
+// The number of chunks: enough partial results to fill the machine, each chunk still long (>= 64),
+// and a power of two that divides the reduced length.
 inline std::int64_t choose_splits(const ReductionShape& r) {
   if (r.dims.empty()) return 1;
   // Outer dims reduced: one thread a kept element, so fewer than ~32K of them leave SMs idle.
   // Inner dims reduced: up to 512 threads share a row, so only a handful of rows is too few.
   bool few = r.prefix && !r.suffix ? r.kept < 32768 && r.reduced >= 1024 : r.kept < 128 && r.reduced >= 16384;
   if (!few) return 1;
-  std::int64_t want = std::max<std::int64_t>(2, 65536 / std::max<std::int64_t>(r.kept, 1));
+  // Column partials: a thread per (chunk, kept element) walks its chunk with strided loads, so
+  // ~256K threads (an H200 holds 270K) keep enough loads in flight; 64K left W5's dw/db stage at
+  // 34% of DRAM bandwidth.
+  std::int64_t target = r.prefix && !r.suffix ? 262144 : 65536;
+  std::int64_t want = std::max<std::int64_t>(2, target / std::max<std::int64_t>(r.kept, 1));
   std::int64_t s = 1;
   while (s * 2 <= want && r.reduced % (s * 2) == 0 && r.reduced / (s * 2) >= 64) s *= 2;
   return s;
