@@ -156,6 +156,15 @@ inline KernelSource KernelWriter::write() {
     for (int c = 0; c < g_[v].n_in; ++c)
       if (g_[g_[v].in[c]].op == Op::arg || (s_.realized[g_[v].in[c]] && s_.kernel_of[g_[v].in[c]] != k_)) narrow(g_[v].in[c]);
   max_item = std::max(max_item, 2);
+  // Full-size inputs read along the rows (each becomes a register cache in a row kernel).
+  std::vector<int> streams;
+  for (int v : plan_.members)
+    for (int c = 0; c < g_[v].n_in; ++c) {
+      int in = g_[v].in[c];
+      bool loaded = g_[in].op == Op::arg || (s_.realized[in] && s_.kernel_of[in] != k_);
+      if (loaded && g_[in].shape == g_[plan_.domain].shape && std::find(streams.begin(), streams.end(), in) == streams.end())
+        streams.push_back(in);
+    }
   if (rows()) {
     std::vector<Sym> kept, red;
     for (int i = 0; i < static_cast<int>(p.size()); ++i)
@@ -169,7 +178,7 @@ inline KernelSource KernelWriter::write() {
   std::int64_t xn = xnumel_.eval(example), rn = rnumel_.eval(example);
   bool column = rows() && !p.empty() &&
                 std::find(plan_.rdims.begin(), plan_.rdims.end(), static_cast<std::int64_t>(p.size()) - 1) == plan_.rdims.end();
-  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column)
+  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column, static_cast<int>(streams.size()))
                      : pointwise_config(target_, xn, max_item);
   config_ = ks.config;
   if (ks.kind == schedule::Kind::per && ks.config.riters == 0) {  // the row is looped, not held

@@ -50,8 +50,9 @@ inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item
 
 // static_rnumel: the row length is a compile-time constant (then rows may stay in registers).
 // column: the innermost dim is kept (a reduction over outer dims, e.g. a bias gradient).
+// streams: how many full-size inputs the kernel reads along its rows.
 inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnumel, int max_item, bool static_rnumel,
-                               bool column) {
+                               bool column, int streams = 1) {
   LaunchConfig c;
   auto iters = [&] { return (rnumel + std::int64_t{c.row_threads} * c.rvec - 1) / (std::int64_t{c.row_threads} * c.rvec); };
   if (t == Target::cpu) {
@@ -68,20 +69,22 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
     return c;
   }
   c.rvec = std::max(1, 16 / std::max(1, max_item));
-  // About 32 elements of the row a thread (more for long rows: at most 1024 threads a row; a
-  // 32768-element f32 softmax: 512 -> 1024 threads took 0.529 -> 0.474 ms on an H200).
+  // About 32 elements of the row a thread (more for long rows: at most 512 threads a row; 1024
+  // measured slower for 32768-element softmax and 32000-class cross_entropy rows on an H200).
   // KILN_TUNE_ROW_ELEMS overrides the 32, for tuning experiments (benchmarks/NOTES.md).
-  // KILN_TUNE_ROW_THREADS caps the threads a row (1024), KILN_TUNE_ROW_ITERS the register-cached
+  // KILN_TUNE_ROW_THREADS caps the threads a row (512), KILN_TUNE_ROW_ITERS the register-cached
   // tiles a thread (16; above it the row is re-read from L2 instead: the "red" kind).
   auto knob = [](const char* name, std::int64_t fallback) {
     const char* e = std::getenv(name);
     return e ? std::max<std::int64_t>(0, std::atoll(e)) : fallback;
   };
   static const std::int64_t elems = knob("KILN_TUNE_ROW_ELEMS", 0);
-  static const std::int64_t max_threads = std::clamp<std::int64_t>(knob("KILN_TUNE_ROW_THREADS", 1024), 32, 1024);
+  static const std::int64_t max_threads = std::clamp<std::int64_t>(knob("KILN_TUNE_ROW_THREADS", 512), 32, 1024);
   static const std::int64_t max_iters = knob("KILN_TUNE_ROW_ITERS", 16);
-  // Measured on an H200: 32 elements a thread for f32 rows, 16 for 16-bit rows (W6 0.146 -> 0.086 ms).
-  std::int64_t per_thread = elems ? elems : (max_item <= 2 ? 16 : 32);
+  // Measured on an H200: 32 elements a thread for f32 rows, 16 for 16-bit rows (W6 0.146 -> 0.086 ms)
+  // and for rows that stream two or more full-size inputs, whose register caches would otherwise
+  // cost occupancy (layer_norm backward, x and dy: 128 -> ~64 registers, W5 0.427 -> 0.393 ms).
+  std::int64_t per_thread = elems ? elems : (max_item <= 2 || streams >= 2 ? 16 : 32);
   std::int64_t per_row = next_pow2((rnumel + per_thread - 1) / per_thread);
   c.row_threads = static_cast<int>(std::clamp<std::int64_t>(per_row, 32, max_threads));
   c.rows = c.row_threads >= 256 ? 1 : 256 / c.row_threads;
