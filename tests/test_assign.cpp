@@ -45,3 +45,30 @@ TEST_CASE("assign: the value is cast to the argument's dtype; a wrong shape is a
   auto a2 = k::randn({4, 3}, k::f32, k::cpu, 6), b2 = k::randn({5, 3}, k::f32, k::cpu, 7);
   CHECK_THROWS_AS(wrong(a2, b2), k::shape_error);
 }
+
+TEST_CASE("eval(out): rows of a larger buffer are written in place, the padding around them untouched") {
+  const std::int64_t rows = 13, cols = 9, pitch = 16, start = 3;
+  auto big = k::randn({rows, pitch}, k::f32, k::cpu, 21);
+  auto before = k::to_vector<float>(big);
+  auto x = k::randn({rows, cols}, k::f32, k::cpu, 22);
+  // Columns [start, start + cols) of every row: a view with a row pitch, as a wrapped sub-buffer would be.
+  k::Tensor out = k::Tensor::wrap(static_cast<float*>(big.data_ptr()) + start, {rows, cols}, k::f32, k::cpu, {pitch, 1});
+  REQUIRE(!out.is_contiguous());
+  k::eval(out, k::exp(x) - 1.0f);
+  auto want = k::to_vector<float>(k::reference::eval(k::exp(x) - 1.0f));
+  auto after = k::to_vector<float>(big);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < pitch; ++c) {
+      bool inside = c >= start && c < start + cols;
+      float expect = inside ? want[r * cols + c - start] : before[r * pitch + c];
+      CHECK(after[r * pitch + c] == doctest::Approx(expect).epsilon(1e-6));
+    }
+  // A layout that is not evenly spaced rows (a transpose) is refused, and out is left as it was.
+  k::Tensor t = k::Tensor::wrap(big.data_ptr(), {cols, rows}, k::f32, k::cpu, {1, pitch});
+  CHECK_THROWS_AS(k::eval(t, k::transpose(x, 0, 1) * 2.0f), k::shape_error);
+  CHECK(k::to_vector<float>(big) == after);
+  // A wrong shape fails before anything is written.
+  auto y = k::randn({rows, cols + 1}, k::f32, k::cpu, 23);
+  CHECK_THROWS_AS(k::eval(out, y * 2.0f), k::shape_error);
+  CHECK(k::to_vector<float>(big) == after);
+}

@@ -100,6 +100,22 @@ TEST_CASE("interop: wrapped device buffers with strides and offsets, in and out"
   k::Tensor y = f(k::Stream(s), x, xt);
   k::Stream(s).synchronize();
   check_close(y, k::reference::eval(k::sum(xc * k::transpose(xtc, 0, 1), 1)), 1e-5, 1e-4);
+  // Output rows inside the padded buffer itself (row pitch cols + pad, starting 3 elements in).
+  k::Tensor padded = k::Tensor::wrap(base, {rows, cols}, k::f32, k::cuda, {cols + pad, 1});
+  k::eval(padded, k::unsqueeze(k::sigmoid(y), 1) * x, s);
+  k::Stream(s).synchronize();
+  std::vector<float> all(static_cast<std::size_t>(rows * (cols + pad)));
+  k::driver::copy_async(all.data(), buf, bytes, s.s);
+  k::Stream(s).synchronize();
+  auto yc = y.to(k::cpu);
+  auto want = k::to_vector<float>(k::reference::eval(k::unsqueeze(k::sigmoid(yc), 1) * xc));
+  auto host_before = k::to_vector<float>(host);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols + pad; ++c) {
+      bool inside = c >= 3 && c < 3 + cols;
+      float expect = inside ? want[r * cols + c - 3] : host_before[r * (cols + pad) + c];
+      CHECK(all[r * (cols + pad) + c] == doctest::Approx(expect).epsilon(1e-5));
+    }
   k::driver::deallocate(out_buf, rows * cols * 4, 0, s.s);
   k::driver::deallocate(buf, bytes, 0, s.s);
 }

@@ -39,6 +39,7 @@ namespace kiln::driver {
   X(mem_free_async, cuMemFreeAsync)                                     \
   X(mem_get_info, cuMemGetInfo_v2)                                      \
   X(memcpy_async, cuMemcpyAsync)                                        \
+  X(memcpy_2d_async, cuMemcpy2DAsync_v2)                                \
   X(memset_d8_async, cuMemsetD8Async)                                   \
   X(pointer_get_attribute, cuPointerGetAttribute)                       \
   X(stream_create, cuStreamCreate)                                      \
@@ -295,6 +296,23 @@ inline void copy_async(void* dst, const void* src, std::size_t bytes, CUstream s
   ensure_context();
   check(api().memcpy_async(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), bytes, s),
         "cuMemcpyAsync");
+}
+
+// `height` rows of `width` bytes, each `dst_pitch` / `src_pitch` bytes apart (unified addressing).
+inline void copy_2d_async(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width,
+                          std::size_t height, CUstream s) {
+  if (width == 0 || height == 0) return;
+  ensure_context();
+  CUDA_MEMCPY2D c{};
+  c.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+  c.srcDevice = reinterpret_cast<CUdeviceptr>(src);
+  c.srcPitch = src_pitch;
+  c.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+  c.dstDevice = reinterpret_cast<CUdeviceptr>(dst);
+  c.dstPitch = dst_pitch;
+  c.WidthInBytes = width;
+  c.Height = height;
+  check(api().memcpy_2d_async(&c, s), "cuMemcpy2DAsync");
 }
 
 inline void memset_async(void* p, unsigned char v, std::size_t bytes, CUstream s) {

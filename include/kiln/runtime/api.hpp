@@ -2,6 +2,7 @@
 // `k::Tensor y = expr;`, all through the same per-function program cache.
 #pragma once
 #include <algorithm>
+#include <cstring>
 #include <tuple>
 #include <utility>
 
@@ -142,11 +143,55 @@ auto eval(const E& e, Stream stream = {}) {
   return detail::pack_outputs<n>(out);
 }
 
-// Evaluates into an existing tensor without allocating; a failed evaluation leaves it untouched.
+namespace detail {
+// The row pitch (elements) of a tensor laid out as rows of a larger buffer: its last dim
+// contiguous, the other dims collapsing into one run of evenly spaced rows (e.g. a column slice of
+// a wider matrix, or one of q/k/v inside a fused qkv buffer). 0 when it is not.
+inline std::int64_t row_pitch(const Tensor& t) {
+  int r = t.dim();
+  if (r < 2 || (t.shape()[r - 1] != 1 && t.strides()[r - 1] != 1)) return 0;
+  std::int64_t pitch = 0, expect = 0;
+  for (int i = r - 2; i >= 0; --i) {
+    if (t.shape()[i] == 1) continue;
+    if (!pitch) pitch = expect = t.strides()[i];
+    if (t.strides()[i] != expect) return 0;
+    expect *= t.shape()[i];
+  }
+  return pitch >= t.shape()[r - 1] ? pitch : 0;
+}
+
+// Copies a contiguous tensor into the rows of `out` (row_pitch(out) > 0), ordered on the stream.
+inline void copy_rows(const Tensor& src, Tensor& out, std::int64_t pitch, Stream stream) {
+  std::size_t item = itemsize(out.dtype());
+  std::size_t width = static_cast<std::size_t>(out.shape()[out.dim() - 1]) * item;
+  std::size_t rows = static_cast<std::size_t>(out.numel()) / std::max<std::size_t>(1, out.shape()[out.dim() - 1]);
+  if (out.numel() == 0) return;
+  if (out.device().is_cpu()) {
+    for (std::size_t i = 0; i < rows; ++i)
+      std::memcpy(static_cast<char*>(out.data_ptr()) + i * pitch * item, static_cast<const char*>(src.data_ptr()) + i * width, width);
+    return;
+  }
+  driver::make_current(out.device().index);
+  driver::copy_2d_async(out.data_ptr(), static_cast<std::size_t>(pitch) * item, src.data_ptr(), width, width, rows,
+                        stream.handle());
+}
+}  // namespace detail
+
+// Evaluates into an existing tensor; a failed evaluation leaves it untouched. A contiguous out is
+// written by the fused kernel itself; rows of a larger buffer (row pitch > row length: a column
+// slice, a wrapped sub-buffer) get the result through one 2-D copy.
 template <Expr E>
 void eval(Tensor& out, const E& e, Stream stream = {}) {
-  if (!out.is_contiguous())
-    throw shape_error("k::eval(out, expr): out must be contiguous, got strides " + out.strides().str());
+  if (!out.is_contiguous()) {
+    std::int64_t pitch = detail::row_pitch(out);
+    if (!pitch)
+      throw shape_error("k::eval(out, expr): out must be contiguous or rows of a larger buffer (last dim contiguous, "
+                        "evenly spaced rows), got shape " + out.shape().str() + " strides " + out.strides().str());
+    Tensor tmp = Tensor::empty(out.shape(), out.dtype(), out.device(), stream);
+    eval(tmp, e, stream);
+    detail::copy_rows(tmp, out, pitch, stream);
+    return;
+  }
   Attrs to;
   to.dt = out.dtype();
   auto full = expr::make<Op::cast>(to, e);  // the value is stored in out's dtype
