@@ -130,7 +130,9 @@ int main(int argc, char** argv) {
   run("W1c", [&] {
     auto f = [](auto& v) { return k::gelu(v[0] + v[1]); };
     std::vector<k::Tensor> small{k::randn({64, 4096}, k::bf16, k::cuda, 1), k::randn({4096}, k::bf16, k::cuda, 2)};
-    if (!check("W1c", [&](auto& v) { return k::cast(f(v), k::bf16); }, small, 2e-2)) return;
+    // (gelu of bf16 inputs is bf16 already; a cast here would share the timed call's eager cache and
+    // make the automatic mode compile the timed size with a symbolic row count.)
+    if (!check("W1c", f, small, 2e-2)) return;
     std::vector<k::Tensor> v{k::randn({16384, 4096}, k::bf16, k::cuda, 3), k::randn({4096}, k::bf16, k::cuda, 4)};
     k::Tensor out = k::empty({16384, 4096}, k::bf16, k::cuda);
     emit("W1c", time_ms([&] { k::eval(out, f(v)); }), 2.0 * 2 * 16384 * 4096);

@@ -8,9 +8,9 @@ for l in sys.stdin:
   except: continue
   if "ms" in r: print(r["id"], r["ms"], r.get("note",""), end="  ")
   elif "error" in r: print(r["id"], "ERR", r["error"][:80], end="  ")'; echo; }
-echo "default: $($B --only W5,W7,W3b,W12 2>&1 | summ)"
-for e in 16 8; do echo "ROW_ELEMS=$e: $(KILN_TUNE_ROW_ELEMS=$e KILN_CACHE_DIR=$(mktemp -d) $B --only W5 2>&1 | summ)"; done
-echo "ROW_THREADS=512: $(KILN_TUNE_ROW_THREADS=512 KILN_CACHE_DIR=$(mktemp -d) $B --only W7,W3b 2>&1 | summ)"
-ncu -k regex:kiln -c 3 --section SpeedOfLight --section LaunchStats --section Occupancy $B --only W5 > $OUT/ncu_w5.txt 2>&1
-KILN_TUNE_ROW_ELEMS=8 ncu -k regex:kiln -c 1 --section SpeedOfLight --section LaunchStats --section Occupancy $B --only W5 > $OUT/ncu_w5_8.txt 2>&1
-grep -E "kiln_|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Block Size|Grid Size" $OUT/ncu_w5.txt $OUT/ncu_w5_8.txt | head -40
+echo "default: $($B --only W1,W1b,W1c,W3,W3b,W4,W5,W6,W7,W8 2>&1 | summ)"
+ncu -k regex:kiln -c 1 --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats $B --only W6 > $OUT/ncu_w6.txt 2>&1
+ncu -k regex:kiln -c 2 --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats $B --only W1b > $OUT/ncu_w1b.txt 2>&1
+ncu -k regex:kiln -c 2 --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats $B --only W1c > $OUT/ncu_w1c.txt 2>&1
+for f in w6 w1b w1c; do echo "== $f"; grep -E "kiln_|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Block Size|Grid Size|Stall|Warp Cycles Per Issued" $OUT/ncu_$f.txt | head -24; done
+mkdir -p $OUT/src; KILN_DEBUG_DIR=$OUT/src KILN_CACHE_DIR=$(mktemp -d) $B --only W6,W1c > /dev/null 2>&1; ls $OUT/src | head

@@ -47,11 +47,17 @@ inline std::string KernelWriter::reduction_identity(Op op, kiln::dtype ct) {
   return fl ? detail::literal(INFINITY, ct) : "(" + detail::c_type(ct) + ")9223372036854775807LL";
 }
 
+// True when n is a constant multiple of `block`.
+inline bool divides(std::int64_t block, const Sym& n) {
+  return block > 0 && n.is_constant() && n.constant_value() % block == 0;
+}
+
 inline void KernelWriter::write_pointwise() {
   line("KILN_POINTWISE_LOOP(xoffset) {");
   ++indent_;
   line("auto xindex = xoffset + kiln::arange<XVEC>();");
-  line("auto xmask = xindex < xnumel;");
+  // Programs that tile the domain exactly need no bounds test (a constant mask folds away).
+  line(divides(config_.xblock, xnumel_) ? "auto xmask = kiln::full<XVEC>(true);" : "auto xmask = xindex < xnumel;");
   auto idx = domain_index();
   for (int s : plan_.stores) store(s, idx);
   --indent_;
@@ -61,7 +67,11 @@ inline void KernelWriter::write_pointwise() {
 inline void KernelWriter::write_rows() {
   line("KILN_ROW(xindex) {");
   ++indent_;
-  line("const bool xmask = xindex < xnumel;");
+  // Whole programs of rows, and register tiles that cover a row exactly, need no bounds tests.
+  bool full_rows = divides(config_.rows, xnumel_);
+  bool full_tiles = config_.riters > 0 && rnumel_.is_constant() &&
+                    rnumel_.constant_value() == std::int64_t{config_.riters} * config_.row_threads * config_.rvec;
+  line(full_rows ? "const bool xmask = true;" : "const bool xmask = xindex < xnumel;");
   line("/*KILN_ROW_CACHES*/");
   auto open_loop = [&] {
     line(config_.riters > 0 ? "KILN_R_TILES(roffset) {" : "KILN_R_LOOP(roffset, rnumel) {");
@@ -69,7 +79,7 @@ inline void KernelWriter::write_rows() {
     ++scope_;
     in_rloop_ = true;
     line("auto rindex = roffset + kiln::arange<RVEC>();");
-    line("auto rmask = (rindex < rnumel) & xmask;");
+    line(full_tiles ? "auto rmask = kiln::full<RVEC>(xmask);" : "auto rmask = (rindex < rnumel) & xmask;");
   };
   auto close_loop = [&] {
     in_rloop_ = false;
