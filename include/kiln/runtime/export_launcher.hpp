@@ -103,8 +103,13 @@ inline std::vector<ExportedOutput> exported_outputs(const Program& p) {
 class LauncherWriter {
  public:
   LauncherWriter(const Program& p, LauncherSpec spec) : p_(p), spec_(std::move(spec)), outs_(exported_outputs(p)) {
-    for (const auto& o : outs_)
+    for (std::size_t i = 0; i < outs_.size(); ++i) {
+      const auto& o = outs_[i];
       if (o.how == ExportedOutput::in_place) spec_.args[o.from].written = true;
+      if (o.how == ExportedOutput::copy_of_arg && !spec_.args[o.from].strides.empty())
+        throw error("k::export_kernels: output " + std::to_string(i) + " is the strided argument " + spec_.args[o.from].name +
+                    " itself; return a contiguous copy of it instead");
+    }
   }
 
   std::string header() const;
@@ -244,7 +249,8 @@ inline std::string LauncherWriter::header() const {
   s += "// C linkage: dlsym and foreign-function interfaces find the launcher by its name.\nextern \"C\" {\n\n";
   s += "// Launches the kernels on `stream` (asynchronous). Returns kiln_export_success, or an error code with\n"
        "// the reason in " + name() + "_last_error(); sizes are checked before anything runs. Intermediates live\n"
-       "// in `workspace` (" + name() + "_workspace_bytes); when it is null they are allocated on the stream.\n"
+       "// in `workspace` (" + name() + "_workspace_bytes bytes, 256-byte aligned); when it is null they are\n"
+       "// allocated and freed on the stream.\n"
        "// Outputs must not overlap the arguments.\n";
   s += "int " + name() + "(" + launch_params(true) + ");\n\n";
   s += "// The bytes of workspace a launch with these shapes needs.\n";
@@ -463,6 +469,8 @@ struct Workspace {
   int acquire(void* given, size_t bytes, cudaStream_t s) {
     base = static_cast<char*>(given);
     stream = s;
+    if (base != nullptr && reinterpret_cast<unsigned long long>(base) % 256 != 0)
+      return fail(kiln_export_invalid_argument, "%s: the workspace must be 256-byte aligned", launcher_name);
     if (base != nullptr || bytes == 0) return kiln_export_success;
     if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&base), bytes, s))
       return fail(kiln_export_cuda_error, "%s: allocating %zu bytes of workspace: %s", launcher_name, bytes, cudaGetErrorString(e));
