@@ -32,4 +32,5 @@
 #include "autodiff/grad.hpp"
 #include "runtime/api.hpp"
 #include "debug/explain.hpp"
+#include "runtime/export.hpp"
 #include "reference/eval.hpp"

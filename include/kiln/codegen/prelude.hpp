@@ -9,9 +9,15 @@
 namespace kiln::codegen {
 
 inline constexpr std::string_view prelude = R"KILN(
-#ifdef __CUDACC_RTC__
+// Device code under NVRTC, and under nvcc for kernels exported ahead of time (k::export_kernels).
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define KILN_DEVICE_CODE 1
+#endif
+#ifdef KILN_DEVICE_CODE
 #define KILN_FN __device__ __forceinline__
+#ifndef KILN_KERNEL  // exported sources make their kernels static: two exports link side by side
 #define KILN_KERNEL extern "C" __global__ void
+#endif
 #define KILN_BOUNDS(threads) __launch_bounds__(threads)
 #define KILN_PROGRAM_PARAMS
 #define KILN_UNROLL _Pragma("unroll")
@@ -153,7 +159,7 @@ template <class T> struct enable_if<true, T> { typedef T type; };
 template <class A, class B> struct any_tile { static constexpr bool value = width_of<A, B>::value > 0; };
 
 template <class A, class B> KILN_FN auto m_div(A a, B b) { return a / b; }
-#ifdef __CUDACC_RTC__
+#ifdef KILN_DEVICE_CODE
 // Triton's default for f32 division, so results match torch.compile's: div.full (2 ulp).
 KILN_FN float m_div(float a, float b) { float r; asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 #else
@@ -180,7 +186,7 @@ KILN_BINARY(minimum, (x != x) ? x : ((y != y) ? y : (x < y ? x : y)))
 #undef KILN_BINARY
 
 // Scalar math for each compute type, then lifted to tiles.
-#ifdef __CUDACC_RTC__
+#ifdef KILN_DEVICE_CODE
 KILN_FN float m_exp(float x) { return __expf(x); }  // ex2.approx, as Triton's tl.exp
 #else
 KILN_FN float m_exp(float x) { return ::expf(x); }
@@ -198,7 +204,7 @@ KILN_FN float m_expm1(float x) { return ::expm1f(x); }
 KILN_FN double m_expm1(double x) { return ::expm1(x); }
 KILN_FN float m_sqrt(float x) { return ::sqrtf(x); }
 KILN_FN double m_sqrt(double x) { return ::sqrt(x); }
-#ifdef __CUDACC_RTC__
+#ifdef KILN_DEVICE_CODE
 KILN_FN float m_rsqrt(float x) { return ::rsqrtf(x); }
 KILN_FN double m_rsqrt(double x) { return ::rsqrt(x); }
 #else
@@ -304,7 +310,7 @@ KILN_UNROLL
 template <int N, class T, class M>
 KILN_FN tile<T, N> load_contig_raw(const T* p, i64 base, const M& mask) {
   tile<T, N> r;
-#ifdef __CUDACC_RTC__
+#ifdef KILN_DEVICE_CODE
   if constexpr ((sizeof(T) * N) % 16 == 0) {
     constexpr int V = 16 / sizeof(T);
     bool all = true;
@@ -348,7 +354,7 @@ KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, 
                                                           typename compute_of<T>::type other = 0) {
   typedef typename compute_of<T>::type C;
   tile<C, N> r;
-#ifdef __CUDACC_RTC__
+#ifdef KILN_DEVICE_CODE
   if constexpr ((sizeof(T) * N) % 16 == 0) {  // whole 16-byte vectors
     constexpr int V = 16 / sizeof(T);
     bool all = true;
@@ -383,21 +389,21 @@ KILN_UNROLL
 }
 template <int N, class T, class V, class M>
 KILN_FN void store_contig(T* p, i64 base, const V& v, const M& mask) {
-#ifdef __CUDACC_RTC__
+#ifdef KILN_DEVICE_CODE
   if constexpr ((sizeof(T) * N) % 16 == 0 || sizeof(T) * N == 8) {
-    constexpr int V = sizeof(T) * N == 8 ? N : 16 / sizeof(T);
-    constexpr int A = sizeof(T) * V;
+    constexpr int L = sizeof(T) * N == 8 ? N : 16 / sizeof(T);  // lanes a vector
+    constexpr int A = sizeof(T) * L;
     bool all = true;
 KILN_UNROLL
     for (int i = 0; i < N; ++i) all = all && lane(mask, i);
     if (all && ((unsigned long long)(p + base) & (A - 1)) == 0) {
-      struct alignas(A) vec { T e[V]; };
+      struct alignas(A) vec { T e[L]; };
 KILN_UNROLL
-      for (int c = 0; c < N / V; ++c) {
+      for (int c = 0; c < N / L; ++c) {
         vec w;
 KILN_UNROLL
-        for (int i = 0; i < V; ++i) w.e[i] = store_cast<T>(lane(v, c * V + i));
-        *reinterpret_cast<vec*>(p + base + c * V) = w;
+        for (int i = 0; i < L; ++i) w.e[i] = store_cast<T>(lane(v, c * L + i));
+        *reinterpret_cast<vec*>(p + base + c * L) = w;
       }
       return;
     }
@@ -426,7 +432,7 @@ KILN_UNROLL
 }
 // Combines the partial results of the ROW_THREADS threads that share a row.
 template <int ROW_THREADS, class Op, class T> KILN_FN T across_row(Op op, T v) {
-#ifdef __CUDACC_RTC__
+#ifdef KILN_DEVICE_CODE
 KILN_UNROLL
   for (int o = (ROW_THREADS < 32 ? ROW_THREADS : 32) / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   if constexpr (ROW_THREADS > 32) {
@@ -449,7 +455,7 @@ template <int ROW_THREADS, class A> KILN_FN auto row_min(const A& a) { return ac
 
 // ---- programs: how a kernel's loops map onto the target -------------------------------------
 // Each kernel defines XBLOCK/XVEC (pointwise) or ROWS/ROW_THREADS/RVEC (rows) before its loops.
-#ifdef __CUDACC_RTC__
+#ifdef KILN_DEVICE_CODE
 #define KILN_POINTWISE_LOOP(xoffset)                                                      \
   KILN_UNROLL for (int kiln_u = 0; kiln_u < XBLOCK / (THREADS * XVEC); ++kiln_u)          \
     if (const i64 xoffset = (i64)blockIdx.x * XBLOCK + ((i64)kiln_u * THREADS + threadIdx.x) * XVEC; true)

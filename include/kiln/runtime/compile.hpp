@@ -90,9 +90,10 @@ inline void check_assign_order(const graph::Graph& g, const Program& p) {
   }
 }
 
-// Primitive graph -> compiled program for one device and shape environment.
+// Primitive graph -> kernel sources and buffer plan for one target, without compiling them
+// (nothing here needs a driver: k::export_kernels plans CUDA programs on machines without a GPU).
 template <class ArgAt>
-std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg) {
+std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg) {
   auto p = std::make_shared<Program>();
   p->device = device;
   p->sched = schedule::fuse(g);                      // group anchors into kernels
@@ -130,9 +131,16 @@ std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device 
     if (p->sched.realized[i] && g[i].op != Op::arg) p->buffers.push_back(i);
   for (int o : g.outputs) p->arg_of_output.push_back(g[o].op == Op::arg ? g[o].slot : -1);
   check_assign_order(g, *p);
-  std::string name = p->kernels.empty() ? "kiln_program" : p->kernels.front().src.name;
   p->graph = std::move(g);
   p->env = std::move(env);
+  return p;
+}
+
+// Primitive graph -> compiled program for one device and shape environment.
+template <class ArgAt>
+std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg) {
+  auto p = plan_program(std::move(g), std::move(env), device, arg);
+  std::string name = p->kernels.empty() ? "kiln_program" : p->kernels.front().src.name;
   compile_program(*p, name);                         // NVRTC or the host compiler, cached
   if (debug::log_enabled(debug::Channel::output_code)) debug::log(debug::Channel::output_code, p->source);
   return p;

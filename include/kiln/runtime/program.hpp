@@ -88,14 +88,26 @@ inline std::int64_t num_programs(const CompiledKernel& k, Bindings sizes) {
 
 }  // namespace detail
 
-// Compiles the generated sources of a program for its device: one translation unit per program.
-inline void compile_program(Program& p, const std::string& name) {
-  bool half = false;
-  for (auto& k : p.kernels)
-    for (auto& prm : k.src.params) half = half || prm.dt == kiln::dtype::f16 || prm.dt == kiln::dtype::bf16;
+// The generated kernels of a program after the size helpers (no prelude): its `source`.
+inline std::string program_body(const Program& p) {
   std::string body = std::string(sym_c_helpers) + "\n";
   for (auto& k : p.kernels)
     if (k.extern_node < 0) body += "\n" + k.src.source;
+  return body;
+}
+
+// The CUDA translation unit of a program: the prelude (with the 16-bit float types only when a
+// kernel moves f16/bf16) and its body.
+inline std::string cuda_translation_unit(const Program& p, const std::string& body) {
+  bool half = false;
+  for (auto& k : p.kernels)
+    for (auto& prm : k.src.params) half = half || prm.dt == kiln::dtype::f16 || prm.dt == kiln::dtype::bf16;
+  return std::string(half ? "#define KILN_HALF 1\n" : "") + std::string(codegen::prelude) + body;
+}
+
+// Compiles the generated sources of a program for its device: one translation unit per program.
+inline void compile_program(Program& p, const std::string& name) {
+  std::string body = program_body(p);
   p.source = body;
   if (p.device.is_cpu()) {
     std::string tu = std::string(codegen::prelude) + body;
@@ -108,7 +120,7 @@ inline void compile_program(Program& p, const std::string& name) {
   }
   driver::make_current(p.device.index);
   std::string arch = driver::arch(p.device.index);
-  std::string tu = std::string(half ? "#define KILN_HALF 1\n" : "") + std::string(codegen::prelude) + body;
+  std::string tu = cuda_translation_unit(p, body);
   Hasher h;
   h.update(tu).update(nvrtc_options_string(arch)).update(nvrtc_version());
   std::string key = hex(h.digest());
@@ -123,10 +135,14 @@ inline void compile_program(Program& p, const std::string& name) {
     if (k.extern_node < 0) k.cuda = p.module->function(k.src.name.c_str());
 }
 
-// Enough blocks of `threads` threads for four full waves on the device.
+// Enough blocks of `threads` threads for four full waves on a device with `sms` multiprocessors
+// (exported launchers emit the same formula: runtime/export_launcher.hpp).
+inline std::int64_t row_grid_limit(int sms, int threads) {
+  return std::int64_t{sms} * std::max(1, 2048 / std::max(threads, 1)) * 4;
+}
 inline std::int64_t row_grid_limit(int threads) {
   static const int sms = driver::sm_count(driver::current_device());
-  return std::int64_t{sms} * std::max(1, 2048 / std::max(threads, 1)) * 4;
+  return row_grid_limit(sms, threads);
 }
 
 template <class ShapeOf>

@@ -1,0 +1,515 @@
+// Exported launchers: the host code that k::export_kernels writes beside a program's kernels, so
+// a codebase can run them without kiln or NVRTC. One launch function per program checks every
+// size against what the kernels were compiled for (a static size must be equal, a symbolic size is
+// bound at its first sight and must agree everywhere else), places the intermediates in one
+// workspace and launches the kernels with the grids Program::run computes. A mismatch returns an
+// error code and a message before anything is launched: never an out-of-bounds access.
+#pragma once
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "program.hpp"
+
+namespace kiln::runtime {
+
+// One tensor parameter of an exported launcher: an argument of the function or a tensor it captured.
+struct ExportedArg {
+  std::string name;       // arg0, arg1, ... then capture0, ...
+  kiln::dtype dt;
+  Dims shape;             // at export time
+  Dims strides;           // empty when contiguous; else the launcher takes and checks them
+  int node = -1;          // its graph node; -1 when the kernels never read it
+  bool written = false;   // k::assign writes into it
+};
+
+// What a launcher is written for, besides the program itself.
+struct LauncherSpec {
+  std::string name;               // a C identifier: the launcher and the prefix of its helpers
+  std::vector<ExportedArg> args;  // indexed by arg slot
+  std::vector<double> scalars;    // values at export time: the defaults of the scalar parameters
+  std::string arch;               // the cubin's architecture (comments only)
+};
+
+// Where an output comes from: a kernel writes it (own), it is an argument unchanged (copied),
+// the same value as an earlier output (copied), or k::assign writes it into an argument (no parameter).
+struct ExportedOutput {
+  enum How { own, copy_of_arg, copy_of_output, in_place } how = own;
+  int node = -1, from = -1;  // from: the argument slot or the earlier output
+  std::string name;          // out0, out1, ... (in_place: the argument's name)
+};
+
+namespace detail {
+
+inline std::string header_type(kiln::dtype d) {
+  switch (d) {
+    case kiln::dtype::f64: return "double";
+    case kiln::dtype::f32: return "float";
+    case kiln::dtype::f16: return "__half";
+    case kiln::dtype::bf16: return "__nv_bfloat16";
+    case kiln::dtype::i64: return "int64_t";
+    case kiln::dtype::i32: return "int32_t";
+    case kiln::dtype::boolean: return "bool";
+  }
+  return "void";
+}
+
+inline std::string shape_text(const std::vector<Sym>& dims) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + dims[i].str();
+  return s + "]";
+}
+
+inline std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+
+// The shortest decimal that reads back as v.
+inline std::string number(double v) {
+  char buf[64];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".eni") == std::string::npos) s += ".0";
+  return s;
+}
+
+}  // namespace detail
+
+inline std::vector<ExportedOutput> exported_outputs(const Program& p) {
+  std::vector<ExportedOutput> outs;
+  int numbered = 0;
+  for (std::size_t o = 0; o < p.graph.outputs.size(); ++o) {
+    ExportedOutput e;
+    e.node = p.graph.outputs[o];
+    int into = o < p.graph.output_into.size() ? p.graph.output_into[o] : -1;
+    if (into >= 0) {
+      e.how = ExportedOutput::in_place, e.from = into;
+    } else if (p.arg_of_output[o] >= 0) {
+      e.how = ExportedOutput::copy_of_arg, e.from = p.arg_of_output[o];
+    } else {
+      for (std::size_t earlier = 0; earlier < o; ++earlier)
+        if (outs[earlier].node == e.node && outs[earlier].how == ExportedOutput::own)
+          e.how = ExportedOutput::copy_of_output, e.from = static_cast<int>(earlier);
+    }
+    if (e.how != ExportedOutput::in_place) e.name = "out" + std::to_string(numbered++);
+    outs.push_back(e);
+  }
+  return outs;
+}
+
+// Writes the header and the host half of the .cu for one program.
+class LauncherWriter {
+ public:
+  LauncherWriter(const Program& p, LauncherSpec spec) : p_(p), spec_(std::move(spec)), outs_(exported_outputs(p)) {
+    for (std::size_t i = 0; i < outs_.size(); ++i) {
+      const auto& o = outs_[i];
+      if (o.how == ExportedOutput::in_place) spec_.args[o.from].written = true;
+      if (o.how == ExportedOutput::copy_of_arg && !spec_.args[o.from].strides.empty())
+        throw error("k::export_kernels: output " + std::to_string(i) + " is the strided argument " + spec_.args[o.from].name +
+                    " itself; return a contiguous copy of it instead");
+    }
+  }
+
+  std::string header() const;
+  std::string host_source() const;
+
+ private:
+  const std::string& name() const { return spec_.name; }
+  int num_sizes() const { return p_.env.num_symbols(); }
+  const std::string& symbol_name(int id) const {
+    auto [node, dim] = p_.env.source[id];
+    return p_.env[node][dim].symbol_name();
+  }
+  std::string shape_params() const;
+  std::string launch_params(bool defaults) const;
+  std::string shape_args() const;
+  std::string size_locals() const;
+  std::string numel_of_arg(const ExportedArg& a) const;
+  std::string numel_of_node(int node) const;
+  std::string buffer_of(int node) const;
+  std::string check_shapes_fn() const;
+  std::string plan_workspace_fn() const;
+  std::string output_shape_fn() const;
+  std::string launcher_fn() const;
+  std::string pointer_checks() const;
+  std::string launch_kernel(const CompiledKernel& k) const;
+  std::string kernel_arg(const codegen::Param& prm) const;
+  std::string copies() const;
+  std::string describe() const;
+  bool has_rows() const;
+  std::vector<int> intermediates() const;
+
+  const Program& p_;
+  LauncherSpec spec_;
+  std::vector<ExportedOutput> outs_;
+};
+
+// ---- signatures ---------------------------------------------------------------------------------
+
+inline std::string LauncherWriter::shape_params() const {
+  std::string s;
+  for (const auto& a : spec_.args)
+    if (a.shape.size() > 0) s += (s.empty() ? "" : ", ") + std::string("const int64_t ") + a.name + "_shape[" + std::to_string(a.shape.size()) + "]";
+  return s;
+}
+
+inline std::string LauncherWriter::shape_args() const {
+  std::string s;
+  for (const auto& a : spec_.args)
+    if (a.shape.size() > 0) s += (s.empty() ? "" : ", ") + a.name + "_shape";
+  return s;
+}
+
+inline std::string LauncherWriter::launch_params(bool defaults) const {
+  std::vector<std::string> ps;
+  for (const auto& a : spec_.args) {
+    ps.push_back((a.written ? "" : "const ") + detail::header_type(a.dt) + "* " + a.name);
+    std::string rank = std::to_string(a.shape.size());
+    if (a.shape.size() > 0) ps.push_back("const int64_t " + a.name + "_shape[" + rank + "]");
+    if (!a.strides.empty()) ps.push_back("const int64_t " + a.name + "_strides[" + rank + "]");
+  }
+  for (const auto& o : outs_)
+    if (o.how != ExportedOutput::in_place) ps.push_back(detail::header_type(p_.graph[o.node].dt) + "* " + o.name);
+  for (std::size_t i = 0; i < spec_.scalars.size(); ++i)
+    ps.push_back("double scalar" + std::to_string(i) + (defaults ? " = " + detail::number(spec_.scalars[i]) : ""));
+  ps.push_back(std::string("void* workspace") + (defaults ? " = nullptr" : ""));
+  ps.push_back(std::string("cudaStream_t stream") + (defaults ? " = 0" : ""));
+  std::string s;
+  for (std::size_t i = 0; i < ps.size(); ++i) s += (i ? ",\n    " : "\n    ") + ps[i];
+  return s;
+}
+
+// Locals named like the kernels' size parameters, so symbolic expressions print as C.
+inline std::string LauncherWriter::size_locals() const {
+  std::string s;
+  for (int i = 0; i < num_sizes(); ++i)
+    s += "  [[maybe_unused]] const long long " + symbol_name(i) + " = s[" + std::to_string(i) + "];\n";
+  return s;
+}
+
+inline std::string LauncherWriter::numel_of_arg(const ExportedArg& a) const {
+  std::string s = "1LL";
+  for (int d = 0; d < a.shape.size(); ++d) s += " * " + a.name + "_shape[" + std::to_string(d) + "]";
+  return s;
+}
+
+inline std::string LauncherWriter::numel_of_node(int node) const {
+  Sym n(1);
+  for (const Sym& d : p_.env[node]) n = n * d;
+  return "(" + n.c_expr() + ")";
+}
+
+// ---- the header ---------------------------------------------------------------------------------
+
+// The comment block that says what the launcher was exported for.
+inline std::string LauncherWriter::describe() const {
+  std::string s = "// Kernels (cubin: " + name() + "_" + spec_.arch + ".cubin):\n";
+  for (const auto& k : p_.kernels)
+    s += "//   " + k.src.name + " (" + schedule::kind_name(k.src.kind) + ")\n";
+  s += "// Arguments: device pointers to contiguous tensors (strided ones take their strides):\n";
+  for (const auto& a : spec_.args) {
+    std::string shape = a.node >= 0 ? detail::shape_text(p_.env[a.node]) : a.shape.str() + ", not read by the kernels";
+    s += "//   " + a.name + ": " + std::string(kiln::name(a.dt)) + " " + shape + (a.strides.empty() ? "" : ", strides " + a.strides.str()) +
+         (a.written ? ", updated in place" : "") + "\n";
+  }
+  bool any = false;
+  for (const auto& o : outs_) any = any || o.how != ExportedOutput::in_place;
+  s += any ? "// Outputs: device buffers the caller allocates (" + name() + "_output_shape gives their shapes):\n"
+           : "// Outputs: none besides the arguments updated in place.\n";
+  for (const auto& o : outs_)
+    if (o.how != ExportedOutput::in_place)
+      s += "//   " + o.name + ": " + std::string(kiln::name(p_.graph[o.node].dt)) + " " + detail::shape_text(p_.env[o.node]) + "\n";
+  for (std::size_t i = 0; i < spec_.scalars.size(); ++i)
+    s += "// scalar" + std::to_string(i) + ": a C++ scalar of the function (" + detail::number(spec_.scalars[i]) + " when exported)\n";
+  if (num_sizes() > 0) {
+    s += "// Symbolic sizes:";
+    for (int i = 0; i < num_sizes(); ++i) s += " " + symbol_name(i);
+    s += " (each at least 2, equal wherever they repeat); every other size is fixed.\n";
+  } else {
+    s += "// Every size is fixed: exported with static shapes.\n";
+  }
+  return s;
+}
+
+inline std::string LauncherWriter::header() const {
+  bool half = false;
+  for (const auto& a : spec_.args) half = half || a.dt == kiln::dtype::f16 || a.dt == kiln::dtype::bf16;
+  for (const auto& o : outs_) half = half || p_.graph[o.node].dt == kiln::dtype::f16 || p_.graph[o.node].dt == kiln::dtype::bf16;
+  std::string sp = shape_params();
+  std::string s = "// " + name() + ".h: kernels exported ahead of time by kiln (k::export_kernels). Plain C++ and the\n"
+                  "// CUDA runtime: compile " + name() + ".cu with nvcc (-std=c++17) and link it; no kiln, no NVRTC.\n//\n" +
+                  describe() + "#pragma once\n#include <cstddef>\n#include <cstdint>\n\n#include <cuda_runtime.h>\n" +
+                  (half ? "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n" : "") +
+                  "\n#ifndef KILN_EXPORT_STATUS\n#define KILN_EXPORT_STATUS\n"
+                  "enum kiln_export_status {\n  kiln_export_success = 0,\n  kiln_export_invalid_argument = 1,  // a null pointer, a bad output index\n"
+                  "  kiln_export_shape_mismatch = 2,    // a size or stride the kernels were not exported for\n"
+                  "  kiln_export_cuda_error = 3,        // the CUDA runtime failed (allocation, launch)\n};\n#endif\n\n";
+  s += "// C linkage: dlsym and foreign-function interfaces find the launcher by its name.\nextern \"C\" {\n\n";
+  s += "// Launches the kernels on `stream` (asynchronous). Returns kiln_export_success, or an error code with\n"
+       "// the reason in " + name() + "_last_error(); sizes are checked before anything runs. Intermediates live\n"
+       "// in `workspace` (" + name() + "_workspace_bytes bytes, 256-byte aligned); when it is null they are\n"
+       "// allocated and freed on the stream.\n"
+       "// Outputs must not overlap the arguments.\n";
+  s += "int " + name() + "(" + launch_params(true) + ");\n\n";
+  s += "// The bytes of workspace a launch with these shapes needs.\n";
+  s += "int " + name() + "_workspace_bytes(" + sp + (sp.empty() ? "" : ", ") + "size_t* bytes);\n\n";
+  s += "// The shape of output `output` for these argument shapes (its rank is fixed: see above).\n";
+  s += "int " + name() + "_output_shape(int output" + (sp.empty() ? "" : ", " + sp) + ", int64_t* shape);\n\n";
+  s += "// Why the last call on this thread failed (empty after a success).\n";
+  s += "const char* " + name() + "_last_error();\n\n}  // extern \"C\"\n";
+  return s;
+}
+
+// ---- the host source ----------------------------------------------------------------------------
+
+// Checks every argument dim: static sizes equal, symbolic sizes bound once and then equal.
+inline std::string LauncherWriter::check_shapes_fn() const {
+  std::string sp = shape_params();
+  std::string s = "// Checks the argument shapes against the exported ones and binds the symbolic sizes s[].\n";
+  s += "int check_shapes(" + sp + (sp.empty() ? "" : ", ") + "long long* s) {\n";
+  if (num_sizes() > 0) s += "  const char* bound_by[num_sizes] = {};  // the dim that bound each size first\n";
+  s += "  for (int i = 0; i < num_sizes; ++i) s[i] = -1;\n";
+  for (const auto& a : spec_.args) {
+    if (a.shape.size() == 0) continue;
+    s += "  if (" + a.name + "_shape == nullptr) return fail(kiln_export_invalid_argument, \"" + name() + ": " + a.name + "_shape is null\");\n";
+    if (a.node < 0) continue;
+    for (int d = 0; d < a.shape.size(); ++d) {
+      const Sym& dim = p_.env[a.node][d];
+      std::string at = a.name + "_shape[" + std::to_string(d) + "]";
+      if (dim.is_constant())
+        s += "  if (!check_size(" + at + ", " + std::to_string(dim.constant_value()) + "LL, " + detail::quoted(at) + ")) return kiln_export_shape_mismatch;\n";
+      else
+        s += "  if (!bind_size(s[" + std::to_string(dim.symbol_id()) + "], bound_by[" + std::to_string(dim.symbol_id()) + "], " + at + ", " +
+             detail::quoted(at) + ", " + detail::quoted(dim.symbol_name()) + ")) return kiln_export_shape_mismatch;\n";
+    }
+  }
+  return s + "  return kiln_export_success;\n}\n\n";
+}
+
+// Intermediates: realized nodes that are neither arguments nor outputs.
+inline std::vector<int> LauncherWriter::intermediates() const {
+  std::vector<int> out;
+  for (int b : p_.buffers) {
+    bool is_output = false;
+    for (const auto& o : outs_) is_output = is_output || o.node == b;
+    if (!is_output) out.push_back(b);
+  }
+  return out;
+}
+
+inline std::string LauncherWriter::plan_workspace_fn() const {
+  std::vector<int> temps = intermediates();
+  std::string s = "// Offsets of the intermediates in the workspace, 256-byte aligned; returns its size.\n";
+  s += "size_t plan_workspace([[maybe_unused]] const long long* s, [[maybe_unused]] size_t* offset) {\n" + size_locals() +
+       "  size_t bytes = 0;\n";
+  for (std::size_t i = 0; i < temps.size(); ++i) {
+    int n = temps[i];
+    s += "  offset[" + std::to_string(i) + "] = bytes;  // %" + std::to_string(n) + ": " + std::string(kiln::name(p_.graph[n].dt)) + " " +
+         detail::shape_text(p_.env[n]) + "\n";
+    s += "  bytes += (size_t(" + numel_of_node(n) + ") * " + std::to_string(itemsize(p_.graph[n].dt)) + " + 255) / 256 * 256;\n";
+  }
+  return s + "  return bytes;\n}\n\n";
+}
+
+inline std::string LauncherWriter::output_shape_fn() const {
+  std::string sp = shape_params(), sa = shape_args();
+  std::string s = "int " + name() + "_output_shape(int output" + (sp.empty() ? "" : ", " + sp) + ", int64_t* shape) {\n";
+  s += "  error_message[0] = '\\0';\n  long long s[num_sizes];\n";
+  s += "  if (int status = check_shapes(" + sa + (sa.empty() ? "" : ", ") + "s)) return status;\n" + size_locals();
+  s += "  if (shape == nullptr) return fail(kiln_export_invalid_argument, \"" + name() + "_output_shape: shape is null\");\n";
+  s += "  switch (output) {\n";
+  for (std::size_t o = 0; o < outs_.size(); ++o) {
+    s += "    case " + std::to_string(o) + ":";
+    const auto& dims = p_.env[outs_[o].node];
+    for (std::size_t d = 0; d < dims.size(); ++d) s += " shape[" + std::to_string(d) + "] = " + dims[d].c_expr() + ";";
+    s += " return kiln_export_success;\n";
+  }
+  s += "  }\n  return fail(kiln_export_invalid_argument, \"" + name() + "_output_shape: output %d does not exist (there are " +
+       std::to_string(outs_.size()) + ")\", output);\n}\n\n";
+  return s;
+}
+
+// The pointer a kernel parameter refers to: an argument, an output or a slice of the workspace.
+inline std::string LauncherWriter::buffer_of(int node) const {
+  if (p_.graph[node].op == Op::arg) return spec_.args[p_.graph[node].slot].name;
+  for (const auto& o : outs_)
+    if (o.node == node && (o.how == ExportedOutput::own || o.how == ExportedOutput::in_place))
+      return o.how == ExportedOutput::in_place ? spec_.args[o.from].name : o.name;
+  std::vector<int> temps = intermediates();
+  for (std::size_t i = 0; i < temps.size(); ++i)
+    if (temps[i] == node) return "ws.base + offset[" + std::to_string(i) + "]";
+  throw error("export_kernels: no buffer for node %" + std::to_string(node));
+}
+
+inline std::string LauncherWriter::kernel_arg(const codegen::Param& prm) const {
+  std::string type = codegen::detail::storage_c_type(prm.dt);
+  switch (prm.kind) {
+    case codegen::Param::in_ptr: return "(const " + type + "*)(" + buffer_of(prm.ref) + ")";
+    case codegen::Param::out_ptr: return "(" + type + "*)(" + buffer_of(prm.ref) + ")";
+    case codegen::Param::scalar: return "scalar" + std::to_string(prm.ref);
+    case codegen::Param::size: return symbol_name(prm.ref);
+  }
+  return "";
+}
+
+// One launch, with the grid of Program::run: a program per XBLOCK elements (pointwise) or per
+// ROWS rows, row programs capped at a few waves of the device (they loop over the rest).
+inline std::string LauncherWriter::launch_kernel(const CompiledKernel& k) const {
+  const auto& c = k.src.config;
+  bool poi = k.src.kind == schedule::Kind::poi;
+  std::int64_t per_program = poi ? c.xblock : c.rows;
+  std::string s = "  {  // " + k.src.name + "\n    const long long xnumel = " + k.src.xnumel.c_expr() + ";\n";
+  s += "    long long programs = (xnumel + " + std::to_string(per_program - 1) + ") / " + std::to_string(per_program) + ";\n";
+  if (!poi)
+    s += "    if (programs > sms * " + std::to_string(row_grid_limit(1, c.threads)) + "LL) programs = sms * " +
+         std::to_string(row_grid_limit(1, c.threads)) + "LL;\n";
+  s += "    if (programs > 2147483647LL) return fail(kiln_export_invalid_argument, \"" + name() + ": " + k.src.name +
+       " needs %lld blocks, more than a grid holds\", programs);\n";
+  s += "    if (programs > 0) {\n      " + k.src.name + "<<<(unsigned)programs, " + std::to_string(c.threads) + ", 0, stream>>>(";
+  for (std::size_t i = 0; i < k.src.params.size(); ++i) s += (i ? ",\n          " : "\n          ") + kernel_arg(k.src.params[i]);
+  s += ");\n      if (cudaError_t e = cudaGetLastError())\n        return fail(kiln_export_cuda_error, \"" + name() + ": launching " +
+       k.src.name + ": %s\", cudaGetErrorString(e));\n    }\n  }\n";
+  return s;
+}
+
+inline std::string LauncherWriter::pointer_checks() const {
+  std::string s;
+  auto check = [&](const std::string& ptr, const std::string& numel) {
+    s += "  if (" + ptr + " == nullptr && " + numel + " != 0) return fail(kiln_export_invalid_argument, \"" + name() + ": " + ptr +
+         " is null\");\n";
+  };
+  for (const auto& a : spec_.args) check(a.name, numel_of_arg(a));
+  for (const auto& o : outs_)
+    if (o.how != ExportedOutput::in_place) check(o.name, numel_of_node(o.node));
+  for (const auto& a : spec_.args) {  // strided arguments: the strides are constants of the kernels
+    if (a.strides.empty()) continue;
+    s += "  if (" + a.name + "_strides == nullptr) return fail(kiln_export_invalid_argument, \"" + name() + ": " + a.name +
+         "_strides is null\");\n";
+    for (int d = 0; d < a.strides.size(); ++d)
+      s += "  if (!check_size(" + a.name + "_strides[" + std::to_string(d) + "], " + std::to_string(a.strides[d]) + "LL, \"" + a.name +
+           "_strides[" + std::to_string(d) + "]\")) return kiln_export_shape_mismatch;\n";
+  }
+  return s;
+}
+
+// Outputs that are copies: an argument returned unchanged, or a value returned twice.
+inline std::string LauncherWriter::copies() const {
+  std::string s;
+  for (const auto& o : outs_) {
+    if (o.how != ExportedOutput::copy_of_arg && o.how != ExportedOutput::copy_of_output) continue;
+    std::string from = o.how == ExportedOutput::copy_of_arg ? spec_.args[o.from].name : outs_[o.from].name;
+    s += "  if (cudaError_t e = cudaMemcpyAsync(" + o.name + ", " + from + ", size_t" + numel_of_node(o.node) + " * " +
+         std::to_string(itemsize(p_.graph[o.node].dt)) + ", cudaMemcpyDeviceToDevice, stream))\n    return fail(kiln_export_cuda_error, \"" +
+         name() + ": copying " + o.name + ": %s\", cudaGetErrorString(e));\n";
+  }
+  return s;
+}
+
+inline bool LauncherWriter::has_rows() const {
+  for (const auto& k : p_.kernels)
+    if (k.src.kind != schedule::Kind::poi) return true;
+  return false;
+}
+
+inline std::string LauncherWriter::launcher_fn() const {
+  std::string sa = shape_args();
+  std::string s = "int " + name() + "(" + launch_params(false) + ") {\n";
+  s += "  error_message[0] = '\\0';\n  long long s[num_sizes];\n";
+  s += "  if (int status = check_shapes(" + sa + (sa.empty() ? "" : ", ") + "s)) return status;\n" + size_locals();
+  s += pointer_checks();
+  s += "  size_t offset[num_intermediates];\n  const size_t bytes = plan_workspace(s, offset);\n";
+  s += "  Workspace ws;\n  if (int status = ws.acquire(workspace, bytes, stream)) return status;\n";
+  if (has_rows()) s += "  long long sms = 0;\n  if (int status = multiprocessors(&sms)) return status;\n";
+  for (const auto& k : p_.kernels) s += launch_kernel(k);
+  return s + copies() + "  return kiln_export_success;\n}\n";
+}
+
+// The fixed helpers of every launcher: the error message, size checks, the workspace and the SM count.
+inline constexpr const char* launcher_helpers = R"(
+thread_local char error_message[1024] = "";
+
+int fail(int status, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(error_message, sizeof error_message, format, args);
+  va_end(args);
+  return status;
+}
+
+[[maybe_unused]] bool check_size(long long value, long long expected, const char* what) {
+  if (value == expected) return true;
+  fail(kiln_export_shape_mismatch, "%s: %s is %lld, but the kernels were exported for %lld", launcher_name, what, value, expected);
+  return false;
+}
+
+// A symbolic size: bound by its first dim, every later dim must agree; 0 and 1 were specialised.
+[[maybe_unused]] bool bind_size(long long& size, const char*& bound_by, long long value, const char* what, const char* symbol) {
+  if (value < 2) {
+    fail(kiln_export_shape_mismatch, "%s: %s is %lld, but it is the symbolic size %s, exported for sizes >= 2", launcher_name, what,
+         value, symbol);
+    return false;
+  }
+  if (size >= 0 && size != value) {
+    fail(kiln_export_shape_mismatch, "%s: %s is %lld, but %s is %lld: both are the size %s and must be equal", launcher_name, what,
+         value, bound_by, size, symbol);
+    return false;
+  }
+  size = value;
+  bound_by = what;
+  return true;
+}
+
+// The caller's workspace, or one allocated on the stream and freed on it when the launch returns.
+struct Workspace {
+  char* base = nullptr;
+  cudaStream_t stream = 0;
+  bool owned = false;
+  int acquire(void* given, size_t bytes, cudaStream_t s) {
+    base = static_cast<char*>(given);
+    stream = s;
+    if (base != nullptr && reinterpret_cast<unsigned long long>(base) % 256 != 0)
+      return fail(kiln_export_invalid_argument, "%s: the workspace must be 256-byte aligned", launcher_name);
+    if (base != nullptr || bytes == 0) return kiln_export_success;
+    if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&base), bytes, s))
+      return fail(kiln_export_cuda_error, "%s: allocating %zu bytes of workspace: %s", launcher_name, bytes, cudaGetErrorString(e));
+    owned = true;
+    return kiln_export_success;
+  }
+  ~Workspace() {
+    if (owned) cudaFreeAsync(base, stream);
+  }
+};
+
+// Multiprocessors of the current device: row kernels launch a few waves and loop over the rest.
+[[maybe_unused]] int multiprocessors(long long* sms) {
+  int device = 0, count = 0;
+  if (cudaError_t e = cudaGetDevice(&device)) return fail(kiln_export_cuda_error, "%s: cudaGetDevice: %s", launcher_name, cudaGetErrorString(e));
+  if (cudaError_t e = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device))
+    return fail(kiln_export_cuda_error, "%s: cudaDeviceGetAttribute: %s", launcher_name, cudaGetErrorString(e));
+  *sms = count;
+  return kiln_export_success;
+}
+)";
+
+inline std::string LauncherWriter::host_source() const {
+  std::size_t temps = intermediates().size();
+  std::string sp = shape_params(), sa = shape_args();
+  std::string s = "\n// ---- the launcher ------------------------------------------------------------------------\n";
+  s += "#include \"" + name() + ".h\"\n\n#include <cstdarg>\n#include <cstdio>\n\nnamespace {\n\n";
+  s += "constexpr const char* launcher_name = " + detail::quoted(name()) + ";\n";
+  s += "constexpr int num_sizes = " + std::to_string(std::max(1, num_sizes())) + ";\n";
+  s += "constexpr int num_intermediates = " + std::to_string(std::max<std::size_t>(1, temps)) + ";\n";
+  s += launcher_helpers;
+  s += "\n" + check_shapes_fn() + plan_workspace_fn() + "}  // namespace\n\n";
+  s += "const char* " + name() + "_last_error() { return error_message; }\n\n";
+  s += "int " + name() + "_workspace_bytes(" + sp + (sp.empty() ? "" : ", ") + "size_t* bytes) {\n";
+  s += "  error_message[0] = '\\0';\n  long long s[num_sizes];\n  size_t offset[num_intermediates];\n";
+  s += "  if (int status = check_shapes(" + sa + (sa.empty() ? "" : ", ") + "s)) return status;\n";
+  s += "  if (bytes == nullptr) return fail(kiln_export_invalid_argument, \"" + name() + "_workspace_bytes: bytes is null\");\n";
+  s += "  *bytes = plan_workspace(s, offset);\n  return kiln_export_success;\n}\n\n";
+  return s + output_shape_fn() + launcher_fn();
+}
+
+}  // namespace kiln::runtime

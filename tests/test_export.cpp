@@ -1,0 +1,272 @@
+// k::export_kernels: exporting needs no GPU (CPU tensors give the shapes), the exported source
+// builds with plain nvcc, its launcher refuses sizes it was not exported for (with an error code
+// and a message, before any CUDA call: this part runs without a GPU too), and on a GPU the
+// exported kernels compute what kiln computes. Parts that need nvcc or a GPU skip visibly.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+namespace k = kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The functions exported below.
+inline constexpr auto residual_rms_norm = [](auto x, auto r, auto w) { return k::rms_norm(x + r, w); };
+inline constexpr auto row_softmax = [](auto x) { return k::softmax(x, -1); };
+inline constexpr auto sgd_step = [](auto p, auto g) { return k::assign(p, p - g * 0.01f); };
+inline constexpr auto sum_scale_same = [](auto x) { return std::make_tuple(k::sum(x), x * 2.0f, x); };
+
+// Everything these tests write, removed when the test binary exits.
+const fs::path& scratch_root() {
+  static const struct Root {
+    fs::path path = fs::temp_directory_path() / ("kiln-export-test-" + std::to_string(getpid()));
+    ~Root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } root;
+  return root.path;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path dir = scratch_root() / name;
+  fs::remove_all(dir);
+  return dir;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool have_nvcc() {
+  if (std::system("command -v nvcc > /dev/null 2>&1") == 0) return true;
+  MESSAGE("skipped: nvcc is not on PATH");
+  return false;
+}
+
+bool have_gpu() {
+  if (k::driver::available()) return true;
+  MESSAGE("skipped: no CUDA device on this machine");
+  return false;
+}
+
+// Runs a shell command; on failure its output becomes part of the test's message.
+bool run(const std::string& command, const fs::path& log) {
+  int rc = std::system((command + " > '" + log.string() + "' 2>&1").c_str());
+  if (rc != 0) MESSAGE(command << "\n" << read_file(log));
+  return rc == 0;
+}
+
+void check_files(const k::exported_kernels& e) {
+  for (const auto& f : e.files()) CHECK_MESSAGE(fs::exists(f), f);
+  std::string header = read_file(e.header), source = read_file(e.source), cubin = read_file(e.cubin);
+  CHECK(header.find("int " + e.name + "(") != std::string::npos);
+  CHECK(header.find("int " + e.name + "_workspace_bytes(") != std::string::npos);
+  CHECK(header.find("const char* " + e.name + "_last_error()") != std::string::npos);
+  CHECK(header.find("kiln/") == std::string::npos);  // no kiln include
+  CHECK(source.find("#include \"" + e.name + ".h\"") != std::string::npos);
+  CHECK(cubin.rfind("\x7f" "ELF", 0) == 0);
+  REQUIRE(!e.kernels.empty());
+  for (const auto& kernel : e.kernels) CHECK(source.find(kernel) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("export: fused kernels from CPU tensors, without a GPU, build with plain nvcc") {
+  auto x = k::randn({8, 1024}), r = k::randn({8, 1024}), w = k::randn({1024});
+  const k::export_options sm90{.arch = "sm_90"};
+  std::vector<k::exported_kernels> all;
+  all.push_back(k::export_kernels(residual_rms_norm, x, r, w, fresh_dir("resnorm"), sm90));
+  CHECK(all.back().name == "resnorm");  // the folder's name
+  CHECK(all.back().arch == "sm_90");
+  CHECK(all.back().kernels.size() == 1);
+  all.push_back(k::export_kernels(row_softmax, k::randn({37, 1000}), fresh_dir("softmax"), sm90));
+  float alpha = 0.5f;  // a captured scalar: a parameter of the launcher, its value the default
+  auto chain = k::compile([&alpha](auto a, auto b) { return k::gelu(a * alpha + b) - 1.0f; });
+  all.push_back(k::export_kernels(chain, x, w, fresh_dir("chain"), k::export_options{.name = "gelu_chain", .arch = "sm_90"}));
+  CHECK(all.back().name == "gelu_chain");
+  CHECK(read_file(all.back().header).find("double scalar0 = 0.5") != std::string::npos);
+  auto dyn = k::compile([](auto a, auto b) { return k::layer_norm(a, b, b) * 2.0f; }, {.shapes = k::shapes::dynamic});
+  all.push_back(k::export_kernels(dyn, x, w, fresh_dir("layer_norm_dyn"), sm90));
+  CHECK(read_file(all.back().header).find("Symbolic sizes: s0 s1") != std::string::npos);
+  auto p = k::randn({4096}, k::f16), g = k::randn({4096}, k::f16);
+  all.push_back(k::export_kernels(sgd_step, p, g, fresh_dir("sgd"), sm90));
+  std::string sgd_header = read_file(all.back().header);
+  CHECK(sgd_header.find("__half* arg0,") != std::string::npos);  // updated in place: not const
+  CHECK(sgd_header.find("updated in place") != std::string::npos);
+  // Several outputs: a split reduction (its partial sums live in the workspace), a pointwise
+  // result and an argument returned as it is (copied).
+  all.push_back(k::export_kernels(sum_scale_same, k::randn({64, 4096}), fresh_dir("multi"), sm90));
+  CHECK(all.back().kernels.size() >= 3);
+  for (const auto& e : all) check_files(e);
+
+  if (!have_nvcc()) return;
+  for (const auto& e : all) {
+    fs::path dir = e.source.parent_path();
+    CHECK_MESSAGE(run("nvcc -std=c++17 -arch=" + e.arch + " -c '" + e.source.string() + "' -o '" + (dir / "launcher.o").string() + "'",
+                      dir / "nvcc.log"),
+                  e.name);
+  }
+}
+
+TEST_CASE("export: an exported launcher called with the wrong sizes returns an error code and a message") {
+  if (!have_nvcc()) return;
+  const k::export_options sm90{.arch = "sm_90"};
+  auto x = k::randn({8, 1024}), w = k::randn({1024});
+  fs::path dir = fresh_dir("wrong_sizes");
+  auto fixed = k::export_kernels(residual_rms_norm, x, x, w, dir / "resnorm", sm90);
+  auto dyn = k::compile([](auto a, auto b) { return k::rms_norm(a, b); }, {.shapes = k::shapes::dynamic});
+  auto symbolic = k::export_kernels(dyn, x, w, dir / "rms_dyn", sm90);
+  // A host program: every call below must return before touching CUDA (there may be no GPU).
+  std::ofstream(dir / "driver.cpp") << R"(#include <cstdio>
+#include "resnorm/resnorm.h"
+#include "rms_dyn/rms_dyn.h"
+int main() {
+  float* p = reinterpret_cast<float*>(256);  // never dereferenced: every call fails its checks
+  int64_t x[2] = {8, 1000}, w[1] = {1024}, good[2] = {8, 1024};
+  std::printf("%d|%s\n", resnorm(p, x, p, good, p, w, p), resnorm_last_error());
+  std::printf("%d|%s\n", resnorm(p, good, p, good, p, w, nullptr), resnorm_last_error());
+  int64_t one[2] = {1, 1024}, dx[2] = {5, 64}, dw[1] = {32}, shape[2] = {0, 0};
+  std::printf("%d|%s\n", rms_dyn(p, one, p, w, p), rms_dyn_last_error());
+  std::printf("%d|%s\n", rms_dyn(p, dx, p, dw, p), rms_dyn_last_error());
+  int status = rms_dyn_output_shape(0, dx, dx + 1, shape);
+  std::printf("%d|%lld %lld\n", status, (long long)shape[0], (long long)shape[1]);
+  std::printf("%d|%s\n", rms_dyn_output_shape(3, dx, dx + 1, shape), rms_dyn_last_error());
+}
+)";
+  fs::path exe = dir / "driver";
+  REQUIRE(run("cd '" + dir.string() + "' && nvcc -std=c++17 -arch=sm_90 driver.cpp resnorm/resnorm.cu rms_dyn/rms_dyn.cu -o driver",
+              dir / "nvcc.log"));
+  REQUIRE(run("'" + exe.string() + "'", dir / "driver.out"));
+  std::vector<std::string> lines;
+  std::istringstream out(read_file(dir / "driver.out"));
+  for (std::string line; std::getline(out, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 6);
+  CHECK(lines[0] == "2|resnorm: arg0_shape[1] is 1000, but the kernels were exported for 1024");
+  CHECK(lines[1] == "1|resnorm: out0 is null");
+  CHECK(lines[2] == "2|rms_dyn: arg0_shape[0] is 1, but it is the symbolic size s0, exported for sizes >= 2");
+  CHECK(lines[3] == "2|rms_dyn: arg1_shape[0] is 32, but arg0_shape[1] is 64: both are the size s1 and must be equal");
+  CHECK(lines[4] == "0|5 64");
+  CHECK(lines[5] == "1|rms_dyn_output_shape: output 3 does not exist (there are 1)");
+  (void)fixed, (void)symbolic;
+}
+
+TEST_CASE("export: what cannot be exported says so") {
+  auto a = k::randn({16, 32}), b = k::randn({32, 8});
+  const k::export_options sm90{.arch = "sm_90"};
+  auto mm = [](auto x, auto y) { return k::relu(k::matmul(x, y)); };
+  CHECK_THROWS_WITH_AS(k::export_kernels(mm, a, b, fresh_dir("mm"), sm90), doctest::Contains("matmul step"), k::error);
+  CHECK_THROWS_WITH_AS(k::export_kernels(row_softmax, a, fresh_dir("bad"), k::export_options{.name = "2fast", .arch = "sm_90"}),
+                       doctest::Contains("not a C identifier"), k::error);
+  // A reshape's size is its own symbol, not an argument's: the launcher could not check it.
+  auto flat = k::compile([](auto x) { return k::reshape(x, {-1}) * 2.0f; }, {.shapes = k::shapes::dynamic});
+  CHECK_THROWS_WITH_AS(k::export_kernels(flat, a, fresh_dir("flat"), sm90), doctest::Contains("k::shapes::static_"), k::error);
+  auto add = [](auto x, auto y) { return x + y; };  // mixed devices (or, without a GPU, no CUDA device): a k::error
+  CHECK_THROWS_AS(k::export_kernels(add, a, k::randn({16, 32}, k::f32, k::cuda), fresh_dir("mixed"), sm90), k::error);
+}
+
+namespace {
+
+using ResNorm = int (*)(const float*, const std::int64_t*, const float*, const std::int64_t*, const float*, const std::int64_t*, float*,
+                        double, void*, CUstream);
+using Softmax = int (*)(const float*, const std::int64_t*, float*, void*, CUstream);
+using Multi = int (*)(const float*, const std::int64_t*, float*, float*, float*, double, void*, CUstream);
+using ErrorOf = const char* (*)();
+using WorkspaceBytes = int (*)(const std::int64_t*, std::size_t*);
+
+// Builds an exported program into a shared library and opens it (kept open: its kernels stay registered).
+void* build_library(const k::exported_kernels& e) {
+  fs::path dir = e.source.parent_path(), lib = dir / ("lib" + e.name + ".so");
+  if (!run("nvcc -std=c++17 -arch=" + e.arch + " -shared -Xcompiler -fPIC '" + e.source.string() + "' -o '" + lib.string() + "'",
+           dir / "nvcc.log"))
+    return nullptr;
+  void* handle = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) MESSAGE(dlerror());
+  return handle;
+}
+
+template <class Fn>
+Fn symbol(void* lib, const std::string& name) {
+  return reinterpret_cast<Fn>(dlsym(lib, name.c_str()));
+}
+
+}  // namespace
+
+TEST_CASE("export: exported kernels equal kiln's (GPU)") {
+  if (!have_gpu() || !have_nvcc()) return;
+  auto x = k::randn({64, 4096}, k::f32, k::cuda, 1), r = k::randn({64, 4096}, k::f32, k::cuda, 2),
+       w = k::randn({4096}, k::f32, k::cuda, 3);
+  auto f = k::compile(residual_rms_norm);
+  auto e = k::export_kernels(f, x, r, w, fresh_dir("gpu_resnorm"));
+  void* lib = build_library(e);
+  REQUIRE(lib != nullptr);
+  auto launch = symbol<ResNorm>(lib, e.name);
+  k::Tensor expected = f(x, r, w);
+  k::Tensor out = k::zeros({64, 4096}, k::f32, k::cuda);
+  std::int64_t xs[2] = {64, 4096}, ws[1] = {4096};
+  REQUIRE(launch((const float*)x.data_ptr(), xs, (const float*)r.data_ptr(), xs, (const float*)w.data_ptr(), ws, (float*)out.data_ptr(),
+                 1e-6, nullptr, nullptr) == 0);
+  k::synchronize();
+  auto same = k::testing::allclose(out, expected, 1e-6, 1e-6);
+  CHECK_MESSAGE(bool(same), same);
+
+  // Wrong sizes: an error code and a message, and nothing launched (the output keeps its zeros).
+  k::Tensor untouched = k::zeros({64, 4096}, k::f32, k::cuda);
+  std::int64_t bad[2] = {64, 4095};
+  CHECK(launch((const float*)x.data_ptr(), xs, (const float*)r.data_ptr(), bad, (const float*)w.data_ptr(), ws,
+               (float*)untouched.data_ptr(), 1e-6, nullptr, nullptr) == 2);
+  CHECK(std::string(symbol<ErrorOf>(lib, e.name + "_last_error")()).find("arg1_shape[1] is 4095") != std::string::npos);
+  k::synchronize();
+  CHECK(k::testing::allclose(untouched, k::zeros({64, 4096}), 0, 0));
+
+  // Several outputs, intermediates in a workspace: the launcher's own (stream-ordered) or the caller's.
+  auto multi = k::compile(sum_scale_same);
+  auto em = k::export_kernels(multi, x, fresh_dir("gpu_multi"));
+  void* lib_multi = build_library(em);
+  REQUIRE(lib_multi != nullptr);
+  auto launch_multi = symbol<Multi>(lib_multi, em.name);
+  auto [total, doubled, copied] = multi(x);
+  std::size_t bytes = 0;
+  REQUIRE(symbol<WorkspaceBytes>(lib_multi, em.name + "_workspace_bytes")(xs, &bytes) == 0);
+  CHECK(bytes > 0);
+  k::Tensor workspace = k::empty({static_cast<std::int64_t>(bytes)}, k::boolean, k::cuda);
+  for (void* ws : {static_cast<void*>(nullptr), workspace.data_ptr()}) {
+    k::Tensor o0 = k::zeros({}, k::f32, k::cuda), o1 = k::zeros({64, 4096}, k::f32, k::cuda), o2 = k::zeros({64, 4096}, k::f32, k::cuda);
+    REQUIRE(launch_multi((const float*)x.data_ptr(), xs, (float*)o0.data_ptr(), (float*)o1.data_ptr(), (float*)o2.data_ptr(), 2.0, ws,
+                         nullptr) == 0);
+    k::synchronize();
+    CHECK(k::testing::allclose(o0, total, 1e-6, 1e-6));
+    CHECK(k::testing::allclose(o1, doubled, 0, 0));
+    CHECK(k::testing::allclose(o2, copied, 0, 0));
+  }
+
+  // Dynamic shapes: exported at one size, run at others.
+  auto soft = k::compile(row_softmax, {.shapes = k::shapes::dynamic});
+  auto es = k::export_kernels(soft, k::randn({8, 1000}, k::f32, k::cuda), fresh_dir("gpu_softmax"));
+  void* lib_soft = build_library(es);
+  REQUIRE(lib_soft != nullptr);
+  auto launch_soft = symbol<Softmax>(lib_soft, es.name);
+  for (auto shape : {k::Dims{8, 1000}, k::Dims{37, 129}, k::Dims{3, 40000}}) {
+    auto in = k::randn(shape, k::f32, k::cuda, 4);
+    k::Tensor got = k::zeros(shape, k::f32, k::cuda);
+    std::int64_t s[2] = {shape[0], shape[1]};
+    REQUIRE(launch_soft((const float*)in.data_ptr(), s, (float*)got.data_ptr(), nullptr, nullptr) == 0);
+    k::synchronize();
+    auto close = k::testing::allclose(got, soft(in), 1e-6, 1e-7);
+    CHECK_MESSAGE(bool(close), shape.str() << ": " << close);
+  }
+}
