@@ -37,8 +37,9 @@ std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, cons
   graph::Captured<E> cap;
   graph::gather(e, cap);
   std::array<const Tensor*, NArgs + graph::Counts<E>::tensors> args{};
-  std::copy(call_args.begin(), call_args.end(), args.begin());
-  for (int i = 0; i < cap.nt; ++i) args[NArgs + i] = cap.tensors[i];
+  if constexpr (NArgs > 0) std::copy(call_args.begin(), call_args.end(), args.begin());  // (GCC warns on an empty copy)
+  constexpr int captured = graph::Counts<E>::tensors;
+  for (int i = 0; i < captured && i < cap.nt; ++i) args[NArgs + i] = cap.tensors[i];
   thread_local runtime::CallShapes shapes;
   auto entry = cache.get(args.data(), static_cast<int>(args.size()), cap.attrs.data(), cap.na,
                          graph_builder(f, e, static_cast<int>(NArgs)), shapes, stream);
