@@ -38,7 +38,7 @@ std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, cons
   std::array<const Tensor*, NArgs + graph::Counts<E>::tensors> args{};
   std::copy(call_args.begin(), call_args.end(), args.begin());
   for (int i = 0; i < cap.nt; ++i) args[NArgs + i] = cap.tensors[i];
-  thread_local runtime::CallShapes shapes;
+  auto& shapes = runtime::level_local<runtime::CallShapes>();  // per nesting level: custom ops may call kiln
   auto entry = cache.get(args.data(), static_cast<int>(args.size()), cap.attrs.data(), cap.na,
                          graph_builder(f, e, static_cast<int>(NArgs)), shapes);
   if (used) *used = entry;
@@ -168,6 +168,12 @@ inline Tensor Tensor::contiguous() const {
   expr::TensorLeaf x{{}, *this};
   if (dtype_ == kiln::dtype::boolean) return kiln::eval(x != 0);
   return kiln::eval(cast(x * 1, dtype_));
+}
+inline Tensor runtime::contiguous_copy(const Tensor& t, Stream s) {
+  if (t.device().is_cpu()) return t.contiguous();
+  expr::TensorLeaf x{{}, t};
+  if (t.dtype() == kiln::dtype::boolean) return kiln::eval(x != 0, s);
+  return kiln::eval(cast(x * 1, t.dtype()), s);
 }
 inline Tensor Tensor::to(kiln::dtype d) const {
   if (d == dtype_) return *this;

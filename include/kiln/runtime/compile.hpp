@@ -120,7 +120,9 @@ std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device 
       ck.extern_node = plan.domain;
       ck.src.name = plan.name;
       ck.src.kind = plan.kind;
-      ck.src.fused_ops = {"matmul"};
+      const graph::Node& n = g[plan.domain];
+      ck.src.fused_ops = {!is_custom(n.op) ? std::string(name(n.op))
+                          : custom_ops::name_of(n.attrs.custom) + (n.op == Op::custom_backward ? "_backward" : "")};
     } else {
       ck.src = codegen::KernelWriter(g, p->sched, env, k, target, strides_of).write();
     }
