@@ -147,7 +147,7 @@ class CustomOp {
   template <class... T>
   auto operator()(T&&... x) const {
     static_assert(sizeof...(T) >= 1 && sizeof...(T) <= custom_ops::max_inputs,
-                  "a k::custom_op takes 1 to 4 inputs: pass more values by concatenating or stacking them first");
+                  "a k::custom_op takes 1 to 4 inputs (graph nodes hold four, and the op's backward node one more)");
     static_assert(((Expr<T> || std::is_same_v<std::remove_cvref_t<T>, Tensor>) && ...),
                   "the inputs of a k::custom_op are tensors or expressions: a C++ number can be captured by its functions instead");
     if (id_ < 0) throw error("k::CustomOp: this op was never registered with k::custom_op");
