@@ -9,9 +9,11 @@
 #include <kiln/kiln.hpp>
 #include <kiln/testing.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace k = kiln;
@@ -405,6 +407,45 @@ TEST_CASE("custom_op: a forward that evaluates kiln expressions itself") {
     check_close(f(x, b), want, 1e-5);
     check_close(k::eval(expr(x, b)), want, 1e-5);
   }
+}
+
+TEST_CASE("custom_op: k::assign of an op that reads the argument it updates") {
+  k::CustomOp reverse = k::custom_op("reverse", {
+    .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+      const std::int64_t n = out.numel();
+      for (std::int64_t i = 0; i < n; ++i) put(out, i, at(in[0], n - 1 - i));  // wrong if out aliases in[0]
+    },
+  });
+  auto x = nonzero({11}, 40);
+  std::vector<double> xv = values(x), want(xv.rbegin(), xv.rend());
+  auto f = k::compile([&](auto a) { return k::assign(a, reverse(a)); });
+  f(x);
+  check_close(x, want, 0);
+}
+
+TEST_CASE("custom_op: registering and calling from several threads") {
+  std::vector<std::thread> threads;
+  std::atomic<int> good{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([t, &good] {
+      k::CustomOp add_t = k::custom_op("add_" + std::to_string(t), {
+        .forward = [t](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+          for (std::int64_t i = 0; i < out.numel(); ++i) put(out, i, at(in[0], i) + t);
+        },
+      });
+      auto x = nonzero({5, 3}, 50);
+      auto f = k::compile([&](auto a) { return add_t(a) * 2; });
+      bool ok = true;
+      for (int rep = 0; rep < 3; ++rep) {
+        k::Tensor y = f(x);
+        k::Tensor z = add_t(x);  // the eager cache, shared by every thread
+        for (std::int64_t i = 0; i < 15; ++i)
+          ok = ok && std::abs(at(y, i) - 2 * (at(x, i) + t)) < 1e-5 && std::abs(at(z, i) - (at(x, i) + t)) < 1e-6;
+      }
+      good += ok;
+    });
+  for (auto& th : threads) th.join();
+  CHECK(good == 4);
 }
 
 TEST_CASE("custom_op (cuda): the forward runs on the caller's stream") {

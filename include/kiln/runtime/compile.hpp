@@ -35,7 +35,8 @@ void write_into_arguments(graph::Graph& g, ArgAt&& arg) {
       throw shape_error("k::assign: the value has shape " + n.shape.str() + " but argument " + std::to_string(slot) +
                         " has shape " + a.shape().str());
     if (!a.is_contiguous()) throw shape_error("k::assign: argument " + std::to_string(slot) + " must be contiguous");
-    if (n.dt != a.dtype() || n.op == Op::arg) {
+    // A custom op writes through its own pointers, maybe while reading the argument: into a copy.
+    if (n.dt != a.dtype() || n.op == Op::arg || is_custom(n.op)) {
       Attrs at;
       at.dt = a.dtype();
       graph::Node c;
