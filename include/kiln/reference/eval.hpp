@@ -264,7 +264,6 @@ inline void check_index(double v, std::int64_t size, const char* op) {
                       " is out of range for a dimension of size " + std::to_string(size));
 }
 
-// Evaluates node i, whose inputs are already in `vals`.
 // A custom op: the user's forward (or backward) on CPU tensors of the nodes' dtypes, read back into
 // f64. The oracle trusts the user's function: it is the definition of the op.
 inline Value eval_custom(const graph::Node& n, std::span<const Value* const> ins) {
@@ -292,6 +291,7 @@ inline Value eval_custom(const graph::Node& n, std::span<const Value* const> ins
   return v;
 }
 
+// Evaluates node i, whose inputs are already in `vals`.
 inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& vals, std::span<const Tensor> args,
                        std::span<const double> scalars) {
   const graph::Node& n = g.nodes[static_cast<std::size_t>(i)];

@@ -169,12 +169,6 @@ inline Tensor Tensor::contiguous() const {
   if (dtype_ == kiln::dtype::boolean) return kiln::eval(x != 0);
   return kiln::eval(cast(x * 1, dtype_));
 }
-inline Tensor runtime::contiguous_copy(const Tensor& t, Stream s) {
-  if (t.device().is_cpu()) return t.contiguous();
-  expr::TensorLeaf x{{}, t};
-  if (t.dtype() == kiln::dtype::boolean) return kiln::eval(x != 0, s);
-  return kiln::eval(cast(x * 1, t.dtype()), s);
-}
 inline Tensor Tensor::to(kiln::dtype d) const {
   if (d == dtype_) return *this;
   return kiln::eval(cast(expr::TensorLeaf{{}, *this}, d));

@@ -1,6 +1,7 @@
 // The lowering driver: one short function that runs every pass in order, each logged under its
 // KILN_LOGS channel, from the captured graph to a compiled program.
 #pragma once
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,29 @@ void write_into_arguments(graph::Graph& g, ArgAt&& arg) {
   }
 }
 
+// A custom op reads whole contiguous buffers: each strided argument it reads is copied first (a cast
+// to its own dtype, which the scheduler materialises like any input of a custom op). The guards
+// pin every argument's layout, so the choice holds for the program's lifetime.
+template <class ArgAt>
+graph::Graph copy_strided_custom_inputs(const graph::Graph& g, ArgAt&& arg) {
+  auto strided = [&](const graph::Node& x) { return x.op == Op::arg && !arg(x.slot).is_contiguous(); };
+  bool any = false;
+  for (const auto& n : g.nodes)
+    for (int k = 0; is_custom(n.op) && k < n.n_in; ++k) any = any || strided(g[n.in[k]]);
+  if (!any) return g;
+  return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
+    if (n.op == Op::constant) return b.constant(n.value);
+    if (!is_custom(n.op)) return b.rebuild(n, in);
+    std::array<int, graph::max_inputs> copied{};
+    for (int k = 0; k < n.n_in; ++k) {
+      Attrs same;
+      same.dt = b.dt(in[k]);
+      copied[k] = strided(b[in[k]]) ? b.op(Op::cast, {in[k]}, same) : in[k];
+    }
+    return b.rebuild(n, copied.data());
+  });
+}
+
 // Captured graph -> primitive graph with shapes (decompose, simplify, then the function's own
 // transform such as differentiation, then simplify again).
 template <class Transform, class ArgAt>
@@ -71,6 +95,7 @@ graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, Low
   stats.ops_decomposed = g.count_ops();
   g = schedule::split_reductions(g);                 // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
+  g = copy_strided_custom_inputs(g, arg);           // custom ops read contiguous buffers
   g.output_into = into.size() == g.outputs.size() ? into : std::vector<int>(g.outputs.size(), -1);
   write_into_arguments(g, arg);
   log_graph(debug::Channel::graph, "lowered graph", g);

@@ -1,5 +1,5 @@
-// The extern step of a custom op inside a compiled program: its inputs as contiguous tensors, its
-// preallocated output, the program's stream, and the user's forward (or, for a custom_backward node,
+// The extern step of a custom op inside a compiled program: its inputs as contiguous buffers (a
+// strided argument it reads is copied first, at lowering), its preallocated output, the program's stream, and the user's forward (or, for a custom_backward node,
 // the user's backward with only the requested gradient allocated). A custom op's function may itself
 // evaluate kiln expressions on the same thread, so the per-call scratch that a run reuses to keep
 // the hit path allocation-free is kept per nesting level (level_local) rather than per thread.
@@ -7,6 +7,7 @@
 #include <array>
 #include <deque>
 #include <span>
+#include <string>
 
 #include "../core/stream.hpp"
 #include "../core/tensor.hpp"
@@ -30,9 +31,6 @@ T& level_local() {
   return levels[depth];
 }
 
-// A contiguous copy of t ordered on s (defined with the evaluation API, runtime/api.hpp).
-inline Tensor contiguous_copy(const Tensor& t, Stream s);
-
 namespace detail {
 struct NestedCall {
   NestedCall() { ++nesting_depth(); }
@@ -48,8 +46,9 @@ void run_custom(const graph::Node& n, BufferOf&& buffer, Tensor& out, CUstream s
   const custom_ops::Entry& e = custom_ops::entry(n.attrs.custom);
   std::array<Tensor, graph::max_inputs> in;
   for (int k = 0; k < n.n_in; ++k) {
-    const Tensor& t = buffer(n.in[k]);
-    in[k] = t.is_contiguous() ? t : contiguous_copy(t, stream);  // only arguments can be strided
+    in[k] = buffer(n.in[k]);
+    if (!in[k].is_contiguous())  // lowering copies strided arguments (copy_strided_custom_inputs)
+      throw error(e.prefix() + "input " + std::to_string(k) + " is not contiguous");
   }
   detail::NestedCall nested;
   if (n.op == Op::custom) {

@@ -228,7 +228,11 @@ inline void name_kernels(const graph::Graph& g, Schedule& s) {
     std::vector<Op> seen;
     const graph::Node& d = g[plan.domain];
     const bool custom = plan.kind == Kind::extern_ && is_custom(d.op);  // kiln_extern_<op name>[_backward]_<n>
-    if (custom) ops = "_" + custom_ops::entry(d.attrs.custom).ident + (d.op == Op::custom_backward ? "_backward" : "");
+    if (custom) {
+      ops = "_";
+      ops += custom_ops::entry(d.attrs.custom).ident;
+      if (d.op == Op::custom_backward) ops += "_backward";
+    }
     for (int v : plan.members) {
       Op op = g[v].op;
       if (custom || detail::is_leaf(g[v]) || is_view(op) || op == Op::cast) continue;
