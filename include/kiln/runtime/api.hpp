@@ -37,7 +37,7 @@ std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, cons
   graph::gather(e, cap);
   std::array<const Tensor*, NArgs + graph::Counts<E>::tensors> args{};
   std::copy(call_args.begin(), call_args.end(), args.begin());
-  for (int i = 0; i < cap.nt; ++i) args[NArgs + i] = cap.tensors[i];
+  for (int i = 0; i < graph::Counts<E>::tensors; ++i) args[NArgs + i] = cap.tensors[i];  // gather fills them all
   auto& shapes = runtime::level_local<runtime::CallShapes>();  // per nesting level: custom ops may call kiln
   auto entry = cache.get(args.data(), static_cast<int>(args.size()), cap.attrs.data(), cap.na,
                          graph_builder(f, e, static_cast<int>(NArgs)), shapes);
