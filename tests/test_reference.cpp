@@ -132,7 +132,7 @@ Vec map(const Vec& x, F f) {
 
 // The oracle has one rule per op of expr/op.hpp: a new op must be taught to reference/eval.hpp
 // (and tested here) before this count is raised.
-static_assert(k::op_table.size() == 67, "a new op: add its rule to reference/eval.hpp and a test here");
+static_assert(k::op_table.size() == 69, "a new op: add its rule to reference/eval.hpp and a test here");
 
 // ---- pointwise ---------------------------------------------------------------------------------
 
@@ -1017,4 +1017,27 @@ TEST_CASE("testing: allclose") {
   Tensor h = rnd({64}, k::f16);
   CHECK(kt::allclose(k::cast(k::exp(h), k::f16), k::exp(h), 1e-3, 1e-3));
   CHECK_FALSE(kt::allclose(k::cast(k::exp(h), k::f16), k::exp(h), 1e-7, 0));
+}
+
+// ---- custom ops --------------------------------------------------------------------------------
+
+TEST_CASE("reference: a custom op runs the user's forward on CPU tensors of the nodes' dtypes") {
+  static k::dtype seen = k::f64;
+  k::CustomOp halve_to_f16 = k::custom_op("halve_to_f16", {
+    .infer = [](std::span<const k::TensorSpec> in) { return k::TensorSpec{in[0].shape, k::f16}; },
+    .forward = [](std::span<const k::Tensor> in, Tensor& out, k::Stream) {
+      seen = in[0].dtype();
+      for (std::int64_t i = 0; i < out.numel(); ++i)
+        k::store_from_double(out.data_ptr(), out.dtype(), i, k::load_as_double(in[0].data_ptr(), in[0].dtype(), i) / 2);
+    },
+  });
+  Tensor x = rnd({7, 9}, k::f32);
+  Result r = ev(halve_to_f16(x * 3) + 1);
+  CHECK(seen == k::f32);
+  CHECK(r.dt == k::f16);
+  const Vec xv = host(x);
+  Vec want(xv.size());
+  for (std::size_t i = 0; i < xv.size(); ++i)
+    want[i] = static_cast<double>(static_cast<float>(k::half(static_cast<float>(static_cast<float>(xv[i] * 3) / 2)))) + 1;
+  check_result(r, Dims{7, 9}, want, 1e-3);
 }

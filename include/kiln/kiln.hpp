@@ -28,6 +28,7 @@
 #include "core/stream.hpp"
 #include "core/tensor.hpp"
 #include "expr/assign.hpp"
+#include "expr/custom_op.hpp"
 #include "expr/ops.hpp"
 #include "autodiff/grad.hpp"
 #include "runtime/api.hpp"

@@ -82,6 +82,8 @@ constexpr Scalarity node_scalarity(Op op, std::initializer_list<Scalarity> in) {
     case Op::reshape: case Op::permute: case Op::transpose: case Op::unsqueeze: case Op::squeeze: case Op::slice:
     case Op::softmax: case Op::log_softmax:
       return *in.begin();
+    case Op::custom:  // the user's shape rule decides, at run time
+      return Scalarity::maybe;
     default:
       return Scalarity::no;
   }

@@ -163,6 +163,31 @@ inline Cotangents matmul(Builder& b, int y, int g) {
   return {dl, dr, -1, -1};
 }
 
+// A custom op: one custom_backward node per floating input, reading the op's inputs and g and giving
+// that input's gradient through the user's backward (nodes whose gradient nobody needs are dropped as
+// dead code, so backward runs once per needed gradient). Without a backward this is the error.
+inline Cotangents custom(Builder& b, int y, int g) {
+  const graph::Node n = b[y];  // a copy: adding nodes below may move the table
+  const custom_ops::Entry& e = custom_ops::entry(n.attrs.custom);
+  if (!e.fns.backward)
+    throw error(e.prefix() + "cannot be differentiated: it has no backward; give k::custom_op a .backward function");
+  Cotangents c = no_cotangents;
+  for (int k = 0; k < n.n_in; ++k) {
+    if (!is_floating(b.dt(n.in[k]))) continue;
+    graph::Node bw;
+    bw.op = Op::custom_backward;
+    for (int i = 0; i < n.n_in; ++i) bw.in[bw.n_in++] = n.in[i];
+    bw.in[bw.n_in++] = b.cast(g, n.dt);
+    bw.attrs.custom = n.attrs.custom;
+    bw.attrs.a = k;
+    c[k] = b.node(bw);
+  }
+  return c;
+}
+inline Cotangents custom_backward(Builder& b, int y, int) {
+  throw error(custom_ops::entry(b[y].attrs.custom).prefix() + "its backward cannot be differentiated again (no double backward)");
+}
+
 }  // namespace rules
 
 // The table: nullptr for composites (decompose first); `none` for ops without a gradient.
@@ -209,6 +234,8 @@ inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   set(Op::expand, rules::expand);
   set(Op::gather, rules::gather);
   set(Op::matmul, rules::matmul);
+  set(Op::custom, rules::custom);
+  set(Op::custom_backward, rules::custom_backward);
   return t;
 }();
 

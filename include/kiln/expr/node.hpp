@@ -11,10 +11,12 @@
 
 namespace kiln {
 
-// Run-time attributes of a node: reduction dims, view sizes, slice bounds, a cast's dtype.
+// Run-time attributes of a node: reduction dims, view sizes, slice bounds, a cast's dtype, the
+// identity of a custom op.
 struct Attrs {
   Dims dims;                      // reduce: dims; reshape/expand: sizes; permute: order; iota: shape
-  std::int64_t a = 0, b = 0, c = 0, d = 0;  // slice: dim, start, stop, step; iota: dim
+  std::int64_t a = 0, b = 0, c = 0, d = 0;  // slice: dim, start, stop, step; iota: dim; custom_backward: a = input
+  std::int32_t custom = -1;                 // custom ops: the registry id (expr/custom_op.hpp)
   kiln::dtype dt = kiln::dtype::f32;        // cast: target; iota: dtype
   bool keepdim = false;
   bool all = false;               // reduce over every dim

@@ -8,8 +8,9 @@
 namespace kiln {
 
 // X(enum name, printed name, class, arity). Classes: leaf, unary, binary, ternary, reduce, view,
-// index (gather), meta (a value computed from a shape: numel), extern (library calls), composite
-// (lowered to primitives by rewrite/decompose.hpp before fusion).
+// index (gather), meta (a value computed from a shape: numel), extern (library calls and users'
+// custom ops, whose arity is a maximum), composite (lowered to primitives by rewrite/decompose.hpp
+// before fusion).
 #define KILN_OPS(X)                                   \
   X(arg, "arg", leaf, 0)                              \
   X(scalar, "scalar", leaf, 0)                        \
@@ -61,6 +62,8 @@ namespace kiln {
   X(slice_backward, "slice_backward", view, 1)        \
   X(gather, "gather", index, 2)                      \
   X(matmul, "matmul", extern_, 2)                     \
+  X(custom, "custom", extern_, 4)                     \
+  X(custom_backward, "custom_backward", extern_, 5)   \
   X(silu, "silu", composite, 1)                       \
   X(gelu, "gelu", composite, 1)                       \
   X(gelu_tanh, "gelu_tanh", composite, 1)             \
@@ -109,5 +112,7 @@ constexpr bool is_comparison(Op op) { return op >= Op::lt && op <= Op::ne; }
 constexpr bool is_reduction(Op op) { return info(op).cls == OpClass::reduce; }
 constexpr bool is_view(Op op) { return info(op).cls == OpClass::view; }
 constexpr bool is_composite(Op op) { return info(op).cls == OpClass::composite; }
+// A user's op (k::custom_op) or the gradient of one of its inputs: opaque calls, never fused.
+constexpr bool is_custom(Op op) { return op == Op::custom || op == Op::custom_backward; }
 
 }  // namespace kiln

@@ -7,13 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "../expr/custom_op.hpp"
 #include "../expr/node.hpp"
 
 namespace kiln::graph {
 
+// Inputs a node can have: four for ops, five for the backward of a four-input custom op.
+inline constexpr int max_inputs = 5;
+
 struct Node {
   Op op = Op::arg;
-  std::array<int, 4> in{-1, -1, -1, -1};
+  std::array<int, max_inputs> in{-1, -1, -1, -1, -1};
   int n_in = 0;
   int slot = -1;          // arg: argument index; scalar: scalar slot
   bool weak = false;      // a C++ scalar (or computed only from scalars): lower promotion priority
@@ -85,6 +89,8 @@ inline std::string attrs_str(const Node& n) {
     os << ", " << name(n.attrs.dt);
   if (n.op == Op::iota) os << ", dim=" << n.attrs.a;
   if (n.op == Op::gelu && n.attrs.a) os << ", approximate=tanh";
+  if (is_custom(n.op)) os << ", " << custom_ops::name_of(n.attrs.custom);
+  if (n.op == Op::custom_backward) os << ", grad of input " << n.attrs.a;
   return os.str();
 }
 

@@ -1,7 +1,10 @@
-// Shape and dtype inference over the node table, with PyTorch's broadcasting and promotion rules.
-// Every bad input becomes a typed error naming the op and the shapes or dtypes involved.
+// Shape and dtype inference over the node table, with PyTorch's broadcasting and promotion rules
+// (and the user's own rule for a custom op). Every bad input becomes a typed error naming the op and
+// the shapes or dtypes involved.
 #pragma once
 #include <algorithm>
+#include <array>
+#include <span>
 #include <string>
 
 #include "graph.hpp"
@@ -92,6 +95,23 @@ inline Dims infer_matmul(const Dims& a, const Dims& b) {
 }
 
 void infer_node(Graph& g, Node& n);
+
+// A custom op: the user's shape rule. Its backward node (inputs x0..xn-1, the output's cotangent)
+// gives the gradient of input attrs.a, which has that input's shape and dtype.
+inline void infer_custom(const Graph& g, Node& n) {
+  n.weak = false;
+  if (n.op == Op::custom_backward) {
+    const Node& x = g.nodes[n.in[n.attrs.a]];
+    n.shape = x.shape;
+    n.dt = x.dt;
+    return;
+  }
+  std::array<TensorSpec, custom_ops::max_inputs> specs;
+  for (int k = 0; k < n.n_in; ++k) specs[k] = {g.nodes[n.in[k]].shape, g.nodes[n.in[k]].dt};
+  TensorSpec out = custom_ops::infer(n.attrs.custom, std::span<const TensorSpec>(specs.data(), n.n_in));
+  n.shape = out.shape;
+  n.dt = out.dtype;
+}
 
 }  // namespace detail
 
@@ -184,6 +204,7 @@ inline void infer_node(Graph& g, Node& n) {
       return;
     }
     case OpClass::extern_: {
+      if (is_custom(n.op)) return infer_custom(g, n);
       n.shape = infer_matmul(in(0).shape, in(1).shape);
       n.dt = promote(in(0).dt, in(1).dt);
       if (!is_floating(n.dt)) throw dtype_error("matmul: integer matmul is not supported (" + std::string(name(in(0).dt)) + " x " + std::string(name(in(1).dt)) + ")");

@@ -1,6 +1,7 @@
 // The oracle: an unfused, obviously-correct evaluator of a flattened graph, in f64 on the host.
 // Every op of expr/op.hpp is computed straight from its definition (composites included: they are
-// NOT decomposed here, so that comparing against the oracle checks the decomposition rules too).
+// NOT decomposed here, so that comparing against the oracle checks the decomposition rules too;
+// custom ops through the user's own functions on CPU tensors).
 // Values stay in f64 whatever the node's floating dtype; integral and boolean nodes are rounded
 // to their dtype after each node so integer arithmetic is exact. Casts to f32/f16/bf16 round
 // through the target type. Speed is not a goal; clarity is.
@@ -263,6 +264,33 @@ inline void check_index(double v, std::int64_t size, const char* op) {
                       " is out of range for a dimension of size " + std::to_string(size));
 }
 
+// A custom op: the user's forward (or backward) on CPU tensors of the nodes' dtypes, read back into
+// f64. The oracle trusts the user's function: it is the definition of the op.
+inline Value eval_custom(const graph::Node& n, std::span<const Value* const> ins) {
+  std::array<Tensor, graph::max_inputs> in;
+  for (std::size_t k = 0; k < ins.size(); ++k) {
+    in[k] = Tensor::empty(ins[k]->shape, ins[k]->dt, cpu);
+    for (std::size_t j = 0; j < ins[k]->data.size(); ++j)
+      store_from_double(in[k].data_ptr(), ins[k]->dt, static_cast<std::int64_t>(j), ins[k]->data[j]);
+  }
+  Tensor out = Tensor::empty(n.shape, n.dt, cpu);
+  const custom_ops::Entry& e = custom_ops::entry(n.attrs.custom);
+  if (n.op == Op::custom) {
+    custom_ops::call_user(e, "forward", false, [&] { e.fns.forward(std::span<const Tensor>(in.data(), ins.size()), out, Stream{}); });
+  } else {
+    const std::size_t m = ins.size() - 1;  // in[m]: the cotangent of the op's output
+    if (!e.fns.backward) throw error(e.prefix() + "has no backward");
+    std::array<Tensor, custom_ops::max_inputs> grads;
+    grads[static_cast<std::size_t>(n.attrs.a)] = out;
+    custom_ops::call_user(e, "backward", false, [&] {
+      e.fns.backward(std::span<const Tensor>(in.data(), m), in[m], std::span<Tensor>(grads.data(), m), Stream{});
+    });
+  }
+  Value v = make_value(n.shape, n.dt);
+  v.data = read_values(out);
+  return v;
+}
+
 // Evaluates node i, whose inputs are already in `vals`.
 inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& vals, std::span<const Tensor> args,
                        std::span<const double> scalars) {
@@ -421,6 +449,12 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
         for_each_index(part, [&](std::int64_t lin, const Dims& idx) { out.data[base + dot_strides(idx, ps)] = in(0).data[lin]; });
       }
       return out;
+    }
+
+    case Op::custom: case Op::custom_backward: {
+      std::array<const Value*, graph::max_inputs> ins{};
+      for (int k = 0; k < n.n_in; ++k) ins[static_cast<std::size_t>(k)] = &in(k);
+      return eval_custom(n, std::span<const Value* const>(ins.data(), static_cast<std::size_t>(n.n_in)));
     }
 
     // ---- indexing and matmul ---------------------------------------------------------------------

@@ -186,10 +186,11 @@ class Builder {
     std::uint64_t h = 1469598103934665603ull;
     auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     mix(static_cast<std::uint64_t>(n.op));
-    for (int k = 0; k < 4; ++k) mix(static_cast<std::uint64_t>(n.in[k]));
+    for (int k = 0; k < graph::max_inputs; ++k) mix(static_cast<std::uint64_t>(n.in[k]));
     mix(static_cast<std::uint64_t>(n.slot));
     mix(static_cast<std::uint64_t>(n.attrs.a) ^ (static_cast<std::uint64_t>(n.attrs.b) << 21) ^
         (static_cast<std::uint64_t>(n.attrs.c) << 42) ^ static_cast<std::uint64_t>(n.attrs.d) * 31);
+    mix(static_cast<std::uint64_t>(n.attrs.custom));
     for (auto d : n.attrs.dims) mix(static_cast<std::uint64_t>(d));
     mix(static_cast<std::uint64_t>(n.attrs.dt) | (std::uint64_t(n.attrs.keepdim) << 8) | (std::uint64_t(n.attrs.all) << 9));
     if (n.op == Op::constant) mix(std::bit_cast<std::uint64_t>(n.value));
@@ -209,7 +210,7 @@ graph::Graph rebuild_graph(const graph::Graph& g, Rule&& rule) {
   std::vector<int> map(static_cast<std::size_t>(g.size()), -1);
   for (int i = 0; i < g.size(); ++i) {
     const graph::Node& n = g[i];
-    std::array<int, 4> in{};
+    std::array<int, graph::max_inputs> in{};
     for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
     map[i] = rule(b, n, in.data());
   }

@@ -40,7 +40,7 @@ std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, cons
   if constexpr (NArgs > 0) std::copy(call_args.begin(), call_args.end(), args.begin());  // (GCC warns on an empty copy)
   constexpr int captured = graph::Counts<E>::tensors;
   for (int i = 0; i < captured && i < cap.nt; ++i) args[NArgs + i] = cap.tensors[i];
-  thread_local runtime::CallShapes shapes;
+  auto& shapes = runtime::level_local<runtime::CallShapes>();  // per nesting level: custom ops may call kiln
   auto entry = cache.get(args.data(), static_cast<int>(args.size()), cap.attrs.data(), cap.na,
                          graph_builder(f, e, static_cast<int>(NArgs)), shapes, stream);
   if (used) *used = entry;

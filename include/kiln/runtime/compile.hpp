@@ -1,6 +1,7 @@
 // The lowering driver: one short function that runs every pass in order, each logged under its
 // KILN_LOGS channel, from the captured graph to a compiled program.
 #pragma once
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,7 +36,8 @@ void write_into_arguments(graph::Graph& g, ArgAt&& arg) {
       throw shape_error("k::assign: the value has shape " + n.shape.str() + " but argument " + std::to_string(slot) +
                         " has shape " + a.shape().str());
     if (!a.is_contiguous()) throw shape_error("k::assign: argument " + std::to_string(slot) + " must be contiguous");
-    if (n.dt != a.dtype() || n.op == Op::arg) {
+    // A custom op writes through its own pointers, maybe while reading the argument: into a copy.
+    if (n.dt != a.dtype() || n.op == Op::arg || is_custom(n.op)) {
       Attrs at;
       at.dt = a.dtype();
       graph::Node c;
@@ -48,6 +50,29 @@ void write_into_arguments(graph::Graph& g, ArgAt&& arg) {
       g.outputs[o] = g.size() - 1;
     }
   }
+}
+
+// A custom op reads whole contiguous buffers: each strided argument it reads is copied first (a cast
+// to its own dtype, which the scheduler materialises like any input of a custom op). The guards
+// pin every argument's layout, so the choice holds for the program's lifetime.
+template <class ArgAt>
+graph::Graph copy_strided_custom_inputs(const graph::Graph& g, ArgAt&& arg) {
+  auto strided = [&](const graph::Node& x) { return x.op == Op::arg && !arg(x.slot).is_contiguous(); };
+  bool any = false;
+  for (const auto& n : g.nodes)
+    for (int k = 0; is_custom(n.op) && k < n.n_in; ++k) any = any || strided(g[n.in[k]]);
+  if (!any) return g;
+  return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
+    if (n.op == Op::constant) return b.constant(n.value);
+    if (!is_custom(n.op)) return b.rebuild(n, in);
+    std::array<int, graph::max_inputs> copied{};
+    for (int k = 0; k < n.n_in; ++k) {
+      Attrs same;
+      same.dt = b.dt(in[k]);
+      copied[k] = strided(b[in[k]]) ? b.op(Op::cast, {in[k]}, same) : in[k];
+    }
+    return b.rebuild(n, copied.data());
+  });
 }
 
 // Captured graph -> primitive graph with shapes (decompose, simplify, then the function's own
@@ -70,6 +95,7 @@ graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, Low
   stats.ops_decomposed = g.count_ops();
   g = schedule::split_reductions(g);                 // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
+  g = copy_strided_custom_inputs(g, arg);           // custom ops read contiguous buffers
   g.output_into = into.size() == g.outputs.size() ? into : std::vector<int>(g.outputs.size(), -1);
   write_into_arguments(g, arg);
   log_graph(debug::Channel::graph, "lowered graph", g);
@@ -121,7 +147,9 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
       ck.extern_node = plan.domain;
       ck.src.name = plan.name;
       ck.src.kind = plan.kind;
-      ck.src.fused_ops = {"matmul"};
+      const graph::Node& n = g[plan.domain];
+      ck.src.fused_ops = {!is_custom(n.op) ? std::string(name(n.op))
+                          : custom_ops::name_of(n.attrs.custom) + (n.op == Op::custom_backward ? "_backward" : "")};
     } else {
       ck.src = codegen::KernelWriter(g, p->sched, env, k, target, strides_of).write();
     }

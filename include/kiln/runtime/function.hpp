@@ -91,6 +91,18 @@ class ProgramCache {
     return true;
   }
 
+  // Entries for the same custom ops as these attributes: calling another k::custom_op is calling
+  // another function (as another lambda would be), not a recompile of this one.
+  int same_custom_ops_count(const Attrs* const* attrs, int nattrs) const {
+    int count = 0;
+    for (auto& e : entries_) {
+      bool same = static_cast<int>(e->guards.attrs.size()) == nattrs;
+      for (int i = 0; same && i < nattrs; ++i) same = e->guards.attrs[i].custom == attrs[i]->custom;
+      count += same;
+    }
+    return count;
+  }
+
   // Re-infers the program's graph for this call's inputs (dynamic programs only).
   static bool infer_call_shapes(const Program& p, const Tensor* const* args, CallShapes& out) {
     graph::Graph& scratch = scratch_graph();
@@ -144,7 +156,7 @@ class ProgramCache {
                                        Build& build, CallShapes& shapes) {
     if (!entries_.empty()) {
       std::string reason = last_failure_.empty() ? "no compiled program matched" : last_failure_;
-      if (static_cast<int>(entries_.size()) >= opt_.recompile_limit)
+      if (same_custom_ops_count(attrs, nattrs) >= opt_.recompile_limit)
         throw recompile_limit_error("k::compile: recompile limit of " + std::to_string(opt_.recompile_limit) +
                                     " reached; the last failed guard was: " + reason +
                                     " (use .shapes = k::shapes::dynamic for changing sizes)");

@@ -15,6 +15,7 @@
 #include "cpu_matmul.hpp"
 #include "cuda_matmul.hpp"
 #include "cuda_module.hpp"
+#include "custom.hpp"
 #include "host_compiler.hpp"
 #include "kernel_cache.hpp"
 #include "nvrtc.hpp"
@@ -23,7 +24,7 @@ namespace kiln::runtime {
 
 struct CompiledKernel {
   codegen::KernelSource src;
-  int extern_node = -1;                         // matmul: the node
+  int extern_node = -1;                         // matmul or custom op: the node
   void (*cpu)(void**, std::int64_t) = nullptr;  // CPU entry: (args, number of programs)
   CUfunction cuda = nullptr;
 };
@@ -148,16 +149,17 @@ inline std::int64_t row_grid_limit(int threads) {
 template <class ShapeOf>
 void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf&& shape_of,
                   CUstream stream, std::vector<Tensor>* keep) const {
-  // Per-call scratch: symbol values and kernel argument slots (grown once, then reused).
-  thread_local std::vector<std::int64_t> sizes;
-  thread_local std::vector<void*> ptrs, slots;
-  thread_local std::vector<double> scal;
+  // Per-call scratch: symbol values and kernel argument slots (grown once, then reused), one per
+  // nesting level (a custom op may run kiln itself).
+  auto& sizes = level_local<std::vector<std::int64_t>>();
+  auto &ptrs = level_local<std::vector<void*>, 0>(), &slots = level_local<std::vector<void*>, 1>();
+  auto& scal = level_local<std::vector<double>>();
   sizes.resize(std::max<std::size_t>(sizes.size(), static_cast<std::size_t>(env.num_symbols()) + 1));
   env.bind(shape_of, sizes.data());
   Bindings bind(sizes.data(), static_cast<std::size_t>(env.num_symbols()));
   // Outputs first (they may be caller-provided), then intermediates.
   // Buffers of this call, indexed by node; reused across calls (no allocation on the hit path).
-  thread_local std::vector<Tensor> call_temps;
+  auto& call_temps = level_local<std::vector<Tensor>>();
   std::vector<Tensor>& temps = keep ? *keep : call_temps;
   temps.resize(std::max<std::size_t>(temps.size(), graph.nodes.size()));
   struct Release {
@@ -192,6 +194,10 @@ void Program::run(const Tensor* const* args, const double* scalars, Tensor* outp
   for (const auto& k : kernels) {
     if (k.extern_node >= 0) {
       const auto& n = graph[k.extern_node];
+      if (is_custom(n.op)) {  // the user's own function: runtime/custom.hpp
+        run_custom(n, buffer, temps[k.extern_node], stream);
+        continue;
+      }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);
       if (device.is_cpu()) cpu_matmul(a, b, temps[k.extern_node]);
       else cuda_matmul(a, b, temps[k.extern_node], stream);

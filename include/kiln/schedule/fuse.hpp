@@ -1,7 +1,8 @@
 // Fusion: decides which nodes get a buffer and groups the rest into kernels. Pointwise ops and
 // views are inlined into their consumers; reductions over the same rows share one row kernel with
 // their pointwise prologues and epilogues (softmax and layer_norm forward become one kernel);
-// independent outputs of one shape share one pointwise kernel; matmul is an extern call.
+// independent outputs of one shape share one pointwise kernel; matmul and custom ops are extern
+// calls (fusion barriers) that read and write buffers.
 #pragma once
 #include <algorithm>
 #include <sstream>
@@ -69,13 +70,17 @@ inline int matmul_operand(const graph::Graph& g, int node) {
 
 inline bool is_leaf(const graph::Node& n) { return info(n.op).cls == OpClass::leaf || n.op == Op::numel; }
 
-// Nodes whose value must live in memory: outputs, reductions, matmuls and matmul operands.
+inline bool is_extern(Op op) { return info(op).cls == OpClass::extern_; }
+
+// Nodes whose value must live in memory: outputs, reductions, extern calls and their operands.
 inline std::vector<bool> find_anchors(const graph::Graph& g) {
   std::vector<bool> anchor(g.size(), false);
   for (int o : g.outputs) anchor[o] = g[o].op != Op::arg;
   for (int i = 0; i < g.size(); ++i) {
     const auto& n = g[i];
-    if (is_reduction(n.op) || n.op == Op::matmul) anchor[i] = true;
+    if (is_reduction(n.op) || is_extern(n.op)) anchor[i] = true;
+    if (is_custom(n.op))  // a custom op reads whole contiguous buffers
+      for (int k = 0; k < n.n_in; ++k) anchor[n.in[k]] = anchor[n.in[k]] || g[n.in[k]].op != Op::arg;
     if (n.op == Op::gather && g[n.in[0]].op != Op::arg) anchor[n.in[0]] = true;  // indexed by loaded values
     if (n.op == Op::matmul)
       for (int k = 0; k < 2; ++k) {
@@ -93,7 +98,7 @@ namespace detail {
 // Whether anchor node i can be computed inside kernel `k` (same iteration domain).
 inline bool joins(const graph::Graph& g, const KernelPlan& k, int i) {
   const auto& n = g[i];
-  if (k.closed || k.kind == Kind::extern_ || n.op == Op::matmul) return false;
+  if (k.closed || k.kind == Kind::extern_ || is_extern(n.op)) return false;
   bool rows = k.kind != Kind::poi;
   if (is_reduction(n.op)) {
     const Dims& p = g[n.in[0]].shape;
@@ -148,7 +153,7 @@ inline Schedule fuse(const graph::Graph& g) {
       if (detail::joins(g, s.kernels[k], i)) chosen = k;
     if (chosen < 0) {
       KernelPlan k;
-      if (n.op == Op::matmul) {
+      if (detail::is_extern(n.op)) {
         k.kind = Kind::extern_;
         k.domain = i;
       } else if (is_reduction(n.op)) {
@@ -193,9 +198,9 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
       if (g[v].op == Op::arg) continue;
       plan.members.push_back(v);
       if (plan.kind == Kind::extern_ && v == plan.domain) {
-        for (int c = 0; c < 2; ++c) {
-          int src = detail::matmul_operand(g, g[v].in[c]);
-          needed[src] = g[src].op != Op::arg;
+        for (int c = 0; c < g[v].n_in; ++c) {
+          int src = g[v].op == Op::matmul ? detail::matmul_operand(g, g[v].in[c]) : g[v].in[c];
+          needed[src] = needed[src] || g[src].op != Op::arg;
         }
         continue;
       }
@@ -221,9 +226,16 @@ inline void name_kernels(const graph::Graph& g, Schedule& s) {
     auto& plan = s.kernels[k];
     std::string ops;
     std::vector<Op> seen;
+    const graph::Node& d = g[plan.domain];
+    const bool custom = plan.kind == Kind::extern_ && is_custom(d.op);  // kiln_extern_<op name>[_backward]_<n>
+    if (custom) {
+      ops = "_";
+      ops += custom_ops::entry(d.attrs.custom).ident;
+      if (d.op == Op::custom_backward) ops += "_backward";
+    }
     for (int v : plan.members) {
       Op op = g[v].op;
-      if (detail::is_leaf(g[v]) || is_view(op) || op == Op::cast) continue;
+      if (custom || detail::is_leaf(g[v]) || is_view(op) || op == Op::cast) continue;
       if (std::find(seen.begin(), seen.end(), op) != seen.end()) continue;
       seen.push_back(op);
       ops += "_" + std::string(name(op));
