@@ -465,9 +465,11 @@ TEST_CASE("custom_op (cuda): the forward runs on the caller's stream") {
     },
   });
   CUstream s = nullptr;
+  k::driver::make_current(0);  // a context for the raw driver call below
   k::driver::check(k::driver::api().stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   auto xc = nonzero({37, 129}, 33), wc = nonzero({37, 129}, 34);
   auto x = xc.to(k::cuda), w = wc.to(k::cuda);
+  k::synchronize();  // the copies ran on the default stream, which does not order a non-blocking one
   auto f = k::compile([&](auto a, auto b) { return k::sum(on_stream(a * 2.0f, b) + 1.0f, 1); });
   k::Tensor y = f(k::Stream(s), x, w);
   k::Stream(s).synchronize();
