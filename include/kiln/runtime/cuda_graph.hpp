@@ -36,8 +36,7 @@ class GraphReplay {
   }
 
   // Fills the outputs and queues one graph launch on `stream` (capturing a graph on a miss).
-  template <class ShapeOf>
-  void run(const Tensor* const* args, int nargs, const double* scalars, Tensor* outputs, ShapeOf&& shape_of,
+  void run(const Tensor* const* args, int nargs, const double* scalars, Tensor* outputs, ShapeFn shape_of,
            CUstream stream) {
     const Program& p = program_;
     p.allocate_outputs(args, outputs, shape_of, stream);
@@ -78,8 +77,7 @@ class GraphReplay {
   };
 
   // Everything a graph bakes in: buffer addresses, scalar bits and symbolic sizes.
-  template <class ShapeOf>
-  void make_key(const Tensor* const* args, int nargs, const double* scalars, const Tensor* outputs, ShapeOf& shape_of) {
+  void make_key(const Tensor* const* args, int nargs, const double* scalars, const Tensor* outputs, ShapeFn shape_of) {
     const Program& p = program_;
     key_.clear();
     for (int i = 0; i < nargs; ++i) key_.push_back(reinterpret_cast<std::uintptr_t>(args[i]->data_ptr()));
@@ -111,8 +109,7 @@ class GraphReplay {
 
   // Records the program's launches on a private stream (relaxed mode: other threads may keep
   // allocating meanwhile) and instantiates them, or updates the least recently used graph.
-  template <class ShapeOf>
-  Graph& capture(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf& shape_of,
+  Graph& capture(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of,
                  CUstream stream) {
     const Program& p = program_;
     const driver::Api& api = driver::api();

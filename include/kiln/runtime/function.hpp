@@ -233,18 +233,12 @@ class ProgramCache {
 inline void run_entry(const Entry& e, const Tensor* const* args, const double* scalars, Tensor* outputs,
                       const CallShapes& shapes, CUstream stream) {
   const Program& p = *e.program;
-  if (e.graphs && !(stream && driver::is_capturing(stream))) {
-    int nargs = static_cast<int>(e.guards.args.size());
-    if (shapes.nodes.empty())
-      e.graphs->run(args, nargs, scalars, outputs, [&](int n) -> const Dims& { return p.graph[n].shape; }, stream);
-    else
-      e.graphs->run(args, nargs, scalars, outputs, [&](int n) -> const Dims& { return shapes.nodes[n].shape; }, stream);
-    return;
-  }
-  if (shapes.nodes.empty())
-    p.run(args, scalars, outputs, [&](int n) -> const Dims& { return p.graph[n].shape; }, stream);
+  const std::vector<graph::Node>& nodes = shapes.nodes.empty() ? p.graph.nodes : shapes.nodes;
+  auto shape_of = [&](int n) -> const Dims& { return nodes[n].shape; };
+  if (e.graphs && !(stream && driver::is_capturing(stream)))
+    e.graphs->run(args, static_cast<int>(e.guards.args.size()), scalars, outputs, shape_of, stream);
   else
-    p.run(args, scalars, outputs, [&](int n) -> const Dims& { return shapes.nodes[n].shape; }, stream);
+    p.run(args, scalars, outputs, shape_of, stream);
 }
 
 }  // namespace runtime

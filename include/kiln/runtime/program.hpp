@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../codegen/kernel_writer.hpp"
@@ -29,6 +30,20 @@ struct CompiledKernel {
   CUfunction cuda = nullptr;
 };
 
+// The shape of node n during this call, as a non-owning reference to any callable: Program::run
+// is then compiled once per translation unit, not once per caller's lambda (user compile time).
+class ShapeFn {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, ShapeFn>)
+  ShapeFn(const F& f) : obj_(&f), fn_([](const void* o, int n) -> const Dims& { return (*static_cast<const F*>(o))(n); }) {}
+  const Dims& operator()(int n) const { return fn_(obj_, n); }
+
+ private:
+  const void* obj_;
+  const Dims& (*fn_)(const void*, int);
+};
+
 struct Program {
   graph::Graph graph;
   schedule::Schedule sched;
@@ -45,14 +60,12 @@ struct Program {
   // as destinations: eval(out, expr)). shape_of(node) gives the node's concrete shape this call.
   // `keep`, when given, holds the intermediates across calls (a CUDA graph replays into the same
   // addresses): missing ones are allocated into it and none are released.
-  template <class ShapeOf>
-  void run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf&& shape_of, CUstream stream,
+  void run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of, CUstream stream,
            std::vector<Tensor>* keep = nullptr) const;
 
   // Fills the outputs a run writes: arguments written in place, then the caller's preset tensors,
   // then fresh tensors ordered on `stream`.
-  template <class ShapeOf>
-  void allocate_outputs(const Tensor* const* args, Tensor* outputs, ShapeOf&& shape_of, CUstream stream) const {
+  void allocate_outputs(const Tensor* const* args, Tensor* outputs, ShapeFn shape_of, CUstream stream) const {
     for (std::size_t o = 0; o < graph.outputs.size(); ++o) {
       int node = graph.outputs[o];
       if (arg_of_output[o] >= 0) {
@@ -146,8 +159,7 @@ inline std::int64_t row_grid_limit(int threads) {
   return row_grid_limit(sms, threads);
 }
 
-template <class ShapeOf>
-void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeOf&& shape_of,
+inline void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of,
                   CUstream stream, std::vector<Tensor>* keep) const {
   // Per-call scratch: symbol values and kernel argument slots (grown once, then reused), one per
   // nesting level (a custom op may run kiln itself).
