@@ -41,9 +41,18 @@ inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item
     c.xblock = std::clamp<std::int64_t>(next_pow2(xnumel / 64), 1024, 16384);
     return c;
   }
+  // KILN_TUNE_POI_THREADS / KILN_TUNE_POI_UNROLL: tuning experiments (benchmarks/NOTES.md).
+  static const int threads = [] {
+    const char* e = std::getenv("KILN_TUNE_POI_THREADS");
+    return e ? std::clamp(std::atoi(e), 32, 1024) : 256;
+  }();
+  static const int big_unroll = [] {
+    const char* e = std::getenv("KILN_TUNE_POI_UNROLL");
+    return e ? std::clamp(std::atoi(e), 1, 16) : 4;
+  }();
   c.xvec = std::max(1, 16 / std::max(1, max_item));
-  c.threads = 256;
-  int unroll = xnumel >= (std::int64_t{1} << 22) ? 4 : 1;
+  c.threads = threads;
+  int unroll = xnumel >= (std::int64_t{1} << 22) ? big_unroll : 1;
   c.xblock = std::int64_t{c.threads} * c.xvec * unroll;
   return c;
 }
