@@ -25,10 +25,14 @@ inline int& nesting_depth() {
 // A deque keeps outer levels' objects in place while inner levels are added.
 template <class T, int Tag = 0>
 T& level_local() {
-  thread_local std::deque<T> levels;
   const auto depth = static_cast<std::size_t>(nesting_depth());
-  while (levels.size() <= depth) levels.emplace_back();
-  return levels[depth];
+  if (depth == 0) {  // the common case, on every call's hit path
+    thread_local T top;
+    return top;
+  }
+  thread_local std::deque<T> levels;  // levels 1, 2, ...
+  while (levels.size() < depth) levels.emplace_back();
+  return levels[depth - 1];
 }
 
 namespace detail {
