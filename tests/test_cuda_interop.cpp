@@ -238,3 +238,21 @@ TEST_CASE("cuda graphs: a call that would compile during a capture asks to warm 
   k::Stream(s).synchronize();
   check_close(y, k::reference::eval(k::tanh(x.to(k::cpu)) * 3.0f));
 }
+
+TEST_CASE("cuda graphs: replays go on after the stream of the last one was destroyed") {
+  if (!have_gpu()) return;
+  auto f = k::compile([](auto x) { return k::softmax(x * 3.0f, -1); }, {.cuda_graphs = true});
+  auto x = k::randn({17, 300}, k::f32, k::cuda, 21);
+  k::synchronize();
+  auto want = k::reference::eval(k::softmax(x.to(k::cpu) * 3.0f, -1));
+  {
+    OwnStream first;  // a per-request stream, destroyed after use
+    k::Tensor y = f(k::Stream(first), x);
+    k::Stream(first).synchronize();
+    check_close(y, want);
+  }
+  OwnStream second;
+  k::Tensor y = f(k::Stream(second), x);
+  k::Stream(second).synchronize();
+  check_close(y, want);
+}

@@ -47,6 +47,7 @@ class GraphReplay {
     g->last_use = ++clock_;
     order_after_last(stream);
     driver::check(driver::api().graph_launch(g->exec, stream), "cuGraphLaunch");
+    mark_launched(stream);
     ++replays_;
   }
 
@@ -158,12 +159,15 @@ class GraphReplay {
   }
 
   // Replays share their intermediates: a replay on another stream first waits for the last one.
+  // The last replay is marked by an event recorded right after it, so the wait never touches the
+  // earlier stream (which the caller may have destroyed since).
   void order_after_last(CUstream stream) {
-    if (launched_ && stream != last_stream_) {
-      if (!switch_event_) switch_event_ = std::make_unique<Event>(CU_EVENT_DISABLE_TIMING);
-      switch_event_->record(last_stream_);
-      driver::check(driver::api().stream_wait_event(stream, switch_event_->handle(), 0), "cuStreamWaitEvent");
-    }
+    if (launched_ && stream != last_stream_)
+      driver::check(driver::api().stream_wait_event(stream, done_->handle(), 0), "cuStreamWaitEvent");
+  }
+  void mark_launched(CUstream stream) {
+    if (!done_) done_ = std::make_unique<Event>(CU_EVENT_DISABLE_TIMING);
+    done_->record(stream);
     launched_ = true;
     last_stream_ = stream;
   }
@@ -177,7 +181,7 @@ class GraphReplay {
   CUstream capture_stream_ = nullptr;
   CUstream last_stream_ = nullptr;
   bool launched_ = false;
-  std::unique_ptr<Event> switch_event_;
+  std::unique_ptr<Event> done_;
   std::uint64_t clock_ = 0;
   std::size_t captures_ = 0, replays_ = 0;
 };
