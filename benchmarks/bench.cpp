@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -288,6 +289,15 @@ int main(int argc, char** argv) {
     k::Tensor y = f(x);
     k::synchronize();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    // W11w: the same process run again on the now warm cache; KILN_BENCH_T0 (ns since the epoch,
+    // taken by run.sh just before starting the process) makes it process start -> first result.
+    if (const char* t0_env = std::getenv("KILN_BENCH_T0")) {
+      auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch());
+      double total = (static_cast<double>(now.count()) - std::atof(t0_env)) / 1e6;
+      std::printf("{\"id\": \"W11w\", \"impl\": \"kiln\", \"ms\": %.2f, \"note\": \"warm disk cache: process start to "
+                  "first result; first call itself %.1f ms\"}\n", total, ms);
+      return;
+    }
     std::printf("{\"id\": \"W11\", \"impl\": \"kiln\", \"ms\": %.2f}\n", ms);
   });
   return 0;
