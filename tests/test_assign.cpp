@@ -67,6 +67,10 @@ TEST_CASE("eval(out): rows of a larger buffer are written in place, the padding 
   k::Tensor t = k::Tensor::wrap(big.data_ptr(), {cols, rows}, k::f32, k::cpu, {1, pitch});
   CHECK_THROWS_AS(k::eval(t, k::transpose(x, 0, 1) * 2.0f), k::shape_error);
   CHECK(k::to_vector<float>(big) == after);
+  // A broadcast (stride-0) layout would write overlapping rows: refused too.
+  k::Tensor expanded = k::Tensor::wrap(big.data_ptr(), {3, 4, 8}, k::f32, k::cpu, {8, 0, 1});
+  CHECK_THROWS_AS(k::eval(expanded, k::randn({3, 4, 8}, k::f32, k::cpu, 24) * 2.0f), k::shape_error);
+  CHECK(k::to_vector<float>(big) == after);
   // A wrong shape fails before anything is written.
   auto y = k::randn({rows, cols + 1}, k::f32, k::cpu, 23);
   CHECK_THROWS_AS(k::eval(out, y * 2.0f), k::shape_error);

@@ -256,3 +256,32 @@ TEST_CASE("cuda graphs: replays go on after the stream of the last one was destr
   k::Stream(second).synchronize();
   check_close(y, want);
 }
+
+TEST_CASE("cuda graphs: intermediates of a run recorded in the caller's capture are not handed out again") {
+  if (!have_gpu()) return;
+  OwnStream s;
+  const auto& api = k::driver::api();
+  // A column sum of this size splits in two stages: an intermediate buffer of partial sums.
+  auto f = k::compile([](auto x) { return k::sum(x, 0) * 2.0f; });
+  auto g = k::compile([](auto x) { return k::sum(x, 0) + 1.0f; });
+  auto x = k::randn({16384, 256}, k::f32, k::cuda, 31);
+  k::Tensor out = k::empty({256}, k::f32, k::cuda);
+  k::synchronize();
+  { k::Tensor w = f(k::Stream(s), x); k::eval(out, w + 0.0f, s); k::Stream(s).synchronize(); }
+  k::driver::check(api.stream_begin_capture(s.s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+  k::Tensor yc = f(k::Stream(s), x);
+  k::eval(out, yc + 0.0f, s);
+  CUgraph graph = nullptr;
+  k::driver::check(api.stream_end_capture(s.s, &graph), "cuStreamEndCapture");
+  CUgraphExec exec = nullptr;
+  k::driver::check(api.graph_instantiate(&exec, graph, 0), "cuGraphInstantiate");
+  k::Tensor z = g(k::Stream(s), x);  // allocates after the capture: must not get f's partial sums
+  k::Stream(s).synchronize();
+  auto z_before = k::to_vector<float>(z);
+  k::driver::check(api.graph_launch(exec, s.s), "cuGraphLaunch");
+  k::Stream(s).synchronize();
+  CHECK(k::to_vector<float>(z) == z_before);
+  check_close(out, k::reference::eval(k::sum(x.to(k::cpu), 0) * 2.0f), 1e-4, 1e-3);
+  api.graph_exec_destroy(exec);
+  api.graph_destroy(graph);
+}

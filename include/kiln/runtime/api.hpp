@@ -154,6 +154,7 @@ inline std::int64_t row_pitch(const Tensor& t) {
   std::int64_t pitch = 0, expect = 0;
   for (int i = r - 2; i >= 0; --i) {
     if (t.shape()[i] == 1) continue;
+    if (t.strides()[i] == 0) return 0;  // a broadcast (expanded) dim: rows would overlap
     if (!pitch) pitch = expect = t.strides()[i];
     if (t.strides()[i] != expect) return 0;
     expect *= t.shape()[i];
@@ -188,6 +189,9 @@ void eval(Tensor& out, const E& e, Stream stream = {}) {
     if (!pitch)
       throw shape_error("k::eval(out, expr): out must be contiguous or rows of a larger buffer (last dim contiguous, "
                         "evenly spaced rows), got shape " + out.shape().str() + " strides " + out.strides().str());
+    if (out.device().is_cuda() && stream.handle() && driver::is_capturing(stream.handle()))
+      throw cuda_error("k::eval(out, expr): out with a row pitch needs a temporary, which cannot be kept alive for a "
+                       "CUDA graph capture; capture into a contiguous out");
     Tensor tmp = Tensor::empty(out.shape(), out.dtype(), out.device(), stream);
     eval(tmp, e, stream);
     detail::copy_rows(tmp, out, pitch, stream);

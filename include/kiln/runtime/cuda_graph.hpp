@@ -5,6 +5,7 @@
 // buffers replays two graphs and never re-captures. Intermediates live as long as the graphs that
 // write them; replays on different streams are ordered with an event, since they share them.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -30,6 +31,7 @@ class GraphReplay {
   GraphReplay& operator=(const GraphReplay&) = delete;
   ~GraphReplay() {
     if (!driver::initialized()) return;
+    if (launched_ && done_) driver::api().event_synchronize(done_->handle());  // replays may still use the temps
     for (auto& g : graphs_)
       if (g.exec) driver::api().graph_exec_destroy(g.exec);
     if (capture_stream_) driver::api().stream_destroy(capture_stream_);
@@ -43,12 +45,28 @@ class GraphReplay {
     std::lock_guard lock(mutex_);
     make_key(args, nargs, scalars, outputs, shape_of);
     Graph* g = find();
-    if (!g) g = &capture(args, scalars, outputs, shape_of, stream);
+    if (!g) {
+      try {
+        g = &capture(args, scalars, outputs, shape_of, stream);
+      } catch (const error&) {
+        // A step that cannot be captured (a library call that allocates, say): this program runs
+        // as plain launches from now on; a real error shows up again in the plain run.
+        disabled_ = true;
+        p.run(args, scalars, outputs, shape_of, stream);
+        return;
+      }
+    }
     g->last_use = ++clock_;
     order_after_last(stream);
     driver::check(driver::api().graph_launch(g->exec, stream), "cuGraphLaunch");
     mark_launched(stream);
     ++replays_;
+  }
+
+  // True once a capture of this program failed: run_entry then launches it plainly.
+  bool disabled() const {
+    std::lock_guard lock(mutex_);
+    return disabled_;
   }
 
   std::size_t graphs() const {
@@ -119,11 +137,12 @@ class GraphReplay {
     for (const auto& k : p.kernels)  // library workspaces must exist before the capture starts
       if (k.extern_node >= 0) cuda_mm_detail::workspace(p.device.index, capture_stream_);
     auto temps = temps_for_sizes();
-    for (int b : p.buffers)  // allocated outside the capture, on the stream the replays go to
-      if (temps->buffers.size() <= static_cast<std::size_t>(b) || !temps->buffers[b].defined()) {
-        temps->buffers.resize(std::max<std::size_t>(temps->buffers.size(), p.graph.nodes.size()));
+    temps->buffers.resize(std::max<std::size_t>(temps->buffers.size(), p.graph.nodes.size()));
+    for (int b : p.buffers) {  // allocated outside the capture, on the stream the replays go to
+      bool output = std::find(p.graph.outputs.begin(), p.graph.outputs.end(), b) != p.graph.outputs.end();
+      if (!output && !temps->buffers[b].defined())
         temps->buffers[b] = Tensor::empty(shape_of(b), p.graph[b].dt, p.device, stream);
-      }
+    }
     driver::check(api.stream_begin_capture(capture_stream_, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
     CUgraph graph = nullptr;
     try {
@@ -146,6 +165,8 @@ class GraphReplay {
       slot = &graphs_.front();
       for (auto& g : graphs_)
         if (g.last_use < slot->last_use) slot = &g;
+      if (launched_) done_->synchronize();  // the evicted graph's temps may be freed below
+      slot->key.clear();                    // no stale key if the update and instantiation fail
       CUgraphExecUpdateResultInfo info{};
       if (api.graph_exec_update(slot->exec, graph, &info) != CUDA_SUCCESS) {
         api.graph_exec_destroy(slot->exec);
@@ -181,6 +202,7 @@ class GraphReplay {
   CUstream capture_stream_ = nullptr;
   CUstream last_stream_ = nullptr;
   bool launched_ = false;
+  bool disabled_ = false;
   std::unique_ptr<Event> done_;
   std::uint64_t clock_ = 0;
   std::size_t captures_ = 0, replays_ = 0;

@@ -28,12 +28,24 @@ struct options {
 
 namespace runtime {
 
+// Intermediates of runs recorded into a CUDA graph the caller is capturing: the caller's graph keeps
+// their addresses, so they are never returned to the allocator (they live as long as the function).
+struct CapturePins {
+  std::mutex mu;
+  std::vector<std::vector<Tensor>> kept;
+  void add(std::vector<Tensor> temps) {
+    std::lock_guard lock(mu);
+    kept.push_back(std::move(temps));
+  }
+};
+
 // One compiled program and what it assumed.
 struct Entry {
   guards::GuardSet guards;
   std::shared_ptr<Program> program;
   LoweringStats stats;
   std::shared_ptr<GraphReplay> graphs;  // .cuda_graphs on a CUDA device; after program: destroyed first
+  std::shared_ptr<CapturePins> pins;    // CUDA: intermediates of runs recorded in a caller's capture
 };
 
 // The scratch shapes of a dynamic call: the program's graph re-inferred for this call's inputs.
@@ -185,7 +197,11 @@ class ProgramCache {
     }
     remember_shapes(g);
     e->program = build_program(std::move(g), std::move(env), device, arg);
-    if (opt_.cuda_graphs && device.is_cuda()) e->graphs = std::make_shared<GraphReplay>(*e->program);
+    // Custom ops are host code: a replay would not run them again, so their programs launch plainly.
+    bool custom = false;
+    for (auto& k : e->program->kernels) custom = custom || (k.extern_node >= 0 && is_custom(e->program->graph[k.extern_node].op));
+    if (opt_.cuda_graphs && device.is_cuda() && !custom) e->graphs = std::make_shared<GraphReplay>(*e->program);
+    if (device.is_cuda()) e->pins = std::make_shared<CapturePins>();
     entries_.push_back(e);
     shapes.nodes.clear();
     if (e->guards.dynamic) infer_call_shapes(*e->program, args, shapes);
@@ -235,10 +251,16 @@ inline void run_entry(const Entry& e, const Tensor* const* args, const double* s
   const Program& p = *e.program;
   const std::vector<graph::Node>& nodes = shapes.nodes.empty() ? p.graph.nodes : shapes.nodes;
   auto shape_of = [&](int n) -> const Dims& { return nodes[n].shape; };
-  if (e.graphs && !(stream && driver::is_capturing(stream)))
+  bool captured = e.pins && stream && driver::is_capturing(stream);
+  if (captured) {  // recorded into the caller's graph: its intermediates must outlive this call
+    std::vector<Tensor> keep;
+    p.run(args, scalars, outputs, shape_of, stream, &keep);
+    e.pins->add(std::move(keep));
+  } else if (e.graphs && !e.graphs->disabled()) {
     e.graphs->run(args, static_cast<int>(e.guards.args.size()), scalars, outputs, shape_of, stream);
-  else
+  } else {
     p.run(args, scalars, outputs, shape_of, stream);
+  }
 }
 
 }  // namespace runtime
