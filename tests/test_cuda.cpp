@@ -5,15 +5,11 @@
 #include <kiln/kiln.hpp>
 #include <kiln/testing.hpp>
 
+#include "have_gpu.hpp"
+
 namespace k = kiln;
 
 namespace {
-
-bool have_gpu() {
-  if (k::driver::available()) return true;
-  MESSAGE("skipped: no CUDA device on this machine");
-  return false;
-}
 
 // Evaluates on the GPU and checks against the oracle built from the same CPU inputs.
 template <class MakeExpr>

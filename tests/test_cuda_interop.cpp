@@ -7,15 +7,11 @@
 #include <kiln/kiln.hpp>
 #include <kiln/testing.hpp>
 
+#include "have_gpu.hpp"
+
 namespace k = kiln;
 
 namespace {
-
-bool have_gpu() {
-  if (k::driver::available()) return true;
-  MESSAGE("skipped: no CUDA device on this machine");
-  return false;
-}
 
 // A stream the test owns, non-blocking: nothing orders it with the legacy default stream.
 struct OwnStream {

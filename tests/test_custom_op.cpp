@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "have_gpu.hpp"
+
 namespace k = kiln;
 
 namespace {
@@ -449,10 +451,7 @@ TEST_CASE("custom_op: registering and calling from several threads") {
 }
 
 TEST_CASE("custom_op (cuda): the forward runs on the caller's stream") {
-  if (!k::driver::available()) {
-    MESSAGE("skipped: no CUDA device on this machine");
-    return;
-  }
+  if (!have_gpu()) return;
   static CUstream seen = nullptr;
   k::CustomOp on_stream = k::custom_op("on_stream", {
     .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {

@@ -16,6 +16,8 @@
 #include <kiln/kiln.hpp>
 #include <kiln/testing.hpp>
 
+#include "have_gpu.hpp"
+
 namespace k = kiln;
 namespace fs = std::filesystem;
 
@@ -55,12 +57,6 @@ std::string read_file(const fs::path& p) {
 bool have_nvcc() {
   if (std::system("command -v nvcc > /dev/null 2>&1") == 0) return true;
   MESSAGE("skipped: nvcc is not on PATH");
-  return false;
-}
-
-bool have_gpu() {
-  if (k::driver::available()) return true;
-  MESSAGE("skipped: no CUDA device on this machine");
   return false;
 }
 
