@@ -6,6 +6,7 @@
 // write them; replays on different streams are ordered with an event, since they share them.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -64,10 +65,7 @@ class GraphReplay {
   }
 
   // True once a capture of this program failed: run_entry then launches it plainly.
-  bool disabled() const {
-    std::lock_guard lock(mutex_);
-    return disabled_;
-  }
+  bool disabled() const { return disabled_.load(std::memory_order_relaxed); }  // on every call: no lock
 
   std::size_t graphs() const {
     std::lock_guard lock(mutex_);
@@ -202,7 +200,7 @@ class GraphReplay {
   CUstream capture_stream_ = nullptr;
   CUstream last_stream_ = nullptr;
   bool launched_ = false;
-  bool disabled_ = false;
+  std::atomic<bool> disabled_{false};
   std::unique_ptr<Event> done_;
   std::uint64_t clock_ = 0;
   std::size_t captures_ = 0, replays_ = 0;
