@@ -27,6 +27,12 @@ struct LaunchConfig {
   }
 };
 
+// A KILN_TUNE_* experiment knob: the variable's value clamped to [lo, hi], else the fallback.
+inline std::int64_t tuning_knob(const char* name, std::int64_t fallback, std::int64_t lo, std::int64_t hi) {
+  const char* e = std::getenv(name);
+  return e ? std::clamp<std::int64_t>(std::atoll(e), lo, hi) : fallback;
+}
+
 inline std::int64_t next_pow2(std::int64_t v) {
   std::int64_t p = 1;
   while (p < v) p <<= 1;
@@ -44,14 +50,8 @@ inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item
   // KILN_TUNE_POI_THREADS / KILN_TUNE_POI_UNROLL: tuning experiments (benchmarks/NOTES.md). 128
   // threads x 4 vectors measured best on an H200 for ALU-heavy chains (W1b 0.142 -> 0.135 ms) and
   // within noise for pure copies (W1, W8).
-  static const int threads = [] {
-    const char* e = std::getenv("KILN_TUNE_POI_THREADS");
-    return e ? std::clamp(std::atoi(e), 32, 1024) : 128;
-  }();
-  static const int big_unroll = [] {
-    const char* e = std::getenv("KILN_TUNE_POI_UNROLL");
-    return e ? std::clamp(std::atoi(e), 1, 16) : 4;
-  }();
+  static const int threads = static_cast<int>(tuning_knob("KILN_TUNE_POI_THREADS", 128, 32, 1024));
+  static const int big_unroll = static_cast<int>(tuning_knob("KILN_TUNE_POI_UNROLL", 4, 1, 16));
   c.xvec = std::max(1, 16 / std::max(1, max_item));
   c.threads = threads;
   int unroll = xnumel >= (std::int64_t{1} << 22) ? big_unroll : 1;
@@ -85,13 +85,10 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   // KILN_TUNE_ROW_ELEMS overrides the 32, for tuning experiments (benchmarks/NOTES.md).
   // KILN_TUNE_ROW_THREADS caps the threads a row (512), KILN_TUNE_ROW_ITERS the register-cached
   // tiles a thread (16; above it the row is re-read from L2 instead: the "red" kind).
-  auto knob = [](const char* name, std::int64_t fallback) {
-    const char* e = std::getenv(name);
-    return e ? std::max<std::int64_t>(0, std::atoll(e)) : fallback;
-  };
-  static const std::int64_t elems = knob("KILN_TUNE_ROW_ELEMS", 0);
-  static const std::int64_t max_threads = std::clamp<std::int64_t>(knob("KILN_TUNE_ROW_THREADS", 512), 32, 1024);
-  static const std::int64_t max_iters = knob("KILN_TUNE_ROW_ITERS", 16);
+  constexpr std::int64_t any = std::int64_t{1} << 40;
+  static const std::int64_t elems = tuning_knob("KILN_TUNE_ROW_ELEMS", 0, 0, any);
+  static const std::int64_t max_threads = tuning_knob("KILN_TUNE_ROW_THREADS", 512, 32, 1024);
+  static const std::int64_t max_iters = tuning_knob("KILN_TUNE_ROW_ITERS", 16, 0, any);
   // Measured on an H200: 32 elements a thread for f32 rows, 16 for 16-bit rows (W6 0.146 -> 0.086 ms)
   // and for rows that stream two or more full-size inputs, whose register caches would otherwise
   // cost occupancy (layer_norm backward, x and dy: 128 -> ~64 registers, W5 0.427 -> 0.393 ms).
