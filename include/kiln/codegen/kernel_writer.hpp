@@ -179,7 +179,8 @@ class KernelWriter {
   void write_rows();
   std::string reduction_identity(Op op, kiln::dtype ct);
   bool depends_on_any(int red, std::size_t i, std::size_t j);
-  std::string access_base(const Sym& offset);
+  std::string access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt, std::string& width);
+  std::string split_on_alignment(const std::string& body) const;
 
   const graph::Graph& g_;
   const schedule::Schedule& s_;
@@ -201,6 +202,7 @@ class KernelWriter {
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
   std::vector<Param> params_;
+  std::vector<std::string> aligned_ptrs_;  // pointers whose tiles are vector-aligned when they are
   std::map<std::string, Value> memo_;
   int scope_ = 0;
 };
@@ -280,13 +282,38 @@ inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& 
   return offset.substitute(m);
 }
 
-inline std::string KernelWriter::access_base(const Sym& offset) {
+// Whether e is a multiple of m for every tile, where the tile start (symbol id `start`) is a
+// multiple of `vec`. Sizes are unknown (false); constants and products are exact.
+inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec) {
+  switch (e.kind()) {
+    case SymKind::constant: return e.constant_value() % m == 0;
+    case SymKind::symbol: return e.symbol_id() == start && vec % m == 0;
+    case SymKind::add:
+      return std::all_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
+    case SymKind::mul:
+      return std::any_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
+    default: return false;
+  }
+}
+
+inline std::string KernelWriter::access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt, std::string& width) {
   const Sym& tile = rows() ? rindex_ : xindex_;
   if (rows() && !in_rloop_) return "";
   std::int64_t vec = rows() ? config_.rvec : config_.xvec;
-  Sym start = Sym::symbol(rows() ? "roffset" : "xoffset", rows() ? 1003 : 1002, {.nonnegative = true});
+  int start_id = rows() ? 1003 : 1002;
+  Sym start = Sym::symbol(rows() ? "roffset" : "xoffset", start_id, {.nonnegative = true});
   auto base = tile_base(offset, tile, start, vec);
-  return base ? index_code(*base) : "";
+  if (!base) return "";
+  width = rows() ? "RVEC" : "XVEC";
+  // A tile that starts on a 16-byte (or, for an 8-byte tile, 8-byte) vector whenever its pointer is
+  // 16-byte aligned: the kernel tests its pointers once (KILN_ALIGNED) instead of every access.
+  std::int64_t bytes = vec * static_cast<std::int64_t>(itemsize(dt)), item = static_cast<std::int64_t>(itemsize(dt));
+  std::int64_t vbytes = bytes % 16 == 0 ? 16 : bytes == 8 ? 8 : 0;
+  if (target_ == Target::cuda && vbytes && multiple_of(*base, vbytes / item, start_id, vec)) {
+    width += ", KILN_ALIGNED";
+    if (std::find(aligned_ptrs_.begin(), aligned_ptrs_.end(), ptr) == aligned_ptrs_.end()) aligned_ptrs_.push_back(ptr);
+  }
+  return index_code(*base);
 }
 
 inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& idx, const std::string& extra_mask) {
@@ -296,8 +323,8 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   kiln::dtype ct = compute_dtype(g_[node].dt);
   std::string code;
   if (extra_mask.empty()) {
-    std::string base = access_base(offset);
-    if (!base.empty()) code = "kiln::load_contig<" + std::string(rows() ? "RVEC" : "XVEC") + ">(" + ptr + ", " + base + ", " + m + ")";
+    std::string width, base = access_base(offset, ptr, g_[node].dt, width);
+    if (!base.empty()) code = "kiln::load_contig<" + width + ">(" + ptr + ", " + base + ", " + m + ")";
   }
   if (code.empty()) code = "kiln::load(" + ptr + ", " + index_code(offset) + ", " + m + ")";
   // A persistent row: the tiles of a row read in one loop stay in registers for the next loops.
@@ -306,9 +333,9 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == xindex_; });
   if (rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() && target_ == Target::cuda) {
     // The same for every row (a weight): loaded once per thread, before the row loop.
-    std::string base = access_base(offset);
+    std::string width, base = access_base(offset, ptr, g_[node].dt, width);
     std::string col = base.empty() ? "kiln::load(" + ptr + ", " + index_code(offset) + ", rindex < rnumel)"
-                                   : "kiln::load_contig<RVEC>(" + ptr + ", " + base + ", rindex < rnumel)";
+                                   : "kiln::load_contig<" + width + ">(" + ptr + ", " + base + ", rindex < rnumel)";
     auto [it, fresh_cache] = column_cache_.try_emplace(col, "weights" + std::to_string(column_cache_.size()));
     if (fresh_cache) {
       column_decls_.push_back("kiln::tile<" + detail::c_type(ct) + ", RVEC> " + it->second + "[RITERS];");

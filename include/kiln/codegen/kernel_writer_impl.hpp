@@ -32,9 +32,9 @@ inline void KernelWriter::store(int node, const std::vector<Sym>& idx) {
   kiln::dtype ct = compute_dtype(g_[node].dt);
   std::string val = v.literal ? detail::literal(v.value, ct) : cast(v, ct).code;
   Sym offset = ravel(idx, contiguous_strides(env_[node]));
-  std::string base = access_base(offset);
+  std::string width, base = access_base(offset, ptr, g_[node].dt, width);
   if (!base.empty()) {
-    line("kiln::store_contig<" + std::string(rows() ? "RVEC" : "XVEC") + ">(" + ptr + ", " + base + ", " + val + ", " + mask() + ");");
+    line("kiln::store_contig<" + width + ">(" + ptr + ", " + base + ", " + val + ", " + mask() + ");");
     return;
   }
   line("kiln::store(" + ptr + ", " + index_code(offset) + ", " + val + ", " + mask() + ");");
@@ -153,6 +153,19 @@ inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) 
   return false;
 }
 
+// The body twice: once for 16-byte aligned pointers, whose vector-aligned tiles then load and
+// store whole vectors with no test (and no branch that would keep the compiler from issuing the
+// loads of several tiles together), once testing every access as before (offset or foreign buffers).
+inline std::string KernelWriter::split_on_alignment(const std::string& body) const {
+  std::string ptrs, indented;
+  for (const auto& p : aligned_ptrs_) ptrs += (ptrs.empty() ? "" : ", ") + p;
+  std::istringstream in(body);
+  for (std::string l; std::getline(in, l);) indented += (l.empty() ? "" : "  ") + l + "\n";
+  return "  auto kiln_body = [&](auto kiln_aligned) {\n"
+         "    constexpr bool KILN_ALIGNED = decltype(kiln_aligned)::value;\n" +
+         indented + "  };\n  if (kiln::aligned16(" + ptrs + ")) kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
+}
+
 inline KernelSource KernelWriter::write() {
   KernelSource ks;
   ks.name = plan_.name;
@@ -239,6 +252,7 @@ inline KernelSource KernelWriter::write() {
     pre += "  }\n";
     body.insert(body.find("  KILN_ROW(xindex)"), pre);
   }
+  if (!aligned_ptrs_.empty()) body = split_on_alignment(body);
   ks.source = signature + body + "}\n";
   ks.xnumel = xnumel_;
   ks.rnumel = rnumel_;

@@ -305,9 +305,16 @@ KILN_UNROLL
     return r;
   }
 }
+// Whether every pointer is 16-byte aligned (kernels test this once: KILN_ALIGNED).
+template <bool B> struct bool_c { static constexpr bool value = B; };
+template <class... P> KILN_FN bool aligned16(const P*... p) {
+  return (((unsigned long long)(const void*)p | ... | 0ull) & 15) == 0;
+}
+
 // N consecutive elements from p[base], unconverted: one 16-byte vector when aligned and unmasked
-// (a register cache of 16-bit values keeps these and widens them on use).
-template <int N, class T, class M>
+// (a register cache of 16-bit values keeps these and widens them on use). A: p + base is known to
+// be aligned (the kernel tested its pointers), so only the mask is tested.
+template <int N, bool A = false, class T, class M>
 KILN_FN tile<T, N> load_contig_raw(const T* p, i64 base, const M& mask) {
   tile<T, N> r;
 #ifdef KILN_DEVICE_CODE
@@ -316,7 +323,7 @@ KILN_FN tile<T, N> load_contig_raw(const T* p, i64 base, const M& mask) {
     bool all = true;
 KILN_UNROLL
     for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && ((unsigned long long)(p + base) & 15) == 0) {
+    if (all && (A || ((unsigned long long)(p + base) & 15) == 0)) {
       struct alignas(16) vec { T e[V]; };
 KILN_UNROLL
       for (int c = 0; c < N / V; ++c) {
@@ -349,7 +356,7 @@ KILN_UNROLL
 
 // N consecutive elements from p[base] in the compute type: one 16-byte vector when aligned and
 // unmasked, converted as it is read (a separate raw load plus selects measured 15% slower).
-template <int N, class T, class M>
+template <int N, bool A = false, class T, class M>
 KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, const M& mask,
                                                           typename compute_of<T>::type other = 0) {
   typedef typename compute_of<T>::type C;
@@ -360,7 +367,7 @@ KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, 
     bool all = true;
 KILN_UNROLL
     for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && ((unsigned long long)(p + base) & 15) == 0) {
+    if (all && (A || ((unsigned long long)(p + base) & 15) == 0)) {
       struct alignas(16) vec { T e[V]; };
 KILN_UNROLL
       for (int c = 0; c < N / V; ++c) {
@@ -387,7 +394,7 @@ KILN_UNROLL
       if (lane(mask, i)) p[lane(idx, i)] = store_cast<T>(lane(v, i));
   }
 }
-template <int N, class T, class V, class M>
+template <int N, bool Aligned = false, class T, class V, class M>
 KILN_FN void store_contig(T* p, i64 base, const V& v, const M& mask) {
 #ifdef KILN_DEVICE_CODE
   if constexpr ((sizeof(T) * N) % 16 == 0 || sizeof(T) * N == 8) {
@@ -396,7 +403,7 @@ KILN_FN void store_contig(T* p, i64 base, const V& v, const M& mask) {
     bool all = true;
 KILN_UNROLL
     for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && ((unsigned long long)(p + base) & (A - 1)) == 0) {
+    if (all && (Aligned || ((unsigned long long)(p + base) & (A - 1)) == 0)) {
       struct alignas(A) vec { T e[L]; };
 KILN_UNROLL
       for (int c = 0; c < N / L; ++c) {
