@@ -203,6 +203,7 @@ class KernelWriter {
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
   std::vector<Param> params_;
   std::vector<std::string> aligned_ptrs_;  // pointers whose tiles are vector-aligned when they are
+  bool unaligned_tiles_ = false;           // some contiguous tile may start off a vector
   std::map<std::string, Value> memo_;
   int scope_ = 0;
 };
@@ -306,13 +307,16 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   if (!base) return "";
   width = rows() ? "RVEC" : "XVEC";
   // A tile that starts on a 16-byte (or, for an 8-byte tile, 8-byte) vector whenever its pointer is
-  // 16-byte aligned: the kernel tests its pointers once (KILN_ALIGNED) instead of every access.
+  // 16-byte aligned: the kernel may test its pointers once (KILN_ALIGNED) instead of every access.
   std::int64_t bytes = vec * static_cast<std::int64_t>(itemsize(dt)), item = static_cast<std::int64_t>(itemsize(dt));
   std::int64_t vbytes = bytes % 16 == 0 ? 16 : bytes == 8 ? 8 : 0;
-  if (target_ == Target::cuda && vbytes && multiple_of(*base, vbytes / item, start_id, vec)) {
-    width += ", KILN_ALIGNED";
-    if (std::find(aligned_ptrs_.begin(), aligned_ptrs_.end(), ptr) == aligned_ptrs_.end()) aligned_ptrs_.push_back(ptr);
+  if (target_ != Target::cuda || !vbytes) return index_code(*base);
+  if (!multiple_of(*base, vbytes / item, start_id, vec)) {
+    unaligned_tiles_ = true;
+    return index_code(*base);
   }
+  width += ", KILN_ALIGNED";
+  if (std::find(aligned_ptrs_.begin(), aligned_ptrs_.end(), ptr) == aligned_ptrs_.end()) aligned_ptrs_.push_back(ptr);
   return index_code(*base);
 }
 

@@ -153,16 +153,25 @@ inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) 
   return false;
 }
 
-// The body twice: once for 16-byte aligned pointers, whose vector-aligned tiles then load and
-// store whole vectors with no test (and no branch that would keep the compiler from issuing the
-// loads of several tiles together), once testing every access as before (offset or foreign buffers).
+// When every contiguous tile of the kernel starts on a vector: the body twice, both without a test
+// at each access. With 16-byte aligned pointers whole vectors move with no branch (that would keep
+// the compiler from issuing the loads of several tiles together); otherwise (offset or foreign
+// buffers) element by element. Kernels with other tiles keep one body that tests each access.
+// KILN_TUNE_ALIGNED=0 keeps the per-access tests everywhere (A/B runs, benchmarks/NOTES.md).
 inline std::string KernelWriter::split_on_alignment(const std::string& body) const {
+  static const bool enabled = tuning_knob("KILN_TUNE_ALIGNED", 1, 0, 1);
+  if (aligned_ptrs_.empty() || unaligned_tiles_ || !enabled) {
+    std::string plain = body;
+    const std::string mark = ", KILN_ALIGNED>";
+    for (auto at = plain.find(mark); at != std::string::npos; at = plain.find(mark, at)) plain.replace(at, mark.size(), ">");
+    return plain;
+  }
   std::string ptrs, indented;
   for (const auto& p : aligned_ptrs_) ptrs += (ptrs.empty() ? "" : ", ") + p;
   std::istringstream in(body);
   for (std::string l; std::getline(in, l);) indented += (l.empty() ? "" : "  ") + l + "\n";
   return "  auto kiln_body = [&](auto kiln_aligned) {\n"
-         "    constexpr bool KILN_ALIGNED = decltype(kiln_aligned)::value;\n" +
+         "    constexpr kiln::align KILN_ALIGNED = decltype(kiln_aligned)::value ? kiln::align::vector : kiln::align::scalar;\n" +
          indented + "  };\n  if (kiln::aligned16(" + ptrs + ")) kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
 }
 
@@ -252,7 +261,7 @@ inline KernelSource KernelWriter::write() {
     pre += "  }\n";
     body.insert(body.find("  KILN_ROW(xindex)"), pre);
   }
-  if (!aligned_ptrs_.empty()) body = split_on_alignment(body);
+  body = split_on_alignment(body);
   ks.source = signature + body + "}\n";
   ks.xnumel = xnumel_;
   ks.rnumel = rnumel_;

@@ -305,25 +305,28 @@ KILN_UNROLL
     return r;
   }
 }
-// Whether every pointer is 16-byte aligned (kernels test this once: KILN_ALIGNED).
+// How a contiguous access finds out whether it may move whole 16-byte vectors: `test` at each
+// access; `vector`: the kernel tested its pointers once and the tile starts on a vector; `scalar`:
+// that test failed (an offset or foreign buffer), element by element with no per-access test.
+enum class align { test, vector, scalar };
 template <bool B> struct bool_c { static constexpr bool value = B; };
+// Whether every pointer is 16-byte aligned (kernels test this once: KILN_ALIGNED).
 template <class... P> KILN_FN bool aligned16(const P*... p) {
   return (((unsigned long long)(const void*)p | ... | 0ull) & 15) == 0;
 }
 
 // N consecutive elements from p[base], unconverted: one 16-byte vector when aligned and unmasked
-// (a register cache of 16-bit values keeps these and widens them on use). A: p + base is known to
-// be aligned (the kernel tested its pointers), so only the mask is tested.
-template <int N, bool A = false, class T, class M>
+// (a register cache of 16-bit values keeps these and widens them on use).
+template <int N, align A = align::test, class T, class M>
 KILN_FN tile<T, N> load_contig_raw(const T* p, i64 base, const M& mask) {
   tile<T, N> r;
 #ifdef KILN_DEVICE_CODE
-  if constexpr ((sizeof(T) * N) % 16 == 0) {
+  if constexpr ((sizeof(T) * N) % 16 == 0 && A != align::scalar) {
     constexpr int V = 16 / sizeof(T);
     bool all = true;
 KILN_UNROLL
     for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && (A || ((unsigned long long)(p + base) & 15) == 0)) {
+    if (all && (A == align::vector || ((unsigned long long)(p + base) & 15) == 0)) {
       struct alignas(16) vec { T e[V]; };
 KILN_UNROLL
       for (int c = 0; c < N / V; ++c) {
@@ -356,18 +359,18 @@ KILN_UNROLL
 
 // N consecutive elements from p[base] in the compute type: one 16-byte vector when aligned and
 // unmasked, converted as it is read (a separate raw load plus selects measured 15% slower).
-template <int N, bool A = false, class T, class M>
+template <int N, align A = align::test, class T, class M>
 KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, const M& mask,
                                                           typename compute_of<T>::type other = 0) {
   typedef typename compute_of<T>::type C;
   tile<C, N> r;
 #ifdef KILN_DEVICE_CODE
-  if constexpr ((sizeof(T) * N) % 16 == 0) {  // whole 16-byte vectors
+  if constexpr ((sizeof(T) * N) % 16 == 0 && A != align::scalar) {  // whole 16-byte vectors
     constexpr int V = 16 / sizeof(T);
     bool all = true;
 KILN_UNROLL
     for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && (A || ((unsigned long long)(p + base) & 15) == 0)) {
+    if (all && (A == align::vector || ((unsigned long long)(p + base) & 15) == 0)) {
       struct alignas(16) vec { T e[V]; };
 KILN_UNROLL
       for (int c = 0; c < N / V; ++c) {
@@ -394,17 +397,17 @@ KILN_UNROLL
       if (lane(mask, i)) p[lane(idx, i)] = store_cast<T>(lane(v, i));
   }
 }
-template <int N, bool Aligned = false, class T, class V, class M>
+template <int N, align A = align::test, class T, class V, class M>
 KILN_FN void store_contig(T* p, i64 base, const V& v, const M& mask) {
 #ifdef KILN_DEVICE_CODE
-  if constexpr ((sizeof(T) * N) % 16 == 0 || sizeof(T) * N == 8) {
+  if constexpr (((sizeof(T) * N) % 16 == 0 || sizeof(T) * N == 8) && A != align::scalar) {
     constexpr int L = sizeof(T) * N == 8 ? N : 16 / sizeof(T);  // lanes a vector
-    constexpr int A = sizeof(T) * L;
+    constexpr int B = sizeof(T) * L;  // bytes a vector
     bool all = true;
 KILN_UNROLL
     for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && (Aligned || ((unsigned long long)(p + base) & (A - 1)) == 0)) {
-      struct alignas(A) vec { T e[L]; };
+    if (all && (A == align::vector || ((unsigned long long)(p + base) & (B - 1)) == 0)) {
+      struct alignas(B) vec { T e[L]; };
 KILN_UNROLL
       for (int c = 0; c < N / L; ++c) {
         vec w;
