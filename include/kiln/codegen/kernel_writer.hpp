@@ -293,6 +293,8 @@ inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t ve
       return std::all_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
     case SymKind::mul:
       return std::any_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
+    case SymKind::mod:  // a - c * floor(a / c): a multiple of m when a and c are
+      return multiple_of(e.args()[0], m, start, vec) && multiple_of(e.args()[1], m, start, vec);
     default: return false;
   }
 }
@@ -335,7 +337,8 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   auto free = offset.free_symbols();
   bool per_tile = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == rindex_; });
   bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == xindex_; });
-  if (rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() && target_ == Target::cuda) {
+  static const bool hoist = tuning_knob("KILN_TUNE_HOIST", 1, 0, 1);  // 0: weights loaded in the loop (A/B runs)
+  if (hoist && rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() && target_ == Target::cuda) {
     // The same for every row (a weight): loaded once per thread, before the row loop.
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
     std::string col = base.empty() ? "kiln::load(" + ptr + ", " + index_code(offset) + ", rindex < rnumel)"
