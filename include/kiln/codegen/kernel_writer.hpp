@@ -204,6 +204,7 @@ class KernelWriter {
   std::vector<Param> params_;
   std::vector<std::string> aligned_ptrs_;  // pointers whose tiles are vector-aligned when they are
   bool unaligned_tiles_ = false;           // some contiguous tile may start off a vector
+  bool exact_tiles_ = false;               // the tiles cover the domain: no bounds tests
   std::map<std::string, Value> memo_;
   int scope_ = 0;
 };

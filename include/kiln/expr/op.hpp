@@ -112,6 +112,14 @@ constexpr bool is_comparison(Op op) { return op >= Op::lt && op <= Op::ne; }
 constexpr bool is_reduction(Op op) { return info(op).cls == OpClass::reduce; }
 constexpr bool is_view(Op op) { return info(op).cls == OpClass::view; }
 constexpr bool is_composite(Op op) { return info(op).cls == OpClass::composite; }
+// Evaluated by the GPU's special function unit or a long polynomial (block shapes weigh them).
+constexpr bool is_transcendental(Op op) {
+  switch (op) {
+    case Op::exp: case Op::exp2: case Op::log: case Op::log2: case Op::log1p: case Op::expm1:
+    case Op::sin: case Op::cos: case Op::tanh: case Op::sigmoid: case Op::erf: case Op::pow: return true;
+    default: return false;
+  }
+}
 // A user's op (k::custom_op) or the gradient of one of its inputs: opaque calls, never fused.
 constexpr bool is_custom(Op op) { return op == Op::custom || op == Op::custom_backward; }
 
