@@ -198,7 +198,15 @@ class KernelWriter {
   std::vector<std::string> cache_decls_;
   bool final_loop_ = false;
   std::map<std::string, std::string> column_cache_;  // row-invariant loads hoisted before the rows
-  std::vector<std::string> column_decls_, column_loads_;
+  std::vector<kiln::dtype> column_types_;  // their compute types, in order (weights0, weights1, ...)
+  std::vector<std::string> column_loads_;
+  // Where row-invariant loads are kept: 0 reloaded in the row loop, 1 registers, 2 shared memory
+  // (one copy a block; KILN_TUNE_HOIST picks one for A/B runs).
+  static int hoist_mode() {
+    static const int mode = static_cast<int>(tuning_knob("KILN_TUNE_HOIST", 2, 0, 2));
+    return mode;
+  }
+  std::string hoist_row_invariants(std::string& signature, std::string body) const;
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
   std::vector<Param> params_;
@@ -338,15 +346,14 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   auto free = offset.free_symbols();
   bool per_tile = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == rindex_; });
   bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == xindex_; });
-  static const bool hoist = tuning_knob("KILN_TUNE_HOIST", 1, 0, 1);  // 0: weights loaded in the loop (A/B runs)
-  if (hoist && rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() && target_ == Target::cuda) {
+  if (hoist_mode() && rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() && target_ == Target::cuda) {
     // The same for every row (a weight): loaded once per thread, before the row loop.
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
     std::string col = base.empty() ? "kiln::load(" + ptr + ", " + index_code(offset) + ", rindex < rnumel)"
                                    : "kiln::load_contig<" + width + ">(" + ptr + ", " + base + ", rindex < rnumel)";
     auto [it, fresh_cache] = column_cache_.try_emplace(col, "weights" + std::to_string(column_cache_.size()));
     if (fresh_cache) {
-      column_decls_.push_back("kiln::tile<" + detail::c_type(ct) + ", RVEC> " + it->second + "[RITERS];");
+      column_types_.push_back(ct);
       column_loads_.push_back(it->second + "[kiln_it] = " + col + ";");
     }
     return bind(it->second + "[kiln_it]", ct);

@@ -155,6 +155,36 @@ inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) 
   return false;
 }
 
+// Loads that are the same for every row (weights, biases) are made once, before the row loop: into
+// shared memory when they fit (one copy a block, read back per row with conflict-free 16-byte
+// loads: a row of the array is a thread's tiles, padded by one tile), else into registers (which
+// cost occupancy: layer_norm's w and b took 64 of a thread's 121 registers).
+inline std::string KernelWriter::hoist_row_invariants(std::string& signature, std::string body) const {
+  std::int64_t bytes = 0;
+  for (kiln::dtype ct : column_types_)
+    bytes += std::int64_t{config_.row_threads} * (config_.riters + 1) * config_.rvec * static_cast<std::int64_t>(itemsize(ct));
+  bool shared = hoist_mode() == 2 && bytes <= 40 * 1024;
+  std::string pre;
+  for (std::size_t i = 0; i < column_types_.size(); ++i) {
+    std::string tile = "kiln::tile<" + detail::c_type(column_types_[i]) + ", RVEC>", name = "weights" + std::to_string(i);
+    if (!shared) {
+      pre += "  " + tile + " " + name + "[RITERS];\n";
+      continue;
+    }
+    // Outside the alignment split's two bodies: one array a block.
+    signature += "  __shared__ __align__(16) " + tile + " " + name + "_rows[ROW_THREADS][RITERS + 1];\n";
+    pre += "  " + tile + "* const " + name + " = " + name + "_rows[threadIdx.x % ROW_THREADS];\n";
+  }
+  std::string in = shared ? "  " : "";  // the first row's threads fill the shared arrays
+  if (shared) pre += "  if (threadIdx.x < ROW_THREADS) {\n";
+  pre += in + "  KILN_R_TILES(roffset) {\n" + in + "    auto rindex = roffset + kiln::arange<RVEC>();\n";
+  for (const auto& l : column_loads_) pre += in + "    " + l + "\n";
+  pre += in + "  }\n";
+  if (shared) pre += "  }\n  __syncthreads();\n";
+  body.insert(body.find("  KILN_ROW(xindex)"), pre);
+  return body;
+}
+
 // When the kernel's tiles cover its domain exactly (no bounds tests) and every contiguous tile
 // starts on a vector: the body twice, both without a test at each access. With 16-byte aligned
 // pointers whole vectors move with no branch at all; otherwise (offset or foreign buffers) element
@@ -257,14 +287,7 @@ inline KernelSource KernelWriter::write() {
   for (const auto& d : cache_decls_) decls += "    " + d + "\n";
   auto at = body.find("    /*KILN_ROW_CACHES*/\n");
   if (at != std::string::npos) body.replace(at, std::string("    /*KILN_ROW_CACHES*/\n").size(), decls);
-  if (!column_loads_.empty()) {
-    std::string pre;
-    for (const auto& d : column_decls_) pre += "  " + d + "\n";
-    pre += "  KILN_R_TILES(roffset) {\n    auto rindex = roffset + kiln::arange<RVEC>();\n";
-    for (const auto& l : column_loads_) pre += "    " + l + "\n";
-    pre += "  }\n";
-    body.insert(body.find("  KILN_ROW(xindex)"), pre);
-  }
+  if (!column_loads_.empty()) body = hoist_row_invariants(signature, body);
   body = split_on_alignment(body);
   ks.source = signature + body + "}\n";
   ks.xnumel = xnumel_;
