@@ -63,8 +63,10 @@ def fmt_time(wid, ms):
 
 
 def load(path):
-    """-> (env dicts, copy gbps or None, {(id, impl): record}). Missing file -> empty."""
-    envs, copy, recs = [], None, {}
+    """-> (env dicts, copy gbps or None, {(id, impl): record}). Missing file -> empty.
+    A workload measured in several processes (run.sh repeats the compile-time rows) keeps the
+    median record, with every value in its note."""
+    envs, copy, runs = [], None, {}
     if path is None or path == "-" or not os.path.exists(path):
         if path not in (None, "-"):
             print(f"warning: {path} not found, treating it as empty", file=sys.stderr)
@@ -88,7 +90,17 @@ def load(path):
                 if isinstance(r.get("gbps"), (int, float)):
                     copy = float(r["gbps"])
             else:
-                recs[(wid, str(r.get("impl", "?")))] = r  # later lines win
+                runs.setdefault((wid, str(r.get("impl", "?"))), []).append(r)
+    recs = {}
+    for key, rs in runs.items():
+        timed = sorted((r for r in rs if ms_of(r) is not None), key=ms_of)
+        if len(timed) < 2:
+            recs[key] = rs[-1]
+            continue
+        r = dict(timed[(len(timed) - 1) // 2])
+        values = ", ".join(fmt_time(key[0], ms_of(t)) for t in timed)
+        r["note"] = f"median of {len(timed)} processes ({values})" + (f"; {r['note']}" if r.get("note") else "")
+        recs[key] = r
     return envs, copy, recs
 
 

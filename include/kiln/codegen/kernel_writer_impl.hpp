@@ -276,7 +276,7 @@ inline KernelSource KernelWriter::write() {
   const auto& c = ks.config;
   if (rows())
     os << "  constexpr i64 ROWS = " << c.rows << ", RVEC = " << c.rvec << ";\n  constexpr int ROW_THREADS = " << c.row_threads
-       << ", RITERS = " << c.riters
+       << ", RITERS = " << c.riters << ", RUNROLL = " << c.runroll
        << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code << ";\n";
   else
     os << "  constexpr i64 XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ", THREADS = " << c.threads << ";\n  const i64 xnumel = " << xnumel_code << ";\n";

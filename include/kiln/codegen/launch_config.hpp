@@ -20,10 +20,12 @@ struct LaunchConfig {
   int rows = 1;          // rows: rows per program
   int riters = 0;        // rows: tiles per thread along a row when known (the row is then kept in
                          // registers across loops: the "per" kind); 0 = looped ("red")
+  int runroll = 1;       // looped rows: steps of the row loop unrolled together
 
   std::string str() const {
     return "threads=" + std::to_string(threads) + " XVEC=" + std::to_string(xvec) + " XBLOCK=" + std::to_string(xblock) +
-           " RVEC=" + std::to_string(rvec) + " ROW_THREADS=" + std::to_string(row_threads) + " ROWS=" + std::to_string(rows);
+           " RVEC=" + std::to_string(rvec) + " ROW_THREADS=" + std::to_string(row_threads) + " ROWS=" + std::to_string(rows) +
+           (riters ? " RITERS=" + std::to_string(riters) : " RUNROLL=" + std::to_string(runroll));
   }
 };
 
@@ -80,6 +82,7 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
     c.rows = 256;
     c.threads = 256;
     if (static_rnumel && rnumel <= 16) c.riters = static_cast<int>(std::max<std::int64_t>(rnumel, 1));
+    c.runroll = 4;  // one strided element a step: 4 loads in flight
     return c;
   }
   c.rvec = std::max(1, 16 / std::max(1, max_item));
@@ -101,6 +104,10 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   c.rows = c.row_threads >= 256 ? 1 : 256 / c.row_threads;
   c.threads = c.row_threads * c.rows;
   if (static_rnumel && iters() <= max_iters) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
+  // Looped rows unroll their vector steps by 2 (4 doubled the NVRTC time of a dynamic layer_norm,
+  // 214 -> 320 ms); KILN_TUNE_ROW_UNROLL sets it for experiments.
+  static const int row_unroll = static_cast<int>(tuning_knob("KILN_TUNE_ROW_UNROLL", 2, 1, 8));
+  c.runroll = row_unroll;
   (void)xnumel;
   return c;
 }

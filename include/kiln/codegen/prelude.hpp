@@ -474,10 +474,9 @@ template <int ROW_THREADS, class A> KILN_FN auto row_min(const A& a) { return ac
 #define KILN_ROW(xindex)                                                                  \
   for (i64 kiln_xbase = (i64)blockIdx.x * ROWS; kiln_xbase < xnumel; kiln_xbase += (i64)gridDim.x * ROWS) \
     if (const i64 xindex = kiln_xbase + threadIdx.x / ROW_THREADS; true)
-// Looped rows: column sums (one strided element a step) unroll by 4 to keep loads in flight;
-// vector steps by 2 (4 doubled the NVRTC time of a dynamic layer_norm, 214 -> 320 ms).
+// Looped rows: RUNROLL steps at a time (launch_config.hpp), to keep several loads in flight.
 #define KILN_R_LOOP(roffset, rnumel)                                                      \
-  _Pragma("unroll (RVEC == 1 ? 4 : 2)") for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
+  _Pragma("unroll (RUNROLL)") for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
 #define KILN_R_TILES(roffset)                                                             \
   KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)                          \
     if (const i64 roffset = ((i64)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC; true)

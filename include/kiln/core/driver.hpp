@@ -55,6 +55,7 @@ namespace kiln::driver {
   X(module_get_function, cuModuleGetFunction)                           \
   X(module_unload, cuModuleUnload)                                      \
   X(func_set_attribute, cuFuncSetAttribute)                             \
+  X(occupancy_max_active_blocks, cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(launch_kernel, cuLaunchKernel)                                      \
   X(stream_begin_capture, cuStreamBeginCapture_v2)                      \
   X(stream_end_capture, cuStreamEndCapture)                             \
@@ -246,6 +247,13 @@ inline std::string arch(int device) {
 }
 
 inline int sm_count(int device) { return attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device); }
+
+// How many blocks of `threads` threads (and their static shared memory) of f one SM holds at once.
+inline int resident_blocks(CUfunction f, int threads) {
+  int blocks = 0;
+  check(api().occupancy_max_active_blocks(&blocks, f, threads, 0), "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  return blocks;
+}
 
 inline std::string device_name(int device) {
   char name[256] = {};

@@ -28,6 +28,7 @@ struct CompiledKernel {
   int extern_node = -1;                         // matmul or custom op: the node
   void (*cpu)(void**, std::int64_t) = nullptr;  // CPU entry: (args, number of programs)
   CUfunction cuda = nullptr;
+  std::int64_t grid_limit = 0;  // CUDA row kernels: most blocks a launch (they loop over rows)
 };
 
 // The shape of node n during this call, as a non-owning reference to any callable: Program::run
@@ -119,6 +120,22 @@ inline std::string cuda_translation_unit(const Program& p, const std::string& bo
   return std::string(half ? "#define KILN_HALF 1\n" : "") + std::string(codegen::prelude) + body;
 }
 
+// Enough blocks of `threads` threads for four full waves on a device with `sms` multiprocessors
+// (exported launchers emit the same formula: runtime/export_launcher.hpp).
+inline std::int64_t row_grid_limit(int sms, int threads) {
+  return std::int64_t{sms} * std::max(1, 2048 / std::max(threads, 1)) * 4;
+}
+// For a compiled kernel: 16 times the blocks the device holds at once by the kernel's occupancy
+// (registers, shared memory). Measured on an H200 against the formula above (4 waves at full
+// occupancy): W3 0.1362 -> 0.1341 ms, W6 0.0742 -> 0.0733, the rest equal; 1, 2 or 4 waves were
+// 1-5% slower everywhere (benchmarks/NOTES.md item 23). KILN_TUNE_ROW_WAVES sets the multiple
+// (0: the formula above).
+inline std::int64_t row_grid_limit(CUfunction f, int threads, int device) {
+  static const int waves = static_cast<int>(codegen::tuning_knob("KILN_TUNE_ROW_WAVES", 16, 0, 1024));
+  if (waves == 0) return row_grid_limit(driver::sm_count(device), threads);
+  return std::int64_t{driver::sm_count(device)} * std::max(1, driver::resident_blocks(f, threads)) * waves;
+}
+
 // Compiles the generated sources of a program for its device: one translation unit per program.
 inline void compile_program(Program& p, const std::string& name) {
   std::string body = program_body(p);
@@ -146,17 +163,10 @@ inline void compile_program(Program& p, const std::string& name) {
     debug::log(debug::Channel::cache, std::string(cached ? "hit " : "miss ") + name + " cubin " + key);
   p.module = std::make_shared<Module>(cubin, p.device.index);
   for (auto& k : p.kernels)
-    if (k.extern_node < 0) k.cuda = p.module->function(k.src.name.c_str());
-}
-
-// Enough blocks of `threads` threads for four full waves on a device with `sms` multiprocessors
-// (exported launchers emit the same formula: runtime/export_launcher.hpp).
-inline std::int64_t row_grid_limit(int sms, int threads) {
-  return std::int64_t{sms} * std::max(1, 2048 / std::max(threads, 1)) * 4;
-}
-inline std::int64_t row_grid_limit(int threads) {
-  static const int sms = driver::sm_count(driver::current_device());
-  return row_grid_limit(sms, threads);
+    if (k.extern_node < 0) {
+      k.cuda = p.module->function(k.src.name.c_str());
+      if (k.src.kind != schedule::Kind::poi) k.grid_limit = row_grid_limit(k.cuda, k.src.config.threads, p.device.index);
+    }
 }
 
 inline void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of,
@@ -232,7 +242,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
       k.cpu(slots.data(), nprog);
     } else {
       // Row programs loop over rows: a few waves of blocks, so row-invariant loads are reused.
-      if (k.src.kind != schedule::Kind::poi) nprog = std::min<std::int64_t>(nprog, row_grid_limit(k.src.config.threads));
+      if (k.grid_limit > 0) nprog = std::min<std::int64_t>(nprog, k.grid_limit);
       unsigned grid = static_cast<unsigned>(nprog);
       launch(k.cuda, {grid, 1, 1}, {static_cast<unsigned>(k.src.config.threads), 1, 1}, 0, stream, slots.data(),
              k.src.name.c_str());

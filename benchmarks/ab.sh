@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On a GPU machine: A/B runs of kiln's tuning knobs, interleaved so that drift hits every variant.
+#   benchmarks/ab.sh W1,W4,W8 base HOIST=1 POI_UNROLL=4,POI_THREADS=256
+# Each variant after the workload list is `base` or comma-separated KILN_TUNE_* settings without
+# the prefix; every variant runs ${AB_ROUNDS:-2} times on a fresh kernel cache. Prints one row per
+# workload with each variant's medians (ms); raw JSON lines go to $OUT/ab.jsonl.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build/bench}
+mkdir -p "$out"
+workloads=$1; shift
+raw="$out/ab.jsonl"; : > "$raw"
+for round in $(seq "${AB_ROUNDS:-2}"); do
+  for v in "$@"; do
+    envs=()
+    [ "$v" != base ] && IFS=, read -ra kv <<< "$v" && for s in "${kv[@]}"; do envs+=("KILN_TUNE_$s"); done
+    env "${envs[@]}" KILN_CACHE_DIR="$(mktemp -d)" build/benchmarks/bench --reps "${AB_REPS:-100}" --only "$workloads" |
+      sed "s/\"impl\": \"kiln\"/\"impl\": \"$v\"/" >> "$raw"
+  done
+done
+python3 - "$raw" "$@" <<'PY'
+import collections, json, sys
+rows, variants = collections.defaultdict(list), sys.argv[2:]
+for line in open(sys.argv[1]):
+    try: d = json.loads(line)
+    except ValueError: continue
+    if 'error' in d: print('error', d)
+    elif 'ms' in d: rows[(d['id'], d['impl'])].append(d['ms'])
+print('workload'.ljust(8) + ''.join(v[:22].rjust(24) for v in variants))
+for w in sorted({k[0] for k in rows}):
+    print(w.ljust(8) + ''.join('/'.join('%.4f' % x for x in rows[(w, v)]).rjust(24) for v in variants))
+PY
