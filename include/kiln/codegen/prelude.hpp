@@ -315,6 +315,27 @@ template <class... P> KILN_FN bool aligned16(const P*... p) {
   return (((unsigned long long)(const void*)p | ... | 0ull) & 15) == 0;
 }
 
+#ifdef KILN_DEVICE_CODE
+// One 16-byte vector load. KILN_LOADS (the KILN_TUNE_LOADS knob, for A/B runs): 0 lets the compiler
+// pick the read-only path for const __restrict__ inputs (LDG.CONSTANT); 1 is a plain ld.global
+// (LDG, what Triton emits); 2 the streaming ld.global.cs (evict first).
+#ifndef KILN_LOADS
+#define KILN_LOADS 0
+#endif
+template <class V> KILN_FN V load16(const V* p) {
+#if KILN_LOADS == 0
+  return *p;
+#else
+  union { unsigned u[4]; V v; } r;
+#if KILN_LOADS == 1
+  asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.u[0]), "=r"(r.u[1]), "=r"(r.u[2]), "=r"(r.u[3]) : "l"(p));
+#else
+  asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.u[0]), "=r"(r.u[1]), "=r"(r.u[2]), "=r"(r.u[3]) : "l"(p));
+#endif
+  return r.v;
+#endif
+}
+#endif
 // N consecutive elements from p[base], unconverted: one 16-byte vector when aligned and unmasked
 // (a register cache of 16-bit values keeps these and widens them on use).
 template <int N, align A = align::test, class T, class M>
@@ -330,7 +351,7 @@ KILN_UNROLL
       struct alignas(16) vec { T e[V]; };
 KILN_UNROLL
       for (int c = 0; c < N / V; ++c) {
-        vec w = *reinterpret_cast<const vec*>(p + base + c * V);
+        vec w = load16(reinterpret_cast<const vec*>(p + base + c * V));
 KILN_UNROLL
         for (int i = 0; i < V; ++i) r.v[c * V + i] = w.e[i];
       }
@@ -374,7 +395,7 @@ KILN_UNROLL
       struct alignas(16) vec { T e[V]; };
 KILN_UNROLL
       for (int c = 0; c < N / V; ++c) {
-        vec w = *reinterpret_cast<const vec*>(p + base + c * V);
+        vec w = load16(reinterpret_cast<const vec*>(p + base + c * V));
 KILN_UNROLL
         for (int i = 0; i < V; ++i) r.v[c * V + i] = to_compute(w.e[i]);
       }

@@ -117,7 +117,10 @@ inline std::string cuda_translation_unit(const Program& p, const std::string& bo
   bool half = false;
   for (auto& k : p.kernels)
     for (auto& prm : k.src.params) half = half || prm.dt == kiln::dtype::f16 || prm.dt == kiln::dtype::bf16;
-  return std::string(half ? "#define KILN_HALF 1\n" : "") + std::string(codegen::prelude) + body;
+  // KILN_TUNE_LOADS: how 16-byte loads reach memory (the prelude's KILN_LOADS), for A/B runs.
+  static const std::int64_t loads = codegen::tuning_knob("KILN_TUNE_LOADS", -1, 0, 2);
+  return std::string(half ? "#define KILN_HALF 1\n" : "") + (loads >= 0 ? "#define KILN_LOADS " + std::to_string(loads) + "\n" : "") +
+         std::string(codegen::prelude) + body;
 }
 
 // Enough blocks of `threads` threads for four full waves on a device with `sms` multiprocessors
