@@ -3,19 +3,28 @@
 #   benchmarks/ab.sh W1,W4,W8 base HOIST=1 POI_UNROLL=4,POI_THREADS=256
 # Each variant after the workload list is `base` or comma-separated KILN_TUNE_* settings without
 # the prefix; every variant runs ${AB_ROUNDS:-2} times on a fresh kernel cache. Prints one row per
-# workload with each variant's medians (ms); raw JSON lines go to $OUT/ab.jsonl.
+# workload (and per kiln sub-variant, e.g. W4-dynamic) with each variant's medians (ms); raw JSON
+# lines go to $OUT/ab.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ $# -lt 2 ]; then
+  echo "usage: $0 WORKLOADS VARIANT... (e.g. $0 W1,W4 base HOIST=2)" >&2
+  exit 2
+fi
 out=${OUT:-build/bench}
 mkdir -p "$out"
 workloads=$1; shift
 raw="$out/ab.jsonl"; : > "$raw"
 for round in $(seq "${AB_ROUNDS:-2}"); do
   for v in "$@"; do
-    envs=()
-    [ "$v" != base ] && IFS=, read -ra kv <<< "$v" && for s in "${kv[@]}"; do envs+=("KILN_TUNE_$s"); done
-    env "${envs[@]}" KILN_CACHE_DIR="$(mktemp -d)" build/benchmarks/bench --reps "${AB_REPS:-100}" --only "$workloads" |
-      sed "s/\"impl\": \"kiln\"/\"impl\": \"$v\"/" >> "$raw"
+    envs=(KILN_CACHE_DIR="$(mktemp -d)")
+    if [ "$v" != base ]; then
+      IFS=, read -ra kv <<< "$v"
+      for s in "${kv[@]}"; do envs+=("KILN_TUNE_$s"); done
+    fi
+    # "kiln" and "kiln-dynamic" become "<variant>" and "<variant>-dynamic".
+    env "${envs[@]}" build/benchmarks/bench --reps "${AB_REPS:-100}" --only "$workloads" |
+      sed "s/\"impl\": \"kiln/\"impl\": \"$v/" >> "$raw"
   done
 done
 python3 - "$raw" "$@" <<'PY'
@@ -25,8 +34,10 @@ for line in open(sys.argv[1]):
     try: d = json.loads(line)
     except ValueError: continue
     if 'error' in d: print('error', d)
-    elif 'ms' in d: rows[(d['id'], d['impl'])].append(d['ms'])
-print('workload'.ljust(8) + ''.join(v[:22].rjust(24) for v in variants))
+    if 'ms' not in d: continue
+    v = max((v for v in variants if d['impl'] == v or d['impl'].startswith(v + '-')), key=len, default=None)
+    if v is not None: rows[(d['id'] + d['impl'][len(v):], v)].append(d['ms'])
+print('workload'.ljust(12) + ''.join(v[:22].rjust(24) for v in variants))
 for w in sorted({k[0] for k in rows}):
-    print(w.ljust(8) + ''.join('/'.join('%.4f' % x for x in rows[(w, v)]).rjust(24) for v in variants))
+    print(w.ljust(12) + ''.join('/'.join('%.4f' % x for x in rows[(w, v)]).rjust(24) for v in variants))
 PY

@@ -70,7 +70,7 @@ def load(path):
     if path is None or path == "-" or not os.path.exists(path):
         if path not in (None, "-"):
             print(f"warning: {path} not found, treating it as empty", file=sys.stderr)
-        return envs, copy, recs
+        return envs, copy, {}
     with open(path, encoding="utf-8", errors="replace") as fh:
         for n, line in enumerate(fh, 1):
             line = line.strip()

@@ -202,8 +202,8 @@ class KernelWriter {
   std::vector<std::string> column_loads_;
   // Where row-invariant loads are kept: 0 reloaded in the row loop, 1 registers, 2 shared memory
   // (one copy a block). KILN_TUNE_HOIST picks one for A/B runs; registers measured best on an H200
-  // for layer_norm (W4 0.1373 -> 0.1334 ms, shared memory's 64 registers against 121 notwithstanding),
-  // shared memory 2% better for rms_norm (W6 0.0722 vs 0.0737): benchmarks/NOTES.md item 22.
+  // for layer_norm (W4 0.1381 -> 0.1343 ms, shared memory's 64 registers against 121 notwithstanding),
+  // shared memory 2% better for rms_norm (W6 0.0729 vs 0.0742): benchmarks/NOTES.md item 22.
   static int hoist_mode() {
     static const int mode = static_cast<int>(tuning_knob("KILN_TUNE_HOIST", 1, 0, 2));
     return mode;

@@ -104,8 +104,9 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   c.rows = c.row_threads >= 256 ? 1 : 256 / c.row_threads;
   c.threads = c.row_threads * c.rows;
   if (static_rnumel && iters() <= max_iters) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
-  // Looped rows unroll their vector steps by 2 (4 doubled the NVRTC time of a dynamic layer_norm,
-  // 214 -> 320 ms); KILN_TUNE_ROW_UNROLL sets it for experiments.
+  // Looped rows unroll their vector steps by 2: 4 raised the NVRTC time of a dynamic layer_norm 1.5x
+  // (214 -> 320 ms), 1 made its kernel 14% slower (W4 dynamic 0.188 -> 0.214 ms, NOTES item 27).
+  // KILN_TUNE_ROW_UNROLL sets it for experiments.
   static const int row_unroll = static_cast<int>(tuning_knob("KILN_TUNE_ROW_UNROLL", 2, 1, 8));
   c.runroll = row_unroll;
   (void)xnumel;

@@ -318,7 +318,9 @@ template <class... P> KILN_FN bool aligned16(const P*... p) {
 #ifdef KILN_DEVICE_CODE
 // One 16-byte vector load. KILN_LOADS (the KILN_TUNE_LOADS knob, for A/B runs): 0 lets the compiler
 // pick the read-only path for const __restrict__ inputs (LDG.CONSTANT); 1 is a plain ld.global
-// (LDG, what Triton emits); 2 the streaming ld.global.cs (evict first).
+// (LDG, what Triton emits); 2 the streaming ld.global.cs (evict first). The asm forms are neither
+// volatile nor memory-clobbering, so they schedule like loads: kernels never store to an input
+// element before loading it (an in-place update stores a value computed from that very load).
 #ifndef KILN_LOADS
 #define KILN_LOADS 0
 #endif

@@ -123,15 +123,16 @@ inline std::string cuda_translation_unit(const Program& p, const std::string& bo
          std::string(codegen::prelude) + body;
 }
 
-// Enough blocks of `threads` threads for four full waves on a device with `sms` multiprocessors
-// (exported launchers emit the same formula: runtime/export_launcher.hpp).
+// Enough blocks of `threads` threads for four full waves on a device with `sms` multiprocessors:
+// what exported launchers emit (runtime/export_launcher.hpp), and the runtime's with
+// KILN_TUNE_ROW_WAVES=0.
 inline std::int64_t row_grid_limit(int sms, int threads) {
   return std::int64_t{sms} * std::max(1, 2048 / std::max(threads, 1)) * 4;
 }
 // For a compiled kernel: 16 times the blocks the device holds at once by the kernel's occupancy
 // (registers, shared memory). Measured on an H200 against the formula above (4 waves at full
 // occupancy): W3 0.1362 -> 0.1341 ms, W6 0.0742 -> 0.0733, the rest equal; 1, 2 or 4 waves were
-// 1-5% slower everywhere (benchmarks/NOTES.md item 23). KILN_TUNE_ROW_WAVES sets the multiple
+// 1-7% slower everywhere (benchmarks/NOTES.md item 23). KILN_TUNE_ROW_WAVES sets the multiple
 // (0: the formula above).
 inline std::int64_t row_grid_limit(CUfunction f, int threads, int device) {
   static const int waves = static_cast<int>(codegen::tuning_knob("KILN_TUNE_ROW_WAVES", 16, 0, 1024));
