@@ -245,7 +245,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     if (device.is_cpu()) {
       k.cpu(slots.data(), nprog);
     } else {
-      // Row programs loop over rows: a few waves of blocks, so row-invariant loads are reused.
+      // Row programs loop over rows: the grid stops at the kernel's grid_limit (row_grid_limit).
       if (k.grid_limit > 0) nprog = std::min<std::int64_t>(nprog, k.grid_limit);
       unsigned grid = static_cast<unsigned>(nprog);
       launch(k.cuda, {grid, 1, 1}, {static_cast<unsigned>(k.src.config.threads), 1, 1}, 0, stream, slots.data(),
