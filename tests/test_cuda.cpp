@@ -65,6 +65,22 @@ TEST_CASE("cuda: reductions, softmax and norms") {
   check_on_gpu([](auto& v) { return k::softmax(v[0], -1); }, {h}, 2e-2, 1e-3);
 }
 
+// Rows of 256 threads or more with two reductions each (a shared slot per reduction, one barrier
+// each) and blocks of two rows (two barriers). scripts/gpu-check also runs this file with
+// KILN_TUNE_ROW_WAVES=1, where each block loops over several rows: the slots' reuse across rows.
+TEST_CASE("cuda: long rows, several reductions a row") {
+  if (!have_gpu()) return;
+  auto x = k::randn({1100, 8192}, k::f32, k::cpu, 9), w = k::randn({8192}, k::f32, k::cpu, 10);
+  k::Tensor t = k::cast(k::rand({1100}, k::f32, k::cpu, 11) * 8191.0f, k::i64);
+  check_on_gpu([](auto& v) { return k::softmax(v[0] * 3.0f, -1); }, {x}, 1e-5, 1e-8);
+  check_on_gpu([](auto& v) { return k::layer_norm(v[0], v[1], v[1]); }, {x, w}, 1e-4, 1e-4);
+  check_on_gpu([](auto& v) { return k::cross_entropy(v[0], v[1]); }, {x, t}, 1e-5, 1e-5);
+  auto xh = k::randn({1500, 4096}, k::bf16, k::cpu, 12), wh = k::randn({4096}, k::f32, k::cpu, 13);
+  check_on_gpu([](auto& v) { return k::layer_norm(k::cast(v[0], k::f32), v[1], v[1]); }, {xh, wh}, 1e-4, 1e-4);
+  auto xs = k::randn({3000, 4096}, k::f32, k::cpu, 14);
+  check_on_gpu([](auto& v) { return k::log_softmax(v[0], 1); }, {xs}, 1e-5, 1e-5);
+}
+
 TEST_CASE("cuda: views and compiled functions with dynamic shapes") {
   if (!have_gpu()) return;
   auto x = k::randn({6, 7, 9}, k::f32, k::cpu, 9);

@@ -208,10 +208,18 @@ class KernelWriter {
     static const int mode = static_cast<int>(tuning_knob("KILN_TUNE_HOIST", 1, 0, 2));
     return mode;
   }
+  // Whether a kernel's reductions get a shared slot each (one barrier a reduction instead of two);
+  // KILN_TUNE_ROW_SLOTS=0 turns it off for A/B runs.
+  static bool row_slots() {
+    static const bool on = tuning_knob("KILN_TUNE_ROW_SLOTS", 1, 0, 1) != 0;
+    return on;
+  }
   std::string hoist_row_invariants(std::string& signature, std::string body) const;
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
   std::vector<Param> params_;
+  bool plain_loads_ = false;  // 16-byte loads via::plain (a kernel evaluating special functions)
+  std::string load_via(std::string width) const;
   std::vector<std::string> aligned_ptrs_;  // pointers whose tiles are vector-aligned when they are
   bool unaligned_tiles_ = false;           // some contiguous tile may start off a vector
   bool exact_tiles_ = false;               // the tiles cover the domain: no bounds tests
@@ -333,6 +341,14 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   return index_code(*base);
 }
 
+// A contiguous load's template arguments: the access's width and alignment, and via::plain in
+// kernels that evaluate special functions (prelude's load16).
+inline std::string KernelWriter::load_via(std::string width) const {
+  if (!plain_loads_) return width;
+  if (width.find("KILN_ALIGNED") == std::string::npos) width += ", kiln::align::test";
+  return width + ", kiln::via::plain";
+}
+
 inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& idx, const std::string& extra_mask) {
   std::string ptr = param_for(node, false);
   Sym offset = ravel(idx, strides_of_(node));
@@ -341,7 +357,7 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   std::string code;
   if (extra_mask.empty()) {
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
-    if (!base.empty()) code = "kiln::load_contig<" + width + ">(" + ptr + ", " + base + ", " + m + ")";
+    if (!base.empty()) code = "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", " + m + ")";
   }
   if (code.empty()) code = "kiln::load(" + ptr + ", " + index_code(offset) + ", " + m + ")";
   // A persistent row: the tiles of a row read in one loop stay in registers for the next loops.
@@ -352,7 +368,7 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
     // The same for every row (a weight): loaded once per thread, before the row loop.
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
     std::string col = base.empty() ? "kiln::load(" + ptr + ", " + index_code(offset) + ", rindex < rnumel)"
-                                   : "kiln::load_contig<" + width + ">(" + ptr + ", " + base + ", rindex < rnumel)";
+                                   : "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", rindex < rnumel)";
     auto [it, fresh_cache] = column_cache_.try_emplace(col, "weights" + std::to_string(column_cache_.size()));
     if (fresh_cache) {
       column_types_.push_back(ct);

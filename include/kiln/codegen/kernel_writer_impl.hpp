@@ -117,7 +117,13 @@ inline void KernelWriter::write_rows() {
     for (std::size_t r = i; r < j; ++r) {
       int red = plan_.reductions[r];
       const char* fn = g_[red].op == Op::sum ? "row_sum" : g_[red].op == Op::amax ? "row_max" : "row_min";
-      reduced_[red] = bind("kiln::" + std::string(fn) + "<ROW_THREADS>(" + accs[r - i] + ")", g_[red].dt);
+      // Two or more reductions a register-cached row of its own block: each its own shared slot, one
+      // barrier each (prelude's across_row). Measured on an H200: W7 -3.2% in two runs; blocks of
+      // several rows (W3, W4) +0.4%; looped rows +13% (ptxas gave the dynamic layer_norm 58
+      // registers, not 38, without the first barrier), so both keep two barriers.
+      bool slots = plan_.reductions.size() >= 2 && config_.riters > 0 && config_.rows == 1 && row_slots();
+      std::string slot = slots ? ", " + std::to_string(r) : "";
+      reduced_[red] = bind("kiln::" + std::string(fn) + "<ROW_THREADS" + slot + ">(" + accs[r - i] + ")", g_[red].dt);
     }
     i = j;
   }
@@ -194,8 +200,11 @@ inline std::string KernelWriter::split_on_alignment(const std::string& body) con
   static const bool enabled = tuning_knob("KILN_TUNE_ALIGNED", 1, 0, 1);
   if (aligned_ptrs_.empty() || unaligned_tiles_ || !exact_tiles_ || !enabled) {
     std::string plain = body;
-    const std::string mark = ", KILN_ALIGNED>";
-    for (auto at = plain.find(mark); at != std::string::npos; at = plain.find(mark, at)) plain.replace(at, mark.size(), ">");
+    auto replace_all = [&](const std::string& mark, const std::string& by) {
+      for (auto at = plain.find(mark); at != std::string::npos; at = plain.find(mark, at)) plain.replace(at, mark.size(), by);
+    };
+    replace_all(", KILN_ALIGNED>", ">");
+    replace_all(", KILN_ALIGNED,", ", kiln::align::test,");
     return plain;
   }
   std::string ptrs, indented;
@@ -242,11 +251,11 @@ inline KernelSource KernelWriter::write() {
   std::int64_t xn = xnumel_.eval(example), rn = rnumel_.eval(example);
   bool column = rows() && !p.empty() &&
                 std::find(plan_.rdims.begin(), plan_.rdims.end(), static_cast<std::int64_t>(p.size()) - 1) == plan_.rdims.end();
+  bool transcendental = std::any_of(plan_.members.begin(), plan_.members.end(), [&](int v) { return is_transcendental(g_[v].op); });
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column, static_cast<int>(streams.size()))
-                     : pointwise_config(target_, xn, max_item, std::any_of(plan_.members.begin(), plan_.members.end(), [&](int v) {
-                         return is_transcendental(g_[v].op);
-                       }));
+                     : pointwise_config(target_, xn, max_item);
   config_ = ks.config;
+  plain_loads_ = target_ == Target::cuda && transcendental;
   if (ks.kind == schedule::Kind::per && ks.config.riters == 0) {  // the row is looped, not held
     ks.kind = schedule::Kind::red;
     if (ks.name.rfind("kiln_per_", 0) == 0) ks.name.replace(5, 3, "red");

@@ -42,8 +42,7 @@ inline std::int64_t next_pow2(std::int64_t v) {
 }
 
 // item: the narrowest element (bytes) the kernel loads or stores; each thread moves 16 bytes of it.
-// transcendental: the kernel evaluates exp, tanh, erf, ... (the special function unit's work).
-inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item, bool transcendental = true) {
+inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item) {
   LaunchConfig c;
   if (t == Target::cpu) {
     c.xvec = 16;
@@ -51,14 +50,15 @@ inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item
     return c;
   }
   // KILN_TUNE_POI_THREADS / KILN_TUNE_POI_UNROLL: tuning experiments (benchmarks/NOTES.md). 128
-  // threads x 4 vectors measured best on an H200 for chains of special functions and for 16-bit
-  // data (W1b 0.142 -> 0.135 ms, W1c 0.092 -> 0.088); 2 vectors for plain arithmetic on 32-bit data,
-  // which streams better in smaller blocks (W1 0.136 -> 0.130, W8 0.117 -> 0.115).
+  // threads x 4 vectors measured best on an H200 for 16-bit data (W1c 0.092 -> 0.088 ms; 2 vectors
+  // +5%), 2 vectors for 32-bit data, which streams better in smaller blocks (W1 0.136 -> 0.130, W8
+  // 0.117 -> 0.115), special functions included once they load via::plain (W1b 0.1343 -> 0.1320;
+  // with read-only loads 4 vectors were better: NOTES items 18 and 30).
   static const int threads = static_cast<int>(tuning_knob("KILN_TUNE_POI_THREADS", 128, 32, 1024));
   static const int big_unroll = static_cast<int>(tuning_knob("KILN_TUNE_POI_UNROLL", 0, 0, 16));
   c.xvec = std::max(1, 16 / std::max(1, max_item));
   c.threads = threads;
-  int heavy = big_unroll ? big_unroll : (transcendental || max_item < 4) ? 4 : 2;
+  int heavy = big_unroll ? big_unroll : max_item < 4 ? 4 : 2;
   int unroll = xnumel >= (std::int64_t{1} << 22) ? heavy : 1;
   c.xblock = std::int64_t{c.threads} * c.xvec * unroll;
   return c;

@@ -315,32 +315,39 @@ template <class... P> KILN_FN bool aligned16(const P*... p) {
   return (((unsigned long long)(const void*)p | ... | 0ull) & 15) == 0;
 }
 
+// How 16-byte loads reach memory: `readonly` lets the compiler take the read-only path for const
+// __restrict__ inputs (LDG.CONSTANT), `plain` is a plain ld.global (what Triton emits), `streaming`
+// the evict-first ld.global.cs. Kernels that evaluate special functions load `plain` (the kernel
+// writer passes it; measured on an H200: W1b -2.2%, W7 -1.9%, pure streams +0.3-0.8% with it).
+enum class via { readonly, plain, streaming };
 #ifdef KILN_DEVICE_CODE
-// One 16-byte vector load. KILN_LOADS (the KILN_TUNE_LOADS knob, for A/B runs): 0 lets the compiler
-// pick the read-only path for const __restrict__ inputs (LDG.CONSTANT); 1 is a plain ld.global
-// (LDG, what Triton emits); 2 the streaming ld.global.cs (evict first). The asm forms are neither
-// volatile nor memory-clobbering, so they schedule like loads: kernels never store to an input
-// element before loading it (an in-place update stores a value computed from that very load).
-#ifndef KILN_LOADS
-#define KILN_LOADS 0
-#endif
-template <class V> KILN_FN V load16(const V* p) {
-#if KILN_LOADS == 0
-  return *p;
+// One 16-byte vector load. KILN_LOADS (the KILN_TUNE_LOADS knob, for A/B runs) overrides every
+// kernel's choice: 0 readonly, 1 plain, 2 streaming. The asm is volatile: without it the compiler
+// took it for a pure computation and hoisted it above the alignment and mask tests that guard it
+// (misaligned-address faults in the random-graph test); ptxas still schedules it as a load.
+#ifdef KILN_LOADS
+#define KILN_VIA(w) (KILN_LOADS == 0 ? via::readonly : KILN_LOADS == 1 ? via::plain : via::streaming)
 #else
-  union { unsigned u[4]; V v; } r;
-#if KILN_LOADS == 1
-  asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.u[0]), "=r"(r.u[1]), "=r"(r.u[2]), "=r"(r.u[3]) : "l"(p));
-#else
-  asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.u[0]), "=r"(r.u[1]), "=r"(r.u[2]), "=r"(r.u[3]) : "l"(p));
+#define KILN_VIA(w) (w)
 #endif
-  return r.v;
-#endif
+template <via W, class V> KILN_FN V load16(const V* p) {
+  constexpr via w = KILN_VIA(W);
+  if constexpr (w == via::readonly) {
+    return *p;
+  } else {
+    union { unsigned u[4]; V v; } r;
+    if constexpr (w == via::plain)
+      asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.u[0]), "=r"(r.u[1]), "=r"(r.u[2]), "=r"(r.u[3]) : "l"(p));
+    else
+      asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.u[0]), "=r"(r.u[1]), "=r"(r.u[2]), "=r"(r.u[3]) : "l"(p));
+    return r.v;
+  }
 }
+#undef KILN_VIA
 #endif
 // N consecutive elements from p[base], unconverted: one 16-byte vector when aligned and unmasked
 // (a register cache of 16-bit values keeps these and widens them on use).
-template <int N, align A = align::test, class T, class M>
+template <int N, align A = align::test, via W = via::readonly, class T, class M>
 KILN_FN tile<T, N> load_contig_raw(const T* p, i64 base, const M& mask) {
   tile<T, N> r;
 #ifdef KILN_DEVICE_CODE
@@ -353,7 +360,7 @@ KILN_UNROLL
       struct alignas(16) vec { T e[V]; };
 KILN_UNROLL
       for (int c = 0; c < N / V; ++c) {
-        vec w = load16(reinterpret_cast<const vec*>(p + base + c * V));
+        vec w = load16<W>(reinterpret_cast<const vec*>(p + base + c * V));
 KILN_UNROLL
         for (int i = 0; i < V; ++i) r.v[c * V + i] = w.e[i];
       }
@@ -382,7 +389,7 @@ KILN_UNROLL
 
 // N consecutive elements from p[base] in the compute type: one 16-byte vector when aligned and
 // unmasked, converted as it is read (a separate raw load plus selects measured 15% slower).
-template <int N, align A = align::test, class T, class M>
+template <int N, align A = align::test, via W = via::readonly, class T, class M>
 KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, const M& mask,
                                                           typename compute_of<T>::type other = 0) {
   typedef typename compute_of<T>::type C;
@@ -397,7 +404,7 @@ KILN_UNROLL
       struct alignas(16) vec { T e[V]; };
 KILN_UNROLL
       for (int c = 0; c < N / V; ++c) {
-        vec w = load16(reinterpret_cast<const vec*>(p + base + c * V));
+        vec w = load16<W>(reinterpret_cast<const vec*>(p + base + c * V));
 KILN_UNROLL
         for (int i = 0; i < V; ++i) r.v[c * V + i] = to_compute(w.e[i]);
       }
@@ -463,8 +470,11 @@ KILN_UNROLL
     return r;
   }
 }
-// Combines the partial results of the ROW_THREADS threads that share a row.
-template <int ROW_THREADS, class Op, class T> KILN_FN T across_row(Op op, T v) {
+// Combines the partial results of the ROW_THREADS threads that share a row. SLOT >= 0 names the
+// reduction's own shared buffer in a kernel with two or more reductions a row: each slot's next write
+// then comes after every thread passed another slot's barrier, so after every read of it, and one
+// barrier a reduction suffices. SLOT -1 (a kernel's only reduction) waits for earlier readers first.
+template <int ROW_THREADS, int SLOT, class Op, class T> KILN_FN T across_row(Op op, T v) {
 #ifdef KILN_DEVICE_CODE
 KILN_UNROLL
   for (int o = (ROW_THREADS < 32 ? ROW_THREADS : 32) / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -472,7 +482,7 @@ KILN_UNROLL
     __shared__ T partial[32];
     const int warp = threadIdx.x / 32, nwarps = ROW_THREADS / 32;
     const int first = (threadIdx.x / ROW_THREADS) * nwarps;  // this row's warps (several rows a block)
-    __syncthreads();  // earlier readers of `partial` are done
+    if constexpr (SLOT < 0) __syncthreads();  // earlier readers of `partial` are done
     if (threadIdx.x % 32 == 0) partial[warp] = v;
     __syncthreads();
     v = partial[first];
@@ -481,9 +491,9 @@ KILN_UNROLL
 #endif
   return v;
 }
-template <int ROW_THREADS, class A> KILN_FN auto row_sum(const A& a) { return across_row<ROW_THREADS>(op_sum(), fold(op_sum(), a)); }
-template <int ROW_THREADS, class A> KILN_FN auto row_max(const A& a) { return across_row<ROW_THREADS>(op_max(), fold(op_max(), a)); }
-template <int ROW_THREADS, class A> KILN_FN auto row_min(const A& a) { return across_row<ROW_THREADS>(op_min(), fold(op_min(), a)); }
+template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_sum(const A& a) { return across_row<ROW_THREADS, SLOT>(op_sum(), fold(op_sum(), a)); }
+template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_max(const A& a) { return across_row<ROW_THREADS, SLOT>(op_max(), fold(op_max(), a)); }
+template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A& a) { return across_row<ROW_THREADS, SLOT>(op_min(), fold(op_min(), a)); }
 }  // namespace kiln
 
 // ---- programs: how a kernel's loops map onto the target -------------------------------------

@@ -132,12 +132,15 @@ inline std::int64_t row_grid_limit(int sms, int threads) {
 // For a compiled kernel: 16 times the blocks the device holds at once by the kernel's occupancy
 // (registers, shared memory). Measured on an H200 against the formula above (4 waves at full
 // occupancy): W3 0.1362 -> 0.1341 ms, W6 0.0742 -> 0.0733, the rest equal; 1, 2 or 4 waves were
-// 1-7% slower everywhere (benchmarks/NOTES.md item 23). KILN_TUNE_ROW_WAVES sets the multiple
-// (0: the formula above).
-inline std::int64_t row_grid_limit(CUfunction f, int threads, int device) {
-  static const int waves = static_cast<int>(codegen::tuning_knob("KILN_TUNE_ROW_WAVES", 16, 0, 1024));
-  if (waves == 0) return row_grid_limit(driver::sm_count(device), threads);
-  return std::int64_t{driver::sm_count(device)} * std::max(1, driver::resident_blocks(f, threads)) * waves;
+// 1-7% slower everywhere (benchmarks/NOTES.md item 23). Register-cached kernels holding several
+// rows a block take 64 times (about a block per row group: W4 0.1345 -> 0.1322 ms in two runs, W3
+// equal; rows of 256 threads or more lost 1.5-2% with it: W6, W7; NOTES item 30).
+// KILN_TUNE_ROW_WAVES sets the multiple for every row kernel (0: the formula above).
+inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k, int device) {
+  static const int knob = static_cast<int>(codegen::tuning_knob("KILN_TUNE_ROW_WAVES", -1, 0, 1024));
+  int waves = knob >= 0 ? knob : k.kind == schedule::Kind::per && k.config.rows >= 2 ? 64 : 16;
+  if (waves == 0) return row_grid_limit(driver::sm_count(device), k.config.threads);
+  return std::int64_t{driver::sm_count(device)} * std::max(1, driver::resident_blocks(f, k.config.threads)) * waves;
 }
 
 // Compiles the generated sources of a program for its device: one translation unit per program.
@@ -169,7 +172,7 @@ inline void compile_program(Program& p, const std::string& name) {
   for (auto& k : p.kernels)
     if (k.extern_node < 0) {
       k.cuda = p.module->function(k.src.name.c_str());
-      if (k.src.kind != schedule::Kind::poi) k.grid_limit = row_grid_limit(k.cuda, k.src.config.threads, p.device.index);
+      if (k.src.kind != schedule::Kind::poi) k.grid_limit = row_grid_limit(k.cuda, k.src, p.device.index);
     }
 }
 
