@@ -219,12 +219,7 @@ class KernelWriter {
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
   std::vector<Param> params_;
   bool plain_loads_ = false;  // 16-byte loads via::plain (a kernel evaluating special functions)
-  // Pointwise kernels with plain loads and several steps a thread read every step's tiles first:
-  // a plain ld.global stays behind an earlier store PTX cannot prove apart (benchmarks/NOTES.md 31).
-  std::map<std::string, std::string> preloads_;  // load code -> array holding each step's tile
-  std::vector<std::string> preload_lines_, preload_loads_;
   std::string load_via(std::string width) const;
-  std::string load_first(const std::string& body) const;
   std::vector<std::string> aligned_ptrs_;  // pointers whose tiles are vector-aligned when they are
   bool unaligned_tiles_ = false;           // some contiguous tile may start off a vector
   bool exact_tiles_ = false;               // the tiles cover the domain: no bounds tests
@@ -380,15 +375,6 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
       column_loads_.push_back(it->second + "[kiln_it] = " + col + ";");
     }
     return bind(it->second + "[kiln_it]", ct);
-  }
-  static const bool loads_first = tuning_knob("KILN_TUNE_LOADS_FIRST", 1, 0, 1) != 0;  // off: A/B runs
-  if (loads_first && !rows() && plain_loads_ && config_.xblock > std::int64_t{config_.threads} * config_.xvec &&
-      code.rfind("kiln::load_contig<", 0) == 0) {
-    // Loads first: every unrolled step's tiles are read before any step's stores (write_pointwise).
-    auto [it, fresh] = preloads_.try_emplace(code, "pre" + std::to_string(preloads_.size()));
-    if (fresh) preload_lines_.push_back("kiln::tile<" + detail::c_type(ct) + ", XVEC> " + it->second + "[XBLOCK / (THREADS * XVEC)];");
-    if (fresh) preload_loads_.push_back(it->second + "[kiln_u] = " + code + ";");
-    return bind(it->second + "[kiln_u]", ct);
   }
   bool reused = !final_loop_ || row_cache_.count(code);  // a tile first read by the last loop is read once
   if (rows() && in_rloop_ && config_.riters > 0 && per_tile && reused) {

@@ -191,20 +191,6 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature, st
   return body;
 }
 
-// Pointwise loads made first (KernelWriter::load): one loop over the unrolled steps reads every
-// tile into its array, then the body's loop computes and stores.
-inline std::string KernelWriter::load_first(const std::string& body) const {
-  std::string pre;
-  for (const auto& d : preload_lines_) pre += "  " + d + "\n";
-  pre += "  KILN_POINTWISE_LOOP(xoffset) {\n    auto xindex = xoffset + kiln::arange<XVEC>();\n";
-  pre += exact_tiles_ ? "    auto xmask = kiln::full<XVEC>(true);\n" : "    auto xmask = xindex < xnumel;\n";
-  for (const auto& l : preload_loads_) pre += "    " + l + "\n";
-  pre += "  }\n";
-  std::string out = body;
-  out.insert(out.find("  KILN_POINTWISE_LOOP(xoffset)"), pre);
-  return out;
-}
-
 // When the kernel's tiles cover its domain exactly (no bounds tests) and every contiguous tile
 // starts on a vector: the body twice, both without a test at each access. With 16-byte aligned
 // pointers whole vectors move with no branch at all; otherwise (offset or foreign buffers) element
@@ -311,7 +297,6 @@ inline KernelSource KernelWriter::write() {
   auto at = body.find("    /*KILN_ROW_CACHES*/\n");
   if (at != std::string::npos) body.replace(at, std::string("    /*KILN_ROW_CACHES*/\n").size(), decls);
   if (!column_loads_.empty()) body = hoist_row_invariants(signature, body);
-  if (!preload_loads_.empty()) body = load_first(body);
   body = split_on_alignment(body);
   ks.source = signature + body + "}\n";
   ks.xnumel = xnumel_;
