@@ -101,7 +101,11 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   std::int64_t per_thread = elems ? elems : (max_item <= 2 || streams >= 2 ? 16 : 32);
   std::int64_t per_row = next_pow2((rnumel + per_thread - 1) / per_thread);
   c.row_threads = static_cast<int>(std::clamp<std::int64_t>(per_row, 32, max_threads));
-  c.rows = c.row_threads >= 256 ? 1 : 256 / c.row_threads;
+  // Rows shorter than a block share one (in lockstep: the same barriers). KILN_TUNE_ROW_BLOCK sets
+  // the block's threads (256) for A/B runs; a block a row of 128 threads (four independent blocks an
+  // SM for layer_norm, as Triton has) measured W4 +3%, W3 equal (benchmarks/NOTES.md item 32).
+  static const std::int64_t block = tuning_knob("KILN_TUNE_ROW_BLOCK", 256, 32, 1024);
+  c.rows = c.row_threads >= block ? 1 : static_cast<int>(block / c.row_threads);
   c.threads = c.row_threads * c.rows;
   if (static_rnumel && iters() <= max_iters) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
   // Looped rows unroll their vector steps by 2: 4 raised the NVRTC time of a dynamic layer_norm 1.5x
