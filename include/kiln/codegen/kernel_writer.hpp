@@ -201,12 +201,13 @@ class KernelWriter {
   std::vector<kiln::dtype> column_types_;  // their compute types, in order (weights0, weights1, ...)
   std::vector<std::string> column_loads_;
   // Where row-invariant loads are kept: 0 reloaded in the row loop, 1 registers, 2 shared memory
-  // (one copy a block). KILN_TUNE_HOIST picks one for A/B runs; registers measured best on an H200
-  // for layer_norm (W4 0.1381 -> 0.1343 ms, shared memory's 64 registers against 121 notwithstanding),
-  // shared memory 2% better for rms_norm (W6 0.0729 vs 0.0742): benchmarks/NOTES.md item 22.
-  static int hoist_mode() {
-    static const int mode = static_cast<int>(tuning_knob("KILN_TUNE_HOIST", 1, 0, 2));
-    return mode;
+  // (one copy a block). Measured on an H200: registers for blocks of several rows (layer_norm, W4
+  // 0.1381 -> 0.1343 ms against shared memory, 0.1362 reloaded: NOTES item 22), reloaded for rows
+  // of their own block (rms_norm on bf16, W6 -2.3% and -2.6% in two runs, W5 equal: items 22, 30,
+  // 33). KILN_TUNE_HOIST sets one mode for every kernel, for A/B runs.
+  int hoist_mode() const {
+    static const int knob = static_cast<int>(tuning_knob("KILN_TUNE_HOIST", -1, 0, 2));
+    return knob >= 0 ? knob : config_.rows >= 2 ? 1 : 0;
   }
   // Whether a kernel's reductions get a shared slot each (one barrier a reduction instead of two);
   // KILN_TUNE_ROW_SLOTS=0 turns it off for A/B runs.
