@@ -4,11 +4,15 @@
 // tile is a short array the compiler vectorises and programs are spread over cores by the runtime.
 // It is embedded as a string so nothing at run time depends on where kiln's sources live.
 #pragma once
+#include <string>
 #include <string_view>
+
+#include "prelude_memory.hpp"
 
 namespace kiln::codegen {
 
-inline constexpr std::string_view prelude = R"KILN(
+// Types, tiles and their arithmetic; prelude_memory.hpp has loads, stores, reductions and loops.
+inline constexpr std::string_view prelude_core = R"KILN(
 // Device code under NVRTC, and under nvcc for kernels exported ahead of time (k::export_kernels).
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 #define KILN_DEVICE_CODE 1
@@ -290,238 +294,9 @@ template <class T, int N> KILN_FN tile<T, N> operator%(const tile<T, N>& a, i64 
   return map1([b](T x) { return (T)(x % b); }, a);
 }
 
-// ---- loads and stores -----------------------------------------------------------------------
-// A gather: each lane reads p[idx]; masked lanes give `other` and touch no memory.
-template <class T, class I, class M>
-KILN_FN auto load(const T* p, const I& idx, const M& mask, typename compute_of<T>::type other = 0) {
-  typedef typename compute_of<T>::type C;
-  constexpr int N = width_of<I, M>::value;
-  if constexpr (N == 0) {
-    return mask ? to_compute(p[idx]) : other;
-  } else {
-    tile<C, N> r;
-KILN_UNROLL
-    for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? to_compute(p[lane(idx, i)]) : other;
-    return r;
-  }
-}
-// How a contiguous access finds out whether it may move whole 16-byte vectors: `test` at each
-// access; `vector`: the kernel tested its pointers once and the tile starts on a vector; `scalar`:
-// that test failed (an offset or foreign buffer), element by element with no per-access test.
-enum class align { test, vector, scalar };
-template <bool B> struct bool_c { static constexpr bool value = B; };
-// Whether every pointer is 16-byte aligned (kernels test this once: KILN_ALIGNED).
-template <class... P> KILN_FN bool aligned16(const P*... p) {
-  return (((unsigned long long)(const void*)p | ... | 0ull) & 15) == 0;
-}
-
-// How 16-byte loads reach memory: `readonly` lets the compiler take the read-only path for const
-// __restrict__ inputs (LDG.CONSTANT), `plain` is a plain ld.global (what Triton emits), `streaming`
-// the evict-first ld.global.cs. Kernels that evaluate special functions load `plain` (the kernel
-// writer passes it; measured on an H200: W1b -2.2%, W7 -1.9%, pure streams +0.3-0.8% with it).
-enum class via { readonly, plain, streaming };
-#ifdef KILN_DEVICE_CODE
-// One 16-byte vector load. KILN_LOADS (the KILN_TUNE_LOADS knob, for A/B runs) overrides every
-// kernel's choice: 0 readonly, 1 plain, 2 streaming. The asm is volatile: without it the compiler
-// took it for a pure computation and hoisted it above the alignment and mask tests that guard it
-// (misaligned-address faults in the random-graph test); ptxas still schedules it as a load.
-#ifdef KILN_LOADS
-#define KILN_VIA(w) (KILN_LOADS == 0 ? via::readonly : KILN_LOADS == 1 ? via::plain : via::streaming)
-#else
-#define KILN_VIA(w) (w)
-#endif
-template <via W, class V> KILN_FN V load16(const V* p) {
-  constexpr via w = KILN_VIA(W);
-  if constexpr (w == via::readonly) {
-    return *p;
-  } else {
-    union { unsigned u[4]; V v; } r;
-    if constexpr (w == via::plain)
-      asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.u[0]), "=r"(r.u[1]), "=r"(r.u[2]), "=r"(r.u[3]) : "l"(p));
-    else
-      asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.u[0]), "=r"(r.u[1]), "=r"(r.u[2]), "=r"(r.u[3]) : "l"(p));
-    return r.v;
-  }
-}
-#undef KILN_VIA
-#endif
-// N consecutive elements from p[base], unconverted: one 16-byte vector when aligned and unmasked
-// (a register cache of 16-bit values keeps these and widens them on use).
-template <int N, align A = align::test, via W = via::readonly, class T, class M>
-KILN_FN tile<T, N> load_contig_raw(const T* p, i64 base, const M& mask) {
-  tile<T, N> r;
-#ifdef KILN_DEVICE_CODE
-  if constexpr ((sizeof(T) * N) % 16 == 0 && A != align::scalar) {
-    constexpr int V = 16 / sizeof(T);
-    bool all = true;
-KILN_UNROLL
-    for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && (A == align::vector || ((unsigned long long)(p + base) & 15) == 0)) {
-      struct alignas(16) vec { T e[V]; };
-KILN_UNROLL
-      for (int c = 0; c < N / V; ++c) {
-        vec w = load16<W>(reinterpret_cast<const vec*>(p + base + c * V));
-KILN_UNROLL
-        for (int i = 0; i < V; ++i) r.v[c * V + i] = w.e[i];
-      }
-      return r;
-    }
-  }
-#endif
-KILN_UNROLL
-  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? p[base + i] : T{};
-  return r;
-}
-template <class T, class I, class M>
-KILN_FN auto load_raw(const T* p, const I& idx, const M& mask) {
-  constexpr int N = width_of<I, M>::value;
-  tile<T, N> r;
-KILN_UNROLL
-  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? p[lane(idx, i)] : T{};
-  return r;
-}
-template <class T, int N> KILN_FN auto widen(const tile<T, N>& t) {
-  tile<typename compute_of<T>::type, N> r;
-KILN_UNROLL
-  for (int i = 0; i < N; ++i) r.v[i] = to_compute(t.v[i]);
-  return r;
-}
-
-// N consecutive elements from p[base] in the compute type: one 16-byte vector when aligned and
-// unmasked, converted as it is read (a separate raw load plus selects measured 15% slower).
-template <int N, align A = align::test, via W = via::readonly, class T, class M>
-KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, const M& mask,
-                                                          typename compute_of<T>::type other = 0) {
-  typedef typename compute_of<T>::type C;
-  tile<C, N> r;
-#ifdef KILN_DEVICE_CODE
-  if constexpr ((sizeof(T) * N) % 16 == 0 && A != align::scalar) {  // whole 16-byte vectors
-    constexpr int V = 16 / sizeof(T);
-    bool all = true;
-KILN_UNROLL
-    for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && (A == align::vector || ((unsigned long long)(p + base) & 15) == 0)) {
-      struct alignas(16) vec { T e[V]; };
-KILN_UNROLL
-      for (int c = 0; c < N / V; ++c) {
-        vec w = load16<W>(reinterpret_cast<const vec*>(p + base + c * V));
-KILN_UNROLL
-        for (int i = 0; i < V; ++i) r.v[c * V + i] = to_compute(w.e[i]);
-      }
-      return r;
-    }
-  }
-#endif
-KILN_UNROLL
-  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? to_compute(p[base + i]) : other;
-  return r;
-}
-template <class T, class I, class V, class M>
-KILN_FN void store(T* p, const I& idx, const V& v, const M& mask) {
-  constexpr int N = widest<I, V, M>::value;
-  if constexpr (N == 0) {
-    if (mask) p[idx] = store_cast<T>(v);
-  } else {
-KILN_UNROLL
-    for (int i = 0; i < N; ++i)
-      if (lane(mask, i)) p[lane(idx, i)] = store_cast<T>(lane(v, i));
-  }
-}
-template <int N, align A = align::test, class T, class V, class M>
-KILN_FN void store_contig(T* p, i64 base, const V& v, const M& mask) {
-#ifdef KILN_DEVICE_CODE
-  if constexpr (((sizeof(T) * N) % 16 == 0 || sizeof(T) * N == 8) && A != align::scalar) {
-    constexpr int L = sizeof(T) * N == 8 ? N : 16 / sizeof(T);  // lanes a vector
-    constexpr int B = sizeof(T) * L;  // bytes a vector
-    bool all = true;
-KILN_UNROLL
-    for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && (A == align::vector || ((unsigned long long)(p + base) & (B - 1)) == 0)) {
-      struct alignas(B) vec { T e[L]; };
-KILN_UNROLL
-      for (int c = 0; c < N / L; ++c) {
-        vec w;
-KILN_UNROLL
-        for (int i = 0; i < L; ++i) w.e[i] = store_cast<T>(lane(v, c * L + i));
-        *reinterpret_cast<vec*>(p + base + c * L) = w;
-      }
-      return;
-    }
-  }
-#endif
-KILN_UNROLL
-  for (int i = 0; i < N; ++i)
-    if (lane(mask, i)) p[base + i] = store_cast<T>(lane(v, i));
-}
-
-// ---- reductions -----------------------------------------------------------------------------
-struct op_sum { template <class T> KILN_FN T operator()(T a, T b) const { return a + b; } };
-struct op_max { template <class T> KILN_FN T operator()(T a, T b) const { return maximum(a, b); } };
-struct op_min { template <class T> KILN_FN T operator()(T a, T b) const { return minimum(a, b); } };
-
-// Folds one tile into a scalar; a scalar stays itself.
-template <class Op, class A> KILN_FN auto fold(Op op, const A& a) {
-  if constexpr (tile_traits<A>::width == 0) {
-    return a;
-  } else {
-    auto r = a.v[0];
-KILN_UNROLL
-    for (int i = 1; i < tile_traits<A>::width; ++i) r = op(r, a.v[i]);
-    return r;
-  }
-}
-// Combines the partial results of the ROW_THREADS threads that share a row. SLOT >= 0 names the
-// reduction's own shared buffer in a kernel with two or more reductions a row: each slot's next write
-// then comes after every thread passed another slot's barrier, so after every read of it, and one
-// barrier a reduction suffices. SLOT -1 (a kernel's only reduction) waits for earlier readers first.
-template <int ROW_THREADS, int SLOT, class Op, class T> KILN_FN T across_row(Op op, T v) {
-#ifdef KILN_DEVICE_CODE
-KILN_UNROLL
-  for (int o = (ROW_THREADS < 32 ? ROW_THREADS : 32) / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if constexpr (ROW_THREADS > 32) {
-    __shared__ T partial[32];
-    const int warp = threadIdx.x / 32, nwarps = ROW_THREADS / 32;
-    const int first = (threadIdx.x / ROW_THREADS) * nwarps;  // this row's warps (several rows a block)
-    if constexpr (SLOT < 0) __syncthreads();  // earlier readers of `partial` are done
-    if (threadIdx.x % 32 == 0) partial[warp] = v;
-    __syncthreads();
-    v = partial[first];
-    for (int w = 1; w < nwarps; ++w) v = op(v, partial[first + w]);
-  }
-#endif
-  return v;
-}
-template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_sum(const A& a) { return across_row<ROW_THREADS, SLOT>(op_sum(), fold(op_sum(), a)); }
-template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_max(const A& a) { return across_row<ROW_THREADS, SLOT>(op_max(), fold(op_max(), a)); }
-template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A& a) { return across_row<ROW_THREADS, SLOT>(op_min(), fold(op_min(), a)); }
-}  // namespace kiln
-
-// ---- programs: how a kernel's loops map onto the target -------------------------------------
-// Each kernel defines XBLOCK/XVEC (pointwise) or ROWS/ROW_THREADS/RVEC (rows) before its loops.
-#ifdef KILN_DEVICE_CODE
-#define KILN_POINTWISE_LOOP(xoffset)                                                      \
-  KILN_UNROLL for (int kiln_u = 0; kiln_u < XBLOCK / (THREADS * XVEC); ++kiln_u)          \
-    if (const i64 xoffset = (i64)blockIdx.x * XBLOCK + ((i64)kiln_u * THREADS + threadIdx.x) * XVEC; true)
-// Programs loop over rows (a grid smaller than the row count): loads that do not depend on the
-// row (weights, biases) are made once per thread, before the loop.
-#define KILN_ROW(xindex)                                                                  \
-  for (i64 kiln_xbase = (i64)blockIdx.x * ROWS; kiln_xbase < xnumel; kiln_xbase += (i64)gridDim.x * ROWS) \
-    if (const i64 xindex = kiln_xbase + threadIdx.x / ROW_THREADS; true)
-// Looped rows: RUNROLL steps at a time (launch_config.hpp), to keep several loads in flight.
-#define KILN_R_LOOP(roffset, rnumel)                                                      \
-  _Pragma("unroll (RUNROLL)") for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
-#define KILN_R_TILES(roffset)                                                             \
-  KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)                          \
-    if (const i64 roffset = ((i64)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC; true)
-#else
-#define KILN_POINTWISE_LOOP(xoffset)                                   \
-  for (int kiln_u = 0; kiln_u < XBLOCK / XVEC; ++kiln_u)              \
-    if (const i64 xoffset = kiln_pid * XBLOCK + (i64)kiln_u * XVEC; true)
-#define KILN_ROW(xindex) for (i64 xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS; ++xindex)
-#define KILN_R_LOOP(roffset, rnumel) for (i64 roffset = 0; roffset < (rnumel); roffset += RVEC)
-#define KILN_R_TILES(roffset) \
-  for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it) if (const i64 roffset = (i64)kiln_it * RVEC; true)
-#endif
 )KILN";
+
+// The whole prelude, as generated translation units begin.
+inline const std::string prelude = std::string(prelude_core) + std::string(prelude_memory);
 
 }  // namespace kiln::codegen
