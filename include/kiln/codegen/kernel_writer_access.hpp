@@ -1,0 +1,178 @@
+// How a node's index becomes memory traffic: the index of a broadcast or viewed input, whether a
+// tile's offset starts on a 16-byte vector (contiguous access, tested once a kernel or at each
+// access), the load path, and the register caches of row kernels (rows, row-invariant weights).
+#pragma once
+#include "kernel_writer.hpp"
+
+namespace kiln::codegen {
+
+inline std::vector<Sym> KernelWriter::broadcast_index(int child, int parent, const std::vector<Sym>& idx) {
+  const Dims& c = g_[child].shape;
+  const Dims& p = g_[parent].shape;
+  std::vector<Sym> out(c.size());
+  for (int j = 0; j < c.size(); ++j) {
+    int pj = j + (p.size() - c.size());
+    out[j] = (c[j] == 1 && p[pj] != 1) ? Sym(0) : idx[pj];
+  }
+  return out;
+}
+
+// Maps an index of a view's output to the index of its input.
+inline std::vector<Sym> KernelWriter::view_index(int node, const std::vector<Sym>& idx) {
+  const auto& n = g_[node];
+  int in = n.in[0];
+  const auto& in_shape = env_[in];
+  switch (n.op) {
+    case Op::permute: {
+      std::vector<Sym> out(idx.size());
+      for (int i = 0; i < n.attrs.dims.size(); ++i) out[n.attrs.dims[i]] = idx[i];
+      return out;
+    }
+    case Op::reshape: {
+      if (g_[in].shape == n.shape && in_shape == env_[node]) return idx;
+      Sym flat = ravel(idx, contiguous_strides(env_[node]));
+      return unravel(flat, detail::nonzero(in_shape));
+    }
+    case Op::expand:
+      return broadcast_index(in, node, idx);
+    case Op::slice: {
+      int d = static_cast<int>(n.attrs.a < 0 ? n.attrs.a + n.shape.size() : n.attrs.a);
+      std::int64_t size = g_[in].shape[d], start = n.attrs.b < 0 ? n.attrs.b + size : n.attrs.b;
+      start = std::clamp<std::int64_t>(start, 0, size);
+      std::vector<Sym> out = idx;
+      out[d] = Sym(start) + idx[d] * Sym(n.attrs.d);
+      return out;
+    }
+    default:
+      throw error("codegen: no index rule for view " + std::string(name(n.op)));
+  }
+}
+
+// Whether e is the same for every lane of an aligned tile of `vec` consecutive values of t.
+inline bool tile_invariant(const Sym& e, const Sym& t, std::int64_t vec) {
+  auto free = e.free_symbols();
+  if (std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == t; })) return true;
+  if (e.kind() == SymKind::floordiv && e.args()[0] == t && e.args()[1].is_constant())
+    return e.args()[1].constant_value() % vec == 0;
+  if (e.kind() == SymKind::mod) return tile_invariant(e.args()[0], t, vec);
+  if (e.kind() == SymKind::add || e.kind() == SymKind::mul)
+    return std::all_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return tile_invariant(a, t, vec); });
+  return false;
+}
+
+// When offset(t) = base(tile start) + lane inside every aligned tile of t, returns base with t
+// replaced by the tile start: the access is then one contiguous run (a vector load or store).
+inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& start, std::int64_t vec) {
+  std::vector<Sym> terms = offset.kind() == SymKind::add ? std::vector<Sym>(offset.args().begin(), offset.args().end())
+                                                          : std::vector<Sym>{offset};
+  int varying = 0;
+  for (const Sym& term : terms) {
+    if (tile_invariant(term, t, vec)) continue;
+    bool lane = term == t || (term.kind() == SymKind::mod && term.args()[0] == t && term.args()[1].is_constant() &&
+                              term.args()[1].constant_value() % vec == 0);
+    if (!lane) return std::nullopt;
+    ++varying;
+  }
+  if (varying != 1) return std::nullopt;
+  SymMap m;
+  m.emplace(t, start);
+  return offset.substitute(m);
+}
+
+// Whether e is a multiple of m for every tile, where the tile start (symbol id `start`) is a
+// multiple of `vec`. Sizes are unknown (false); constants and products are exact.
+inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec) {
+  switch (e.kind()) {
+    case SymKind::constant: return e.constant_value() % m == 0;
+    case SymKind::symbol: return e.symbol_id() == start && vec % m == 0;
+    case SymKind::add:
+      return std::all_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
+    case SymKind::mul:
+      return std::any_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
+    case SymKind::mod:  // a - c * floor(a / c): a multiple of m when a and c are
+      return multiple_of(e.args()[0], m, start, vec) && multiple_of(e.args()[1], m, start, vec);
+    default: return false;
+  }
+}
+
+inline std::string KernelWriter::access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt, std::string& width) {
+  const Sym& tile = rows() ? rindex_ : xindex_;
+  if (rows() && !in_rloop_) return "";
+  std::int64_t vec = rows() ? config_.rvec : config_.xvec;
+  int start_id = rows() ? 1003 : 1002;
+  Sym start = Sym::symbol(rows() ? "roffset" : "xoffset", start_id, {.nonnegative = true});
+  auto base = tile_base(offset, tile, start, vec);
+  if (!base) return "";
+  width = rows() ? "RVEC" : "XVEC";
+  // A tile that starts on a 16-byte (or, for an 8-byte tile, 8-byte) vector whenever its pointer is
+  // 16-byte aligned: the kernel may test its pointers once (KILN_ALIGNED) instead of every access.
+  std::int64_t bytes = vec * static_cast<std::int64_t>(itemsize(dt)), item = static_cast<std::int64_t>(itemsize(dt));
+  std::int64_t vbytes = bytes % 16 == 0 ? 16 : bytes == 8 ? 8 : 0;
+  if (target_ != Target::cuda || !vbytes) return index_code(*base);
+  if (!multiple_of(*base, vbytes / item, start_id, vec)) {
+    unaligned_tiles_ = true;
+    return index_code(*base);
+  }
+  width += ", KILN_ALIGNED";
+  if (std::find(aligned_ptrs_.begin(), aligned_ptrs_.end(), ptr) == aligned_ptrs_.end()) aligned_ptrs_.push_back(ptr);
+  return index_code(*base);
+}
+
+// A contiguous load's template arguments: the access's width and alignment, and via::plain in
+// kernels that evaluate special functions (prelude's load16).
+inline std::string KernelWriter::load_via(std::string width) const {
+  if (!plain_loads_) return width;
+  if (width.find("KILN_ALIGNED") == std::string::npos) width += ", kiln::align::test";
+  return width + ", kiln::via::plain";
+}
+
+inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& idx, const std::string& extra_mask) {
+  std::string ptr = param_for(node, false);
+  Sym offset = ravel(idx, strides_of_(node));
+  std::string m = extra_mask.empty() ? mask() : "(" + mask() + " & " + extra_mask + ")";
+  kiln::dtype ct = compute_dtype(g_[node].dt);
+  std::string code;
+  if (extra_mask.empty()) {
+    std::string width, base = access_base(offset, ptr, g_[node].dt, width);
+    if (!base.empty()) code = "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", " + m + ")";
+  }
+  if (code.empty()) code = "kiln::load(" + ptr + ", " + index_code(offset) + ", " + m + ")";
+  // A persistent row: the tiles of a row read in one loop stay in registers for the next loops.
+  auto free = offset.free_symbols();
+  bool per_tile = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == rindex_; });
+  bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == xindex_; });
+  if (hoist_mode() && rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() && target_ == Target::cuda) {
+    // The same for every row (a weight): loaded once per thread, before the row loop.
+    std::string width, base = access_base(offset, ptr, g_[node].dt, width);
+    std::string col = base.empty() ? "kiln::load(" + ptr + ", " + index_code(offset) + ", rindex < rnumel)"
+                                   : "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", rindex < rnumel)";
+    auto [it, fresh_cache] = column_cache_.try_emplace(col, "weights" + std::to_string(column_cache_.size()));
+    if (fresh_cache) {
+      column_types_.push_back(ct);
+      column_loads_.push_back(it->second + "[kiln_it] = " + col + ";");
+    }
+    return bind(it->second + "[kiln_it]", ct);
+  }
+  bool reused = !final_loop_ || row_cache_.count(code);  // a tile first read by the last loop is read once
+  if (rows() && in_rloop_ && config_.riters > 0 && per_tile && reused) {
+    // 16-bit inputs stay 16-bit in the register cache (half the registers) and widen on use.
+    kiln::dtype st = g_[node].dt;
+    bool narrow = st == kiln::dtype::f16 || st == kiln::dtype::bf16;
+    std::string raw = code;
+    if (narrow) {  // the same call without widening
+      const std::string contig = "kiln::load_contig<", gather = "kiln::load(";
+      if (raw.rfind(contig, 0) == 0) raw.replace(0, contig.size(), "kiln::load_contig_raw<");
+      else if (raw.rfind(gather, 0) == 0) raw.replace(0, gather.size(), "kiln::load_raw(");
+    }
+    auto [it, fresh_cache] = row_cache_.try_emplace(code, "cache" + std::to_string(row_cache_.size()));
+    if (fresh_cache) {
+      cache_decls_.push_back("kiln::tile<" + (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) + ", RVEC> " +
+                             it->second + "[RITERS];");
+      line(it->second + "[kiln_it] = " + raw + ";");
+    }
+    return bind(narrow ? "kiln::widen(" + it->second + "[kiln_it])" : it->second + "[kiln_it]", ct);
+  }
+  return bind(code, ct);
+}
+
+}  // namespace kiln::codegen
