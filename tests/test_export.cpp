@@ -141,6 +141,7 @@ TEST_CASE("export: kernels whose tiles all start on a vector test their pointers
   auto h = k::compile([](auto x) { return k::exp(k::slice(x, 0, 1, 4097)); });
   source = read_file(k::export_kernels(h, k::randn({4100}), fresh_dir("unaligned_exp"), sm90).source);
   CHECK(source.find("kiln::load_contig<XVEC, kiln::align::test, kiln::via::plain>(in_ptr0, xoffset + 1, xmask)") != std::string::npos);
+  CHECK(source.find(", KILN_ALIGNED") == std::string::npos);
 }
 
 TEST_CASE("export: an exported launcher called with the wrong sizes returns an error code and a message") {

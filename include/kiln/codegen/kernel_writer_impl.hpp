@@ -121,7 +121,7 @@ inline void KernelWriter::write_rows() {
       // barrier each (prelude's across_row). Measured on an H200: W7 -3.2% in two runs; blocks of
       // several rows (W3, W4) +0.4%; looped rows +13% (ptxas gave the dynamic layer_norm 58
       // registers, not 38, without the first barrier), so both keep two barriers.
-      bool slots = plan_.reductions.size() >= 2 && config_.riters > 0 && config_.rows == 1 && row_slots();
+      bool slots = target_ == Target::cuda && plan_.reductions.size() >= 2 && config_.riters > 0 && config_.rows == 1 && row_slots();
       std::string slot = slots ? ", " + std::to_string(r) : "";
       reduced_[red] = bind("kiln::" + std::string(fn) + "<ROW_THREADS" + slot + ">(" + accs[r - i] + ")", g_[red].dt);
     }
@@ -161,10 +161,11 @@ inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) 
   return false;
 }
 
-// Loads that are the same for every row (weights, biases) are made once, before the row loop: into
-// shared memory when they fit (one copy a block, read back per row with conflict-free 16-byte
-// loads: a row of the array is a thread's tiles, padded by one tile), else into registers (which
-// cost occupancy: layer_norm's w and b took 64 of a thread's 121 registers).
+// Loads that are the same for every row (weights, biases) are made once, before the row loop, when
+// hoist_mode() says so: into registers (blocks of several rows, by default; they cost occupancy:
+// layer_norm's w and b take 64 of a thread's 128 registers) or, with KILN_TUNE_HOIST=2, into shared
+// memory when they fit (one copy a block, read back per row with conflict-free 16-byte loads: a row
+// of the array is a thread's tiles, padded by one tile).
 inline std::string KernelWriter::hoist_row_invariants(std::string& signature, std::string body) const {
   std::int64_t bytes = 0;
   for (kiln::dtype ct : column_types_)

@@ -51,7 +51,7 @@ inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item
   }
   // KILN_TUNE_POI_THREADS / KILN_TUNE_POI_UNROLL: tuning experiments (benchmarks/NOTES.md). 128
   // threads x 4 vectors measured best on an H200 for 16-bit data (W1c 0.092 -> 0.088 ms; 2 vectors
-  // +5%), 2 vectors for 32-bit data, which streams better in smaller blocks (W1 0.136 -> 0.130, W8
+  // +5%), 2 vectors for 32-bit or wider data, which streams better in smaller blocks (W1 0.136 -> 0.130, W8
   // 0.117 -> 0.115), special functions included once they load via::plain (W1b 0.1343 -> 0.1320;
   // with read-only loads 4 vectors were better: NOTES items 18 and 30).
   static const int threads = static_cast<int>(tuning_knob("KILN_TUNE_POI_THREADS", 128, 32, 1024));

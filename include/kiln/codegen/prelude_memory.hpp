@@ -40,7 +40,9 @@ enum class via { readonly, plain, streaming };
 // One 16-byte vector load. KILN_LOADS (the KILN_TUNE_LOADS knob, for A/B runs) overrides every
 // kernel's choice: 0 readonly, 1 plain, 2 streaming. The asm is volatile: without it the compiler
 // took it for a pure computation and hoisted it above the alignment and mask tests that guard it
-// (misaligned-address faults in the random-graph test); ptxas still schedules it as a load.
+// (misaligned-address faults in the random-graph test); ptxas still schedules it as a load. It
+// needs no memory clobber: kernels never store to an input element before loading it (an in-place
+// update stores a value computed from that very load).
 #ifdef KILN_LOADS
 #define KILN_VIA(w) (KILN_LOADS == 0 ? via::readonly : KILN_LOADS == 1 ? via::plain : via::streaming)
 #else
@@ -187,9 +189,11 @@ KILN_UNROLL
   }
 }
 // Combines the partial results of the ROW_THREADS threads that share a row. SLOT >= 0 names the
-// reduction's own shared buffer in a kernel with two or more reductions a row: each slot's next write
-// then comes after every thread passed another slot's barrier, so after every read of it, and one
-// barrier a reduction suffices. SLOT -1 (a kernel's only reduction) waits for earlier readers first.
+// reduction's own shared buffer (the kernel writer gives slots to register-cached rows of their own
+// block with two or more reductions): every reduction of such a kernel runs once a row, in the same
+// order, unconditionally, in a row loop all of the block's threads run equally often, so a slot's
+// next write comes after every thread passed another slot's barrier, hence after every read of it,
+// and one barrier a reduction suffices. SLOT -1 (every other kernel) waits for earlier readers first.
 template <int ROW_THREADS, int SLOT, class Op, class T> KILN_FN T across_row(Op op, T v) {
 #ifdef KILN_DEVICE_CODE
 KILN_UNROLL
@@ -218,8 +222,8 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 #define KILN_POINTWISE_LOOP(xoffset)                                                      \
   KILN_UNROLL for (int kiln_u = 0; kiln_u < XBLOCK / (THREADS * XVEC); ++kiln_u)          \
     if (const i64 xoffset = (i64)blockIdx.x * XBLOCK + ((i64)kiln_u * THREADS + threadIdx.x) * XVEC; true)
-// Programs loop over rows (a grid smaller than the row count): loads that do not depend on the
-// row (weights, biases) are made once per thread, before the loop.
+// Programs loop over rows (a grid smaller than the row count): in blocks of several rows, loads
+// that do not depend on the row (weights, biases) are made once per thread, before the loop.
 #define KILN_ROW(xindex)                                                                  \
   for (i64 kiln_xbase = (i64)blockIdx.x * ROWS; kiln_xbase < xnumel; kiln_xbase += (i64)gridDim.x * ROWS) \
     if (const i64 xindex = kiln_xbase + threadIdx.x / ROW_THREADS; true)

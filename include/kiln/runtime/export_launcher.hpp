@@ -356,7 +356,8 @@ inline std::string LauncherWriter::kernel_arg(const codegen::Param& prm) const {
 
 // One launch: a program per XBLOCK elements (pointwise) or per ROWS rows, row programs capped at
 // four full-occupancy waves of the device (they loop over the rest). Program::run caps them at 16
-// waves of each kernel's measured occupancy instead; row programs give the same results either way.
+// (or, for register-cached blocks of several rows, 64) waves of each kernel's measured occupancy
+// instead; row programs give the same results either way.
 inline std::string LauncherWriter::launch_kernel(const CompiledKernel& k) const {
   const auto& c = k.src.config;
   bool poi = k.src.kind == schedule::Kind::poi;

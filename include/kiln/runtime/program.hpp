@@ -138,7 +138,8 @@ inline std::int64_t row_grid_limit(int sms, int threads) {
 // KILN_TUNE_ROW_WAVES sets the multiple for every row kernel (0: the formula above).
 inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k, int device) {
   static const int knob = static_cast<int>(codegen::tuning_knob("KILN_TUNE_ROW_WAVES", -1, 0, 1024));
-  int waves = knob >= 0 ? knob : k.kind == schedule::Kind::per && k.config.rows >= 2 ? 64 : 16;
+  bool several_rows = k.kind == schedule::Kind::per && k.config.rows >= 2 && k.config.row_threads > 1;  // not columns
+  int waves = knob >= 0 ? knob : several_rows ? 64 : 16;
   if (waves == 0) return row_grid_limit(driver::sm_count(device), k.config.threads);
   return std::int64_t{driver::sm_count(device)} * std::max(1, driver::resident_blocks(f, k.config.threads)) * waves;
 }
