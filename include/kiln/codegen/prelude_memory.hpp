@@ -63,13 +63,14 @@ template <via W, class V> KILN_FN V load16(const V* p) {
 }
 #undef KILN_VIA
 #endif
-// N consecutive elements from p[base], unconverted: one 16-byte vector when aligned and unmasked
-// (a register cache of 16-bit values keeps these and widens them on use).
-template <int N, align A = align::test, via W = via::readonly, class T, class M>
-KILN_FN tile<T, N> load_contig_raw(const T* p, i64 base, const M& mask) {
-  tile<T, N> r;
+// N consecutive elements from p[base], each passed through `f` as it is read: one 16-byte vector
+// when aligned and unmasked, else element by element (masked-off lanes get `other`). Converting as
+// the vector is read matters: a raw load plus selects afterwards measured 15% slower.
+template <int N, align A, via W, class T, class M, class F, class R = decltype(F()(T{}))>
+KILN_FN tile<R, N> load_contig_as(const T* p, i64 base, const M& mask, F f, R other) {
+  tile<R, N> r;
 #ifdef KILN_DEVICE_CODE
-  if constexpr ((sizeof(T) * N) % 16 == 0 && A != align::scalar) {
+  if constexpr ((sizeof(T) * N) % 16 == 0 && A != align::scalar) {  // whole 16-byte vectors
     constexpr int V = 16 / sizeof(T);
     bool all = true;
 KILN_UNROLL
@@ -80,15 +81,24 @@ KILN_UNROLL
       for (int c = 0; c < N / V; ++c) {
         vec w = load16<W>(reinterpret_cast<const vec*>(p + base + c * V));
 KILN_UNROLL
-        for (int i = 0; i < V; ++i) r.v[c * V + i] = w.e[i];
+        for (int i = 0; i < V; ++i) r.v[c * V + i] = f(w.e[i]);
       }
       return r;
     }
   }
 #endif
 KILN_UNROLL
-  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? p[base + i] : T{};
+  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? f(p[base + i]) : other;
   return r;
+}
+struct as_stored { template <class T> KILN_FN T operator()(T x) const { return x; } };
+struct as_compute { template <class T> KILN_FN auto operator()(T x) const { return to_compute(x); } };
+
+// N consecutive elements from p[base], unconverted (a register cache of 16-bit values keeps these
+// and widens them on use).
+template <int N, align A = align::test, via W = via::readonly, class T, class M>
+KILN_FN tile<T, N> load_contig_raw(const T* p, i64 base, const M& mask) {
+  return load_contig_as<N, A, W>(p, base, mask, as_stored(), T{});
 }
 template <class T, class I, class M>
 KILN_FN auto load_raw(const T* p, const I& idx, const M& mask) {
@@ -105,34 +115,11 @@ KILN_UNROLL
   return r;
 }
 
-// N consecutive elements from p[base] in the compute type: one 16-byte vector when aligned and
-// unmasked, converted as it is read (a separate raw load plus selects measured 15% slower).
+// N consecutive elements from p[base] in the compute type.
 template <int N, align A = align::test, via W = via::readonly, class T, class M>
 KILN_FN tile<typename compute_of<T>::type, N> load_contig(const T* p, i64 base, const M& mask,
                                                           typename compute_of<T>::type other = 0) {
-  typedef typename compute_of<T>::type C;
-  tile<C, N> r;
-#ifdef KILN_DEVICE_CODE
-  if constexpr ((sizeof(T) * N) % 16 == 0 && A != align::scalar) {  // whole 16-byte vectors
-    constexpr int V = 16 / sizeof(T);
-    bool all = true;
-KILN_UNROLL
-    for (int i = 0; i < N; ++i) all = all && lane(mask, i);
-    if (all && (A == align::vector || ((unsigned long long)(p + base) & 15) == 0)) {
-      struct alignas(16) vec { T e[V]; };
-KILN_UNROLL
-      for (int c = 0; c < N / V; ++c) {
-        vec w = load16<W>(reinterpret_cast<const vec*>(p + base + c * V));
-KILN_UNROLL
-        for (int i = 0; i < V; ++i) r.v[c * V + i] = to_compute(w.e[i]);
-      }
-      return r;
-    }
-  }
-#endif
-KILN_UNROLL
-  for (int i = 0; i < N; ++i) r.v[i] = lane(mask, i) ? to_compute(p[base + i]) : other;
-  return r;
+  return load_contig_as<N, A, W>(p, base, mask, as_compute(), other);
 }
 template <class T, class I, class V, class M>
 KILN_FN void store(T* p, const I& idx, const V& v, const M& mask) {
