@@ -43,13 +43,12 @@ enum class via { readonly, plain, streaming };
 // (misaligned-address faults in the random-graph test); ptxas still schedules it as a load. It
 // needs no memory clobber: kernels never store to an input element before loading it (an in-place
 // update stores a value computed from that very load).
-#ifdef KILN_LOADS
-#define KILN_VIA(w) (KILN_LOADS == 0 ? via::readonly : KILN_LOADS == 1 ? via::plain : via::streaming)
-#else
-#define KILN_VIA(w) (w)
-#endif
 template <via W, class V> KILN_FN V load16(const V* p) {
-  constexpr via w = KILN_VIA(W);
+#ifdef KILN_LOADS
+  constexpr via w = static_cast<via>(KILN_LOADS);  // 0, 1, 2: the enum's order
+#else
+  constexpr via w = W;
+#endif
   if constexpr (w == via::readonly) {
     return *p;
   } else {
@@ -61,7 +60,6 @@ template <via W, class V> KILN_FN V load16(const V* p) {
     return r.v;
   }
 }
-#undef KILN_VIA
 #endif
 // N consecutive elements from p[base], each passed through `f` as it is read: one 16-byte vector
 // when aligned and unmasked, else element by element (masked-off lanes get `other`). Converting as
