@@ -82,6 +82,29 @@ double host_us_per_call(const std::function<void()>& fn, CUstream s = nullptr) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
 }
 
+// The kiln-autotune variant of a workload: call() runs the function compiled with .autotune, whose
+// first call times each kernel's candidates (its wall time goes in the note); result(), when given,
+// is then compared with the plain variant's `expected` before the timing.
+bool autotune = true;
+void emit_autotuned(const std::string& id, const std::function<void()>& call, const std::function<k::Tensor()>& result,
+                    const k::Tensor& expected, double tol, double bytes, const std::string& note = "") {
+  if (!autotune) return;
+  k::synchronize();
+  auto t0 = std::chrono::steady_clock::now();
+  call();
+  k::synchronize();
+  double first = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (result)
+    if (auto r = k::testing::allclose(result(), expected, tol, tol); !r) return fail(id, "autotune: " + std::string(r.str()));
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "first call (tuning) %.1f s", first);
+  double ms = time_ms(call);
+  std::string n = note.empty() ? buf : note + "; " + buf;
+  if (bytes > 0) return emit(id, ms, bytes, n, "kiln-autotune");
+  std::printf("{\"id\": \"%s\", \"impl\": \"kiln-autotune\", \"ms\": %.5f, \"note\": \"%s\"}\n", id.c_str(), ms, n.c_str());
+  std::fflush(stdout);
+}
+
 void run(const std::string& id, const std::function<void()>& body) {
   if (!selected(id)) return;
   try {
@@ -99,6 +122,7 @@ int main(int argc, char** argv) {
     if (a == "--only" && i + 1 < argc) only = argv[++i];
     if (a == "--skip" && i + 1 < argc) skip = argv[++i];
     if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
+    if (a == "--no-autotune") autotune = false;
   }
   if (!k::driver::available()) {
     fail("env", "no CUDA device");
@@ -121,6 +145,9 @@ int main(int argc, char** argv) {
     std::vector<k::Tensor> v{k::randn({n26}, k::f32, k::cuda, 2)};
     k::Tensor out = k::empty({n26}, k::f32, k::cuda);
     emit("W1", time_ms([&] { k::eval(out, f(v)); }), 8.0 * n26);
+    k::Tensor out2 = k::empty({n26}, k::f32, k::cuda);
+    auto g = k::compile([](auto x, auto o) { return k::assign(o, k::relu(x * 2.0f + 1.0f)); }, {.autotune = true});
+    emit_autotuned("W1", [&] { g(v[0], out2); }, [&] { return out2; }, out, 1e-6, 8.0 * n26);
   });
   run("W1b", [&] {
     auto f = [](auto& v) { return k::sigmoid(k::tanh(v[0] * 0.5f + 0.1f) * v[0]) * k::exp(-v[0] * v[0]); };
@@ -129,6 +156,10 @@ int main(int argc, char** argv) {
     std::vector<k::Tensor> v{k::randn({n26}, k::f32, k::cuda, 2)};
     k::Tensor out = k::empty({n26}, k::f32, k::cuda);
     emit("W1b", time_ms([&] { k::eval(out, f(v)); }), 8.0 * n26);
+    k::Tensor out2 = k::empty({n26}, k::f32, k::cuda);
+    auto g = k::compile([](auto x, auto o) { return k::assign(o, k::sigmoid(k::tanh(x * 0.5f + 0.1f) * x) * k::exp(-x * x)); },
+                        {.autotune = true});
+    emit_autotuned("W1b", [&] { g(v[0], out2); }, [&] { return out2; }, out, 1e-5, 8.0 * n26);
   });
   run("W1c", [&] {
     auto f = [](auto& v) { return k::gelu(v[0] + v[1]); };
@@ -139,6 +170,9 @@ int main(int argc, char** argv) {
     std::vector<k::Tensor> v{k::randn({16384, 4096}, k::bf16, k::cuda, 3), k::randn({4096}, k::bf16, k::cuda, 4)};
     k::Tensor out = k::empty({16384, 4096}, k::bf16, k::cuda);
     emit("W1c", time_ms([&] { k::eval(out, f(v)); }), 2.0 * 2 * 16384 * 4096);
+    k::Tensor out2 = k::empty({16384, 4096}, k::bf16, k::cuda);
+    auto g = k::compile([](auto x, auto b, auto o) { return k::assign(o, k::gelu(x + b)); }, {.autotune = true});
+    emit_autotuned("W1c", [&] { g(v[0], v[1], out2); }, [&] { return out2; }, out, 1e-2, 2.0 * 2 * 16384 * 4096);
   });
   auto softmax = [&](const std::string& id, std::int64_t rows, std::int64_t cols) {
     run(id, [&] {
@@ -152,6 +186,9 @@ int main(int argc, char** argv) {
       // torch_peer.py avoids with torch._dynamo.reset() between workloads.
       auto g = k::compile([](auto x, auto o) { return k::assign(o, k::softmax(x, -1)); });
       emit(id, time_ms([&] { g(v[0], out); }), 8.0 * rows * cols);
+      k::Tensor out2 = k::empty({rows, cols}, k::f32, k::cuda);
+      auto t = k::compile([](auto x, auto o) { return k::assign(o, k::softmax(x, -1)); }, {.autotune = true});
+      emit_autotuned(id, [&] { t(v[0], out2); }, [&] { return out2; }, out, 1e-5, 8.0 * rows * cols);
     });
   };
   softmax("W3", 16384, 4096);
@@ -164,6 +201,9 @@ int main(int argc, char** argv) {
     std::vector<k::Tensor> v{k::randn({16384, 4096}, k::f32, k::cuda, 4), small[1], small[2]};
     k::Tensor out = k::empty({16384, 4096}, k::f32, k::cuda);
     emit("W4", time_ms([&] { k::eval(out, f(v)); }), 8.0 * 16384 * 4096);
+    k::Tensor out2 = k::empty({16384, 4096}, k::f32, k::cuda);
+    auto t = k::compile([](auto x, auto w, auto b, auto o) { return k::assign(o, k::layer_norm(x, w, b)); }, {.autotune = true});
+    emit_autotuned("W4", [&] { t(v[0], v[1], v[2], out2); }, [&] { return out2; }, out, 1e-5, 8.0 * 16384 * 4096);
     // The same kernel compiled for symbolic sizes (looped rows, as W10's dynamic mode runs).
     auto g = k::compile([](auto x, auto w, auto b, auto o) { return k::assign(o, k::layer_norm(x, w, b)); },
                         {.shapes = k::shapes::dynamic});
@@ -179,24 +219,32 @@ int main(int argc, char** argv) {
     std::vector<k::Tensor> v{k::randn({16384, 4096}, k::bf16, k::cuda, 3), small[1]};
     k::Tensor out = k::empty({16384, 4096}, k::bf16, k::cuda);
     emit("W6", time_ms([&] { k::eval(out, f(v)); }), 4.0 * 16384 * 4096);
+    k::Tensor out2 = k::empty({16384, 4096}, k::bf16, k::cuda);
+    auto t = k::compile([](auto x, auto w, auto o) { return k::assign(o, k::cast(k::rms_norm(k::cast(x, k::f32), w, 1e-6), k::bf16)); },
+                        {.autotune = true});
+    emit_autotuned("W6", [&] { t(v[0], v[1], out2); }, [&] { return out2; }, out, 1e-2, 4.0 * 16384 * 4096);
   });
   run("W8", [&] {
     // One AdamW step updating p, m and v in place (k::assign), all in one kernel.
     const std::int64_t n = std::int64_t{1} << 24;
-    auto step = k::compile([](auto p, auto g, auto m, auto v) {
+    auto adamw = [](auto p, auto g, auto m, auto v) {
       float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f, bc1 = 1 - 0.9f, bc2 = 1 - 0.999f;
       auto m2 = m * b1 + g * (1 - b1);
       auto v2 = v * b2 + g * g * (1 - b2);
       auto p2 = p * (1 - lr * wd) - (m2 / bc1) / (k::sqrt(v2 / bc2) + eps) * lr;
       return std::make_tuple(k::assign(p, p2), k::assign(m, m2), k::assign(v, v2));
-    });
+    };
+    auto step = k::compile(adamw);
     auto p = k::randn({n}, k::f32, k::cuda, 1), g = k::randn({n}, k::f32, k::cuda, 2), m = k::randn({n}, k::f32, k::cuda, 3),
          v = k::rand({n}, k::f32, k::cuda, 4);
     auto r = k::explain(step, p, g, m, v);
     emit("W8", time_ms([&] { step(p, g, m, v); }), 4.0 * 7 * n, std::to_string(r.kernels.size()) + " kernel(s), in place");
+    auto tuned = k::compile(adamw, {.autotune = true});  // (tests/test_autotune.cpp checks in-place updates)
+    emit_autotuned("W8", [&] { tuned(p, g, m, v); }, nullptr, k::Tensor(), 0, 4.0 * 7 * n, "in place");
   });
   run("W2", [&] {
-    auto f = k::compile([](auto x, auto w, auto b) { return k::gelu(k::matmul(x, w) + b); });
+    auto mlp = [](auto x, auto w, auto b) { return k::gelu(k::matmul(x, w) + b); };
+    auto f = k::compile(mlp);
     auto x = k::randn({4096, 4096}, k::bf16, k::cuda, 1), b = k::randn({4096}, k::bf16, k::cuda, 3);
     k::Tensor W = k::randn({4096, 4096}, k::bf16, k::cuda, 2) * 0.02f;
     auto xs = k::slice(x, 0, 0, 64);
@@ -205,6 +253,9 @@ int main(int argc, char** argv) {
     if (!r) return fail("W2", "wrong result: " + r.str());
     double ms = time_ms([&] { f(x, W, b); });
     std::printf("{\"id\": \"W2\", \"impl\": \"kiln\", \"ms\": %.5f, \"tflops\": %.1f}\n", ms, 2.0 * 4096 * 4096 * 4096 / ms / 1e9);
+    auto t = k::compile(mlp, {.autotune = true});
+    k::Tensor expected = f(x, W, b);
+    emit_autotuned("W2", [&] { t(x, W, b); }, [&] { return t(x, W, b); }, expected, 2e-2, 0);
   });
   run("W5", [&] {
     auto ln = [](auto x, auto w, auto b) { return k::layer_norm(x, w, b); };
@@ -215,6 +266,10 @@ int main(int argc, char** argv) {
     if (!k::testing::gradcheck(ln, xs, ws, bs)) return fail("W5", "gradcheck failed");
     auto rep = k::explain(f, x, w, b, dy);
     emit("W5", time_ms([&] { f(x, w, b, dy); }), 4.0 * (3.0 * 16384 * 4096 + 4 * 4096), std::to_string(rep.kernels.size()) + " kernels");
+    auto t = k::compile(k::vjp(ln, k::wrt<0, 1, 2>), {.autotune = true});
+    k::Tensor expected = std::get<1>(f(x, w, b, dy));
+    emit_autotuned("W5", [&] { t(x, w, b, dy); }, [&] { return std::get<1>(t(x, w, b, dy)); }, expected, 1e-3,
+                   4.0 * (3.0 * 16384 * 4096 + 4 * 4096));
   });
   run("W7", [&] {
     auto ce = [](auto logits, auto t) { return k::cross_entropy(logits, t); };
@@ -223,6 +278,10 @@ int main(int argc, char** argv) {
     auto t = (k::Tensor(k::cast(k::rand({4096}, k::f32, k::cuda, 2) * 31999.0f, k::i64)));
     auto rep = k::explain(f, logits, t);
     emit("W7", time_ms([&] { f(logits, t); }), 4.0 * 2 * 4096 * 32000, std::to_string(rep.kernels.size()) + " kernels");
+    auto tuned = k::compile(k::value_and_grad(ce, k::wrt<0>), {.autotune = true});
+    k::Tensor expected = std::get<1>(f(logits, t));
+    emit_autotuned("W7", [&] { tuned(logits, t); }, [&] { return std::get<1>(tuned(logits, t)); }, expected, 1e-5,
+                   4.0 * 2 * 4096 * 32000);
   });
   run("W12", [&] {
     auto block = [](auto x, auto w1, auto b1, auto w2, auto b2, auto g, auto be) {
@@ -235,6 +294,10 @@ int main(int argc, char** argv) {
          be = k::randn({1024}, k::bf16, k::cuda, 7), dy = k::randn({8192, 1024}, k::bf16, k::cuda, 8);
     auto rep = k::explain(f, x, w1, b1, w2, b2, g, be, dy);
     emit("W12", time_ms([&] { f(x, w1, b1, w2, b2, g, be, dy); }), 0, std::to_string(rep.kernels.size()) + " kernels");
+    auto t = k::compile(k::vjp(block, k::wrt<0, 1, 2, 3, 4, 5, 6>), {.autotune = true});
+    k::Tensor expected = std::get<0>(f(x, w1, b1, w2, b2, g, be, dy));
+    emit_autotuned("W12", [&] { t(x, w1, b1, w2, b2, g, be, dy); }, [&] { return std::get<0>(t(x, w1, b1, w2, b2, g, be, dy)); },
+                   expected, 5e-2, 0);
   });
   run("W9", [&] {
     auto x = k::randn({1024}, k::f32, k::cuda, 1);

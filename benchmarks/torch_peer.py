@@ -5,7 +5,7 @@ Prints one JSON object per line on stdout (diagnostics go to stderr):
 
   {"id": "env", "torch": ..., "triton": ..., "device": ..., ...}
   {"id": "copy", "gbps": ..., "ms": ...}          1 GiB device-to-device copy_, GB/s = 2*bytes/time
-  {"id": "W1", "impl": "eager"|"torch.compile", "ms": ..., "gbps": ..., "note": ...}
+  {"id": "W1", "impl": "eager"|"torch.compile"|"torch.compile-max", "ms": ..., "gbps": ..., "note": ...}
   {"id": "W9", "impl": "eager"|"torch.compile"|"torch.compile-ro", "us": ..., "ms": us/1000}
   {"id": "W10", "impl": "eager"|"torch.compile"(static)|"torch.compile-dynamic", "ms": total, "s": total}
   {"id": "W11", "impl": "torch.compile", "ms": ...}   cold compile+first run of W1's function, empty caches
@@ -77,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--warm-cache", action="store_true",
                    help="use the default on-disk Inductor/Triton caches instead of fresh empty ones")
     p.add_argument("--skip-compile", action="store_true", help="only eager (debugging)")
+    p.add_argument("--max-autotune", action="store_true",
+                   help="also torch.compile(mode='max-autotune-no-cudagraphs') as torch.compile-max")
     p.add_argument("--list", action="store_true", help="print the workload ids and exit")
     a = p.parse_args(argv)
     if a.only:
@@ -409,33 +411,38 @@ def run_workload(wid):
 
     if ARGS.skip_compile:
         return
-    # torch.compile, default mode. Reset dynamo first so each workload is one fresh static compile
-    # (several workloads share code objects; without a reset the second shape would go dynamic).
-    try:
-        torch._dynamo.reset()
-        cf = torch.compile(f)
-        notes = []
-        # first call = compile; done on separate fresh inputs so the result can be checked against
-        # eager (W8 mutates its inputs in place)
-        chk_in = make()
-        sync()
-        t0 = time.perf_counter()
-        got = call(cf, chk_in)()
-        sync()
-        compile_s = time.perf_counter() - t0
-        notes.append(f"first call (compile) {compile_s:.1f} s")
-        del chk_in
-        ref_in = make()
-        ref = call(f, ref_in)()
-        d, ok, finite = compare(ref, got, *spec["tol"])
-        del ref_in, ref, got
-        notes.append(f"max|diff| vs eager {d:.2e}" + ("" if ok else " MISMATCH?"))
-        if not finite:
-            notes.append("NON-FINITE OUTPUT")
-        ms = bench(call(cf, inp))
-        record("torch.compile", ms, "; ".join(notes))
-    except Exception as e:  # noqa: BLE001
-        emit_error(wid, "torch.compile", e)
+    # torch.compile, default mode (and max-autotune, the mode kiln's .autotune answers). Reset
+    # dynamo first so each workload is one fresh static compile (several workloads share code
+    # objects; without a reset the second shape would go dynamic).
+    modes = [("torch.compile", "default")]
+    if ARGS.max_autotune:
+        modes.append(("torch.compile-max", "max-autotune-no-cudagraphs"))
+    for impl, mode in modes:
+        try:
+            torch._dynamo.reset()
+            cf = torch.compile(f, mode=mode)
+            notes = []
+            # first call = compile; done on separate fresh inputs so the result can be checked
+            # against eager (W8 mutates its inputs in place)
+            chk_in = make()
+            sync()
+            t0 = time.perf_counter()
+            got = call(cf, chk_in)()
+            sync()
+            compile_s = time.perf_counter() - t0
+            notes.append(f"first call (compile) {compile_s:.1f} s")
+            del chk_in
+            ref_in = make()
+            ref = call(f, ref_in)()
+            d, ok, finite = compare(ref, got, *spec["tol"])
+            del ref_in, ref, got
+            notes.append(f"max|diff| vs eager {d:.2e}" + ("" if ok else " MISMATCH?"))
+            if not finite:
+                notes.append("NON-FINITE OUTPUT")
+            ms = bench(call(cf, inp))
+            record(impl, ms, "; ".join(notes))
+        except Exception as e:  # noqa: BLE001
+            emit_error(wid, impl, e)
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ struct KernelSource {
   std::vector<Param> params;
   Sym xnumel, rnumel;          // iteration sizes, for the launch grid
   LaunchConfig config;
+  Tuning tuning;               // what an autotuning candidate set (default: the rules' choices)
   std::vector<std::string> fused_ops;
 };
 
@@ -109,8 +110,9 @@ class KernelWriter {
   using StridesOf = std::function<std::vector<Sym>(int)>;
 
   KernelWriter(const graph::Graph& g, const schedule::Schedule& s, const ir::ShapeEnv& env, int kernel, Target target,
-               StridesOf strides_of)
-      : g_(g), s_(s), env_(env), k_(kernel), plan_(s.kernels[kernel]), target_(target), strides_of_(std::move(strides_of)) {}
+               StridesOf strides_of, Tuning tune = {})
+      : g_(g), s_(s), env_(env), k_(kernel), plan_(s.kernels[kernel]), target_(target), strides_of_(std::move(strides_of)),
+        tune_(tune) {}
 
   KernelSource write();
 
@@ -189,6 +191,7 @@ class KernelWriter {
   const schedule::KernelPlan& plan_;
   Target target_;
   StridesOf strides_of_;
+  Tuning tune_;
   std::ostringstream body_;
   int indent_ = 1, tmp_ = 0;
   bool in_rloop_ = false;
@@ -204,10 +207,11 @@ class KernelWriter {
   // (one copy a block). Measured on an H200: registers for blocks of several rows (layer_norm, W4
   // 0.1381 -> 0.1343 ms against shared memory, 0.1362 reloaded: NOTES item 22), reloaded for rows
   // of their own block (rms_norm on bf16, W6 -2.3% and -2.6% in two runs, W5 equal: items 22, 30,
-  // 33). KILN_TUNE_HOIST sets one mode for every kernel, for A/B runs.
+  // 33). KILN_TUNE_HOIST sets one mode for every kernel, for A/B runs; an autotuning candidate
+  // sets it for its kernel.
   int hoist_mode() const {
     static const int knob = static_cast<int>(tuning_knob("KILN_TUNE_HOIST", -1, 0, 2));
-    return knob >= 0 ? knob : config_.rows >= 2 ? 1 : 0;
+    return tune_.hoist >= 0 ? tune_.hoist : knob >= 0 ? knob : config_.rows >= 2 ? 1 : 0;
   }
   // Whether a kernel's reductions get a shared slot each (one barrier a reduction instead of two);
   // KILN_TUNE_ROW_SLOTS=0 turns it off for A/B runs.

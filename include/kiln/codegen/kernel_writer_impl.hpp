@@ -253,10 +253,11 @@ inline KernelSource KernelWriter::write() {
   bool column = rows() && !p.empty() &&
                 std::find(plan_.rdims.begin(), plan_.rdims.end(), static_cast<std::int64_t>(p.size()) - 1) == plan_.rdims.end();
   bool transcendental = std::any_of(plan_.members.begin(), plan_.members.end(), [&](int v) { return is_transcendental(g_[v].op); });
-  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column, static_cast<int>(streams.size()))
-                     : pointwise_config(target_, xn, max_item);
+  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column, static_cast<int>(streams.size()), tune_)
+                     : pointwise_config(target_, xn, max_item, tune_);
+  ks.tuning = tune_;
   config_ = ks.config;
-  plain_loads_ = target_ == Target::cuda && transcendental;
+  plain_loads_ = target_ == Target::cuda && (tune_.loads >= 0 ? tune_.loads == 1 : transcendental);
   if (ks.kind == schedule::Kind::per && ks.config.riters == 0) {  // the row is looped, not held
     ks.kind = schedule::Kind::red;
     if (ks.name.rfind("kiln_per_", 0) == 0) ks.name.replace(5, 3, "red");

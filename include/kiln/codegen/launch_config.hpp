@@ -35,6 +35,30 @@ inline std::int64_t tuning_knob(const char* name, std::int64_t fallback, std::in
   return e ? std::clamp<std::int64_t>(std::atoll(e), lo, hi) : fallback;
 }
 
+// One kernel's choices that the rules below (and the kernel writer) make from sizes and dtypes,
+// each of which an autotuning candidate may set instead (options.autotune, runtime/autotune.hpp).
+// -1 leaves the rule's choice (or its KILN_TUNE_* knob) in place.
+struct Tuning {
+  int poi_threads = -1;  // pointwise: threads a block
+  int poi_vectors = -1;  // pointwise: 16-byte vectors a thread
+  int row_elems = -1;    // rows: elements of a row a thread
+  int row_block = -1;    // rows: threads of a block that short rows share
+  int row_unroll = -1;   // looped rows: steps unrolled together
+  int hoist = -1;        // row-invariant loads: 0 reloaded each row, 1 registers, 2 shared memory
+  int loads = -1;        // 16-byte loads: 0 through the read-only path, 1 plain (kiln::via)
+  int waves = -1;        // row kernels: grid of this many times the resident blocks (a launch choice)
+
+  std::string str() const {
+    std::string s;
+    auto add = [&](const char* name, int v) {
+      if (v >= 0) s += (s.empty() ? "" : " ") + std::string(name) + "=" + std::to_string(v);
+    };
+    add("threads", poi_threads), add("vectors", poi_vectors), add("row_elems", row_elems), add("row_block", row_block);
+    add("unroll", row_unroll), add("hoist", hoist), add("loads", loads), add("waves", waves);
+    return s.empty() ? "default" : s;
+  }
+};
+
 inline std::int64_t next_pow2(std::int64_t v) {
   std::int64_t p = 1;
   while (p < v) p <<= 1;
@@ -42,7 +66,7 @@ inline std::int64_t next_pow2(std::int64_t v) {
 }
 
 // item: the narrowest element (bytes) the kernel loads or stores; each thread moves 16 bytes of it.
-inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item) {
+inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item, const Tuning& tune = {}) {
   LaunchConfig c;
   if (t == Target::cpu) {
     c.xvec = 16;
@@ -57,9 +81,9 @@ inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item
   static const int threads = static_cast<int>(tuning_knob("KILN_TUNE_POI_THREADS", 128, 32, 1024));
   static const int big_unroll = static_cast<int>(tuning_knob("KILN_TUNE_POI_UNROLL", 0, 0, 16));
   c.xvec = std::max(1, 16 / std::max(1, max_item));
-  c.threads = threads;
+  c.threads = tune.poi_threads > 0 ? tune.poi_threads : threads;
   int heavy = big_unroll ? big_unroll : max_item < 4 ? 4 : 2;
-  int unroll = xnumel >= (std::int64_t{1} << 22) ? heavy : 1;
+  int unroll = tune.poi_vectors > 0 ? tune.poi_vectors : xnumel >= (std::int64_t{1} << 22) ? heavy : 1;
   c.xblock = std::int64_t{c.threads} * c.xvec * unroll;
   return c;
 }
@@ -68,7 +92,7 @@ inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item
 // column: the innermost dim is kept (a reduction over outer dims, e.g. a bias gradient).
 // streams: how many full-size inputs the kernel reads along its rows.
 inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnumel, int max_item, bool static_rnumel,
-                               bool column, int streams = 1) {
+                               bool column, int streams = 1, const Tuning& tune = {}) {
   LaunchConfig c;
   auto iters = [&] { return (rnumel + std::int64_t{c.row_threads} * c.rvec - 1) / (std::int64_t{c.row_threads} * c.rvec); };
   if (t == Target::cpu) {
@@ -82,7 +106,7 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
     c.rows = 256;
     c.threads = 256;
     if (static_rnumel && rnumel <= 16) c.riters = static_cast<int>(std::max<std::int64_t>(rnumel, 1));
-    c.runroll = 4;  // one strided element a step: 4 loads in flight
+    c.runroll = tune.row_unroll > 0 ? tune.row_unroll : 4;  // one strided element a step: 4 loads in flight
     return c;
   }
   c.rvec = std::max(1, 16 / std::max(1, max_item));
@@ -98,21 +122,22 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   // Measured on an H200: 32 elements a thread for f32 rows, 16 for 16-bit rows (W6 0.146 -> 0.086 ms)
   // and for rows that stream two or more full-size inputs, whose register caches would otherwise
   // cost occupancy (layer_norm backward, x and dy: 128 -> ~64 registers, W5 0.427 -> 0.393 ms).
-  std::int64_t per_thread = elems ? elems : (max_item <= 2 || streams >= 2 ? 16 : 32);
+  std::int64_t per_thread = tune.row_elems > 0 ? tune.row_elems : elems ? elems : (max_item <= 2 || streams >= 2 ? 16 : 32);
   std::int64_t per_row = next_pow2((rnumel + per_thread - 1) / per_thread);
   c.row_threads = static_cast<int>(std::clamp<std::int64_t>(per_row, 32, max_threads));
   // Rows shorter than a block share one (in lockstep: the same barriers). KILN_TUNE_ROW_BLOCK sets
   // the block's threads (256) for A/B runs; a block a row of 128 threads (four independent blocks an
   // SM for layer_norm, as Triton has) measured W4 +3%, W3 equal (benchmarks/NOTES.md item 32).
   static const std::int64_t block = tuning_knob("KILN_TUNE_ROW_BLOCK", 256, 32, 1024);
-  c.rows = c.row_threads >= block ? 1 : static_cast<int>(block / c.row_threads);
+  const std::int64_t shared_block = tune.row_block > 0 ? tune.row_block : block;
+  c.rows = c.row_threads >= shared_block ? 1 : static_cast<int>(shared_block / c.row_threads);
   c.threads = c.row_threads * c.rows;
   if (static_rnumel && iters() <= max_iters) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
   // Looped rows unroll their vector steps by 2: 4 raised the NVRTC time of a dynamic layer_norm 1.5x
   // (214 -> 320 ms), 1 made its kernel 14% slower (W4 dynamic 0.188 -> 0.214 ms, NOTES item 27).
   // KILN_TUNE_ROW_UNROLL sets it for experiments.
   static const int row_unroll = static_cast<int>(tuning_knob("KILN_TUNE_ROW_UNROLL", 2, 1, 8));
-  c.runroll = row_unroll;
+  c.runroll = tune.row_unroll > 0 ? tune.row_unroll : row_unroll;
   (void)xnumel;
   return c;
 }

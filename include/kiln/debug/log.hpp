@@ -13,10 +13,10 @@
 
 namespace kiln::debug {
 
-enum class Channel : std::uint8_t { graph, decomp, autodiff, fusion, output_code, guards, recompiles, cache };
+enum class Channel : std::uint8_t { graph, decomp, autodiff, fusion, output_code, guards, recompiles, cache, autotune };
 
-inline constexpr std::array<std::string_view, 8> channel_names = {
-    "graph", "decomp", "autodiff", "fusion", "output_code", "guards", "recompiles", "cache"};
+inline constexpr std::array<std::string_view, 9> channel_names = {
+    "graph", "decomp", "autodiff", "fusion", "output_code", "guards", "recompiles", "cache", "autotune"};
 
 constexpr std::string_view channel_name(Channel c) { return channel_names[std::size_t(c)]; }
 
@@ -66,7 +66,7 @@ inline std::uint32_t parse_channels(std::string_view spec) {
     if (bit == 0)
       std::fprintf(stderr,
                    "[kiln] KILN_LOGS: unknown channel '%.*s' (known: all, graph, decomp, "
-                   "autodiff, fusion, output_code, guards, recompiles, cache)\n",
+                   "autodiff, fusion, output_code, guards, recompiles, cache, autotune)\n",
                    int(item.size()), item.data());
     mask |= bit;
   }

@@ -11,6 +11,7 @@
 #include "../rewrite/decompose.hpp"
 #include "../rewrite/simplify.hpp"
 #include "../schedule/split.hpp"
+#include "autotune.hpp"
 #include "program.hpp"
 
 namespace kiln::runtime {
@@ -118,8 +119,9 @@ inline void check_assign_order(const graph::Graph& g, const Program& p) {
 
 // Primitive graph -> kernel sources and buffer plan for one target, without compiling them
 // (nothing here needs a driver: k::export_kernels plans CUDA programs on machines without a GPU).
+// autotune (CUDA only): every candidate of every kernel is written too (runtime/autotune.hpp).
 template <class ArgAt>
-std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg) {
+std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg, bool autotune = false) {
   auto p = std::make_shared<Program>();
   p->device = device;
   p->sched = schedule::fuse(g);                      // group anchors into kernels
@@ -155,6 +157,10 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
     }
     p->kernels.push_back(std::move(ck));
   }
+  if (autotune && target == codegen::Target::cuda)
+    plan_candidates(*p, g, [&](int k, const codegen::Tuning& t) {
+      return codegen::KernelWriter(g, p->sched, env, k, target, strides_of, t).write();
+    });
   for (int i = 0; i < g.size(); ++i)
     if (p->sched.realized[i] && g[i].op != Op::arg) p->buffers.push_back(i);
   for (int o : g.outputs) p->arg_of_output.push_back(g[o].op == Op::arg ? g[o].slot : -1);
@@ -164,12 +170,15 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   return p;
 }
 
-// Primitive graph -> compiled program for one device and shape environment.
+// Primitive graph -> compiled program for one device and shape environment. With autotune, the
+// candidates are compiled too, unless a stored choice names the winners (then only they are).
 template <class ArgAt>
-std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg) {
-  auto p = plan_program(std::move(g), std::move(env), device, arg);
+std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg, bool autotune = false) {
+  auto p = plan_program(std::move(g), std::move(env), device, arg, autotune);
   std::string name = p->kernels.empty() ? "kiln_program" : p->kernels.front().src.name;
+  bool tune = p->autotune && !apply_stored_choice(*p);
   compile_program(*p, name);                         // NVRTC or the host compiler, cached
+  if (tune) compile_candidates(*p, name);            // timed at the first call (tune_program)
   if (debug::log_enabled(debug::Channel::output_code)) debug::log(debug::Channel::output_code, p->source);
   return p;
 }

@@ -26,6 +26,7 @@
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
+#include "kiln/debug/log.hpp"
 #include "kiln/runtime/cpu_matmul.hpp"
 #include "kiln/runtime/cuda_module.hpp"
 #include "kiln/runtime/nvrtc.hpp"
@@ -428,8 +429,10 @@ inline GemmPlan plan_gemm(MatmulGeometry g, bool a_ok, bool b_ok, bool out_ok) {
 // f32 (TF32 only when KILN_ALLOW_TF32=1), f16/bf16 in f32, f64 in f64. bias is a vector of N
 // (shape [N], or [1, ..., N]) on the same device, required by the *_bias epilogues. Never
 // synchronises; temporaries are freed stream-ordered on stream. out must not overlap a, b or bias.
+// autotune: the first call of a problem times cuBLASLt's best few algorithms on these operands
+// (synchronising) and keeps the fastest, instead of taking the heuristic's first answer.
 inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const Tensor* bias_in, Epilogue e,
-                                 const Tensor& out, CUstream stream) {
+                                 const Tensor& out, CUstream stream, bool autotune = false) {
   using namespace cuda_mm_detail;
   MatmulGeometry g = matmul_geometry(a_in, b_in, out, "matmul");
   const Device dev = out.device();
@@ -540,7 +543,7 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
       p.lda,                            p.ldb,                         p.ldd,
       p.batch,                          p.stride_a,                    p.stride_b,
       p.stride_d,                       align_a,                       align_b,
-      align_d,                          align_bias};
+      align_d,                          align_bias,                    autotune};
   cublasLtMatmulAlgo_t algo{};
   bool cached = false;
   {
@@ -557,18 +560,43 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
-    cublasLtMatmulHeuristicResult_t result{};
+    // Tuning times the heuristic's first answers on the real operands (not while a graph is captured).
+    const bool timed = autotune && !(stream && driver::is_capturing(stream));
+    constexpr int max_tried = 8;
+    cublasLtMatmulHeuristicResult_t results[max_tried] = {};
     int found = 0;
-    cublaslt::check(lt.algo_get_heuristic(h, desc.h, layout_a.h, layout_b.h, layout_d.h, layout_d.h, pref.h, 1,
-                                          &result, &found),
+    cublaslt::check(lt.algo_get_heuristic(h, desc.h, layout_a.h, layout_b.h, layout_d.h, layout_d.h, pref.h,
+                                          timed ? max_tried : 1, results, &found),
                     "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0)
       throw cuda_error("matmul: cublasLtMatmulAlgoGetHeuristic found no algorithm for " +
                        mm_detail::shapes_of(a_in, b_in) + " into " + std::string(name(out.dtype())));
-    algo = result.algo;
-    std::lock_guard lock(st.mutex);
-    if (st.algos.size() >= max_cached_algos) st.algos.clear();
-    st.algos.emplace(key, algo);
+    algo = results[0].algo;
+    const float one = 1.0f, zero = 0.0f;
+    const double one64 = 1.0, zero64 = 0.0;
+    const void* al = ab == dtype::f64 ? static_cast<const void*>(&one64) : static_cast<const void*>(&one);
+    const void* be = ab == dtype::f64 ? static_cast<const void*>(&zero64) : static_cast<const void*>(&zero);
+    double best = 0;
+    for (int i = 0; timed && found > 1 && i < found; ++i) {
+      if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      bool failed = false;
+      double ms = time_calls_ms([&] {
+        failed = failed || lt.matmul(h, desc.h, al, b.data_ptr(), layout_a.h, a.data_ptr(), layout_b.h, be, d.data_ptr(),
+                                     layout_d.h, d.data_ptr(), layout_d.h, &results[i].algo, ws, workspace_bytes,
+                                     stream) != CUBLAS_STATUS_SUCCESS;
+      }, stream);
+      if (failed || (best > 0 && ms >= best)) continue;
+      best = ms;
+      algo = results[i].algo;
+    }
+    if (debug::log_enabled(debug::Channel::autotune) && timed)
+      debug::log(debug::Channel::autotune, "matmul " + mm_detail::shapes_of(a_in, b_in) + ": " +
+                                             std::to_string(found) + " algorithms timed, fastest " + std::to_string(best) + " ms");
+    if (timed || !autotune) {  // an untimed pick under autotune (during a capture) is not kept
+      std::lock_guard lock(st.mutex);
+      if (st.algos.size() >= max_cached_algos) st.algos.clear();
+      st.algos.emplace(key, algo);
+    }
   }
 
   const double alpha64 = 1.0, beta64 = 0.0;
@@ -582,8 +610,8 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
 }
 
 // out = a @ b on CUDA, queued on stream (see cuda_matmul_epilogue).
-inline void cuda_matmul(const Tensor& a, const Tensor& b, const Tensor& out, CUstream stream) {
-  cuda_matmul_epilogue(a, b, nullptr, Epilogue::none, out, stream);
+inline void cuda_matmul(const Tensor& a, const Tensor& b, const Tensor& out, CUstream stream, bool autotune = false) {
+  cuda_matmul_epilogue(a, b, nullptr, Epilogue::none, out, stream, autotune);
 }
 
 }  // namespace kiln::runtime

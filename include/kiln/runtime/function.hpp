@@ -46,6 +46,8 @@ struct Entry {
   LoweringStats stats;
   std::shared_ptr<GraphReplay> graphs;  // .cuda_graphs on a CUDA device; after program: destroyed first
   std::shared_ptr<CapturePins> pins;    // CUDA: intermediates of runs recorded in a caller's capture
+  bool tune = false;                    // options.autotune: the first call times the candidates
+  mutable std::once_flag tuned;
 };
 
 // The scratch shapes of a dynamic call: the program's graph re-inferred for this call's inputs.
@@ -196,7 +198,8 @@ class ProgramCache {
       debug::log(debug::Channel::guards, "guards:\n" + s);
     }
     remember_shapes(g);
-    e->program = build_program(std::move(g), std::move(env), device, arg);
+    e->program = build_program(std::move(g), std::move(env), device, arg, opt_.autotune);
+    e->tune = !e->program->candidates.empty();
     // Custom ops are host code: a replay would not run them again, so their programs launch plainly.
     bool custom = false;
     for (auto& k : e->program->kernels) custom = custom || (k.extern_node >= 0 && is_custom(e->program->graph[k.extern_node].op));
@@ -251,6 +254,7 @@ inline void run_entry(const Entry& e, const Tensor* const* args, const double* s
   const Program& p = *e.program;
   const std::vector<graph::Node>& nodes = shapes.nodes.empty() ? p.graph.nodes : shapes.nodes;
   auto shape_of = [&](int n) -> const Dims& { return nodes[n].shape; };
+  if (e.tune) std::call_once(e.tuned, [&] { tune_program(*e.program, args, scalars, shape_of, stream); });
   bool captured = e.pins && stream && driver::is_capturing(stream);
   if (captured) {  // recorded into the caller's graph: its intermediates must outlive this call
     std::vector<Tensor> keep;

@@ -29,6 +29,18 @@ struct CompiledKernel {
   void (*cpu)(void**, std::int64_t) = nullptr;  // CPU entry: (args, number of programs)
   CUfunction cuda = nullptr;
   std::int64_t grid_limit = 0;  // CUDA row kernels: most blocks a launch (they loop over rows)
+  int variant = 0;              // autotuning: which of the kernel's candidate sources this is
+};
+
+// The argument slots of one kernel launch, bound for a given kernel source's parameters.
+using BindParams = void** (*)(const void* run_state, const codegen::KernelSource& src);
+
+// Handed each generated CUDA kernel of a run instead of launching it (runtime/autotune.hpp times
+// a kernel's candidates there). `bind(state, src)` gives the argument slots for a source's
+// parameters; `sizes` the symbol values of this call.
+struct KernelProbe {
+  virtual ~KernelProbe() = default;
+  virtual void launch(std::size_t kernel, BindParams bind, const void* state, Bindings sizes, CUstream stream) = 0;
 };
 
 // The shape of node n during this call, as a non-owning reference to any callable: Program::run
@@ -56,13 +68,21 @@ struct Program {
   std::shared_ptr<Module> module;              // CUDA
   std::vector<int> buffers;                    // realized non-arg nodes, in kernel order
   std::vector<int> arg_of_output;              // per output: arg slot when the output is an argument
+  // options.autotune (runtime/autotune.hpp): each generated kernel's candidates, the rules' choice
+  // first, until the first call times them and the winners replace `kernels`; GEMMs then pick
+  // among cuBLASLt's algorithms by timing them too.
+  bool autotune = false;
+  std::vector<std::vector<CompiledKernel>> candidates;
+  std::vector<std::shared_ptr<Module>> candidate_modules;  // the winners' code lives here
+  std::string tuning_key;                                  // the disk cache's name for the choice
 
   // Runs the program. args are indexed by arg slot; outputs are filled (pre-set entries are used
   // as destinations: eval(out, expr)). shape_of(node) gives the node's concrete shape this call.
   // `keep`, when given, holds the intermediates across calls (a CUDA graph replays into the same
   // addresses): missing ones are allocated into it and none are released.
+  // `probe`, when given, is handed each generated CUDA kernel instead of launching it (autotuning).
   void run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of, CUstream stream,
-           std::vector<Tensor>* keep = nullptr) const;
+           std::vector<Tensor>* keep = nullptr, struct KernelProbe* probe = nullptr) const;
 
   // Fills the outputs a run writes: arguments written in place, then the caller's preset tensors,
   // then fresh tensors ordered on `stream`.
@@ -78,6 +98,14 @@ struct Program {
     }
   }
 };
+
+// Queues a generated CUDA kernel's `nprog` programs; row programs loop over rows, so the grid
+// stops at the kernel's grid_limit (row_grid_limit).
+inline void launch_compiled(const CompiledKernel& k, std::int64_t nprog, void** slots, CUstream stream) {
+  if (k.grid_limit > 0) nprog = std::min<std::int64_t>(nprog, k.grid_limit);
+  launch(k.cuda, {static_cast<unsigned>(nprog), 1, 1}, {static_cast<unsigned>(k.src.config.threads), 1, 1}, 0, stream, slots,
+         k.src.name.c_str());
+}
 
 namespace detail {
 
@@ -139,9 +167,24 @@ inline std::int64_t row_grid_limit(int sms, int threads) {
 inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k, int device) {
   static const int knob = static_cast<int>(codegen::tuning_knob("KILN_TUNE_ROW_WAVES", -1, 0, 1024));
   bool several_rows = k.kind == schedule::Kind::per && k.config.rows >= 2 && k.config.row_threads > 1;  // not columns
-  int waves = knob >= 0 ? knob : several_rows ? 64 : 16;
+  int waves = k.tuning.waves >= 0 ? k.tuning.waves : knob >= 0 ? knob : several_rows ? 64 : 16;
   if (waves == 0) return row_grid_limit(driver::sm_count(device), k.config.threads);
   return std::int64_t{driver::sm_count(device)} * std::max(1, driver::resident_blocks(f, k.config.threads)) * waves;
+}
+
+// A CUDA translation unit's CUBIN for arch, from the disk cache or compiled by NVRTC (and stored).
+// Safe to call from several threads at once (autotuning compiles its candidates in parallel).
+inline std::vector<char> cached_cubin(const std::string& tu, const std::string& name, const std::string& arch) {
+  Hasher h;
+  h.update(tu).update(nvrtc_options_string(arch)).update(nvrtc_version());
+  std::string key = hex(h.digest());
+  if (std::getenv("KILN_DEBUG_DIR")) dump_source(tu, name);  // KILN_DEBUG_DIR: every generated source
+  auto cached = default_disk_cache().load(key, "cubin");
+  std::vector<char> cubin = cached ? std::move(*cached) : compile_cubin(tu, name, arch);
+  if (!cached) default_disk_cache().store(key, "cubin", cubin);
+  if (debug::log_enabled(debug::Channel::cache))
+    debug::log(debug::Channel::cache, std::string(cached ? "hit " : "miss ") + name + " cubin " + key);
+  return cubin;
 }
 
 // Compiles the generated sources of a program for its device: one translation unit per program.
@@ -159,17 +202,7 @@ inline void compile_program(Program& p, const std::string& name) {
   }
   driver::make_current(p.device.index);
   std::string arch = driver::arch(p.device.index);
-  std::string tu = cuda_translation_unit(p, body);
-  Hasher h;
-  h.update(tu).update(nvrtc_options_string(arch)).update(nvrtc_version());
-  std::string key = hex(h.digest());
-  if (std::getenv("KILN_DEBUG_DIR")) dump_source(tu, name);  // KILN_DEBUG_DIR: every generated source
-  auto cached = default_disk_cache().load(key, "cubin");
-  std::vector<char> cubin = cached ? std::move(*cached) : compile_cubin(tu, name, arch);
-  if (!cached) default_disk_cache().store(key, "cubin", cubin);
-  if (debug::log_enabled(debug::Channel::cache))
-    debug::log(debug::Channel::cache, std::string(cached ? "hit " : "miss ") + name + " cubin " + key);
-  p.module = std::make_shared<Module>(cubin, p.device.index);
+  p.module = std::make_shared<Module>(cached_cubin(cuda_translation_unit(p, body), name, arch), p.device.index);
   for (auto& k : p.kernels)
     if (k.extern_node < 0) {
       k.cuda = p.module->function(k.src.name.c_str());
@@ -178,7 +211,7 @@ inline void compile_program(Program& p, const std::string& name) {
 }
 
 inline void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of,
-                  CUstream stream, std::vector<Tensor>* keep) const {
+                  CUstream stream, std::vector<Tensor>* keep, KernelProbe* probe) const {
   // Per-call scratch: symbol values and kernel argument slots (grown once, then reused), one per
   // nesting level (a custom op may run kiln itself).
   auto& sizes = level_local<std::vector<std::int64_t>>();
@@ -220,6 +253,36 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     return t.as_strided(shape, strides, t.offset());
   };
 
+  // The argument slots of a kernel source's parameters (a plain function: a probe binds its
+  // candidates' parameters with it too).
+  struct BindState {
+    const graph::Graph* graph;
+    const Tensor* const* args;
+    const std::vector<Tensor>* temps;
+    const double* scalars;
+    std::vector<std::int64_t>* sizes;
+    std::vector<void*>*ptrs, *slots;
+    std::vector<double>* scal;
+  } state{&graph, args, &temps, scalars, &sizes, &ptrs, &slots, &scal};
+  BindParams bind_params = [](const void* st, const codegen::KernelSource& src) -> void** {
+    const auto& s = *static_cast<const BindState*>(st);
+    std::size_t np = src.params.size();
+    if (s.ptrs->size() < np) s.ptrs->resize(np), s.slots->resize(np), s.scal->resize(np);
+    for (std::size_t i = 0; i < np; ++i) {
+      const auto& p = src.params[i];
+      const graph::Node& n = (*s.graph)[p.ref];
+      switch (p.kind) {
+        case codegen::Param::in_ptr:
+        case codegen::Param::out_ptr:
+          (*s.ptrs)[i] = (n.op == Op::arg ? *s.args[n.slot] : (*s.temps)[p.ref]).data_ptr();
+          (*s.slots)[i] = &(*s.ptrs)[i];
+          break;
+        case codegen::Param::scalar: (*s.scal)[i] = s.scalars[p.ref]; (*s.slots)[i] = &(*s.scal)[i]; break;
+        case codegen::Param::size: (*s.slots)[i] = &(*s.sizes)[p.ref]; break;
+      }
+    }
+    return s.slots->data();
+  };
   if (device.is_cuda()) driver::make_current(device.index);
   for (const auto& k : kernels) {
     if (k.extern_node >= 0) {
@@ -230,30 +293,20 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
       }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);
       if (device.is_cpu()) cpu_matmul(a, b, temps[k.extern_node]);
-      else cuda_matmul(a, b, temps[k.extern_node], stream);
+      else cuda_matmul(a, b, temps[k.extern_node], stream, autotune);
       continue;
     }
     std::int64_t nprog = detail::num_programs(k, bind);
     if (nprog == 0) continue;
-    std::size_t np = k.src.params.size();
-    if (ptrs.size() < np) ptrs.resize(np), slots.resize(np), scal.resize(np);
-    for (std::size_t i = 0; i < k.src.params.size(); ++i) {
-      const auto& p = k.src.params[i];
-      switch (p.kind) {
-        case codegen::Param::in_ptr:
-        case codegen::Param::out_ptr: ptrs[i] = buffer(p.ref).data_ptr(); slots[i] = &ptrs[i]; break;
-        case codegen::Param::scalar: scal[i] = scalars[p.ref]; slots[i] = &scal[i]; break;
-        case codegen::Param::size: slots[i] = &sizes[p.ref]; break;
-      }
+    if (probe && device.is_cuda()) {
+      probe->launch(static_cast<std::size_t>(&k - kernels.data()), bind_params, &state, bind, stream);
+      continue;
     }
+    bind_params(&state, k.src);
     if (device.is_cpu()) {
       k.cpu(slots.data(), nprog);
     } else {
-      // Row programs loop over rows: the grid stops at the kernel's grid_limit (row_grid_limit).
-      if (k.grid_limit > 0) nprog = std::min<std::int64_t>(nprog, k.grid_limit);
-      unsigned grid = static_cast<unsigned>(nprog);
-      launch(k.cuda, {grid, 1, 1}, {static_cast<unsigned>(k.src.config.threads), 1, 1}, 0, stream, slots.data(),
-             k.src.name.c_str());
+      launch_compiled(k, nprog, slots.data(), stream);
     }
   }
 }

@@ -1,0 +1,228 @@
+// options.autotune (the max-autotune mode): each generated CUDA kernel is written under a short
+// list of candidate tunings (runtime choices the rules otherwise make from sizes and dtypes: block
+// shapes, where row-invariant loads live, how loads reach memory, the row grid); the candidates are
+// compiled in parallel, one translation unit per candidate index; the first call times every
+// candidate of every kernel on its real arguments and keeps the fastest. GEMMs time cuBLASLt's
+// best few algorithms the same way (runtime/cuda_matmul.hpp). The choice is kept in the disk
+// cache, so a later process compiles only the winners and times nothing. CPU programs are not
+// tuned: they run the rules' choices.
+#pragma once
+#include <limits>
+#include <sstream>
+#include <thread>
+
+#include "program.hpp"
+
+namespace kiln::runtime {
+
+// The candidates written for a kernel of this kind, the rules' own choice first. Those giving the
+// same source as an earlier one are dropped when written (plan_candidates).
+inline std::vector<codegen::Tuning> tuning_candidates(schedule::Kind kind, bool column) {
+  using T = codegen::Tuning;
+  if (kind == schedule::Kind::poi)
+    return {T{}, T{.poi_vectors = 1}, T{.poi_vectors = 2}, T{.poi_vectors = 4}, T{.poi_threads = 256, .poi_vectors = 1},
+            T{.poi_threads = 256, .poi_vectors = 2}, T{.poi_threads = 512, .poi_vectors = 1}, T{.loads = 0}, T{.loads = 1},
+            T{.poi_vectors = 4, .loads = 1}};
+  if (column) return {T{}, T{.row_unroll = 2}, T{.row_unroll = 8}};
+  return {T{},           T{.row_elems = 8},  T{.row_elems = 16}, T{.row_elems = 32}, T{.row_elems = 64},
+          T{.row_block = 128}, T{.row_block = 512}, T{.hoist = 0}, T{.hoist = 1}, T{.loads = 0}, T{.loads = 1},
+          T{.row_unroll = 1}, T{.row_unroll = 4}};
+}
+
+// Row grids tried for each compiled row candidate besides the rules' own (a launch choice: no
+// recompile), as multiples of the blocks the device holds at once.
+inline constexpr int tuning_waves[] = {16, 64};
+
+// Writes every candidate of every generated kernel of a planned CUDA program (cheap: no compile).
+// `write(k, tuning)` writes kernel k under a tuning; p.kernels hold the rules' choices already.
+template <class Write>
+void plan_candidates(Program& p, const graph::Graph& g, Write&& write) {
+  p.autotune = true;
+  p.candidates.assign(p.kernels.size(), {});
+  for (std::size_t k = 0; k < p.kernels.size(); ++k) {
+    if (p.kernels[k].extern_node >= 0) continue;
+    const auto& plan = p.sched.kernels[k];
+    const auto& domain = g[plan.domain].shape;
+    bool column = plan.kind != schedule::Kind::poi && domain.size() > 0 &&
+                  std::find(plan.rdims.begin(), plan.rdims.end(), static_cast<std::int64_t>(domain.size()) - 1) == plan.rdims.end();
+    auto& list = p.candidates[k];
+    list.push_back(p.kernels[k]);
+    for (const auto& t : tuning_candidates(plan.kind, column)) {
+      CompiledKernel c;
+      c.src = write(static_cast<int>(k), t);
+      c.variant = static_cast<int>(list.size());
+      bool seen = false;
+      for (const auto& d : list) seen = seen || d.src.source == c.src.source;
+      if (!seen) list.push_back(std::move(c));
+    }
+  }
+}
+
+namespace tune_detail {
+
+inline bool has_candidates(const Program& p) {
+  for (const auto& c : p.candidates)
+    if (c.size() > 1) return true;
+  return false;
+}
+
+// The disk cache's name for a program's choice: every candidate's source and the device.
+inline std::string choice_key(const Program& p) {
+  Hasher h;
+  h.update("kiln autotune 1").update(driver::device_name(p.device.index)).update(driver::arch(p.device.index));
+  for (const auto& list : p.candidates)
+    for (const auto& c : list) h.update(c.src.source).update(c.src.tuning.str());
+  return hex(h.digest());
+}
+
+}  // namespace tune_detail
+
+// A choice stored by an earlier process for these candidates on this device: applied (the
+// winners' sources replace the kernels before compile_program) and the candidates dropped.
+inline bool apply_stored_choice(Program& p) {
+  if (!tune_detail::has_candidates(p)) {
+    p.candidates.clear();
+    return true;
+  }
+  p.tuning_key = tune_detail::choice_key(p);
+  auto stored = default_disk_cache().load(p.tuning_key, "tune");
+  if (!stored) return false;
+  std::istringstream in(std::string(stored->begin(), stored->end()));
+  std::vector<std::pair<int, int>> picks(p.kernels.size(), {0, -1});
+  for (std::size_t k, variant; in >> k >> variant;) {
+    int waves = -1;
+    in >> waves;
+    if (k >= p.candidates.size() || variant >= p.candidates[k].size()) return false;
+    picks[k] = {static_cast<int>(variant), waves};
+  }
+  for (std::size_t k = 0; k < p.candidates.size(); ++k) {
+    if (p.candidates[k].empty()) continue;
+    CompiledKernel w = p.candidates[k][static_cast<std::size_t>(picks[k].first)];
+    w.src.tuning.waves = picks[k].second;
+    p.kernels[k] = std::move(w);
+  }
+  p.candidates.clear();
+  debug::log_lazy(debug::Channel::autotune, [&] { return "using the stored choice " + p.tuning_key; });
+  return true;
+}
+
+// Compiles the candidates (p.kernels, the rules' choices, are compiled already): translation unit
+// i holds every kernel's candidate i, compiled on its own thread; then each row candidate gets one
+// entry more for each grid of tuning_waves that differs from its own.
+inline void compile_candidates(Program& p, const std::string& name) {
+  std::size_t units = 0;
+  for (const auto& list : p.candidates) units = std::max(units, list.size());
+  const std::string arch = driver::arch(p.device.index);
+  std::vector<std::vector<char>> cubins(units);
+  std::vector<std::exception_ptr> failures(units);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 1; i < units; ++i) {
+    Program unit;  // only its kernels: what the translation unit is made of
+    for (const auto& list : p.candidates)
+      if (i < list.size()) unit.kernels.push_back(list[i]);
+    threads.emplace_back([&cubins, &failures, &arch, name, i, tu = cuda_translation_unit(unit, program_body(unit))] {
+      try {
+        cubins[i] = cached_cubin(tu, name + "_tune" + std::to_string(i), arch);
+      } catch (...) {
+        failures[i] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& f : failures)
+    if (f) std::rethrow_exception(f);
+  for (std::size_t i = 1; i < units; ++i) p.candidate_modules.push_back(std::make_shared<Module>(cubins[i], p.device.index));
+  for (std::size_t k = 0; k < p.candidates.size(); ++k) {
+    auto& list = p.candidates[k];
+    if (list.empty()) continue;
+    list[0].cuda = p.kernels[k].cuda;
+    for (std::size_t i = 1; i < list.size(); ++i) list[i].cuda = p.candidate_modules[i - 1]->function(list[i].src.name.c_str());
+    if (list[0].src.kind == schedule::Kind::poi) continue;
+    std::vector<CompiledKernel> gridded;
+    for (auto& c : list) {
+      c.grid_limit = row_grid_limit(c.cuda, c.src, p.device.index);
+      gridded.push_back(c);
+      for (int waves : tuning_waves) {
+        CompiledKernel g = c;
+        g.src.tuning.waves = waves;
+        g.grid_limit = row_grid_limit(c.cuda, g.src, p.device.index);
+        if (g.grid_limit != c.grid_limit) gridded.push_back(std::move(g));
+      }
+    }
+    list = std::move(gridded);
+  }
+}
+
+// The probe of a tuning run: times each candidate of each kernel where the run would launch it.
+class Tuner final : public KernelProbe {
+ public:
+  explicit Tuner(const Program& p) : p_(p), best_(p.candidates.size(), 0), times_(p.candidates.size()) {}
+
+  void launch(std::size_t k, BindParams bind, const void* state, Bindings sizes, CUstream stream) override {
+    const auto& list = p_.candidates[k];
+    if (list.size() == 1) {  // nothing to choose: launched as the run would
+      launch_compiled(list[0], detail::num_programs(list[0], sizes), bind(state, list[0].src), stream);
+      return;
+    }
+    double best = std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const CompiledKernel& c = list[i];
+      void** slots = bind(state, c.src);
+      std::int64_t nprog = detail::num_programs(c, sizes);
+      double ms = time_calls_ms([&] { launch_compiled(c, nprog, slots, stream); }, stream);
+      times_[k].push_back(ms);
+      if (ms < best) best = ms, best_[k] = i;
+    }
+    // The rules' choice stands unless another candidate beats it by 1% (timing noise).
+    if (best > 0.99 * times_[k][0]) best_[k] = 0;
+  }
+
+  std::size_t best(std::size_t k) const { return best_[k]; }
+  const std::vector<double>& times(std::size_t k) const { return times_[k]; }
+
+ private:
+  const Program& p_;
+  std::vector<std::size_t> best_;
+  std::vector<std::vector<double>> times_;
+};
+
+// The first call of an autotuned program: runs it once with the probe (on copies of the arguments
+// it updates in place, restored afterwards), keeps each kernel's fastest candidate and stores the
+// choice on disk. Synchronises the stream (it times on it). The call's own run follows.
+inline void tune_program(Program& p, const Tensor* const* args, const double* scalars, ShapeFn shape_of, CUstream stream) {
+  if (p.candidates.empty()) return;
+  std::vector<std::pair<Tensor, Tensor>> saved;  // (argument, copy): k::assign targets
+  for (std::size_t o = 0; o < p.graph.outputs.size(); ++o) {
+    int slot = o < p.graph.output_into.size() ? p.graph.output_into[o] : -1;
+    if (slot < 0) continue;
+    const Tensor& a = *args[slot];
+    Tensor copy = Tensor::empty(a.shape(), a.dtype(), a.device(), stream);
+    driver::copy_async(copy.data_ptr(), a.data_ptr(), a.nbytes(), stream);
+    saved.emplace_back(a, std::move(copy));
+  }
+  Tuner tuner(p);
+  std::vector<Tensor> outputs(p.graph.outputs.size());
+  p.run(args, scalars, outputs.data(), shape_of, stream, nullptr, &tuner);
+  for (auto& [a, copy] : saved) driver::copy_async(a.data_ptr(), copy.data_ptr(), a.nbytes(), stream);
+  driver::synchronize(stream);
+  std::string choice, report;
+  for (std::size_t k = 0; k < p.candidates.size(); ++k) {
+    const auto& list = p.candidates[k];
+    if (list.empty() || tuner.times(k).empty()) continue;
+    std::size_t i = tuner.best(k);
+    choice += std::to_string(k) + " " + std::to_string(list[i].variant) + " " + std::to_string(list[i].src.tuning.waves) + "\n";
+    if (debug::log_enabled(debug::Channel::autotune)) {
+      std::ostringstream line;
+      line << "  " << list[i].src.name << ": " << list.size() << " candidates; the rules' choice " << tuner.times(k)[0]
+           << " ms, fastest " << tuner.times(k)[i] << " ms (" << list[i].src.tuning.str() << ")\n";
+      report += line.str();
+    }
+    p.kernels[k] = list[i];
+  }
+  p.candidates.clear();
+  p.source = program_body(p);
+  if (!p.tuning_key.empty()) default_disk_cache().store(p.tuning_key, "tune", std::span<const char>(choice.data(), choice.size()));
+  if (debug::log_enabled(debug::Channel::autotune)) debug::log(debug::Channel::autotune, "tuned:\n" + report);
+}
+
+}  // namespace kiln::runtime

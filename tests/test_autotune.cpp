@@ -1,0 +1,175 @@
+// options.autotune: the candidates of each kernel (written and compiled by NVRTC here, no GPU
+// needed), and on a GPU the tuned functions against the f64 reference: pointwise, rows, columns,
+// a GEMM, several kernels, and an in-place update that must happen once, not once per timing.
+#include <doctest/doctest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+#include "have_gpu.hpp"
+
+namespace k = kiln;
+namespace rt = kiln::runtime;
+
+namespace {
+
+// The CUDA program of an expression over CPU tensors, planned with its autotuning candidates.
+template <class E>
+std::shared_ptr<rt::Program> plan_tuned(const E& e) {
+  k::graph::Graph g = k::graph::flatten(e);
+  k::graph::Captured<E> cap;
+  k::graph::gather(e, cap);
+  std::vector<k::Tensor> args;
+  for (int i = 0; i < cap.nt; ++i) args.push_back(*cap.tensors[static_cast<std::size_t>(i)]);
+  auto arg = [&](int s) -> const k::Tensor& { return args.at(static_cast<std::size_t>(s)); };
+  rt::LoweringStats stats;
+  g = rt::lower_graph(g, arg, [](k::graph::Graph x) { return x; }, stats);
+  k::ir::ShapeEnv env = k::ir::make_static_shape_env(g);
+  return rt::plan_program(std::move(g), std::move(env), k::Device(k::cuda), arg, true);
+}
+
+// Collects the autotune channel's lines while alive.
+struct AutotuneLog {
+  static std::string& text() {
+    static std::string t;
+    return t;
+  }
+  k::debug::LogSink old;
+  AutotuneLog() {
+    text().clear();
+    k::debug::set_log_channels("autotune");
+    old = k::debug::set_log_sink([](k::debug::Channel c, std::string_view s) {
+      if (c == k::debug::Channel::autotune) text() += s;
+    });
+  }
+  ~AutotuneLog() {
+    k::debug::set_log_sink(old);
+    k::debug::set_log_channels("");
+  }
+};
+
+}  // namespace
+
+TEST_CASE("autotune: each kernel's candidates are distinct sources, the rules' choice first, and all compile") {
+  auto x = k::randn({96, 1000}, k::f32, k::cpu, 1), w = k::randn({1000}, k::f32, k::cpu, 2);
+  auto big = k::randn({1 << 22}, k::f32, k::cpu, 3);
+  auto col = k::randn({5000, 64}, k::f32, k::cpu, 4);
+  for (auto p : {plan_tuned(k::layer_norm(x, w, w)), plan_tuned(k::sigmoid(big * 0.5f) * big), plan_tuned(k::sum(col, 0)),
+                 plan_tuned(k::softmax(x, -1) + k::sum(k::sum(col * 2.0f, 0)))}) {
+    REQUIRE(p->candidates.size() == p->kernels.size());
+    for (std::size_t kk = 0; kk < p->kernels.size(); ++kk) {
+      const auto& list = p->candidates[kk];
+      if (p->kernels[kk].extern_node >= 0) {
+        CHECK(list.empty());
+        continue;
+      }
+      INFO(p->kernels[kk].src.name);
+      REQUIRE(list.size() >= 3);
+      CHECK(list[0].src.source == p->kernels[kk].src.source);
+      std::set<std::string> sources;
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        CHECK(list[i].variant == static_cast<int>(i));
+        sources.insert(list[i].src.source);
+        // Every candidate compiles as a translation unit of its own (sm_90a, as on an H100/H200).
+        rt::Program unit;
+        unit.kernels.push_back(list[i]);
+        CHECK_NOTHROW(rt::compile_cubin(rt::cuda_translation_unit(unit, rt::program_body(unit)), list[i].src.name, "sm_90a"));
+      }
+      CHECK(sources.size() == list.size());
+    }
+  }
+}
+
+TEST_CASE("autotune: the candidates cover block shapes, loads and where weights live") {
+  auto x = k::randn({64, 4096}, k::f32, k::cpu, 5), w = k::randn({4096}, k::f32, k::cpu, 6);
+  auto p = plan_tuned(k::layer_norm(x, w, w));
+  std::set<std::string> tunings;
+  std::set<int> threads;
+  for (const auto& c : p->candidates.at(0)) tunings.insert(c.src.tuning.str()), threads.insert(c.src.config.row_threads);
+  CHECK(tunings.count("default") == 1);
+  CHECK(tunings.count("row_elems=8") == 1);
+  CHECK(tunings.count("hoist=0") == 1);  // the rules hoist w and b for blocks of two rows
+  CHECK(tunings.count("loads=1") == 1);
+  CHECK(threads.size() >= 3);  // 32, 64, 128, 256 or 512 threads a row
+}
+
+TEST_CASE("autotune: CPU programs run the rules' choices and stay correct") {
+  auto x = k::randn({33, 257}, k::f32, k::cpu, 7), w = k::randn({257}, k::f32, k::cpu, 8);
+  auto f = k::compile([](auto a, auto b) { return k::layer_norm(a, b, b); }, {.autotune = true});
+  auto r = k::testing::allclose(f(x, w), k::reference::eval(k::layer_norm(x, w, w)), 1e-4, 1e-4);
+  CHECK_MESSAGE(bool(r), r);
+  for (const auto& e : f.cache().entries()) CHECK(e->program->candidates.empty());
+}
+
+TEST_CASE("autotune: tuned functions on the GPU equal the reference, and the choice is stored") {
+  if (!have_gpu()) return;
+  AutotuneLog log;
+  auto check = [](const k::Tensor& got, const k::Tensor& expected, double rtol, double atol) {
+    auto r = k::testing::allclose(got, expected, rtol, atol);
+    CHECK_MESSAGE(bool(r), r);
+  };
+  auto x = k::randn({1031, 4096}, k::f32, k::cpu, 9), w = k::randn({4096}, k::f32, k::cpu, 10);
+  auto ln = [](auto a, auto b) { return k::layer_norm(a, b, b); };
+  auto f = k::compile(ln, {.autotune = true});
+  check(f(x.to(k::cuda), w.to(k::cuda)), k::reference::eval(ln(x, w)), 1e-4, 1e-4);
+  CHECK((log.text().find("tuned:") != std::string::npos || log.text().find("stored choice") != std::string::npos));
+  for (const auto& e : f.cache().entries()) CHECK(e->program->candidates.empty());
+  // Fresh inputs through the tuned program.
+  auto x2 = k::randn({1031, 4096}, k::f32, k::cpu, 11);
+  check(f(x2.to(k::cuda), w.to(k::cuda)), k::reference::eval(ln(x2, w)), 1e-4, 1e-4);
+  // Another function of the same code reads the stored choice instead of timing again.
+  log.text().clear();
+  auto f2 = k::compile(ln, {.autotune = true});
+  check(f2(x.to(k::cuda), w.to(k::cuda)), k::reference::eval(ln(x, w)), 1e-4, 1e-4);
+  if (k::runtime::default_disk_cache().enabled()) CHECK(log.text().find("stored choice") != std::string::npos);
+
+  // Pointwise with an odd size, special functions; a column sum; softmax with its grad.
+  auto big = k::randn({(1 << 22) + 5}, k::f32, k::cpu, 12);
+  auto poi = [](auto a) { return k::sigmoid(k::tanh(a * 0.5f + 0.1f) * a) * k::exp(-a * a); };
+  check(k::compile(poi, {.autotune = true})(big.to(k::cuda)), k::reference::eval(poi(big)), 1e-5, 1e-6);
+  auto cols = k::randn({3001, 77}, k::f32, k::cpu, 13);
+  auto colsum = [](auto a) { return k::sum(a * 2.0f, 0); };
+  check(k::compile(colsum, {.autotune = true})(cols.to(k::cuda)), k::reference::eval(colsum(cols)), 1e-4, 1e-3);
+  k::Tensor t = k::cast(k::rand({513}, k::f32, k::cpu, 14) * 999.0f, k::i64);
+  auto logits = k::randn({513, 1000}, k::f32, k::cpu, 15);
+  auto dce = k::grad([](auto l, auto tt) { return k::cross_entropy(l, tt); }, k::wrt<0>);
+  auto ce = k::compile(dce, {.autotune = true});
+  check(ce(logits.to(k::cuda), t.to(k::cuda)), k::compile(dce)(logits, t), 1e-4, 1e-7);  // the CPU's, untuned
+
+  // A GEMM with a bias and gelu: cuBLASLt's algorithms are timed too.
+  auto a = k::randn({257, 512}, k::bf16, k::cpu, 16), bm = k::randn({512, 384}, k::bf16, k::cpu, 17);
+  auto bias = k::randn({384}, k::bf16, k::cpu, 18);
+  auto mlp = [](auto p, auto q, auto r) { return k::gelu(k::matmul(p, q) + r); };
+  log.text().clear();
+  auto g = k::compile(mlp, {.autotune = true});
+  check(g(a.to(k::cuda), bm.to(k::cuda), bias.to(k::cuda)), k::reference::eval(mlp(a, bm, bias)), 2e-2, 2e-2);
+  CHECK(log.text().find("matmul") != std::string::npos);
+}
+
+TEST_CASE("autotune: an in-place update is applied once by the first call, however often it was timed") {
+  if (!have_gpu()) return;
+  auto p0 = k::randn({(1 << 20) + 3}, k::f32, k::cpu, 19), g0 = k::randn({(1 << 20) + 3}, k::f32, k::cpu, 20);
+  auto step = k::compile([](auto p, auto g) { return k::assign(p, p - g * 0.25f); }, {.autotune = true});
+  auto p = p0.to(k::cuda), g = g0.to(k::cuda);
+  step(p, g);
+  auto r = k::testing::allclose(p, k::reference::eval(p0 - g0 * 0.25f), 1e-6, 1e-6);
+  CHECK_MESSAGE(bool(r), r);
+  step(p, g);
+  r = k::testing::allclose(p, k::reference::eval(p0 - g0 * 0.5f), 1e-6, 1e-6);
+  CHECK_MESSAGE(bool(r), r);
+}
+
+TEST_CASE("autotune: CUDA graphs replay the tuned kernels") {
+  if (!have_gpu()) return;
+  auto x = k::randn({300, 2048}, k::f32, k::cpu, 21);
+  auto sm = [](auto a) { return k::softmax(a * 2.0f, -1); };
+  auto f = k::compile(sm, {.cuda_graphs = true, .autotune = true});
+  for (int i = 0; i < 3; ++i) {
+    auto r = k::testing::allclose(f(x.to(k::cuda)), k::reference::eval(sm(x)), 1e-5, 1e-7);
+    CHECK_MESSAGE(bool(r), r);
+  }
+}
