@@ -34,6 +34,7 @@ struct KernelSource {
   Sym xnumel, rnumel;          // iteration sizes, for the launch grid
   LaunchConfig config;
   Tuning tuning;               // what an autotuning candidate set (default: the rules' choices)
+  std::int64_t partial_groups = 0;  // row kernels with column partials: exactly this many programs
   std::vector<std::string> fused_ops;
 };
 

@@ -66,6 +66,12 @@ inline void KernelWriter::write_pointwise() {
 }
 
 inline void KernelWriter::write_rows() {
+  // Column partial sums (schedule/partials.hpp): one register tile a row tile, across the rows.
+  for (int p : plan_.partials) {
+    std::string acc = "part" + std::to_string(p), ct = detail::c_type(g_[p].dt);
+    line("kiln::tile<" + ct + ", RVEC> " + acc + "[RITERS];");
+    line("KILN_R_TILES(roffset) " + acc + "[kiln_it] = kiln::full<RVEC>(" + detail::literal(0, g_[p].dt) + ");");
+  }
   line("KILN_ROW(xindex) {");
   ++indent_;
   // Whole programs of rows, and register tiles that cover a row exactly, need no bounds tests.
@@ -133,15 +139,29 @@ inline void KernelWriter::write_rows() {
     if (g_[s].shape == g_[plan_.domain].shape && !is_reduction(g_[s].op)) full.push_back(s);
     else store(s, row_index(s));
   }
-  if (!full.empty()) {
+  if (!full.empty() || !plan_.partials.empty()) {
     final_loop_ = true;
     open_loop();
     auto idx = domain_index();
     for (int s : full) store(s, idx);
+    for (int p : plan_.partials) {  // the value summed, at this row's tile (below the [S, R, K] view)
+      kiln::dtype ct = compute_dtype(g_[p].dt);
+      Value v = cast(emit(g_[g_[p].in[0]].in[0], idx), ct);
+      std::string acc = "part" + std::to_string(p) + "[kiln_it]";
+      line(acc + " = " + acc + " + kiln::where(rmask, " + v.code + ", " + detail::literal(0, ct) + ");");
+    }
     close_loop();
   }
   --indent_;
   line("}");
+  for (int p : plan_.partials) {  // each row group's partial sums, once
+    std::string out = param_for(p, true);
+    line("KILN_R_TILES(roffset) {");
+    line("  auto rindex = roffset + kiln::arange<RVEC>();");
+    line("  kiln::store_contig<RVEC>(" + out + ", KILN_ROW_GROUP * rnumel + roffset, part" + std::to_string(p) +
+         "[kiln_it], rindex < rnumel);");
+    line("}");
+  }
 }
 
 // Whether reduction plan_.reductions[j] reads any of plan_.reductions[i..j) inside this kernel.
@@ -256,6 +276,15 @@ inline KernelSource KernelWriter::write() {
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column, static_cast<int>(streams.size()), tune_)
                      : pointwise_config(target_, xn, max_item, tune_);
   ks.tuning = tune_;
+  if (!plan_.partials.empty()) {
+    // Column partials: exactly partial_groups programs. On CUDA a block a row (its group), on the
+    // CPU a program over each group's consecutive rows; both hold the row in registers.
+    if (ks.config.riters == 0 || xn % plan_.partial_groups != 0)
+      throw error("codegen: column partials of " + ks.name + " need rows held in registers");
+    if (target_ == Target::cuda) ks.config.rows = 1, ks.config.threads = ks.config.row_threads;
+    else ks.config.rows = static_cast<int>(xn / plan_.partial_groups);
+    ks.partial_groups = plan_.partial_groups;
+  }
   config_ = ks.config;
   plain_loads_ = target_ == Target::cuda && (tune_.loads >= 0 ? tune_.loads == 1 : transcendental);
   if (ks.kind == schedule::Kind::per && ks.config.riters == 0) {  // the row is looped, not held

@@ -212,6 +212,9 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 #define KILN_ROW(xindex)                                                                  \
   for (i64 kiln_xbase = (i64)blockIdx.x * ROWS; kiln_xbase < xnumel; kiln_xbase += (i64)gridDim.x * ROWS) \
     if (const i64 xindex = kiln_xbase + threadIdx.x / ROW_THREADS; true)
+// The row group whose column partial sums this thread keeps (schedule/partials.hpp): one a row
+// slot of the block; the launch has exactly as many programs as groups over the rows.
+#define KILN_ROW_GROUP ((i64)blockIdx.x * ROWS + threadIdx.x / ROW_THREADS)
 // Looped rows: RUNROLL steps at a time (launch_config.hpp), to keep several loads in flight.
 #define KILN_R_LOOP(roffset, rnumel)                                                      \
   _Pragma("unroll (RUNROLL)") for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
@@ -223,6 +226,7 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
   for (int kiln_u = 0; kiln_u < XBLOCK / XVEC; ++kiln_u)              \
     if (const i64 xoffset = kiln_pid * XBLOCK + (i64)kiln_u * XVEC; true)
 #define KILN_ROW(xindex) for (i64 xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS; ++xindex)
+#define KILN_ROW_GROUP kiln_pid
 #define KILN_R_LOOP(roffset, rnumel) for (i64 roffset = 0; roffset < (rnumel); roffset += RVEC)
 #define KILN_R_TILES(roffset) \
   for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it) if (const i64 roffset = (i64)kiln_it * RVEC; true)

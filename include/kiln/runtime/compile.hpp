@@ -10,6 +10,7 @@
 #include "../graph/infer.hpp"
 #include "../rewrite/decompose.hpp"
 #include "../rewrite/simplify.hpp"
+#include "../schedule/partials.hpp"
 #include "../schedule/split.hpp"
 #include "autotune.hpp"
 #include "program.hpp"
@@ -125,6 +126,7 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   auto p = std::make_shared<Program>();
   p->device = device;
   p->sched = schedule::fuse(g);                      // group anchors into kernels
+  schedule::absorb_column_partials(g, p->sched, env);  // dw/db-like column sums into row kernels
   schedule::plan_buffers(g, p->sched);               // buffers only at fusion boundaries
   schedule::name_kernels(g, p->sched);
   if (debug::log_enabled(debug::Channel::fusion)) {

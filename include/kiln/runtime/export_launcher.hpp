@@ -364,7 +364,9 @@ inline std::string LauncherWriter::launch_kernel(const CompiledKernel& k) const 
   std::int64_t per_program = poi ? c.xblock : c.rows;
   std::string s = "  {  // " + k.src.name + "\n    const long long xnumel = " + k.src.xnumel.c_expr() + ";\n";
   s += "    long long programs = (xnumel + " + std::to_string(per_program - 1) + ") / " + std::to_string(per_program) + ";\n";
-  if (!poi)
+  if (k.src.partial_groups > 0)  // column partials: a program a row group, exactly
+    s += "    programs = " + std::to_string(k.src.partial_groups / c.rows) + "LL;\n";
+  else if (!poi)
     s += "    if (programs > sms * " + std::to_string(row_grid_limit(1, c.threads)) + "LL) programs = sms * " +
          std::to_string(row_grid_limit(1, c.threads)) + "LL;\n";
   s += "    if (programs > 2147483647LL) return fail(kiln_export_invalid_argument, \"" + name() + ": " + k.src.name +

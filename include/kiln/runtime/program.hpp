@@ -165,6 +165,7 @@ inline std::int64_t row_grid_limit(int sms, int threads) {
 // equal; rows of 256 threads or more lost 1.5-2% with it: W6, W7; NOTES item 30).
 // KILN_TUNE_ROW_WAVES sets the multiple for every row kernel (0: the formula above).
 inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k, int device) {
+  if (k.partial_groups > 0) return k.partial_groups / k.config.rows;  // a program a row group, exactly
   static const int knob = static_cast<int>(codegen::tuning_knob("KILN_TUNE_ROW_WAVES", -1, 0, 1024));
   bool several_rows = k.kind == schedule::Kind::per && k.config.rows >= 2 && k.config.row_threads > 1;  // not columns
   int waves = k.tuning.waves >= 0 ? k.tuning.waves : knob >= 0 ? knob : several_rows ? 64 : 16;

@@ -28,6 +28,10 @@ struct KernelPlan {
   Dims rdims;                   // rows: the reduced dims of the domain
   std::string name;
   bool closed = false;          // later anchors may not join (its stores are read by address)
+  // Row kernels: first stages of split column sums computed here as per-program partial sums of
+  // the rows each program visits (schedule/partials.hpp); their buffers hold partial_groups rows.
+  std::vector<int> partials;
+  std::int64_t partial_groups = 0;
 
   std::string debug_str(const graph::Graph& g) const {
     std::ostringstream os;
@@ -35,6 +39,8 @@ struct KernelPlan {
     if (!rdims.empty()) os << " reduce " << rdims.str();
     os << ", stores";
     for (int s : stores) os << " %" << s;
+    if (!partials.empty()) os << ", column partials over " << partial_groups << " row groups";
+    for (int s : partials) os << " %" << s;
     return os.str();
   }
 };
@@ -184,6 +190,7 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
     auto& plan = s.kernels[k];
     std::vector<int> roots = plan.stores;
     roots.insert(roots.end(), plan.reductions.begin(), plan.reductions.end());
+    roots.insert(roots.end(), plan.partials.begin(), plan.partials.end());
     std::vector<bool> seen(g.size(), false);
     while (!roots.empty()) {
       int v = roots.back();

@@ -4,12 +4,24 @@
 // programs run at once. The first stage is a kernel of kind "split".
 #pragma once
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "../rewrite/builder.hpp"
 
 namespace kiln::schedule {
 
 inline constexpr std::int64_t split_stage_mark = 1;  // attrs.c of a first-stage reduction
+
+// Whether row kernels may compute the first stage of column sums themselves (partials.hpp), which
+// also sets how many chunks such sums get here; KILN_TUNE_PARTIALS=0 turns both off for A/B runs.
+inline bool column_partials_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_TUNE_PARTIALS");
+    return !(e && std::string_view(e) == "0");
+  }();
+  return on;
+}
 
 namespace detail {
 
@@ -40,7 +52,9 @@ inline ReductionShape describe_reduction(const graph::Graph& g, const graph::Nod
 
 // The number of chunks: enough partial results to fill the machine, each chunk still long (>= 64),
 // and a power of two that divides the reduced length.
-inline std::int64_t choose_splits(const ReductionShape& r) {
+// hosted: a row reduction reads the same [rows, columns] domain, so a row kernel may compute the
+// first stage itself (schedule/partials.hpp), a program a chunk: then at least 256 chunks.
+inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false) {
   if (r.dims.empty()) return 1;
   // Outer dims reduced: one thread a kept element, so fewer than ~32K of them leave SMs idle.
   // Inner dims reduced: up to 512 threads share a row, so only a handful of rows is too few.
@@ -49,7 +63,7 @@ inline std::int64_t choose_splits(const ReductionShape& r) {
   // Column partials: a thread per (chunk, kept element) walks its chunk with strided loads, so
   // ~256K threads (an H200 holds 270K) keep enough loads in flight; 64K left W5's dw/db stage at
   // 34% of DRAM bandwidth.
-  std::int64_t target = r.prefix && !r.suffix ? 262144 : 65536;
+  std::int64_t target = r.prefix && !r.suffix ? std::max<std::int64_t>(262144, hosted ? 256 * r.kept : 0) : 65536;
   std::int64_t want = std::max<std::int64_t>(2, target / std::max<std::int64_t>(r.kept, 1));
   std::int64_t s = 1;
   while (s * 2 <= want && r.reduced % (s * 2) == 0 && r.reduced / (s * 2) >= 64) s *= 2;
@@ -60,11 +74,18 @@ inline std::int64_t choose_splits(const ReductionShape& r) {
 
 // Rewrites reductions as described above; other nodes are copied unchanged.
 inline graph::Graph split_reductions(const graph::Graph& g) {
+  std::vector<Dims> row_domains;  // inputs of reductions over their last dim, 2-D
+  for (const auto& n : g.nodes) {
+    if (!is_reduction(n.op)) continue;
+    auto r = detail::describe_reduction(g, n);
+    if (r.in.size() == 2 && r.suffix && r.dims.size() == 1) row_domains.push_back(r.in);
+  }
   return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
     if (!is_reduction(n.op)) return b.rebuild(n, in);
     auto r = detail::describe_reduction(g, n);
     if (r.reduced == 1 && r.in.product() > 0) return b.reshape(in[0], n.shape);  // over size-1 dims only
-    std::int64_t s = detail::choose_splits(r);
+    bool hosted = column_partials_enabled() && n.op == Op::sum && std::find(row_domains.begin(), row_domains.end(), r.in) != row_domains.end();
+    std::int64_t s = detail::choose_splits(r, hosted);
     if (s == 1 || !(r.prefix || r.suffix)) return b.rebuild(n, in);
     // prefix: [S, R/S, K] reduce 1 then 0; suffix: [K, S, R/S] reduce 2 then 1.
     Dims shape = r.prefix ? Dims{s, r.reduced / s, r.kept} : Dims{r.kept, s, r.reduced / s};
@@ -76,6 +97,13 @@ inline graph::Graph split_reductions(const graph::Graph& g) {
     first.c = split_stage_mark;
     first.d = n.attrs.d;
     int partial = b.op(n.op, {x}, first);
+    if (r.prefix && s >= 256) {
+      // Many chunks (256 for a layer_norm's dw over 16384 rows): summed in two steps of 16, so that
+      // each step still has a thread a (step, kept element); one step of 256 left 16 SMs busy.
+      Attrs mid = first;
+      mid.d = 0;
+      partial = b.op(n.op, {b.reshape(partial, Dims{16, s / 16, r.kept})}, mid);
+    }
     Attrs second;
     second.dims = {r.prefix ? 0 : 1};
     second.d = n.attrs.d;

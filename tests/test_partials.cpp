@@ -1,0 +1,117 @@
+// Column partial sums inside row kernels (schedule/partials.hpp): a layer_norm or rms_norm
+// backward computes dw and db in the kernel that computes dx, a partial sum per program, then two
+// short reductions. Checked against sums computed here in double, on the CPU and on a GPU, and
+// against the reference on a small size that stays unfused.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+#include "have_gpu.hpp"
+
+namespace k = kiln;
+
+namespace {
+
+// dw = sum over rows of dy * (x - mean) * rstd, db = sum over rows of dy (layer_norm, eps 1e-5).
+void expected_dw_db(const std::vector<float>& x, const std::vector<float>& dy, std::int64_t rows, std::int64_t cols,
+                    std::vector<double>& dw, std::vector<double>& db) {
+  dw.assign(cols, 0.0), db.assign(cols, 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    for (std::int64_t c = 0; c < cols; ++c) mean += x[r * cols + c];
+    mean /= cols;
+    for (std::int64_t c = 0; c < cols; ++c) var += (x[r * cols + c] - mean) * (x[r * cols + c] - mean);
+    double rstd = 1 / std::sqrt(var / cols + 1e-5);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      dw[c] += dy[r * cols + c] * (x[r * cols + c] - mean) * rstd;
+      db[c] += dy[r * cols + c];
+    }
+  }
+}
+
+void check_close(const k::Tensor& got, const std::vector<double>& want, double tol) {
+  std::vector<float> g = k::to_vector<float>(got);
+  REQUIRE(g.size() == want.size());
+  double worst = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    double err = std::abs(g[i] - want[i]) / (1 + std::abs(want[i]));
+    if (err > worst) worst = err, at = i;
+  }
+  CHECK_MESSAGE(worst < tol, "column " << at << ": " << g[at] << " vs " << want[at]);
+}
+
+inline constexpr auto layer_norm_fn = [](auto x, auto w, auto b) { return k::layer_norm(x, w, b); };
+
+void check_layer_norm_backward(k::Device dev) {
+  const std::int64_t rows = 16384 + 256 * 3, cols = 2056;  // 256 chunks of 67 rows; odd-sized columns
+  auto x = k::randn({rows, cols}, k::f32, k::cpu, 1) * 2.0f + 0.5f;
+  auto dy = k::randn({rows, cols}, k::f32, k::cpu, 2);
+  auto w = k::randn({cols}, k::f32, k::cpu, 3), b = k::randn({cols}, k::f32, k::cpu, 4);
+  k::Tensor xt = x, dyt = dy;
+  auto f = k::compile(k::vjp(layer_norm_fn, k::wrt<0, 1, 2>));
+  auto args = std::make_tuple(xt.to(dev), w.to(dev), b.to(dev), dyt.to(dev));
+  auto [dx, dw, db] = std::apply(f, args);
+  // The row kernel computes the partial sums: no kernel re-reads x and dy for them.
+  auto rep = std::apply([&](auto&... a) { return k::explain(f, a...); }, args);
+  CHECK(rep.kernels.size() == 3);
+  CHECK(rep.kernels.at(0).kind == "per");
+  CHECK(rep.kernels.at(0).source.find("KILN_ROW_GROUP") != std::string::npos);
+  std::vector<double> want_dw, want_db;
+  expected_dw_db(k::to_vector<float>(xt), k::to_vector<float>(dyt), rows, cols, want_dw, want_db);
+  check_close(dw, want_dw, 1e-4);
+  check_close(db, want_db, 1e-4);
+  // dx against the reference on a slice of rows (dx of a row depends on that row only).
+  auto xs = k::slice(xt, 0, 0, 37), dys = k::slice(dyt, 0, 0, 37);
+  auto small = k::compile(k::vjp(layer_norm_fn, k::wrt<0>));
+  k::Tensor dx_rows = k::slice(dx, 0, 0, 37);
+  auto r = k::testing::allclose(dx_rows.to(k::cpu), small(k::Tensor(xs), w, b, k::Tensor(dys)), 1e-4, 1e-5);
+  CHECK_MESSAGE(bool(r), r);
+}
+
+}  // namespace
+
+TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (CPU)") {
+  check_layer_norm_backward(k::cpu);
+}
+
+TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (GPU)") {
+  if (!have_gpu()) return;
+  check_layer_norm_backward(k::cuda);
+}
+
+TEST_CASE("partials: rms_norm's weight gradient on 16-bit rows, fused and against the reference") {
+  if (!have_gpu()) return;
+  const std::int64_t rows = 16384, cols = 4096;
+  auto x = k::randn({rows, cols}, k::bf16, k::cpu, 5), dy = k::randn({rows, cols}, k::bf16, k::cpu, 6);
+  auto w = k::randn({cols}, k::f32, k::cpu, 7);
+  auto rms = [](auto a, auto ww) { return k::rms_norm(k::cast(a, k::f32), ww); };
+  auto f = k::compile(k::vjp(rms, k::wrt<1>));
+  k::Tensor dw = f(x.to(k::cuda), w.to(k::cuda), dy.to(k::cuda).to(k::f32));
+  CHECK(k::explain(f, x.to(k::cuda), w.to(k::cuda), dy.to(k::cuda).to(k::f32)).kernels.size() == 3);
+  auto xv = k::to_vector<float>(x.to(k::f32)), dv = k::to_vector<float>(dy.to(k::f32));
+  std::vector<double> want(cols, 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double ms = 0;
+    for (std::int64_t c = 0; c < cols; ++c) ms += double(xv[r * cols + c]) * xv[r * cols + c];
+    double rstd = 1 / std::sqrt(ms / cols + 1e-6);
+    for (std::int64_t c = 0; c < cols; ++c) want[c] += dv[r * cols + c] * xv[r * cols + c] * rstd;
+  }
+  check_close(dw, want, 1e-4);
+}
+
+TEST_CASE("partials: too few rows keep the separate column reduction, with the same results") {
+  auto x = k::randn({300, 2048}, k::f32, k::cpu, 8), dy = k::randn({300, 2048}, k::f32, k::cpu, 9);
+  auto w = k::randn({2048}, k::f32, k::cpu, 10), b = k::randn({2048}, k::f32, k::cpu, 11);
+  auto f = k::compile(k::vjp(layer_norm_fn, k::wrt<1, 2>));
+  auto [dw, db] = f(x, w, b, dy);
+  for (const auto& kern : k::explain(f, x, w, b, dy).kernels) CHECK(kern.source.find("KILN_ROW_GROUP") == std::string::npos);
+  std::vector<double> want_dw, want_db;
+  expected_dw_db(k::to_vector<float>(x), k::to_vector<float>(dy), 300, 2048, want_dw, want_db);
+  check_close(dw, want_dw, 1e-5);
+  check_close(db, want_db, 1e-5);
+}
