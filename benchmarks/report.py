@@ -125,11 +125,16 @@ def cell(wid, r):
     return fmt_time(wid, ms_of(r))
 
 
+# The max-autotune modes are compared with each other in a table of their own, not in the main
+# ratio (kiln's .autotune against torch.compile's default would not be a fair pair).
+MAX_MODES = ("kiln-autotune", "torch.compile-max")
+
+
 def best(recs, wid, prefix):
-    """(impl, ms) of the fastest impl named prefix or prefix-*, for workload wid."""
+    """(impl, ms) of the fastest impl named prefix or prefix-*, for workload wid (max modes apart)."""
     out = None
     for (i, impl), r in recs.items():
-        if i != wid or not (impl == prefix or impl.startswith(prefix + "-")):
+        if i != wid or not (impl == prefix or impl.startswith(prefix + "-")) or impl in MAX_MODES:
             continue
         ms = ms_of(r)
         if ms is not None and (out is None or ms < out[1]):
@@ -179,7 +184,8 @@ def build(torch_path, kiln_path):
     lines.append("")
     lines.append("Times in ms unless marked (W9 µs per call, W10 total seconds). "
                  "kiln/torch.compile compares the fastest kiln variant with the fastest torch.compile "
-                 "variant of the row (< 1 means kiln is faster).")
+                 "variant of the row (< 1 means kiln is faster); the max-autotune modes have their own "
+                 "table below.")
     lines.append("")
     lines.append("| workload | eager | torch.compile | kiln | kiln/torch.compile | kiln % of copy | notes |")
     lines.append("|---|---|---|---|---|---|---|")
@@ -201,7 +207,7 @@ def build(torch_path, kiln_path):
             pct = f"{100.0 * kl['gbps'] / copy_for_kiln:.0f}%"
         notes = []
         for (i, impl), r in sorted(recs.items()):
-            if i != wid or impl in ("eager", "torch.compile", "kiln"):
+            if i != wid or impl in ("eager", "torch.compile", "kiln") or impl in MAX_MODES:
                 continue
             notes.append(f"{impl} {cell(wid, r)}")
         if tb and tc is not None and tb[0] != "torch.compile":
@@ -251,7 +257,44 @@ def build(torch_path, kiln_path):
             lines.append("")
             lines.append("Memory-bound workloads below 95% of the copy ceiling: " + ", ".join(below))
     lines.append("")
-    return "\n".join(lines), ratios, gm
+    return "\n".join(lines), ratios, gm, recs
+
+
+def max_modes_table(recs, ids):
+    """kiln's .autotune against its default and against torch.compile(mode='max-autotune-no-cudagraphs')."""
+    rows = [w for w in ids if (w, "kiln-autotune") in recs]
+    if not rows:
+        return []
+    out = ["## Max-autotune modes", "",
+           "kiln `.autotune = true` (each kernel's candidate tunings and cuBLASLt's algorithms timed at the "
+           "first call) against kiln's default and against torch.compile(mode=\"max-autotune-no-cudagraphs\"), "
+           "same run.", "",
+           "| workload | kiln | kiln-autotune | autotune/kiln | torch.compile-max | kiln-autotune/torch.compile-max | notes |",
+           "|---|---|---|---|---|---|---|"]
+    ratios = {}
+    for wid in rows:
+        kl, ka, tm = recs.get((wid, "kiln")), recs.get((wid, "kiln-autotune")), recs.get((wid, "torch.compile-max"))
+        gain = f"{ms_of(ka) / ms_of(kl):.3f}" if ms_of(ka) and ms_of(kl) else "—"
+        ratio = "—"
+        if ms_of(ka) and ms_of(tm):
+            ratios[wid] = ms_of(ka) / ms_of(tm)
+            ratio = f"{ratios[wid]:.2f}"
+        notes = [f"kiln-autotune: {ka['note']}"] if ka and ka.get("note") else []
+        if tm is not None and tm.get("note"):
+            notes.append(f"torch.compile-max: {tm['note']}")
+        if tm is not None and tm.get("error"):
+            notes.append(f"torch.compile-max error: {str(tm['error'])[:80]}")
+        out.append(f"| {wid} | {cell(wid, kl)} | {cell(wid, ka)} | {gain} | {cell(wid, tm)} | {ratio} | "
+                   f"{'; '.join(n.replace('|', '/') for n in notes)} |")
+    used = [w for w in GEOMEAN_IDS if w in ratios]
+    out.append("")
+    if used:
+        gm = math.exp(sum(math.log(ratios[w]) for w in used) / len(used))
+        out.append(f"Geometric mean of kiln-autotune / torch.compile-max over {len(used)} of W1–W8 and W12: {gm:.3f}")
+    else:
+        out.append("torch.compile's max-autotune mode was not run (benchmarks/torch_peer.py --max-autotune).")
+    out.append("")
+    return out
 
 
 def plot(ratios, gm, png_path):
@@ -292,10 +335,16 @@ def main(argv=None):
     p.add_argument("out_md")
     p.add_argument("--png", help="chart path (default: OUT.md with .png)")
     p.add_argument("--no-png", action="store_true")
+    p.add_argument("--max-from", nargs=2, metavar=("TORCH_JSONL", "KILN_JSONL"),
+                   help="take the max-autotune table from another run's files (default: these)")
     a = p.parse_args(argv)
     if not os.path.exists(a.torch_jsonl):
         p.error(f"{a.torch_jsonl} not found")
-    md, ratios, gm = build(a.torch_jsonl, a.kiln_jsonl)
+    md, ratios, gm, recs = build(a.torch_jsonl, a.kiln_jsonl)
+    if a.max_from:
+        recs = dict(load(a.max_from[0])[2])
+        recs.update(load(a.max_from[1])[2])
+    max_md = "\n".join(max_modes_table(recs, sorted({w for (w, _) in recs}, key=sort_key)))
     d = os.path.dirname(a.out_md)
     if d:
         os.makedirs(d, exist_ok=True)
@@ -312,6 +361,8 @@ def main(argv=None):
             md += f"\n![kiln / torch.compile]({rel})\n"
         else:
             png = None
+    if max_md:
+        md += "\n" + max_md
     sys.stdout.write(md)
     with open(a.out_md, "w", encoding="utf-8") as fh:
         fh.write(md)

@@ -79,6 +79,8 @@ def parse_args(argv=None):
     p.add_argument("--skip-compile", action="store_true", help="only eager (debugging)")
     p.add_argument("--max-autotune", action="store_true",
                    help="also torch.compile(mode='max-autotune-no-cudagraphs') as torch.compile-max")
+    p.add_argument("--max-only", action="store_true",
+                   help="only torch.compile-max, for the workloads that have one (implies --max-autotune)")
     p.add_argument("--list", action="store_true", help="print the workload ids and exit")
     a = p.parse_args(argv)
     if a.only:
@@ -404,8 +406,9 @@ def run_workload(wid):
 
     # eager
     try:
-        ms = bench(call(f, inp))
-        record("eager", ms, "")
+        if not ARGS.max_only:
+            ms = bench(call(f, inp))
+            record("eager", ms, "")
     except Exception as e:  # noqa: BLE001
         emit_error(wid, "eager", e)
 
@@ -414,8 +417,8 @@ def run_workload(wid):
     # torch.compile, default mode (and max-autotune, the mode kiln's .autotune answers). Reset
     # dynamo first so each workload is one fresh static compile (several workloads share code
     # objects; without a reset the second shape would go dynamic).
-    modes = [("torch.compile", "default")]
-    if ARGS.max_autotune:
+    modes = [] if ARGS.max_only else [("torch.compile", "default")]
+    if ARGS.max_autotune or ARGS.max_only:
         modes.append(("torch.compile-max", "max-autotune-no-cudagraphs"))
     for impl, mode in modes:
         try:
@@ -686,6 +689,8 @@ def main(argv=None):
         try:
             if wid in BUILDERS:
                 run_workload(wid)
+            elif ARGS.max_only:
+                pass
             elif wid == "W9":
                 run_w9()
             elif wid == "W10":
