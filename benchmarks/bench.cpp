@@ -50,11 +50,11 @@ void emit(const std::string& id, double ms, double bytes, const std::string& not
   std::fflush(stdout);
 }
 
-void fail(const std::string& id, const std::string& why) {
+void fail(const std::string& id, const std::string& why, const std::string& impl = "kiln") {
   std::string w = why.substr(0, 300);
   std::replace(w.begin(), w.end(), '"', '\'');
   std::replace(w.begin(), w.end(), '\n', ' ');
-  std::printf("{\"id\": \"%s\", \"impl\": \"kiln\", \"error\": \"%s\"}\n", id.c_str(), w.c_str());
+  std::printf("{\"id\": \"%s\", \"impl\": \"%s\", \"error\": \"%s\"}\n", id.c_str(), impl.c_str(), w.c_str());
   std::fflush(stdout);
 }
 
@@ -89,16 +89,22 @@ bool autotune = true;
 void emit_autotuned(const std::string& id, const std::function<void()>& call, const std::function<k::Tensor()>& result,
                     const k::Tensor& expected, double tol, double bytes, const std::string& note = "") {
   if (!autotune) return;
-  k::synchronize();
-  auto t0 = std::chrono::steady_clock::now();
-  call();
-  k::synchronize();
-  double first = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (result)
-    if (auto r = k::testing::allclose(result(), expected, tol, tol); !r) return fail(id, "autotune: " + std::string(r.str()));
+  double first = 0, ms = 0;
+  try {  // a failure here is the autotuned variant's own, not the workload's
+    k::synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    call();
+    k::synchronize();
+    first = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (result)
+      if (auto r = k::testing::allclose(result(), expected, tol, tol); !r)
+        return fail(id, "wrong result: " + std::string(r.str()), "kiln-autotune");
+    ms = time_ms(call);
+  } catch (const std::exception& e) {
+    return fail(id, e.what(), "kiln-autotune");
+  }
   char buf[64];
   std::snprintf(buf, sizeof buf, "first call (tuning) %.1f s", first);
-  double ms = time_ms(call);
   std::string n = note.empty() ? buf : note + "; " + buf;
   if (bytes > 0) return emit(id, ms, bytes, n, "kiln-autotune");
   std::printf("{\"id\": \"%s\", \"impl\": \"kiln-autotune\", \"ms\": %.5f, \"note\": \"%s\"}\n", id.c_str(), ms, n.c_str());
