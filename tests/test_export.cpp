@@ -108,6 +108,14 @@ TEST_CASE("export: fused kernels from CPU tensors, without a GPU, build with pla
   // result and an argument returned as it is (copied).
   all.push_back(k::export_kernels(sum_scale_same, k::randn({64, 4096}), fresh_dir("multi"), sm90));
   CHECK(all.back().kernels.size() >= 3);
+  // A layer_norm backward whose dw and db are partial sums of its dx kernel: exactly a program a
+  // row group (schedule/partials.hpp), whatever the device's size.
+  auto ln_grads = k::compile(k::vjp([](auto a, auto ww, auto b) { return k::layer_norm(a, ww, b); }, k::wrt<0, 1, 2>));
+  auto big = k::randn({16384, 2048}), dy = k::randn({16384, 2048}), w2 = k::randn({2048});
+  all.push_back(k::export_kernels(ln_grads, big, w2, w2, dy, fresh_dir("ln_grads"), sm90));
+  std::string ln_source = read_file(all.back().source);
+  CHECK(ln_source.find("KILN_ROW_GROUP") != std::string::npos);
+  CHECK(ln_source.find("programs = 256LL;") != std::string::npos);
   for (const auto& e : all) check_files(e);
 
   if (!have_nvcc()) return;
