@@ -97,6 +97,14 @@ TEST_CASE("autotune: the candidates cover block shapes, loads and where weights 
   CHECK(threads.size() >= 3);  // 32, 64, 128, 256 or 512 threads a row
 }
 
+TEST_CASE("autotune: a second-round neighbour is the winner with one change on top") {
+  k::codegen::Tuning won{.row_elems = 16, .waves = 64};
+  CHECK(won.merged({.loads = 1}).str() == "row_elems=16 loads=1 waves=64");
+  CHECK(won.merged({.row_elems = 8}).str() == "row_elems=8 waves=64");
+  CHECK(won.merged({}) == won);
+  CHECK(k::codegen::Tuning{}.str() == "default");
+}
+
 TEST_CASE("autotune: CPU programs run the rules' choices and stay correct") {
   auto x = k::randn({33, 257}, k::f32, k::cpu, 7), w = k::randn({257}, k::f32, k::cpu, 8);
   auto f = k::compile([](auto a, auto b) { return k::layer_norm(a, b, b); }, {.autotune = true});

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 
 namespace kiln::codegen {
@@ -48,15 +49,25 @@ struct Tuning {
   int loads = -1;        // 16-byte loads: 0 through the read-only path, 1 plain (kiln::via)
   int waves = -1;        // row kernels: grid of this many times the resident blocks (a launch choice)
 
+  // The fields in order, with their names: what str() prints and the disk cache stores.
+  static constexpr int Tuning::*fields[] = {&Tuning::poi_threads, &Tuning::poi_vectors, &Tuning::row_elems, &Tuning::row_block,
+                                            &Tuning::row_unroll,  &Tuning::hoist,       &Tuning::loads,     &Tuning::waves};
+  static constexpr const char* names[] = {"threads", "vectors", "row_elems", "row_block", "unroll", "hoist", "loads", "waves"};
+
   std::string str() const {
     std::string s;
-    auto add = [&](const char* name, int v) {
-      if (v >= 0) s += (s.empty() ? "" : " ") + std::string(name) + "=" + std::to_string(v);
-    };
-    add("threads", poi_threads), add("vectors", poi_vectors), add("row_elems", row_elems), add("row_block", row_block);
-    add("unroll", row_unroll), add("hoist", hoist), add("loads", loads), add("waves", waves);
+    for (std::size_t i = 0; i < std::size(fields); ++i)
+      if (this->*fields[i] >= 0) s += (s.empty() ? "" : " ") + std::string(names[i]) + "=" + std::to_string(this->*fields[i]);
     return s.empty() ? "default" : s;
   }
+  // This tuning with the fields `over` sets replaced (a neighbour of a winner, in autotuning).
+  Tuning merged(const Tuning& over) const {
+    Tuning t = *this;
+    for (auto f : fields)
+      if (over.*f >= 0) t.*f = over.*f;
+    return t;
+  }
+  bool operator==(const Tuning&) const = default;
 };
 
 inline std::int64_t next_pow2(std::int64_t v) {

@@ -2,10 +2,11 @@
 // list of candidate tunings (runtime choices the rules otherwise make from sizes and dtypes: block
 // shapes, where row-invariant loads live, how loads reach memory, the row grid); the candidates are
 // compiled in parallel, one translation unit per candidate index; the first call times every
-// candidate of every kernel on its real arguments and keeps the fastest. GEMMs time cuBLASLt's
-// best few algorithms the same way (runtime/cuda_matmul.hpp). The choice is kept in the disk
-// cache, so a later process compiles only the winners and times nothing. CPU programs are not
-// tuned: they run the rules' choices.
+// candidate of every kernel on its real arguments, then a second round the winner's neighbours (the
+// winner with each single change of the first list on top: a coordinate descent step), and keeps
+// the fastest. GEMMs time cuBLASLt's best few algorithms the same way (runtime/cuda_matmul.hpp).
+// The choice is kept in the disk cache, so a later process compiles only the winners and times
+// nothing. CPU programs are not tuned: they run the rules' choices.
 #pragma once
 #include <limits>
 #include <sstream>
@@ -16,7 +17,7 @@
 namespace kiln::runtime {
 
 // The candidates written for a kernel of this kind, the rules' own choice first. Those giving the
-// same source as an earlier one are dropped when written (plan_candidates).
+// same source as an earlier one are dropped when written (add_candidate).
 inline std::vector<codegen::Tuning> tuning_candidates(schedule::Kind kind, bool column) {
   using T = codegen::Tuning;
   if (kind == schedule::Kind::poi)
@@ -33,43 +34,33 @@ inline std::vector<codegen::Tuning> tuning_candidates(schedule::Kind kind, bool 
 // recompile), as multiples of the blocks the device holds at once.
 inline constexpr int tuning_waves[] = {16, 64};
 
-// Writes every candidate of every generated kernel of a planned CUDA program (cheap: no compile).
-// `write(k, tuning)` writes kernel k under a tuning; p.kernels hold the rules' choices already.
-template <class Write>
-void plan_candidates(Program& p, const graph::Graph& g, Write&& write) {
-  p.autotune = true;
-  p.candidates.assign(p.kernels.size(), {});
-  for (std::size_t k = 0; k < p.kernels.size(); ++k) {
-    if (p.kernels[k].extern_node >= 0) continue;
-    const auto& plan = p.sched.kernels[k];
-    const auto& domain = g[plan.domain].shape;
-    bool column = plan.kind != schedule::Kind::poi && domain.size() > 0 &&
-                  std::find(plan.rdims.begin(), plan.rdims.end(), static_cast<std::int64_t>(domain.size()) - 1) == plan.rdims.end();
-    auto& list = p.candidates[k];
-    list.push_back(p.kernels[k]);
-    for (const auto& t : tuning_candidates(plan.kind, column)) {
-      CompiledKernel c;
-      c.src = write(static_cast<int>(k), t);
-      c.variant = static_cast<int>(list.size());
-      bool seen = false;
-      for (const auto& d : list) seen = seen || d.src.source == c.src.source;
-      if (!seen) list.push_back(std::move(c));
-    }
-  }
-}
-
 namespace tune_detail {
 
-inline bool has_candidates(const Program& p) {
-  for (const auto& c : p.candidates)
-    if (c.size() > 1) return true;
-  return false;
+inline bool is_column(const graph::Graph& g, const schedule::KernelPlan& plan) {
+  const auto& domain = g[plan.domain].shape;
+  return plan.kind != schedule::Kind::poi && domain.size() > 0 &&
+         std::find(plan.rdims.begin(), plan.rdims.end(), static_cast<std::int64_t>(domain.size()) - 1) == plan.rdims.end();
 }
 
-// The disk cache's name for a program's choice: every candidate's source and the device.
+// Appends kernel k's candidate under tuning t unless an equal source was tried already.
+template <class Write>
+void add_candidate(std::vector<CompiledKernel>& list, const std::vector<std::string>& tried, Write& write, int k,
+                   const codegen::Tuning& t) {
+  CompiledKernel c;
+  c.src = write(k, t);
+  c.src.tuning = t;  // waves included: the writer keeps only what the source depends on
+  for (const auto& s : tried)
+    if (s == c.src.source) return;
+  for (const auto& d : list)
+    if (d.src.source == c.src.source) return;
+  c.variant = static_cast<int>(list.size());
+  list.push_back(std::move(c));
+}
+
+// The disk cache's name for a program's choice: every first-round candidate's source and the device.
 inline std::string choice_key(const Program& p) {
   Hasher h;
-  h.update("kiln autotune 1").update(driver::device_name(p.device.index)).update(driver::arch(p.device.index));
+  h.update("kiln autotune 2").update(driver::device_name(p.device.index)).update(driver::arch(p.device.index));
   for (const auto& list : p.candidates)
     for (const auto& c : list) h.update(c.src.source).update(c.src.tuning.str());
   return hex(h.digest());
@@ -77,10 +68,29 @@ inline std::string choice_key(const Program& p) {
 
 }  // namespace tune_detail
 
-// A choice stored by an earlier process for these candidates on this device: applied (the
-// winners' sources replace the kernels before compile_program) and the candidates dropped.
-inline bool apply_stored_choice(Program& p) {
-  if (!tune_detail::has_candidates(p)) {
+// Writes every first-round candidate of every generated kernel of a planned CUDA program (cheap:
+// no compile). `write(k, tuning)` writes kernel k under a tuning; p.kernels hold the rules' choices.
+template <class Write>
+void plan_candidates(Program& p, const graph::Graph& g, Write&& write) {
+  p.autotune = true;
+  p.candidates.assign(p.kernels.size(), {});
+  for (std::size_t k = 0; k < p.kernels.size(); ++k) {
+    if (p.kernels[k].extern_node >= 0) continue;
+    const auto& plan = p.sched.kernels[k];
+    auto& list = p.candidates[k];
+    list.push_back(p.kernels[k]);
+    for (const auto& t : tuning_candidates(plan.kind, tune_detail::is_column(g, plan)))
+      tune_detail::add_candidate(list, {}, write, static_cast<int>(k), t);
+  }
+}
+
+// A choice stored by an earlier process for these candidates on this device: each kernel is
+// written under its winning tuning (before compile_program) and the candidates are dropped.
+template <class Write>
+bool apply_stored_choice(Program& p, Write&& write) {
+  bool any = false;
+  for (const auto& c : p.candidates) any = any || c.size() > 1;
+  if (!any) {
     p.candidates.clear();
     return true;
   }
@@ -88,27 +98,22 @@ inline bool apply_stored_choice(Program& p) {
   auto stored = default_disk_cache().load(p.tuning_key, "tune");
   if (!stored) return false;
   std::istringstream in(std::string(stored->begin(), stored->end()));
-  std::vector<std::pair<int, int>> picks(p.kernels.size(), {0, -1});
-  for (std::size_t k, variant; in >> k >> variant;) {
-    int waves = -1;
-    in >> waves;
-    if (k >= p.candidates.size() || variant >= p.candidates[k].size()) return false;
-    picks[k] = {static_cast<int>(variant), waves};
+  std::vector<std::pair<std::size_t, codegen::Tuning>> picks;
+  for (std::size_t k; in >> k;) {
+    codegen::Tuning t;
+    for (auto f : codegen::Tuning::fields) in >> t.*f;
+    if (!in || k >= p.kernels.size() || p.kernels[k].extern_node >= 0) return false;
+    picks.emplace_back(k, t);
   }
-  for (std::size_t k = 0; k < p.candidates.size(); ++k) {
-    if (p.candidates[k].empty()) continue;
-    CompiledKernel w = p.candidates[k][static_cast<std::size_t>(picks[k].first)];
-    w.src.tuning.waves = picks[k].second;
-    p.kernels[k] = std::move(w);
-  }
+  for (const auto& [k, t] : picks) p.kernels[k].src = write(static_cast<int>(k), t), p.kernels[k].src.tuning = t;
   p.candidates.clear();
   debug::log_lazy(debug::Channel::autotune, [&] { return "using the stored choice " + p.tuning_key; });
   return true;
 }
 
-// Compiles the candidates (p.kernels, the rules' choices, are compiled already): translation unit
-// i holds every kernel's candidate i, compiled on its own thread; then each row candidate gets one
-// entry more for each grid of tuning_waves that differs from its own.
+// Compiles the candidates; each list's first entry is compiled already (p.kernels[k]). Translation
+// unit i holds every kernel's candidate i, compiled on its own thread; then each row candidate gets
+// one entry more for each grid of tuning_waves that differs from its own.
 inline void compile_candidates(Program& p, const std::string& name) {
   std::size_t units = 0;
   for (const auto& list : p.candidates) units = std::max(units, list.size());
@@ -131,12 +136,14 @@ inline void compile_candidates(Program& p, const std::string& name) {
   for (auto& t : threads) t.join();
   for (auto& f : failures)
     if (f) std::rethrow_exception(f);
+  const std::size_t base = p.candidate_modules.size();
   for (std::size_t i = 1; i < units; ++i) p.candidate_modules.push_back(std::make_shared<Module>(cubins[i], p.device.index));
   for (std::size_t k = 0; k < p.candidates.size(); ++k) {
     auto& list = p.candidates[k];
     if (list.empty()) continue;
     list[0].cuda = p.kernels[k].cuda;
-    for (std::size_t i = 1; i < list.size(); ++i) list[i].cuda = p.candidate_modules[i - 1]->function(list[i].src.name.c_str());
+    for (std::size_t i = 1; i < list.size(); ++i)
+      list[i].cuda = p.candidate_modules[base + i - 1]->function(list[i].src.name.c_str());
     if (list[0].src.kind == schedule::Kind::poi) continue;
     std::vector<CompiledKernel> gridded;
     for (auto& c : list) {
@@ -173,7 +180,8 @@ class Tuner final : public KernelProbe {
       times_[k].push_back(ms);
       if (ms < best) best = ms, best_[k] = i;
     }
-    // The rules' choice stands unless another candidate beats it by 1% (timing noise).
+    // The incumbent (the rules' choice, then the first round's winner) stands unless another
+    // candidate beats it by 1% (timing noise).
     if (best > 0.99 * times_[k][0]) best_[k] = 0;
   }
 
@@ -186,9 +194,10 @@ class Tuner final : public KernelProbe {
   std::vector<std::vector<double>> times_;
 };
 
-// The first call of an autotuned program: runs it once with the probe (on copies of the arguments
-// it updates in place, restored afterwards), keeps each kernel's fastest candidate and stores the
-// choice on disk. Synchronises the stream (it times on it). The call's own run follows.
+// The first call of an autotuned program: runs it with the probe (on copies of the arguments it
+// updates in place, restored afterwards) for the first candidates, then for the winners'
+// neighbours; keeps each kernel's fastest and stores the choice on disk. Synchronises the stream
+// (it times on it). The call's own run follows.
 inline void tune_program(Program& p, const Tensor* const* args, const double* scalars, ShapeFn shape_of, CUstream stream) {
   if (p.candidates.empty()) return;
   std::vector<std::pair<Tensor, Tensor>> saved;  // (argument, copy): k::assign targets
@@ -200,24 +209,60 @@ inline void tune_program(Program& p, const Tensor* const* args, const double* sc
     driver::copy_async(copy.data_ptr(), a.data_ptr(), a.nbytes(), stream);
     saved.emplace_back(a, std::move(copy));
   }
-  Tuner tuner(p);
-  std::vector<Tensor> outputs(p.graph.outputs.size());
-  p.run(args, scalars, outputs.data(), shape_of, stream, nullptr, &tuner);
+  auto arg = [&](int slot) -> const Tensor& { return *args[slot]; };
+  auto write = [&](int k, const codegen::Tuning& t) { return write_kernel(p.graph, p.sched, p.env, k, codegen::Target::cuda, arg, t); };
+  std::vector<double> rules_ms(p.candidates.size(), 0), best_ms(p.candidates.size(), 0);
+  std::vector<std::size_t> tried(p.candidates.size(), 0);
+  std::vector<std::vector<std::string>> seen(p.candidates.size());
+  for (int round = 0; round < 2; ++round) {
+    Tuner tuner(p);
+    std::vector<Tensor> outputs(p.graph.outputs.size());
+    p.run(args, scalars, outputs.data(), shape_of, stream, nullptr, &tuner);
+    driver::synchronize(stream);
+    for (std::size_t k = 0; k < p.candidates.size(); ++k) {
+      const auto& list = p.candidates[k];
+      if (list.empty() || tuner.times(k).empty()) continue;
+      if (round == 0) rules_ms[k] = tuner.times(k)[0];
+      best_ms[k] = tuner.times(k)[tuner.best(k)];
+      tried[k] += list.size();
+      for (const auto& c : list) seen[k].push_back(c.src.source);
+      p.kernels[k] = list[tuner.best(k)];
+    }
+    if (round == 1) break;
+    // The second round: each winner, then the winner with each first-round change on top.
+    bool more = false;
+    for (std::size_t k = 0; k < p.candidates.size(); ++k) {
+      auto& list = p.candidates[k];
+      if (list.size() <= 1) {
+        list.clear();
+        continue;
+      }
+      const codegen::Tuning won = p.kernels[k].src.tuning;
+      list.assign(1, p.kernels[k]);
+      list[0].variant = 0;
+      const auto& plan = p.sched.kernels[k];
+      for (const auto& t : tuning_candidates(plan.kind, tune_detail::is_column(p.graph, plan)))
+        if (!(won.merged(t) == won)) tune_detail::add_candidate(list, seen[k], write, static_cast<int>(k), won.merged(t));
+      more = more || list.size() > 1;
+    }
+    if (!more) break;
+    compile_candidates(p, p.kernels.front().src.name);
+  }
   for (auto& [a, copy] : saved) driver::copy_async(a.data_ptr(), copy.data_ptr(), a.nbytes(), stream);
   driver::synchronize(stream);
   std::string choice, report;
-  for (std::size_t k = 0; k < p.candidates.size(); ++k) {
-    const auto& list = p.candidates[k];
-    if (list.empty() || tuner.times(k).empty()) continue;
-    std::size_t i = tuner.best(k);
-    choice += std::to_string(k) + " " + std::to_string(list[i].variant) + " " + std::to_string(list[i].src.tuning.waves) + "\n";
+  for (std::size_t k = 0; k < p.kernels.size(); ++k) {
+    if (p.kernels[k].extern_node >= 0 || tried[k] == 0) continue;
+    const codegen::Tuning& t = p.kernels[k].src.tuning;
+    choice += std::to_string(k);
+    for (auto f : codegen::Tuning::fields) choice += " " + std::to_string(t.*f);
+    choice += "\n";
     if (debug::log_enabled(debug::Channel::autotune)) {
       std::ostringstream line;
-      line << "  " << list[i].src.name << ": " << list.size() << " candidates; the rules' choice " << tuner.times(k)[0]
-           << " ms, fastest " << tuner.times(k)[i] << " ms (" << list[i].src.tuning.str() << ")\n";
+      line << "  " << p.kernels[k].src.name << ": " << tried[k] << " candidates in two rounds; the rules' choice " << rules_ms[k]
+           << " ms, fastest " << best_ms[k] << " ms (" << t.str() << ")\n";
       report += line.str();
     }
-    p.kernels[k] = list[i];
   }
   p.candidates.clear();
   p.source = program_body(p);

@@ -134,15 +134,6 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
     for (auto& k : p->sched.kernels) s += "  " + k.debug_str(g) + "\n";
     debug::log(debug::Channel::fusion, "kernels:\n" + s);
   }
-  auto strides_of = [&](int node) {
-    const auto& shape = env[node];
-    if (g[node].op == Op::arg && !arg(g[node].slot).is_contiguous()) {
-      std::vector<Sym> st;
-      for (auto s : arg(g[node].slot).strides()) st.push_back(Sym(s));
-      return st;
-    }
-    return contiguous_strides(shape);
-  };
   codegen::Target target = device.is_cpu() ? codegen::Target::cpu : codegen::Target::cuda;
   for (int k = 0; k < static_cast<int>(p->sched.kernels.size()); ++k) {
     CompiledKernel ck;
@@ -155,14 +146,12 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
       ck.src.fused_ops = {!is_custom(n.op) ? std::string(name(n.op))
                           : custom_ops::name_of(n.attrs.custom) + (n.op == Op::custom_backward ? "_backward" : "")};
     } else {
-      ck.src = codegen::KernelWriter(g, p->sched, env, k, target, strides_of).write();
+      ck.src = write_kernel(g, p->sched, env, k, target, arg);
     }
     p->kernels.push_back(std::move(ck));
   }
   if (autotune && target == codegen::Target::cuda)
-    plan_candidates(*p, g, [&](int k, const codegen::Tuning& t) {
-      return codegen::KernelWriter(g, p->sched, env, k, target, strides_of, t).write();
-    });
+    plan_candidates(*p, g, [&](int k, const codegen::Tuning& t) { return write_kernel(g, p->sched, env, k, target, arg, t); });
   for (int i = 0; i < g.size(); ++i)
     if (p->sched.realized[i] && g[i].op != Op::arg) p->buffers.push_back(i);
   for (int o : g.outputs) p->arg_of_output.push_back(g[o].op == Op::arg ? g[o].slot : -1);
@@ -178,7 +167,9 @@ template <class ArgAt>
 std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg, bool autotune = false) {
   auto p = plan_program(std::move(g), std::move(env), device, arg, autotune);
   std::string name = p->kernels.empty() ? "kiln_program" : p->kernels.front().src.name;
-  bool tune = p->autotune && !apply_stored_choice(*p);
+  bool tune = p->autotune && !apply_stored_choice(*p, [&](int k, const codegen::Tuning& t) {
+    return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, t);
+  });
   compile_program(*p, name);                         // NVRTC or the host compiler, cached
   if (tune) compile_candidates(*p, name);            // timed at the first call (tune_program)
   if (debug::log_enabled(debug::Channel::output_code)) debug::log(debug::Channel::output_code, p->source);

@@ -99,6 +99,22 @@ struct Program {
   }
 };
 
+// Writes kernel k of a schedule for a target, under a tuning. `arg(slot)` gives the call's
+// arguments: a strided argument is read through its strides, everything else is contiguous.
+template <class ArgAt>
+codegen::KernelSource write_kernel(const graph::Graph& g, const schedule::Schedule& s, const ir::ShapeEnv& env, int k,
+                                   codegen::Target target, ArgAt&& arg, const codegen::Tuning& tune = {}) {
+  auto strides_of = [&](int node) {
+    if (g[node].op == Op::arg && !arg(g[node].slot).is_contiguous()) {
+      std::vector<Sym> st;
+      for (auto stride : arg(g[node].slot).strides()) st.push_back(Sym(stride));
+      return st;
+    }
+    return contiguous_strides(env[node]);
+  };
+  return codegen::KernelWriter(g, s, env, k, target, strides_of, tune).write();
+}
+
 // Queues a generated CUDA kernel's `nprog` programs; row programs loop over rows, so the grid
 // stops at the kernel's grid_limit (row_grid_limit).
 inline void launch_compiled(const CompiledKernel& k, std::int64_t nprog, void** slots, CUstream stream) {
