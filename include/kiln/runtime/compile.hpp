@@ -95,6 +95,8 @@ graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, Low
   g = rewrite::simplify(g);
   graph::infer_shapes(g, arg);
   stats.ops_decomposed = g.count_ops();
+  g = rewrite::fold_matmul_transposes(g);            // (A @ B)^T written as B^T @ A^T
+  graph::infer_shapes(g, arg);
   g = schedule::split_reductions(g);                 // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
   g = copy_strided_custom_inputs(g, arg);           // custom ops read contiguous buffers
