@@ -17,9 +17,10 @@ namespace rt = kiln::runtime;
 
 namespace {
 
-// The CUDA program of an expression over CPU tensors, planned with its autotuning candidates.
+// The program of an expression over CPU tensors for a device (no GPU needed to plan a CUDA one),
+// with its autotuning candidates by default.
 template <class E>
-std::shared_ptr<rt::Program> plan_tuned(const E& e) {
+std::shared_ptr<rt::Program> plan_tuned(const E& e, k::Device device = k::Device(k::cuda), bool autotune = true) {
   k::graph::Graph g = k::graph::flatten(e);
   k::graph::Captured<E> cap;
   k::graph::gather(e, cap);
@@ -29,7 +30,7 @@ std::shared_ptr<rt::Program> plan_tuned(const E& e) {
   rt::LoweringStats stats;
   g = rt::lower_graph(g, arg, [](k::graph::Graph x) { return x; }, stats);
   k::ir::ShapeEnv env = k::ir::make_static_shape_env(g);
-  return rt::plan_program(std::move(g), std::move(env), k::Device(k::cuda), arg, true);
+  return rt::plan_program(std::move(g), std::move(env), device, arg, autotune);
 }
 
 // Collects the autotune channel's lines while alive.
@@ -95,6 +96,26 @@ TEST_CASE("autotune: the candidates cover block shapes, loads and where weights 
   CHECK(tunings.count("hoist=0") == 1);  // the rules hoist w and b for blocks of two rows
   CHECK(tunings.count("loads=1") == 1);
   CHECK(threads.size() >= 3);  // 32, 64, 128, 256 or 512 threads a row
+}
+
+// Column partials (schedule/partials.hpp) need the row held in registers, which depends on the
+// target and the tuning: where it is not, the program is planned without them (no error).
+TEST_CASE("autotune: column partials only where the row stays in registers") {
+  auto has_partials = [](const rt::Program& p) {
+    for (const auto& kern : p.kernels)
+      if (kern.src.source.find("KILN_ROW_GROUP") != std::string::npos) return true;
+    return false;
+  };
+  // 6144 f32 columns: registers on the GPU (16 tiles at most a thread), not on the CPU (256 vectors).
+  auto x = k::empty({16384, 6144}, k::f32, k::cpu), dy = k::empty({16384, 6144}, k::f32, k::cpu);
+  auto expr = k::sum(dy * (x - k::mean(x, -1, true)), 0);
+  CHECK(has_partials(*plan_tuned(expr, k::Device(k::cuda), false)));
+  CHECK_FALSE(has_partials(*plan_tuned(expr, k::cpu, false)));
+  // f64 rows of 2048: the 64-elements-a-thread candidate cannot hold them and is left out.
+  auto x64 = k::empty({16384, 2048}, k::f64, k::cpu), dy64 = k::empty({16384, 2048}, k::f64, k::cpu);
+  auto p = plan_tuned(k::sum(dy64 * (x64 - k::mean(x64, -1, true)), 0));
+  CHECK(has_partials(*p));
+  for (const auto& c : p->candidates.at(0)) CHECK(c.src.tuning.row_elems != 64);
 }
 
 TEST_CASE("autotune: a second-round neighbour is the winner with one change on top") {

@@ -26,6 +26,13 @@ struct Param {
   std::string name;
 };
 
+// Thrown by the writer when a row kernel asked to keep column partial sums cannot hold its row in
+// registers under its launch config (long rows on the CPU, a tuning candidate, a KILN_TUNE_ knob):
+// the planner then plans without them (runtime/compile.hpp), autotuning drops the candidate.
+struct unheld_partials : error {
+  using error::error;
+};
+
 struct KernelSource {
   std::string name;
   schedule::Kind kind;

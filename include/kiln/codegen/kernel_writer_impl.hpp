@@ -280,7 +280,7 @@ inline KernelSource KernelWriter::write() {
     // Column partials: exactly partial_groups programs. On CUDA a block a row (its group), on the
     // CPU a program over each group's consecutive rows; both hold the row in registers.
     if (ks.config.riters == 0 || xn % plan_.partial_groups != 0)
-      throw error("codegen: column partials of " + ks.name + " need rows held in registers");
+      throw unheld_partials("codegen: column partials of " + ks.name + " need rows held in registers");
     if (target_ == Target::cuda) ks.config.rows = 1, ks.config.threads = ks.config.row_threads;
     else ks.config.rows = static_cast<int>(xn / plan_.partial_groups);
     ks.partial_groups = plan_.partial_groups;

@@ -47,7 +47,11 @@ template <class Write>
 void add_candidate(std::vector<CompiledKernel>& list, const std::vector<std::string>& tried, Write& write, int k,
                    const codegen::Tuning& t) {
   CompiledKernel c;
-  c.src = write(k, t);
+  try {
+    c.src = write(k, t);
+  } catch (const codegen::unheld_partials&) {
+    return;  // this tuning cannot hold the row that the kernel's column partials need
+  }
   c.src.tuning = t;  // waves included: the writer keeps only what the source depends on
   for (const auto& s : tried)
     if (s == c.src.source) return;
@@ -98,14 +102,19 @@ bool apply_stored_choice(Program& p, Write&& write) {
   auto stored = default_disk_cache().load(p.tuning_key, "tune");
   if (!stored) return false;
   std::istringstream in(std::string(stored->begin(), stored->end()));
-  std::vector<std::pair<std::size_t, codegen::Tuning>> picks;
+  std::vector<std::pair<std::size_t, codegen::KernelSource>> picks;
   for (std::size_t k; in >> k;) {
     codegen::Tuning t;
     for (auto f : codegen::Tuning::fields) in >> t.*f;
     if (!in || k >= p.kernels.size() || p.kernels[k].extern_node >= 0) return false;
-    picks.emplace_back(k, t);
+    try {
+      picks.emplace_back(k, write(static_cast<int>(k), t));
+    } catch (const codegen::unheld_partials&) {
+      return false;  // written under other knobs: tune again
+    }
+    picks.back().second.tuning = t;
   }
-  for (const auto& [k, t] : picks) p.kernels[k].src = write(static_cast<int>(k), t), p.kernels[k].src.tuning = t;
+  for (auto& [k, src] : picks) p.kernels[k].src = std::move(src);
   p.candidates.clear();
   debug::log_lazy(debug::Channel::autotune, [&] { return "using the stored choice " + p.tuning_key; });
   return true;
@@ -167,8 +176,9 @@ class Tuner final : public KernelProbe {
 
   void launch(std::size_t k, BindParams bind, const void* state, Bindings sizes, CUstream stream) override {
     const auto& list = p_.candidates[k];
-    if (list.size() == 1) {  // nothing to choose: launched as the run would
-      launch_compiled(list[0], detail::num_programs(list[0], sizes), bind(state, list[0].src), stream);
+    if (list.size() <= 1) {  // nothing to choose: launched as the run would
+      const CompiledKernel& c = list.empty() ? p_.kernels[k] : list[0];
+      launch_compiled(c, detail::num_programs(c, sizes), bind(state, c.src), stream);
       return;
     }
     double best = std::numeric_limits<double>::infinity();
@@ -194,62 +204,93 @@ class Tuner final : public KernelProbe {
   std::vector<std::vector<double>> times_;
 };
 
-// The first call of an autotuned program: runs it with the probe (on copies of the arguments it
-// updates in place, restored afterwards) for the first candidates, then for the winners'
-// neighbours; keeps each kernel's fastest and stores the choice on disk. Synchronises the stream
-// (it times on it). The call's own run follows.
+// The arguments a program updates in place (k::assign targets), copied before a tuning run and
+// written back after each round, and on the way out if tuning fails.
+class SavedArguments {
+ public:
+  SavedArguments(const Program& p, const Tensor* const* args, CUstream stream) : stream_(stream) {
+    for (std::size_t o = 0; o < p.graph.outputs.size(); ++o) {
+      int slot = o < p.graph.output_into.size() ? p.graph.output_into[o] : -1;
+      if (slot < 0) continue;
+      const Tensor& a = *args[slot];
+      Tensor copy = Tensor::empty(a.shape(), a.dtype(), a.device(), stream);
+      driver::copy_async(copy.data_ptr(), a.data_ptr(), a.nbytes(), stream);
+      saved_.emplace_back(a, std::move(copy));
+    }
+  }
+  SavedArguments(const SavedArguments&) = delete;
+  SavedArguments& operator=(const SavedArguments&) = delete;
+  ~SavedArguments() {
+    try {
+      restore();
+    } catch (...) {  // the failure that brought us here is the one to report
+    }
+  }
+  void restore() {
+    for (auto& [a, copy] : saved_) driver::copy_async(a.data_ptr(), copy.data_ptr(), a.nbytes(), stream_);
+    driver::synchronize(stream_);
+  }
+
+ private:
+  CUstream stream_;
+  std::vector<std::pair<Tensor, Tensor>> saved_;
+};
+
+// The first call of an autotuned program: runs it with the probe for the first candidates, then
+// for the winners' neighbours (each run on the arguments as the call passed them); keeps each
+// kernel's fastest and stores the choice on disk. Synchronises the stream (it times on it); the
+// call's own run follows. Custom ops in the program run once per round. If tuning fails (a
+// candidate that does not compile, say), the program keeps the kernels it had and the error goes
+// to the autotune log.
 inline void tune_program(Program& p, const Tensor* const* args, const double* scalars, ShapeFn shape_of, CUstream stream) {
   if (p.candidates.empty()) return;
-  std::vector<std::pair<Tensor, Tensor>> saved;  // (argument, copy): k::assign targets
-  for (std::size_t o = 0; o < p.graph.outputs.size(); ++o) {
-    int slot = o < p.graph.output_into.size() ? p.graph.output_into[o] : -1;
-    if (slot < 0) continue;
-    const Tensor& a = *args[slot];
-    Tensor copy = Tensor::empty(a.shape(), a.dtype(), a.device(), stream);
-    driver::copy_async(copy.data_ptr(), a.data_ptr(), a.nbytes(), stream);
-    saved.emplace_back(a, std::move(copy));
-  }
+  SavedArguments saved(p, args, stream);
   auto arg = [&](int slot) -> const Tensor& { return *args[slot]; };
   auto write = [&](int k, const codegen::Tuning& t) { return write_kernel(p.graph, p.sched, p.env, k, codegen::Target::cuda, arg, t); };
   std::vector<double> rules_ms(p.candidates.size(), 0), best_ms(p.candidates.size(), 0);
   std::vector<std::size_t> tried(p.candidates.size(), 0);
   std::vector<std::vector<std::string>> seen(p.candidates.size());
-  for (int round = 0; round < 2; ++round) {
-    Tuner tuner(p);
-    std::vector<Tensor> outputs(p.graph.outputs.size());
-    p.run(args, scalars, outputs.data(), shape_of, stream, nullptr, &tuner);
-    driver::synchronize(stream);
-    for (std::size_t k = 0; k < p.candidates.size(); ++k) {
-      const auto& list = p.candidates[k];
-      if (list.empty() || tuner.times(k).empty()) continue;
-      if (round == 0) rules_ms[k] = tuner.times(k)[0];
-      best_ms[k] = tuner.times(k)[tuner.best(k)];
-      tried[k] += list.size();
-      for (const auto& c : list) seen[k].push_back(c.src.source);
-      p.kernels[k] = list[tuner.best(k)];
-    }
-    if (round == 1) break;
-    // The second round: each winner, then the winner with each first-round change on top.
-    bool more = false;
-    for (std::size_t k = 0; k < p.candidates.size(); ++k) {
-      auto& list = p.candidates[k];
-      if (list.size() <= 1) {
-        list.clear();
-        continue;
+  try {
+    for (int round = 0; round < 2; ++round) {
+      Tuner tuner(p);
+      std::vector<Tensor> outputs(p.graph.outputs.size());
+      p.run(args, scalars, outputs.data(), shape_of, stream, nullptr, &tuner);
+      saved.restore();
+      for (std::size_t k = 0; k < p.candidates.size(); ++k) {
+        const auto& list = p.candidates[k];
+        if (list.empty() || tuner.times(k).empty()) continue;
+        if (round == 0) rules_ms[k] = tuner.times(k)[0];
+        best_ms[k] = tuner.times(k)[tuner.best(k)];
+        tried[k] += list.size();
+        for (const auto& c : list) seen[k].push_back(c.src.source);
+        p.kernels[k] = list[tuner.best(k)];
       }
-      const codegen::Tuning won = p.kernels[k].src.tuning;
-      list.assign(1, p.kernels[k]);
-      list[0].variant = 0;
-      const auto& plan = p.sched.kernels[k];
-      for (const auto& t : tuning_candidates(plan.kind, tune_detail::is_column(p.graph, plan)))
-        if (!(won.merged(t) == won)) tune_detail::add_candidate(list, seen[k], write, static_cast<int>(k), won.merged(t));
-      more = more || list.size() > 1;
+      if (round == 1) break;
+      // The second round: each winner, then the winner with each first-round change on top.
+      bool more = false;
+      for (std::size_t k = 0; k < p.candidates.size(); ++k) {
+        auto& list = p.candidates[k];
+        if (list.size() <= 1) {
+          list.clear();
+          continue;
+        }
+        const codegen::Tuning won = p.kernels[k].src.tuning;
+        list.assign(1, p.kernels[k]);
+        list[0].variant = 0;
+        const auto& plan = p.sched.kernels[k];
+        for (const auto& t : tuning_candidates(plan.kind, tune_detail::is_column(p.graph, plan)))
+          if (!(won.merged(t) == won)) tune_detail::add_candidate(list, seen[k], write, static_cast<int>(k), won.merged(t));
+        more = more || list.size() > 1;
+      }
+      if (!more) break;
+      compile_candidates(p, p.kernels.front().src.name);
     }
-    if (!more) break;
-    compile_candidates(p, p.kernels.front().src.name);
+  } catch (const std::exception& e) {
+    p.candidates.clear();  // p.kernels hold compiled kernels: the rules' choices or a round's winners
+    p.source = program_body(p);
+    debug::log(debug::Channel::autotune, std::string("tuning stopped, the kernels so far kept: ") + e.what());
+    return;
   }
-  for (auto& [a, copy] : saved) driver::copy_async(a.data_ptr(), copy.data_ptr(), a.nbytes(), stream);
-  driver::synchronize(stream);
   std::string choice, report;
   for (std::size_t k = 0; k < p.kernels.size(); ++k) {
     if (p.kernels[k].extern_node >= 0 || tried[k] == 0) continue;

@@ -120,26 +120,23 @@ inline void check_assign_order(const graph::Graph& g, const Program& p) {
   }
 }
 
-// Primitive graph -> kernel sources and buffer plan for one target, without compiling them
-// (nothing here needs a driver: k::export_kernels plans CUDA programs on machines without a GPU).
-// autotune (CUDA only): every candidate of every kernel is written too (runtime/autotune.hpp).
+// The schedule of a graph (fusion, buffers, names) and each kernel's source under the rules.
 template <class ArgAt>
-std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg, bool autotune = false) {
-  auto p = std::make_shared<Program>();
-  p->device = device;
-  p->sched = schedule::fuse(g);                      // group anchors into kernels
-  schedule::absorb_column_partials(g, p->sched, env);  // dw/db-like column sums into row kernels
-  schedule::plan_buffers(g, p->sched);               // buffers only at fusion boundaries
-  schedule::name_kernels(g, p->sched);
+void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg,
+                  bool partials) {
+  p.kernels.clear();
+  p.sched = schedule::fuse(g);                                  // group anchors into kernels
+  schedule::absorb_column_partials(g, p.sched, env, partials);  // dw/db-like column sums into row kernels
+  schedule::plan_buffers(g, p.sched);                           // buffers only at fusion boundaries
+  schedule::name_kernels(g, p.sched);
   if (debug::log_enabled(debug::Channel::fusion)) {
     std::string s;
-    for (auto& k : p->sched.kernels) s += "  " + k.debug_str(g) + "\n";
+    for (auto& k : p.sched.kernels) s += "  " + k.debug_str(g) + "\n";
     debug::log(debug::Channel::fusion, "kernels:\n" + s);
   }
-  codegen::Target target = device.is_cpu() ? codegen::Target::cpu : codegen::Target::cuda;
-  for (int k = 0; k < static_cast<int>(p->sched.kernels.size()); ++k) {
+  for (int k = 0; k < static_cast<int>(p.sched.kernels.size()); ++k) {
     CompiledKernel ck;
-    const auto& plan = p->sched.kernels[k];
+    const auto& plan = p.sched.kernels[k];
     if (plan.kind == schedule::Kind::extern_) {
       ck.extern_node = plan.domain;
       ck.src.name = plan.name;
@@ -148,9 +145,29 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
       ck.src.fused_ops = {!is_custom(n.op) ? std::string(name(n.op))
                           : custom_ops::name_of(n.attrs.custom) + (n.op == Op::custom_backward ? "_backward" : "")};
     } else {
-      ck.src = write_kernel(g, p->sched, env, k, target, arg);
+      ck.src = write_kernel(g, p.sched, env, k, target, arg);
     }
-    p->kernels.push_back(std::move(ck));
+    p.kernels.push_back(std::move(ck));
+  }
+}
+
+// Primitive graph -> kernel sources and buffer plan for one target, without compiling them
+// (nothing here needs a driver: k::export_kernels plans CUDA programs on machines without a GPU).
+// autotune (CUDA only): every candidate of every kernel is written too (runtime/autotune.hpp).
+template <class ArgAt>
+std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg, bool autotune = false) {
+  auto p = std::make_shared<Program>();
+  p->device = device;
+  codegen::Target target = device.is_cpu() ? codegen::Target::cpu : codegen::Target::cuda;
+  // Column partials need their row kernel's rows in registers, which only its launch config tells:
+  // when the writer finds they are not, the schedule is planned again without them.
+  for (bool partials : {true, false}) {
+    try {
+      plan_kernels(*p, g, env, target, arg, partials);
+      break;
+    } catch (const codegen::unheld_partials&) {
+      if (!partials) throw;
+    }
   }
   if (autotune && target == codegen::Target::cuda)
     plan_candidates(*p, g, [&](int k, const codegen::Tuning& t) { return write_kernel(g, p->sched, env, k, target, arg, t); });
@@ -162,6 +179,7 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   p->env = std::move(env);
   return p;
 }
+
 
 // Primitive graph -> compiled program for one device and shape environment. With autotune, the
 // candidates are compiled too, unless a stored choice names the winners (then only they are).

@@ -3,6 +3,7 @@
 // program whose guards hold (the hit path: comparisons only), or compiles a new one once, even
 // when many threads ask at the same time, up to the recompile limit.
 #pragma once
+#include <atomic>
 #include <mutex>
 #include <shared_mutex>
 #include <tuple>
@@ -48,6 +49,7 @@ struct Entry {
   std::shared_ptr<CapturePins> pins;    // CUDA: intermediates of runs recorded in a caller's capture
   bool tune = false;                    // options.autotune: the first call times the candidates
   mutable std::once_flag tuned;
+  mutable std::atomic<bool> tuning_done{false};
 };
 
 // The scratch shapes of a dynamic call: the program's graph re-inferred for this call's inputs.
@@ -254,7 +256,12 @@ inline void run_entry(const Entry& e, const Tensor* const* args, const double* s
   const Program& p = *e.program;
   const std::vector<graph::Node>& nodes = shapes.nodes.empty() ? p.graph.nodes : shapes.nodes;
   auto shape_of = [&](int n) -> const Dims& { return nodes[n].shape; };
-  if (e.tune) std::call_once(e.tuned, [&] { tune_program(*e.program, args, scalars, shape_of, stream); });
+  // Tuning times and synchronises: not inside a capture the caller is recording (a later call tunes).
+  if (e.tune && !e.tuning_done.load(std::memory_order_acquire) && !(stream && driver::is_capturing(stream)))
+    std::call_once(e.tuned, [&] {
+      tune_program(*e.program, args, scalars, shape_of, stream);
+      e.tuning_done.store(true, std::memory_order_release);
+    });
   bool captured = e.pins && stream && driver::is_capturing(stream);
   if (captured) {  // recorded into the caller's graph: its intermediates must outlive this call
     std::vector<Tensor> keep;

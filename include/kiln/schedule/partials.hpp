@@ -42,8 +42,8 @@ inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::Shap
 
 // Moves first stages of split column sums into the row kernels that hold their inputs (above); a
 // split kernel left with nothing is dropped. KILN_TUNE_PARTIALS=0 turns this off for A/B runs.
-inline void absorb_column_partials(const graph::Graph& g, Schedule& s, const ir::ShapeEnv& env) {
-  if (!column_partials_enabled()) return;
+inline void absorb_column_partials(const graph::Graph& g, Schedule& s, const ir::ShapeEnv& env, bool allowed = true) {
+  if (!allowed || !column_partials_enabled()) return;
   auto anchor = detail::find_anchors(g);
   for (int k = 0; k < static_cast<int>(s.kernels.size()); ++k) {
     KernelPlan& split = s.kernels[k];
