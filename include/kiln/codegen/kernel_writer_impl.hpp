@@ -276,6 +276,7 @@ inline KernelSource KernelWriter::write() {
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column, static_cast<int>(streams.size()), tune_)
                      : pointwise_config(target_, xn, max_item, tune_);
   ks.tuning = tune_;
+  ks.column = column;
   if (!plan_.partials.empty()) {
     // Column partials: exactly partial_groups programs. On CUDA a block a row (its group), on the
     // CPU a program over each group's consecutive rows; both hold the row in registers.

@@ -36,12 +36,6 @@ inline constexpr int tuning_waves[] = {16, 64};
 
 namespace tune_detail {
 
-inline bool is_column(const graph::Graph& g, const schedule::KernelPlan& plan) {
-  const auto& domain = g[plan.domain].shape;
-  return plan.kind != schedule::Kind::poi && domain.size() > 0 &&
-         std::find(plan.rdims.begin(), plan.rdims.end(), static_cast<std::int64_t>(domain.size()) - 1) == plan.rdims.end();
-}
-
 // Appends kernel k's candidate under tuning t unless an equal source was tried already.
 template <class Write>
 void add_candidate(std::vector<CompiledKernel>& list, const std::vector<std::string>& tried, Write& write, int k,
@@ -75,15 +69,14 @@ inline std::string choice_key(const Program& p) {
 // Writes every first-round candidate of every generated kernel of a planned CUDA program (cheap:
 // no compile). `write(k, tuning)` writes kernel k under a tuning; p.kernels hold the rules' choices.
 template <class Write>
-void plan_candidates(Program& p, const graph::Graph& g, Write&& write) {
+void plan_candidates(Program& p, Write&& write) {
   p.autotune = true;
   p.candidates.assign(p.kernels.size(), {});
   for (std::size_t k = 0; k < p.kernels.size(); ++k) {
     if (p.kernels[k].extern_node >= 0) continue;
-    const auto& plan = p.sched.kernels[k];
     auto& list = p.candidates[k];
     list.push_back(p.kernels[k]);
-    for (const auto& t : tuning_candidates(plan.kind, tune_detail::is_column(g, plan)))
+    for (const auto& t : tuning_candidates(p.sched.kernels[k].kind, p.kernels[k].src.column))
       tune_detail::add_candidate(list, {}, write, static_cast<int>(k), t);
   }
 }
@@ -205,7 +198,7 @@ class Tuner final : public KernelProbe {
 };
 
 // The arguments a program updates in place (k::assign targets), copied before a tuning run and
-// written back after each round, and on the way out if tuning fails.
+// written back after each round (and when a round fails).
 class SavedArguments {
  public:
   SavedArguments(const Program& p, const Tensor* const* args, CUstream stream) : stream_(stream) {
@@ -220,12 +213,6 @@ class SavedArguments {
   }
   SavedArguments(const SavedArguments&) = delete;
   SavedArguments& operator=(const SavedArguments&) = delete;
-  ~SavedArguments() {
-    try {
-      restore();
-    } catch (...) {  // the failure that brought us here is the one to report
-    }
-  }
   void restore() {
     for (auto& [a, copy] : saved_) driver::copy_async(a.data_ptr(), copy.data_ptr(), a.nbytes(), stream_);
     driver::synchronize(stream_);
@@ -277,8 +264,7 @@ inline void tune_program(Program& p, const Tensor* const* args, const double* sc
         const codegen::Tuning won = p.kernels[k].src.tuning;
         list.assign(1, p.kernels[k]);
         list[0].variant = 0;
-        const auto& plan = p.sched.kernels[k];
-        for (const auto& t : tuning_candidates(plan.kind, tune_detail::is_column(p.graph, plan)))
+        for (const auto& t : tuning_candidates(p.sched.kernels[k].kind, p.kernels[k].src.column))
           if (!(won.merged(t) == won)) tune_detail::add_candidate(list, seen[k], write, static_cast<int>(k), won.merged(t));
         more = more || list.size() > 1;
       }
@@ -286,6 +272,7 @@ inline void tune_program(Program& p, const Tensor* const* args, const double* sc
       compile_candidates(p, p.kernels.front().src.name);
     }
   } catch (const std::exception& e) {
+    saved.restore();
     p.candidates.clear();  // p.kernels hold compiled kernels: the rules' choices or a round's winners
     p.source = program_body(p);
     debug::log(debug::Channel::autotune, std::string("tuning stopped, the kernels so far kept: ") + e.what());

@@ -170,7 +170,7 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
     }
   }
   if (autotune && target == codegen::Target::cuda)
-    plan_candidates(*p, g, [&](int k, const codegen::Tuning& t) { return write_kernel(g, p->sched, env, k, target, arg, t); });
+    plan_candidates(*p, [&](int k, const codegen::Tuning& t) { return write_kernel(g, p->sched, env, k, target, arg, t); });
   for (int i = 0; i < g.size(); ++i)
     if (p->sched.realized[i] && g[i].op != Op::arg) p->buffers.push_back(i);
   for (int o : g.outputs) p->arg_of_output.push_back(g[o].op == Op::arg ? g[o].slot : -1);
