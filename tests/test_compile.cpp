@@ -183,9 +183,9 @@ TEST_CASE("compile: a changed dtype recompiles and says so") {
   CHECK(contains(r.recompile_reasons[0], "args[0].dtype"));
 }
 
-TEST_CASE("compile: static shapes hit recompile_limit_error at the limit, naming the guard") {
+TEST_CASE("compile: on_limit::raise throws recompile_limit_error at the limit, naming the guard") {
   auto fn = [](auto x) { return k::tanh(x) + 1; };
-  auto f = k::compile(fn, {.shapes = k::shapes::static_, .recompile_limit = 3});
+  auto f = k::compile(fn, {.shapes = k::shapes::static_, .recompile_limit = 3, .on_limit = k::on_limit::raise});
   for (std::int64_t n : {5, 6, 7}) {
     k::Tensor x = k::randn({n, 13}, k::f32, k::cpu, 10);
     check_close(f(x), k::reference::eval(fn(x)));

@@ -7,20 +7,23 @@
 
 #include "../expr/assign.hpp"
 #include "graph.hpp"
+#include "views.hpp"
 
 namespace kiln::graph {
 
-// Type-level counts of what one call must gather: tensor leaves, scalars, attributed nodes.
+// Type-level counts of what one call must gather: tensor leaves, scalars, attributed nodes, and
+// chains of views of an eager tensor (each gathered as one viewed tensor when views are folded).
 template <class E> struct Counts;
-template <> struct Counts<expr::TensorLeaf> { static constexpr int tensors = 1, scalars = 0, attrs = 0, max_arg = -1; };
-template <int I> struct Counts<expr::Arg<I>> { static constexpr int tensors = 0, scalars = 0, attrs = 0, max_arg = I; };
-template <bool F> struct Counts<expr::Scalar<F>> { static constexpr int tensors = 0, scalars = 1, attrs = 0, max_arg = -1; };
-template <> struct Counts<expr::Iota> { static constexpr int tensors = 0, scalars = 0, attrs = 1, max_arg = -1; };
+template <> struct Counts<expr::TensorLeaf> { static constexpr int tensors = 1, scalars = 0, attrs = 0, views = 0, max_arg = -1; };
+template <int I> struct Counts<expr::Arg<I>> { static constexpr int tensors = 0, scalars = 0, attrs = 0, views = 0, max_arg = I; };
+template <bool F> struct Counts<expr::Scalar<F>> { static constexpr int tensors = 0, scalars = 1, attrs = 0, views = 0, max_arg = -1; };
+template <> struct Counts<expr::Iota> { static constexpr int tensors = 0, scalars = 0, attrs = 1, views = 0, max_arg = -1; };
 template <Op O, class... C>
 struct Counts<expr::Node<O, C...>> {
   static constexpr int tensors = (0 + ... + Counts<C>::tensors);
   static constexpr int scalars = (0 + ... + Counts<C>::scalars);
   static constexpr int attrs = 1 + (0 + ... + Counts<C>::attrs);
+  static constexpr int views = is_leaf_view<expr::Node<O, C...>>::value ? 1 : (0 + ... + Counts<C>::views);
   static constexpr int max_arg = std::max({-1, Counts<C>::max_arg...});
 };
 
@@ -39,17 +42,23 @@ struct Counts<std::tuple<E...>> {
   static constexpr int tensors = (0 + ... + Counts<std::remove_cvref_t<E>>::tensors);
   static constexpr int scalars = (0 + ... + Counts<std::remove_cvref_t<E>>::scalars);
   static constexpr int attrs = (0 + ... + Counts<std::remove_cvref_t<E>>::attrs);
+  static constexpr int views = (0 + ... + Counts<std::remove_cvref_t<E>>::views);
   static constexpr int max_arg = std::max({-1, Counts<std::remove_cvref_t<E>>::max_arg...});
 };
 
-// The per-call values of an expression of type E.
-template <class E>
+// The per-call values of an expression of type E. With FoldViews, each chain of views of an eager
+// tensor is gathered as the viewed tensor itself (kept in `views`: a Captured is not copied after
+// gathering), and its attributes are not gathered: the runtime's evaluation does this, so those
+// attributes are never guards. The oracle and export keep views as nodes.
+template <class E, bool FoldViews = false>
 struct Captured {
   using C = Counts<E>;
+  static constexpr bool fold = FoldViews;
   std::array<const Tensor*, (C::tensors > 0 ? C::tensors : 1)> tensors{};
   std::array<double, (C::scalars > 0 ? C::scalars : 1)> scalars{};
   std::array<const Attrs*, C::attrs> attrs{};
-  int nt = 0, ns = 0, na = 0;
+  std::array<Tensor, FoldViews ? C::views : 0> views{};
+  int nt = 0, ns = 0, na = 0, nv = 0;
 };
 
 namespace detail {
@@ -64,8 +73,13 @@ template <class Cap>
 void gather(const expr::Iota& e, Cap& c) { c.attrs[c.na++] = &e.attrs; }
 template <class Cap, Op O, class... C>
 void gather(const expr::Node<O, C...>& e, Cap& c) {
-  std::apply([&](const auto&... child) { (gather(child, c), ...); }, e.in);
-  c.attrs[c.na++] = &e.attrs;
+  if constexpr (Cap::fold && is_leaf_view<expr::Node<O, C...>>::value) {
+    c.views[c.nv] = leaf_tensor(e);
+    c.tensors[c.nt++] = &c.views[c.nv++];
+  } else {
+    std::apply([&](const auto&... child) { (gather(child, c), ...); }, e.in);
+    c.attrs[c.na++] = &e.attrs;
+  }
 }
 template <class Cap, int I, class E>
 void gather(const expr::Assign<I, E>& e, Cap& c) { gather(e.value, c); }
@@ -76,6 +90,7 @@ template <int I, class E> struct is_assign<expr::Assign<I, E>> : std::true_type 
 struct FlattenState {
   int next_tensor = 0;   // eager leaves are numbered after the largest Arg index
   int next_scalar = 0;
+  bool fold_views = false;  // views of eager tensors are arguments (Captured<E, true>)
 };
 
 inline int flatten_into(const expr::TensorLeaf&, Graph& g, FlattenState& s) {
@@ -109,6 +124,8 @@ inline int flatten_into(const expr::Iota& e, Graph& g, FlattenState&) {
 }
 template <Op O, class... C>
 int flatten_into(const expr::Node<O, C...>& e, Graph& g, FlattenState& s) {
+  if constexpr (is_leaf_view<expr::Node<O, C...>>::value)
+    if (s.fold_views) return flatten_into(expr::TensorLeaf{}, g, s);
   Node n;
   n.op = O;
   std::apply([&](const auto&... child) { ((n.in[n.n_in++] = flatten_into(child, g, s)), ...); }, e.in);
@@ -119,9 +136,9 @@ int flatten_into(const expr::Node<O, C...>& e, Graph& g, FlattenState& s) {
 }  // namespace detail
 
 // Gathers the per-call values of an expression (the cache-hit path: no allocation).
-template <class E>
-void gather(const E& e, Captured<E>& c) {
-  c.nt = c.ns = c.na = 0;
+template <class E, bool Fold>
+void gather(const E& e, Captured<E, Fold>& c) {
+  c.nt = c.ns = c.na = c.nv = 0;
   if constexpr (is_tuple<E>::value)
     std::apply([&](const auto&... x) { (detail::gather(x, c), ...); }, e);
   else
@@ -130,11 +147,12 @@ void gather(const E& e, Captured<E>& c) {
 
 // Flattens a function's result (one expression, or a std::tuple of them) into a graph whose
 // first `nargs` argument slots are the function's arguments; tensors captured inside the
-// expression take the slots after them.
+// expression take the slots after them. fold_views: as Captured<E, true> gathers.
 template <class E>
-Graph flatten_result(int nargs, const E& e) {
+Graph flatten_result(int nargs, const E& e, bool fold_views = false) {
   Graph g;
   detail::FlattenState s;
+  s.fold_views = fold_views;
   s.next_tensor = std::max(nargs, Counts<E>::max_arg + 1);
   auto add_output = [&](const auto& x) {
     using X = std::remove_cvref_t<decltype(x)>;

@@ -94,6 +94,85 @@ inline Dims infer_matmul(const Dims& a, const Dims& b) {
   return out;
 }
 
+// The shape of a view of a tensor of shape xs (views are index maps: no data moves). Normalises
+// a permutation's dims in `at`. Shared by inference and the eager views of tensors (graph/views.hpp).
+inline Dims view_shape(Op op, const Dims& xs, Attrs& at) {
+  const int rank = xs.size();
+  Dims out;
+  switch (op) {
+    case Op::reshape:
+      return infer_reshape(xs, at.dims, op);
+    case Op::permute: {
+      if (at.dims.size() != rank)
+        throw shape_error("permute: order " + at.dims.str() + " does not match a tensor of shape " + xs.str());
+      Dims seen;
+      for (auto d : at.dims) {
+        int nd = normalize_dim(d, rank, "permute");
+        if (std::find(seen.begin(), seen.end(), nd) != seen.end())
+          throw shape_error("permute: order " + at.dims.str() + " repeats a dimension");
+        seen.push_back(nd);
+        out.push_back(xs[nd]);
+      }
+      at.dims = seen;
+      return out;
+    }
+    case Op::transpose: {
+      int a = normalize_dim(at.a, rank, "transpose"), b = normalize_dim(at.b, rank, "transpose");
+      out = xs;
+      if (rank > 0) std::swap(out[a], out[b]);
+      return out;
+    }
+    case Op::slice: {
+      int d = normalize_dim(at.a, rank, "slice");
+      if (at.d <= 0) throw shape_error("slice: step must be positive, got " + std::to_string(at.d));
+      std::int64_t size = xs[d];
+      auto clampi = [&](std::int64_t v) { return std::clamp<std::int64_t>(v < 0 ? v + size : v, 0, size); };
+      std::int64_t start = clampi(at.b), stop = clampi(at.c);
+      out = xs;
+      out[d] = stop > start ? (stop - start + at.d - 1) / at.d : 0;
+      return out;
+    }
+    case Op::slice_backward:  // the gradient of a slice: attrs as slice's, dims = the sliced input's shape
+      return at.dims;
+    case Op::expand: {
+      const Dims& want = at.dims;
+      if (want.size() < rank)
+        throw shape_error("expand: cannot expand shape " + xs.str() + " to fewer dimensions " + want.str());
+      out = want;
+      for (int i = 0; i < want.size(); ++i) {
+        int j = i - (want.size() - rank);
+        std::int64_t have = j >= 0 ? xs[j] : 1;
+        if (want[i] == -1) {
+          if (j < 0) throw shape_error("expand: -1 is not allowed for a new leading dimension in " + want.str());
+          out[i] = have;
+        } else if (have != 1 && have != want[i]) {
+          throw shape_error("expand: cannot expand shape " + xs.str() + " to " + want.str());
+        }
+      }
+      return out;
+    }
+    case Op::unsqueeze: {
+      int d = normalize_dim(at.a, rank + 1, "unsqueeze");
+      out = xs;
+      out.insert(d, 1);
+      return out;
+    }
+    case Op::squeeze: {
+      if (at.all) {
+        for (auto s : xs)
+          if (s != 1) out.push_back(s);
+      } else {
+        int d = normalize_dim(at.a, rank, "squeeze");
+        out = xs;
+        if (rank > 0 && xs[d] == 1) out.erase(d);
+      }
+      return out;
+    }
+    default:
+      throw error("view_shape: " + op_str(op) + " is not a view");
+  }
+}
+
 void infer_node(Graph& g, Node& n);
 
 // A custom op: the user's shape rule. Its backward node (inputs x0..xn-1, the output's cotangent)
@@ -222,79 +301,10 @@ inline void infer_node(Graph& g, Node& n) {
   const Dims& xs = in(0).shape;
   const int rank = xs.size();
   switch (n.op) {
-    case Op::reshape:
-      n.shape = infer_reshape(xs, n.attrs.dims, n.op);
+    case Op::reshape: case Op::permute: case Op::transpose: case Op::slice: case Op::slice_backward:
+    case Op::expand: case Op::unsqueeze: case Op::squeeze:
+      n.shape = view_shape(n.op, xs, n.attrs);
       break;
-    case Op::permute: {
-      if (n.attrs.dims.size() != rank)
-        throw shape_error("permute: order " + n.attrs.dims.str() + " does not match a tensor of shape " + xs.str());
-      Dims seen, out;
-      for (auto d : n.attrs.dims) {
-        int nd = normalize_dim(d, rank, "permute");
-        if (std::find(seen.begin(), seen.end(), nd) != seen.end())
-          throw shape_error("permute: order " + n.attrs.dims.str() + " repeats a dimension");
-        seen.push_back(nd);
-        out.push_back(xs[nd]);
-      }
-      n.attrs.dims = seen;
-      n.shape = out;
-      break;
-    }
-    case Op::transpose: {
-      int a = normalize_dim(n.attrs.a, rank, "transpose"), b = normalize_dim(n.attrs.b, rank, "transpose");
-      n.shape = xs;
-      if (rank > 0) std::swap(n.shape[a], n.shape[b]);
-      break;
-    }
-    case Op::slice: {
-      int d = normalize_dim(n.attrs.a, rank, "slice");
-      if (n.attrs.d <= 0) throw shape_error("slice: step must be positive, got " + std::to_string(n.attrs.d));
-      std::int64_t size = xs[d];
-      auto clampi = [&](std::int64_t v) { return std::clamp<std::int64_t>(v < 0 ? v + size : v, 0, size); };
-      std::int64_t start = clampi(n.attrs.b), stop = clampi(n.attrs.c);
-      n.shape = xs;
-      n.shape[d] = stop > start ? (stop - start + n.attrs.d - 1) / n.attrs.d : 0;
-      break;
-    }
-    case Op::slice_backward:  // the gradient of a slice: attrs as slice's, dims = the sliced input's shape
-      n.shape = n.attrs.dims;
-      break;
-    case Op::expand: {
-      const Dims& want = n.attrs.dims;
-      if (want.size() < rank)
-        throw shape_error("expand: cannot expand shape " + xs.str() + " to fewer dimensions " + want.str());
-      Dims out = want;
-      for (int i = 0; i < want.size(); ++i) {
-        int j = i - (want.size() - rank);
-        std::int64_t have = j >= 0 ? xs[j] : 1;
-        if (want[i] == -1) {
-          if (j < 0) throw shape_error("expand: -1 is not allowed for a new leading dimension in " + want.str());
-          out[i] = have;
-        } else if (have != 1 && have != want[i]) {
-          throw shape_error("expand: cannot expand shape " + xs.str() + " to " + want.str());
-        }
-      }
-      n.shape = out;
-      break;
-    }
-    case Op::unsqueeze: {
-      int d = normalize_dim(n.attrs.a, rank + 1, "unsqueeze");
-      n.shape = xs;
-      n.shape.insert(d, 1);
-      break;
-    }
-    case Op::squeeze: {
-      n.shape = {};
-      if (n.attrs.all) {
-        for (auto s : xs)
-          if (s != 1) n.shape.push_back(s);
-      } else {
-        int d = normalize_dim(n.attrs.a, rank, "squeeze");
-        n.shape = xs;
-        if (rank > 0 && xs[d] == 1) n.shape.erase(d);
-      }
-      break;
-    }
     case Op::silu: case Op::gelu: case Op::gelu_tanh:
       n.shape = xs;
       break;

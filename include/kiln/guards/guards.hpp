@@ -98,6 +98,49 @@ int check_shapes(const GuardSet& gs, ShapeOf&& shape_of, std::int64_t* symbols, 
   return -1;
 }
 
+// The compact cache key of a call: what every guard set pins exactly and cheaply (each argument's
+// dtype, device, rank and contiguity; every attribute). Programs are found by this key in constant
+// time; sizes, strides and symbolic shapes are then checked against the few programs under it.
+// A hash: two keys that collide only share a bucket, and the guards still tell them apart.
+namespace detail {
+constexpr std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ull;
+  return h ^ (h >> 29);
+}
+inline std::uint64_t hash_attrs(std::uint64_t h, const Attrs& a) {
+  h = mix(h, static_cast<std::uint64_t>(a.dims.size()));
+  for (auto d : a.dims) h = mix(h, static_cast<std::uint64_t>(d));
+  h = mix(mix(mix(mix(h, static_cast<std::uint64_t>(a.a)), static_cast<std::uint64_t>(a.b)), static_cast<std::uint64_t>(a.c)),
+          static_cast<std::uint64_t>(a.d));
+  return mix(h, static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.custom)) << 16 | static_cast<std::uint64_t>(a.dt) << 2 |
+                    std::uint64_t{a.keepdim} << 1 | std::uint64_t{a.all});
+}
+}  // namespace detail
+
+inline std::uint64_t call_key(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs) {
+  std::uint64_t h = detail::mix(0, static_cast<std::uint64_t>(nargs) << 32 | static_cast<std::uint32_t>(nattrs));
+  for (int i = 0; i < nargs; ++i) {
+    const Tensor& t = *args[i];
+    Device d = t.device();
+    h = detail::mix(h, static_cast<std::uint64_t>(t.dtype()) | static_cast<std::uint64_t>(d.is_cuda()) << 8 |
+                           static_cast<std::uint64_t>(static_cast<std::uint32_t>(d.index)) << 16 |
+                           static_cast<std::uint64_t>(t.dim()) << 48 | std::uint64_t{t.is_contiguous()} << 56);
+  }
+  for (int i = 0; i < nattrs; ++i) h = detail::hash_attrs(h, *attrs[i]);
+  return h;
+}
+inline std::uint64_t guard_key(const GuardSet& gs) {
+  std::uint64_t h = detail::mix(0, static_cast<std::uint64_t>(gs.args.size()) << 32 | static_cast<std::uint32_t>(gs.attrs.size()));
+  for (const ArgGuard& a : gs.args)
+    h = detail::mix(h, static_cast<std::uint64_t>(a.dt) | static_cast<std::uint64_t>(a.device.is_cuda()) << 8 |
+                           static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.device.index)) << 16 |
+                           static_cast<std::uint64_t>(a.rank) << 48 | std::uint64_t{a.contiguous} << 56);
+  for (const Attrs& at : gs.attrs) h = detail::hash_attrs(h, at);
+  return h;
+}
+
 inline std::vector<std::string> GuardSet::describe() const {
   std::vector<std::string> out;
   for (std::size_t i = 0; i < args.size(); ++i) {

@@ -20,11 +20,12 @@ auto pack_outputs(std::array<Tensor, N>& out) {
   else return std::apply([](auto&... t) { return std::make_tuple(t...); }, out);
 }
 
-// Lowers a traced result into a primitive graph, applying the function's transform.
+// Lowers a traced result into a primitive graph, applying the function's transform. Views of eager
+// tensors are arguments (graph/views.hpp), as evaluate gathers them.
 template <class F, class E>
 auto graph_builder(const F& f, const E& e, int nargs) {
   return [&f, &e, nargs](auto& arg, runtime::LoweringStats& stats) {
-    return runtime::lower_graph(graph::flatten_result(nargs, e), arg,
+    return runtime::lower_graph(graph::flatten_result(nargs, e, true), arg,
                                 [&](graph::Graph g) { return transform_graph(f, std::move(g)); }, stats);
   };
 }
@@ -34,7 +35,7 @@ template <int NOut, class F, class E, std::size_t NArgs>
 std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, const E& e,
                                   const std::array<const Tensor*, NArgs>& call_args, Tensor* preset, CUstream stream,
                                   std::shared_ptr<const runtime::Entry>* used = nullptr) {
-  graph::Captured<E> cap;
+  graph::Captured<E, true> cap;
   graph::gather(e, cap);
   std::array<const Tensor*, NArgs + graph::Counts<E>::tensors> args{};
   if constexpr (NArgs > 0) std::copy(call_args.begin(), call_args.end(), args.begin());  // (GCC warns on an empty copy)
@@ -126,10 +127,11 @@ Function<F> compile(F fn, options o = {}) {
 }
 
 namespace detail {
-// Eager expressions share one program cache per expression type.
+// Eager expressions share one program cache per expression type: no recompile limit, their programs
+// bounded together by the process-wide eager budget (runtime/program_budget.hpp).
 template <class E>
 runtime::ProgramCache& eager_cache() {
-  static runtime::ProgramCache cache;
+  static runtime::ProgramCache cache({}, runtime::CacheKind::eager);
   return cache;
 }
 }  // namespace detail

@@ -1,12 +1,18 @@
 // k::compile and eager evaluation: a per-function cache of compiled programs keyed by guards.
-// A call gathers the tensors, scalars and attributes of the freshly built expression, finds the
-// program whose guards hold (the hit path: comparisons only), or compiles a new one once, even
-// when many threads ask at the same time, up to the recompile limit.
+// A call gathers the tensors, scalars and attributes of the freshly built expression, finds its
+// bucket by a compact key in constant time and the program whose guards hold (the hit path:
+// comparisons only), or compiles a new one once, even when many threads ask at the same time.
+// Caches are bounded: a compiled function past its recompile limit warns once, makes every size
+// symbolic and evicts its least recently used program (or throws, with on_limit::raise); eager
+// expressions have no limit and share a process-wide budget of programs (runtime/program_budget.hpp).
 #pragma once
 #include <atomic>
+#include <cstdio>
+#include <deque>
 #include <mutex>
 #include <shared_mutex>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 
 #include "../autodiff/grad.hpp"
@@ -14,16 +20,24 @@
 #include "../guards/guards.hpp"
 #include "compile.hpp"
 #include "cuda_graph.hpp"
+#include "program_budget.hpp"
 
 namespace kiln {
 
 enum class shapes { automatic, static_, dynamic };
+
+// What a compiled function does when a call needs a program past its recompile limit.
+enum class on_limit {
+  generalize,  // warn once, make every size symbolic, evict the least recently used program
+  raise,       // throw k::recompile_limit_error (tests that pin the number of compiles)
+};
 
 struct options {
   ::kiln::shapes shapes = ::kiln::shapes::automatic;
   bool cuda_graphs = false;
   bool autotune = false;
   int recompile_limit = 8;
+  ::kiln::on_limit on_limit = ::kiln::on_limit::generalize;
 };
 
 
@@ -43,6 +57,8 @@ struct CapturePins {
 // One compiled program and what it assumed.
 struct Entry {
   guards::GuardSet guards;
+  std::uint64_t key = 0;                // guards::guard_key(guards): its bucket
+  mutable std::atomic<std::uint64_t> last_used{0};  // lru_tick() of its latest call
   std::shared_ptr<Program> program;
   LoweringStats stats;
   std::shared_ptr<GraphReplay> graphs;  // .cuda_graphs on a CUDA device; after program: destroyed first
@@ -57,9 +73,22 @@ struct CallShapes {
   std::vector<graph::Node> nodes;
 };
 
-class ProgramCache {
+// Eager caches pass `eager`: no recompile limit, and their programs count against the process-wide
+// budget of eager programs.
+enum class CacheKind { function, eager };
+
+class ProgramCache final : public Evictable {
  public:
-  explicit ProgramCache(options o = {}) : opt_(o) {}
+  explicit ProgramCache(options o = {}, CacheKind kind = CacheKind::function) : opt_(o), eager_(kind == CacheKind::eager) {
+    if (eager_) ProgramBudget::eager().add(this);
+  }
+  ~ProgramCache() override {
+    if (!eager_) return;
+    ProgramBudget::eager().remove(this);
+    for (std::size_t i = 0; i < entries_.size(); ++i) ProgramBudget::eager().removed();
+  }
+  ProgramCache(const ProgramCache&) = delete;
+  ProgramCache& operator=(const ProgramCache&) = delete;
 
   // Finds or compiles the program for these inputs. `build` returns the lowered graph (it is
   // only called on a miss); attrs are the captured attributes, compared against each entry.
@@ -68,28 +97,64 @@ class ProgramCache {
   template <class Build>
   std::shared_ptr<const Entry> get(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
                                    Build&& build, CallShapes& shapes_out, CUstream stream = nullptr) {
+    const std::uint64_t key = guards::call_key(args, nargs, attrs, nattrs);
     {
       std::shared_lock lock(mu_);
-      if (auto e = find(args, nargs, attrs, nattrs, shapes_out, nullptr)) return e;
+      if (auto e = find(key, args, nargs, attrs, nattrs, shapes_out)) return touch(e);
     }
-    std::unique_lock lock(mu_);
-    if (auto e = find(args, nargs, attrs, nattrs, shapes_out, &last_failure_)) return e;  // another thread compiled it
-    refuse_during_capture(args, nargs, stream);
-    return compile(args, nargs, attrs, nattrs, build, shapes_out);
+    std::shared_ptr<const Entry> e;
+    {
+      std::unique_lock lock(mu_);
+      if ((e = find(key, args, nargs, attrs, nattrs, shapes_out))) return touch(e);  // another thread compiled it
+      refuse_during_capture(args, nargs, stream);
+      e = compile(key, args, nargs, attrs, nattrs, build, shapes_out);
+    }
+    if (eager_) ProgramBudget::eager().trim();
+    return e;
   }
 
-  int recompiles() const { return std::max(0, static_cast<int>(entries_.size()) - 1); }
+  // Programs compiled after the first (evicted ones included), and why each was needed (the
+  // latest 64).
+  int recompiles() const { return std::max(0, compiles() - 1); }
+  int compiles() const { return compiles_.load(std::memory_order_relaxed); }
   std::vector<std::string> recompile_reasons() const {
     std::shared_lock lock(mu_);
-    return reasons_;
+    return {reasons_.begin(), reasons_.end()};
   }
   std::vector<std::shared_ptr<const Entry>> entries() const {
     std::shared_lock lock(mu_);
     return {entries_.begin(), entries_.end()};
   }
+  std::size_t size() const {
+    std::shared_lock lock(mu_);
+    return entries_.size();
+  }
+  // Whether the function went past its recompile limit and now compiles every size symbolically.
+  bool generalized() const {
+    std::shared_lock lock(mu_);
+    return generalized_;
+  }
   const options& opts() const { return opt_; }
 
+  bool oldest_tick(std::uint64_t& tick) const override {
+    std::shared_lock lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || entries_.empty()) return false;
+    tick = entries_[lru_index(-1)]->last_used.load(std::memory_order_relaxed);
+    return true;
+  }
+  bool evict_oldest() override {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || entries_.empty()) return false;
+    evict(lru_index(-1));
+    return true;
+  }
+
  private:
+  static std::shared_ptr<const Entry> touch(std::shared_ptr<const Entry> e) {
+    e->last_used.store(lru_tick(), std::memory_order_relaxed);
+    return e;
+  }
+
   static void refuse_during_capture(const Tensor* const* args, int nargs, CUstream stream) {
     if (!stream) return;  // the legacy default stream cannot be captured
     bool cuda = false;
@@ -107,15 +172,16 @@ class ProgramCache {
     return true;
   }
 
-  // Entries for the same custom ops as these attributes: calling another k::custom_op is calling
-  // another function (as another lambda would be), not a recompile of this one.
+  // Whether an entry was compiled for the same custom ops as these attributes: calling another
+  // k::custom_op is calling another function (as another lambda would be), not a recompile of this one.
+  static bool same_custom_ops(const Entry& e, const Attrs* const* attrs, int nattrs) {
+    bool same = static_cast<int>(e.guards.attrs.size()) == nattrs;
+    for (int i = 0; same && i < nattrs; ++i) same = e.guards.attrs[i].custom == attrs[i]->custom;
+    return same;
+  }
   int same_custom_ops_count(const Attrs* const* attrs, int nattrs) const {
     int count = 0;
-    for (auto& e : entries_) {
-      bool same = static_cast<int>(e->guards.attrs.size()) == nattrs;
-      for (int i = 0; same && i < nattrs; ++i) same = e->guards.attrs[i].custom == attrs[i]->custom;
-      count += same;
-    }
+    for (auto& e : entries_) count += same_custom_ops(*e, attrs, nattrs);
     return count;
   }
 
@@ -137,47 +203,106 @@ class ProgramCache {
     return g;
   }
 
-  std::shared_ptr<const Entry> find(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
-                                    CallShapes& shapes, std::string* why) const {
-    for (auto& e : entries_) {
-      if (!attrs_match(*e, attrs, nattrs)) {
-        if (why) *why = "attributes (dims or view sizes) changed";
-        continue;
-      }
-      int failed = guards::check_args(e->guards, args, static_cast<std::size_t>(nargs));
-      if (failed >= 0) {
-        if (why) *why = e->guards.describe_failure(failed);
-        continue;
-      }
-      if (e->guards.dynamic) {
-        if (!infer_call_shapes(*e->program, args, shapes)) continue;
-        thread_local std::vector<std::int64_t> sym;
-        sym.resize(std::max<std::size_t>(sym.size(), static_cast<std::size_t>(e->program->env.num_symbols()) + 1));
-        int node = guards::check_shapes(e->guards, [&](int n) -> const Dims& { return shapes.nodes[n].shape; }, sym.data(),
-                                        e->program->env.num_symbols());
-        if (node >= 0) {
-          if (why) *why = "symbolic size of node %" + std::to_string(node) + " " + e->program->graph[node].shape.str();
-          continue;
-        }
-      } else {
-        shapes.nodes.clear();
-      }
-      return e;
+  // Whether entry e's guards hold for this call; `why` (miss path only) names the failed one.
+  static bool matches(const Entry& e, const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
+                      CallShapes& shapes, std::string* why) {
+    if (!attrs_match(e, attrs, nattrs)) {
+      if (why) *why = "attributes (dims or view sizes) changed";
+      return false;
     }
+    int failed = guards::check_args(e.guards, args, static_cast<std::size_t>(nargs));
+    if (failed >= 0) {
+      if (why) *why = e.guards.describe_failure(failed);
+      return false;
+    }
+    if (e.guards.dynamic) {
+      if (!infer_call_shapes(*e.program, args, shapes)) return false;
+      thread_local std::vector<std::int64_t> sym;
+      sym.resize(std::max<std::size_t>(sym.size(), static_cast<std::size_t>(e.program->env.num_symbols()) + 1));
+      int node = guards::check_shapes(e.guards, [&](int n) -> const Dims& { return shapes.nodes[n].shape; }, sym.data(),
+                                      e.program->env.num_symbols());
+      if (node >= 0) {
+        if (why) *why = "symbolic size of node %" + std::to_string(node) + " " + e.program->graph[node].shape.str();
+        return false;
+      }
+    } else {
+      shapes.nodes.clear();
+    }
+    return true;
+  }
+
+  // The hit path: the programs under this call's key, in the order they were compiled.
+  std::shared_ptr<const Entry> find(std::uint64_t key, const Tensor* const* args, int nargs, const Attrs* const* attrs,
+                                    int nattrs, CallShapes& shapes) const {
+    auto it = buckets_.find(key);
+    if (it == buckets_.end()) return nullptr;
+    for (auto& e : it->second)
+      if (matches(*e, args, nargs, attrs, nattrs, shapes, nullptr)) return e;
     return nullptr;
   }
 
+  // The miss path: which guard of which program failed last (for logs and explain).
+  std::string miss_reason(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs) const {
+    std::string why = "no compiled program matched";
+    CallShapes scratch;
+    for (auto& e : entries_) matches(*e, args, nargs, attrs, nattrs, scratch, &why);
+    return why;
+  }
+
+  // The entry used least recently (among those for the same custom ops as `like`, when given).
+  std::size_t lru_index(int like_count, const Attrs* const* like = nullptr) const {
+    std::size_t best = 0;
+    std::uint64_t oldest = ~std::uint64_t{0};
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (like && !same_custom_ops(*entries_[i], like, like_count)) continue;
+      std::uint64_t t = entries_[i]->last_used.load(std::memory_order_relaxed);
+      if (t < oldest) oldest = t, best = i;
+    }
+    return best;
+  }
+
+  void evict(std::size_t index) {
+    std::shared_ptr<const Entry> e = entries_[index];
+    entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(index));
+    auto& bucket = buckets_[e->key];
+    bucket.erase(std::find(bucket.begin(), bucket.end(), e));
+    if (bucket.empty()) buckets_.erase(e->key);
+    if (eager_) ProgramBudget::eager().removed();
+    debug::log_lazy(debug::Channel::cache, [&] {
+      std::string name = e->program->kernels.empty() ? "a program" : e->program->kernels.front().src.name;
+      return "evicted " + name + " (least recently used of " + std::to_string(entries_.size() + 1) + " programs)";
+    });
+  }
+
+  // Past the recompile limit: warn once, compile every size symbolically from now on, and make
+  // room for the new program by evicting the least recently used one (or throw, on_limit::raise).
+  void apply_limit(const Attrs* const* attrs, int nattrs, const std::string& reason) {
+    if (eager_ || same_custom_ops_count(attrs, nattrs) < opt_.recompile_limit) return;
+    if (opt_.on_limit == on_limit::raise)
+      throw recompile_limit_error("k::compile: recompile limit of " + std::to_string(opt_.recompile_limit) +
+                                  " reached; the last failed guard was: " + reason +
+                                  " (use .shapes = k::shapes::dynamic for changing sizes)");
+    if (!generalized_) {
+      generalized_ = true;
+      std::string msg = "k::compile: recompile limit of " + std::to_string(opt_.recompile_limit) +
+                        " reached (last failed guard: " + reason +
+                        "); from now on every size is symbolic and the least recently used program is evicted "
+                        "(.on_limit = k::on_limit::raise to throw instead)";
+      std::fprintf(stderr, "[kiln] warning: %s\n", msg.c_str());
+      debug::log_lazy(debug::Channel::recompiles, [&] { return msg; });
+    }
+    while (same_custom_ops_count(attrs, nattrs) >= std::max(1, opt_.recompile_limit)) evict(lru_index(nattrs, attrs));
+  }
+
   template <class Build>
-  std::shared_ptr<const Entry> compile(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
-                                       Build& build, CallShapes& shapes) {
-    if (!entries_.empty()) {
-      std::string reason = last_failure_.empty() ? "no compiled program matched" : last_failure_;
-      if (same_custom_ops_count(attrs, nattrs) >= opt_.recompile_limit)
-        throw recompile_limit_error("k::compile: recompile limit of " + std::to_string(opt_.recompile_limit) +
-                                    " reached; the last failed guard was: " + reason +
-                                    " (use .shapes = k::shapes::dynamic for changing sizes)");
+  std::shared_ptr<const Entry> compile(std::uint64_t key, const Tensor* const* args, int nargs, const Attrs* const* attrs,
+                                       int nattrs, Build& build, CallShapes& shapes) {
+    if (compiles_.load(std::memory_order_relaxed) > 0) {
+      std::string reason = miss_reason(args, nargs, attrs, nattrs);
+      apply_limit(attrs, nattrs, reason);
       reasons_.push_back(reason);
-      if (debug::log_enabled(debug::Channel::recompiles)) debug::log(debug::Channel::recompiles, "recompiling: " + reason);
+      if (reasons_.size() > 64) reasons_.pop_front();
+      debug::log_lazy(debug::Channel::recompiles, [&] { return "recompiling: " + reason; });
     }
     Device device = cpu;
     for (int i = 0; i < nargs; ++i) {
@@ -194,6 +319,8 @@ class ProgramCache {
     std::vector<Attrs> av;
     for (int i = 0; i < nattrs; ++i) av.push_back(*attrs[i]);
     e->guards = guards::make_guards(g, env, argv, std::move(av));
+    e->key = guards::guard_key(e->guards);
+    if (e->key != key) throw error("k::compile: internal error: a program's guard key differs from its call's key");
     if (debug::log_enabled(debug::Channel::guards)) {
       std::string s;
       for (auto& line : e->guards.describe()) s += "  " + line + "\n";
@@ -207,21 +334,33 @@ class ProgramCache {
     for (auto& k : e->program->kernels) custom = custom || (k.extern_node >= 0 && is_custom(e->program->graph[k.extern_node].op));
     if (opt_.cuda_graphs && device.is_cuda() && !custom) e->graphs = std::make_shared<GraphReplay>(*e->program);
     if (device.is_cuda()) e->pins = std::make_shared<CapturePins>();
+    e->last_used.store(lru_tick(), std::memory_order_relaxed);
     entries_.push_back(e);
+    buckets_[key].push_back(e);
+    compiles_.fetch_add(1, std::memory_order_relaxed);
+    if (eager_) ProgramBudget::eager().added();
+    debug::log_lazy(debug::Channel::cache, [&] {
+      return "compiled " + (e->program->kernels.empty() ? std::string("a program") : e->program->kernels.front().src.name) +
+             " (" + std::to_string(entries_.size()) + " programs in this cache" +
+             (eager_ ? ", " + std::to_string(ProgramBudget::eager().entries()) + " eager in all)" : ")");
+    });
     shapes.nodes.clear();
     if (e->guards.dynamic) infer_call_shapes(*e->program, args, shapes);
     return e;
   }
 
-  // Static: constants. Dynamic: every size a symbol. Automatic: exact first, then the dims that
-  // changed since the last compile become symbols.
+  // Static: constants. Dynamic, or past the recompile limit: every size a symbol. Automatic: exact
+  // first, then the dims that changed since the last compile become symbols.
   ir::ShapeEnv make_env(const graph::Graph& g) const {
+    auto all = [](int, int) { return true; };
+    if (generalized_) return ir::make_shape_env(g, all);
     switch (opt_.shapes) {
       case shapes::static_: return ir::make_static_shape_env(g);
-      case shapes::dynamic: return ir::make_shape_env(g, [](int, int) { return true; });
+      case shapes::dynamic: return ir::make_shape_env(g, all);
       case shapes::automatic: break;
     }
-    if (entries_.empty() || last_shapes_.size() != static_cast<std::size_t>(g.size())) return ir::make_static_shape_env(g);
+    if (compiles_.load(std::memory_order_relaxed) == 0 || last_shapes_.size() != static_cast<std::size_t>(g.size()))
+      return ir::make_static_shape_env(g);
     return ir::make_shape_env(g, [&](int n, int k) {
       const Dims& before = last_shapes_[n];
       return before.size() != g[n].shape.size() || before[k] != g[n].shape[k] || changed_[n] & (1u << k);
@@ -240,12 +379,15 @@ class ProgramCache {
   }
 
   options opt_;
+  bool eager_ = false;
   mutable std::shared_mutex mu_;
-  std::vector<std::shared_ptr<const Entry>> entries_;
-  std::vector<std::string> reasons_;
+  std::vector<std::shared_ptr<const Entry>> entries_;  // in compile order
+  std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<const Entry>>> buckets_;  // by guard key
+  std::atomic<int> compiles_{0};
+  bool generalized_ = false;
+  std::deque<std::string> reasons_;
   std::vector<Dims> last_shapes_;
   std::vector<unsigned> changed_;
-  std::string last_failure_;
 };
 
 // Runs an entry's program for one call and returns its outputs.
