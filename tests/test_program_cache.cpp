@@ -171,3 +171,68 @@ TEST_CASE("program cache: the eager budget evicts the least recently used progra
   CHECK(count(LogCapture::text, "evicted") >= 8);
   k::runtime::set_eager_capacity(saved);
 }
+
+TEST_CASE("program cache: slice bounds that change become kernel arguments in compiled functions") {
+  k::Tensor m = k::randn({20, 37}, k::f32, k::cpu, 7);
+  std::int64_t i = 0;
+  auto row_sum = k::compile([&](auto x) { return k::sum(k::slice(x, 0, i, i + 1)); });
+  for (i = 0; i < 20; ++i) check_close(row_sum(m), k::reference::eval(k::sum(k::slice(m, 0, i, i + 1))));
+  CHECK(row_sum.cache().compiles() == 2);  // exact first, then the start is a kernel argument
+  k::report r = k::explain(row_sum, m);
+  bool symbolic = false;
+  for (const auto& g : r.guards) symbolic = symbolic || g.find("symbolic attributes") != std::string::npos;
+  CHECK(symbolic);
+
+  // Start, stop and step all changing, on a slice of an expression (eager and compiled).
+  std::int64_t lo = 0, hi = 0, step = 1;
+  auto part = k::compile([&](auto x) { return k::slice(k::exp(x) * 0.5f, 1, lo, hi, step) + 1; });
+  int calls = 0;
+  for (lo = -3; lo < 6; lo += 2)
+    for (step = 1; step <= 3; ++step) {
+      hi = lo + 20 + step;
+      check_close(part(m), k::reference::eval(k::slice(k::exp(m) * 0.5f, 1, lo, hi, step) + 1));
+      k::Tensor eager = k::slice(k::exp(m) * 0.5f, 1, lo, hi, step) + 1;
+      check_close(eager, k::reference::eval(k::slice(k::exp(m) * 0.5f, 1, lo, hi, step) + 1));
+      ++calls;
+    }
+  CHECK(calls == 15);
+  CHECK(part.cache().compiles() <= 4);
+}
+
+TEST_CASE("program cache: reshape and expand sizes that change become symbolic") {
+  k::Tensor x = k::randn({12, 60}, k::f32, k::cpu, 8);
+  k::Dims view = {720};
+  auto f = k::compile([&](auto a) { return k::reshape(a, view) * 2 - 1; });
+  for (auto v : std::vector<k::Dims>{{360, 2}, {2, 360}, {240, 3}, {3, 240}, {180, 4}, {4, 180}, {90, 8}, {8, 90}}) {
+    view = v;
+    k::Tensor y = f(x);
+    REQUIRE(y.shape() == v);
+    check_close(y, k::reference::eval(k::reshape(x, v) * 2 - 1));
+  }
+  CHECK(f.cache().compiles() <= 3);
+
+  k::Tensor b = k::randn({1, 9}, k::f32, k::cpu, 9);
+  std::int64_t rows = 2;
+  auto g = k::compile([&](auto a) { return k::expand(a, {rows, 9}) * 3; });
+  for (rows = 2; rows < 12; ++rows) check_close(g(b), k::reference::eval(k::expand(b, {rows, 9}) * 3));
+  CHECK(g.cache().compiles() <= 2);
+}
+
+TEST_CASE("program cache: gradients through a slice with changing bounds") {
+  k::Tensor x = k::randn({10, 6}, k::f64, k::cpu, 10);
+  std::int64_t i = 0;
+  auto loss = [&](auto a) { return k::sum(k::square(k::slice(a, 0, i, i + 2, 1))); };
+  auto dloss = k::compile(k::grad(loss, k::wrt<0>));
+  auto xs = k::to_vector<double>(x);
+  for (i = 0; i < 9; ++i) {
+    k::Tensor g = dloss(x);
+    auto gv = k::to_vector<double>(g);
+    REQUIRE(gv.size() == xs.size());
+    for (std::size_t j = 0; j < gv.size(); ++j) {
+      std::int64_t row = static_cast<std::int64_t>(j) / 6;
+      double want = row >= i && row < i + 2 ? 2 * xs[j] : 0.0;
+      CHECK(gv[j] == doctest::Approx(want).epsilon(1e-12));
+    }
+  }
+  CHECK(dloss.cache().compiles() == 2);
+}

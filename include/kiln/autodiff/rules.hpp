@@ -123,15 +123,16 @@ inline Cotangents permute(Builder& b, int y, int g) {
   for (int i = 0; i < order.size(); ++i) inverse[static_cast<int>(order[i])] = i;
   return {b.permute(g, inverse), -1, -1, -1};
 }
-inline Cotangents slice(Builder& b, int y, int g) {  // scatter into zeros of the input's shape
+// A slice's gradient scatters into zeros of the input's shape, at the same (maybe symbolic) bounds.
+inline Cotangents slice(Builder& b, int y, int g) {
   Attrs at = b[y].attrs;
   at.dims = b.shape(x0(b, y));
-  return {b.op(Op::slice_backward, {g}, at), -1, -1, -1};
+  return {b.op_like(b[y], Op::slice_backward, {g}, at), -1, -1, -1};
 }
 inline Cotangents slice_backward(Builder& b, int y, int g) {
   Attrs at = b[y].attrs;
   at.dims = {};
-  return {b.op(Op::slice, {g}, at), -1, -1, -1};
+  return {b.op_like(b[y], Op::slice, {g}, at), -1, -1, -1};
 }
 inline Cotangents expand(Builder& b, int y, int g) { return {back(b, y, 0, g), -1, -1, -1}; }
 

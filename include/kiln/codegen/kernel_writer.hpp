@@ -183,6 +183,8 @@ class KernelWriter {
   Value emit_uncached(int node, const std::vector<Sym>& idx, const std::string& extra_mask);
   std::vector<Sym> broadcast_index(int child, int parent, const std::vector<Sym>& idx);
   std::vector<Sym> view_index(int node, const std::vector<Sym>& idx);
+  Sym slice_start(int node, const Dims& sliced);
+  Sym slice_step(int node);
   std::vector<Sym> domain_index();
   std::vector<Sym> row_index(int node);
   void store(int node, const std::vector<Sym>& idx);
@@ -313,14 +315,13 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
     case OpClass::view:
       if (n.op == Op::slice_backward) {  // zero outside the sliced positions of the input
         int d = static_cast<int>(n.attrs.a < 0 ? n.attrs.a + n.shape.size() : n.attrs.a);
-        std::int64_t size = n.shape[d], start = std::clamp<std::int64_t>(n.attrs.b < 0 ? n.attrs.b + size : n.attrs.b, 0, size);
-        std::int64_t step = n.attrs.d, count = g_[n.in[0]].shape[d];
-        Sym rel = idx[d] - Sym(start);
+        Sym start = slice_start(node, n.shape), step = slice_step(node), count = env_[n.in[0]][d];
+        Sym rel = idx[d] - start;
         std::string r = "(" + index_code(rel) + ")";
-        std::string inside = bind("(" + r + " >= 0) & (" + r + " % " + std::to_string(step) + " == 0) & (" + r + " < " +
-                                      std::to_string(count * step) + ")", kiln::dtype::boolean).code;
+        std::string inside = bind("(" + r + " >= 0) & (" + r + " % " + index_code(step) + " == 0) & (" + r + " < " +
+                                      index_code(count * step) + ")", kiln::dtype::boolean).code;
         std::vector<Sym> in_idx = idx;
-        in_idx[d] = floordiv(max(rel, Sym(0)), Sym(step));
+        in_idx[d] = floordiv(max(rel, Sym(0)), step);
         Value v = emit(n.in[0], in_idx, xm.empty() ? inside : "(" + xm + " & " + inside + ")");
         return bind("kiln::where(" + inside + ", " + v.code + ", " + detail::literal(0, v.ct) + ")", ct);
       }

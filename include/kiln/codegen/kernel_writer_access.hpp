@@ -35,17 +35,26 @@ inline std::vector<Sym> KernelWriter::view_index(int node, const std::vector<Sym
     }
     case Op::expand:
       return broadcast_index(in, node, idx);
-    case Op::slice: {
+    case Op::slice: {  // start and step are kernel arguments when symbolic
       int d = static_cast<int>(n.attrs.a < 0 ? n.attrs.a + n.shape.size() : n.attrs.a);
-      std::int64_t size = g_[in].shape[d], start = n.attrs.b < 0 ? n.attrs.b + size : n.attrs.b;
-      start = std::clamp<std::int64_t>(start, 0, size);
       std::vector<Sym> out = idx;
-      out[d] = Sym(start) + idx[d] * Sym(n.attrs.d);
+      out[d] = slice_start(node, g_[in].shape) + idx[d] * slice_step(node);
       return out;
     }
     default:
       throw error("codegen: no index rule for view " + std::string(name(n.op)));
   }
+}
+
+// A slice's (or slice_backward's) start, clamped into the sliced dim of shape `sliced`, and its step:
+// constants, or the program's symbols for them when they change between calls.
+inline Sym KernelWriter::slice_start(int node, const Dims& sliced) {
+  if (auto s = env_.attr_symbol(node, ir::AttrField::start)) return *s;
+  return Sym(ir::ShapeEnv::attr_value(ir::AttrField::start, g_[node].attrs, sliced));
+}
+inline Sym KernelWriter::slice_step(int node) {
+  if (auto s = env_.attr_symbol(node, ir::AttrField::step)) return *s;
+  return Sym(g_[node].attrs.d);
 }
 
 // Whether e is the same for every lane of an aligned tile of `vec` consecutive values of t.

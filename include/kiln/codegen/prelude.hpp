@@ -293,6 +293,21 @@ template <class T, int N> KILN_FN tile<T, N> operator-(const tile<T, N>& a) { re
 template <class T, int N> KILN_FN tile<T, N> operator%(const tile<T, N>& a, i64 b) {
   return map1([b](T x) { return (T)(x % b); }, a);
 }
+// The helpers of symbolic index expressions (ir/sym.hpp: kiln_floordiv, kiln_mod, kiln_min,
+// kiln_max) on tiles of indices, lane by lane; found by argument-dependent lookup when an operand is
+// a tile (symbolic slice bounds put them into tiled index arithmetic).
+template <class A, class B> KILN_FN auto kiln_floordiv(const A& a, const B& b) {
+  return map2([](i64 x, i64 y) { i64 q = x / y; return (x % y != 0 && ((x < 0) != (y < 0))) ? q - 1 : q; }, a, b);
+}
+template <class A, class B> KILN_FN auto kiln_mod(const A& a, const B& b) {
+  return map2([](i64 x, i64 y) { i64 r = x % y; return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r; }, a, b);
+}
+template <class A, class B> KILN_FN auto kiln_min(const A& a, const B& b) {
+  return map2([](i64 x, i64 y) { return x < y ? x : y; }, a, b);
+}
+template <class A, class B> KILN_FN auto kiln_max(const A& a, const B& b) {
+  return map2([](i64 x, i64 y) { return x < y ? y : x; }, a, b);
+}
 
 )KILN";
 

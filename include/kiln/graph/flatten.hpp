@@ -57,6 +57,7 @@ struct Captured {
   std::array<const Tensor*, (C::tensors > 0 ? C::tensors : 1)> tensors{};
   std::array<double, (C::scalars > 0 ? C::scalars : 1)> scalars{};
   std::array<const Attrs*, C::attrs> attrs{};
+  std::array<Op, C::attrs> ops{};  // the op of each attributed node
   std::array<Tensor, FoldViews ? C::views : 0> views{};
   int nt = 0, ns = 0, na = 0, nv = 0;
 };
@@ -70,7 +71,10 @@ void gather(const expr::Arg<I>&, Cap&) {}
 template <class Cap, bool F>
 void gather(const expr::Scalar<F>& e, Cap& c) { c.scalars[c.ns++] = e.v; }
 template <class Cap>
-void gather(const expr::Iota& e, Cap& c) { c.attrs[c.na++] = &e.attrs; }
+void gather(const expr::Iota& e, Cap& c) {
+  c.ops[c.na] = Op::iota;
+  c.attrs[c.na++] = &e.attrs;
+}
 template <class Cap, Op O, class... C>
 void gather(const expr::Node<O, C...>& e, Cap& c) {
   if constexpr (Cap::fold && is_leaf_view<expr::Node<O, C...>>::value) {
@@ -78,6 +82,7 @@ void gather(const expr::Node<O, C...>& e, Cap& c) {
     c.tensors[c.nt++] = &c.views[c.nv++];
   } else {
     std::apply([&](const auto&... child) { (gather(child, c), ...); }, e.in);
+    c.ops[c.na] = O;
     c.attrs[c.na++] = &e.attrs;
   }
 }
@@ -90,7 +95,14 @@ template <int I, class E> struct is_assign<expr::Assign<I, E>> : std::true_type 
 struct FlattenState {
   int next_tensor = 0;   // eager leaves are numbered after the largest Arg index
   int next_scalar = 0;
+  int next_capture = 0;  // attributed nodes, numbered as gather() numbers their attrs
   bool fold_views = false;  // views of eager tensors are arguments (Captured<E, true>)
+  const std::vector<std::uint8_t>* symbolic = nullptr;  // per capture: its symbolic attribute bits
+  void tag(Node& n) {
+    n.capture = next_capture++;
+    if (symbolic && n.capture < static_cast<int>(symbolic->size()) && has_symbolic_attrs(n.op))
+      n.sym_attrs = (*symbolic)[static_cast<std::size_t>(n.capture)];
+  }
 };
 
 inline int flatten_into(const expr::TensorLeaf&, Graph& g, FlattenState& s) {
@@ -116,10 +128,11 @@ int flatten_into(const expr::Scalar<F>&, Graph& g, FlattenState& s) {
   n.floating = F;
   return g.add(n);
 }
-inline int flatten_into(const expr::Iota& e, Graph& g, FlattenState&) {
+inline int flatten_into(const expr::Iota& e, Graph& g, FlattenState& s) {
   Node n;
   n.op = Op::iota;
   n.attrs = e.attrs;
+  s.tag(n);
   return g.add(n);
 }
 template <Op O, class... C>
@@ -130,6 +143,7 @@ int flatten_into(const expr::Node<O, C...>& e, Graph& g, FlattenState& s) {
   n.op = O;
   std::apply([&](const auto&... child) { ((n.in[n.n_in++] = flatten_into(child, g, s)), ...); }, e.in);
   n.attrs = e.attrs;
+  s.tag(n);
   return g.add(n);
 }
 
@@ -147,12 +161,14 @@ void gather(const E& e, Captured<E, Fold>& c) {
 
 // Flattens a function's result (one expression, or a std::tuple of them) into a graph whose
 // first `nargs` argument slots are the function's arguments; tensors captured inside the
-// expression take the slots after them. fold_views: as Captured<E, true> gathers.
+// expression take the slots after them. fold_views: as Captured<E, true> gathers. symbolic: per
+// captured attribute, the bits of it that are symbolic (graph.hpp's sym_bits).
 template <class E>
-Graph flatten_result(int nargs, const E& e, bool fold_views = false) {
+Graph flatten_result(int nargs, const E& e, bool fold_views = false, const std::vector<std::uint8_t>* symbolic = nullptr) {
   Graph g;
   detail::FlattenState s;
   s.fold_views = fold_views;
+  s.symbolic = symbolic;
   s.next_tensor = std::max(nargs, Counts<E>::max_arg + 1);
   auto add_output = [&](const auto& x) {
     using X = std::remove_cvref_t<decltype(x)>;

@@ -15,6 +15,44 @@ namespace kiln::graph {
 // Inputs a node can have: four for ops, five for the backward of a four-input custom op.
 inline constexpr int max_inputs = 5;
 
+// Attributes that may become symbolic, as bits of Node::sym_attrs: a slice's start and step (kernel
+// arguments) and its stop, a reshape's or expand's sizes (they only change shapes, re-inferred at
+// each call). A reduction's dims and a permutation stay static.
+namespace sym_bits {
+inline constexpr std::uint8_t start = 1, step = 2, sizes = 4;
+}
+constexpr bool has_symbolic_attrs(Op op) {
+  return op == Op::slice || op == Op::slice_backward || op == Op::reshape || op == Op::expand;
+}
+// The bits in which two attributes of a node of op `op` differ, if they differ only in fields that
+// may be symbolic; 0xff when they differ in anything else (then they are different programs).
+inline std::uint8_t symbolic_difference(Op op, const Attrs& x, const Attrs& y) {
+  if (!has_symbolic_attrs(op)) return x == y ? 0 : 0xff;
+  Attrs a = x, b = y;
+  std::uint8_t bits = 0;
+  if (op == Op::slice) {
+    if (a.b != b.b) bits |= sym_bits::start;
+    if (a.d != b.d) bits |= sym_bits::step;
+    if (a.c != b.c) bits |= sym_bits::sizes;
+    a.b = b.b, a.c = b.c, a.d = b.d;
+  } else if (a.dims.size() == b.dims.size()) {
+    if (!(a.dims == b.dims)) bits |= sym_bits::sizes;
+    a.dims = b.dims;
+  }
+  return a == b ? bits : 0xff;
+}
+// Whether attributes match when the fields in `bits` are free.
+inline bool attrs_match(Op op, std::uint8_t bits, const Attrs& x, const Attrs& y) {
+  if (!bits) return x == y;
+  std::uint8_t d = symbolic_difference(op, x, y);
+  return d != 0xff && (d & ~bits) == 0;
+}
+// Copies a call's values of the symbolic fields into a node's attributes.
+inline void apply_symbolic(Op op, const Attrs& call, Attrs& node) {
+  if (op == Op::slice || op == Op::slice_backward) node.b = call.b, node.c = call.c, node.d = call.d;
+  else node.dims = call.dims;
+}
+
 struct Node {
   Op op = Op::arg;
   std::array<int, max_inputs> in{-1, -1, -1, -1, -1};
@@ -24,6 +62,11 @@ struct Node {
   bool floating = true;   // scalar: floating-point C++ type
   double value = 0;       // constant: its value (constants come from rewrite rules, never from users)
   Attrs attrs;
+  // The captured attributes this node came from (its index in a call's gathered attrs), and which
+  // of them are symbolic (sym_bits): values of each call, re-applied before inference, never
+  // simplified away, merged only with nodes of the same capture.
+  int capture = -1;
+  std::uint8_t sym_attrs = 0;
   // Filled by infer_shapes:
   kiln::dtype dt = kiln::dtype::f32;
   Dims shape;
@@ -31,7 +74,7 @@ struct Node {
   int input(int i) const { return in[i]; }
   bool same_structure(const Node& o) const {
     return op == o.op && in == o.in && slot == o.slot && attrs == o.attrs && floating == o.floating &&
-           (op != Op::constant || value == o.value);
+           (op != Op::constant || value == o.value) && sym_attrs == o.sym_attrs && (!sym_attrs || capture == o.capture);
   }
 };
 
@@ -90,6 +133,7 @@ inline std::string attrs_str(const Node& n) {
   if (n.op == Op::iota) os << ", dim=" << n.attrs.a;
   if (n.op == Op::gelu && n.attrs.a) os << ", approximate=tanh";
   if (is_custom(n.op)) os << ", " << custom_ops::name_of(n.attrs.custom);
+  if (n.sym_attrs) os << ", symbolic attrs of capture " << n.capture;
   if (n.op == Op::custom_backward) os << ", grad of input " << n.attrs.a;
   return os.str();
 }

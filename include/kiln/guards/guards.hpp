@@ -22,6 +22,8 @@ struct ArgGuard {
 struct GuardSet {
   std::vector<ArgGuard> args;
   std::vector<Attrs> attrs;               // every node's attributes, in capture order
+  std::vector<Op> ops;                    // the op of each (filled when some are symbolic)
+  std::vector<std::uint8_t> symbolic;     // per attribute: its symbolic fields (graph.hpp sym_bits)
   // Dynamic shapes: per node and dim, the constant it must equal (>= 0) or the symbol it binds.
   std::vector<std::vector<std::int64_t>> node_const;
   std::vector<std::vector<int>> node_symbol;
@@ -37,6 +39,7 @@ inline GuardSet make_guards(const graph::Graph& g, const ir::ShapeEnv& env, cons
                             std::vector<Attrs> attrs) {
   GuardSet gs;
   gs.dynamic = env.is_dynamic();
+  for (const auto& n : g.nodes) gs.dynamic = gs.dynamic || n.sym_attrs;  // re-inferred with each call's values
   gs.attrs = std::move(attrs);
   for (std::size_t i = 0; i < args.size(); ++i) {
     const Tensor& t = *args[i];
@@ -117,27 +120,40 @@ inline std::uint64_t hash_attrs(std::uint64_t h, const Attrs& a) {
   return mix(h, static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.custom)) << 16 | static_cast<std::uint64_t>(a.dt) << 2 |
                     std::uint64_t{a.keepdim} << 1 | std::uint64_t{a.all});
 }
+
+// An attribute hashed without its symbolic fields (graph.hpp's sym_bits; a slice's bounds, a
+// reshape's sizes): calls that differ only there share a bucket.
+inline std::uint64_t hash_symbolic_attrs(std::uint64_t h, Op op, const Attrs& a) {
+  Attrs masked = a;
+  if (op == Op::slice) masked.b = masked.c = masked.d = 0;
+  else for (auto& d : masked.dims) d = 0;
+  return hash_attrs(h, masked);
+}
+inline std::uint64_t hash_arg(std::uint64_t h, kiln::dtype dt, Device d, int rank, bool contiguous) {
+  return mix(h, static_cast<std::uint64_t>(dt) | static_cast<std::uint64_t>(d.is_cuda()) << 8 |
+                    static_cast<std::uint64_t>(static_cast<std::uint32_t>(d.index)) << 16 |
+                    static_cast<std::uint64_t>(rank) << 48 | std::uint64_t{contiguous} << 56);
+}
 }  // namespace detail
 
-inline std::uint64_t call_key(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs) {
+// The key of a call. `symbolic` (per attribute: nonzero when its symbolic fields are left out) and
+// `ops` (the op of each attribute) may be null: every attribute is then hashed whole.
+inline std::uint64_t call_key(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
+                              const std::uint8_t* symbolic = nullptr, const Op* ops = nullptr) {
   std::uint64_t h = detail::mix(0, static_cast<std::uint64_t>(nargs) << 32 | static_cast<std::uint32_t>(nattrs));
-  for (int i = 0; i < nargs; ++i) {
-    const Tensor& t = *args[i];
-    Device d = t.device();
-    h = detail::mix(h, static_cast<std::uint64_t>(t.dtype()) | static_cast<std::uint64_t>(d.is_cuda()) << 8 |
-                           static_cast<std::uint64_t>(static_cast<std::uint32_t>(d.index)) << 16 |
-                           static_cast<std::uint64_t>(t.dim()) << 48 | std::uint64_t{t.is_contiguous()} << 56);
-  }
-  for (int i = 0; i < nattrs; ++i) h = detail::hash_attrs(h, *attrs[i]);
+  for (int i = 0; i < nargs; ++i)
+    h = detail::hash_arg(h, args[i]->dtype(), args[i]->device(), args[i]->dim(), args[i]->is_contiguous());
+  for (int i = 0; i < nattrs; ++i)
+    h = symbolic && symbolic[i] ? detail::hash_symbolic_attrs(h, ops[i], *attrs[i]) : detail::hash_attrs(h, *attrs[i]);
   return h;
 }
-inline std::uint64_t guard_key(const GuardSet& gs) {
+// The key of the calls a guard set admits (equal to call_key of each of them, under the same
+// `symbolic` and `ops`).
+inline std::uint64_t guard_key(const GuardSet& gs, const std::uint8_t* symbolic = nullptr, const Op* ops = nullptr) {
   std::uint64_t h = detail::mix(0, static_cast<std::uint64_t>(gs.args.size()) << 32 | static_cast<std::uint32_t>(gs.attrs.size()));
-  for (const ArgGuard& a : gs.args)
-    h = detail::mix(h, static_cast<std::uint64_t>(a.dt) | static_cast<std::uint64_t>(a.device.is_cuda()) << 8 |
-                           static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.device.index)) << 16 |
-                           static_cast<std::uint64_t>(a.rank) << 48 | std::uint64_t{a.contiguous} << 56);
-  for (const Attrs& at : gs.attrs) h = detail::hash_attrs(h, at);
+  for (const ArgGuard& a : gs.args) h = detail::hash_arg(h, a.dt, a.device, a.rank, a.contiguous);
+  for (std::size_t i = 0; i < gs.attrs.size(); ++i)
+    h = symbolic && symbolic[i] ? detail::hash_symbolic_attrs(h, ops[i], gs.attrs[i]) : detail::hash_attrs(h, gs.attrs[i]);
   return h;
 }
 
@@ -153,6 +169,11 @@ inline std::vector<std::string> GuardSet::describe() const {
     out.push_back(a.contiguous ? arg_name(i) + " is contiguous" : arg_name(i) + ".strides == " + a.strides.str());
   }
   if (dynamic) out.push_back("symbolic sizes: dims sharing a symbol stay equal, sizes 0 and 1 stay specialised");
+  int symbolic_attrs = 0;
+  for (auto b : symbolic) symbolic_attrs += b != 0;
+  if (symbolic_attrs)
+    out.push_back("symbolic attributes: the bounds or sizes of " + std::to_string(symbolic_attrs) +
+                  " views are each call's values (kernel arguments)");
   out.push_back("attributes (dims, view sizes) of " + std::to_string(attrs.size()) + " nodes unchanged");
   return out;
 }

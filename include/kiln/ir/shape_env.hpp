@@ -4,7 +4,9 @@
 // symbolic exactly the dimensions that changed since the previous compile. The guards of a
 // compiled program are read off this table (guards/guards.hpp).
 #pragma once
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "../graph/graph.hpp"
@@ -14,9 +16,15 @@ namespace kiln::ir {
 
 enum class ShapeMode { static_, dynamic, automatic };
 
+// What an attribute symbol stands for: a slice's start (clamped into the sliced dim, as inference
+// does) or its step.
+enum class AttrField : std::int8_t { none = -1, start, step };
+
 struct ShapeEnv {
   std::vector<std::vector<Sym>> shapes;       // per node, per dim
-  std::vector<std::pair<int, int>> source;    // symbol id -> (node, dim) whose size it is
+  std::vector<std::pair<int, int>> source;    // symbol id -> (node, dim) whose size it is; for an
+                                              // attribute: (node, the node whose size clamps it)
+  std::vector<AttrField> field;               // symbol id -> none for sizes, else the attribute
   std::vector<std::int64_t> example;          // symbol id -> its value at the compiling call
   SymbolTable table;
 
@@ -24,10 +32,30 @@ struct ShapeEnv {
   int num_symbols() const { return static_cast<int>(source.size()); }
   bool is_dynamic() const { return !source.empty(); }
 
-  // Values of every symbol for a call whose node shapes are `dims` (indexed by node).
-  template <class ShapeOf>
-  void bind(ShapeOf&& shape_of, std::int64_t* out) const {
-    for (int s = 0; s < num_symbols(); ++s) out[s] = shape_of(source[s].first)[source[s].second];
+  // The symbol of a node's attribute, if it is symbolic.
+  std::optional<Sym> attr_symbol(int node, AttrField f) const {
+    for (int s = 0; s < num_symbols(); ++s)
+      if (field[s] == f && source[s].first == node) return table.symbols()[static_cast<std::size_t>(s)];
+    return std::nullopt;
+  }
+
+  // Values of every symbol for a call: `call` gives each node's shape (call(n)) and attributes
+  // (call.attrs(n)) this call.
+  template <class Call>
+  void bind(const Call& call, std::int64_t* out) const {
+    for (int s = 0; s < num_symbols(); ++s) {
+      auto [node, dim] = source[s];
+      if (field[s] == AttrField::none) out[s] = call(node)[dim];
+      else out[s] = attr_value(field[s], call.attrs(node), call(dim));
+    }
+  }
+  // A slice's start clamped into the sliced dim of `sliced` (its input's shape, or a
+  // slice_backward's own), or its step.
+  static std::int64_t attr_value(AttrField f, const Attrs& at, const Dims& sliced) {
+    if (f == AttrField::step) return at.d;
+    int rank = sliced.size();
+    std::int64_t size = sliced[static_cast<int>(at.a < 0 ? at.a + rank : at.a)];
+    return std::clamp<std::int64_t>(at.b < 0 ? at.b + size : at.b, 0, size);
   }
 };
 
@@ -50,10 +78,27 @@ ShapeEnv make_shape_env(const graph::Graph& g, Symbolic&& symbolic) {
       if (it == by_value.end()) {
         it = by_value.emplace(v, env.table.new_size()).first;
         env.source.emplace_back(i, k);
+        env.field.push_back(AttrField::none);
         env.example.push_back(v);
       }
       env.shapes[i].push_back(it->second);
     }
+  }
+  // Symbolic slice bounds: a kernel argument o<k> (start, >= 0) and t<k> (step, > 0) each.
+  for (int i = 0; i < g.size(); ++i) {
+    const graph::Node& n = g[i];
+    if (!(n.sym_attrs & (graph::sym_bits::start | graph::sym_bits::step)) ||
+        (n.op != Op::slice && n.op != Op::slice_backward))
+      continue;
+    int sliced = n.op == Op::slice ? n.in[0] : i;
+    auto add = [&](AttrField f, const char* prefix, const SymFacts& facts) {
+      env.table.new_symbol(prefix + std::to_string(env.num_symbols()), facts);
+      env.source.emplace_back(i, sliced);
+      env.field.push_back(f);
+      env.example.push_back(ShapeEnv::attr_value(f, n.attrs, g[sliced].shape));
+    };
+    if (n.sym_attrs & graph::sym_bits::start) add(AttrField::start, "o", {.nonnegative = true});
+    if (n.sym_attrs & graph::sym_bits::step) add(AttrField::step, "t", {.positive = true});
   }
   return env;
 }

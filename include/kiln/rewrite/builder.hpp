@@ -63,6 +63,17 @@ class Builder {
     n.attrs = at;
     return node(n);
   }
+  // A node standing for `like` (a derivative of it): it takes like's captured attributes and
+  // their symbolic bits, so that each call's values reach it too.
+  int op_like(const graph::Node& like, Op o, std::initializer_list<int> in, Attrs at) {
+    graph::Node n;
+    n.op = o;
+    for (int i : in) n.in[n.n_in++] = i;
+    n.attrs = at;
+    n.capture = like.capture;
+    n.sym_attrs = like.sym_attrs;
+    return node(n);
+  }
   // A copy of node n of another graph with its inputs replaced by `in` (ids in this graph).
   int rebuild(const graph::Node& n, const int* in) {
     graph::Node m = n;

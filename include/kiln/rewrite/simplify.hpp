@@ -128,8 +128,10 @@ inline constexpr std::array<Simplification, 6> simplifications = {
     fold_constants, drop_identity_operand, cancel_double_negation, drop_noop_cast, simplify_view, share_numel};
 
 // Builds node n (inputs already mapped) and applies the simplifications until none fires.
+// A node with symbolic attributes stays as it is: what it does depends on each call's values.
 inline int simplify_node(Builder& b, const graph::Node& n, const int* in) {
   int id = n.op == Op::constant ? b.constant(n.value) : b.rebuild(n, in);
+  if (n.sym_attrs) return id;
   for (int round = 0; round < 16; ++round) {
     int next = -1;
     for (auto rule : simplifications)

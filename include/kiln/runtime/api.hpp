@@ -24,8 +24,8 @@ auto pack_outputs(std::array<Tensor, N>& out) {
 // tensors are arguments (graph/views.hpp), as evaluate gathers them.
 template <class F, class E>
 auto graph_builder(const F& f, const E& e, int nargs) {
-  return [&f, &e, nargs](auto& arg, runtime::LoweringStats& stats) {
-    return runtime::lower_graph(graph::flatten_result(nargs, e, true), arg,
+  return [&f, &e, nargs](auto& arg, runtime::LoweringStats& stats, const std::vector<std::uint8_t>* symbolic) {
+    return runtime::lower_graph(graph::flatten_result(nargs, e, true, symbolic), arg,
                                 [&](graph::Graph g) { return transform_graph(f, std::move(g)); }, stats);
   };
 }
@@ -43,7 +43,7 @@ std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, cons
   for (int i = 0; i < captured && i < cap.nt; ++i) args[NArgs + i] = cap.tensors[i];
   auto& shapes = runtime::level_local<runtime::CallShapes>();  // per nesting level: custom ops may call kiln
   auto entry = cache.get(args.data(), static_cast<int>(args.size()), cap.attrs.data(), cap.na,
-                         graph_builder(f, e, static_cast<int>(NArgs)), shapes, stream);
+                         graph_builder(f, e, static_cast<int>(NArgs)), shapes, stream, cap.ops.data());
   if (used) *used = entry;
   std::array<Tensor, NOut> out{};
   if (preset) {  // k::eval(out, expr): check before anything runs, so a mismatch leaves out untouched

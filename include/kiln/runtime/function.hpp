@@ -57,7 +57,7 @@ struct CapturePins {
 // One compiled program and what it assumed.
 struct Entry {
   guards::GuardSet guards;
-  std::uint64_t key = 0;                // guards::guard_key(guards): its bucket
+  mutable std::uint64_t key = 0;        // guards::guard_key(guards): its bucket (under the cache's lock)
   mutable std::atomic<std::uint64_t> last_used{0};  // lru_tick() of its latest call
   std::shared_ptr<Program> program;
   LoweringStats stats;
@@ -94,20 +94,22 @@ class ProgramCache final : public Evictable {
   // only called on a miss); attrs are the captured attributes, compared against each entry.
   // A miss while the caller is recording a CUDA graph on `stream` is an error: compiling (and the
   // allocation and synchronisation it needs) cannot be captured.
+  // `ops` (the op of each attribute, may be null) lets attributes that change between calls become
+  // symbolic: slice bounds and view sizes (automatic and dynamic shapes, or past the limit).
   template <class Build>
   std::shared_ptr<const Entry> get(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
-                                   Build&& build, CallShapes& shapes_out, CUstream stream = nullptr) {
-    const std::uint64_t key = guards::call_key(args, nargs, attrs, nattrs);
+                                   Build&& build, CallShapes& shapes_out, CUstream stream = nullptr, const Op* ops = nullptr) {
     {
       std::shared_lock lock(mu_);
-      if (auto e = find(key, args, nargs, attrs, nattrs, shapes_out)) return touch(e);
+      if (auto e = find(key_of(args, nargs, attrs, nattrs), args, nargs, attrs, nattrs, shapes_out)) return touch(e);
     }
     std::shared_ptr<const Entry> e;
     {
       std::unique_lock lock(mu_);
-      if ((e = find(key, args, nargs, attrs, nattrs, shapes_out))) return touch(e);  // another thread compiled it
+      if ((e = find(key_of(args, nargs, attrs, nattrs), args, nargs, attrs, nattrs, shapes_out)))
+        return touch(e);  // another thread compiled it
       refuse_during_capture(args, nargs, stream);
-      e = compile(key, args, nargs, attrs, nattrs, build, shapes_out);
+      e = compile(args, nargs, attrs, nattrs, ops, build, shapes_out);
     }
     if (eager_) ProgramBudget::eager().trim();
     return e;
@@ -165,10 +167,27 @@ class ProgramCache final : public Evictable {
                        "call the function once with the same shapes and dtypes before capturing (warm it first)");
   }
 
+  // The bucket of a call under this cache's symbolic attributes.
+  std::uint64_t key_of(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs) const {
+    bool sym = static_cast<int>(symbolic_.size()) == nattrs;
+    return guards::call_key(args, nargs, attrs, nattrs, sym ? symbolic_.data() : nullptr, sym ? slot_ops_.data() : nullptr);
+  }
+  std::uint64_t key_of(const Entry& e) const {
+    bool sym = symbolic_.size() == e.guards.attrs.size();
+    return guards::guard_key(e.guards, sym ? symbolic_.data() : nullptr, sym ? slot_ops_.data() : nullptr);
+  }
+
+  // Every attribute equal, but for the fields the entry's program takes as each call's values.
   static bool attrs_match(const Entry& e, const Attrs* const* attrs, int nattrs) {
     if (static_cast<int>(e.guards.attrs.size()) != nattrs) return false;
-    for (int i = 0; i < nattrs; ++i)
-      if (!(*attrs[i] == e.guards.attrs[i])) return false;
+    const auto& sym = e.guards.symbolic;
+    for (int i = 0; i < nattrs; ++i) {
+      if (sym.empty() || !sym[i]) {
+        if (!(*attrs[i] == e.guards.attrs[i])) return false;
+      } else if (!graph::attrs_match(e.guards.ops[i], sym[i], e.guards.attrs[i], *attrs[i])) {
+        return false;
+      }
+    }
     return true;
   }
 
@@ -185,11 +204,18 @@ class ProgramCache final : public Evictable {
     return count;
   }
 
-  // Re-infers the program's graph for this call's inputs (dynamic programs only).
-  static bool infer_call_shapes(const Program& p, const Tensor* const* args, CallShapes& out) {
+  // Re-infers the program's graph for this call's inputs and symbolic attributes (dynamic programs
+  // only).
+  static bool infer_call_shapes(const Program& p, const Tensor* const* args, const Attrs* const* attrs, int nattrs,
+                                CallShapes& out) {
     graph::Graph& scratch = scratch_graph();
     scratch.nodes = p.graph.nodes;
     scratch.outputs = p.graph.outputs;
+    for (auto& n : scratch.nodes)
+      if (n.sym_attrs) {
+        if (n.capture < 0 || n.capture >= nattrs) return false;
+        graph::apply_symbolic(n.op, *attrs[n.capture], n.attrs);
+      }
     try {
       graph::infer_shapes(scratch, [&](int slot) -> const Tensor& { return *args[slot]; });
     } catch (const error&) {
@@ -216,7 +242,7 @@ class ProgramCache final : public Evictable {
       return false;
     }
     if (e.guards.dynamic) {
-      if (!infer_call_shapes(*e.program, args, shapes)) return false;
+      if (!infer_call_shapes(*e.program, args, attrs, nattrs, shapes)) return false;
       thread_local std::vector<std::int64_t> sym;
       sym.resize(std::max<std::size_t>(sym.size(), static_cast<std::size_t>(e.program->env.num_symbols()) + 1));
       int node = guards::check_shapes(e.guards, [&](int n) -> const Dims& { return shapes.nodes[n].shape; }, sym.data(),
@@ -294,12 +320,42 @@ class ProgramCache final : public Evictable {
     while (same_custom_ops_count(attrs, nattrs) >= std::max(1, opt_.recompile_limit)) evict(lru_index(nattrs, attrs));
   }
 
+  // Automatic and dynamic shapes (or past the limit): the slice bounds and view sizes that differ
+  // from the last compile's become symbolic, for this and every later program of this cache.
+  void generalize_attrs(const Attrs* const* attrs, int nattrs, const Op* ops) {
+    if (!ops || (opt_.shapes == shapes::static_ && !generalized_)) return;
+    bool comparable = static_cast<int>(last_attrs_.size()) == nattrs;
+    if (static_cast<int>(symbolic_.size()) != nattrs) symbolic_.assign(static_cast<std::size_t>(nattrs), 0);
+    slot_ops_.assign(ops, ops + nattrs);
+    bool grew = false;
+    for (int i = 0; comparable && i < nattrs; ++i) {
+      if (!graph::has_symbolic_attrs(ops[i])) continue;
+      std::uint8_t d = graph::symbolic_difference(ops[i], last_attrs_[static_cast<std::size_t>(i)], *attrs[i]);
+      if (d == 0xff || (d & ~symbolic_[static_cast<std::size_t>(i)]) == 0) continue;
+      symbolic_[static_cast<std::size_t>(i)] |= d;
+      grew = true;
+    }
+    if (!grew) return;
+    debug::log_lazy(debug::Channel::recompiles, [&] {
+      int n = 0;
+      for (auto b : symbolic_) n += b != 0;
+      return "view attributes changed: the bounds or sizes of " + std::to_string(n) + " views are now kernel arguments";
+    });
+    std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<const Entry>>> rebuilt;  // keys under the new mask
+    for (auto& e : entries_) {
+      e->key = key_of(*e);
+      rebuilt[e->key].push_back(e);
+    }
+    buckets_.swap(rebuilt);
+  }
+
   template <class Build>
-  std::shared_ptr<const Entry> compile(std::uint64_t key, const Tensor* const* args, int nargs, const Attrs* const* attrs,
-                                       int nattrs, Build& build, CallShapes& shapes) {
+  std::shared_ptr<const Entry> compile(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
+                                       const Op* ops, Build& build, CallShapes& shapes) {
     if (compiles_.load(std::memory_order_relaxed) > 0) {
       std::string reason = miss_reason(args, nargs, attrs, nattrs);
       apply_limit(attrs, nattrs, reason);
+      generalize_attrs(attrs, nattrs, ops);
       reasons_.push_back(reason);
       if (reasons_.size() > 64) reasons_.pop_front();
       debug::log_lazy(debug::Channel::recompiles, [&] { return "recompiling: " + reason; });
@@ -313,14 +369,21 @@ class ProgramCache final : public Evictable {
     }
     auto arg = [&](int slot) -> const Tensor& { return *args[slot]; };
     auto e = std::make_shared<Entry>();
-    graph::Graph g = build(arg, e->stats);
+    bool sym = static_cast<int>(symbolic_.size()) == nattrs &&
+               std::any_of(symbolic_.begin(), symbolic_.end(), [](std::uint8_t b) { return b != 0; });
+    graph::Graph g;
+    if constexpr (std::is_invocable_v<Build&, decltype(arg)&, LoweringStats&, const std::vector<std::uint8_t>*>)
+      g = build(arg, e->stats, sym ? &symbolic_ : nullptr);
+    else
+      g = build(arg, e->stats);  // a graph built at run time: no captured attributes
     ir::ShapeEnv env = make_env(g);
     std::vector<const Tensor*> argv(args, args + nargs);
     std::vector<Attrs> av;
     for (int i = 0; i < nattrs; ++i) av.push_back(*attrs[i]);
     e->guards = guards::make_guards(g, env, argv, std::move(av));
-    e->key = guards::guard_key(e->guards);
-    if (e->key != key) throw error("k::compile: internal error: a program's guard key differs from its call's key");
+    if (sym) e->guards.symbolic = symbolic_, e->guards.ops = slot_ops_;
+    e->key = key_of(*e);
+    if (ops) last_attrs_.assign(e->guards.attrs.begin(), e->guards.attrs.end());
     if (debug::log_enabled(debug::Channel::guards)) {
       std::string s;
       for (auto& line : e->guards.describe()) s += "  " + line + "\n";
@@ -336,7 +399,7 @@ class ProgramCache final : public Evictable {
     if (device.is_cuda()) e->pins = std::make_shared<CapturePins>();
     e->last_used.store(lru_tick(), std::memory_order_relaxed);
     entries_.push_back(e);
-    buckets_[key].push_back(e);
+    buckets_[e->key].push_back(e);
     compiles_.fetch_add(1, std::memory_order_relaxed);
     if (eager_) ProgramBudget::eager().added();
     debug::log_lazy(debug::Channel::cache, [&] {
@@ -345,7 +408,7 @@ class ProgramCache final : public Evictable {
              (eager_ ? ", " + std::to_string(ProgramBudget::eager().entries()) + " eager in all)" : ")");
     });
     shapes.nodes.clear();
-    if (e->guards.dynamic) infer_call_shapes(*e->program, args, shapes);
+    if (e->guards.dynamic) infer_call_shapes(*e->program, args, attrs, nattrs, shapes);
     return e;
   }
 
@@ -385,6 +448,9 @@ class ProgramCache final : public Evictable {
   std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<const Entry>>> buckets_;  // by guard key
   std::atomic<int> compiles_{0};
   bool generalized_ = false;
+  std::vector<std::uint8_t> symbolic_;  // per captured attribute: its symbolic fields (all programs from now on)
+  std::vector<Op> slot_ops_;            // the op of each captured attribute
+  std::vector<Attrs> last_attrs_;       // the attributes of the last compile (automatic mode)
   std::deque<std::string> reasons_;
   std::vector<Dims> last_shapes_;
   std::vector<unsigned> changed_;
@@ -397,7 +463,7 @@ inline void run_entry(const Entry& e, const Tensor* const* args, const double* s
                       const CallShapes& shapes, CUstream stream) {
   const Program& p = *e.program;
   const std::vector<graph::Node>& nodes = shapes.nodes.empty() ? p.graph.nodes : shapes.nodes;
-  auto shape_of = [&](int n) -> const Dims& { return nodes[n].shape; };
+  ShapeFn shape_of(nodes);
   // Tuning times and synchronises: not inside a capture the caller is recording (a later call tunes).
   if (e.tune && !e.tuning_done.load(std::memory_order_acquire) && !(stream && driver::is_capturing(stream)))
     std::call_once(e.tuned, [&] {

@@ -45,16 +45,26 @@ struct KernelProbe {
 
 // The shape of node n during this call, as a non-owning reference to any callable: Program::run
 // is then compiled once per translation unit, not once per caller's lambda (user compile time).
+// Built from the call's node table, it also gives each node's attributes this call (symbolic slice
+// bounds are bound from them).
 class ShapeFn {
  public:
   template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, ShapeFn>)
+    requires(!std::is_same_v<std::remove_cvref_t<F>, ShapeFn> && !std::is_same_v<F, std::vector<graph::Node>>)
   ShapeFn(const F& f) : obj_(&f), fn_([](const void* o, int n) -> const Dims& { return (*static_cast<const F*>(o))(n); }) {}
+  ShapeFn(const std::vector<graph::Node>& nodes)
+      : obj_(&nodes), fn_([](const void* o, int n) -> const Dims& { return (*static_cast<const std::vector<graph::Node>*>(o))[n].shape; }),
+        nodes_(&nodes) {}
   const Dims& operator()(int n) const { return fn_(obj_, n); }
+  const Attrs& attrs(int n) const {
+    if (!nodes_) throw error("ShapeFn: this call's attributes were not given (build it from the call's nodes)");
+    return (*nodes_)[n].attrs;
+  }
 
  private:
   const void* obj_;
   const Dims& (*fn_)(const void*, int);
+  const std::vector<graph::Node>* nodes_ = nullptr;
 };
 
 struct Program {
