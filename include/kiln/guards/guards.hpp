@@ -147,6 +147,20 @@ inline std::uint64_t call_key(const Tensor* const* args, int nargs, const Attrs*
     h = symbolic && symbolic[i] ? detail::hash_symbolic_attrs(h, ops[i], *attrs[i]) : detail::hash_attrs(h, *attrs[i]);
   return h;
 }
+// The exact key of a call: its shapes and strides too. Programs without symbolic sizes are found
+// by it, so a function with a thousand static programs finds one as fast as with one.
+inline std::uint64_t exact_call_key(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs) {
+  std::uint64_t h = call_key(args, nargs, attrs, nattrs);
+  for (int i = 0; i < nargs; ++i) {
+    const Tensor& t = *args[i];
+    for (auto d : t.shape()) h = detail::mix(h, static_cast<std::uint64_t>(d));
+    if (!t.is_contiguous())
+      for (auto st : t.strides()) h = detail::mix(h, static_cast<std::uint64_t>(st) ^ 0x5bd1e995u);
+  }
+  return h;
+}
+inline std::uint64_t exact_guard_key(const GuardSet& gs);
+
 // The key of the calls a guard set admits (equal to call_key of each of them, under the same
 // `symbolic` and `ops`).
 inline std::uint64_t guard_key(const GuardSet& gs, const std::uint8_t* symbolic = nullptr, const Op* ops = nullptr) {
@@ -154,6 +168,17 @@ inline std::uint64_t guard_key(const GuardSet& gs, const std::uint8_t* symbolic 
   for (const ArgGuard& a : gs.args) h = detail::hash_arg(h, a.dt, a.device, a.rank, a.contiguous);
   for (std::size_t i = 0; i < gs.attrs.size(); ++i)
     h = symbolic && symbolic[i] ? detail::hash_symbolic_attrs(h, ops[i], gs.attrs[i]) : detail::hash_attrs(h, gs.attrs[i]);
+  return h;
+}
+
+// (Only for guard sets without symbolic sizes: every shape is exact.)
+inline std::uint64_t exact_guard_key(const GuardSet& gs) {
+  std::uint64_t h = guard_key(gs);
+  for (const ArgGuard& a : gs.args) {
+    for (auto d : a.shape) h = detail::mix(h, static_cast<std::uint64_t>(d));
+    if (!a.contiguous)
+      for (auto st : a.strides) h = detail::mix(h, static_cast<std::uint64_t>(st) ^ 0x5bd1e995u);
+  }
   return h;
 }
 

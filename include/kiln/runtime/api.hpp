@@ -24,7 +24,7 @@ auto pack_outputs(std::array<Tensor, N>& out) {
 // tensors are arguments (graph/views.hpp), as evaluate gathers them.
 template <class F, class E>
 auto graph_builder(const F& f, const E& e, int nargs) {
-  return [&f, &e, nargs](auto& arg, runtime::LoweringStats& stats, const std::vector<std::uint8_t>* symbolic) {
+  return [&f, &e, nargs](auto& arg, runtime::LoweringStats& stats, const std::vector<std::uint8_t>* symbolic = nullptr) {
     return runtime::lower_graph(graph::flatten_result(nargs, e, true, symbolic), arg,
                                 [&](graph::Graph g) { return transform_graph(f, std::move(g)); }, stats);
   };

@@ -130,7 +130,7 @@ inline std::vector<runtime::ExportedArg> exported_args(const runtime::Program& p
 template <class F, class E, std::size_t NArgs>
 exported_kernels export_program(const Function<F>& f, const E& e, const std::array<const Tensor*, NArgs>& call_args,
                                 const std::filesystem::path& dir, const export_options& o) {
-  graph::Captured<E> cap;
+  graph::Captured<E, true> cap;  // as graph_builder flattens: views of captured tensors are arguments
   graph::gather(e, cap);
   std::vector<const Tensor*> args(call_args.begin(), call_args.end());
   for (int i = 0; i < cap.nt; ++i) args.push_back(cap.tensors[i]);

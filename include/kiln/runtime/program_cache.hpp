@@ -1,0 +1,464 @@
+// The program cache of a compiled function or an eager expression type: compiled programs keyed
+// by guards. A call finds its bucket by a compact key in constant time (exact shapes for static
+// programs, the rest for programs with symbolic sizes) and the program whose guards hold (the hit
+// path: comparisons only), or compiles a new one once, even when many threads ask at the same time.
+// Caches are bounded: a compiled function past its recompile limit warns once, makes every size
+// symbolic and evicts its least recently used program (or throws, with on_limit::raise); eager
+// expressions have no limit and share a process-wide budget of programs (program_budget.hpp).
+// Slice bounds and view sizes that change between calls become symbolic at the first change.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+#include <utility>
+
+#include "../graph/flatten.hpp"
+#include "../guards/guards.hpp"
+#include "compile.hpp"
+#include "cuda_graph.hpp"
+#include "options.hpp"
+#include "program_budget.hpp"
+
+namespace kiln::runtime {
+
+// Intermediates of runs recorded into a CUDA graph the caller is capturing: the caller's graph keeps
+// their addresses, so they are never returned to the allocator (they live as long as the function).
+struct CapturePins {
+  std::mutex mu;
+  std::vector<std::vector<Tensor>> kept;
+  void add(std::vector<Tensor> temps) {
+    std::lock_guard lock(mu);
+    kept.push_back(std::move(temps));
+  }
+};
+
+// One compiled program and what it assumed.
+struct Entry {
+  guards::GuardSet guards;
+  mutable std::uint64_t key = 0;        // guards::guard_key(guards): its bucket (under the cache's lock)
+  mutable std::atomic<std::uint64_t> last_used{0};  // lru_tick() of its latest call
+  std::shared_ptr<Program> program;
+  LoweringStats stats;
+  std::shared_ptr<GraphReplay> graphs;  // .cuda_graphs on a CUDA device; after program: destroyed first
+  std::shared_ptr<CapturePins> pins;    // CUDA: intermediates of runs recorded in a caller's capture
+  bool tune = false;                    // options.autotune: the first call times the candidates
+  mutable std::once_flag tuned;
+  mutable std::atomic<bool> tuning_done{false};
+};
+
+// The scratch shapes of a dynamic call: the program's graph re-inferred for this call's inputs.
+struct CallShapes {
+  std::vector<graph::Node> nodes;
+};
+
+// Eager caches pass `eager`: no recompile limit, and their programs count against the process-wide
+// budget of eager programs.
+enum class CacheKind { function, eager };
+
+class ProgramCache final : public Evictable {
+  using Buckets = std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<const Entry>>>;
+
+ public:
+  explicit ProgramCache(options o = {}, CacheKind kind = CacheKind::function) : opt_(o), eager_(kind == CacheKind::eager) {
+    if (eager_) ProgramBudget::eager().add(this);
+  }
+  ~ProgramCache() override {
+    if (!eager_) return;
+    ProgramBudget::eager().remove(this);
+    for (std::size_t i = 0; i < entries_.size(); ++i) ProgramBudget::eager().removed();
+  }
+  ProgramCache(const ProgramCache&) = delete;
+  ProgramCache& operator=(const ProgramCache&) = delete;
+
+  // Finds or compiles the program for these inputs. `build` returns the lowered graph (it is
+  // only called on a miss); attrs are the captured attributes, compared against each entry.
+  // A miss while the caller is recording a CUDA graph on `stream` is an error: compiling (and the
+  // allocation and synchronisation it needs) cannot be captured.
+  // `ops` (the op of each attribute, may be null) lets attributes that change between calls become
+  // symbolic: slice bounds and view sizes (automatic and dynamic shapes, or past the limit).
+  template <class Build>
+  std::shared_ptr<const Entry> get(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
+                                   Build&& build, CallShapes& shapes_out, CUstream stream = nullptr, const Op* ops = nullptr) {
+    {
+      std::shared_lock lock(mu_);
+      if (auto e = find(args, nargs, attrs, nattrs, shapes_out)) return touch(e);
+    }
+    std::shared_ptr<const Entry> e;
+    {
+      std::unique_lock lock(mu_);
+      if ((e = find(args, nargs, attrs, nattrs, shapes_out))) return touch(e);  // another thread compiled it
+      refuse_during_capture(args, nargs, stream);
+      e = compile(args, nargs, attrs, nattrs, ops, build, shapes_out);
+    }
+    if (eager_) ProgramBudget::eager().trim();
+    return e;
+  }
+
+  // Programs compiled after the first (evicted ones included), and why each was needed (the
+  // latest 64).
+  int recompiles() const { return std::max(0, compiles() - 1); }
+  int compiles() const { return compiles_.load(std::memory_order_relaxed); }
+  std::vector<std::string> recompile_reasons() const {
+    std::shared_lock lock(mu_);
+    return {reasons_.begin(), reasons_.end()};
+  }
+  std::vector<std::shared_ptr<const Entry>> entries() const {
+    std::shared_lock lock(mu_);
+    return {entries_.begin(), entries_.end()};
+  }
+  std::size_t size() const {
+    std::shared_lock lock(mu_);
+    return entries_.size();
+  }
+  // Whether the function went past its recompile limit and now compiles every size symbolically.
+  bool generalized() const {
+    std::shared_lock lock(mu_);
+    return generalized_;
+  }
+  const options& opts() const { return opt_; }
+
+  // Files an entry compiled elsewhere under its own guards, evicting as a compile would (tools and
+  // benchmarks, e.g. to fill a cache with many programs without compiling each). The caller vouches
+  // that the entry's program computes every call its guards admit.
+  void adopt(std::shared_ptr<Entry> e) {
+    std::unique_lock lock(mu_);
+    e->key = file_key(*e);
+    e->last_used.store(lru_tick(), std::memory_order_relaxed);
+    entries_.push_back(e);
+    map_of(*e)[e->key].push_back(std::move(e));
+    if (eager_) ProgramBudget::eager().added();
+  }
+
+  bool oldest_tick(std::uint64_t& tick) const override {
+    std::shared_lock lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || entries_.empty()) return false;
+    tick = entries_[lru_index(-1)]->last_used.load(std::memory_order_relaxed);
+    return true;
+  }
+  bool evict_oldest() override {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || entries_.empty()) return false;
+    evict(lru_index(-1));
+    return true;
+  }
+
+ private:
+  static std::shared_ptr<const Entry> touch(std::shared_ptr<const Entry> e) {
+    e->last_used.store(lru_tick(), std::memory_order_relaxed);
+    return e;
+  }
+
+  static void refuse_during_capture(const Tensor* const* args, int nargs, CUstream stream) {
+    if (!stream) return;  // the legacy default stream cannot be captured
+    bool cuda = false;
+    for (int i = 0; i < nargs; ++i) cuda = cuda || args[i]->device().is_cuda();
+    if (cuda && driver::is_capturing(stream))
+      throw cuda_error("k::compile: a CUDA graph capture is in progress on " + Stream(stream).str() +
+                       " and this call needs a new compiled program (first call, or a guard failed); "
+                       "call the function once with the same shapes and dtypes before capturing (warm it first)");
+  }
+
+  // The bucket of a call under this cache's symbolic attributes.
+  std::uint64_t key_of(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs) const {
+    bool sym = static_cast<int>(symbolic_.size()) == nattrs;
+    return guards::call_key(args, nargs, attrs, nattrs, sym ? symbolic_.data() : nullptr, sym ? slot_ops_.data() : nullptr);
+  }
+  std::uint64_t key_of(const Entry& e) const {
+    bool sym = symbolic_.size() == e.guards.attrs.size();
+    return guards::guard_key(e.guards, sym ? symbolic_.data() : nullptr, sym ? slot_ops_.data() : nullptr);
+  }
+
+  // Every attribute equal, but for the fields the entry's program takes as each call's values.
+  static bool attrs_match(const Entry& e, const Attrs* const* attrs, int nattrs) {
+    if (static_cast<int>(e.guards.attrs.size()) != nattrs) return false;
+    const auto& sym = e.guards.symbolic;
+    for (int i = 0; i < nattrs; ++i) {
+      if (sym.empty() || !sym[i]) {
+        if (!(*attrs[i] == e.guards.attrs[i])) return false;
+      } else if (!graph::attrs_match(e.guards.ops[i], sym[i], e.guards.attrs[i], *attrs[i])) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Whether an entry was compiled for the same custom ops as these attributes: calling another
+  // k::custom_op is calling another function (as another lambda would be), not a recompile of this one.
+  static bool same_custom_ops(const Entry& e, const Attrs* const* attrs, int nattrs) {
+    bool same = static_cast<int>(e.guards.attrs.size()) == nattrs;
+    for (int i = 0; same && i < nattrs; ++i) same = e.guards.attrs[i].custom == attrs[i]->custom;
+    return same;
+  }
+  int same_custom_ops_count(const Attrs* const* attrs, int nattrs) const {
+    int count = 0;
+    for (auto& e : entries_) count += same_custom_ops(*e, attrs, nattrs);
+    return count;
+  }
+
+  // Re-infers the program's graph for this call's inputs and symbolic attributes (dynamic programs
+  // only).
+  static bool infer_call_shapes(const Program& p, const Tensor* const* args, const Attrs* const* attrs, int nattrs,
+                                CallShapes& out) {
+    graph::Graph& scratch = scratch_graph();
+    scratch.nodes = p.graph.nodes;
+    scratch.outputs = p.graph.outputs;
+    for (auto& n : scratch.nodes)
+      if (n.sym_attrs) {
+        if (n.capture < 0 || n.capture >= nattrs) return false;
+        graph::apply_symbolic(n.op, *attrs[n.capture], n.attrs);
+      }
+    try {
+      graph::infer_shapes(scratch, [&](int slot) -> const Tensor& { return *args[slot]; });
+    } catch (const error&) {
+      return false;
+    }
+    out.nodes.swap(scratch.nodes);  // no second copy of the node table on the hit path
+    return true;
+  }
+  static graph::Graph& scratch_graph() {
+    thread_local graph::Graph g;
+    return g;
+  }
+
+  // Whether entry e's guards hold for this call; `why` (miss path only) names the failed one.
+  static bool matches(const Entry& e, const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
+                      CallShapes& shapes, std::string* why) {
+    if (!attrs_match(e, attrs, nattrs)) {
+      if (why) *why = "attributes (dims or view sizes) changed";
+      return false;
+    }
+    int failed = guards::check_args(e.guards, args, static_cast<std::size_t>(nargs));
+    if (failed >= 0) {
+      if (why) *why = e.guards.describe_failure(failed);
+      return false;
+    }
+    if (e.guards.dynamic) {
+      if (!infer_call_shapes(*e.program, args, attrs, nattrs, shapes)) return false;
+      thread_local std::vector<std::int64_t> sym;
+      sym.resize(std::max<std::size_t>(sym.size(), static_cast<std::size_t>(e.program->env.num_symbols()) + 1));
+      int node = guards::check_shapes(e.guards, [&](int n) -> const Dims& { return shapes.nodes[n].shape; }, sym.data(),
+                                      e.program->env.num_symbols());
+      if (node >= 0) {
+        if (why) *why = "symbolic size of node %" + std::to_string(node) + " " + e.program->graph[node].shape.str();
+        return false;
+      }
+    } else {
+      shapes.nodes.clear();
+    }
+    return true;
+  }
+
+  // The hit path: a program with exact shapes under this call's exact key, else the programs with
+  // symbolic sizes under its key, in the order they were compiled.
+  std::shared_ptr<const Entry> find(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
+                                    CallShapes& shapes) const {
+    for (const auto* map : {&exact_, &buckets_}) {
+      if (map->empty()) continue;
+      auto it = map->find(map == &exact_ ? guards::exact_call_key(args, nargs, attrs, nattrs) : key_of(args, nargs, attrs, nattrs));
+      if (it == map->end()) continue;
+      for (auto& e : it->second)
+        if (matches(*e, args, nargs, attrs, nattrs, shapes, nullptr)) return e;
+    }
+    return nullptr;
+  }
+  // Where an entry is filed: programs with exact shapes by their shapes, the others by the rest.
+  Buckets& map_of(const Entry& e) { return e.guards.dynamic ? buckets_ : exact_; }
+  std::uint64_t file_key(const Entry& e) const { return e.guards.dynamic ? key_of(e) : guards::exact_guard_key(e.guards); }
+
+  // The miss path: which guard of which program failed last (for logs and explain).
+  std::string miss_reason(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs) const {
+    std::string why = "no compiled program matched";
+    CallShapes scratch;
+    for (auto& e : entries_) matches(*e, args, nargs, attrs, nattrs, scratch, &why);
+    return why;
+  }
+
+  // The entry used least recently (among those for the same custom ops as `like`, when given).
+  std::size_t lru_index(int like_count, const Attrs* const* like = nullptr) const {
+    std::size_t best = 0;
+    std::uint64_t oldest = ~std::uint64_t{0};
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (like && !same_custom_ops(*entries_[i], like, like_count)) continue;
+      std::uint64_t t = entries_[i]->last_used.load(std::memory_order_relaxed);
+      if (t < oldest) oldest = t, best = i;
+    }
+    return best;
+  }
+
+  void evict(std::size_t index) {
+    std::shared_ptr<const Entry> e = entries_[index];
+    entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(index));
+    Buckets& map = map_of(*e);
+    auto& bucket = map[e->key];
+    bucket.erase(std::find(bucket.begin(), bucket.end(), e));
+    if (bucket.empty()) map.erase(e->key);
+    if (eager_) ProgramBudget::eager().removed();
+    debug::log_lazy(debug::Channel::cache, [&] {
+      std::string name = e->program->kernels.empty() ? "a program" : e->program->kernels.front().src.name;
+      return "evicted " + name + " (least recently used of " + std::to_string(entries_.size() + 1) + " programs)";
+    });
+  }
+
+  // Past the recompile limit: warn once, compile every size symbolically from now on, and make
+  // room for the new program by evicting the least recently used one (or throw, on_limit::raise).
+  void apply_limit(const Attrs* const* attrs, int nattrs, const std::string& reason) {
+    if (eager_ || same_custom_ops_count(attrs, nattrs) < opt_.recompile_limit) return;
+    if (opt_.on_limit == on_limit::raise)
+      throw recompile_limit_error("k::compile: recompile limit of " + std::to_string(opt_.recompile_limit) +
+                                  " reached; the last failed guard was: " + reason +
+                                  " (use .shapes = k::shapes::dynamic for changing sizes)");
+    if (!generalized_) {
+      generalized_ = true;
+      std::string msg = "k::compile: recompile limit of " + std::to_string(opt_.recompile_limit) +
+                        " reached (last failed guard: " + reason +
+                        "); from now on every size is symbolic and the least recently used program is evicted "
+                        "(.on_limit = k::on_limit::raise to throw instead)";
+      std::fprintf(stderr, "[kiln] warning: %s\n", msg.c_str());
+      debug::log_lazy(debug::Channel::recompiles, [&] { return msg; });
+    }
+    while (same_custom_ops_count(attrs, nattrs) >= std::max(1, opt_.recompile_limit)) evict(lru_index(nattrs, attrs));
+  }
+
+  // Automatic and dynamic shapes (or past the limit): the slice bounds and view sizes that differ
+  // from the last compile's become symbolic, for this and every later program of this cache.
+  void generalize_attrs(const Attrs* const* attrs, int nattrs, const Op* ops) {
+    if (!ops || (opt_.shapes == shapes::static_ && !generalized_)) return;
+    bool comparable = static_cast<int>(last_attrs_.size()) == nattrs;
+    if (static_cast<int>(symbolic_.size()) != nattrs) symbolic_.assign(static_cast<std::size_t>(nattrs), 0);
+    slot_ops_.assign(ops, ops + nattrs);
+    bool grew = false;
+    for (int i = 0; comparable && i < nattrs; ++i) {
+      if (!graph::has_symbolic_attrs(ops[i])) continue;
+      std::uint8_t d = graph::symbolic_difference(ops[i], last_attrs_[static_cast<std::size_t>(i)], *attrs[i]);
+      if (d == 0xff || (d & ~symbolic_[static_cast<std::size_t>(i)]) == 0) continue;
+      symbolic_[static_cast<std::size_t>(i)] |= d;
+      grew = true;
+    }
+    if (!grew) return;
+    debug::log_lazy(debug::Channel::recompiles, [&] {
+      int n = 0;
+      for (auto b : symbolic_) n += b != 0;
+      return "view attributes changed: the bounds or sizes of " + std::to_string(n) + " views are now kernel arguments";
+    });
+    Buckets rebuilt;  // programs with symbolic sizes, under the new mask (exact ones keep their keys)
+    for (auto& e : entries_)
+      if (e->guards.dynamic) {
+        e->key = key_of(*e);
+        rebuilt[e->key].push_back(e);
+      }
+    buckets_.swap(rebuilt);
+  }
+
+  template <class Build>
+  std::shared_ptr<const Entry> compile(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
+                                       const Op* ops, Build& build, CallShapes& shapes) {
+    if (compiles_.load(std::memory_order_relaxed) > 0) {
+      std::string reason = miss_reason(args, nargs, attrs, nattrs);
+      apply_limit(attrs, nattrs, reason);
+      generalize_attrs(attrs, nattrs, ops);
+      reasons_.push_back(reason);
+      if (reasons_.size() > 64) reasons_.pop_front();
+      debug::log_lazy(debug::Channel::recompiles, [&] { return "recompiling: " + reason; });
+    }
+    Device device = cpu;
+    for (int i = 0; i < nargs; ++i) {
+      if (i > 0 && !(args[i]->device() == device))
+        throw device_error("k::compile: arguments on different devices: " + device.str() + " and " + args[i]->device().str() +
+                           " (args[0] and args[" + std::to_string(i) + "])");
+      device = args[i]->device();
+    }
+    auto arg = [&](int slot) -> const Tensor& { return *args[slot]; };
+    auto e = std::make_shared<Entry>();
+    bool sym = static_cast<int>(symbolic_.size()) == nattrs &&
+               std::any_of(symbolic_.begin(), symbolic_.end(), [](std::uint8_t b) { return b != 0; });
+    graph::Graph g;
+    if constexpr (std::is_invocable_v<Build&, decltype(arg)&, LoweringStats&, const std::vector<std::uint8_t>*>)
+      g = build(arg, e->stats, sym ? &symbolic_ : nullptr);
+    else
+      g = build(arg, e->stats);  // a graph built at run time: no captured attributes
+    ir::ShapeEnv env = make_env(g);
+    std::vector<const Tensor*> argv(args, args + nargs);
+    std::vector<Attrs> av;
+    for (int i = 0; i < nattrs; ++i) av.push_back(*attrs[i]);
+    e->guards = guards::make_guards(g, env, argv, std::move(av));
+    if (sym) e->guards.symbolic = symbolic_, e->guards.ops = slot_ops_;
+    e->key = file_key(*e);
+    if (ops) last_attrs_.assign(e->guards.attrs.begin(), e->guards.attrs.end());
+    if (debug::log_enabled(debug::Channel::guards)) {
+      std::string s;
+      for (auto& line : e->guards.describe()) s += "  " + line + "\n";
+      debug::log(debug::Channel::guards, "guards:\n" + s);
+    }
+    remember_shapes(g);
+    e->program = build_program(std::move(g), std::move(env), device, arg, opt_.autotune);
+    e->tune = !e->program->candidates.empty();
+    // Custom ops are host code: a replay would not run them again, so their programs launch plainly.
+    bool custom = false;
+    for (auto& k : e->program->kernels) custom = custom || (k.extern_node >= 0 && is_custom(e->program->graph[k.extern_node].op));
+    if (opt_.cuda_graphs && device.is_cuda() && !custom) e->graphs = std::make_shared<GraphReplay>(*e->program);
+    if (device.is_cuda()) e->pins = std::make_shared<CapturePins>();
+    e->last_used.store(lru_tick(), std::memory_order_relaxed);
+    entries_.push_back(e);
+    map_of(*e)[e->key].push_back(e);
+    compiles_.fetch_add(1, std::memory_order_relaxed);
+    if (eager_) ProgramBudget::eager().added();
+    debug::log_lazy(debug::Channel::cache, [&] {
+      return "compiled " + (e->program->kernels.empty() ? std::string("a program") : e->program->kernels.front().src.name) +
+             " (" + std::to_string(entries_.size()) + " programs in this cache" +
+             (eager_ ? ", " + std::to_string(ProgramBudget::eager().entries()) + " eager in all)" : ")");
+    });
+    shapes.nodes.clear();
+    if (e->guards.dynamic) infer_call_shapes(*e->program, args, attrs, nattrs, shapes);
+    return e;
+  }
+
+  // Static: constants. Dynamic, or past the recompile limit: every size a symbol. Automatic: exact
+  // first, then the dims that changed since the last compile become symbols.
+  ir::ShapeEnv make_env(const graph::Graph& g) const {
+    auto all = [](int, int) { return true; };
+    if (generalized_) return ir::make_shape_env(g, all);
+    switch (opt_.shapes) {
+      case shapes::static_: return ir::make_static_shape_env(g);
+      case shapes::dynamic: return ir::make_shape_env(g, all);
+      case shapes::automatic: break;
+    }
+    if (compiles_.load(std::memory_order_relaxed) == 0 || last_shapes_.size() != static_cast<std::size_t>(g.size()))
+      return ir::make_static_shape_env(g);
+    return ir::make_shape_env(g, [&](int n, int k) {
+      const Dims& before = last_shapes_[n];
+      return before.size() != g[n].shape.size() || before[k] != g[n].shape[k] || changed_[n] & (1u << k);
+    });
+  }
+
+  // Remembers this compile's shapes and which dims have ever changed (automatic mode).
+  void remember_shapes(const graph::Graph& g) {
+    bool comparable = last_shapes_.size() == static_cast<std::size_t>(g.size());
+    changed_.resize(g.size(), 0);
+    for (int n = 0; n < g.size(); ++n)
+      for (int k = 0; comparable && k < g[n].shape.size(); ++k)
+        if (last_shapes_[n].size() != g[n].shape.size() || last_shapes_[n][k] != g[n].shape[k]) changed_[n] |= 1u << k;
+    last_shapes_.clear();
+    for (auto& n : g.nodes) last_shapes_.push_back(n.shape);
+  }
+
+  options opt_;
+  bool eager_ = false;
+  mutable std::shared_mutex mu_;
+  std::vector<std::shared_ptr<const Entry>> entries_;  // in compile order
+  Buckets exact_;    // programs with exact shapes, by guards::exact_guard_key
+  Buckets buckets_;  // programs with symbolic sizes or attributes, by guard key
+  std::atomic<int> compiles_{0};
+  bool generalized_ = false;
+  std::vector<std::uint8_t> symbolic_;  // per captured attribute: its symbolic fields (all programs from now on)
+  std::vector<Op> slot_ops_;            // the op of each captured attribute
+  std::vector<Attrs> last_attrs_;       // the attributes of the last compile (automatic mode)
+  std::deque<std::string> reasons_;
+  std::vector<Dims> last_shapes_;
+  std::vector<unsigned> changed_;
+};
+
+}  // namespace kiln::runtime
