@@ -79,13 +79,11 @@ TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (
   check_layer_norm_backward(k::cpu);
 }
 
-TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (GPU)") {
-  if (!have_gpu()) return;
+TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (GPU)" * needs_gpu()) {
   check_layer_norm_backward(k::cuda);
 }
 
-TEST_CASE("partials: rms_norm's weight gradient on 16-bit rows, fused and against the reference") {
-  if (!have_gpu()) return;
+TEST_CASE("partials: rms_norm's weight gradient on 16-bit rows, fused and against the reference" * needs_gpu()) {
   const std::int64_t rows = 16384, cols = 4096;
   auto x = k::randn({rows, cols}, k::bf16, k::cpu, 5), dy = k::randn({rows, cols}, k::bf16, k::cpu, 6);
   auto w = k::randn({cols}, k::f32, k::cpu, 7);
