@@ -141,7 +141,7 @@ TEST_CASE("interop: buffers that are not 16-byte aligned take the kernels' teste
   k::driver::deallocate(in_buf, host.nbytes(), 0, s.s);
 }
 
-TEST_CASE("cuda graphs: replay equals plain launches over 100 steps with changing inputs" * needs_gpu()) {
+TEST_CASE("cuda graphs: replay equals plain launches and the reference over 100 steps with changing inputs" * needs_gpu()) {
   OwnStream s;
   float scale = 1.0f;
   auto body = [&scale](auto x, auto w, auto b) {
@@ -164,6 +164,11 @@ TEST_CASE("cuda graphs: replay equals plain launches over 100 steps with changin
     k::Stream(s).synchronize();
     REQUIRE(bitwise_equal(p1, p2));
     REQUIRE(bitwise_equal(s1, s2));
+    if (step % 10 == 0 || step == 99) {  // both equal, and both right: against the f64 oracle
+      auto [want_p, want_s] = k::reference::eval(body(x.to(k::cpu), w.to(k::cpu), b.to(k::cpu)));
+      check_close(p1, want_p, 1e-4, 1e-4);
+      check_close(s1, want_s, 1e-4, 1e-4);
+    }
   }
   auto entries = graphed.cache().entries();
   REQUIRE(entries.size() == 1);
