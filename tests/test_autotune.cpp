@@ -134,8 +134,7 @@ TEST_CASE("autotune: CPU programs run the rules' choices and stay correct") {
   for (const auto& e : f.cache().entries()) CHECK(e->program->candidates.empty());
 }
 
-TEST_CASE("autotune: tuned functions on the GPU equal the reference, and the choice is stored") {
-  if (!have_gpu()) return;
+TEST_CASE("autotune: tuned functions on the GPU equal the reference, and the choice is stored" * needs_gpu()) {
   AutotuneLog log;
   auto check = [](const k::Tensor& got, const k::Tensor& expected, double rtol, double atol) {
     auto r = k::testing::allclose(got, expected, rtol, atol);
@@ -179,8 +178,7 @@ TEST_CASE("autotune: tuned functions on the GPU equal the reference, and the cho
   CHECK(log.text().find("matmul") != std::string::npos);
 }
 
-TEST_CASE("autotune: an in-place update is applied once by the first call, however often it was timed") {
-  if (!have_gpu()) return;
+TEST_CASE("autotune: an in-place update is applied once by the first call, however often it was timed" * needs_gpu()) {
   auto p0 = k::randn({(1 << 20) + 3}, k::f32, k::cpu, 19), g0 = k::randn({(1 << 20) + 3}, k::f32, k::cpu, 20);
   auto step = k::compile([](auto p, auto g) { return k::assign(p, p - g * 0.25f); }, {.autotune = true});
   auto p = p0.to(k::cuda), g = g0.to(k::cuda);
@@ -192,8 +190,7 @@ TEST_CASE("autotune: an in-place update is applied once by the first call, howev
   CHECK_MESSAGE(bool(r), r);
 }
 
-TEST_CASE("autotune: CUDA graphs replay the tuned kernels") {
-  if (!have_gpu()) return;
+TEST_CASE("autotune: CUDA graphs replay the tuned kernels" * needs_gpu()) {
   auto x = k::randn({300, 2048}, k::f32, k::cpu, 21);
   auto sm = [](auto a) { return k::softmax(a * 2.0f, -1); };
   auto f = k::compile(sm, {.cuda_graphs = true, .autotune = true});

@@ -25,8 +25,7 @@ void check_on_gpu(MakeExpr make, std::vector<k::Tensor> cpu_inputs, double rtol,
 
 }  // namespace
 
-TEST_CASE("cuda: pointwise chains, broadcasting and dtypes") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: pointwise chains, broadcasting and dtypes" * needs_gpu()) {
   auto x = k::randn({37, 129}, k::f32, k::cpu, 1), b = k::randn({129}, k::f32, k::cpu, 2);
   check_on_gpu([](auto& v) { return k::relu(v[0] * 2.0f + 1.0f); }, {x}, 1e-6, 1e-6);
   check_on_gpu([](auto& v) { return k::sigmoid(k::tanh(v[0] * 0.5f + 0.1f) * v[0]) * k::exp(-v[0] * v[0]); }, {x}, 1e-5, 1e-6);
@@ -47,8 +46,7 @@ TEST_CASE("cuda: pointwise chains, broadcasting and dtypes") {
   check_on_gpu([](auto& v) { return v[0] * 2.0f + 1.0f; }, {odd}, 1e-2, 1e-2);
 }
 
-TEST_CASE("cuda: reductions, softmax and norms") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: reductions, softmax and norms" * needs_gpu()) {
   for (auto shape : {k::Dims{37, 129}, k::Dims{64, 4096}, k::Dims{3, 40000}, k::Dims{257, 33}}) {
     auto x = k::randn(shape, k::f32, k::cpu, 5), w = k::randn({shape[1]}, k::f32, k::cpu, 6);
     check_on_gpu([](auto& v) { return k::softmax(v[0], -1); }, {x}, 1e-5, 1e-7);
@@ -68,8 +66,7 @@ TEST_CASE("cuda: reductions, softmax and norms") {
 // Rows of 256 threads or more with two reductions each (a shared slot per reduction, one barrier
 // each) and blocks of two rows (two barriers). scripts/gpu-check also runs this file with
 // KILN_TUNE_ROW_WAVES=1, where each block loops over several rows: the slots' reuse across rows.
-TEST_CASE("cuda: long rows, several reductions a row") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: long rows, several reductions a row" * needs_gpu()) {
   auto x = k::randn({1100, 8192}, k::f32, k::cpu, 9), w = k::randn({8192}, k::f32, k::cpu, 10);
   k::Tensor t = k::cast(k::rand({1100}, k::f32, k::cpu, 11) * 8191.0f, k::i64);
   check_on_gpu([](auto& v) { return k::softmax(v[0] * 3.0f, -1); }, {x}, 1e-5, 1e-8);
@@ -81,8 +78,7 @@ TEST_CASE("cuda: long rows, several reductions a row") {
   check_on_gpu([](auto& v) { return k::log_softmax(v[0], 1); }, {xs}, 1e-5, 1e-5);
 }
 
-TEST_CASE("cuda: views and compiled functions with dynamic shapes") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: views and compiled functions with dynamic shapes" * needs_gpu()) {
   auto x = k::randn({6, 7, 9}, k::f32, k::cpu, 9);
   check_on_gpu([](auto& v) { return k::permute(v[0], {2, 0, 1}) * 2.0f; }, {x}, 1e-6, 1e-6);
   check_on_gpu([](auto& v) { return k::slice(v[0], 2, 1, 8, 3) + 1.0f; }, {x}, 1e-6, 1e-6);
@@ -100,8 +96,7 @@ TEST_CASE("cuda: views and compiled functions with dynamic shapes") {
   CHECK(k::explain(f, k::randn({5, 256}, k::f32, k::cuda, 1), w).recompiles == 0);
 }
 
-TEST_CASE("cuda: raw device buffers and a user stream") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: raw device buffers and a user stream" * needs_gpu()) {
   auto x = k::randn({1000}, k::f32, k::cuda, 12);
   CUstream s = nullptr;
   k::driver::check(k::driver::api().stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -113,8 +108,7 @@ TEST_CASE("cuda: raw device buffers and a user stream") {
   k::driver::deallocate(out.data_ptr(), 4000, 0, s);
 }
 
-TEST_CASE("cuda: mixing devices is a device_error naming both") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: mixing devices is a device_error naming both" * needs_gpu()) {
   auto a = k::randn({4}, k::f32, k::cuda, 1), b = k::randn({4}, k::f32, k::cpu, 2);
   CHECK_THROWS_AS(k::eval(a + b), k::device_error);
 }

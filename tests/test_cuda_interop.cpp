@@ -36,8 +36,7 @@ bool bitwise_equal(const k::Tensor& a, const k::Tensor& b) { return k::to_vector
 
 }  // namespace
 
-TEST_CASE("interop: a chain of calls on a non-blocking stream needs no synchronisation between them") {
-  if (!have_gpu()) return;
+TEST_CASE("interop: a chain of calls on a non-blocking stream needs no synchronisation between them" * needs_gpu()) {
   OwnStream s;
   auto step = k::compile([](auto x, auto w) { return k::rms_norm(x + 0.5f, w) * 0.9f; });
   auto x0 = k::randn({37, 129}, k::f32, k::cpu, 3), w0 = k::rand({129}, k::f32, k::cpu, 4);
@@ -50,8 +49,7 @@ TEST_CASE("interop: a chain of calls on a non-blocking stream needs no synchroni
   check_close(x, want, 1e-4, 1e-4);
 }
 
-TEST_CASE("interop: a kiln call on one stream does not wait for another stream's work") {
-  if (!have_gpu()) return;
+TEST_CASE("interop: a kiln call on one stream does not wait for another stream's work" * needs_gpu()) {
   OwnStream busy, mine;
   auto heavy = k::compile([](auto x) { return k::exp(k::sin(x) * 0.5f) + k::cos(x); });
   auto light = k::compile([](auto x) { return x * 2.0f; });
@@ -70,8 +68,7 @@ TEST_CASE("interop: a kiln call on one stream does not wait for another stream's
   for (int i = 0; i < 1000; ++i) CHECK(got[i] == doctest::Approx(xs[i] * 2.0f));
 }
 
-TEST_CASE("interop: wrapped device buffers with strides and offsets, in and out") {
-  if (!have_gpu()) return;
+TEST_CASE("interop: wrapped device buffers with strides and offsets, in and out" * needs_gpu()) {
   OwnStream s;
   const std::int64_t rows = 19, cols = 33, pad = 7;
   // A host matrix of rows x (cols + pad), copied to a buffer the test owns (cudaMalloc'd in a real codebase).
@@ -116,8 +113,7 @@ TEST_CASE("interop: wrapped device buffers with strides and offsets, in and out"
   k::driver::deallocate(buf, bytes, 0, s.s);
 }
 
-TEST_CASE("interop: buffers that are not 16-byte aligned take the kernels' tested path") {
-  if (!have_gpu()) return;
+TEST_CASE("interop: buffers that are not 16-byte aligned take the kernels' tested path" * needs_gpu()) {
   // Kernels vectorise without per-access tests when their pointers are 16-byte aligned; a wrapped
   // buffer 4 bytes in is not, in and out, for a pointwise kernel (whole tiles) and a row kernel.
   OwnStream s;
@@ -145,8 +141,7 @@ TEST_CASE("interop: buffers that are not 16-byte aligned take the kernels' teste
   k::driver::deallocate(in_buf, host.nbytes(), 0, s.s);
 }
 
-TEST_CASE("cuda graphs: replay equals plain launches over 100 steps with changing inputs") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda graphs: replay equals plain launches and the reference over 100 steps with changing inputs" * needs_gpu()) {
   OwnStream s;
   float scale = 1.0f;
   auto body = [&scale](auto x, auto w, auto b) {
@@ -169,6 +164,11 @@ TEST_CASE("cuda graphs: replay equals plain launches over 100 steps with changin
     k::Stream(s).synchronize();
     REQUIRE(bitwise_equal(p1, p2));
     REQUIRE(bitwise_equal(s1, s2));
+    if (step % 10 == 0 || step == 99) {  // both equal, and both right: against the f64 oracle
+      auto [want_p, want_s] = k::reference::eval(body(x.to(k::cpu), w.to(k::cpu), b.to(k::cpu)));
+      check_close(p1, want_p, 1e-4, 1e-4);
+      check_close(s1, want_s, 1e-4, 1e-4);
+    }
   }
   auto entries = graphed.cache().entries();
   REQUIRE(entries.size() == 1);
@@ -178,8 +178,7 @@ TEST_CASE("cuda graphs: replay equals plain launches over 100 steps with changin
   MESSAGE("graph captures over 100 steps: " << entries[0]->graphs->captures());
 }
 
-TEST_CASE("cuda graphs: a steady loop replays without capturing again") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda graphs: a steady loop replays without capturing again" * needs_gpu()) {
   auto f = k::compile([](auto x) { return k::relu(k::softmax(x, -1) - 0.01f) * 2.0f; }, {.cuda_graphs = true});
   auto x = k::randn({64, 1000}, k::f32, k::cuda, 4);
   k::Tensor y;
@@ -190,8 +189,7 @@ TEST_CASE("cuda graphs: a steady loop replays without capturing again") {
   check_close(y, k::reference::eval(k::relu(k::softmax(x.to(k::cpu), -1) - 0.01f) * 2.0f));
 }
 
-TEST_CASE("cuda graphs: matmul programs and replays alternating between two streams") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda graphs: matmul programs and replays alternating between two streams" * needs_gpu()) {
   OwnStream s1, s2;
   auto f = k::compile([](auto x, auto w, auto b) { return k::gelu(k::matmul(x, w) + b); }, {.cuda_graphs = true});
   auto x = k::randn({33, 64}, k::f32, k::cuda, 7), w = k::randn({64, 48}, k::f32, k::cuda, 8),
@@ -205,8 +203,7 @@ TEST_CASE("cuda graphs: matmul programs and replays alternating between two stre
   }
 }
 
-TEST_CASE("cuda graphs: kiln calls inside a capture the caller started") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda graphs: kiln calls inside a capture the caller started" * needs_gpu()) {
   OwnStream s;
   const auto& api = k::driver::api();
   auto f = k::compile([](auto x, auto w) { return k::rms_norm(x, w) * 2.0f; });
@@ -238,8 +235,7 @@ TEST_CASE("cuda graphs: kiln calls inside a capture the caller started") {
   api.graph_destroy(graph);
 }
 
-TEST_CASE("cuda graphs: a call that would compile during a capture asks to warm the function first") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda graphs: a call that would compile during a capture asks to warm the function first" * needs_gpu()) {
   OwnStream s;
   const auto& api = k::driver::api();
   auto cold = k::compile([](auto x) { return k::tanh(x) * 3.0f; });
@@ -264,8 +260,7 @@ TEST_CASE("cuda graphs: a call that would compile during a capture asks to warm 
   check_close(y, k::reference::eval(k::tanh(x.to(k::cpu)) * 3.0f));
 }
 
-TEST_CASE("cuda graphs: replays go on after the stream of the last one was destroyed") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda graphs: replays go on after the stream of the last one was destroyed" * needs_gpu()) {
   auto f = k::compile([](auto x) { return k::softmax(x * 3.0f, -1); }, {.cuda_graphs = true});
   auto x = k::randn({17, 300}, k::f32, k::cuda, 21);
   k::synchronize();
@@ -282,8 +277,7 @@ TEST_CASE("cuda graphs: replays go on after the stream of the last one was destr
   check_close(y, want);
 }
 
-TEST_CASE("cuda graphs: intermediates of a run recorded in the caller's capture are not handed out again") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda graphs: intermediates of a run recorded in the caller's capture are not handed out again" * needs_gpu()) {
   OwnStream s;
   const auto& api = k::driver::api();
   // A column sum of this size splits in two stages: an intermediate buffer of partial sums.

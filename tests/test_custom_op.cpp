@@ -450,8 +450,7 @@ TEST_CASE("custom_op: registering and calling from several threads") {
   CHECK(good == 4);
 }
 
-TEST_CASE("custom_op (cuda): the forward runs on the caller's stream") {
-  if (!have_gpu()) return;
+TEST_CASE("custom_op (cuda): the forward runs on the caller's stream" * needs_gpu()) {
   static CUstream seen = nullptr;
   k::CustomOp on_stream = k::custom_op("on_stream", {
     .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {

@@ -15,6 +15,8 @@
 #include "kiln/runtime/cuda_module.hpp"
 #include "kiln/runtime/nvrtc.hpp"
 
+#include "have_gpu.hpp"
+
 namespace k = kiln;
 namespace drv = kiln::driver;
 namespace rt = kiln::runtime;
@@ -38,22 +40,12 @@ bool is_elf(const std::vector<char>& bin) {
   return bin.size() > 4 && std::memcmp(bin.data(), "\x7f" "ELF", 4) == 0;
 }
 
-// GPU cases say visibly that they did not run.
-bool skip_without_gpu() {
-  if (drv::available()) return false;
-  MESSAGE("skipped: no CUDA device");
-  return true;
-}
 
 std::string gpu_arch() { return drv::available() ? drv::arch(0) : "sm_90a"; }
 
 }  // namespace
 
-TEST_CASE("without a usable driver, CUDA is a device_error and synchronize is a no-op") {
-  if (drv::available()) {
-    MESSAGE("skipped: this machine has a CUDA device");
-    return;
-  }
+TEST_CASE("without a usable driver, CUDA is a device_error and synchronize is a no-op" * needs_no_gpu()) {
   CHECK_FALSE(drv::available());
   CHECK_FALSE(drv::initialized());
   std::string message;
@@ -124,8 +116,7 @@ TEST_CASE("a virtual architecture is refused with a sentence") {
   CHECK_THROWS_AS(rt::compile_cubin(half_kernel, "kiln_test_affine", "compute_90"), k::compile_error);
 }
 
-TEST_CASE("device memory round-trips host -> device -> host") {
-  if (skip_without_gpu()) return;
+TEST_CASE("device memory round-trips host -> device -> host" * needs_gpu()) {
   MESSAGE("device 0: " << drv::device_name(0) << ", " << drv::arch(0) << ", " << drv::sm_count(0) << " SMs");
   CHECK(drv::compute_capability(0) >= 50);
   std::vector<std::uint8_t> host(100'003), back(host.size());
@@ -148,8 +139,7 @@ TEST_CASE("device memory round-trips host -> device -> host") {
   CHECK_THROWS_AS(drv::make_current(drv::device_count()), k::device_error);
 }
 
-TEST_CASE("a compiled kernel launches and computes y = x*2+1") {
-  if (skip_without_gpu()) return;
+TEST_CASE("a compiled kernel launches and computes y = x*2+1" * needs_gpu()) {
   const int n = 1000;
   std::vector<float> x(n), y(n);
   for (int i = 0; i < n; ++i) x[i] = 0.5f * static_cast<float>(i) - 100.0f;
@@ -180,8 +170,7 @@ TEST_CASE("a compiled kernel launches and computes y = x*2+1") {
   k::synchronize();
 }
 
-TEST_CASE("a launch above 48 KiB of dynamic shared memory raises the kernel's limit") {
-  if (skip_without_gpu()) return;
+TEST_CASE("a launch above 48 KiB of dynamic shared memory raises the kernel's limit" * needs_gpu()) {
   const char* source = R"(
 extern "C" __global__ void kiln_test_shared(float* out, int n) {
   extern __shared__ float tile[];
@@ -203,8 +192,7 @@ extern "C" __global__ void kiln_test_shared(float* out, int n) {
   drv::deallocate(out, sizeof(float), 0, nullptr);
 }
 
-TEST_CASE("a fresh thread gets kiln's device made current for copies") {
-  if (skip_without_gpu()) return;
+TEST_CASE("a fresh thread gets kiln's device made current for copies" * needs_gpu()) {
   std::vector<int> host{1, 2, 3}, back(3);
   bool ok = false;
   std::thread([&] {
@@ -218,8 +206,7 @@ TEST_CASE("a fresh thread gets kiln's device made current for copies") {
   CHECK(ok);
 }
 
-TEST_CASE("the caching allocator hands a freed block back on the same stream") {
-  if (skip_without_gpu()) return;
+TEST_CASE("the caching allocator hands a freed block back on the same stream" * needs_gpu()) {
   drv::make_current(0);
   CUstream other = nullptr;
   drv::check(drv::api().stream_create(&other, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -237,8 +224,7 @@ TEST_CASE("the caching allocator hands a freed block back on the same stream") {
   drv::check(drv::api().stream_destroy(other), "cuStreamDestroy");
 }
 
-TEST_CASE("an impossible allocation is a cuda_error naming the size and device") {
-  if (skip_without_gpu()) return;
+TEST_CASE("an impossible allocation is a cuda_error naming the size and device" * needs_gpu()) {
   std::size_t huge = std::size_t(1) << 50;
   std::string message;
   try {

@@ -235,8 +235,8 @@ Fn symbol(void* lib, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("export: exported kernels equal kiln's (GPU)") {
-  if (!have_gpu() || !have_nvcc()) return;
+TEST_CASE("export: exported kernels equal kiln's (GPU)" * needs_gpu()) {
+  if (!have_nvcc()) return;
   auto x = k::randn({64, 4096}, k::f32, k::cuda, 1), r = k::randn({64, 4096}, k::f32, k::cuda, 2),
        w = k::randn({4096}, k::f32, k::cuda, 3);
   auto f = k::compile(residual_rms_norm);
@@ -244,13 +244,17 @@ TEST_CASE("export: exported kernels equal kiln's (GPU)") {
   void* lib = build_library(e);
   REQUIRE(lib != nullptr);
   auto launch = symbol<ResNorm>(lib, e.name);
-  k::Tensor expected = f(x, r, w);
+  // Against the f64 oracle; and, since they are kiln's own kernels, equal to kiln's result too.
+  k::Tensor expected = k::reference::eval(residual_rms_norm(x, r, w));
+  k::Tensor kilns = f(x, r, w);
   k::Tensor out = k::zeros({64, 4096}, k::f32, k::cuda);
   std::int64_t xs[2] = {64, 4096}, ws[1] = {4096};
   REQUIRE(launch((const float*)x.data_ptr(), xs, (const float*)r.data_ptr(), xs, (const float*)w.data_ptr(), ws, (float*)out.data_ptr(),
                  1e-6, nullptr, nullptr) == 0);
   k::synchronize();
-  auto same = k::testing::allclose(out, expected, 1e-6, 1e-6);
+  auto close = k::testing::allclose(out, expected, 1e-5, 1e-5);
+  CHECK_MESSAGE(bool(close), close);
+  auto same = k::testing::allclose(out, kilns, 1e-6, 1e-6);
   CHECK_MESSAGE(bool(same), same);
 
   // Wrong sizes: an error code and a message, and nothing launched (the output keeps its zeros).
@@ -268,7 +272,7 @@ TEST_CASE("export: exported kernels equal kiln's (GPU)") {
   void* lib_multi = build_library(em);
   REQUIRE(lib_multi != nullptr);
   auto launch_multi = symbol<Multi>(lib_multi, em.name);
-  auto [total, doubled, copied] = multi(x);
+  auto [total, doubled, copied] = k::reference::eval(sum_scale_same(x));
   std::size_t bytes = 0;
   REQUIRE(symbol<WorkspaceBytes>(lib_multi, em.name + "_workspace_bytes")(xs, &bytes) == 0);
   CHECK(bytes > 0);
@@ -278,7 +282,9 @@ TEST_CASE("export: exported kernels equal kiln's (GPU)") {
     REQUIRE(launch_multi((const float*)x.data_ptr(), xs, (float*)o0.data_ptr(), (float*)o1.data_ptr(), (float*)o2.data_ptr(), 2.0, ws,
                          nullptr) == 0);
     k::synchronize();
-    CHECK(k::testing::allclose(o0, total, 1e-6, 1e-6));
+    // A sum of 262144 f32 values near N(0, 1) against the f64 one: rounding of the partial sums.
+    auto sum_close = k::testing::allclose(o0, total, 1e-5, 1e-2);
+    CHECK_MESSAGE(bool(sum_close), sum_close);
     CHECK(k::testing::allclose(o1, doubled, 0, 0));
     CHECK(k::testing::allclose(o2, copied, 0, 0));
   }
@@ -295,7 +301,7 @@ TEST_CASE("export: exported kernels equal kiln's (GPU)") {
     std::int64_t s[2] = {shape[0], shape[1]};
     REQUIRE(launch_soft((const float*)in.data_ptr(), s, (float*)got.data_ptr(), nullptr, nullptr) == 0);
     k::synchronize();
-    auto close = k::testing::allclose(got, soft(in), 1e-6, 1e-7);
+    auto close = k::testing::allclose(got, k::reference::eval(row_softmax(in)), 1e-5, 1e-7);
     CHECK_MESSAGE(bool(close), shape.str() << ": " << close);
   }
 }

@@ -17,6 +17,8 @@
 #include <kiln/runtime/cpu_matmul.hpp>
 #include <kiln/runtime/cuda_matmul.hpp>
 
+#include "have_gpu.hpp"
+
 namespace {
 
 namespace k = kiln;
@@ -403,11 +405,7 @@ double gelu_tanh(double x) {
 
 }  // namespace
 
-TEST_CASE("cuda_matmul: against the reference on the GPU") {
-  if (!k::driver::available()) {
-    MESSAGE("skipped: no CUDA device");
-    return;
-  }
+TEST_CASE("cuda_matmul: against the reference on the GPU" * needs_gpu()) {
   if (!rt::cublaslt::available()) {
     MESSAGE("skipped: no cuBLASLt");
     return;

@@ -19,6 +19,8 @@
 #include <kiln/reference/eval.hpp>
 #include <kiln/testing.hpp>
 
+#include "have_gpu.hpp"
+
 namespace {
 
 namespace k = kiln;
@@ -937,8 +939,7 @@ TEST_CASE("reference: placeholders, several outputs, shared subexpressions") {
   check_result(ev(e * 2.0 + e * 3.0), {4, 6}, map(ex, [](double v) { return 5 * v; }));
 }
 
-TEST_CASE("reference: a CUDA tensor is copied to the host (skipped without a GPU)") {
-  if (!k::driver::available()) return;
+TEST_CASE("reference: a CUDA tensor is copied to the host" * needs_gpu()) {
   Tensor h = rnd({6, 9});
   const Vec hv = host(h);
   Tensor d = Tensor::empty({6, 9}, k::f32, k::cuda);

@@ -9,12 +9,14 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "error.hpp"
+#include "faults.hpp"
 
 namespace kiln::driver {
 
@@ -347,6 +349,43 @@ inline std::size_t size_class(std::size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+namespace detail {
+
+inline std::string bytes_text(std::size_t n) {
+  return std::to_string(n) + " bytes (" + std::to_string(n >> 20) + " MiB)";
+}
+
+// The caching allocator's answer to running out of device memory, kept apart from the driver so
+// that tests reach every branch without a GPU. try_alloc(size, &ptr) asks the driver; on
+// CUDA_ERROR_OUT_OF_MEMORY, release() returns the cached blocks to the driver (and says how many
+// bytes that was) and try_alloc is asked once more. A second out-of-memory is a cuda_error naming
+// the request and the device's free memory from memory_info() ({free, total}, or nothing when the
+// driver cannot say), so the user sees whether the request was absurd or the device is just full.
+template <class TryAlloc, class Release, class MemoryInfo>
+void* allocate_or_retry(std::size_t bytes, std::size_t size, int device, TryAlloc&& try_alloc, Release&& release,
+                        MemoryInfo&& memory_info) {
+  CUdeviceptr p = 0;
+  CUresult r = try_alloc(size, &p);
+  std::size_t released = 0;
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    released = release();
+    r = try_alloc(size, &p);
+  }
+  if (r == CUDA_SUCCESS) return reinterpret_cast<void*>(p);
+  std::string what = "allocate " + std::to_string(bytes) + " bytes on cuda:" + std::to_string(device);
+  if (r != CUDA_ERROR_OUT_OF_MEMORY) throw_error(r, what);
+  // Out of memory twice: the retry has happened.
+  std::optional<std::pair<std::size_t, std::size_t>> info = memory_info();
+  std::string free_text = info ? bytes_text(info->first) + " free of " + bytes_text(info->second) +
+                                   " on the device (cuMemGetInfo)"
+                               : std::string("the device's free memory unknown (cuMemGetInfo failed)");
+  throw cuda_error(what + ": CUDA_ERROR_OUT_OF_MEMORY (out of memory): requested " + bytes_text(bytes) + ", " +
+                   free_text + ", after kiln's allocator returned its " + bytes_text(released) +
+                   " of cached blocks to the driver and tried again");
+}
+
+}  // namespace detail
+
 // The default allocator. A freed block goes back to a bin keyed by (stream, size class) and is
 // reused only on the same stream, where stream order makes reuse safe without events. Blocks go
 // back to the driver only when an allocation runs out of memory (or on release_cached).
@@ -434,14 +473,22 @@ class CachingAllocator final : public Allocator {
   // A fresh block from the driver; on out-of-memory the cache goes back first and it tries once more.
   void* allocate_new(std::size_t bytes, std::size_t size, int device) {
     make_current(device);
-    CUdeviceptr p = 0;
-    CUresult r = api().mem_alloc(&p, size);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    auto try_alloc = [](std::size_t n, CUdeviceptr* p) {
+      if (faults::detail::take(faults::detail::device_out_of_memory)) [[unlikely]]
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      return api().mem_alloc(p, n);
+    };
+    auto release = [&] {
+      std::size_t cached = cached_bytes(device);
       release_cached(device);
-      r = api().mem_alloc(&p, size);
-    }
-    if (r != CUDA_SUCCESS) throw_error(r, "allocate " + std::to_string(bytes) + " bytes on cuda:" + std::to_string(device));
-    return reinterpret_cast<void*>(p);
+      return cached;
+    };
+    auto free_memory = []() -> std::optional<std::pair<std::size_t, std::size_t>> {
+      std::size_t free = 0, total = 0;
+      if (api().mem_get_info(&free, &total) != CUDA_SUCCESS) return std::nullopt;
+      return std::pair{free, total};
+    };
+    return detail::allocate_or_retry(bytes, size, device, try_alloc, release, free_memory);
   }
 
   std::once_flag made_;

@@ -7,6 +7,10 @@
 // all little-endian) followed by the payload. A file that is short, has another magic or version,
 // or whose payload hash differs is a miss and is removed. No fsync: a crash can leave a truncated
 // file behind the rename, and the header check turns that into a miss.
+//
+// A directory that cannot be written (read-only, full, not a directory) turns the cache memory-only:
+// the first failed store warns once per process on stderr, later stores are dropped without trying,
+// loads go on. A failed write never leaves an entry behind, only (at worst) nothing.
 #pragma once
 #include <atomic>
 #include <cctype>
@@ -27,6 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kiln/core/faults.hpp"
 #include "kiln/debug/log.hpp"
 #include "kiln/runtime/hash.hpp"
 
@@ -79,6 +84,10 @@ inline bool write_fully(int fd, const char* data, std::size_t n) {
 
 inline std::string errno_text() { return std::strerror(errno); }
 
+// Set once any cache of this process has warned that it cannot write: one line per process, not one
+// per kernel or per cache object. Tests reset it to see their own warning.
+inline std::atomic<bool> disk_cache_warned{false};
+
 }  // namespace detail
 
 class DiskCache {
@@ -91,6 +100,8 @@ class DiskCache {
   explicit DiskCache(std::filesystem::path root) : root_(std::move(root)) {}
 
   bool enabled() const { return !root_.empty(); }
+  // True once a store failed for an I/O reason: from then on stores are dropped (memory only).
+  bool memory_only() const { return memory_only_.load(std::memory_order_relaxed); }
   const std::filesystem::path& root() const { return root_; }
 
   std::filesystem::path entry_path(std::string_view key_hex, std::string_view kind) const {
@@ -121,29 +132,45 @@ class DiskCache {
   }
 
   // Stores bytes under (key, kind) atomically: readers see the old entry or the whole new one.
-  void store(std::string_view key_hex, std::string_view kind, std::span<const char> bytes) {
-    if (!enabled()) return;
+  // Never throws: a cache that cannot be written only costs recompiling in the next process.
+  void store(std::string_view key_hex, std::string_view kind, std::span<const char> bytes) noexcept {
+    if (!enabled() || memory_only()) return;
+    try {
+      store_entry(key_hex, kind, bytes);
+    } catch (...) {  // e.g. bad_alloc while building a path: stop writing, and say so if memory allows
+      memory_only_.store(true, std::memory_order_relaxed);
+      try {
+        warn("storing an entry failed with an exception; kernels stay cached in memory only");
+      } catch (...) {
+      }
+    }
+  }
+
+ private:
+  void store_entry(std::string_view key_hex, std::string_view kind, std::span<const char> bytes) {
+    // A caller's bad key (kiln's own are hex): that entry only, and no use of the process's one warning.
     if (!detail::is_safe_name(key_hex) || !detail::is_safe_name(kind))
-      return report_failure("invalid cache key '" + std::string(key_hex) + "." + std::string(kind) + "'");
+      return debug::log_lazy(debug::Channel::cache, [&] {
+        return "not caching on disk: invalid cache key '" + std::string(key_hex) + "." + std::string(kind) + "'";
+      });
     std::filesystem::path path = entry_path(key_hex, kind);
     std::error_code ec;
     std::filesystem::create_directories(path.parent_path(), ec);
-    if (ec) return report_failure("cannot create " + path.parent_path().string() + ": " + ec.message());
+    if (ec) return go_memory_only("cannot create " + path.parent_path().string() + ": " + ec.message());
     std::filesystem::path temp = path;
     temp += temp_suffix();
     if (std::string why = write_entry(temp, bytes); !why.empty()) {
       ::unlink(temp.c_str());
-      return report_failure("cannot write " + temp.string() + ": " + why);
+      return go_memory_only("cannot write " + temp.string() + ": " + why);
     }
     if (::rename(temp.c_str(), path.c_str()) != 0) {
       std::string why = detail::errno_text();
       ::unlink(temp.c_str());
-      return report_failure("cannot rename to " + path.string() + ": " + why);
+      return go_memory_only("cannot rename to " + path.string() + ": " + why);
     }
     debug::log_lazy(debug::Channel::cache, [&] { return "stored " + path.string(); });
   }
 
- private:
   static std::optional<std::vector<char>> read_entry(int fd) {
     char header[detail::k_entry_header_size];
     struct stat st {};
@@ -174,8 +201,13 @@ class DiskCache {
     detail::put_le(header + 32, d.hi, 8);
     int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) return detail::errno_text();
-    bool ok =
-        detail::write_fully(fd, header, sizeof header) && detail::write_fully(fd, bytes.data(), bytes.size());
+    bool ok = detail::write_fully(fd, header, sizeof header);
+    if (ok && faults::detail::take(faults::detail::disk_cache_write)) [[unlikely]] {
+      // An injected full disk: the header is on disk, the payload is not.
+      ok = false;
+      errno = ENOSPC;
+    }
+    ok = ok && detail::write_fully(fd, bytes.data(), bytes.size());
     std::string why = ok ? "" : detail::errno_text();
     if (::close(fd) != 0 && ok) why = detail::errno_text();
     return why;
@@ -190,16 +222,27 @@ class DiskCache {
            hex(std::uint64_t(now)).substr(8);
   }
 
-  // The first failure is always reported (once), later ones only under KILN_LOGS=cache: a cache
-  // that cannot be written is worth one line, not one per kernel.
-  void report_failure(const std::string& why) {
-    bool first = !warned_.exchange(true);
-    if (first || debug::log_enabled(debug::Channel::cache))
-      debug::log(debug::Channel::cache, "not caching on disk (kernels will be recompiled next run): " + why);
+  // An I/O failure: this cache stops writing (a full or read-only directory stays so for a while,
+  // and trying again would only cost a failed write per kernel) and says so once.
+  void go_memory_only(const std::string& why) {
+    memory_only_.store(true, std::memory_order_relaxed);
+    warn(why + "; kernels stay cached in memory only and will be recompiled by the next process");
+  }
+
+  // The first warning of the process is always written (stderr unless a log sink is set), later
+  // ones only under KILN_LOGS=cache: a cache that cannot be written is worth one line, not one per
+  // kernel. Never throws: it runs on failure paths.
+  static void warn(const std::string& why) noexcept {
+    try {
+      bool first = !detail::disk_cache_warned.exchange(true);
+      if (first || debug::log_enabled(debug::Channel::cache))
+        debug::log(debug::Channel::cache, "not caching on disk: " + why);
+    } catch (...) {
+    }
   }
 
   std::filesystem::path root_;
-  std::atomic<bool> warned_{false};
+  std::atomic<bool> memory_only_{false};
 };
 
 // $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; empty when none is set.
