@@ -43,8 +43,15 @@ inline void KernelWriter::store(int node, const std::vector<Sym>& idx) {
 inline std::string KernelWriter::reduction_identity(Op op, kiln::dtype ct) {
   if (op == Op::sum) return detail::literal(0, ct);
   bool fl = is_floating(ct);
-  if (op == Op::amax) return fl ? "-" + detail::literal(INFINITY, ct).substr(0) : "(" + detail::c_type(ct) + ")(-9223372036854775807LL - 1)";
-  return fl ? detail::literal(INFINITY, ct) : "(" + detail::c_type(ct) + ")9223372036854775807LL";
+  if (fl) return op == Op::amax ? "-" + detail::literal(INFINITY, ct) : detail::literal(INFINITY, ct);
+  // The identity in the compute type's own range: i64's limits cast to int would be -1 and 0, and
+  // any nonzero value cast to bool is true.
+  const bool max = op == Op::amax;
+  switch (ct) {
+    case kiln::dtype::boolean: return max ? "false" : "true";
+    case kiln::dtype::i32: return max ? "(int)(-2147483647 - 1)" : "(int)2147483647";
+    default: return "(" + detail::c_type(ct) + ")" + (max ? "(-9223372036854775807LL - 1)" : "9223372036854775807LL");
+  }
 }
 
 // True when n is a constant multiple of `block`.

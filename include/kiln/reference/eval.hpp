@@ -386,7 +386,9 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       } else {  // exp(x - max) / sum(exp(x - max))
         std::vector<double> mx(static_cast<std::size_t>(gr.groups), -inf), s(mx.size(), 0.0);
         for (std::size_t k = 0; k < x.data.size(); ++k) mx[gr.of[k]] = nan_max(mx[gr.of[k]], x.data[k]);
-        auto shift = [&](std::int64_t grp) { return std::isinf(mx[grp]) ? 0.0 : mx[grp]; };
+        // As PyTorch: a group whose max is +inf is NaN throughout (inf - inf); one of -inf only is
+        // NaN too (0 / 0), computed without the shift.
+        auto shift = [&](std::int64_t grp) { return mx[grp] == -inf ? 0.0 : mx[grp]; };
         for (std::size_t k = 0; k < x.data.size(); ++k) s[gr.of[k]] += std::exp(x.data[k] - shift(gr.of[k]));
         for (std::size_t k = 0; k < x.data.size(); ++k)
           out.data[k] = std::exp(x.data[k] - shift(gr.of[k])) / s[gr.of[k]];

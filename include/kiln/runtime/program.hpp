@@ -104,6 +104,11 @@ struct Program {
         continue;
       }
       if (o < graph.output_into.size() && graph.output_into[o] >= 0) outputs[o] = *args[graph.output_into[o]];
+      // Two outputs that simplification made the same node (two expressions equal after CSE) share
+      // its tensor: the kernels write one buffer per node, so a second fresh tensor would stay unwritten.
+      for (std::size_t p = 0; p < o && !outputs[o].defined(); ++p)
+        if (graph.outputs[p] == node && arg_of_output[p] < 0 && (p >= graph.output_into.size() || graph.output_into[p] < 0))
+          outputs[o] = outputs[p];
       if (!outputs[o].defined()) outputs[o] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
     }
   }

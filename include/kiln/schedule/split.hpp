@@ -83,7 +83,8 @@ inline graph::Graph split_reductions(const graph::Graph& g) {
   return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
     if (!is_reduction(n.op)) return b.rebuild(n, in);
     auto r = detail::describe_reduction(g, n);
-    if (r.reduced == 1 && r.in.product() > 0) return b.reshape(in[0], n.shape);  // over size-1 dims only
+    // Over size-1 dims only: a view, in the reduction's dtype (a sum of booleans or i32 is i64).
+    if (r.reduced == 1 && r.in.product() > 0) return b.cast(b.reshape(in[0], n.shape), n.dt);
     bool hosted = column_partials_enabled() && n.op == Op::sum && std::find(row_domains.begin(), row_domains.end(), r.in) != row_domains.end();
     std::int64_t s = detail::choose_splits(r, hosted);
     if (s == 1 || !(r.prefix || r.suffix)) return b.rebuild(n, in);
