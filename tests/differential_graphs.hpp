@@ -71,10 +71,6 @@ struct Meta {
 // ---- the random graph builder ---------------------------------------------------------------------------
 
 // Known bugs kept out of the random corpus (reported, not yet fixed):
-// - add/sub/mul of two booleans is not normalised to 0/1 inside a fused kernel: add(b, b) reads as
-//   2 in a following minimum or cast (the oracle, as PyTorch: true). Repro: minimum(add(b, b), i)
-//   for b boolean[129] and i i64[5, 1].
-constexpr bool known_bug_boolean_arithmetic_not_normalised = true;
 // - log_softmax of a row holding -inf (not only -inf) gives NaN where the oracle (and PyTorch)
 //   give -inf. Repro: log_softmax(x, -1) for x f64[3, 33, 3] with some -inf elements.
 constexpr bool known_bug_log_softmax_of_minus_inf = true;
@@ -354,11 +350,6 @@ class Generator {
     const int id = g.add(n);
     if (id != before) return id;
     Node& nn = g.nodes[id];
-    if (known_bug_boolean_arithmetic_not_normalised && (nn.op == Op::add || nn.op == Op::sub || nn.op == Op::mul) &&
-        g[nn.in[0]].dt == k::boolean && g[nn.in[1]].dt == k::boolean) {
-      g.nodes.pop_back();
-      return -1;
-    }
     try {
       if (nn.op == Op::arg) {
         nn.shape = args[nn.slot].shape();

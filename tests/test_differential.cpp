@@ -271,11 +271,6 @@ Profile profile_of(long p) {
 // values are still checked at every size; only the count of compiled programs is not asserted for
 // such programs (half of the resizable programs have no strided input, and there it is).
 constexpr bool known_limitation_strided_inputs_guard_exact_shapes = true;
-// Known limitation (reported, not fixed here: runtime/function.hpp): in the automatic mode, the
-// dims that become symbols at the recompile are those of graph nodes that changed; an input the
-// graph never reads has no node, keeps its exact shape guard, and a third size compiles a third
-// program. Values are checked; the count is not asserted for automatic programs with such an input.
-constexpr bool known_limitation_unused_inputs_guard_exact_shapes = true;
 
 // The error model's sizes for a resizable program's second and third calls: larger than the first
 // (index inputs stay in range), the second the largest, all distinct and never 0 or 1.
@@ -620,7 +615,7 @@ static void differential_corpus(long default_total) {
       // One program for every size (dynamic); automatic: the exact one, then one with symbols.
       // Not asserted yet (open finding, reported): some programs with contiguous inputs only still
       // compile at every size (a shape guard stays exact); counted and printed in the summary.
-      const bool extra = o.shapes == k::shapes::dynamic ? r.entries != 1 : r.entries > 2 && !(known_limitation_unused_inputs_guard_exact_shapes && r.unused_inputs);
+      const bool extra = o.shapes == k::shapes::dynamic ? r.entries != 1 : r.entries > 2;
       if (extra) {
         ++extra_compiles;
         MESSAGE(where << ": " << r.entries << " programs compiled for three sizes: " << r.reasons);

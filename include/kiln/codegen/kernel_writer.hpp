@@ -310,6 +310,9 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
         Value v = child(i);
         args.push_back(n.op == Op::where && i == 0 ? cast(v, kiln::dtype::boolean).code : cast(v, operand).code);
       }
+      // Arithmetic on booleans gives a boolean: nonzero is true (add(b, b) is true, not 2).
+      if (n.dt == kiln::dtype::boolean && (n.op == Op::add || n.op == Op::sub || n.op == Op::mul))
+        return bind("(" + detail::pointwise_expr(n.op, args) + " != 0)", ct);
       return bind(detail::pointwise_expr(n.op, args), ct);
     }
     case OpClass::view:

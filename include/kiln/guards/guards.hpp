@@ -17,6 +17,7 @@ struct ArgGuard {
   Dims shape;        // static dims (symbolic dims hold -1)
   bool contiguous;   // contiguous strides required; otherwise `strides` exactly
   Dims strides;
+  bool read = true;  // false: the program never reads it (its sizes and strides are not guarded)
 };
 
 struct GuardSet {
@@ -46,6 +47,12 @@ inline GuardSet make_guards(const graph::Graph& g, const ir::ShapeEnv& env, cons
     ArgGuard a{t.dtype(), t.device(), t.dim(), t.shape(), t.is_contiguous(), t.is_contiguous() ? Dims{} : t.strides()};
     gs.args.push_back(a);
   }
+  // An argument the graph never reads (a lambda parameter left unused) pins no shape or layout.
+  for (auto& a : gs.args) a.read = false;
+  for (const auto& n : g.nodes)
+    if (n.op == Op::arg && n.slot >= 0 && n.slot < static_cast<int>(gs.args.size())) gs.args[static_cast<std::size_t>(n.slot)].read = true;
+  for (auto& a : gs.args)
+    if (!a.read) std::fill(a.shape.begin(), a.shape.end(), -1);
   if (gs.dynamic) {
     gs.node_const.resize(g.size());
     gs.node_symbol.resize(g.size());
@@ -75,6 +82,7 @@ inline int check_args(const GuardSet& gs, const Tensor* const* args, std::size_t
     if (t.dim() != a.rank) return base + 2;
     for (int d = 0; d < a.rank; ++d)
       if (a.shape[d] >= 0 && t.shape()[d] != a.shape[d]) return base + 2;
+    if (!a.read) continue;
     if (a.contiguous ? !t.is_contiguous() : !(t.strides() == a.strides)) return base + 3;
   }
   return -1;

@@ -265,9 +265,13 @@ class ProgramCache final : public Evictable {
     }
     return nullptr;
   }
-  // Where an entry is filed: programs with exact shapes by their shapes, the others by the rest.
-  Buckets& map_of(const Entry& e) { return e.guards.dynamic ? buckets_ : exact_; }
-  std::uint64_t file_key(const Entry& e) const { return e.guards.dynamic ? key_of(e) : guards::exact_guard_key(e.guards); }
+  // Where an entry is filed: programs with exact shapes by their shapes, the others (symbolic
+  // sizes, or an argument they never read) by the rest.
+  static bool exact(const Entry& e) {
+    return !e.guards.dynamic && std::all_of(e.guards.args.begin(), e.guards.args.end(), [](const auto& a) { return a.read; });
+  }
+  Buckets& map_of(const Entry& e) { return exact(e) ? exact_ : buckets_; }
+  std::uint64_t file_key(const Entry& e) const { return exact(e) ? guards::exact_guard_key(e.guards) : key_of(e); }
 
   // The miss path: which guard of which program failed last (for logs and explain).
   std::string miss_reason(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs) const {
@@ -346,7 +350,7 @@ class ProgramCache final : public Evictable {
     });
     Buckets rebuilt;  // programs with symbolic sizes, under the new mask (exact ones keep their keys)
     for (auto& e : entries_)
-      if (e->guards.dynamic) {
+      if (!exact(*e)) {
         e->key = key_of(*e);
         rebuilt[e->key].push_back(e);
       }
