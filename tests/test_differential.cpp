@@ -320,6 +320,7 @@ struct Result {
   bool unused_inputs = false;
   long resize_skipped = 0;
   GradResult grad;
+  bool exploratory = false;  // from this run's fresh seed (see differential_corpus)
 };
 
 // Runs a gradient program: kiln's gradients of the scalar value (compiled like k::grad's) against
@@ -392,6 +393,13 @@ std::string check_gradient(const GradResult& gr) {
 
 }  // namespace
 
+// A failure: a failed check, or for the fresh seed's exploratory programs a message that says so.
+#define DIFF_FAIL(exploratory, ...)                                                 \
+  do {                                                                              \
+    if (exploratory) MESSAGE("FINDING (fresh seed, not counted): " << __VA_ARGS__); \
+    else FAIL_CHECK(__VA_ARGS__);                                                   \
+  } while (0)
+
 // The random corpus: KILN_DIFF_GRAPHS expressions (default_total without it).
 static void differential_corpus(long default_total) {
   const long total = env_long("KILN_DIFF_GRAPHS", default_total);
@@ -404,7 +412,14 @@ static void differential_corpus(long default_total) {
     long graphs;
   };
   std::vector<Plan> plans;
-  if (std::getenv("KILN_DIFF_SEED") && *std::getenv("KILN_DIFF_SEED")) {
+  // The fixed corpus must pass everywhere. What this run's fresh seed finds is reported in full
+  // (with the line that reproduces it) but fails the test only with KILN_DIFF_STRICT=1, which
+  // scripts/gpu-check sets: a CI run must not fail by the luck of the draw, a finding must not be
+  // lost either. KILN_DIFF_SEED runs one seed, strictly.
+  const bool seed_given = std::getenv("KILN_DIFF_SEED") && *std::getenv("KILN_DIFF_SEED");
+  const bool fresh_seed_is_exploratory = env_long("KILN_DIFF_STRICT", 0) == 0;
+  long exploratory_failures = 0;
+  if (seed_given) {
     plans.push_back({static_cast<std::uint64_t>(env_long("KILN_DIFF_SEED", 1)), total});
   } else {
     const auto fresh = static_cast<std::uint64_t>(std::random_device{}() % 1000000000u) + 2;
@@ -426,7 +441,7 @@ static void differential_corpus(long default_total) {
   }
   const auto t0 = std::chrono::steady_clock::now();
 
-  long expressions = 0, failures = 0, kernels = 0, compiles_before = static_cast<long>(k::runtime::host_compile_count());
+  long expressions = 0, strict_failures = 0, kernels = 0, compiles_before = static_cast<long>(k::runtime::host_compile_count());
   long gradient_graphs = 0, resized_runs = 0, resize_skipped = 0, special_programs = 0, empty_programs = 0;
   std::map<std::string, long> kinds, ops, dtypes;
   double loosest = 0;  // the largest error bound relative to the output's magnitude
@@ -450,6 +465,7 @@ static void differential_corpus(long default_total) {
       r.o.shapes = r.profile.resizable ? ((p / 5) % 2 ? k::shapes::automatic : k::shapes::dynamic)
                    : p % 3 == 2        ? k::shapes::dynamic
                                        : k::shapes::static_;
+      r.exploratory = fresh_seed_is_exploratory && jb.seed != 1 && !seed_given;
       r.where = "KILN_DIFF_SEED=" + std::to_string(jb.seed) + " KILN_DIFF_PROGRAM=" + std::to_string(p) + " (" +
                 (r.o.shapes == k::shapes::dynamic ? "dynamic" : r.o.shapes == k::shapes::automatic ? "automatic" : "static") +
                 " shapes" + (r.profile.gradient ? ", gradient" : "") + (r.profile.resizable ? ", three sizes" : "") +
@@ -533,8 +549,9 @@ static void differential_corpus(long default_total) {
   for (auto& r : results) {
     const std::string& where = r.where;
     INFO(where);
+    long& failures = r.exploratory ? exploratory_failures : strict_failures;
     if (!r.oracle_error.empty() || !r.gen) {
-      FAIL_CHECK("generating or evaluating with the oracle failed (a bug in the test?): " << r.oracle_error << "\n"
+      DIFF_FAIL(r.exploratory, "generating or evaluating with the oracle failed (a bug in the test?): " << r.oracle_error << "\n"
                                                                                        << (r.gen ? r.gen->g.str() : ""));
       ++failures;
       continue;
@@ -549,7 +566,7 @@ static void differential_corpus(long default_total) {
     nonfinite += gen.nonfinite;
     if (!r.kiln_error.empty()) {
       // Find the expressions that fail on their own.
-      FAIL_CHECK(where << ": the program failed: " << r.kiln_error);
+      DIFF_FAIL(r.exploratory, where << ": the program failed: " << r.kiln_error);
       ++failures;
       if (detailed++ >= 3 || r.profile.gradient) continue;  // shrinking compiles a lot: the first few programs only
       int reported = 0;
@@ -574,7 +591,7 @@ static void differential_corpus(long default_total) {
       std::string why = check_gradient(r.grad);
       if (!why.empty()) {
         ++failures;
-        FAIL_CHECK(where << ": gradients differ from central differences: " << why << "\n--- the value ---\n"
+        DIFF_FAIL(r.exploratory, where << ": gradients differ from central differences: " << why << "\n--- the value ---\n"
                          << g.str() << "--- the kernels ---\n"
                          << (detailed++ < 3 ? kernels_str(run) : std::string("(not printed)")));
       }
@@ -595,7 +612,7 @@ static void differential_corpus(long default_total) {
         Verdict v = compare(rr.outputs[i], want[i], gg.g[out], mo.err);
         if (v.ok) continue;
         ++failures;
-        FAIL_CHECK(at << " output " << i << " (%" << out << ", " << k::name(gg.g[out].dt) << gg.g[out].shape.str() << "): " << v.why);
+        DIFF_FAIL(r.exploratory, at << " output " << i << " (%" << out << ", " << k::name(gg.g[out].dt) << gg.g[out].shape.str() << "): " << v.why);
         if (reported++ < 3 && detailed < 3) report_failure(gg.g, gg, out, v.why, o, &rr, at + " output " + std::to_string(i));
       }
     };
@@ -605,7 +622,7 @@ static void differential_corpus(long default_total) {
       const std::string at = where + " at " + rs.sizes;
       if (!rs.error.empty()) {
         ++failures;
-        FAIL_CHECK(at << ": the program failed: " << rs.error);
+        DIFF_FAIL(r.exploratory, at << ": the program failed: " << rs.error);
         continue;
       }
       check_outputs(*rs.gen, rs.run, rs.want, at);
@@ -629,7 +646,8 @@ static void differential_corpus(long default_total) {
   for (const Plan& pl : plans) os << " " << pl.seed;
   os << "; " << gradient_graphs << " gradient programs, " << resized_runs << " runs at a second or third size ("
      << resize_skipped << " programs not resizable), " << empty_programs << " with empty dims, " << special_programs
-     << " with NaN and infinities): " << failures << " failing, " << kernels << " kernels (";
+     << " with NaN and infinities): " << strict_failures << " failing (and " << exploratory_failures
+     << " of the fresh seed's, not counted), " << kernels << " kernels (";
   for (auto& [kind, n] : kinds) os << kind << " " << n << " ";
   os << "), " << (static_cast<long>(k::runtime::host_compile_count()) - compiles_before) << " host compiles, " << seconds
      << " s on " << (on_cuda() ? "cuda" : "cpu") << "; error bounds above 1% of the output's magnitude: " << loose << " (loosest "
@@ -640,7 +658,10 @@ static void differential_corpus(long default_total) {
   os << "\n  nodes by op:";
   for (auto& [op, n] : ops) os << " " << op << " " << n;
   MESSAGE(os.str());
-  CHECK(failures == 0);
+  CHECK(strict_failures == 0);
+  if (exploratory_failures)
+    MESSAGE("NOT COUNTED: " << exploratory_failures << " failures from this run's fresh seed (above, with the line that "
+            "reproduces each; KILN_DIFF_STRICT=1 makes them fail the test)");
   CHECK_MESSAGE(nonfinite == 0, "the generator made non-finite values: it should guard them");
   if (only < 0) CHECK(expressions >= std::min(total, 500L));
 }
@@ -651,8 +672,7 @@ TEST_CASE("differential: random expression graphs through generated kernels agre
 
 // Every dtype on the GPU: gpu-check runs the case above with KILN_DIFF_DEVICE=cuda (10,000 graphs);
 // this one runs a smaller corpus on the GPU whenever the binary finds one, and skips visibly here.
-TEST_CASE("differential (cuda): random expression graphs of every dtype on the GPU agree with the f64 oracle") {
-  if (!have_gpu()) return;
+TEST_CASE("differential (cuda): random expression graphs of every dtype on the GPU agree with the f64 oracle" * needs_gpu()) {
   if (device_cuda) {
     MESSAGE("the corpus above ran on the GPU (KILN_DIFF_DEVICE=cuda)");
     return;

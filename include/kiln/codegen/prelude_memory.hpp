@@ -182,7 +182,7 @@ KILN_UNROLL
 template <int ROW_THREADS, int SLOT, class Op, class T> KILN_FN T across_row(Op op, T v) {
 #ifdef KILN_DEVICE_CODE
 KILN_UNROLL
-  for (int o = (ROW_THREADS < 32 ? ROW_THREADS : 32) / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = (ROW_THREADS < 32 ? ROW_THREADS : 32) / 2; o > 0; o >>= 1) v = op(v, static_cast<T>(__shfl_xor_sync(0xffffffffu, v, o)));  // (a bool comes back an int)
   if constexpr (ROW_THREADS > 32) {
     __shared__ T partial[32];
     const int warp = threadIdx.x / 32, nwarps = ROW_THREADS / 32;
