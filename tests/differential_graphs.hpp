@@ -286,17 +286,22 @@ class Generator {
     return total;
   }
 
-  // One random expression, returned as a non-leaf node not already an output.
+  // One random expression, returned as a non-leaf node not already an output; -1 when a few tries
+  // find none (an unbounded retry hung, and a failed add() gave -1, read as a node).
   int expression(int depth) {
     int root = gen(depth);
     if (root < 0) root = leaf();
-    while (k::info(g[root].op).cls == k::OpClass::leaf || std::count(g.outputs.begin(), g.outputs.end(), root) ||
-           g[root].dt == k::dtype::boolean) {
-      int r = unary(root);
-      if (r < 0 || r == root) r = add(mk(Op::neg, {squash(root, 8)}));
+    auto unusable = [&](int r) {
+      return r < 0 || k::info(g[r].op).cls == k::OpClass::leaf || std::count(g.outputs.begin(), g.outputs.end(), r) ||
+             g[r].dt == k::dtype::boolean;
+    };
+    for (int tries = 0; tries < 32 && unusable(root); ++tries) {
+      const int base = root < 0 ? leaf() : root;
+      int r = unary(base);
+      if (r < 0 || r == base) r = add(mk(Op::neg, {squash(base, 8)}));
       root = r;
     }
-    return root;
+    return unusable(root) ? -1 : root;
   }
 
  private:
