@@ -157,8 +157,9 @@ inline std::uint64_t call_key(const Tensor* const* args, int nargs, const Attrs*
 }
 // The exact key of a call: its shapes and strides too. Programs without symbolic sizes are found
 // by it, so a function with a thousand static programs finds one as fast as with one.
-inline std::uint64_t exact_call_key(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs) {
-  std::uint64_t h = call_key(args, nargs, attrs, nattrs);
+// `key` is the call's call_key without symbolic fields left out.
+inline std::uint64_t exact_call_key(std::uint64_t key, const Tensor* const* args, int nargs) {
+  std::uint64_t h = key;
   for (int i = 0; i < nargs; ++i) {
     const Tensor& t = *args[i];
     for (auto d : t.shape()) h = detail::mix(h, static_cast<std::uint64_t>(d));

@@ -256,9 +256,15 @@ class ProgramCache final : public Evictable {
   // symbolic sizes under its key, in the order they were compiled.
   std::shared_ptr<const Entry> find(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
                                     CallShapes& shapes) const {
+    // One hash of the call serves both maps unless some attributes are symbolic (then the bucket
+    // key leaves their values out).
+    const std::uint64_t whole = guards::call_key(args, nargs, attrs, nattrs);
     for (const auto* map : {&exact_, &buckets_}) {
       if (map->empty()) continue;
-      auto it = map->find(map == &exact_ ? guards::exact_call_key(args, nargs, attrs, nattrs) : key_of(args, nargs, attrs, nattrs));
+      const bool sym = map == &buckets_ && any_symbolic_ && static_cast<int>(symbolic_.size()) == nattrs;
+      auto it = map->find(map == &exact_ ? guards::exact_call_key(whole, args, nargs)
+                          : sym          ? key_of(args, nargs, attrs, nattrs)
+                                         : whole);
       if (it == map->end()) continue;
       for (auto& e : it->second)
         if (matches(*e, args, nargs, attrs, nattrs, shapes, nullptr)) return e;
@@ -340,7 +346,7 @@ class ProgramCache final : public Evictable {
       std::uint8_t d = graph::symbolic_difference(ops[i], last_attrs_[static_cast<std::size_t>(i)], *attrs[i]);
       if (d == 0xff || (d & ~symbolic_[static_cast<std::size_t>(i)]) == 0) continue;
       symbolic_[static_cast<std::size_t>(i)] |= d;
-      grew = true;
+      grew = any_symbolic_ = true;
     }
     if (!grew) return;
     debug::log_lazy(debug::Channel::recompiles, [&] {
@@ -458,6 +464,7 @@ class ProgramCache final : public Evictable {
   std::atomic<int> compiles_{0};
   bool generalized_ = false;
   std::vector<std::uint8_t> symbolic_;  // per captured attribute: its symbolic fields (all programs from now on)
+  bool any_symbolic_ = false;           // some field of symbolic_ is set
   std::vector<Op> slot_ops_;            // the op of each captured attribute
   std::vector<Attrs> last_attrs_;       // the attributes of the last compile (automatic mode)
   std::deque<std::string> reasons_;
