@@ -5,10 +5,12 @@
 // with a GPU runtime::cuda_matmul itself.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <kiln/core/driver.hpp>
@@ -472,4 +474,45 @@ TEST_CASE("cuda_matmul: against the reference on the GPU" * needs_gpu()) {
     CHECK_THROWS_AS(rt::cuda_matmul_epilogue(to_cuda(a), to_cuda(w), nullptr, rt::Epilogue::bias, out, nullptr),
                     k::shape_error);
   }
+}
+
+// Host threads queueing matmuls on one stream (the default stream) take turns with its workspace:
+// cuBLASLt splits K for a thin product and passes partial sums through the workspace, so two
+// interleaved matmuls would read each other's partials (the random-graph test found [1, 1] products
+// wrong when several programs ran at once).
+TEST_CASE("cuda_matmul: threads sharing the default stream" * needs_gpu()) {
+  if (!rt::cublaslt::available()) {
+    MESSAGE("skipped: no cuBLASLt");
+    return;
+  }
+  struct Problem {
+    Tensor a, b;
+    std::vector<double> want;
+  };
+  std::vector<Problem> problems;
+  for (auto [m, kk, n] : {std::array<std::int64_t, 3>{1, 4099, 1}, {1, 2047, 1025}, {3, 8191, 2}, {1, 1537, 7}}) {
+    Problem p{random({m, kk}), random({kk, n}), {}};
+    p.want = reference(p.a, p.b);
+    problems.push_back(std::move(p));
+  }
+  constexpr int threads = 8, rounds = 25;
+  std::vector<std::vector<Tensor>> results(threads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (int r = 0; r < rounds; ++r) {
+        const Problem& p = problems[static_cast<std::size_t>((t + r) % problems.size())];
+        Tensor out = Tensor::empty(out_shape(p.a, p.b), k::f32, k::cuda);
+        rt::cuda_matmul(to_cuda(p.a), to_cuda(p.b), out, nullptr);
+        results[static_cast<std::size_t>(t)].push_back(out);
+      }
+    });
+  for (auto& th : pool) th.join();
+  for (int t = 0; t < threads; ++t)
+    for (int r = 0; r < rounds; ++r) {
+      CAPTURE(t);
+      CAPTURE(r);
+      const Problem& p = problems[static_cast<std::size_t>((t + r) % problems.size())];
+      check_close(to_host(results[static_cast<std::size_t>(t)][static_cast<std::size_t>(r)]), p.want, {1e-3, 1e-3});  // interleaved partials are off by O(1)
+    }
 }

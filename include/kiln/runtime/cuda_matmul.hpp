@@ -240,6 +240,14 @@ inline std::string copy_kernel_name(dtype src, dtype dst) {
   return "kiln_mm_copy_" + std::string(name(src)) + "_" + std::string(name(dst));
 }
 
+// A workspace of one stream. cuBLASLt may run one matmul as several kernels that pass partial sums
+// through it (split K), so two host threads queueing matmuls on one stream (the default stream, say)
+// must not interleave their kernels: each holds `busy` while it queues one matmul.
+struct Workspace {
+  void* ptr = nullptr;
+  std::mutex busy;
+};
+
 // cuBLASLt's state for one device: its handle, the copy kernels, a workspace per stream and the
 // heuristic's answers per problem.
 struct DeviceState {
@@ -249,7 +257,7 @@ struct DeviceState {
   Module* copy_module = nullptr;  // never unloaded: the driver may be gone at exit
   CUfunction copy_fns[4][4] = {};
   std::mutex mutex;
-  std::map<CUstream, void*> workspaces;  // never freed: captured graphs may still point at them
+  std::map<CUstream, std::unique_ptr<Workspace>> workspaces;  // never freed: captured graphs may still point at them
   std::map<std::vector<std::int64_t>, cublasLtMatmulAlgo_t> algos;
 };
 
@@ -272,15 +280,16 @@ inline cublasLtHandle_t handle(int device) {
   return s.handle;
 }
 
-// The workspace for work queued on this stream (one per stream, so concurrent streams never share).
-inline void* workspace(int device, CUstream stream) {
+// The workspace for work queued on this stream (one per stream, so concurrent streams never share;
+// threads sharing a stream take turns through its `busy` mutex).
+inline Workspace& workspace(int device, CUstream stream) {
   DeviceState& s = state(device);
   std::lock_guard lock(s.mutex);
   auto it = s.workspaces.find(stream);
-  if (it != s.workspaces.end()) return it->second;
-  void* p = driver::allocate(workspace_bytes, device, stream);
-  s.workspaces.emplace(stream, p);
-  return p;
+  if (it != s.workspaces.end()) return *it->second;
+  auto w = std::make_unique<Workspace>();
+  w->ptr = driver::allocate(workspace_bytes, device, stream);
+  return *s.workspaces.emplace(stream, std::move(w)).first->second;
 }
 
 inline CUfunction copy_function(int device, dtype src, dtype dst) {
@@ -535,7 +544,10 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
 
   DeviceState& st = state(device);
   cublasLtHandle_t h = handle(device);
-  void* ws = workspace(device, stream);
+  Workspace& workspace_of_stream = workspace(device, stream);
+  void* ws = workspace_of_stream.ptr;
+  // Held until this matmul's kernels are queued (and, when tuning, timed): see Workspace.
+  std::lock_guard queueing(workspace_of_stream.busy);
   const std::vector<std::int64_t> key{
       static_cast<std::int64_t>(ab),    static_cast<std::int64_t>(dt), static_cast<std::int64_t>(compute),
       static_cast<std::int64_t>(epi),   op_a,                          op_b,
