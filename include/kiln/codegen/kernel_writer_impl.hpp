@@ -124,6 +124,8 @@ inline void KernelWriter::write_rows() {
       std::string step = g_[red].op == Op::sum ? acc + " + " + v.code
                                                : "kiln::" + std::string(g_[red].op == Op::amax ? "maximum" : "minimum") + "(" +
                                                      acc + ", " + v.code + ")";
+      // A boolean step can come out an int tile (a literal 1 or 0 among its operands): back to bool.
+      if (ct == kiln::dtype::boolean) step = "kiln::cast<" + detail::c_type(ct) + ">(" + step + ")";
       line(acc + " = kiln::where(rmask, " + step + ", " + acc + ");");
     }
     close_loop();

@@ -15,12 +15,16 @@ namespace kiln {
 // identity of a custom op.
 struct Attrs {
   Dims dims;                      // reduce: dims; reshape/expand: sizes; permute: order; iota: shape
-  std::int64_t a = 0, b = 0, c = 0, d = 0;  // slice: dim, start, stop, step; iota: dim; custom_backward: a = input
+  std::int64_t a = 0, b = 0, c = 0, d = 0;  // slice: dim, start, stop, step; iota: dim; custom_backward: a = input;
+                                            // amax: d = shift_flag (see below)
   std::int32_t custom = -1;                 // custom ops: the registry id (expr/custom_op.hpp)
   kiln::dtype dt = kiln::dtype::f32;        // cast: target; iota: dtype
   bool keepdim = false;
   bool all = false;               // reduce over every dim
   friend constexpr bool operator==(const Attrs&, const Attrs&) = default;
+  // attrs.d of an amax that only shifts values for a stable exp (softmax, logsumexp): it carries no
+  // gradient, and over a dim of size 0 it is allowed (its -inf is never read: the row is empty).
+  static constexpr std::int64_t shift_flag = 1;
 };
 
 // The base of every expression node. It lives in namespace kiln so that argument-dependent

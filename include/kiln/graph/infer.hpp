@@ -258,7 +258,7 @@ inline void infer_node(Graph& g, Node& n) {
       n.dt = in(0).dt;
       if (n.op == Op::sum && !is_floating(n.dt)) n.dt = kiln::dtype::i64;
       for (int d : rd)
-        if (in(0).shape[d] == 0 && n.op != Op::sum)
+        if (in(0).shape[d] == 0 && n.op != Op::sum && !(n.op == Op::amax && n.attrs.d == Attrs::shift_flag))
           throw shape_error(op + ": cannot reduce over dimension " + std::to_string(d) + " of size 0 in shape " +
                             in(0).shape.str());
       return;

@@ -124,7 +124,7 @@ class Builder {
   // amax used only as a numerically stabilising shift (softmax, logsumexp): the result does not
   // depend on its value, so it is marked (attrs.d) to get no gradient, as PyTorch's decompositions
   // .detach() it; this drops a reduction and a mask from every softmax backward.
-  static constexpr std::int64_t detached_shift = 1;
+  static constexpr std::int64_t detached_shift = Attrs::shift_flag;
   int shift_max(int x, const Dims& dims) {
     Attrs at;
     at.dims = dims;
