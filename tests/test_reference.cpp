@@ -518,6 +518,16 @@ TEST_CASE("reference: softmax and log_softmax over any dim") {
   Tensor mixed = from({2, -Inf, 1}, {1, 3}, k::f64);
   check_vec(ev(k::softmax(mixed, -1)).v, {1 / (1 + std::exp(-1.0)), 0, std::exp(-1.0) / (1 + std::exp(-1.0))});
   check_vec(ev(k::log_softmax(big, 1)).v, {-std::log(1 + std::exp(1.0)), -std::log(1 + std::exp(-1.0)), NaN, NaN, NaN, NaN});
+  // -inf among finite values: -inf (probability 0); a row holding +inf is NaN throughout in both, as
+  // PyTorch computes x - max - log(sum(exp(x - max))) with max = +inf.
+  check_vec(ev(k::log_softmax(mixed, -1)).v, {-std::log(1 + std::exp(-1.0)), -Inf, -1 - std::log(1 + std::exp(-1.0))});
+  Tensor with_inf = from({Inf, -Inf, 1, 2, 3, 4}, {2, 3}, k::f64);
+  check_vec(ev(k::log_softmax(with_inf, 1)).v, {NaN, NaN, NaN, 2 - std::log(std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
+                                                3 - std::log(std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
+                                                4 - std::log(std::exp(2.0) + std::exp(3.0) + std::exp(4.0))});
+  check_vec(ev(k::softmax(with_inf, 1)).v, {NaN, NaN, NaN, std::exp(2.0) / (std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
+                                            std::exp(3.0) / (std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
+                                            std::exp(4.0) / (std::exp(2.0) + std::exp(3.0) + std::exp(4.0))});
 }
 
 // ---- views -----------------------------------------------------------------------------------------

@@ -382,7 +382,10 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       Groups gr = make_groups(x.shape, reduce_dims(n, x.shape.size()));
       std::vector<double> lse = group_logsumexp(x, gr);
       if (n.op == Op::log_softmax) {
-        for (std::size_t k = 0; k < x.data.size(); ++k) out.data[k] = x.data[k] - lse[gr.of[k]];
+        // As PyTorch's x - max - log(sum(exp(x - max))): a group whose max is +inf is NaN throughout
+        // (inf - inf), though its logsumexp is +inf; one of -inf only is NaN too (-inf - -inf).
+        for (std::size_t k = 0; k < x.data.size(); ++k)
+          out.data[k] = lse[gr.of[k]] == inf ? nan : x.data[k] - lse[gr.of[k]];
       } else {  // exp(x - max) / sum(exp(x - max))
         std::vector<double> mx(static_cast<std::size_t>(gr.groups), -inf), s(mx.size(), 0.0);
         for (std::size_t k = 0; k < x.data.size(); ++k) mx[gr.of[k]] = nan_max(mx[gr.of[k]], x.data[k]);
