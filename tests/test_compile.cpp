@@ -275,6 +275,13 @@ TEST_CASE("compile: empty tensors and rank-0 tensors") {
     auto f = k::compile([](auto a) { return a * 2 + 1; });
     CHECK(f(z).shape() == std::vector<std::int64_t>{0, 5});
   });
+  no_throw("softmax and log_softmax over an empty dim", [&] {  // their shifting amax reads no element
+    k::Tensor y = k::softmax(z, 0) + k::log_softmax(z, 0);
+    CHECK(y.shape() == std::vector<std::int64_t>{0, 5});
+    k::Tensor w = k::randn({3, 0, 2}, k::f32, k::cpu, 3);
+    CHECK(k::Tensor(k::softmax(w, 1) * 2).shape() == std::vector<std::int64_t>{3, 0, 2});
+  });
+  CHECK_THROWS_AS(k::Tensor(k::amax(z, 0)), k::shape_error);  // as torch.amax: no identity to return
   k::Tensor s = k::full({}, 3.0, k::f32);
   k::Tensor x = k::randn({7, 13}, k::f32, k::cpu, 2);
   no_throw("rank-0 tensors", [&] {
