@@ -458,3 +458,32 @@ TEST_CASE("fusion: horizontal fusion of many outputs (more kernel parameters tha
   });
   CHECK_MESSAGE(kernels.empty(), "40 outputs as one poi kernel: " << kernels);
 }
+
+TEST_CASE("fusion: a row kernel hands its reduction only to readers indexing it along the rows") {
+  // A row kernel computes a reduction once a row and gives that value to its readers in the kernel.
+  // amax(x, 1) of x [3, 3, 129] is [3, 129]; x - it broadcasts it along dims 1 and 2 of x, not
+  // along the rows (dims 0 and 2): that reader needs the reduction's buffer. Square sizes make the
+  // wrong pairing shape-correct, so only the values tell.
+  k::Tensor x3 = k::randn({3, 3, 129}, k::f32, k::cpu, 61), x2 = k::randn({33, 33}, k::f32, k::cpu, 62);
+  auto across3 = [](auto a) { return a - k::amax(a, 1); };                  // [3,129] on dims 1, 2
+  auto across2 = [](auto a) { return a * k::sum(a, 1); };                   // row sums on the columns
+  auto rows3 = [](auto a) { return a - k::unsqueeze(k::amax(a, 1), 1); };  // along the rows
+  auto rows2 = [](auto a) { return a * k::sum(a, 0); };                     // column sums on the columns
+  auto nested = [](auto a) { return k::sum(a * k::sum(a, 1), 1); };         // a second reduction reads it
+  auto value = [&](auto fn, const k::Tensor& x) {
+    auto f = k::compile(fn);
+    k::report r = k::explain(f, x);
+    INFO(r);
+    check_kernels(r);
+    Tolerance t = tolerance(k::f32);
+    auto res = k::testing::allclose(f(x), k::reference::eval(fn(x)), t.rtol, t.atol * 40);
+    INFO(res.str());
+    CHECK(res);
+    return r.kernels.size();
+  };
+  CHECK(value(across3, x3) == 2);
+  CHECK(value(across2, x2) == 2);
+  CHECK(value(nested, x2) == 2);
+  CHECK(value(rows3, x3) == 1);  // still one kernel where the index agrees
+  CHECK(value(rows2, x2) == 1);
+}

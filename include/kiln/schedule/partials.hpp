@@ -33,7 +33,9 @@ inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::Shap
   int ready = first_possible_kernel(g, anchor, s.kernel_of, red.in[0]);
   for (int k = split - 1; k >= ready && k >= 0; --k) {
     const KernelPlan& plan = s.kernels[k];
-    if (plan.kind == Kind::per && !plan.closed && g[plan.domain].shape == full && plan.rdims == Dims{1}) return k;
+    if (plan.kind == Kind::per && !plan.closed && g[plan.domain].shape == full && plan.rdims == Dims{1} &&
+        reads_rows(g, anchor, s.kernel_of, plan, k, e, row_map(full, {}, full)))
+      return k;
   }
   return -1;
 }
