@@ -1,8 +1,10 @@
 // Expression nodes: the C++ type of an expression is its graph. A node is Node<Op, Children...>;
 // leaves are tensors (eager), argument placeholders (k::compile) and scalar slots. Values that may
-// change between calls (scalars, dims, view sizes) live in the object, never in the type.
+// change between calls (scalars, dims, view sizes) live in the object, never in the type; the
+// object is a DAG of shared node bodies.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 
@@ -35,12 +37,26 @@ struct ExprBase {
 
 namespace expr {
 
+// An operation node. Nodes are immutable and their operands and attributes live in one shared
+// body: copying a node (reusing `h` in `h + f(h)`) copies a handle, never the subexpression, so an
+// expression's size and the work to walk it (graph/flatten.hpp visits each body once) grow with
+// its distinct nodes. The body's address is the node's identity.
 template <Op O, class... C>
 struct Node : ExprBase {
   static constexpr Op op = O;
-  std::tuple<C...> in;
-  Attrs attrs;
-  Node(Attrs at, C... c) : in(std::move(c)...), attrs(std::move(at)) {}
+  struct Body {
+    std::tuple<C...> in;
+    Attrs attrs;
+  };
+  Node(Attrs at, C... c) : body_(std::make_shared<const Body>(Body{{std::move(c)...}, std::move(at)})) {}
+  const std::tuple<C...>& in() const { return body_->in; }
+  const Attrs& attrs() const { return body_->attrs; }
+  const void* identity() const { return body_.get(); }
+  // Whether another handle holds this body too (only such a node can be met twice in a walk).
+  bool shared() const { return body_.use_count() > 1; }
+
+ private:
+  std::shared_ptr<const Body> body_;
 };
 
 // An eager tensor inside an expression (held by value: cheap, and never dangles).

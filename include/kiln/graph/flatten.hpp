@@ -1,9 +1,13 @@
-// Flattening: turns an expression object into the run-time node table once per expression type,
-// and gathers the values that change between calls (tensors, scalars, attributes) at every call
-// into fixed arrays, in the same traversal order, without touching the heap.
+// Flattening: turns an expression object into the run-time node table once per expression type
+// (and sharing), and gathers the values that change between calls (tensors, scalars, attributes)
+// at every call, in the same traversal order. Both walks visit each shared node body once, so
+// their cost is linear in the expression's distinct nodes.
 #pragma once
-#include <array>
+#include <algorithm>
+#include <cstdint>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "../expr/assign.hpp"
 #include "graph.hpp"
@@ -11,26 +15,21 @@
 
 namespace kiln::graph {
 
-// Type-level counts of what one call must gather: tensor leaves, scalars, attributed nodes, and
-// chains of views of an eager tensor (each gathered as one viewed tensor when views are folded).
+// The largest argument index an expression of type E reads (-1: none). Computed on the type, which
+// the compiler shares: linear in the expression's distinct node types.
 template <class E> struct Counts;
-template <> struct Counts<expr::TensorLeaf> { static constexpr int tensors = 1, scalars = 0, attrs = 0, views = 0, max_arg = -1; };
-template <int I> struct Counts<expr::Arg<I>> { static constexpr int tensors = 0, scalars = 0, attrs = 0, views = 0, max_arg = I; };
-template <bool F> struct Counts<expr::Scalar<F>> { static constexpr int tensors = 0, scalars = 1, attrs = 0, views = 0, max_arg = -1; };
-template <> struct Counts<expr::Iota> { static constexpr int tensors = 0, scalars = 0, attrs = 1, views = 0, max_arg = -1; };
+template <> struct Counts<expr::TensorLeaf> { static constexpr int max_arg = -1; };
+template <int I> struct Counts<expr::Arg<I>> { static constexpr int max_arg = I; };
+template <bool F> struct Counts<expr::Scalar<F>> { static constexpr int max_arg = -1; };
+template <> struct Counts<expr::Iota> { static constexpr int max_arg = -1; };
 template <Op O, class... C>
 struct Counts<expr::Node<O, C...>> {
-  static constexpr int tensors = (0 + ... + Counts<C>::tensors);
-  static constexpr int scalars = (0 + ... + Counts<C>::scalars);
-  static constexpr int attrs = 1 + (0 + ... + Counts<C>::attrs);
-  static constexpr int views = is_leaf_view<expr::Node<O, C...>>::value ? 1 : (0 + ... + Counts<C>::views);
   static constexpr int max_arg = std::max({-1, Counts<C>::max_arg...});
 };
-
 template <class N>
 struct Counts<expr::FullReduction<N>> : Counts<N> {};
 template <int I, class E>
-struct Counts<expr::Assign<I, E>> : Counts<E> {
+struct Counts<expr::Assign<I, E>> {
   static constexpr int max_arg = std::max(I, Counts<E>::max_arg);
 };
 
@@ -39,64 +38,175 @@ template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
 
 template <class... E>
 struct Counts<std::tuple<E...>> {
-  static constexpr int tensors = (0 + ... + Counts<std::remove_cvref_t<E>>::tensors);
-  static constexpr int scalars = (0 + ... + Counts<std::remove_cvref_t<E>>::scalars);
-  static constexpr int attrs = (0 + ... + Counts<std::remove_cvref_t<E>>::attrs);
-  static constexpr int views = (0 + ... + Counts<std::remove_cvref_t<E>>::views);
   static constexpr int max_arg = std::max({-1, Counts<std::remove_cvref_t<E>>::max_arg...});
 };
 
-// The per-call values of an expression of type E. With FoldViews, each chain of views of an eager
-// tensor is gathered as the viewed tensor itself (kept in `views`: a Captured is not copied after
-// gathering), and its attributes are not gathered: the runtime's evaluation does this, so those
-// attributes are never guards. The oracle and export keep views as nodes.
-template <class E, bool FoldViews = false>
+// The node bodies a walk has met, by identity (expr::Node::identity), with a value each (the visit
+// number in a gather, the graph node in a flatten). Open addressing over a power-of-two table that
+// is reused between walks: lookups and inserts in constant time, no allocation once warm. Only
+// bodies held by several handles are entered: nothing else can be met twice.
+class SharedNodes {
+ public:
+  int find(const void* p) const {
+    if (used_.empty()) return -1;
+    for (std::size_t i = slot(p);; i = (i + 1) & (table_.size() - 1)) {
+      if (table_[i].first == p) return table_[i].second;
+      if (!table_[i].first) return -1;
+    }
+  }
+  void insert(const void* p, int value) {
+    if ((used_.size() + 1) * 2 > table_.size()) grow();
+    std::size_t i = slot(p);
+    while (table_[i].first) i = (i + 1) & (table_.size() - 1);
+    table_[i] = {p, value};
+    used_.push_back(i);
+  }
+  void clear() {
+    for (std::size_t i : used_) table_[i] = {nullptr, 0};
+    used_.clear();
+  }
+
+ private:
+  std::size_t slot(const void* p) const {
+    auto h = reinterpret_cast<std::uintptr_t>(p) >> 4;
+    h *= 0x9e3779b97f4a7c15ull;
+    return static_cast<std::size_t>(h >> 20) & (table_.size() - 1);
+  }
+  void grow() {
+    std::vector<std::pair<const void*, int>> old;
+    for (std::size_t i : used_) old.push_back(table_[i]);
+    table_.assign(std::max<std::size_t>(64, table_.size() * 2), {nullptr, 0});
+    used_.clear();
+    for (auto& [p, v] : old) insert(p, v);
+  }
+  std::vector<std::pair<const void*, int>> table_;
+  std::vector<std::size_t> used_;
+};
+
+// The per-call values of an expression, in the order a walk first meets them: tensor leaves,
+// scalars, and each distinct node's attributes (with its op). A node body met again (a shared
+// subexpression) is not walked again; where such meetings happen is the expression's sharing, and
+// two expressions of one type can share differently (`x * 2 + x * 2` or `y + y` with y = x * 2), so
+// the sharing is one more captured attribute (`structure`, last, op Op::arg: a hash of the
+// meetings and their count), compared by the program cache like any other. With `fold` set, each
+// chain of views of an eager tensor is gathered as the viewed tensor itself (kept in `views`), and
+// its attributes are not gathered: the runtime's evaluation does this, so those attributes are
+// never guards. The oracle and export keep views as nodes. The vectors keep their capacity between
+// calls: a warm gather does not allocate.
 struct Captured {
-  using C = Counts<E>;
-  static constexpr bool fold = FoldViews;
-  std::array<const Tensor*, (C::tensors > 0 ? C::tensors : 1)> tensors{};
-  std::array<double, (C::scalars > 0 ? C::scalars : 1)> scalars{};
-  std::array<const Attrs*, C::attrs> attrs{};
-  std::array<Op, C::attrs> ops{};  // the op of each attributed node
-  std::array<Tensor, FoldViews ? C::views : 0> views{};
+  bool fold = false;
+  std::vector<const Tensor*> tensors;
+  std::vector<double> scalars;
+  std::vector<const Attrs*> attrs;
+  std::vector<Op> ops;  // the op of each attributed node
+  std::vector<Tensor> views;
+  std::vector<const Tensor*> bound;  // the tensors bound to Arg<I> placeholders, by I (the oracle's)
+  Attrs structure;      // the sharing attribute (see above)
+  SharedNodes seen;
+  int visits = 0, meetings = 0;
   int nt = 0, ns = 0, na = 0, nv = 0;
+
+  void reset(bool fold_views) {
+    fold = fold_views;
+    tensors.clear();
+    scalars.clear();
+    attrs.clear();
+    ops.clear();
+    views.clear();
+    bound.clear();
+    seen.clear();
+    structure = Attrs{};
+    visits = meetings = nt = ns = na = nv = 0;
+  }
+  void add_attrs(Op op, const Attrs* a) {
+    attrs.push_back(a);
+    ops.push_back(op);
+    ++na;
+  }
+  // Node body p, met at this point of the walk: true when it was met before (not walked again).
+  bool met_before(const void* p, bool shared) {
+    int first = shared ? seen.find(p) : -1;
+    if (first >= 0) {
+      structure.a = static_cast<std::int64_t>(mix(static_cast<std::uint64_t>(structure.a), static_cast<std::uint64_t>(visits) << 32 |
+                                                                                            static_cast<std::uint32_t>(first)));
+      structure.b = ++meetings;
+      ++visits;
+      return true;
+    }
+    if (shared) seen.insert(p, visits);
+    ++visits;
+    return false;
+  }
+  // Appends the sharing attribute when some node was met twice.
+  void finish() {
+    if (meetings) add_attrs(Op::arg, &structure);
+  }
+  // Drops the references a call holds (viewed tensors) once the call is done.
+  void release() {
+    views.clear();
+    tensors.clear();
+    attrs.clear();
+  }
+
+ private:
+  static std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xbf58476d1ce4e5b9ull;
+  }
 };
 
 namespace detail {
 
-template <class Cap>
-void gather(const expr::TensorLeaf& e, Cap& c) { c.tensors[c.nt++] = &e.t; }
-template <class Cap, int I>
-void gather(const expr::Arg<I>&, Cap&) {}
-template <class Cap, bool F>
-void gather(const expr::Scalar<F>& e, Cap& c) { c.scalars[c.ns++] = e.v; }
-template <class Cap>
-void gather(const expr::Iota& e, Cap& c) {
-  c.ops[c.na] = Op::iota;
-  c.attrs[c.na++] = &e.attrs;
+inline void gather(const expr::TensorLeaf& e, Captured& c) {
+  c.tensors.push_back(&e.t);
+  ++c.nt;
 }
-template <class Cap, Op O, class... C>
-void gather(const expr::Node<O, C...>& e, Cap& c) {
-  if constexpr (Cap::fold && is_leaf_view<expr::Node<O, C...>>::value) {
-    c.views[c.nv] = leaf_tensor(e);
-    c.tensors[c.nt++] = &c.views[c.nv++];
-  } else {
-    std::apply([&](const auto&... child) { (gather(child, c), ...); }, e.in);
-    c.ops[c.na] = O;
-    c.attrs[c.na++] = &e.attrs;
+template <int I>
+void gather(const expr::Arg<I>& e, Captured& c) {
+  if (!e.t) return;
+  if (c.bound.size() <= std::size_t{I}) c.bound.resize(std::size_t{I} + 1, nullptr);
+  c.bound[std::size_t{I}] = e.t;
+}
+template <bool F>
+void gather(const expr::Scalar<F>& e, Captured& c) {
+  c.scalars.push_back(e.v);
+  ++c.ns;
+}
+inline void gather(const expr::Iota& e, Captured& c) { c.add_attrs(Op::iota, &e.attrs); }
+template <Op O, class... C>
+void gather(const expr::Node<O, C...>& e, Captured& c) {
+  if (c.met_before(e.identity(), e.shared())) return;
+  if constexpr (is_leaf_view<expr::Node<O, C...>>::value) {
+    if (c.fold) {
+      c.views.push_back(leaf_tensor(e));
+      ++c.nv;
+      c.tensors.push_back(nullptr);  // pointed at the view once `views` stops growing (fix_views)
+      ++c.nt;
+      return;
+    }
   }
+  std::apply([&](const auto&... child) { (gather(child, c), ...); }, e.in());
+  c.add_attrs(O, &e.attrs());
 }
-template <class Cap, int I, class E>
-void gather(const expr::Assign<I, E>& e, Cap& c) { gather(e.value, c); }
+template <int I, class E>
+void gather(const expr::Assign<I, E>& e, Captured& c) { gather(e.value, c); }
+
+// The tensors of folded views point into `views`, which may move while it grows: set them last.
+inline void fix_views(Captured& c) {
+  int v = 0;
+  for (auto& t : c.tensors)
+    if (!t) t = &c.views[static_cast<std::size_t>(v++)];
+}
 
 template <class T> struct is_assign : std::false_type {};
 template <int I, class E> struct is_assign<expr::Assign<I, E>> : std::true_type {};
 
 struct FlattenState {
+  SharedNodes seen;      // node bodies met before -> their graph node
   int next_tensor = 0;   // eager leaves are numbered after the largest Arg index
   int next_scalar = 0;
   int next_capture = 0;  // attributed nodes, numbered as gather() numbers their attrs
-  bool fold_views = false;  // views of eager tensors are arguments (Captured<E, true>)
+  bool fold_views = false;  // views of eager tensors are arguments (as gather with fold_views)
   const std::vector<std::uint8_t>* symbolic = nullptr;  // per capture: its symbolic attribute bits
   void tag(Node& n) {
     n.capture = next_capture++;
@@ -137,31 +247,41 @@ inline int flatten_into(const expr::Iota& e, Graph& g, FlattenState& s) {
 }
 template <Op O, class... C>
 int flatten_into(const expr::Node<O, C...>& e, Graph& g, FlattenState& s) {
+  const bool shared = e.shared();
+  if (shared)
+    if (int at = s.seen.find(e.identity()); at >= 0) return at;
+  int id = -1;
   if constexpr (is_leaf_view<expr::Node<O, C...>>::value)
-    if (s.fold_views) return flatten_into(expr::TensorLeaf{}, g, s);
-  Node n;
-  n.op = O;
-  std::apply([&](const auto&... child) { ((n.in[n.n_in++] = flatten_into(child, g, s)), ...); }, e.in);
-  n.attrs = e.attrs;
-  s.tag(n);
-  return g.add(n);
+    if (s.fold_views) id = flatten_into(expr::TensorLeaf{}, g, s);
+  if (id < 0) {
+    Node n;
+    n.op = O;
+    std::apply([&](const auto&... child) { ((n.in[n.n_in++] = flatten_into(child, g, s)), ...); }, e.in());
+    n.attrs = e.attrs();
+    s.tag(n);
+    id = g.add(n);
+  }
+  if (shared) s.seen.insert(e.identity(), id);
+  return id;
 }
 
 }  // namespace detail
 
-// Gathers the per-call values of an expression (the cache-hit path: no allocation).
-template <class E, bool Fold>
-void gather(const E& e, Captured<E, Fold>& c) {
-  c.nt = c.ns = c.na = c.nv = 0;
+// Gathers the per-call values of an expression (the cache-hit path: no allocation once `c` is warm).
+template <class E>
+void gather(const E& e, Captured& c, bool fold_views = false) {
+  c.reset(fold_views);
   if constexpr (is_tuple<E>::value)
     std::apply([&](const auto&... x) { (detail::gather(x, c), ...); }, e);
   else
     detail::gather(e, c);
+  detail::fix_views(c);
+  c.finish();
 }
 
 // Flattens a function's result (one expression, or a std::tuple of them) into a graph whose
 // first `nargs` argument slots are the function's arguments; tensors captured inside the
-// expression take the slots after them. fold_views: as Captured<E, true> gathers. symbolic: per
+// expression take the slots after them. fold_views: as gather(e, c, true) gathers. symbolic: per
 // captured attribute, the bits of it that are symbolic (graph.hpp's sym_bits).
 template <class E>
 Graph flatten_result(int nargs, const E& e, bool fold_views = false, const std::vector<std::uint8_t>* symbolic = nullptr) {

@@ -89,7 +89,7 @@ inline Tensor view_of(const Tensor& t, Op op, Attrs at) {
 inline const Tensor& leaf_tensor(const expr::TensorLeaf& e) { return e.t; }
 template <Op O, class C>
 Tensor leaf_tensor(const expr::Node<O, C>& e) {
-  return view_of(leaf_tensor(std::get<0>(e.in)), O, e.attrs);
+  return view_of(leaf_tensor(std::get<0>(e.in())), O, e.attrs());
 }
 
 }  // namespace kiln::graph

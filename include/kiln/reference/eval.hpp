@@ -618,28 +618,6 @@ inline std::vector<Value> eval_graph(const graph::Graph& g, std::span<const Tens
 
 namespace detail {
 
-// The tensors bound to Arg<I> placeholders (k::compile's arguments), by index.
-template <Op O, class... C>
-void collect_args(const expr::Node<O, C...>& e, std::vector<const Tensor*>& out);
-template <int I, class E>
-void collect_args(const expr::Assign<I, E>& e, std::vector<const Tensor*>& out);
-inline void collect_args(const expr::TensorLeaf&, std::vector<const Tensor*>&) {}
-template <bool F>
-void collect_args(const expr::Scalar<F>&, std::vector<const Tensor*>&) {}
-inline void collect_args(const expr::Iota&, std::vector<const Tensor*>&) {}
-template <int I>
-void collect_args(const expr::Arg<I>& e, std::vector<const Tensor*>& out) {
-  if (e.t && static_cast<std::size_t>(I) < out.size()) out[I] = e.t;
-}
-template <Op O, class... C>
-void collect_args(const expr::Node<O, C...>& e, std::vector<const Tensor*>& out) {  // also FullReduction<Node>
-  std::apply([&](const auto&... child) { (collect_args(child, out), ...); }, e.in);
-}
-template <int I, class E>
-void collect_args(const expr::Assign<I, E>& e, std::vector<const Tensor*>& out) {  // k::assign: its value
-  collect_args(e.value, out);
-}
-
 template <class T>
 decltype(auto) as_expr(const T& x) {
   if constexpr (std::is_same_v<T, Tensor>) return expr::TensorLeaf{{}, x};
@@ -655,17 +633,12 @@ template <class... E>
 std::vector<Value> eval_values(const E&... e) {
   graph::Graph g = graph::flatten(e...);
   std::vector<const Tensor*> ptrs(static_cast<std::size_t>(g.num_args), nullptr);
-  (detail::collect_args(e, ptrs), ...);
   std::size_t next = static_cast<std::size_t>(std::max({-1, graph::Counts<E>::max_arg...}) + 1);
-  std::vector<double> scalars;
-  auto take = [&](const auto& ex) {
-    using X = std::remove_cvref_t<decltype(ex)>;
-    graph::Captured<X> cap;
-    graph::gather(ex, cap);
-    for (int k = 0; k < cap.nt; ++k) ptrs[next++] = cap.tensors[static_cast<std::size_t>(k)];
-    for (int k = 0; k < cap.ns; ++k) scalars.push_back(cap.scalars[static_cast<std::size_t>(k)]);
-  };
-  (take(e), ...);
+  graph::Captured cap;  // one walk over all outputs, as flatten: a subexpression they share is met once
+  graph::gather(std::tuple<const E&...>(e...), cap);
+  for (std::size_t k = 0; k < cap.bound.size() && k < ptrs.size(); ++k) ptrs[k] = cap.bound[k];
+  for (int k = 0; k < cap.nt; ++k) ptrs[next++] = cap.tensors[static_cast<std::size_t>(k)];
+  std::vector<double> scalars(cap.scalars.begin(), cap.scalars.end());
   std::vector<Tensor> args(ptrs.size());
   for (std::size_t k = 0; k < ptrs.size(); ++k)
     if (ptrs[k]) args[k] = *ptrs[k];

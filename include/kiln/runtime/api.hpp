@@ -3,7 +3,9 @@
 #pragma once
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <tuple>
+#include <vector>
 #include <utility>
 
 #include "../expr/ops.hpp"
@@ -30,17 +32,51 @@ auto graph_builder(const F& f, const E& e, int nargs) {
   };
 }
 
+// The per-call scratch of evaluate (the gathered values and the argument list), reused between
+// calls of one nesting level so that a warm call does not allocate. A second evaluation started
+// while one is gathering at the same level (a graph transform evaluating kiln) gets its own.
+class CallScratch {
+ public:
+  struct Values {
+    graph::Captured cap;
+    std::vector<const Tensor*> args;
+    bool busy = false;
+  };
+  CallScratch() {
+    auto& top = runtime::level_local<Values>();
+    if (top.busy) {
+      spare_ = std::make_unique<Values>();
+      v_ = spare_.get();
+    } else {
+      v_ = &top;
+    }
+    v_->busy = true;
+  }
+  ~CallScratch() {
+    v_->cap.release();  // the viewed tensors of this call
+    v_->args.clear();
+    v_->busy = false;
+  }
+  CallScratch(const CallScratch&) = delete;
+  CallScratch& operator=(const CallScratch&) = delete;
+  Values* operator->() const { return v_; }
+
+ private:
+  Values* v_;
+  std::unique_ptr<Values> spare_;
+};
+
 // Evaluates a traced result: gathers this call's values, finds or compiles the program, runs it.
 template <int NOut, class F, class E, std::size_t NArgs>
 std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, const E& e,
                                   const std::array<const Tensor*, NArgs>& call_args, Tensor* preset, CUstream stream,
                                   std::shared_ptr<const runtime::Entry>* used = nullptr) {
-  graph::Captured<E, true> cap;
-  graph::gather(e, cap);
-  std::array<const Tensor*, NArgs + graph::Counts<E>::tensors> args{};
-  if constexpr (NArgs > 0) std::copy(call_args.begin(), call_args.end(), args.begin());  // (GCC warns on an empty copy)
-  constexpr int captured = graph::Counts<E>::tensors;
-  for (int i = 0; i < captured && i < cap.nt; ++i) args[NArgs + i] = cap.tensors[i];
+  CallScratch scratch;
+  graph::Captured& cap = scratch->cap;
+  graph::gather(e, cap, true);
+  auto& args = scratch->args;
+  args.assign(call_args.begin(), call_args.end());
+  args.insert(args.end(), cap.tensors.begin(), cap.tensors.end());
   auto& shapes = runtime::level_local<runtime::CallShapes>();  // per nesting level: custom ops may call kiln
   auto entry = cache.get(args.data(), static_cast<int>(args.size()), cap.attrs.data(), cap.na,
                          graph_builder(f, e, static_cast<int>(NArgs)), shapes, stream, cap.ops.data());

@@ -130,8 +130,8 @@ inline std::vector<runtime::ExportedArg> exported_args(const runtime::Program& p
 template <class F, class E, std::size_t NArgs>
 exported_kernels export_program(const Function<F>& f, const E& e, const std::array<const Tensor*, NArgs>& call_args,
                                 const std::filesystem::path& dir, const export_options& o) {
-  graph::Captured<E, true> cap;  // as graph_builder flattens: views of captured tensors are arguments
-  graph::gather(e, cap);
+  graph::Captured cap;
+  graph::gather(e, cap, true);  // as graph_builder flattens: views of captured tensors are arguments
   std::vector<const Tensor*> args(call_args.begin(), call_args.end());
   for (int i = 0; i < cap.nt; ++i) args.push_back(cap.tensors[i]);
   Device device = args.empty() ? cpu : args[0]->device();

@@ -149,7 +149,7 @@ GradcheckResult check_expr(const E& value, std::vector<Tensor> xs, const Gradche
   static_assert(Expr<E>, "k::testing::gradcheck needs a function returning one expression (not a std::tuple)");
   const int n_args = static_cast<int>(xs.size());
   graph::Graph g = graph::flatten_result(n_args, value);  // captured tensors take the slots after xs
-  graph::Captured<E> cap;
+  graph::Captured cap;
   graph::gather(value, cap);
   for (int k = 0; k < cap.nt; ++k) xs.push_back(*cap.tensors[static_cast<std::size_t>(k)]);
   std::vector<double> scalars(cap.scalars.begin(), cap.scalars.begin() + cap.ns);
