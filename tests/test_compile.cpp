@@ -347,10 +347,10 @@ TEST_CASE("compile: a truncated disk-cache entry is a miss: rebuilt, stored agai
   REQUIRE(p.device.is_cpu());
 
   // The translation unit exactly as runtime::compile_program builds it, and its cache entry.
-  std::string tu = std::string(k::codegen::prelude) + p.source;
-  for (const auto& kern : p.kernels)
-    if (kern.extern_node < 0) tu += k::runtime::detail::cpu_trampoline(kern.src);
-  const std::string name = p.kernels.at(0).src.name;
+  REQUIRE(p.kernels.size() == 1);
+  const k::runtime::KernelUnit unit = k::runtime::kernel_unit(p.kernels[0].src, true);
+  const std::string& tu = unit.source;
+  const std::string& name = unit.name;
   const std::string key = k::runtime::hex(k::runtime::detail::shared_object_key(tu));
   const fs::path path = disk.entry_path(key, "so");
   INFO("cache entry " << path);
@@ -372,10 +372,8 @@ TEST_CASE("compile: a truncated disk-cache entry is a miss: rebuilt, stored agai
 
   // The rebuilt object runs the program and gives the right values.
   k::runtime::Program again = p;
-  again.so = k::runtime::load_shared_object(bytes, name);
-  for (auto& kern : again.kernels)
-    if (kern.extern_node < 0)
-      kern.cpu = reinterpret_cast<void (*)(void**, std::int64_t)>(again.so->symbol((kern.src.name + "_cpu").c_str()));
+  again.objects = {k::runtime::load_shared_object(bytes, name)};
+  again.kernels[0].cpu = reinterpret_cast<void (*)(void**, std::int64_t)>(again.objects[0]->symbol((name + "_cpu").c_str()));
   const k::Tensor* args[] = {&x};
   double scalars[1] = {0};
   k::Tensor out[1];

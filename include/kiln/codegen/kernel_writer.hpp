@@ -160,11 +160,12 @@ class KernelWriter {
     return n;
   }
   std::string scalar_param(int slot) {
-    std::string n = "sc" + std::to_string(slot);
-    if (!scalars_.count(slot)) {
-      scalars_[slot] = n;
-      params_.push_back({Param::scalar, slot, kiln::dtype::f64, n});
-    }
+    // Named in order of use, not by the program's slot: a kernel's source does not depend on where
+    // in the program it sits (runtime/kernel_units.hpp compiles equal sources once).
+    if (auto it = scalars_.find(slot); it != scalars_.end()) return it->second;
+    std::string n = "sc" + std::to_string(scalars_.size());
+    scalars_[slot] = n;
+    params_.push_back({Param::scalar, slot, kiln::dtype::f64, n});
     return n;
   }
   std::string index_code(const Sym& e) {
@@ -233,6 +234,7 @@ class KernelWriter {
   std::string hoist_row_invariants(std::string& signature, std::string body) const;
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
+  int accumulators_ = 0;
   std::vector<Param> params_;
   bool plain_loads_ = false;  // 16-byte loads via::plain (a kernel evaluating special functions)
   std::string load_via(std::string width) const;

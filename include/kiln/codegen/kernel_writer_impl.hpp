@@ -111,7 +111,7 @@ inline void KernelWriter::write_rows() {
     for (std::size_t r = i; r < j; ++r) {
       int red = plan_.reductions[r];
       kiln::dtype ct = compute_dtype(g_[red].dt);
-      accs.push_back("acc" + std::to_string(red));
+      accs.push_back("acc" + std::to_string(accumulators_++));  // in order, not by node (see scalar_param)
       line("auto " + accs.back() + " = kiln::full<RVEC>(" + reduction_identity(g_[red].op, ct) + ");");
     }
     open_loop();

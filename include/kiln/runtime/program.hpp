@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "../codegen/kernel_writer.hpp"
@@ -19,6 +20,7 @@
 #include "custom.hpp"
 #include "host_compiler.hpp"
 #include "kernel_cache.hpp"
+#include "kernel_units.hpp"
 #include "nvrtc.hpp"
 
 namespace kiln::runtime {
@@ -73,9 +75,9 @@ struct Program {
   ir::ShapeEnv env;
   Device device = cpu;
   std::vector<CompiledKernel> kernels;
-  std::string source;                          // the whole translation unit (prelude excluded)
-  std::shared_ptr<SharedObject> so;            // CPU
-  std::shared_ptr<Module> module;              // CUDA
+  std::string source;                          // every kernel's source (prelude excluded)
+  std::vector<std::shared_ptr<SharedObject>> objects;    // CPU: one a distinct kernel (kernel_units.hpp)
+  std::vector<std::shared_ptr<const Module>> modules;    // CUDA: likewise
   std::vector<int> buffers;                    // realized non-arg nodes, in kernel order
   std::vector<int> arg_of_output;              // per output: arg slot when the output is an argument
   // options.autotune (runtime/autotune.hpp): each generated kernel's candidates, the rules' choice
@@ -140,19 +142,6 @@ inline void launch_compiled(const CompiledKernel& k, std::int64_t nprog, void** 
 
 namespace detail {
 
-inline std::string cpu_trampoline(const codegen::KernelSource& k) {
-  std::string s = "extern \"C\" void " + k.name + "_cpu(void** a, i64 nprog) {\n#pragma omp parallel for schedule(static) if (nprog > 1)\n  for (i64 pid = 0; pid < nprog; ++pid)\n    " + k.name + "(";
-  for (std::size_t i = 0; i < k.params.size(); ++i) {
-    const auto& p = k.params[i];
-    std::string type = p.kind == codegen::Param::in_ptr    ? "const " + codegen::detail::storage_c_type(p.dt) + "*"
-                       : p.kind == codegen::Param::out_ptr ? codegen::detail::storage_c_type(p.dt) + "*"
-                       : p.kind == codegen::Param::scalar  ? "double"
-                                                           : "i64";
-    s += "*(" + type + "*)a[" + std::to_string(i) + "], ";
-  }
-  return s + "pid);\n}\n";
-}
-
 inline std::int64_t num_programs(const CompiledKernel& k, Bindings sizes) {
   std::int64_t xn = k.src.xnumel.eval(sizes);
   if (xn == 0) return 0;
@@ -170,16 +159,10 @@ inline std::string program_body(const Program& p) {
   return body;
 }
 
-// The CUDA translation unit of a program: the prelude (with the 16-bit float types only when a
-// kernel moves f16/bf16) and its body.
+// The CUDA translation unit of all of a program's kernels (autotuning's candidates, export).
 inline std::string cuda_translation_unit(const Program& p, const std::string& body) {
-  bool half = false;
-  for (auto& k : p.kernels)
-    for (auto& prm : k.src.params) half = half || prm.dt == kiln::dtype::f16 || prm.dt == kiln::dtype::bf16;
-  // KILN_TUNE_LOADS: how 16-byte loads reach memory (the prelude's KILN_LOADS), for A/B runs.
-  static const std::int64_t loads = codegen::tuning_knob("KILN_TUNE_LOADS", -1, 0, 2);
-  return std::string(half ? "#define KILN_HALF 1\n" : "") + (loads >= 0 ? "#define KILN_LOADS " + std::to_string(loads) + "\n" : "") +
-         std::string(codegen::prelude) + body;
+  bool half = std::any_of(p.kernels.begin(), p.kernels.end(), [](const CompiledKernel& k) { return moves_half(k.src); });
+  return cuda_unit(half, body);
 }
 
 // Enough blocks of `threads` threads for four full waves on a device with `sms` multiprocessors:
@@ -219,26 +202,44 @@ inline std::vector<char> cached_cubin(const std::string& tu, const std::string& 
   return cubin;
 }
 
-// Compiles the generated sources of a program for its device: one translation unit per program.
-inline void compile_program(Program& p, const std::string& name) {
-  std::string body = program_body(p);
-  p.source = body;
-  if (p.device.is_cpu()) {
-    std::string tu = std::string(codegen::prelude) + body;
-    for (auto& k : p.kernels)
-      if (k.extern_node < 0) tu += detail::cpu_trampoline(k.src);
-    p.so = compile_shared_object(tu, name);
-    for (auto& k : p.kernels)
-      if (k.extern_node < 0) k.cpu = reinterpret_cast<void (*)(void**, std::int64_t)>(p.so->symbol((k.src.name + "_cpu").c_str()));
+// Compiles the generated kernels of a program for its device: one unit per distinct kernel source
+// (runtime/kernel_units.hpp), the units in parallel, each from the memory or disk cache when some
+// program compiled it before.
+inline void compile_program(Program& p, const std::string& /*name: each unit is named after its kernel*/) {
+  p.source = program_body(p);
+  const bool cpu = p.device.is_cpu();
+  std::vector<KernelUnit> units;
+  std::vector<int> unit_of(p.kernels.size(), -1);
+  std::unordered_map<std::string, int> by_source;
+  for (std::size_t k = 0; k < p.kernels.size(); ++k) {
+    if (p.kernels[k].extern_node >= 0) continue;
+    KernelUnit u = kernel_unit(p.kernels[k].src, cpu);
+    auto [it, fresh] = by_source.try_emplace(u.source, static_cast<int>(units.size()));
+    if (fresh) units.push_back(std::move(u));
+    unit_of[k] = it->second;
+  }
+  if (cpu) {
+    p.objects.assign(units.size(), nullptr);
+    parallel_for(units.size(), [&](std::size_t i) { p.objects[i] = compile_shared_object(units[i].source, units[i].name); });
+    for (std::size_t k = 0; k < p.kernels.size(); ++k)
+      if (unit_of[k] >= 0) {
+        const KernelUnit& u = units[static_cast<std::size_t>(unit_of[k])];
+        p.kernels[k].cpu =
+            reinterpret_cast<void (*)(void**, std::int64_t)>(p.objects[static_cast<std::size_t>(unit_of[k])]->symbol((u.name + "_cpu").c_str()));
+      }
     return;
   }
   driver::make_current(p.device.index);
-  std::string arch = driver::arch(p.device.index);
-  p.module = std::make_shared<Module>(cached_cubin(cuda_translation_unit(p, body), name, arch), p.device.index);
-  for (auto& k : p.kernels)
-    if (k.extern_node < 0) {
-      k.cuda = p.module->function(k.src.name.c_str());
-      if (k.src.kind != schedule::Kind::poi) k.grid_limit = row_grid_limit(k.cuda, k.src, p.device.index);
+  const std::string arch = driver::arch(p.device.index);
+  std::vector<std::vector<char>> cubins(units.size());
+  parallel_for(units.size(), [&](std::size_t i) { cubins[i] = cached_cubin(units[i].source, units[i].name, arch); });
+  p.modules.clear();
+  for (auto& cubin : cubins) p.modules.push_back(shared_module(cubin, p.device.index));
+  for (std::size_t k = 0; k < p.kernels.size(); ++k)
+    if (unit_of[k] >= 0) {
+      auto& kern = p.kernels[k];
+      kern.cuda = p.modules[static_cast<std::size_t>(unit_of[k])]->function(units[static_cast<std::size_t>(unit_of[k])].name.c_str());
+      if (kern.src.kind != schedule::Kind::poi) kern.grid_limit = row_grid_limit(kern.cuda, kern.src, p.device.index);
     }
 }
 
