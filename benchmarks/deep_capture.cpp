@@ -3,7 +3,8 @@
 // shows: distinct nodes of the expression, the first call with an empty kernel cache, a second
 // compile of the same function (its kernels cached), and the cached call. Targets: the cached call
 // of 12 blocks within 15x that of 1 block, 24 blocks within 30x.
-// Usage: deep_capture [max blocks, default 24]. Sets KILN_CACHE_DIR to a fresh folder.
+// Usage: deep_capture [max blocks, default 24] [cpu|cuda, default cpu]. Sets KILN_CACHE_DIR to a
+// fresh folder. On CUDA the cached call is timed with a synchronisation after each call.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -71,7 +72,12 @@ Row measure(const k::Tensor& h, const k::Tensor& w, const k::Tensor& g, const k:
   y = f2(h, w, g, b);
   row.again_s = seconds_since(t0);
   row.kernels = static_cast<int>(k::explain(f, h, w, g, b).kernels.size());
-  row.call_us = call_us([&] { y = f(h, w, g, b); }, N >= 12 ? 500 : 2000);
+  row.call_us = call_us(
+      [&] {
+        y = f(h, w, g, b);
+        if (y.device().is_cuda()) k::synchronize();
+      },
+      N >= 12 ? 500 : 2000);
   return row;
 }
 
@@ -79,11 +85,13 @@ Row measure(const k::Tensor& h, const k::Tensor& w, const k::Tensor& g, const k:
 
 int main(int argc, char** argv) {
   int max_blocks = argc > 1 ? std::atoi(argv[1]) : 24;
+  const k::Device dev = argc > 2 && std::string(argv[2]) == "cuda" ? k::Device(k::cuda) : k::Device(k::cpu);
   auto dir = std::filesystem::temp_directory_path() / ("kiln-deep-capture-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   ::setenv("KILN_CACHE_DIR", dir.c_str(), 1);
-  k::Tensor h = k::randn({8, 16}, k::f32, k::cpu, 1), w = k::randn({16, 16}, k::f32, k::cpu, 2) * 0.1,
-            g = k::randn({16}, k::f32, k::cpu, 3), b = k::randn({16}, k::f32, k::cpu, 4);
+  k::Tensor h = k::randn({8, 16}, k::f32, dev, 1), w = k::randn({16, 16}, k::f32, dev, 2) * 0.1,
+            g = k::randn({16}, k::f32, dev, 3), b = k::randn({16}, k::f32, dev, 4);
+  std::printf("device %s\n", dev.str().c_str());
   std::vector<Row> rows;
   rows.push_back(measure<1>(h, w, g, b));
   if (max_blocks >= 4) rows.push_back(measure<4>(h, w, g, b));

@@ -53,14 +53,9 @@ Traced trace_gradient_fn(const F& fn, const T&... ts) {
   [&]<std::size_t... K>(std::index_sequence<K...>) {
     auto traced = k::detail::trace(fn, k::expr::Arg<static_cast<int>(K)>{{}, &t.args[K]}...);
     t.g = std::apply([](const auto&... e) { return k::graph::flatten(e...); }, traced);
-    std::apply([&](const auto&... e) {
-      auto take = [&](const auto& x) {
-        k::graph::Captured<std::remove_cvref_t<decltype(x)>> cap;
-        k::graph::gather(x, cap);
-        for (int s = 0; s < cap.ns; ++s) t.scalars.push_back(cap.scalars[static_cast<std::size_t>(s)]);
-      };
-      (take(e), ...);
-    }, traced);
+    k::graph::Captured cap;  // one walk over every output, as flatten's
+    k::graph::gather(traced, cap);
+    t.scalars.assign(cap.scalars.begin(), cap.scalars.end());
   }(std::index_sequence_for<T...>{});
   t.infer();
   t.g = k::rewrite::decompose(t.g);

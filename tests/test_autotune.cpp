@@ -22,7 +22,7 @@ namespace {
 template <class E>
 std::shared_ptr<rt::Program> plan_tuned(const E& e, k::Device device = k::Device(k::cuda), bool autotune = true) {
   k::graph::Graph g = k::graph::flatten(e);
-  k::graph::Captured<E> cap;
+  k::graph::Captured cap;
   k::graph::gather(e, cap);
   std::vector<k::Tensor> args;
   for (int i = 0; i < cap.nt; ++i) args.push_back(*cap.tensors[static_cast<std::size_t>(i)]);

@@ -41,7 +41,7 @@ Captured capture(const F& fn, const T&... ts) {
   [&]<std::size_t... K>(std::index_sequence<K...>) {
     auto e = fn(k::expr::Arg<static_cast<int>(K)>{{}, &c.args[K]}...);
     c.g = k::graph::flatten(e);
-    k::graph::Captured<decltype(e)> cap;
+    k::graph::Captured cap;
     k::graph::gather(e, cap);
     c.scalars.assign(cap.scalars.begin(), cap.scalars.begin() + cap.ns);
   }(std::index_sequence_for<T...>{});
