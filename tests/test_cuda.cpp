@@ -44,6 +44,10 @@ TEST_CASE("cuda: pointwise chains, broadcasting and dtypes" * needs_gpu()) {
   check_on_gpu([](auto& v) { return k::relu(v[0] * 2.0f + 1.0f); }, {big}, 1e-6, 1e-6);
   auto odd = k::randn({(1 << 16) + 3}, k::bf16, k::cpu, 4);
   check_on_gpu([](auto& v) { return v[0] * 2.0f + 1.0f; }, {odd}, 1e-2, 1e-2);
+  // 16-bit rounding inside a kernel whose loads and stores are all f32 (the kernel still needs the
+  // 16-bit types: without them the prelude's stand-ins gave zeros).
+  check_on_gpu([](auto& v) { return k::maximum(k::cast(v[0], k::bf16), v[1]); }, {x, b}, 1e-2, 1e-2);
+  check_on_gpu([](auto& v) { return k::cast(k::cast(v[0], k::f16), k::f32) * 3.0f; }, {x}, 1e-2, 1e-2);
 }
 
 TEST_CASE("cuda: reductions, softmax and norms" * needs_gpu()) {

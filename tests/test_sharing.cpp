@@ -143,6 +143,17 @@ TEST_CASE("sharing: one expression type shared two ways compiles two programs wi
   CHECK(k::testing::allclose(f(x), want(2.0 * a), 1e-5, 1e-6));
   CHECK(f.cache().compiles() == 2);
 
+  // Full reductions (a derived node type) of a shared subexpression, compiled and eager.
+  auto g = k::compile([&](auto t) {
+    auto y = t * a;
+    return k::sum(y) + k::amax(y) * y + k::mean(k::exp(y), 1, true);
+  });
+  auto y0 = x * a;
+  auto full = k::sum(y0) + k::amax(y0) * y0 + k::mean(k::exp(y0), 1, true);
+  k::Tensor full_want = k::reference::eval(full);
+  CHECK(k::testing::allclose(g(x), full_want, 1e-4, 1e-4));
+  CHECK(k::testing::allclose(k::Tensor(full), full_want, 1e-4, 1e-4));
+
   // Eagerly: the same expression type through one eager cache.
   auto y = x * a;
   k::Tensor shared = y + y;

@@ -157,24 +157,26 @@ struct Captured {
 
 namespace detail {
 
-inline void gather(const expr::TensorLeaf& e, Captured& c) {
+// (Not named `gather`: argument-dependent lookup on Captured would find graph::gather, an exact
+// match for a FullReduction child where these take its Node base, and restart the walk.)
+inline void gather_into(const expr::TensorLeaf& e, Captured& c) {
   c.tensors.push_back(&e.t);
   ++c.nt;
 }
 template <int I>
-void gather(const expr::Arg<I>& e, Captured& c) {
+void gather_into(const expr::Arg<I>& e, Captured& c) {
   if (!e.t) return;
   if (c.bound.size() <= std::size_t{I}) c.bound.resize(std::size_t{I} + 1, nullptr);
   c.bound[std::size_t{I}] = e.t;
 }
 template <bool F>
-void gather(const expr::Scalar<F>& e, Captured& c) {
+void gather_into(const expr::Scalar<F>& e, Captured& c) {
   c.scalars.push_back(e.v);
   ++c.ns;
 }
-inline void gather(const expr::Iota& e, Captured& c) { c.add_attrs(Op::iota, &e.attrs); }
+inline void gather_into(const expr::Iota& e, Captured& c) { c.add_attrs(Op::iota, &e.attrs); }
 template <Op O, class... C>
-void gather(const expr::Node<O, C...>& e, Captured& c) {
+void gather_into(const expr::Node<O, C...>& e, Captured& c) {
   if (c.met_before(e.identity(), e.shared())) return;
   if constexpr (is_leaf_view<expr::Node<O, C...>>::value) {
     if (c.fold) {
@@ -185,11 +187,11 @@ void gather(const expr::Node<O, C...>& e, Captured& c) {
       return;
     }
   }
-  std::apply([&](const auto&... child) { (gather(child, c), ...); }, e.in());
+  std::apply([&](const auto&... child) { (gather_into(child, c), ...); }, e.in());
   c.add_attrs(O, &e.attrs());
 }
 template <int I, class E>
-void gather(const expr::Assign<I, E>& e, Captured& c) { gather(e.value, c); }
+void gather_into(const expr::Assign<I, E>& e, Captured& c) { gather_into(e.value, c); }
 
 // The tensors of folded views point into `views`, which may move while it grows: set them last.
 inline void fix_views(Captured& c) {
@@ -272,9 +274,9 @@ template <class E>
 void gather(const E& e, Captured& c, bool fold_views = false) {
   c.reset(fold_views);
   if constexpr (is_tuple<E>::value)
-    std::apply([&](const auto&... x) { (detail::gather(x, c), ...); }, e);
+    std::apply([&](const auto&... x) { (detail::gather_into(x, c), ...); }, e);
   else
-    detail::gather(e, c);
+    detail::gather_into(e, c);
   detail::fix_views(c);
   c.finish();
 }

@@ -49,8 +49,12 @@ inline std::string cuda_unit(bool half, const std::string& body) {
   return std::string(half ? "#define KILN_HALF 1\n" : "") + (loads >= 0 ? "#define KILN_LOADS " + std::to_string(loads) + "\n" : "") +
          std::string(codegen::prelude) + body;
 }
+// Whether a kernel needs the 16-bit float types: it moves f16/bf16 or rounds to them inside (a cast
+// to bf16 between f32 loads and stores). Without KILN_HALF the prelude's stand-ins give zeros, so
+// this errs towards including them: any mention of the type names in the source.
 inline bool moves_half(const codegen::KernelSource& k) {
-  return std::any_of(k.params.begin(), k.params.end(),
+  return k.source.find("f16") != std::string::npos ||
+         std::any_of(k.params.begin(), k.params.end(),
                      [](const codegen::Param& p) { return p.dt == kiln::dtype::f16 || p.dt == kiln::dtype::bf16; });
 }
 
