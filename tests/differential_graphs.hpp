@@ -263,6 +263,7 @@ class Generator {
   }
 
   Graph g;
+  k::graph::CseIndex cse;  // g's nodes by structure (nodes the generator added)
   std::vector<Meta> meta;
   std::vector<k::Tensor> args;
   std::vector<double> scalars;
@@ -351,9 +352,10 @@ class Generator {
   int add(Node n) {
     for (int i = 0; i < n.n_in; ++i)
       if (n.in[i] < 0) return -1;
-    const int before = g.size();
-    const int id = g.add(n);
-    if (id != before) return id;
+    const std::uint64_t key = k::graph::structure_key(n);
+    if (int twin = cse.find(g, n, key); twin >= 0) return twin;
+    g.nodes.push_back(n);
+    const int id = g.size() - 1;
     Node& nn = g.nodes[id];
     try {
       if (nn.op == Op::arg) {
@@ -371,6 +373,7 @@ class Generator {
       g.nodes.pop_back();
       return -1;
     }
+    cse.insert(key, id);
     meta.push_back(analyze(id));
     return id;
   }

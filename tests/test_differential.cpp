@@ -336,11 +336,13 @@ void run_gradient(Result& r) {
       gr.slots.push_back(value[i].slot);
   std::sort(gr.slots.begin(), gr.slots.end());
   Graph traced = value;  // the value, then the inputs: their nodes survive the rewrites (as k::grad traces)
+  k::graph::CseIndex cse;
+  cse.index_all(traced);
   for (int slot : gr.slots) {
     Node a;
     a.op = Op::arg;
     a.slot = slot;
-    traced.outputs.push_back(traced.add(a));
+    traced.outputs.push_back(cse.add(traced, a));
   }
   const std::vector<int> slots = gr.slots;
   k::runtime::ProgramCache cache(r.o);
@@ -699,18 +701,19 @@ TEST_CASE("differential: strided and offset inputs reach the kernels as they are
       base.as_strided({5, 7}, {7, 1}, 301),                       // contiguous strides at a storage offset
   };
   Graph g;
+  k::graph::CseIndex cse;
   auto node = [&](Op op, std::vector<int> in, k::Attrs at = {}) {
     Node n;
     n.op = op;
     for (int i : in) n.in[n.n_in++] = i;
     n.attrs = at;
-    return g.add(n);
+    return cse.add(g, n);
   };
   auto arg = [&](int slot) {
     Node n;
     n.op = Op::arg;
     n.slot = slot;
-    return g.add(n);
+    return cse.add(g, n);
   };
   g.num_args = 3;
   const int x = arg(0), y = arg(1), z = arg(2);

@@ -694,21 +694,28 @@ TEST_CASE("reference: numel, iota and constants") {
 
   // Constants only come from rewrite rules: build the graph by hand, and drive eval_graph directly.
   k::graph::Graph g;
+  k::graph::CseIndex cse;
+  auto add = [&](k::Op op, std::initializer_list<int> in) {
+    k::graph::Node n;
+    n.op = op;
+    for (int i : in) n.in[n.n_in++] = i;
+    return cse.add(g, n);
+  };
   k::graph::Node arg;
   arg.op = k::Op::arg;
   arg.slot = 0;
-  int a = g.add(arg);
+  int a = cse.add(g, arg);
   k::graph::Node c;
   c.op = k::Op::constant;
   c.value = 0.125;
-  int ci = g.add(c);
+  int ci = cse.add(g, c);
   k::graph::Node s;
   s.op = k::Op::scalar;
   s.slot = 0;
   s.floating = true;
-  int si = g.add(s);
-  int mul = g.add(k::Op::mul, {a, ci});
-  g.outputs = {g.add(k::Op::add, {mul, si}), mul};
+  int si = cse.add(g, s);
+  int mul = add(k::Op::mul, {a, ci});
+  g.outputs = {add(k::Op::add, {mul, si}), mul};
   g.num_args = 1;
   g.num_scalars = 1;
   Tensor y = rnd({4, 3});

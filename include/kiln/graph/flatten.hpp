@@ -205,6 +205,7 @@ template <int I, class E> struct is_assign<expr::Assign<I, E>> : std::true_type 
 
 struct FlattenState {
   SharedNodes seen;      // node bodies met before -> their graph node
+  CseIndex cse;          // equal nodes of distinct bodies become one
   int next_tensor = 0;   // eager leaves are numbered after the largest Arg index
   int next_scalar = 0;
   int next_capture = 0;  // attributed nodes, numbered as gather() numbers their attrs
@@ -225,11 +226,11 @@ inline int flatten_into(const expr::TensorLeaf&, Graph& g, FlattenState& s) {
   return g.size() - 1;
 }
 template <int I>
-int flatten_into(const expr::Arg<I>&, Graph& g, FlattenState&) {
+int flatten_into(const expr::Arg<I>&, Graph& g, FlattenState& s) {
   Node n;
   n.op = Op::arg;
   n.slot = I;
-  return g.add(n);
+  return s.cse.add(g, n);
 }
 template <bool F>
 int flatten_into(const expr::Scalar<F>&, Graph& g, FlattenState& s) {
@@ -238,14 +239,14 @@ int flatten_into(const expr::Scalar<F>&, Graph& g, FlattenState& s) {
   n.slot = s.next_scalar++;
   n.weak = true;
   n.floating = F;
-  return g.add(n);
+  return s.cse.add(g, n);
 }
 inline int flatten_into(const expr::Iota& e, Graph& g, FlattenState& s) {
   Node n;
   n.op = Op::iota;
   n.attrs = e.attrs;
   s.tag(n);
-  return g.add(n);
+  return s.cse.add(g, n);
 }
 template <Op O, class... C>
 int flatten_into(const expr::Node<O, C...>& e, Graph& g, FlattenState& s) {
@@ -261,7 +262,7 @@ int flatten_into(const expr::Node<O, C...>& e, Graph& g, FlattenState& s) {
     std::apply([&](const auto&... child) { ((n.in[n.n_in++] = flatten_into(child, g, s)), ...); }, e.in());
     n.attrs = e.attrs();
     s.tag(n);
-    id = g.add(n);
+    id = s.cse.add(g, n);
   }
   if (shared) s.seen.insert(e.identity(), id);
   return id;

@@ -2,9 +2,11 @@
 // one op with input ids, its run-time attributes, and (after inference) its shape and dtype.
 #pragma once
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "../expr/custom_op.hpp"
@@ -89,23 +91,6 @@ struct Graph {
   Node& operator[](int i) { return nodes[i]; }
   int size() const { return static_cast<int>(nodes.size()); }
 
-  // Adds a node, or returns the id of an identical one (common-subexpression elimination).
-  // Scalars are never merged: their values may differ at the next call.
-  int add(Node n) {
-    if (n.op != Op::scalar)
-      for (int i = 0; i < size(); ++i)
-        if (nodes[i].same_structure(n)) return i;
-    nodes.push_back(std::move(n));
-    return size() - 1;
-  }
-  int add(Op op, std::initializer_list<int> inputs, Attrs at = {}) {
-    Node n;
-    n.op = op;
-    for (int i : inputs) n.in[n.n_in++] = i;
-    n.attrs = at;
-    return add(n);
-  }
-
   // Number of non-leaf operations (what explain reports as ops_captured / ops_decomposed).
   int count_ops() const {
     int c = 0;
@@ -114,6 +99,54 @@ struct Graph {
   }
 
   std::string str() const;
+};
+
+// A hash of what same_structure compares (equal structure, equal key).
+inline std::uint64_t structure_key(const Node& n) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  mix(static_cast<std::uint64_t>(n.op));
+  for (int k = 0; k < max_inputs; ++k) mix(static_cast<std::uint64_t>(n.in[k]));
+  mix(static_cast<std::uint64_t>(n.slot));
+  mix(static_cast<std::uint64_t>(n.attrs.a) ^ (static_cast<std::uint64_t>(n.attrs.b) << 21) ^
+      (static_cast<std::uint64_t>(n.attrs.c) << 42) ^ static_cast<std::uint64_t>(n.attrs.d) * 31);
+  mix(static_cast<std::uint64_t>(n.attrs.custom));
+  for (auto d : n.attrs.dims) mix(static_cast<std::uint64_t>(d));
+  mix(static_cast<std::uint64_t>(n.attrs.dt) | (std::uint64_t(n.attrs.keepdim) << 8) | (std::uint64_t(n.attrs.all) << 9));
+  if (n.op == Op::constant) mix(std::bit_cast<std::uint64_t>(n.value));
+  return h;
+}
+
+// Common-subexpression elimination as a graph grows: adding a node returns the id of an identical
+// one already added through this index, in constant expected time (a hash of the structure, then
+// same_structure on the candidates). Scalars are never merged: their values may differ at the next
+// call. Nodes appended to the graph by other means are not merge targets.
+class CseIndex {
+ public:
+  int find(const Graph& g, const Node& n, std::uint64_t key) const {
+    if (n.op == Op::scalar) return -1;
+    auto [lo, hi] = index_.equal_range(key);
+    for (auto it = lo; it != hi; ++it)
+      if (g[it->second].same_structure(n)) return it->second;
+    return -1;
+  }
+  void insert(std::uint64_t key, int id) { index_.emplace(key, id); }
+  // Indexes every node of g (a graph to extend).
+  void index_all(const Graph& g) {
+    index_.reserve(static_cast<std::size_t>(g.size()));
+    for (int i = 0; i < g.size(); ++i) insert(structure_key(g[i]), i);
+  }
+  // Adds n to g or returns the id of an identical node.
+  int add(Graph& g, Node n) {
+    const std::uint64_t k = structure_key(n);
+    if (int at = find(g, n, k); at >= 0) return at;
+    g.nodes.push_back(std::move(n));
+    insert(k, g.size() - 1);
+    return g.size() - 1;
+  }
+
+ private:
+  std::unordered_multimap<std::uint64_t, int> index_;
 };
 
 inline std::string attrs_str(const Node& n) {

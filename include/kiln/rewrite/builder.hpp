@@ -24,7 +24,7 @@ class Builder {
   Builder() = default;
   // Starts from an inferred graph and keeps its node ids (the forward part of a joint graph).
   explicit Builder(graph::Graph base) : g_(std::move(base)) {
-    for (int i = 0; i < g_.size(); ++i) index_.emplace(key(g_[i]), i);
+    index_.index_all(g_);
   }
 
   graph::Graph& graph() { return g_; }
@@ -40,12 +40,8 @@ class Builder {
   // Adds n (its inputs already in this graph; leaves other than constants carry their shape) or
   // returns the id of an identical node. Scalars are never merged: each is its own run-time slot.
   int node(graph::Node n) {
-    const std::uint64_t k = key(n);
-    if (n.op != Op::scalar) {
-      auto [lo, hi] = index_.equal_range(k);
-      for (auto it = lo; it != hi; ++it)
-        if (g_[it->second].same_structure(n)) return it->second;
-    }
+    const std::uint64_t k = graph::structure_key(n);
+    if (int at = index_.find(g_, n, k); at >= 0) return at;
     if (n.op == Op::constant) {
       n.shape = {};
       n.dt = kiln::dtype::f64;
@@ -53,7 +49,7 @@ class Builder {
     }
     g_.nodes.push_back(n);
     if (info(n.op).cls != OpClass::leaf || n.op == Op::iota) graph::detail::infer_node(g_, g_.nodes.back());
-    index_.emplace(k, g_.size() - 1);
+    index_.insert(k, g_.size() - 1);
     return g_.size() - 1;
   }
   int op(Op o, std::initializer_list<int> in, Attrs at = {}) {
@@ -193,23 +189,8 @@ class Builder {
   }
 
  private:
-  static std::uint64_t key(const graph::Node& n) {
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    mix(static_cast<std::uint64_t>(n.op));
-    for (int k = 0; k < graph::max_inputs; ++k) mix(static_cast<std::uint64_t>(n.in[k]));
-    mix(static_cast<std::uint64_t>(n.slot));
-    mix(static_cast<std::uint64_t>(n.attrs.a) ^ (static_cast<std::uint64_t>(n.attrs.b) << 21) ^
-        (static_cast<std::uint64_t>(n.attrs.c) << 42) ^ static_cast<std::uint64_t>(n.attrs.d) * 31);
-    mix(static_cast<std::uint64_t>(n.attrs.custom));
-    for (auto d : n.attrs.dims) mix(static_cast<std::uint64_t>(d));
-    mix(static_cast<std::uint64_t>(n.attrs.dt) | (std::uint64_t(n.attrs.keepdim) << 8) | (std::uint64_t(n.attrs.all) << 9));
-    if (n.op == Op::constant) mix(std::bit_cast<std::uint64_t>(n.value));
-    return h;
-  }
-
   graph::Graph g_;
-  std::unordered_multimap<std::uint64_t, int> index_;
+  graph::CseIndex index_;
 };
 
 // The shape of every rewrite pass: rebuilds g node by node in order, `rule(b, node, inputs)`

@@ -80,13 +80,15 @@ inline GradcheckResult check_graph(graph::Graph g, std::vector<Tensor> bound, st
   // Every floating argument becomes an extra output (as the runtime's trace of a GradFn does), so
   // that one the value does not use still has a node and gets a zero gradient.
   std::vector<int> wrt;
+  graph::CseIndex cse;
+  cse.index_all(g);
   for (std::size_t i = 0; i < n_args; ++i) {
     if (!is_floating(bound[i].dtype())) continue;
     wrt.push_back(static_cast<int>(i));
     graph::Node a;
     a.op = Op::arg;
     a.slot = static_cast<int>(i);
-    g.outputs.push_back(g.add(a));
+    g.outputs.push_back(cse.add(g, a));
   }
   auto at = [&](int slot) -> const Tensor& { return bound[static_cast<std::size_t>(slot)]; };
   graph::infer_shapes(g, at);
