@@ -3,13 +3,13 @@
 // of its values and a bound on the absolute error that kiln may legitimately add (the error model).
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
-#include <array>
-#include <cstring>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -38,10 +38,14 @@ struct Tolerance {
 };
 inline Tolerance tolerance(k::dtype d) {
   switch (d) {
-    case k::dtype::f64: return {1e-7, 1e-9};
-    case k::dtype::f16: return {1e-2, 1e-2};
-    case k::dtype::bf16: return {2e-2, 2e-2};
-    default: return {1e-4, 1e-5};
+    case k::dtype::f64:
+      return {1e-7, 1e-9};
+    case k::dtype::f16:
+      return {1e-2, 1e-2};
+    case k::dtype::bf16:
+      return {2e-2, 2e-2};
+    default:
+      return {1e-4, 1e-5};
   }
 }
 
@@ -50,10 +54,14 @@ inline double eps_compute(k::dtype d) { return d == k::dtype::f64 ? 1.2e-16 : 6e
 // Rounding when a node's value is stored in its own dtype (f16/bf16 buffers at fusion boundaries).
 inline double eps_store(k::dtype d) {
   switch (d) {
-    case k::dtype::f16: return 4.9e-4;
-    case k::dtype::bf16: return 3.9e-3;
-    case k::dtype::f32: return 6e-8;
-    default: return 0;
+    case k::dtype::f16:
+      return 4.9e-4;
+    case k::dtype::bf16:
+      return 3.9e-3;
+    case k::dtype::f32:
+      return 6e-8;
+    default:
+      return 0;
   }
 }
 
@@ -94,59 +102,76 @@ inline double at(const k::Tensor& t, std::int64_t i) { return k::load_as_double(
 inline void put(const k::Tensor& t, std::int64_t i, double v) { k::store_from_double(t.data_ptr(), t.dtype(), i, v); }
 // cube(x) = x^3
 inline const k::CustomOp& cube() {
-  static k::CustomOp op = k::custom_op("diff_cube", {
-    .inputs = 1,
-    .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {
-      k::Tensor x = host(in[0]), o = out.device().is_cpu() ? out : k::Tensor::empty(out.shape(), out.dtype(), k::cpu);
-      for (std::int64_t i = 0; i < o.numel(); ++i) put(o, i, at(x, i) * at(x, i) * at(x, i));
-      put_back(o, out, s);
-    },
-    .backward = [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream s) {
-      k::Tensor x = host(in[0]), gh = host(g);
-      k::Tensor o = grad_in[0].device().is_cpu() ? grad_in[0] : k::Tensor::empty(grad_in[0].shape(), grad_in[0].dtype(), k::cpu);
-      for (std::int64_t i = 0; i < o.numel(); ++i) put(o, i, 3 * at(x, i) * at(x, i) * at(gh, i));
-      put_back(o, grad_in[0], s);
-    },
-  });
+  static k::CustomOp op = k::custom_op(
+      "diff_cube",
+      {
+          .inputs = 1,
+          .forward =
+              [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {
+                k::Tensor x = host(in[0]),
+                          o = out.device().is_cpu() ? out : k::Tensor::empty(out.shape(), out.dtype(), k::cpu);
+                for (std::int64_t i = 0; i < o.numel(); ++i) put(o, i, at(x, i) * at(x, i) * at(x, i));
+                put_back(o, out, s);
+              },
+          .backward =
+              [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream s) {
+                k::Tensor x = host(in[0]), gh = host(g);
+                k::Tensor o = grad_in[0].device().is_cpu()
+                                  ? grad_in[0]
+                                  : k::Tensor::empty(grad_in[0].shape(), grad_in[0].dtype(), k::cpu);
+                for (std::int64_t i = 0; i < o.numel(); ++i) put(o, i, 3 * at(x, i) * at(x, i) * at(gh, i));
+                put_back(o, grad_in[0], s);
+              },
+      });
   return op;
 }
 // scaled_tanh(x [..., C], w [C]) = tanh(x) * w
 inline const k::CustomOp& scaled_tanh() {
-  static k::CustomOp op = k::custom_op("diff_scaled_tanh", {
-    .inputs = 2,
-    .infer = [](std::span<const k::TensorSpec> in) {
-      if (in[0].shape.size() == 0 || !(in[1].shape == Dims{in[0].shape.back()}))
-        throw k::shape_error("diff_scaled_tanh: w must be [C] for x [..., C], got x " + in[0].shape.str() + " and w " +
-                             in[1].shape.str());
-      return k::TensorSpec{in[0].shape, k::promote(in[0].dtype, in[1].dtype)};
-    },
-    .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {
-      k::Tensor x = host(in[0]), w = host(in[1]);
-      k::Tensor o = out.device().is_cpu() ? out : k::Tensor::empty(out.shape(), out.dtype(), k::cpu);
-      const std::int64_t C = w.numel();
-      for (std::int64_t i = 0; i < o.numel(); ++i) put(o, i, std::tanh(at(x, i)) * at(w, i % C));
-      put_back(o, out, s);
-    },
-    .backward = [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream s) {
-      k::Tensor x = host(in[0]), w = host(in[1]), gh = host(g);
-      const std::int64_t C = w.numel();
-      if (grad_in[0].defined()) {
-        k::Tensor o = grad_in[0].device().is_cpu() ? grad_in[0] : k::Tensor::empty(grad_in[0].shape(), grad_in[0].dtype(), k::cpu);
-        for (std::int64_t i = 0; i < o.numel(); ++i) {
-          const double t = std::tanh(at(x, i));
-          put(o, i, at(gh, i) * (1 - t * t) * at(w, i % C));
-        }
-        put_back(o, grad_in[0], s);
-      }
-      if (grad_in[1].defined()) {
-        k::Tensor o = grad_in[1].device().is_cpu() ? grad_in[1] : k::Tensor::empty(grad_in[1].shape(), grad_in[1].dtype(), k::cpu);
-        std::vector<double> dw(static_cast<std::size_t>(C), 0.0);
-        for (std::int64_t i = 0; i < gh.numel(); ++i) dw[static_cast<std::size_t>(i % C)] += at(gh, i) * std::tanh(at(x, i));
-        for (std::int64_t c = 0; c < C; ++c) put(o, c, dw[static_cast<std::size_t>(c)]);
-        put_back(o, grad_in[1], s);
-      }
-    },
-  });
+  static k::CustomOp op = k::custom_op(
+      "diff_scaled_tanh",
+      {
+          .inputs = 2,
+          .infer =
+              [](std::span<const k::TensorSpec> in) {
+                if (in[0].shape.size() == 0 || !(in[1].shape == Dims{in[0].shape.back()}))
+                  throw k::shape_error("diff_scaled_tanh: w must be [C] for x [..., C], got x " + in[0].shape.str() +
+                                       " and w " + in[1].shape.str());
+                return k::TensorSpec{in[0].shape, k::promote(in[0].dtype, in[1].dtype)};
+              },
+          .forward =
+              [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {
+                k::Tensor x = host(in[0]), w = host(in[1]);
+                k::Tensor o = out.device().is_cpu() ? out : k::Tensor::empty(out.shape(), out.dtype(), k::cpu);
+                const std::int64_t C = w.numel();
+                for (std::int64_t i = 0; i < o.numel(); ++i) put(o, i, std::tanh(at(x, i)) * at(w, i % C));
+                put_back(o, out, s);
+              },
+          .backward =
+              [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream s) {
+                k::Tensor x = host(in[0]), w = host(in[1]), gh = host(g);
+                const std::int64_t C = w.numel();
+                if (grad_in[0].defined()) {
+                  k::Tensor o = grad_in[0].device().is_cpu()
+                                    ? grad_in[0]
+                                    : k::Tensor::empty(grad_in[0].shape(), grad_in[0].dtype(), k::cpu);
+                  for (std::int64_t i = 0; i < o.numel(); ++i) {
+                    const double t = std::tanh(at(x, i));
+                    put(o, i, at(gh, i) * (1 - t * t) * at(w, i % C));
+                  }
+                  put_back(o, grad_in[0], s);
+                }
+                if (grad_in[1].defined()) {
+                  k::Tensor o = grad_in[1].device().is_cpu()
+                                    ? grad_in[1]
+                                    : k::Tensor::empty(grad_in[1].shape(), grad_in[1].dtype(), k::cpu);
+                  std::vector<double> dw(static_cast<std::size_t>(C), 0.0);
+                  for (std::int64_t i = 0; i < gh.numel(); ++i)
+                    dw[static_cast<std::size_t>(i % C)] += at(gh, i) * std::tanh(at(x, i));
+                  for (std::int64_t c = 0; c < C; ++c) put(o, c, dw[static_cast<std::size_t>(c)]);
+                  put_back(o, grad_in[1], s);
+                }
+              },
+      });
   return op;
 }
 }  // namespace ops
@@ -205,7 +230,8 @@ class Generator {
     for (const ArgRecipe& r : recipes) {
       ArgRecipe q = r;
       for (int d = 0; d < q.shape.size(); ++d)
-        if (q.sym[static_cast<std::size_t>(d)]) q.shape[d] = q.sym[static_cast<std::size_t>(d)] == 1 ? a : q.sym[static_cast<std::size_t>(d)] == 2 ? b : c;
+        if (q.sym[static_cast<std::size_t>(d)])
+          q.shape[d] = q.sym[static_cast<std::size_t>(d)] == 1 ? a : q.sym[static_cast<std::size_t>(d)] == 2 ? b : c;
       out.push_back(make_arg(q, buffers_));
     }
     return out;
@@ -233,7 +259,8 @@ class Generator {
         st = k::contiguous_strides(s);
         offset = r.wrap_offset;
         break;
-      default: st = k::contiguous_strides(s);
+      default:
+        st = k::contiguous_strides(s);
     }
     const std::int64_t n = base.product();
     k::Tensor t = k::Tensor::empty({n + offset}, r.dt, k::cpu);
@@ -243,17 +270,28 @@ class Generator {
     for (std::int64_t i = 0; i < n + offset; ++i) {
       double v = 0;
       switch (r.values) {
-        case ArgRecipe::randn: v = normal(rng); break;
-        case ArgRecipe::uniform01: v = unit(rng); break;
-        case ArgRecipe::ints: v = std::floor(unit(rng) * 17) - 8; break;
-        case ArgRecipe::booleans: v = unit(rng) < 0.5; break;
-        case ArgRecipe::indices: v = std::min<double>(std::floor(unit(rng) * static_cast<double>(r.bound)), static_cast<double>(r.bound - 1)); break;
+        case ArgRecipe::randn:
+          v = normal(rng);
+          break;
+        case ArgRecipe::uniform01:
+          v = unit(rng);
+          break;
+        case ArgRecipe::ints:
+          v = std::floor(unit(rng) * 17) - 8;
+          break;
+        case ArgRecipe::booleans:
+          v = unit(rng) < 0.5;
+          break;
+        case ArgRecipe::indices:
+          v = std::min<double>(std::floor(unit(rng) * static_cast<double>(r.bound)), static_cast<double>(r.bound - 1));
+          break;
       }
       if (r.special && unit(rng) < 0.04) v = std::array<double, 3>{NAN, INFINITY, -INFINITY}[rng() % 3];
       k::store_from_double(t.data_ptr(), r.dt, i, v);
     }
     if (r.layout == ArgRecipe::wrapped) {
-      auto buf = std::make_shared<std::vector<double>>(static_cast<std::size_t>(n + offset) * k::itemsize(r.dt) / sizeof(double) + 2);
+      auto buf = std::make_shared<std::vector<double>>(
+          static_cast<std::size_t>(n + offset) * k::itemsize(r.dt) / sizeof(double) + 2);
       std::memcpy(buf->data(), t.data_ptr(), static_cast<std::size_t>(n + offset) * k::itemsize(r.dt));
       keep.push_back(buf);
       char* p = reinterpret_cast<char*>(buf->data()) + offset * static_cast<std::int64_t>(k::itemsize(r.dt));
@@ -434,8 +472,10 @@ class Generator {
     r.seed = rng_();
     r.values = chance(0.15) ? ArgRecipe::uniform01 : ArgRecipe::randn;
     const int rk = s.size();
-    if (rk >= 2 && chance(0.2) && profile.strided) r.layout = ArgRecipe::transposed;
-    else if (rk >= 1 && chance(0.15) && profile.strided) r.layout = ArgRecipe::stepped;
+    if (rk >= 2 && chance(0.2) && profile.strided)
+      r.layout = ArgRecipe::transposed;
+    else if (rk >= 1 && chance(0.15) && profile.strided)
+      r.layout = ArgRecipe::stepped;
     else if (chance(0.1)) {
       r.layout = ArgRecipe::wrapped;
       r.wrap_offset = pick<std::int64_t>({1, 3, 5});
@@ -452,8 +492,10 @@ class Generator {
     r.values = values;
     r.bound = bound;
     r.seed = rng_();
-    if (s.size() >= 2 && chance(0.2) && profile.strided) r.layout = ArgRecipe::transposed;
-    else if (s.size() >= 1 && chance(0.15) && profile.strided) r.layout = ArgRecipe::stepped;
+    if (s.size() >= 2 && chance(0.2) && profile.strided)
+      r.layout = ArgRecipe::transposed;
+    else if (s.size() >= 1 && chance(0.15) && profile.strided)
+      r.layout = ArgRecipe::stepped;
     return push_arg(r);
   }
 
@@ -542,7 +584,8 @@ class Generator {
   int bool_leaf(const Dims& s) {
     std::vector<int> fits;
     for (int i = 0; i < static_cast<int>(args.size()); ++i)
-      if (args[i].dtype() == k::boolean && compatible(s, args[i].shape()) && k::broadcast_shapes(s, args[i].shape(), "t") == s)
+      if (args[i].dtype() == k::boolean && compatible(s, args[i].shape()) &&
+          k::broadcast_shapes(s, args[i].shape(), "t") == s)
         fits.push_back(i);
     if (!fits.empty() && chance(0.7)) return arg_node(fits[uniform(0, static_cast<int>(fits.size()) - 1)]);
     Dims t;
@@ -605,7 +648,8 @@ class Generator {
     if (x < 0) return -1;
     const int r = rank(x);
     switch (uniform(0, 5)) {
-      case 0: return matmul(x);
+      case 0:
+        return matmul(x);
       case 1: {  // rms_norm(x * s + r, w): rows of r have an rms of at least 0.5
         if (r == 0 || shape(x).back() < 2) return unary(x);
         std::int64_t d = shape(x).back();
@@ -640,7 +684,8 @@ class Generator {
         int w = new_or_existing({shape(x).back()}, false);
         return add(mk(Op::custom, {x, w}, at));
       }
-      default: return binary(x, depth);
+      default:
+        return binary(x, depth);
     }
   }
 
@@ -695,26 +740,47 @@ class Generator {
     const Meta mx = m(x);
     auto plus_one = [&](int v) { return add(mk(Op::add, {add(mk(Op::abs, {v})), constant(1)})); };
     switch (uniform(0, 19)) {
-      case 0: return mx.v.maxabs() <= 6 ? add(mk(Op::exp, {x})) : add(mk(Op::exp, {add(mk(Op::neg, {add(mk(Op::abs, {x}))}))}));
-      case 1: return add(mk(Op::log, {plus_one(x)}));
-      case 2: return mx.err == 0 ? add(mk(Op::sqrt, {add(mk(Op::abs, {x}))})) : add(mk(Op::sqrt, {plus_one(x)}));
-      case 3: return add(mk(Op::tanh, {x}));
-      case 4: return add(mk(Op::sigmoid, {x}));
-      case 5: return add(mk(Op::erf, {x}));
-      case 6: return add(mk(Op::sin, {x}));
-      case 7: return add(mk(Op::relu, {x}));
-      case 8: return add(mk(Op::neg, {x}));
-      case 9: return add(mk(Op::square, {squash(x, 30)}));
-      case 10: return add(mk(Op::abs, {x}));
-      case 11: return add(mk(Op::reciprocal, {plus_one(x)}));
-      case 12: return add(mk(Op::cos, {x}));
-      case 13: return add(mk(Op::log1p, {add(mk(Op::abs, {x}))}));
-      case 14: return add(mk(Op::rsqrt, {plus_one(x)}));
-      case 15: return add(mk(Op::expm1, {squash(x, 5)}));
-      case 16: return add(mk(Op::exp2, {squash(x, 6)}));
-      case 17: return add(mk(Op::log2, {plus_one(x)}));
-      case 18: return add(mk(Op::pow, {plus_one(squash(x, 3)), number(pick({0.5, 2.0, 3.0, -1.0, 1.5, -0.5}))}));
-      default: return add(mk(Op::tanh, {add(mk(Op::mul, {x, number(nice_value(-2, 2))}))}));
+      case 0:
+        return mx.v.maxabs() <= 6 ? add(mk(Op::exp, {x}))
+                                  : add(mk(Op::exp, {add(mk(Op::neg, {add(mk(Op::abs, {x}))}))}));
+      case 1:
+        return add(mk(Op::log, {plus_one(x)}));
+      case 2:
+        return mx.err == 0 ? add(mk(Op::sqrt, {add(mk(Op::abs, {x}))})) : add(mk(Op::sqrt, {plus_one(x)}));
+      case 3:
+        return add(mk(Op::tanh, {x}));
+      case 4:
+        return add(mk(Op::sigmoid, {x}));
+      case 5:
+        return add(mk(Op::erf, {x}));
+      case 6:
+        return add(mk(Op::sin, {x}));
+      case 7:
+        return add(mk(Op::relu, {x}));
+      case 8:
+        return add(mk(Op::neg, {x}));
+      case 9:
+        return add(mk(Op::square, {squash(x, 30)}));
+      case 10:
+        return add(mk(Op::abs, {x}));
+      case 11:
+        return add(mk(Op::reciprocal, {plus_one(x)}));
+      case 12:
+        return add(mk(Op::cos, {x}));
+      case 13:
+        return add(mk(Op::log1p, {add(mk(Op::abs, {x}))}));
+      case 14:
+        return add(mk(Op::rsqrt, {plus_one(x)}));
+      case 15:
+        return add(mk(Op::expm1, {squash(x, 5)}));
+      case 16:
+        return add(mk(Op::exp2, {squash(x, 6)}));
+      case 17:
+        return add(mk(Op::log2, {plus_one(x)}));
+      case 18:
+        return add(mk(Op::pow, {plus_one(squash(x, 3)), number(pick({0.5, 2.0, 3.0, -1.0, 1.5, -0.5}))}));
+      default:
+        return add(mk(Op::tanh, {add(mk(Op::mul, {x, number(nice_value(-2, 2))}))}));
     }
   }
 
@@ -723,12 +789,18 @@ class Generator {
     a = squash(a);
     int b = squash(operand_for(shape(a), depth));
     switch (uniform(0, 5)) {
-      case 0: return add(mk(Op::add, {a, b}));
-      case 1: return add(mk(Op::sub, {a, b}));
-      case 2: return add(mk(Op::mul, {a, b}));
-      case 3: return add(mk(Op::div, {a, add(mk(Op::add, {add(mk(Op::abs, {b})), constant(1)}))}));
-      case 4: return add(mk(Op::maximum, {a, b}));
-      default: return add(mk(Op::minimum, {a, b}));
+      case 0:
+        return add(mk(Op::add, {a, b}));
+      case 1:
+        return add(mk(Op::sub, {a, b}));
+      case 2:
+        return add(mk(Op::mul, {a, b}));
+      case 3:
+        return add(mk(Op::div, {a, add(mk(Op::add, {add(mk(Op::abs, {b})), constant(1)}))}));
+      case 4:
+        return add(mk(Op::maximum, {a, b}));
+      default:
+        return add(mk(Op::minimum, {a, b}));
     }
   }
 
@@ -748,7 +820,8 @@ class Generator {
   int scaled(int x) {
     if (x < 0) return -1;
     x = squash(x);
-    return add(mk(pick({Op::add, Op::mul, Op::sub}), {add(mk(Op::mul, {x, number(nice_value(-2, 2))})), number(nice_value(-2, 2))}));
+    return add(mk(pick({Op::add, Op::mul, Op::sub}),
+                  {add(mk(Op::mul, {x, number(nice_value(-2, 2))})), number(nice_value(-2, 2))}));
   }
 
   int cast(int x) {
@@ -795,8 +868,10 @@ class Generator {
         } else if (c < 0.5 && r >= 2) {
           int d = uniform(0, r - 2);
           for (int i = 0; i < r; ++i) {
-            if (i == d) t.push_back(s[i] * s[i + 1]);
-            else if (i != d + 1) t.push_back(s[i]);
+            if (i == d)
+              t.push_back(s[i] * s[i + 1]);
+            else if (i != d + 1)
+              t.push_back(s[i]);
           }
         } else if (c < 0.75 && r < 4) {
           int d = uniform(0, r);
@@ -861,8 +936,10 @@ class Generator {
       default:  // squeeze one size-1 dim or all of them
         for (int i = 0; i < r; ++i)
           if (s[i] == 1) {
-            if (chance(0.5)) at.all = true;
-            else at.a = i;
+            if (chance(0.5))
+              at.all = true;
+            else
+              at.a = i;
             return add(mk(Op::squeeze, {x}, at));
           }
         break;
@@ -972,10 +1049,12 @@ class Generator {
   int new_or_existing(const Dims& s, bool spread) {
     for (int i = 0; i < static_cast<int>(args.size()); ++i) {
       if (!(args[i].shape() == s)) continue;
-      if (spread && !(args[i].dtype() == (profile.gradient ? k::f64 : k::f32) && !recipes[static_cast<std::size_t>(i)].special &&
-                      row_std(args[i]) >= 0.5))
+      if (spread && !(args[i].dtype() == (profile.gradient ? k::f64 : k::f32) &&
+                      !recipes[static_cast<std::size_t>(i)].special && row_std(args[i]) >= 0.5))
         continue;
-      if (!k::is_floating(args[i].dtype()) || (!spread && recipes[static_cast<std::size_t>(i)].values == ArgRecipe::indices)) continue;
+      if (!k::is_floating(args[i].dtype()) ||
+          (!spread && recipes[static_cast<std::size_t>(i)].values == ArgRecipe::indices))
+        continue;
       if (chance(0.7)) return arg_node(i);
     }
     for (int tries = 0; tries < 20; ++tries) {
@@ -1073,31 +1152,56 @@ class Generator {
         out.v = lo <= hi ? Interval{lo, hi} : Interval{0, 0};
         return out;
       }
-      case Op::scalar: out.v = {scalars[n.slot], scalars[n.slot]}; return out;
-      case Op::constant: out.v = {n.value, n.value}; return out;
-      default: break;
+      case Op::scalar:
+        out.v = {scalars[n.slot], scalars[n.slot]};
+        return out;
+      case Op::constant:
+        out.v = {n.value, n.value};
+        return out;
+      default:
+        break;
     }
     const Interval x = in(0).v;
     const double e = in(0).err;
     switch (n.op) {
-      case Op::neg: out.v = {-x.hi, -x.lo}; out.err = e; return out;
-      case Op::abs: out.v = {x.lo <= 0 && x.hi >= 0 ? 0 : std::min(std::abs(x.lo), std::abs(x.hi)), x.maxabs()}; out.err = e; return out;
-      case Op::relu: out.v = {std::max(x.lo, 0.0), std::max(x.hi, 0.0)}; out.err = e; return out;
-      case Op::exp: return rounded(mono(x.lo, x.hi, [](double t) { return std::exp(t); }), std::exp(x.hi) * e);
-      case Op::exp2: return rounded(mono(x.lo, x.hi, [](double t) { return std::exp2(t); }), std::exp2(x.hi) * 0.7 * e);
-      case Op::expm1: return rounded(mono(x.lo, x.hi, [](double t) { return std::expm1(t); }), std::exp(x.hi) * e);
-      case Op::log: return rounded(mono(x.lo, x.hi, [](double t) { return std::log(t); }), e / x.lo);
-      case Op::log2: return rounded(mono(x.lo, x.hi, [](double t) { return std::log2(t); }), 1.5 * e / x.lo);
-      case Op::log1p: return rounded(mono(x.lo, x.hi, [](double t) { return std::log1p(t); }), e / (1 + x.lo));
+      case Op::neg:
+        out.v = {-x.hi, -x.lo};
+        out.err = e;
+        return out;
+      case Op::abs:
+        out.v = {x.lo <= 0 && x.hi >= 0 ? 0 : std::min(std::abs(x.lo), std::abs(x.hi)), x.maxabs()};
+        out.err = e;
+        return out;
+      case Op::relu:
+        out.v = {std::max(x.lo, 0.0), std::max(x.hi, 0.0)};
+        out.err = e;
+        return out;
+      case Op::exp:
+        return rounded(mono(x.lo, x.hi, [](double t) { return std::exp(t); }), std::exp(x.hi) * e);
+      case Op::exp2:
+        return rounded(mono(x.lo, x.hi, [](double t) { return std::exp2(t); }), std::exp2(x.hi) * 0.7 * e);
+      case Op::expm1:
+        return rounded(mono(x.lo, x.hi, [](double t) { return std::expm1(t); }), std::exp(x.hi) * e);
+      case Op::log:
+        return rounded(mono(x.lo, x.hi, [](double t) { return std::log(t); }), e / x.lo);
+      case Op::log2:
+        return rounded(mono(x.lo, x.hi, [](double t) { return std::log2(t); }), 1.5 * e / x.lo);
+      case Op::log1p:
+        return rounded(mono(x.lo, x.hi, [](double t) { return std::log1p(t); }), e / (1 + x.lo));
       case Op::sqrt:
-        return rounded(mono(x.lo, x.hi, [](double t) { return std::sqrt(t); }), x.lo > 0 ? e / (2 * std::sqrt(x.lo)) : std::sqrt(e));
-      case Op::rsqrt: return rounded(mono(x.lo, x.hi, [](double t) { return 1 / std::sqrt(t); }), 0.5 * e / (x.lo * std::sqrt(x.lo)));
-      case Op::reciprocal: return rounded(mono(x.lo, x.hi, [](double t) { return 1 / t; }), e / (x.lo * x.lo));
+        return rounded(mono(x.lo, x.hi, [](double t) { return std::sqrt(t); }),
+                       x.lo > 0 ? e / (2 * std::sqrt(x.lo)) : std::sqrt(e));
+      case Op::rsqrt:
+        return rounded(mono(x.lo, x.hi, [](double t) { return 1 / std::sqrt(t); }), 0.5 * e / (x.lo * std::sqrt(x.lo)));
+      case Op::reciprocal:
+        return rounded(mono(x.lo, x.hi, [](double t) { return 1 / t; }), e / (x.lo * x.lo));
       case Op::square: {
         Interval v{x.lo <= 0 && x.hi >= 0 ? 0 : std::min(x.lo * x.lo, x.hi * x.hi), x.maxabs() * x.maxabs()};
         return rounded(v, 2 * x.maxabs() * e + e * e);
       }
-      case Op::sin: case Op::cos: return rounded({-1, 1}, e);
+      case Op::sin:
+      case Op::cos:
+        return rounded({-1, 1}, e);
       // Their slope is largest at 0: bound it by its value at the point nearest 0 that kiln's
       // input (within e of the oracle's) may take.
       case Op::tanh: {
@@ -1118,12 +1222,20 @@ class Generator {
         out.err = e == 0 ? 0 : e + eps_store(n.dt) * x.maxabs();
         return out;
       }
-      case Op::add: case Op::sub: case Op::mul: case Op::div: case Op::maximum: case Op::minimum: case Op::pow: {
+      case Op::add:
+      case Op::sub:
+      case Op::mul:
+      case Op::div:
+      case Op::maximum:
+      case Op::minimum:
+      case Op::pow: {
         const Interval y = in(1).v;
         const double f = in(1).err;
         switch (n.op) {
-          case Op::add: return rounded({x.lo + y.lo, x.hi + y.hi}, e + f);
-          case Op::sub: return rounded({x.lo - y.hi, x.hi - y.lo}, e + f);
+          case Op::add:
+            return rounded({x.lo + y.lo, x.hi + y.hi}, e + f);
+          case Op::sub:
+            return rounded({x.lo - y.hi, x.hi - y.lo}, e + f);
           case Op::mul: {
             double c[] = {x.lo * y.lo, x.lo * y.hi, x.hi * y.lo, x.hi * y.hi};
             return rounded({*std::min_element(c, c + 4), *std::max_element(c, c + 4)},
@@ -1132,10 +1244,17 @@ class Generator {
           case Op::div: {  // the denominator is |b| + 1 >= 1
             double ymin = std::min(std::abs(y.lo), std::abs(y.hi));
             double c[] = {x.lo / y.lo, x.lo / y.hi, x.hi / y.lo, x.hi / y.hi};
-            return rounded({*std::min_element(c, c + 4), *std::max_element(c, c + 4)}, e / ymin + x.maxabs() / (ymin * ymin) * f);
+            return rounded({*std::min_element(c, c + 4), *std::max_element(c, c + 4)},
+                           e / ymin + x.maxabs() / (ymin * ymin) * f);
           }
-          case Op::maximum: out.v = {std::max(x.lo, y.lo), std::max(x.hi, y.hi)}; out.err = std::max(e, f); return out;
-          case Op::minimum: out.v = {std::min(x.lo, y.lo), std::min(x.hi, y.hi)}; out.err = std::max(e, f); return out;
+          case Op::maximum:
+            out.v = {std::max(x.lo, y.lo), std::max(x.hi, y.hi)};
+            out.err = std::max(e, f);
+            return out;
+          case Op::minimum:
+            out.v = {std::min(x.lo, y.lo), std::min(x.hi, y.hi)};
+            out.err = std::max(e, f);
+            return out;
           default: {  // pow(base >= 1, exponent)
             double p = y.lo;
             Interval v = mono(x.lo, x.hi, [p](double t) { return std::pow(t, p); });
@@ -1144,19 +1263,31 @@ class Generator {
           }
         }
       }
-      case Op::lt: case Op::le: case Op::gt: case Op::ge: case Op::eq: case Op::ne:
+      case Op::lt:
+      case Op::le:
+      case Op::gt:
+      case Op::ge:
+      case Op::eq:
+      case Op::ne:
         out.v = {0, 1};
         return out;
       case Op::where:
         out.v = {std::min(in(1).v.lo, in(2).v.lo), std::max(in(1).v.hi, in(2).v.hi)};
         out.err = std::max(in(1).err, in(2).err);
         return out;
-      case Op::reshape: case Op::permute: case Op::slice: case Op::expand: case Op::transpose: case Op::unsqueeze:
+      case Op::reshape:
+      case Op::permute:
+      case Op::slice:
+      case Op::expand:
+      case Op::transpose:
+      case Op::unsqueeze:
       case Op::squeeze:
         return in(0);
-      case Op::amax: case Op::amin:
+      case Op::amax:
+      case Op::amin:
         return in(0);
-      default: break;
+      default:
+        break;
     }
     // Reductions and composites: nr is the number of reduced elements.
     const double nr = n.op == Op::layer_norm || n.op == Op::rms_norm || n.op == Op::cross_entropy || n.op == Op::matmul
@@ -1167,15 +1298,20 @@ class Generator {
                           : 1;
     const double acc = 8 * nr * ec;  // accumulation over nr elements, relative to their magnitude
     switch (n.op) {
-      case Op::sum: return rounded({nr * x.lo, nr * x.hi}, nr * e + acc * x.maxabs());
-      case Op::mean: return rounded(x, e + acc * x.maxabs());
+      case Op::sum:
+        return rounded({nr * x.lo, nr * x.hi}, nr * e + acc * x.maxabs());
+      case Op::mean:
+        return rounded(x, e + acc * x.maxabs());
       case Op::var: {
         double corr = in(1).v.lo, d = x.hi - x.lo, scale = nr / std::max(nr - corr, 1.0);
         return rounded({0, d * d * scale}, 4 * d * e * scale + acc * d * d * scale);
       }
-      case Op::softmax: return rounded({0, 1}, 2 * e + acc);
-      case Op::log_softmax: return rounded({x.lo - x.hi - std::log(nr), 0}, 2 * e + acc * (1 + x.maxabs()));
-      case Op::logsumexp: return rounded({x.lo, x.hi + std::log(nr)}, e + acc * (1 + x.maxabs()));
+      case Op::softmax:
+        return rounded({0, 1}, 2 * e + acc);
+      case Op::log_softmax:
+        return rounded({x.lo - x.hi - std::log(nr), 0}, 2 * e + acc * (1 + x.maxabs()));
+      case Op::logsumexp:
+        return rounded({x.lo, x.hi + std::log(nr)}, e + acc * (1 + x.maxabs()));
       case Op::rms_norm: {  // rows x * s + r with rms(r) >= 0.5 (known exactly once the oracle has run)
         const Meta& w = in(1);
         const double sd = refining_ ? std::max(ln_min_std_[id], 1e-3) : 0.4;
@@ -1188,8 +1324,10 @@ class Generator {
         return rounded({-bound, bound}, nr * (xm * w.err + wm * e + e * w.err) + acc * xm * wm);
       }
       case Op::cross_entropy:  // the mean of logsumexp(row) - row[target]
-        return rounded({0, x.hi - x.lo + std::log(std::max(nr, 1.0))}, 2 * e + acc * (1 + x.maxabs()) + 8 * ec * (1 + x.maxabs()) * nr);
-      case Op::gather: return in(0);
+        return rounded({0, x.hi - x.lo + std::log(std::max(nr, 1.0))},
+                       2 * e + acc * (1 + x.maxabs()) + 8 * ec * (1 + x.maxabs()) * nr);
+      case Op::gather:
+        return in(0);
       case Op::custom: {
         if (n.attrs.custom == ops::cube().id()) {
           const double xm = x.maxabs();
@@ -1206,8 +1344,10 @@ class Generator {
         double bound = w.v.maxabs() * std::sqrt(nr) + b.v.maxabs();
         return rounded({-bound, bound}, e * w.v.maxabs() * 3 / sd + w.err * std::sqrt(nr) + b.err + acc * bound);
       }
-      case Op::gelu: return rounded({std::min(x.lo, -0.2), std::max(x.hi, 0.0)}, 1.13 * e);
-      case Op::silu: return rounded({std::min(x.lo, -0.3), std::max(x.hi, 0.0)}, 1.1 * e);
+      case Op::gelu:
+        return rounded({std::min(x.lo, -0.2), std::max(x.hi, 0.0)}, 1.13 * e);
+      case Op::silu:
+        return rounded({std::min(x.lo, -0.3), std::max(x.hi, 0.0)}, 1.1 * e);
       case Op::clamp: {
         double lo = in(1).v.lo, hi = in(2).v.lo;
         out.v = {std::clamp(x.lo, lo, hi), std::clamp(x.hi, lo, hi)};

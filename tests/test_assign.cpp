@@ -52,7 +52,8 @@ TEST_CASE("eval(out): rows of a larger buffer are written in place, the padding 
   auto before = k::to_vector<float>(big);
   auto x = k::randn({rows, cols}, k::f32, k::cpu, 22);
   // Columns [start, start + cols) of every row: a view with a row pitch, as a wrapped sub-buffer would be.
-  k::Tensor out = k::Tensor::wrap(static_cast<float*>(big.data_ptr()) + start, {rows, cols}, k::f32, k::cpu, {pitch, 1});
+  k::Tensor out =
+      k::Tensor::wrap(static_cast<float*>(big.data_ptr()) + start, {rows, cols}, k::f32, k::cpu, {pitch, 1});
   REQUIRE(!out.is_contiguous());
   k::eval(out, k::exp(x) - 1.0f);
   auto want = k::to_vector<float>(k::reference::eval(k::exp(x) - 1.0f));

@@ -3,9 +3,9 @@
 // report; the type-level checks of k::grad behind the static_asserts; the run-time errors.
 #include <doctest/doctest.h>
 
-#include <kiln/kiln.hpp>
 #include <kiln/autodiff/grad.hpp>
 #include <kiln/autodiff/partition.hpp>
+#include <kiln/kiln.hpp>
 #include <kiln/testing/gradcheck.hpp>
 
 #include <random>
@@ -56,7 +56,8 @@ Traced trace_gradient_fn(const F& fn, const T&... ts) {
     k::graph::Captured cap;  // one walk over every output, as flatten's
     k::graph::gather(traced, cap);
     t.scalars.assign(cap.scalars.begin(), cap.scalars.end());
-  }(std::index_sequence_for<T...>{});
+  }
+  (std::index_sequence_for<T...>{});
   t.infer();
   t.g = k::rewrite::decompose(t.g);
   t.infer();
@@ -252,8 +253,10 @@ namespace {
 // A chain of 50 ops; its gradient graph must stay linear in size (shared subtrees, not copies).
 template <int N, class E>
 auto chain(const E& x) {
-  if constexpr (N == 0) return x;
-  else return chain<N - 1>(k::tanh(x) * 1.1);
+  if constexpr (N == 0)
+    return x;
+  else
+    return chain<N - 1>(k::tanh(x) * 1.1);
 }
 }  // namespace
 
@@ -348,8 +351,10 @@ template <class G, class... T>
 void check_compiled(const G& fn, const T&... ts) {
   auto compiled = k::compile(fn)(ts...);
   std::vector<k::Tensor> got;
-  if constexpr (std::is_same_v<decltype(compiled), k::Tensor>) got.push_back(compiled);
-  else std::apply([&](const auto&... t) { (got.push_back(t), ...); }, compiled);
+  if constexpr (std::is_same_v<decltype(compiled), k::Tensor>)
+    got.push_back(compiled);
+  else
+    std::apply([&](const auto&... t) { (got.push_back(t), ...); }, compiled);
   Traced t = trace_gradient_fn(fn, ts...);
   auto want = k::reference::eval_graph(k::detail::transform_graph(fn, t.g), t.args, t.scalars);
   REQUIRE(got.size() == want.size());
@@ -363,15 +368,19 @@ void check_compiled(const G& fn, const T&... ts) {
 }  // namespace
 
 TEST_CASE("autodiff: gradient functions run through k::compile on the CPU") {
-  const k::Tensor x = uniform({4, 6}, 50, -2, 2, k::f32), w = uniform({5, 6}, 51, -1, 1, k::f32), b = uniform({5}, 52, -1, 1, k::f32);
+  const k::Tensor x = uniform({4, 6}, 50, -2, 2, k::f32), w = uniform({5, 6}, 51, -1, 1, k::f32),
+                  b = uniform({5}, 52, -1, 1, k::f32);
   const k::Tensor t = values({4}, {0, 4, 2, 2}, k::i64), ct = uniform({4, 5}, 53, -1, 1, k::f32);
   const k::Tensor g = uniform({6}, 54, 0.5, 1.5, k::f32), beta = uniform({6}, 55, -1, 1, k::f32);
   auto loss = [](auto x, auto g, auto beta, auto w, auto b, auto t) {
     return k::cross_entropy(k::linear(k::gelu(k::layer_norm(x, g, beta)), w, b), t);
   };
   check_compiled(k::value_and_grad(loss, k::wrt<0, 1, 2, 3, 4>), x, g, beta, w, b, t);
-  check_compiled(k::grad([](auto x) { return k::amax(k::softmax(x, 0)) + k::mean(k::slice(x, 1, 1, 6, 2)); }, k::wrt<0>), x);
-  check_compiled(k::vjp([](auto x, auto w) { return k::log_softmax(k::matmul(x, k::transpose(w, 0, 1)), 1); }, k::wrt<0, 1>), x, w, ct);
+  check_compiled(
+      k::grad([](auto x) { return k::amax(k::softmax(x, 0)) + k::mean(k::slice(x, 1, 1, 6, 2)); }, k::wrt<0>), x);
+  check_compiled(
+      k::vjp([](auto x, auto w) { return k::log_softmax(k::matmul(x, k::transpose(w, 0, 1)), 1); }, k::wrt<0, 1>), x, w,
+      ct);
   k::Tensor dx = k::grad([](auto x) { return k::sum(k::square(x)); }, k::wrt<0>)(x);  // called directly
   auto xs = k::reference::read(x).data, dxs = k::reference::read(dx).data;
   for (std::size_t i = 0; i < xs.size(); ++i) CHECK(dxs[i] == doctest::Approx(2 * xs[i]));

@@ -3,8 +3,10 @@
 // a GEMM, several kernels, and an in-place update that must happen once, not once per timing.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <kiln/kiln.hpp>
@@ -21,16 +23,17 @@ namespace {
 // with its autotuning candidates by default.
 template <class E>
 std::shared_ptr<rt::Program> plan_tuned(const E& e, k::Device device = k::Device(k::cuda), bool autotune = true) {
-  k::graph::Graph g = k::graph::flatten(e);
+  k::graph::Graph g = k::graph::flatten_result(0, e);
   k::graph::Captured cap;
   k::graph::gather(e, cap);
   std::vector<k::Tensor> args;
   for (int i = 0; i < cap.nt; ++i) args.push_back(*cap.tensors[static_cast<std::size_t>(i)]);
   auto arg = [&](int s) -> const k::Tensor& { return args.at(static_cast<std::size_t>(s)); };
   rt::LoweringStats stats;
-  g = rt::lower_graph(g, arg, [](k::graph::Graph x) { return x; }, stats);
+  g = rt::lower_graph(
+      g, arg, [](k::graph::Graph x) { return x; }, stats);
   k::ir::ShapeEnv env = k::ir::make_static_shape_env(g);
-  return rt::plan_program(std::move(g), std::move(env), device, arg, autotune);
+  return rt::plan_program(std::move(g), std::move(env), device, arg, autotune, stats.tuning);
 }
 
 // Collects the autotune channel's lines while alive.
@@ -59,8 +62,8 @@ TEST_CASE("autotune: each kernel's candidates are distinct sources, the rules' c
   auto x = k::randn({96, 1000}, k::f32, k::cpu, 1), w = k::randn({1000}, k::f32, k::cpu, 2);
   auto big = k::randn({1 << 22}, k::f32, k::cpu, 3);
   auto col = k::randn({5000, 64}, k::f32, k::cpu, 4);
-  for (auto p : {plan_tuned(k::layer_norm(x, w, w)), plan_tuned(k::sigmoid(big * 0.5f) * big), plan_tuned(k::sum(col, 0)),
-                 plan_tuned(k::softmax(x, -1) + k::sum(k::sum(col * 2.0f, 0)))}) {
+  for (auto p : {plan_tuned(k::layer_norm(x, w, w)), plan_tuned(k::sigmoid(big * 0.5f) * big),
+                 plan_tuned(k::sum(col, 0)), plan_tuned(k::softmax(x, -1) + k::sum(k::sum(col * 2.0f, 0)))}) {
     REQUIRE(p->candidates.size() == p->kernels.size());
     for (std::size_t kk = 0; kk < p->kernels.size(); ++kk) {
       const auto& list = p->candidates[kk];
@@ -78,7 +81,8 @@ TEST_CASE("autotune: each kernel's candidates are distinct sources, the rules' c
         // Every candidate compiles as a translation unit of its own (sm_90a, as on an H100/H200).
         rt::Program unit;
         unit.kernels.push_back(list[i]);
-        CHECK_NOTHROW(rt::compile_cubin(rt::cuda_translation_unit(unit, rt::program_body(unit)), list[i].src.name, "sm_90a"));
+        CHECK_NOTHROW(
+            rt::compile_cubin(rt::cuda_translation_unit(unit, rt::program_body(unit)), list[i].src.name, "sm_90a"));
       }
       CHECK(sources.size() == list.size());
     }
@@ -90,7 +94,8 @@ TEST_CASE("autotune: the candidates cover block shapes, loads and where weights 
   auto p = plan_tuned(k::layer_norm(x, w, w));
   std::set<std::string> tunings;
   std::set<int> threads;
-  for (const auto& c : p->candidates.at(0)) tunings.insert(c.src.tuning.str()), threads.insert(c.src.config.row_threads);
+  for (const auto& c : p->candidates.at(0))
+    tunings.insert(c.src.tuning.str()), threads.insert(c.src.config.row_threads);
   CHECK(tunings.count("default") == 1);
   CHECK(tunings.count("row_elems=8") == 1);
   CHECK(tunings.count("hoist=0") == 1);  // the rules hoist w and b for blocks of two rows
@@ -124,6 +129,41 @@ TEST_CASE("autotune: a second-round neighbour is the winner with one change on t
   CHECK(won.merged({.row_elems = 8}).str() == "row_elems=8 waves=64");
   CHECK(won.merged({}) == won);
   CHECK(k::codegen::Tuning{}.str() == "default");
+}
+
+// KILN_TUNE_* variables are read when a program is lowered, not once per process: a test (or a
+// process) may change one between compiles, and an autotuning candidate's choice wins over it.
+TEST_CASE("tuning: KILN_TUNE_* variables are read at each compile, under a candidate's choices") {
+  struct Env {
+    const char* name;
+    Env(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+    ~Env() { ::unsetenv(name); }
+  };
+  auto x = k::empty({1 << 23}, k::f32, k::cpu), y = k::empty({1 << 23}, k::f32, k::cpu);
+  auto threads = [&] { return plan_tuned(x * y + x, k::Device(k::cuda), false)->kernels.at(0).src.config.threads; };
+  CHECK(threads() == 128);
+  {
+    Env e("KILN_TUNE_POI_THREADS", "256");
+    CHECK(k::Tuning::from_environment().poi_threads == 256);
+    CHECK(threads() == 256);
+    CHECK(k::Tuning::from_environment().merged({.poi_threads = 64}).poi_threads == 64);
+  }
+  CHECK(threads() == 128);
+  {
+    Env e("KILN_TUNE_ROW_UNROLL", "99");  // clamped to its range
+    CHECK(k::Tuning::from_environment().row_unroll == 8);
+    CHECK(k::Tuning::from_environment().str() == "unroll=8");
+  }
+  {
+    Env e("KILN_TUNE_POI_THREADS", "");  // empty is unset
+    CHECK(k::Tuning::from_environment() == k::Tuning{});
+  }
+  // A graph-level knob: without column partials, the weight gradient's column sum is its own kernel.
+  auto a = k::empty({4096, 1024}, k::f32, k::cpu), dy = k::empty({4096, 1024}, k::f32, k::cpu);
+  auto expr = std::make_tuple(k::sum(dy * (a - k::mean(a, -1, true)), -1), k::sum(dy * a, 0));
+  const auto with = plan_tuned(expr, k::Device(k::cuda), false)->kernels.size();
+  Env e("KILN_TUNE_PARTIALS", "0");
+  CHECK(plan_tuned(expr, k::Device(k::cuda), false)->kernels.size() > with);
 }
 
 TEST_CASE("autotune: CPU programs run the rules' choices and stay correct") {

@@ -39,12 +39,16 @@ struct ScopedEnv {
   std::optional<std::string> old;
   ScopedEnv(const char* n, const char* value) : name(n) {
     if (const char* v = std::getenv(n)) old = v;
-    if (value) ::setenv(n, value, 1);
-    else ::unsetenv(n);
+    if (value)
+      ::setenv(n, value, 1);
+    else
+      ::unsetenv(n);
   }
   ~ScopedEnv() {
-    if (old) ::setenv(name.c_str(), old->c_str(), 1);
-    else ::unsetenv(name.c_str());
+    if (old)
+      ::setenv(name.c_str(), old->c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
   }
 };
 
@@ -213,9 +217,9 @@ TEST_CASE("compile: on_limit::raise throws recompile_limit_error at the limit, n
 TEST_CASE("compile: shapes::dynamic with views, broadcasting and reductions over the changing dim") {
   // The batch is a symbol s0 in slices, permutes, broadcasts and in the length of reduced rows.
   auto fn = [](auto x, auto w) {
-    auto xs = k::slice(x, 1, 1, 12, 2);                 // [n, 6]
+    auto xs = k::slice(x, 1, 1, 12, 2);                // [n, 6]
     auto col = k::softmax(k::permute(xs, {1, 0}), 1);  // [6, n], rows of the changing length n
-    auto row = k::sum(xs * w, 1, true);                 // [n, 1]
+    auto row = k::sum(xs * w, 1, true);                // [n, 1]
     return k::permute(col, {1, 0}) * k::sigmoid(row) + k::amax(xs, 0);
   };
   auto f = k::compile(fn, {.shapes = k::shapes::dynamic});
@@ -373,11 +377,13 @@ TEST_CASE("compile: a truncated disk-cache entry is a miss: rebuilt, stored agai
   // The rebuilt object runs the program and gives the right values.
   k::runtime::Program again = p;
   again.objects = {k::runtime::load_shared_object(bytes, name)};
-  again.kernels[0].cpu = reinterpret_cast<void (*)(void**, std::int64_t)>(again.objects[0]->symbol((name + "_cpu").c_str()));
+  again.kernels[0].cpu =
+      reinterpret_cast<void (*)(void**, std::int64_t)>(again.objects[0]->symbol((name + "_cpu").c_str()));
   const k::Tensor* args[] = {&x};
   double scalars[1] = {0};
   k::Tensor out[1];
-  again.run(args, scalars, out, [&](int node) -> const k::Dims& { return again.graph[node].shape; }, nullptr);
+  again.run(
+      args, scalars, out, [&](int node) -> const k::Dims& { return again.graph[node].shape; }, nullptr);
   REQUIRE(out[0].defined());
   check_close(out[0], k::reference::eval(fn(x)));
 }
@@ -399,7 +405,8 @@ TEST_CASE("compile: a bad host compiler or bad generated code is a compile_error
   }
   SUBCASE("source that does not compile: the command, the log and the source path") {
     k::runtime::DiskCache no_cache;  // disabled: always a real compile
-    const std::string source = "// kiln test " + std::to_string(::getpid()) + "\nextern \"C\" void kiln_broken( { return }\n";
+    const std::string source =
+        "// kiln test " + std::to_string(::getpid()) + "\nextern \"C\" void kiln_broken( { return }\n";
     try {
       k::runtime::build_shared_object(source, "kiln_broken", no_cache);
       FAIL("expected a compile_error");

@@ -28,12 +28,14 @@ void check_on_gpu(MakeExpr make, std::vector<k::Tensor> cpu_inputs, double rtol,
 TEST_CASE("cuda: pointwise chains, broadcasting and dtypes" * needs_gpu()) {
   auto x = k::randn({37, 129}, k::f32, k::cpu, 1), b = k::randn({129}, k::f32, k::cpu, 2);
   check_on_gpu([](auto& v) { return k::relu(v[0] * 2.0f + 1.0f); }, {x}, 1e-6, 1e-6);
-  check_on_gpu([](auto& v) { return k::sigmoid(k::tanh(v[0] * 0.5f + 0.1f) * v[0]) * k::exp(-v[0] * v[0]); }, {x}, 1e-5, 1e-6);
+  check_on_gpu([](auto& v) { return k::sigmoid(k::tanh(v[0] * 0.5f + 0.1f) * v[0]) * k::exp(-v[0] * v[0]); }, {x}, 1e-5,
+               1e-6);
   check_on_gpu([](auto& v) { return k::gelu(v[0] + v[1]); }, {x, b}, 1e-5, 1e-6);
   check_on_gpu([](auto& v) { return k::gelu(v[0] + v[1], k::approximate::tanh); }, {x, b}, 1e-5, 1e-6);
   // sigmoid's tails: saturation, both infinities and NaN. Results below the smallest normal f32
   // (x < -87.3) come out as 0, as with Triton's div.full: the tolerance allows that and no more.
-  std::vector<double> edges{-1e30, -200, -103.5, -88.7, -87.3, -30, -1e-30, 0, 1e-30, 17, 88.7, 1e30, INFINITY, -INFINITY, NAN};
+  std::vector<double> edges{-1e30, -200, -103.5, -88.7, -87.3,    -30,       -1e-30, 0,
+                            1e-30, 17,   88.7,   1e30,  INFINITY, -INFINITY, NAN};
   auto wide = k::from_vector(edges, {static_cast<std::int64_t>(edges.size())}, k::f32);
   check_on_gpu([](auto& v) { return k::sigmoid(v[0]); }, {wide}, 1e-5, 1.2e-38);
   check_on_gpu([](auto& v) { return k::sigmoid(v[0] * 40.0f); }, {x}, 1e-5, 1.2e-38);

@@ -80,8 +80,10 @@ TEST_CASE("interop: wrapped device buffers with strides and offsets, in and out"
   auto* base = static_cast<float*>(buf) + 3;
   k::Tensor x = k::Tensor::wrap(base, {rows, cols}, k::f32, k::cuda, {cols + pad, 1});
   k::Tensor xt = k::Tensor::wrap(base, {cols, rows}, k::f32, k::cuda, {1, cols + pad});  // transposed view
-  k::Tensor xc = k::Tensor::wrap(static_cast<float*>(host.data_ptr()) + 3, {rows, cols}, k::f32, k::cpu, {cols + pad, 1});
-  k::Tensor xtc = k::Tensor::wrap(static_cast<float*>(host.data_ptr()) + 3, {cols, rows}, k::f32, k::cpu, {1, cols + pad});
+  k::Tensor xc =
+      k::Tensor::wrap(static_cast<float*>(host.data_ptr()) + 3, {rows, cols}, k::f32, k::cpu, {cols + pad, 1});
+  k::Tensor xtc =
+      k::Tensor::wrap(static_cast<float*>(host.data_ptr()) + 3, {cols, rows}, k::f32, k::cpu, {1, cols + pad});
 
   void* out_buf = k::driver::allocate(rows * cols * 4, 0, s.s);
   k::Tensor out = k::Tensor::wrap(out_buf, {rows, cols}, k::f32, k::cuda);
@@ -124,7 +126,8 @@ TEST_CASE("interop: buffers that are not 16-byte aligned take the kernels' teste
   k::driver::copy_async(in_buf, host.data_ptr(), host.nbytes(), s.s);
   auto* in_f = static_cast<float*>(in_buf) + 1;
   auto* out_f = static_cast<float*>(out_buf) + 1;
-  k::Tensor x = k::Tensor::wrap(in_f, {rows, cols}, k::f32, k::cuda), out = k::Tensor::wrap(out_f, {rows, cols}, k::f32, k::cuda);
+  k::Tensor x = k::Tensor::wrap(in_f, {rows, cols}, k::f32, k::cuda),
+            out = k::Tensor::wrap(out_f, {rows, cols}, k::f32, k::cuda);
   k::Tensor xc = k::Tensor::wrap(static_cast<float*>(host.data_ptr()) + 1, {rows, cols}, k::f32, k::cpu);
   k::Tensor wg = w.to(k::cuda);
   k::synchronize();
@@ -141,7 +144,8 @@ TEST_CASE("interop: buffers that are not 16-byte aligned take the kernels' teste
   k::driver::deallocate(in_buf, host.nbytes(), 0, s.s);
 }
 
-TEST_CASE("cuda graphs: replay equals plain launches and the reference over 100 steps with changing inputs" * needs_gpu()) {
+TEST_CASE("cuda graphs: replay equals plain launches and the reference over 100 steps with changing inputs" *
+          needs_gpu()) {
   OwnStream s;
   float scale = 1.0f;
   auto body = [&scale](auto x, auto w, auto b) {
@@ -157,8 +161,9 @@ TEST_CASE("cuda graphs: replay equals plain launches and the reference over 100 
     if (step % 3 == 0) {  // a new buffer (made on the default stream: wait for it)
       x = k::randn({45, 257}, k::f32, k::cuda, 100 + step);
       k::synchronize();
-    } else k::eval(x, x * 0.75f + 0.25f, s);                                      // same buffer, new values
-    scale = 1.0f + 0.01f * static_cast<float>(step % 7);                       // a captured scalar changes
+    } else
+      k::eval(x, x * 0.75f + 0.25f, s);                   // same buffer, new values
+    scale = 1.0f + 0.01f * static_cast<float>(step % 7);  // a captured scalar changes
     auto [p1, s1] = plain(k::Stream(s), x, w, b);
     auto [p2, s2] = graphed(k::Stream(s), x, w, b);
     k::Stream(s).synchronize();
@@ -277,7 +282,8 @@ TEST_CASE("cuda graphs: replays go on after the stream of the last one was destr
   check_close(y, want);
 }
 
-TEST_CASE("cuda graphs: intermediates of a run recorded in the caller's capture are not handed out again" * needs_gpu()) {
+TEST_CASE("cuda graphs: intermediates of a run recorded in the caller's capture are not handed out again" *
+          needs_gpu()) {
   OwnStream s;
   const auto& api = k::driver::api();
   // A column sum of this size splits in two stages: an intermediate buffer of partial sums.
@@ -286,7 +292,11 @@ TEST_CASE("cuda graphs: intermediates of a run recorded in the caller's capture 
   auto x = k::randn({16384, 256}, k::f32, k::cuda, 31);
   k::Tensor out = k::empty({256}, k::f32, k::cuda);
   k::synchronize();
-  { k::Tensor w = f(k::Stream(s), x); k::eval(out, w + 0.0f, s); k::Stream(s).synchronize(); }
+  {
+    k::Tensor w = f(k::Stream(s), x);
+    k::eval(out, w + 0.0f, s);
+    k::Stream(s).synchronize();
+  }
   k::driver::check(api.stream_begin_capture(s.s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
   k::Tensor yc = f(k::Stream(s), x);
   k::eval(out, yc + 0.0f, s);

@@ -1,4 +1,4 @@
-// Tests of k::custom_op (expr/custom_op.hpp, runtime/custom.hpp): a user's function as an opaque
+// Tests of k::custom_op (expr/custom_op.hpp, runtime/extern/custom.hpp): a user's function as an opaque
 // node — forward through k::compile and eager evaluation against values computed here and against
 // the oracle, its place among fused kernels (explain lists it as an extern kernel), gradients through
 // its backward against analytic values and gradcheck, the errors naming the op, several ops and
@@ -39,7 +39,8 @@ void put(const k::Tensor& t, std::int64_t i, double v) { k::store_from_double(t.
 void check_close(const k::Tensor& got, const std::vector<double>& want, double tol) {
   std::vector<double> g = values(got);
   REQUIRE(g.size() == want.size());
-  for (std::size_t i = 0; i < g.size(); ++i) CHECK_MESSAGE(std::abs(g[i] - want[i]) <= tol * (1 + std::abs(want[i])), "element " << i);
+  for (std::size_t i = 0; i < g.size(); ++i)
+    CHECK_MESSAGE(std::abs(g[i] - want[i]) <= tol * (1 + std::abs(want[i])), "element " << i);
 }
 void check_close(const k::Tensor& got, const k::Tensor& want, double tol) { check_close(got, values(want), tol); }
 
@@ -47,71 +48,91 @@ void check_close(const k::Tensor& got, const k::Tensor& want, double tol) { chec
 int calls_forward = 0, calls_backward = 0;
 
 // scaled_tanh(x [R, C], w [C]) = tanh(x) * w, broadcast over rows.
-k::CustomOp scaled_tanh = k::custom_op("scaled_tanh", {
-  .inputs = 2,
-  .infer = [](std::span<const k::TensorSpec> in) {
-    if (in[0].shape.size() != 2 || !(in[1].shape == k::Dims{in[0].shape[1]}))
-      throw k::shape_error("w must be [C] for x [R, C], got x " + in[0].shape.str() + " and w " + in[1].shape.str());
-    return k::TensorSpec{in[0].shape, in[0].dtype};
-  },
-  .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
-    ++calls_forward;
-    const std::int64_t C = in[0].shape()[1];
-    for (std::int64_t i = 0; i < out.numel(); ++i) put(out, i, std::tanh(at(in[0], i)) * at(in[1], i % C));
-  },
-  .backward = [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream) {
-    ++calls_backward;
-    const std::int64_t C = in[0].shape()[1];
-    if (grad_in[0].defined())
-      for (std::int64_t i = 0; i < g.numel(); ++i) {
-        const double t = std::tanh(at(in[0], i));
-        put(grad_in[0], i, at(g, i) * (1 - t * t) * at(in[1], i % C));
-      }
-    if (grad_in[1].defined()) {
-      std::vector<double> dw(static_cast<std::size_t>(C), 0.0);
-      for (std::int64_t i = 0; i < g.numel(); ++i) dw[static_cast<std::size_t>(i % C)] += at(g, i) * std::tanh(at(in[0], i));
-      for (std::int64_t c = 0; c < C; ++c) put(grad_in[1], c, dw[static_cast<std::size_t>(c)]);
-    }
-  },
-});
+k::CustomOp scaled_tanh = k::custom_op(
+    "scaled_tanh",
+    {
+        .inputs = 2,
+        .infer =
+            [](std::span<const k::TensorSpec> in) {
+              if (in[0].shape.size() != 2 || !(in[1].shape == k::Dims{in[0].shape[1]}))
+                throw k::shape_error("w must be [C] for x [R, C], got x " + in[0].shape.str() + " and w " +
+                                     in[1].shape.str());
+              return k::TensorSpec{in[0].shape, in[0].dtype};
+            },
+        .forward =
+            [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+              ++calls_forward;
+              const std::int64_t C = in[0].shape()[1];
+              for (std::int64_t i = 0; i < out.numel(); ++i) put(out, i, std::tanh(at(in[0], i)) * at(in[1], i % C));
+            },
+        .backward =
+            [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream) {
+              ++calls_backward;
+              const std::int64_t C = in[0].shape()[1];
+              if (grad_in[0].defined())
+                for (std::int64_t i = 0; i < g.numel(); ++i) {
+                  const double t = std::tanh(at(in[0], i));
+                  put(grad_in[0], i, at(g, i) * (1 - t * t) * at(in[1], i % C));
+                }
+              if (grad_in[1].defined()) {
+                std::vector<double> dw(static_cast<std::size_t>(C), 0.0);
+                for (std::int64_t i = 0; i < g.numel(); ++i)
+                  dw[static_cast<std::size_t>(i % C)] += at(g, i) * std::tanh(at(in[0], i));
+                for (std::int64_t c = 0; c < C; ++c) put(grad_in[1], c, dw[static_cast<std::size_t>(c)]);
+              }
+            },
+    });
 
 // cube(x) = x^3, shape and dtype by default (no rule).
-k::CustomOp cube = k::custom_op("cube", {
-  .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
-    for (std::int64_t i = 0; i < out.numel(); ++i) put(out, i, std::pow(at(in[0], i), 3));
-  },
-  .backward = [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream) {
-    for (std::int64_t i = 0; i < g.numel(); ++i) put(grad_in[0], i, 3 * at(in[0], i) * at(in[0], i) * at(g, i));
-  },
-});
+k::CustomOp cube = k::custom_op(
+    "cube", {
+                .forward =
+                    [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+                      for (std::int64_t i = 0; i < out.numel(); ++i) put(out, i, std::pow(at(in[0], i), 3));
+                    },
+                .backward =
+                    [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream) {
+                      for (std::int64_t i = 0; i < g.numel(); ++i)
+                        put(grad_in[0], i, 3 * at(in[0], i) * at(in[0], i) * at(g, i));
+                    },
+            });
 
 // affine(x) = 2x + 1, without a backward.
 k::CustomOp affine = k::custom_op("affine", {
-  .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
-    for (std::int64_t i = 0; i < out.numel(); ++i) put(out, i, 2 * at(in[0], i) + 1);
-  },
-});
+                                                .forward =
+                                                    [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+                                                      for (std::int64_t i = 0; i < out.numel(); ++i)
+                                                        put(out, i, 2 * at(in[0], i) + 1);
+                                                    },
+                                            });
 
 // row_norm(x [R, C]) = sqrt(sum_c x^2), a new shape [R], with a backward.
-k::CustomOp row_norm = k::custom_op("row_norm", {
-  .infer = [](std::span<const k::TensorSpec> in) { return k::TensorSpec{k::Dims{in[0].shape[0]}, in[0].dtype}; },
-  .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
-    const std::int64_t R = in[0].shape()[0], C = in[0].shape()[1];
-    for (std::int64_t r = 0; r < R; ++r) {
-      double s = 0;
-      for (std::int64_t c = 0; c < C; ++c) s += at(in[0], r * C + c) * at(in[0], r * C + c);
-      put(out, r, std::sqrt(s));
-    }
-  },
-  .backward = [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream) {
-    const std::int64_t R = in[0].shape()[0], C = in[0].shape()[1];
-    for (std::int64_t r = 0; r < R; ++r) {
-      double s = 0;
-      for (std::int64_t c = 0; c < C; ++c) s += at(in[0], r * C + c) * at(in[0], r * C + c);
-      for (std::int64_t c = 0; c < C; ++c) put(grad_in[0], r * C + c, at(g, r) * at(in[0], r * C + c) / std::sqrt(s));
-    }
-  },
-});
+k::CustomOp row_norm = k::custom_op(
+    "row_norm", {
+                    .infer =
+                        [](std::span<const k::TensorSpec> in) {
+                          return k::TensorSpec{k::Dims{in[0].shape[0]}, in[0].dtype};
+                        },
+                    .forward =
+                        [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+                          const std::int64_t R = in[0].shape()[0], C = in[0].shape()[1];
+                          for (std::int64_t r = 0; r < R; ++r) {
+                            double s = 0;
+                            for (std::int64_t c = 0; c < C; ++c) s += at(in[0], r * C + c) * at(in[0], r * C + c);
+                            put(out, r, std::sqrt(s));
+                          }
+                        },
+                    .backward =
+                        [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream) {
+                          const std::int64_t R = in[0].shape()[0], C = in[0].shape()[1];
+                          for (std::int64_t r = 0; r < R; ++r) {
+                            double s = 0;
+                            for (std::int64_t c = 0; c < C; ++c) s += at(in[0], r * C + c) * at(in[0], r * C + c);
+                            for (std::int64_t c = 0; c < C; ++c)
+                              put(grad_in[0], r * C + c, at(g, r) * at(in[0], r * C + c) / std::sqrt(s));
+                          }
+                        },
+                });
 
 // tanh(x) * w computed in the test, for [R, C] x and [C] w.
 std::vector<double> scaled_tanh_of(const std::vector<double>& x, const std::vector<double>& w) {
@@ -222,14 +243,19 @@ TEST_CASE("custom_op: gradients through its backward, against analytic values an
 }
 
 TEST_CASE("custom_op: gradcheck catches a wrong backward") {
-  k::CustomOp wrong = k::custom_op("wrong_square", {
-    .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
-      for (std::int64_t i = 0; i < out.numel(); ++i) put(out, i, at(in[0], i) * at(in[0], i));
-    },
-    .backward = [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream) {
-      for (std::int64_t i = 0; i < g.numel(); ++i) put(grad_in[0], i, at(in[0], i) * at(g, i));  // missing the 2
-    },
-  });
+  k::CustomOp wrong = k::custom_op(
+      "wrong_square",
+      {
+          .forward =
+              [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+                for (std::int64_t i = 0; i < out.numel(); ++i) put(out, i, at(in[0], i) * at(in[0], i));
+              },
+          .backward =
+              [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream) {
+                for (std::int64_t i = 0; i < g.numel(); ++i)
+                  put(grad_in[0], i, at(in[0], i) * at(g, i));  // missing the 2
+              },
+      });
   auto gc = k::testing::gradcheck([&](auto a) { return k::sum(wrong(a)); }, nonzero({3, 5}, 9, k::f64));
   CHECK_FALSE(bool(gc));
 }
@@ -239,7 +265,8 @@ TEST_CASE("custom_op: differentiating an op without backward is a k::error namin
   auto df = k::grad([&](auto a) { return k::sum(affine(a) * a); }, k::wrt<0>);
   CHECK_THROWS_WITH_AS(df(x), doctest::Contains("custom op 'affine'"), k::error);
   CHECK_THROWS_WITH_AS(df(x), doctest::Contains("no backward"), k::error);
-  CHECK_THROWS_WITH_AS(k::testing::gradcheck([&](auto a) { return k::sum(affine(a)); }, x), doctest::Contains("affine"), k::error);
+  CHECK_THROWS_WITH_AS(k::testing::gradcheck([&](auto a) { return k::sum(affine(a)); }, x), doctest::Contains("affine"),
+                       k::error);
   // ... but it is fine where no gradient flows through it.
   auto y = nonzero({6, 5}, 11, k::f64);
   k::Tensor dy = k::grad([&](auto a, auto b) { return k::sum(affine(a) * b); }, k::wrt<1>)(x, y);
@@ -250,37 +277,55 @@ TEST_CASE("custom_op: differentiating an op without backward is a k::error namin
 
 TEST_CASE("custom_op: arity, shape-rule and function errors name the op") {
   auto x = nonzero({5, 3}, 12), w = nonzero({3}, 13), w4 = nonzero({4}, 14);
-  CHECK_THROWS_WITH_AS(k::eval(scaled_tanh(x)), doctest::Contains("custom op 'scaled_tanh': takes 2 inputs, got 1"), k::shape_error);
-  CHECK_THROWS_WITH_AS(k::eval(scaled_tanh(x, w4)), doctest::Contains("custom op 'scaled_tanh': shape rule: w must be [C]"),
+  CHECK_THROWS_WITH_AS(k::eval(scaled_tanh(x)), doctest::Contains("custom op 'scaled_tanh': takes 2 inputs, got 1"),
                        k::shape_error);
+  CHECK_THROWS_WITH_AS(k::eval(scaled_tanh(x, w4)),
+                       doctest::Contains("custom op 'scaled_tanh': shape rule: w must be [C]"), k::shape_error);
   CHECK_THROWS_WITH_AS(k::compile([&](auto a, auto b) { return scaled_tanh(a, b) + 1; })(x, w4),
                        doctest::Contains("scaled_tanh"), k::shape_error);
 
-  k::CustomOp too_deep = k::custom_op("too_deep", {
-    .infer = [](std::span<const k::TensorSpec>) { return k::TensorSpec{k::Dims{1, 1, 1, 1, 1, 1, 1, 1, 1}, k::f32}; },
-    .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) {},
-  });
-  CHECK_THROWS_WITH_AS(k::eval(too_deep(x)), doctest::Contains("custom op 'too_deep': shape rule: kiln supports tensors of at most 8"),
+  k::CustomOp too_deep =
+      k::custom_op("too_deep", {
+                                   .infer =
+                                       [](std::span<const k::TensorSpec>) {
+                                         return k::TensorSpec{k::Dims{1, 1, 1, 1, 1, 1, 1, 1, 1}, k::f32};
+                                       },
+                                   .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) {},
+                               });
+  CHECK_THROWS_WITH_AS(k::eval(too_deep(x)),
+                       doctest::Contains("custom op 'too_deep': shape rule: kiln supports tensors of at most 8"),
                        k::shape_error);
-  k::CustomOp negative = k::custom_op("negative", {
-    .infer = [](std::span<const k::TensorSpec>) { return k::TensorSpec{k::Dims{3, -2}, k::f32}; },
-    .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) {},
-  });
+  k::CustomOp negative =
+      k::custom_op("negative", {
+                                   .infer =
+                                       [](std::span<const k::TensorSpec>) {
+                                         return k::TensorSpec{k::Dims{3, -2}, k::f32};
+                                       },
+                                   .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) {},
+                               });
   CHECK_THROWS_WITH_AS(k::eval(negative(x)), doctest::Contains("custom op 'negative'"), k::shape_error);
-  k::CustomOp odd_rule = k::custom_op("odd_rule", {
-    .infer = [](std::span<const k::TensorSpec>) -> k::TensorSpec { throw std::out_of_range("no such input"); },
-    .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) {},
-  });
-  CHECK_THROWS_WITH_AS(k::eval(odd_rule(x)), doctest::Contains("custom op 'odd_rule': shape rule: no such input"), k::error);
+  k::CustomOp odd_rule = k::custom_op(
+      "odd_rule",
+      {
+          .infer = [](std::span<const k::TensorSpec>) -> k::TensorSpec { throw std::out_of_range("no such input"); },
+          .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) {},
+      });
+  CHECK_THROWS_WITH_AS(k::eval(odd_rule(x)), doctest::Contains("custom op 'odd_rule': shape rule: no such input"),
+                       k::error);
 
   // Forward failures: a k::error passes as it is; anything else becomes a k::error naming the op.
-  k::CustomOp throws_std = k::custom_op("throws_std", {
-    .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) { throw std::runtime_error("device on fire"); },
-  });
-  k::CustomOp throws_kiln = k::custom_op("throws_kiln", {
-    .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) { throw k::dtype_error("my kernel wants f16"); },
-  });
-  CHECK_THROWS_WITH_AS(k::eval(throws_std(x)), doctest::Contains("custom op 'throws_std': forward: device on fire"), k::error);
+  k::CustomOp throws_std =
+      k::custom_op("throws_std", {
+                                     .forward = [](std::span<const k::Tensor>, k::Tensor&,
+                                                   k::Stream) { throw std::runtime_error("device on fire"); },
+                                 });
+  k::CustomOp throws_kiln =
+      k::custom_op("throws_kiln", {
+                                      .forward = [](std::span<const k::Tensor>, k::Tensor&,
+                                                    k::Stream) { throw k::dtype_error("my kernel wants f16"); },
+                                  });
+  CHECK_THROWS_WITH_AS(k::eval(throws_std(x)), doctest::Contains("custom op 'throws_std': forward: device on fire"),
+                       k::error);
   CHECK_THROWS_WITH_AS(k::eval(throws_kiln(x)), "my kernel wants f16", k::dtype_error);
   // A failed evaluation leaves eval(out, expr)'s output untouched.
   k::Tensor out = k::full({5, 3}, 7.0, k::f32);
@@ -290,8 +335,9 @@ TEST_CASE("custom_op: arity, shape-rule and function errors name the op") {
   CHECK_THROWS_WITH_AS(k::custom_op("", {.forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) {}}),
                        doctest::Contains("needs a name"), k::error);
   CHECK_THROWS_WITH_AS(k::custom_op("no_forward", {}), doctest::Contains("'no_forward' needs a .forward"), k::error);
-  CHECK_THROWS_WITH_AS(k::custom_op("five", {.inputs = 5, .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) {}}),
-                       doctest::Contains("custom ops take 1 to 4"), k::error);
+  CHECK_THROWS_WITH_AS(
+      k::custom_op("five", {.inputs = 5, .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) {}}),
+      doctest::Contains("custom ops take 1 to 4"), k::error);
   CHECK_THROWS_AS(k::CustomOp{}(x), k::error);  // never registered
 }
 
@@ -322,7 +368,8 @@ TEST_CASE("custom_op: two different ops in one function, and one op called twice
   CHECK(count_kind(k::explain(shared, x, w), "extern") == 1);
 
   auto xd = nonzero({4, 3}, 17, k::f64), wd = nonzero({3}, 18, k::f64);
-  auto gc = k::testing::gradcheck([&](auto a, auto b) { return k::sum(scaled_tanh(a, b) * scaled_tanh(cube(a), b)); }, xd, wd);
+  auto gc = k::testing::gradcheck([&](auto a, auto b) { return k::sum(scaled_tanh(a, b) * scaled_tanh(cube(a), b)); },
+                                  xd, wd);
   CHECK_MESSAGE(bool(gc), gc);
 }
 
@@ -347,11 +394,13 @@ TEST_CASE("custom_op: another op in the same place never replays the wrong progr
   // Many different ops in one place are different functions, not recompiles toward the limit.
   auto g = k::compile([&](auto a) { return current(a) * 1; }, {.recompile_limit = 2});
   for (int i = 0; i < 4; ++i) {
-    current = k::custom_op("plus_" + std::to_string(i), {
-      .forward = [i](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
-        for (std::int64_t j = 0; j < out.numel(); ++j) put(out, j, at(in[0], j) + i);
-      },
-    });
+    current = k::custom_op("plus_" + std::to_string(i),
+                           {
+                               .forward =
+                                   [i](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+                                     for (std::int64_t j = 0; j < out.numel(); ++j) put(out, j, at(in[0], j) + i);
+                                   },
+                           });
     k::Tensor y = g(x);
     CHECK(at(y, 5) == doctest::Approx(xv[5] + i));
   }
@@ -373,12 +422,14 @@ TEST_CASE("custom_op: strided arguments arrive contiguous") {
   k::Tensor xt = x.as_strided({8, 5}, {1, 8}, 0);  // a transposed view
   REQUIRE_FALSE(xt.is_contiguous());
   static bool contiguous = false;
-  k::CustomOp check = k::custom_op("check_layout", {
-    .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
-      contiguous = in[0].is_contiguous();
-      for (std::int64_t i = 0; i < out.numel(); ++i) put(out, i, at(in[0], i));
-    },
-  });
+  k::CustomOp check =
+      k::custom_op("check_layout", {
+                                       .forward =
+                                           [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+                                             contiguous = in[0].is_contiguous();
+                                             for (std::int64_t i = 0; i < out.numel(); ++i) put(out, i, at(in[0], i));
+                                           },
+                                   });
   auto f = k::compile([&](auto a) { return check(a); });
   check_close(f(xt), k::reference::eval(xt), 0);
   CHECK(contiguous);
@@ -387,17 +438,21 @@ TEST_CASE("custom_op: strided arguments arrive contiguous") {
 TEST_CASE("custom_op: a forward that evaluates kiln expressions itself") {
   // The inner evaluations have their own sizes, symbols and buffers, while the outer program holds
   // intermediates and symbolic sizes on both sides of the op: none of it may leak between them.
-  k::CustomOp nested = k::custom_op("nested", {
-    .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {
-      static auto inner = k::compile([](auto t) { return k::softmax(k::exp(t) * 2, 0) + k::sum(t, 0, true); },
-                                     {.shapes = k::shapes::dynamic});
-      const std::int64_t rows = in[0].shape()[0] + 3;
-      k::Tensor junk = inner(k::full({rows, 5}, 0.5, k::f32));  // column softmax of equal values: 1/rows
-      CHECK(at(junk, 0) == doctest::Approx(1.0 / static_cast<double>(rows) + 0.5 * static_cast<double>(rows)));
-      k::Tensor tmp = k::eval(k::tanh(in[0]) * 2.0f, s);
-      k::eval(out, k::sum(tmp, 1, true) + tmp * in[0], s);
-    },
-  });
+  k::CustomOp nested = k::custom_op(
+      "nested",
+      {
+          .forward =
+              [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {
+                static auto inner = k::compile([](auto t) { return k::softmax(k::exp(t) * 2, 0) + k::sum(t, 0, true); },
+                                               {.shapes = k::shapes::dynamic});
+                const std::int64_t rows = in[0].shape()[0] + 3;
+                k::Tensor junk = inner(k::full({rows, 5}, 0.5, k::f32));  // column softmax of equal values: 1/rows
+                CHECK(at(junk, 0) ==
+                      doctest::Approx(1.0 / static_cast<double>(rows) + 0.5 * static_cast<double>(rows)));
+                k::Tensor tmp = k::eval(k::tanh(in[0]) * 2.0f, s);
+                k::eval(out, k::sum(tmp, 1, true) + tmp * in[0], s);
+              },
+      });
   auto expr = [&](auto a, auto c) {
     auto y = nested(k::exp(a) + c);
     return k::softmax(y * c, 1) + k::amax(a, 1, true) - k::sum(y, 0, true) * k::sigmoid(a);
@@ -412,12 +467,15 @@ TEST_CASE("custom_op: a forward that evaluates kiln expressions itself") {
 }
 
 TEST_CASE("custom_op: k::assign of an op that reads the argument it updates") {
-  k::CustomOp reverse = k::custom_op("reverse", {
-    .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
-      const std::int64_t n = out.numel();
-      for (std::int64_t i = 0; i < n; ++i) put(out, i, at(in[0], n - 1 - i));  // wrong if out aliases in[0]
-    },
-  });
+  k::CustomOp reverse =
+      k::custom_op("reverse", {
+                                  .forward =
+                                      [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+                                        const std::int64_t n = out.numel();
+                                        for (std::int64_t i = 0; i < n; ++i)
+                                          put(out, i, at(in[0], n - 1 - i));  // wrong if out aliases in[0]
+                                      },
+                              });
   auto x = nonzero({11}, 40);
   std::vector<double> xv = values(x), want(xv.rbegin(), xv.rend());
   auto f = k::compile([&](auto a) { return k::assign(a, reverse(a)); });
@@ -430,11 +488,14 @@ TEST_CASE("custom_op: registering and calling from several threads") {
   std::atomic<int> good{0};
   for (int t = 0; t < 4; ++t)
     threads.emplace_back([t, &good] {
-      k::CustomOp add_t = k::custom_op("add_" + std::to_string(t), {
-        .forward = [t](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
-          for (std::int64_t i = 0; i < out.numel(); ++i) put(out, i, at(in[0], i) + t);
-        },
-      });
+      k::CustomOp add_t = k::custom_op("add_" + std::to_string(t),
+                                       {
+                                           .forward =
+                                               [t](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+                                                 for (std::int64_t i = 0; i < out.numel(); ++i)
+                                                   put(out, i, at(in[0], i) + t);
+                                               },
+                                       });
       auto x = nonzero({5, 3}, 50);
       auto f = k::compile([&](auto a) { return add_t(a) * 2; });
       bool ok = true;
@@ -452,16 +513,20 @@ TEST_CASE("custom_op: registering and calling from several threads") {
 
 TEST_CASE("custom_op (cuda): the forward runs on the caller's stream" * needs_gpu()) {
   static CUstream seen = nullptr;
-  k::CustomOp on_stream = k::custom_op("on_stream", {
-    .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {
-      seen = s.handle();
-      k::eval(out, k::tanh(in[0]) * in[1], s);  // kiln itself, ordered on the given stream
-    },
-    .backward = [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream s) {
-      if (grad_in[0].defined()) k::eval(grad_in[0], g * (1.0f - k::square(k::tanh(in[0]))) * in[1], s);
-      if (grad_in[1].defined()) k::eval(grad_in[1], g * k::tanh(in[0]), s);
-    },
-  });
+  k::CustomOp on_stream = k::custom_op(
+      "on_stream",
+      {
+          .forward =
+              [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {
+                seen = s.handle();
+                k::eval(out, k::tanh(in[0]) * in[1], s);  // kiln itself, ordered on the given stream
+              },
+          .backward =
+              [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream s) {
+                if (grad_in[0].defined()) k::eval(grad_in[0], g * (1.0f - k::square(k::tanh(in[0]))) * in[1], s);
+                if (grad_in[1].defined()) k::eval(grad_in[1], g * k::tanh(in[0]), s);
+              },
+      });
   CUstream s = nullptr;
   k::driver::make_current(0);  // a context for the raw driver call below
   k::driver::check(k::driver::api().stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");

@@ -39,12 +39,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <functional>
-#include <iostream>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <random>
@@ -104,7 +104,8 @@ Run run_kiln(k::runtime::ProgramCache& cache, const Graph& g, const std::vector<
   for (auto& t : args) argv.push_back(&t);
   k::runtime::CallShapes shapes;
   auto build = [&](auto& arg, k::runtime::LoweringStats& st) {
-    return k::runtime::lower_graph(g, arg, [&](Graph x) { return transform ? transform(std::move(x)) : x; }, st);
+    return k::runtime::lower_graph(
+        g, arg, [&](Graph x) { return transform ? transform(std::move(x)) : x; }, st);
   };
   Run r;
   r.entry = cache.get(argv.data(), static_cast<int>(argv.size()), nullptr, 0, build, shapes);
@@ -114,7 +115,8 @@ Run run_kiln(k::runtime::ProgramCache& cache, const Graph& g, const std::vector<
   k::runtime::run_entry(*r.entry, argv.data(), sc.data(), r.outputs.data(), shapes, nullptr);
   return r;
 }
-Run run_kiln(const Graph& g, const std::vector<k::Tensor>& host_args, const std::vector<double>& scalars, k::options o) {
+Run run_kiln(const Graph& g, const std::vector<k::Tensor>& host_args, const std::vector<double>& scalars,
+             k::options o) {
   k::runtime::ProgramCache cache(o);
   return run_kiln(cache, g, host_args, scalars);
 }
@@ -150,7 +152,7 @@ Verdict compare(const k::Tensor& got, const k::reference::Value& want, const Nod
     double x = a[i], y = want.data[i];
     double allowed = t.atol + t.rtol * std::abs(y) + 2 * err;
     if (!(allowed < INFINITY)) allowed = INFINITY;  // NaN/inf positions still have to match
-    double ratio = std::isnan(x) || std::isnan(y) ? (std::isnan(x) && std::isnan(y) ? 0 : INFINITY)
+    double ratio = std::isnan(x) || std::isnan(y)   ? (std::isnan(x) && std::isnan(y) ? 0 : INFINITY)
                    : std::isinf(x) || std::isinf(y) ? (x == y ? 0 : INFINITY)
                                                     : std::abs(x - y) / allowed;
     if (ratio > 1) ++bad;
@@ -162,8 +164,9 @@ Verdict compare(const k::Tensor& got, const k::reference::Value& want, const Nod
   if (bad) {
     std::ostringstream os;
     os.precision(10);
-    os << bad << " of " << a.size() << " elements differ; worst at flat index " << at << ": kiln " << a[at] << ", oracle "
-       << want.data[at] << ", allowed " << t.atol + t.rtol * std::abs(want.data[at]) + 2 * err << " (error bound " << err << ")";
+    os << bad << " of " << a.size() << " elements differ; worst at flat index " << at << ": kiln " << a[at]
+       << ", oracle " << want.data[at] << ", allowed " << t.atol + t.rtol * std::abs(want.data[at]) + 2 * err
+       << " (error bound " << err << ")";
     v.ok = false;
     v.why = os.str();
   }
@@ -251,17 +254,20 @@ void report_failure(const Graph& g, const Generator& gen, int root, const std::s
   MESSAGE(os.str());
 }
 
-
 // The kind of program number p of a run: every tenth a gradient program, every fifth (of the rest)
 // a resizable one run at three sizes through one cache (dynamic and automatic shapes alternating),
 // every eleventh one with an empty dim, every seventh one with NaN and infinities in its inputs;
 // the others alternate static and dynamic shapes.
 Profile profile_of(long p) {
   Profile pr;
-  if (p % 10 == 9) pr.gradient = true;
-  else if (p % 5 == 3) pr.resizable = true, pr.strided = (p / 10) % 2 == 1;
-  else if (p % 11 == 6) pr.empty = true;
-  else if (p % 7 == 4) pr.special = true;
+  if (p % 10 == 9)
+    pr.gradient = true;
+  else if (p % 5 == 3)
+    pr.resizable = true, pr.strided = (p / 10) % 2 == 1;
+  else if (p % 11 == 6)
+    pr.empty = true;
+  else if (p % 7 == 4)
+    pr.special = true;
   return pr;
 }
 
@@ -298,9 +304,9 @@ struct Resize {
 };
 
 struct GradResult {
-  std::vector<int> slots;                     // the f64 inputs differentiated
-  std::vector<std::vector<double>> numeric;   // central differences of the oracle, per slot
-  std::vector<k::Tensor> kiln;                // kiln's gradients (compiled, run)
+  std::vector<int> slots;                    // the f64 inputs differentiated
+  std::vector<std::vector<double>> numeric;  // central differences of the oracle, per slot
+  std::vector<k::Tensor> kiln;               // kiln's gradients (compiled, run)
   std::string error;
   double value = 0;
 };
@@ -379,11 +385,14 @@ void run_gradient(Result& r) {
 std::string check_gradient(const GradResult& gr) {
   std::ostringstream os;
   os.precision(10);
-  if (gr.kiln.size() != gr.slots.size()) return "kiln gave " + std::to_string(gr.kiln.size()) + " gradients for " + std::to_string(gr.slots.size()) + " inputs";
+  if (gr.kiln.size() != gr.slots.size())
+    return "kiln gave " + std::to_string(gr.kiln.size()) + " gradients for " + std::to_string(gr.slots.size()) +
+           " inputs";
   for (std::size_t w = 0; w < gr.slots.size(); ++w) {
     std::vector<double> a = k::reference::read(gr.kiln[w]).data;
     const auto& num = gr.numeric[w];
-    if (a.size() != num.size()) return "gradient " + std::to_string(w) + " has " + std::to_string(a.size()) + " elements";
+    if (a.size() != num.size())
+      return "gradient " + std::to_string(w) + " has " + std::to_string(a.size()) + " elements";
     for (std::size_t j = 0; j < a.size(); ++j) {
       const double tol = 1e-5 * (1 + std::abs(gr.value) * 1e-3) + 1e-4 * std::max(std::abs(a[j]), std::abs(num[j]));
       if (!(std::abs(a[j] - num[j]) <= tol))
@@ -396,10 +405,12 @@ std::string check_gradient(const GradResult& gr) {
 }  // namespace
 
 // A failure: a failed check, or for the fresh seed's exploratory programs a message that says so.
-#define DIFF_FAIL(exploratory, ...)                                                 \
-  do {                                                                              \
-    if (exploratory) MESSAGE("FINDING (fresh seed, not counted): " << __VA_ARGS__); \
-    else FAIL_CHECK(__VA_ARGS__);                                                   \
+#define DIFF_FAIL(exploratory, ...)                                  \
+  do {                                                               \
+    if (exploratory)                                                 \
+      MESSAGE("FINDING (fresh seed, not counted): " << __VA_ARGS__); \
+    else                                                             \
+      FAIL_CHECK(__VA_ARGS__);                                       \
   } while (0)
 
 // The random corpus: KILN_DIFF_GRAPHS expressions (default_total without it).
@@ -432,7 +443,7 @@ static void differential_corpus(long default_total) {
     plans.push_back({1, total - total / 4});
     if (total / 4 > 0) plans.push_back({fresh, total / 4});
     MESSAGE("differential: this run's random seed is " << fresh << " (reproduce with KILN_DIFF_SEED=" << fresh
-                                                        << " KILN_DIFF_GRAPHS=" << total / 4 << ")");
+                                                       << " KILN_DIFF_GRAPHS=" << total / 4 << ")");
     std::cout << "differential: this run's random seed is " << fresh << std::endl;
   }
   struct Job {
@@ -447,14 +458,15 @@ static void differential_corpus(long default_total) {
   }
   const auto t0 = std::chrono::steady_clock::now();
 
-  long expressions = 0, strict_failures = 0, kernels = 0, compiles_before = static_cast<long>(k::runtime::host_compile_count());
+  long expressions = 0, strict_failures = 0, kernels = 0,
+       compiles_before = static_cast<long>(k::runtime::host_compile_count());
   long gradient_graphs = 0, resized_runs = 0, resize_skipped = 0, special_programs = 0, empty_programs = 0;
   std::map<std::string, long> kinds, ops, dtypes;
-  double loosest = 0;  // the largest error bound relative to the output's magnitude
-  long loose = 0;      // outputs whose error bound exceeds 1% of their magnitude
-  long nonfinite = 0;  // NaN or infinite values in the oracle's evaluation of programs that promise none
-  long strided_read = 0;  // strided or offset inputs read by a kernel as they are
-  int detailed = 0;    // failing programs reported in detail (shrunk, kernels printed)
+  double loosest = 0;       // the largest error bound relative to the output's magnitude
+  long loose = 0;           // outputs whose error bound exceeds 1% of their magnitude
+  long nonfinite = 0;       // NaN or infinite values in the oracle's evaluation of programs that promise none
+  long strided_read = 0;    // strided or offset inputs read by a kernel as they are
+  int detailed = 0;         // failing programs reported in detail (shrunk, kernels printed)
   long extra_compiles = 0;  // resizable programs that compiled more programs than their mode should
 
   // Phase 1, on KILN_DIFF_JOBS threads (the host compiler is the cost): generate each program,
@@ -473,7 +485,9 @@ static void differential_corpus(long default_total) {
                                        : k::shapes::static_;
       r.exploratory = fresh_seed_is_exploratory && jb.seed != 1 && !seed_given;
       r.where = "KILN_DIFF_SEED=" + std::to_string(jb.seed) + " KILN_DIFF_PROGRAM=" + std::to_string(p) + " (" +
-                (r.o.shapes == k::shapes::dynamic ? "dynamic" : r.o.shapes == k::shapes::automatic ? "automatic" : "static") +
+                (r.o.shapes == k::shapes::dynamic     ? "dynamic"
+                 : r.o.shapes == k::shapes::automatic ? "automatic"
+                                                      : "static") +
                 " shapes" + (r.profile.gradient ? ", gradient" : "") + (r.profile.resizable ? ", three sizes" : "") +
                 (r.profile.empty ? ", empty dims" : "") + (r.profile.special ? ", NaN and infinities" : "") + ")";
       try {
@@ -514,7 +528,8 @@ static void differential_corpus(long default_total) {
           Generator& rg = *rs.gen;
           rg.args = r.gen->args_at(a, b, c);
           try {
-            k::graph::infer_shapes(rg.g, [&](int slot) -> const k::Tensor& { return rg.args[static_cast<std::size_t>(slot)]; });
+            k::graph::infer_shapes(
+                rg.g, [&](int slot) -> const k::Tensor& { return rg.args[static_cast<std::size_t>(slot)]; });
           } catch (const k::error&) {
             ++r.resize_skipped;  // a derived size happened to equal one of a, b, c: not resizable after all
             break;
@@ -545,7 +560,8 @@ static void differential_corpus(long default_total) {
       }
     }
   };
-  const long jobs = std::clamp(env_long("KILN_DIFF_JOBS", static_cast<long>(std::thread::hardware_concurrency())), 1L, 8L);
+  const long jobs =
+      std::clamp(env_long("KILN_DIFF_JOBS", static_cast<long>(std::thread::hardware_concurrency())), 1L, 8L);
   {
     std::vector<std::thread> pool;
     for (long j = 0; j < jobs; ++j) pool.emplace_back(work);
@@ -557,8 +573,9 @@ static void differential_corpus(long default_total) {
     INFO(where);
     long& failures = r.exploratory ? exploratory_failures : strict_failures;
     if (!r.oracle_error.empty() || !r.gen) {
-      DIFF_FAIL(r.exploratory, "generating or evaluating with the oracle failed (a bug in the test?): " << r.oracle_error << "\n"
-                                                                                       << (r.gen ? r.gen->g.str() : ""));
+      DIFF_FAIL(r.exploratory, "generating or evaluating with the oracle failed (a bug in the test?): "
+                                   << r.oracle_error << "\n"
+                                   << (r.gen ? r.gen->g.str() : ""));
       ++failures;
       continue;
     }
@@ -597,9 +614,10 @@ static void differential_corpus(long default_total) {
       std::string why = check_gradient(r.grad);
       if (!why.empty()) {
         ++failures;
-        DIFF_FAIL(r.exploratory, where << ": gradients differ from central differences: " << why << "\n--- the value ---\n"
-                         << g.str() << "--- the kernels ---\n"
-                         << (detailed++ < 3 ? kernels_str(run) : std::string("(not printed)")));
+        DIFF_FAIL(r.exploratory, where << ": gradients differ from central differences: " << why
+                                       << "\n--- the value ---\n"
+                                       << g.str() << "--- the kernels ---\n"
+                                       << (detailed++ < 3 ? kernels_str(run) : std::string("(not printed)")));
       }
       continue;
     }
@@ -614,12 +632,15 @@ static void differential_corpus(long default_total) {
         const double rel = mo.err / std::max(mo.v.maxabs(), 1e-3);
         loosest = std::max(loosest, rel);
         loose += rel > 0.01;
-        if (rel > 0.01 && std::getenv("KILN_DIFF_SHOW_LOOSE")) MESSAGE("loose bound " << rel << ":\n" << extract(gg.g, out).str());
+        if (rel > 0.01 && std::getenv("KILN_DIFF_SHOW_LOOSE"))
+          MESSAGE("loose bound " << rel << ":\n" << extract(gg.g, out).str());
         Verdict v = compare(rr.outputs[i], want[i], gg.g[out], mo.err);
         if (v.ok) continue;
         ++failures;
-        DIFF_FAIL(r.exploratory, at << " output " << i << " (%" << out << ", " << k::name(gg.g[out].dt) << gg.g[out].shape.str() << "): " << v.why);
-        if (reported++ < 3 && detailed < 3) report_failure(gg.g, gg, out, v.why, o, &rr, at + " output " + std::to_string(i));
+        DIFF_FAIL(r.exploratory, at << " output " << i << " (%" << out << ", " << k::name(gg.g[out].dt)
+                                    << gg.g[out].shape.str() << "): " << v.why);
+        if (reported++ < 3 && detailed < 3)
+          report_failure(gg.g, gg, out, v.why, o, &rr, at + " output " + std::to_string(i));
       }
     };
     check_outputs(gen, run, r.want, where);
@@ -634,7 +655,8 @@ static void differential_corpus(long default_total) {
       check_outputs(*rs.gen, rs.run, rs.want, at);
     }
     resize_skipped += r.resize_skipped;
-    if (r.profile.resizable && r.resize_skipped == 0 && !(known_limitation_strided_inputs_guard_exact_shapes && r.strided_inputs)) {
+    if (r.profile.resizable && r.resize_skipped == 0 &&
+        !(known_limitation_strided_inputs_guard_exact_shapes && r.strided_inputs)) {
       // One program for every size (dynamic); automatic: the exact one, then one with symbols.
       // Not asserted yet (open finding, reported): some programs with contiguous inputs only still
       // compile at every size (a shape guard stays exact); counted and printed in the summary.
@@ -655,19 +677,21 @@ static void differential_corpus(long default_total) {
      << " with NaN and infinities): " << strict_failures << " failing (and " << exploratory_failures
      << " of the fresh seed's, not counted), " << kernels << " kernels (";
   for (auto& [kind, n] : kinds) os << kind << " " << n << " ";
-  os << "), " << (static_cast<long>(k::runtime::host_compile_count()) - compiles_before) << " host compiles, " << seconds
-     << " s on " << (on_cuda() ? "cuda" : "cpu") << "; error bounds above 1% of the output's magnitude: " << loose << " (loosest "
-     << loosest << "), unbounded " << unbounded_outputs << ", non-finite values " << nonfinite
-     << ", strided inputs read by kernels as they are " << strided_read << ", resizable programs compiling more than expected "
-     << extra_compiles << "\n  inputs by dtype:";
+  os << "), " << (static_cast<long>(k::runtime::host_compile_count()) - compiles_before) << " host compiles, "
+     << seconds << " s on " << (on_cuda() ? "cuda" : "cpu")
+     << "; error bounds above 1% of the output's magnitude: " << loose << " (loosest " << loosest << "), unbounded "
+     << unbounded_outputs << ", non-finite values " << nonfinite << ", strided inputs read by kernels as they are "
+     << strided_read << ", resizable programs compiling more than expected " << extra_compiles
+     << "\n  inputs by dtype:";
   for (auto& [d, n] : dtypes) os << " " << d << " " << n;
   os << "\n  nodes by op:";
   for (auto& [op, n] : ops) os << " " << op << " " << n;
   MESSAGE(os.str());
   CHECK(strict_failures == 0);
   if (exploratory_failures)
-    MESSAGE("NOT COUNTED: " << exploratory_failures << " failures from this run's fresh seed (above, with the line that "
-            "reproduces each; KILN_DIFF_STRICT=1 makes them fail the test)");
+    MESSAGE("NOT COUNTED: " << exploratory_failures
+                            << " failures from this run's fresh seed (above, with the line that "
+                               "reproduces each; KILN_DIFF_STRICT=1 makes them fail the test)");
   CHECK_MESSAGE(nonfinite == 0, "the generator made non-finite values: it should guard them");
   if (only < 0) CHECK(expressions >= std::min(total, 500L));
 }
@@ -678,7 +702,8 @@ TEST_CASE("differential: random expression graphs through generated kernels agre
 
 // Every dtype on the GPU: gpu-check runs the case above with KILN_DIFF_DEVICE=cuda (10,000 graphs);
 // this one runs a smaller corpus on the GPU whenever the binary finds one, and skips visibly here.
-TEST_CASE("differential (cuda): random expression graphs of every dtype on the GPU agree with the f64 oracle" * needs_gpu()) {
+TEST_CASE("differential (cuda): random expression graphs of every dtype on the GPU agree with the f64 oracle" *
+          needs_gpu()) {
   if (device_cuda) {
     MESSAGE("the corpus above ran on the GPU (KILN_DIFF_DEVICE=cuda)");
     return;
@@ -739,11 +764,13 @@ TEST_CASE("differential: strided and offset inputs reach the kernels as they are
       bool read = false;
       for (const auto& kern : p.kernels)
         for (const auto& prm : kern.src.params)
-          read = read || (prm.kind == k::codegen::Param::in_ptr && p.graph[prm.ref].op == Op::arg && p.graph[prm.ref].slot == slot);
+          read = read || (prm.kind == k::codegen::Param::in_ptr && p.graph[prm.ref].op == Op::arg &&
+                          p.graph[prm.ref].slot == slot);
       CHECK_MESSAGE(read, "argument " << slot << " is not read by a kernel as it is:\n" << sources);
     }
     for (const auto& n : p.graph.nodes)
-      if (n.op == Op::cast || n.op == Op::reshape) CHECK_MESSAGE(p.graph[n.in[0]].op != Op::arg, "a copy of an argument:\n" << p.graph.str());
+      if (n.op == Op::cast || n.op == Op::reshape)
+        CHECK_MESSAGE(p.graph[n.in[0]].op != Op::arg, "a copy of an argument:\n" << p.graph.str());
     CHECK_MESSAGE(sources.find("41") != std::string::npos, "the stride 41 is not in the kernels:\n" << sources);
     std::string guards;
     for (const auto& line : r.entry->guards.describe()) guards += line + "\n";
@@ -756,7 +783,9 @@ TEST_CASE("differential: strided and offset inputs reach the kernels as they are
 // got two tensors, and only the last was written (the first held whatever the allocator gave).
 TEST_CASE("differential: outputs that are the same node after simplification are all written") {
   k::Tensor x = k::randn({5, 1}, k::f32, k::cpu, 3);
-  auto f = k::compile([](auto a) { return std::make_tuple(k::exp(a) * 2.0f, k::squeeze(a, 1), k::reshape(a, {-1}), k::exp(a) * 2.0f); });
+  auto f = k::compile([](auto a) {
+    return std::make_tuple(k::exp(a) * 2.0f, k::squeeze(a, 1), k::reshape(a, {-1}), k::exp(a) * 2.0f);
+  });
   auto [e1, s1, s2, e2] = f(x);
   for (const k::Tensor& t : {e1, e2}) {
     auto r = k::testing::allclose(t, k::reference::eval(k::exp(x) * 2.0f), 1e-5, 1e-6);

@@ -12,8 +12,8 @@
 
 #include "kiln/core/driver.hpp"
 #include "kiln/core/stream.hpp"
-#include "kiln/runtime/cuda_module.hpp"
-#include "kiln/runtime/nvrtc.hpp"
+#include "kiln/runtime/compile/nvrtc.hpp"
+#include "kiln/runtime/launch/cuda_module.hpp"
 
 #include "have_gpu.hpp"
 
@@ -37,9 +37,11 @@ extern "C" __global__ void kiln_test_affine(const float* x, float* y, __half* h,
 )";
 
 bool is_elf(const std::vector<char>& bin) {
-  return bin.size() > 4 && std::memcmp(bin.data(), "\x7f" "ELF", 4) == 0;
+  return bin.size() > 4 && std::memcmp(bin.data(),
+                                       "\x7f"
+                                       "ELF",
+                                       4) == 0;
 }
-
 
 std::string gpu_arch() { return drv::available() ? drv::arch(0) : "sm_90a"; }
 
@@ -216,7 +218,7 @@ TEST_CASE("the caching allocator hands a freed block back on the same stream" * 
   void* on_other = drv::allocate(3000, 0, other);
   CHECK(on_other != p);  // another stream waits until the block is known to be free
   void* again = drv::allocate(2900, 0, nullptr);
-  CHECK(again == p);     // same stream, same size class
+  CHECK(again == p);  // same stream, same size class
   drv::deallocate(again, 2900, 0, nullptr);
   drv::deallocate(on_other, 3000, 0, other);
   drv::caching_allocator().release_cached(0);

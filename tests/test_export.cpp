@@ -75,7 +75,9 @@ void check_files(const k::exported_kernels& e) {
   CHECK(header.find("const char* " + e.name + "_last_error()") != std::string::npos);
   CHECK(header.find("kiln/") == std::string::npos);  // no kiln include
   CHECK(source.find("#include \"" + e.name + ".h\"") != std::string::npos);
-  CHECK(cubin.rfind("\x7f" "ELF", 0) == 0);
+  CHECK(cubin.rfind("\x7f"
+                    "ELF",
+                    0) == 0);
   REQUIRE(!e.kernels.empty());
   for (const auto& kernel : e.kernels) CHECK(source.find(kernel) != std::string::npos);
 }
@@ -93,7 +95,8 @@ TEST_CASE("export: fused kernels from CPU tensors, without a GPU, build with pla
   all.push_back(k::export_kernels(row_softmax, k::randn({37, 1000}), fresh_dir("softmax"), sm90));
   float alpha = 0.5f;  // a captured scalar: a parameter of the launcher, its value the default
   auto chain = k::compile([&alpha](auto a, auto b) { return k::gelu(a * alpha + b) - 1.0f; });
-  all.push_back(k::export_kernels(chain, x, w, fresh_dir("chain"), k::export_options{.name = "gelu_chain", .arch = "sm_90"}));
+  all.push_back(
+      k::export_kernels(chain, x, w, fresh_dir("chain"), k::export_options{.name = "gelu_chain", .arch = "sm_90"}));
   CHECK(all.back().name == "gelu_chain");
   CHECK(read_file(all.back().header).find("double scalar0 = 0.5") != std::string::npos);
   auto dyn = k::compile([](auto a, auto b) { return k::layer_norm(a, b, b) * 2.0f; }, {.shapes = k::shapes::dynamic});
@@ -121,7 +124,8 @@ TEST_CASE("export: fused kernels from CPU tensors, without a GPU, build with pla
   if (!have_nvcc()) return;
   for (const auto& e : all) {
     fs::path dir = e.source.parent_path();
-    CHECK_MESSAGE(run("nvcc -std=c++17 -arch=" + e.arch + " -c '" + e.source.string() + "' -o '" + (dir / "launcher.o").string() + "'",
+    CHECK_MESSAGE(run("nvcc -std=c++17 -arch=" + e.arch + " -c '" + e.source.string() + "' -o '" +
+                          (dir / "launcher.o").string() + "'",
                       dir / "nvcc.log"),
                   e.name);
   }
@@ -137,7 +141,8 @@ TEST_CASE("export: kernels whose tiles all start on a vector test their pointers
   // A row kernel: the row's tiles start at 4096 * xindex + roffset, a multiple of the vector.
   source = read_file(k::export_kernels(row_softmax, k::randn({8, 4096}), fresh_dir("aligned_rows"), sm90).source);
   // softmax evaluates exp: its loads take the plain path (prelude's load16), relu's the read-only one.
-  CHECK(source.find("kiln::load_contig<RVEC, KILN_ALIGNED, kiln::via::plain>(in_ptr0, 4096*xindex + roffset,") != std::string::npos);
+  CHECK(source.find("kiln::load_contig<RVEC, KILN_ALIGNED, kiln::via::plain>(in_ptr0, 4096*xindex + roffset,") !=
+        std::string::npos);
   // A slice starting at element 1 does not start on a vector: one body, every access tested.
   auto g = k::compile([](auto x) { return k::relu(k::slice(x, 0, 0, 4096) * 2.0f) + k::slice(x, 0, 1, 4097); });
   source = read_file(k::export_kernels(g, k::randn({4100}), fresh_dir("unaligned"), sm90).source);
@@ -148,7 +153,8 @@ TEST_CASE("export: kernels whose tiles all start on a vector test their pointers
   // The same with exp: every access tested, loads via::plain.
   auto h = k::compile([](auto x) { return k::exp(k::slice(x, 0, 1, 4097)); });
   source = read_file(k::export_kernels(h, k::randn({4100}), fresh_dir("unaligned_exp"), sm90).source);
-  CHECK(source.find("kiln::load_contig<XVEC, kiln::align::test, kiln::via::plain>(in_ptr0, xoffset + 1, xmask)") != std::string::npos);
+  CHECK(source.find("kiln::load_contig<XVEC, kiln::align::test, kiln::via::plain>(in_ptr0, xoffset + 1, xmask)") !=
+        std::string::npos);
   CHECK(source.find(", KILN_ALIGNED") == std::string::npos);
 }
 
@@ -178,7 +184,8 @@ int main() {
 }
 )";
   fs::path exe = dir / "driver";
-  REQUIRE(run("cd '" + dir.string() + "' && nvcc -std=c++17 -arch=sm_90 driver.cpp resnorm/resnorm.cu rms_dyn/rms_dyn.cu -o driver",
+  REQUIRE(run("cd '" + dir.string() +
+                  "' && nvcc -std=c++17 -arch=sm_90 driver.cpp resnorm/resnorm.cu rms_dyn/rms_dyn.cu -o driver",
               dir / "nvcc.log"));
   REQUIRE(run("'" + exe.string() + "'", dir / "driver.out"));
   std::vector<std::string> lines;
@@ -199,19 +206,21 @@ TEST_CASE("export: what cannot be exported says so") {
   const k::export_options sm90{.arch = "sm_90"};
   auto mm = [](auto x, auto y) { return k::relu(k::matmul(x, y)); };
   CHECK_THROWS_WITH_AS(k::export_kernels(mm, a, b, fresh_dir("mm"), sm90), doctest::Contains("matmul step"), k::error);
-  CHECK_THROWS_WITH_AS(k::export_kernels(row_softmax, a, fresh_dir("bad"), k::export_options{.name = "2fast", .arch = "sm_90"}),
-                       doctest::Contains("not a C identifier"), k::error);
+  CHECK_THROWS_WITH_AS(
+      k::export_kernels(row_softmax, a, fresh_dir("bad"), k::export_options{.name = "2fast", .arch = "sm_90"}),
+      doctest::Contains("not a C identifier"), k::error);
   // A reshape's size is its own symbol, not an argument's: the launcher could not check it.
   auto flat = k::compile([](auto x) { return k::reshape(x, {-1}) * 2.0f; }, {.shapes = k::shapes::dynamic});
-  CHECK_THROWS_WITH_AS(k::export_kernels(flat, a, fresh_dir("flat"), sm90), doctest::Contains("k::shapes::static_"), k::error);
+  CHECK_THROWS_WITH_AS(k::export_kernels(flat, a, fresh_dir("flat"), sm90), doctest::Contains("k::shapes::static_"),
+                       k::error);
   auto add = [](auto x, auto y) { return x + y; };  // mixed devices (or, without a GPU, no CUDA device): a k::error
   CHECK_THROWS_AS(k::export_kernels(add, a, k::randn({16, 32}, k::f32, k::cuda), fresh_dir("mixed"), sm90), k::error);
 }
 
 namespace {
 
-using ResNorm = int (*)(const float*, const std::int64_t*, const float*, const std::int64_t*, const float*, const std::int64_t*, float*,
-                        double, void*, CUstream);
+using ResNorm = int (*)(const float*, const std::int64_t*, const float*, const std::int64_t*, const float*,
+                        const std::int64_t*, float*, double, void*, CUstream);
 using Softmax = int (*)(const float*, const std::int64_t*, float*, void*, CUstream);
 using Multi = int (*)(const float*, const std::int64_t*, float*, float*, float*, double, void*, CUstream);
 using ErrorOf = const char* (*)();
@@ -220,7 +229,8 @@ using WorkspaceBytes = int (*)(const std::int64_t*, std::size_t*);
 // Builds an exported program into a shared library and opens it (kept open: its kernels stay registered).
 void* build_library(const k::exported_kernels& e) {
   fs::path dir = e.source.parent_path(), lib = dir / ("lib" + e.name + ".so");
-  if (!run("nvcc -std=c++17 -arch=" + e.arch + " -shared -Xcompiler -fPIC '" + e.source.string() + "' -o '" + lib.string() + "'",
+  if (!run("nvcc -std=c++17 -arch=" + e.arch + " -shared -Xcompiler -fPIC '" + e.source.string() + "' -o '" +
+               lib.string() + "'",
            dir / "nvcc.log"))
     return nullptr;
   void* handle = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -249,8 +259,8 @@ TEST_CASE("export: exported kernels equal kiln's (GPU)" * needs_gpu()) {
   k::Tensor kilns = f(x, r, w);
   k::Tensor out = k::zeros({64, 4096}, k::f32, k::cuda);
   std::int64_t xs[2] = {64, 4096}, ws[1] = {4096};
-  REQUIRE(launch((const float*)x.data_ptr(), xs, (const float*)r.data_ptr(), xs, (const float*)w.data_ptr(), ws, (float*)out.data_ptr(),
-                 1e-6, nullptr, nullptr) == 0);
+  REQUIRE(launch((const float*)x.data_ptr(), xs, (const float*)r.data_ptr(), xs, (const float*)w.data_ptr(), ws,
+                 (float*)out.data_ptr(), 1e-6, nullptr, nullptr) == 0);
   k::synchronize();
   auto close = k::testing::allclose(out, expected, 1e-5, 1e-5);
   CHECK_MESSAGE(bool(close), close);
@@ -278,9 +288,10 @@ TEST_CASE("export: exported kernels equal kiln's (GPU)" * needs_gpu()) {
   CHECK(bytes > 0);
   k::Tensor workspace = k::empty({static_cast<std::int64_t>(bytes)}, k::boolean, k::cuda);
   for (void* ws : {static_cast<void*>(nullptr), workspace.data_ptr()}) {
-    k::Tensor o0 = k::zeros({}, k::f32, k::cuda), o1 = k::zeros({64, 4096}, k::f32, k::cuda), o2 = k::zeros({64, 4096}, k::f32, k::cuda);
-    REQUIRE(launch_multi((const float*)x.data_ptr(), xs, (float*)o0.data_ptr(), (float*)o1.data_ptr(), (float*)o2.data_ptr(), 2.0, ws,
-                         nullptr) == 0);
+    k::Tensor o0 = k::zeros({}, k::f32, k::cuda), o1 = k::zeros({64, 4096}, k::f32, k::cuda),
+              o2 = k::zeros({64, 4096}, k::f32, k::cuda);
+    REQUIRE(launch_multi((const float*)x.data_ptr(), xs, (float*)o0.data_ptr(), (float*)o1.data_ptr(),
+                         (float*)o2.data_ptr(), 2.0, ws, nullptr) == 0);
     k::synchronize();
     // A sum of 262144 f32 values near N(0, 1) against the f64 one: rounding of the partial sums.
     auto sum_close = k::testing::allclose(o0, total, 1e-5, 1e-2);

@@ -177,10 +177,10 @@ TEST_CASE("expr: half rounds to nearest even, overflows to inf, handles subnorma
   CHECK(h(1.0f + std::ldexp(1.0f, -11)) == 0x3C00);
   CHECK(h(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3C02);
   CHECK(h(1.0f + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20)) == 0x3C01);  // just above the tie
-  CHECK(h(2049.0f) == h(2048.0f));  // integers above 2048 are even
+  CHECK(h(2049.0f) == h(2048.0f));                                           // integers above 2048 are even
   CHECK(h(2051.0f) == h(2052.0f));
   // Subnormals: 2^-24 is the smallest; ties round to even there too.
-  CHECK(h(std::ldexp(1.0f, -14)) == 0x0400);  // smallest normal
+  CHECK(h(std::ldexp(1.0f, -14)) == 0x0400);                          // smallest normal
   CHECK(h(std::ldexp(1.0f, -14) - std::ldexp(1.0f, -24)) == 0x03FF);  // largest subnormal
   CHECK(h(std::ldexp(1.0f, -24)) == 0x0001);
   CHECK(h(std::ldexp(1.0f, -25)) == 0x0000);      // tie between 0 and 2^-24: even is 0
@@ -241,7 +241,7 @@ TEST_CASE("expr: bfloat16 rounds to nearest even, overflows to inf, keeps NaN") 
   CHECK(bf(bitsf(0x3F808001u)) == 0x3F81);  // above the tie
   CHECK(bf(bitsf(0x3F807FFFu)) == 0x3F80);
   CHECK(bf(std::numeric_limits<float>::max()) == 0x7F80);  // overflows to inf
-  CHECK(bf(bitsf(0x7F7F7FFFu)) == 0x7F7F);                  // the largest finite stays finite
+  CHECK(bf(bitsf(0x7F7F7FFFu)) == 0x7F7F);                 // the largest finite stays finite
   CHECK(bf(std::numeric_limits<float>::infinity()) == 0x7F80);
   CHECK(bf(-std::numeric_limits<float>::infinity()) == 0xFF80);
   CHECK(bf(bitsf(0x00018000u)) == 0x0002);  // subnormal tie: even
@@ -307,7 +307,8 @@ TEST_CASE("expr: expressions are lazy nodes whose type is the graph") {
   static_assert(k::Expr<E>);
   static_assert(!k::Expr<Tensor>);
   static_assert(k::Operand<Tensor> && k::Operand<double>);
-  static_assert(std::is_same_v<std::tuple_element_t<1, std::remove_cvref_t<decltype(std::get<0>(e.in()).in())>>, k::expr::Scalar<true>>);
+  static_assert(std::is_same_v<std::tuple_element_t<1, std::remove_cvref_t<decltype(std::get<0>(e.in()).in())>>,
+                               k::expr::Scalar<true>>);
   static_assert(std::is_same_v<decltype(x < 2), k::expr::Node<k::Op::lt, k::expr::TensorLeaf, k::expr::Scalar<false>>>);
   // Scalars are values in the object, never in the type.
   static_assert(std::is_same_v<decltype(x * 2.0), decltype(x * 3.0)>);
@@ -562,7 +563,9 @@ TEST_CASE("expr: bad graphs raise typed errors naming the op and the shapes") {
   CHECK(has(m, "[0, 3]"));
   CHECK(has(error_of<k::shape_error>([] { infer(k::logsumexp(T({3, 0}), 1)); }), "logsumexp"));
   CHECK(has(error_of<k::dtype_error>([] { infer(k::expr::make<k::Op::gather>({}, T({4, 9}), T({4, 2}))); }), "gather"));
-  CHECK(has(error_of<k::shape_error>([] { infer(k::expr::make<k::Op::gather>({}, T({4, 9}), T({3, 2}, k::i64))); }),
+  CHECK(has(error_of<k::shape_error>([] {
+              infer(k::expr::make<k::Op::gather>({}, T({4, 9}), T({3, 2}, k::i64)));
+            }),
             "[3, 2]"));
   CHECK(has(error_of<k::shape_error>([] { infer(k::expr::make<k::Op::gather>({}, T({}), T({}, k::i64))); }), "gather"));
   m = error_of<k::shape_error>([] { infer(k::linear(T({5, 7}), T({4, 6}), T({4}))); });

@@ -22,9 +22,9 @@
 
 #include <kiln/core/faults.hpp>
 #include <kiln/kiln.hpp>
-#include <kiln/runtime/disk_cache.hpp>
-#include <kiln/runtime/host_compiler.hpp>
-#include <kiln/runtime/nvrtc.hpp>
+#include <kiln/runtime/compile/disk_cache.hpp>
+#include <kiln/runtime/compile/host_compiler.hpp>
+#include <kiln/runtime/compile/nvrtc.hpp>
 #include <kiln/testing.hpp>
 
 #include "have_gpu.hpp"
@@ -262,8 +262,8 @@ TEST_CASE("faults: a kernel compiles and runs when its cache entry cannot be wri
   // which must not be the write that fails.
   k::runtime::host_compiler_command();
   // A source of its own (the pid in a comment), so neither cache can already hold it.
-  std::string source = "// faults test " + std::to_string(::getpid()) +
-                       "\nextern \"C\" int kiln_faults_answer() { return 42; }\n";
+  std::string source =
+      "// faults test " + std::to_string(::getpid()) + "\nextern \"C\" int kiln_faults_answer() { return 42; }\n";
   k::faults::fail_disk_cache_writes(1);
   std::vector<char> bytes;
   CHECK_NOTHROW(bytes = k::runtime::build_shared_object(source, "kiln_faults_answer", cache));

@@ -32,10 +32,14 @@ struct Tolerance {
 // f16 and bf16 results are computed in f32 and rounded once on store: a few of their ulps.
 Tolerance tolerance(k::dtype d) {
   switch (d) {
-    case k::dtype::f64: return {1e-9, 1e-12};
-    case k::dtype::f16: return {1e-2, 1e-2};
-    case k::dtype::bf16: return {2e-2, 2e-2};
-    default: return {1e-4, 1e-5};
+    case k::dtype::f64:
+      return {1e-9, 1e-12};
+    case k::dtype::f16:
+      return {1e-2, 1e-2};
+    case k::dtype::bf16:
+      return {2e-2, 2e-2};
+    default:
+      return {1e-4, 1e-5};
   }
 }
 
@@ -111,10 +115,14 @@ std::string in_child_process(F&& fn) {
   if (WIFSIGNALED(status)) return "the child process was killed by signal " + std::to_string(WTERMSIG(status));
   if (!WIFEXITED(status)) return "the child process did not exit normally";
   switch (WEXITSTATUS(status)) {
-    case 0: return "";
-    case 1: return "wrong values";
-    case 2: return "an exception";
-    default: return "exit status " + std::to_string(WEXITSTATUS(status));
+    case 0:
+      return "";
+    case 1:
+      return "wrong values";
+    case 2:
+      return "an exception";
+    default:
+      return "exit status " + std::to_string(WEXITSTATUS(status));
   }
 }
 
@@ -163,13 +171,17 @@ TEST_CASE("fusion: softmax is one persistent-reduction kernel, over the last dim
       k::report r = k::explain(f, x);
       INFO(r);
       CHECK(r.ops_captured == 1);
-      if (d == k::f32) CHECK(r.ops_decomposed == 5);  // amax, sub, exp, sum, div
-      else CHECK(r.ops_decomposed == 7);              // the same between a cast to f32 and one back
+      if (d == k::f32)
+        CHECK(r.ops_decomposed == 5);  // amax, sub, exp, sum, div
+      else
+        CHECK(r.ops_decomposed == 7);  // the same between a cast to f32 and one back
       REQUIRE(r.kernels.size() == 1);
       // A row of 129 in the last dim is one persistent program per row; over dim 0 the fuser may
       // choose a looped reduction as well.
-      if (dim == 0) CHECK((r.kernels[0].kind == "per" || r.kernels[0].kind == "red"));
-      else CHECK(r.kernels[0].kind == "per");
+      if (dim == 0)
+        CHECK((r.kernels[0].kind == "per" || r.kernels[0].kind == "red"));
+      else
+        CHECK(r.kernels[0].kind == "per");
       for (const char* op : {"amax", "sub", "exp", "sum", "div"}) {
         INFO("op " << std::string(op));
         CHECK(has_op(r.kernels[0], op));
@@ -465,11 +477,11 @@ TEST_CASE("fusion: a row kernel hands its reduction only to readers indexing it 
   // along the rows (dims 0 and 2): that reader needs the reduction's buffer. Square sizes make the
   // wrong pairing shape-correct, so only the values tell.
   k::Tensor x3 = k::randn({3, 3, 129}, k::f32, k::cpu, 61), x2 = k::randn({33, 33}, k::f32, k::cpu, 62);
-  auto across3 = [](auto a) { return a - k::amax(a, 1); };                  // [3,129] on dims 1, 2
-  auto across2 = [](auto a) { return a * k::sum(a, 1); };                   // row sums on the columns
+  auto across3 = [](auto a) { return a - k::amax(a, 1); };                 // [3,129] on dims 1, 2
+  auto across2 = [](auto a) { return a * k::sum(a, 1); };                  // row sums on the columns
   auto rows3 = [](auto a) { return a - k::unsqueeze(k::amax(a, 1), 1); };  // along the rows
-  auto rows2 = [](auto a) { return a * k::sum(a, 0); };                     // column sums on the columns
-  auto nested = [](auto a) { return k::sum(a * k::sum(a, 1), 1); };         // a second reduction reads it
+  auto rows2 = [](auto a) { return a * k::sum(a, 0); };                    // column sums on the columns
+  auto nested = [](auto a) { return k::sum(a * k::sum(a, 1), 1); };        // a second reduction reads it
   auto value = [&](auto fn, const k::Tensor& x) {
     auto f = k::compile(fn);
     k::report r = k::explain(f, x);

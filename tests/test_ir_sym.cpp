@@ -33,17 +33,13 @@ struct Syms {
 };
 
 // Checks a == b at many random values of their symbols: sizes in [1, 9], others in [-50, 50].
-void check_same_values(const Sym& a, const Sym& b, const std::vector<Sym>& symbols,
-                       int trials = 200) {
+void check_same_values(const Sym& a, const Sym& b, const std::vector<Sym>& symbols, int trials = 200) {
   std::mt19937_64 rng(42);
   std::vector<std::int64_t> v(symbols.size() + 8);
   for (int t = 0; t < trials; ++t) {
     for (const Sym& s : symbols) {
       bool size = s.facts().positive;
-      std::uniform_int_distribution<std::int64_t> d(size                    ? 1
-                                                    : s.facts().nonnegative ? 0
-                                                                            : -50,
-                                                    size ? 9 : 50);
+      std::uniform_int_distribution<std::int64_t> d(size ? 1 : s.facts().nonnegative ? 0 : -50, size ? 9 : 50);
       v[static_cast<std::size_t>(s.symbol_id())] = d(rng);
     }
     CHECK_MESSAGE(a.eval(v) == b.eval(v), a.str(), " vs ", b.str());
@@ -165,8 +161,7 @@ TEST_CASE("unravel over symbolic sizes and ravel back") {
   std::mt19937_64 rng(7);
   std::vector<std::int64_t> v(static_cast<std::size_t>(x.table.count()));
   for (int t = 0; t < 40; ++t) {
-    for (int d = 0; d < 3; ++d)
-      v[static_cast<std::size_t>(d)] = std::uniform_int_distribution<std::int64_t>(1, 6)(rng);
+    for (int d = 0; d < 3; ++d) v[static_cast<std::size_t>(d)] = std::uniform_int_distribution<std::int64_t>(1, 6)(rng);
     for (std::int64_t f = 0; f < v[0] * v[1] * v[2]; ++f) {
       v[static_cast<std::size_t>(flat.symbol_id())] = f;
       CHECK(idx[0].eval(v) == f / (v[1] * v[2]));
@@ -303,18 +298,19 @@ struct RandomExprs {
     RandomExpr a = expr(depth - 1), b = pick(2) ? divisor() : expr(depth - 1);
     bool div = b.sym.lower_bound().value_or(0) >= 1;  // only divide by what is known positive
     switch (pick(div ? 6 : 4)) {
-      case 0: return {a.sym + b.sym, [a, b](const auto& v) { return a.value(v) + b.value(v); }};
-      case 1: return {a.sym * b.sym, [a, b](const auto& v) { return a.value(v) * b.value(v); }};
+      case 0:
+        return {a.sym + b.sym, [a, b](const auto& v) { return a.value(v) + b.value(v); }};
+      case 1:
+        return {a.sym * b.sym, [a, b](const auto& v) { return a.value(v) * b.value(v); }};
       case 2:
-        return {min(a.sym, b.sym),
-                [a, b](const auto& v) { return std::min(a.value(v), b.value(v)); }};
-      case 3: return {a.sym - b.sym, [a, b](const auto& v) { return a.value(v) - b.value(v); }};
+        return {min(a.sym, b.sym), [a, b](const auto& v) { return std::min(a.value(v), b.value(v)); }};
+      case 3:
+        return {a.sym - b.sym, [a, b](const auto& v) { return a.value(v) - b.value(v); }};
       case 4:
         return {floordiv(a.sym, b.sym),
                 [a, b](const auto& v) { return kiln::detail::floor_div(a.value(v), b.value(v)); }};
       default:
-        return {mod(a.sym, b.sym),
-                [a, b](const auto& v) { return kiln::detail::floor_mod(a.value(v), b.value(v)); }};
+        return {mod(a.sym, b.sym), [a, b](const auto& v) { return kiln::detail::floor_mod(a.value(v), b.value(v)); }};
     }
   }
 };

@@ -16,8 +16,8 @@
 #include <kiln/core/driver.hpp>
 #include <kiln/core/memory.hpp>
 #include <kiln/core/tensor.hpp>
-#include <kiln/runtime/cpu_matmul.hpp>
-#include <kiln/runtime/cuda_matmul.hpp>
+#include <kiln/runtime/extern/cpu_matmul.hpp>
+#include <kiln/runtime/extern/cuda_matmul.hpp>
 
 #include "have_gpu.hpp"
 
@@ -93,10 +93,14 @@ struct Tol {
 };
 Tol tolerance(k::dtype out) {
   switch (out) {
-    case k::dtype::f64: return {1e-12, 1e-12};
-    case k::dtype::f32: return {2e-5, 2e-5};
-    case k::dtype::f16: return {2e-3, 2e-3};
-    default: return {1e-2, 1e-2};  // bf16
+    case k::dtype::f64:
+      return {1e-12, 1e-12};
+    case k::dtype::f32:
+      return {2e-5, 2e-5};
+    case k::dtype::f16:
+      return {2e-3, 2e-3};
+    default:
+      return {1e-2, 1e-2};  // bf16
   }
 }
 
@@ -144,18 +148,18 @@ TEST_CASE("cpu_matmul: 2-D shapes, odd and blocked") {
 
 TEST_CASE("cpu_matmul: batched, 3-D x 2-D and broadcast batches") {
   check_cpu(random({3, 17, 33}), random({3, 33, 9}));
-  check_cpu(random({4, 5, 7}), random({7, 6}));   // 3-D x 2-D
-  check_cpu(random({5, 7}), random({4, 7, 6}));   // 2-D x 3-D
+  check_cpu(random({4, 5, 7}), random({7, 6}));     // 3-D x 2-D
+  check_cpu(random({5, 7}), random({4, 7, 6}));     // 2-D x 3-D
   check_cpu(random({1, 5, 7}), random({3, 7, 6}));  // a batch of 1 broadcasts
   check_cpu(random({3, 5, 7}), random({1, 7, 6}));
   check_cpu(random({2, 80, 300}), random({300, 270}));  // several blocks per batch
 }
 
 TEST_CASE("cpu_matmul: few rows against a wide b (computed as b^T a^T)") {
-  check_cpu(random({8, 300}), random_transposed(300, 700));           // linear on a small batch
-  check_cpu(random({3, 4, 20}), random({20, 50}));                     // 3-D x 2-D
+  check_cpu(random({8, 300}), random_transposed(300, 700));  // linear on a small batch
+  check_cpu(random({3, 4, 20}), random({20, 50}));           // 3-D x 2-D
   check_cpu(random({2, 3, 20}, k::f16), random_view({2, 20, 70}, k::f16, {1, 2, 40}));
-  check_cpu(random({5, 7}), random({4, 7, 60}));                       // 2-D x 3-D
+  check_cpu(random({5, 7}), random({4, 7, 60}));  // 2-D x 3-D
   check_cpu(random_view({6, 9}, k::f32, {1, 6}), random({9, 400}, k::bf16));
   Tensor a = random({3, 5}), b = random({5, 40});
   Tensor out = Tensor::empty({40, 3}, k::f32, k::cpu).as_strided({3, 40}, {1, 3}, 0);
@@ -185,9 +189,9 @@ TEST_CASE("cpu_matmul: dtypes") {
     check_cpu(random({37, 65}, dt), random({65, 129}, dt));
     check_cpu(random({3, 17, 33}, dt), random_transposed(33, 9, dt));
   }
-  check_cpu(random({13, 21}, k::f16), random({21, 8}, k::f32));      // f16 x f32 -> f32
-  check_cpu(random({13, 21}, k::f16), random({21, 8}, k::bf16));     // f16 x bf16 -> f32
-  check_cpu(random({13, 21}, k::f64), random({21, 8}, k::f16));      // -> f64
+  check_cpu(random({13, 21}, k::f16), random({21, 8}, k::f32));            // f16 x f32 -> f32
+  check_cpu(random({13, 21}, k::f16), random({21, 8}, k::bf16));           // f16 x bf16 -> f32
+  check_cpu(random({13, 21}, k::f64), random({21, 8}, k::f16));            // -> f64
   check_cpu(random({13, 300}, k::f32), random({300, 8}, k::f32), k::f16);  // rounded once into f16
 }
 
@@ -296,29 +300,29 @@ TEST_CASE("cuda_matmul: operand layouts for cuBLASLt") {
   CHECK((row.ok && !row.transpose && row.rows == 6 && row.cols == 4 && row.ld == 6));
   auto col = classify(4, 6, 1, 4);  // column-major (a permuted [6, 4]): itself, op T
   CHECK((col.ok && col.transpose && col.rows == 4 && col.cols == 6 && col.ld == 4));
-  CHECK(classify(4, 6, 8, 1).ld == 8);        // padded rows
-  CHECK_FALSE(classify(4, 6, 12, 2).ok);      // every other column: copy first
-  CHECK_FALSE(classify(4, 6, 0, 1).ok);       // a broadcast row: copy first
-  CHECK(classify(1, 6, 999, 1).ok);           // a single row: its stride does not matter
-  CHECK(classify(4, 1, 1, 999).ok);           // a single column either
+  CHECK(classify(4, 6, 8, 1).ld == 8);    // padded rows
+  CHECK_FALSE(classify(4, 6, 12, 2).ok);  // every other column: copy first
+  CHECK_FALSE(classify(4, 6, 0, 1).ok);   // a broadcast row: copy first
+  CHECK(classify(1, 6, 999, 1).ok);       // a single row: its stride does not matter
+  CHECK(classify(4, 1, 1, 999).ok);       // a single column either
 }
 
 TEST_CASE("cuda_matmul: the cuBLASLt plan computes a @ b (host emulation)") {
   check_plan(random({1, 1}), random({1, 1}));
   check_plan(random({37, 129}), random({129, 65}));
-  check_plan(random({37, 65}), random_transposed(65, 129));              // linear
+  check_plan(random({37, 65}), random_transposed(65, 129));  // linear
   check_plan(random_transposed(37, 65), random({65, 129}));
   check_plan(random_transposed(37, 65), random_transposed(65, 129));
   check_plan(random_view({9, 11}, k::f32, {40, 2}, 3), random_view({11, 13}, k::f32, {3, 50}, 1));  // copies
-  check_plan(random({3, 17, 33}), random({3, 33, 9}));                   // strided batch
-  check_plan(random({3, 17, 33}), random_transposed(33, 9));             // folded into one GEMM
-  check_plan(random({4, 1, 7}), random({7, 6}));                         // folded, M = 1
-  check_plan(random_view({3, 17, 33}, k::f32, {17 * 40, 40, 1}), random({33, 9}));  // padded rows
+  check_plan(random({3, 17, 33}), random({3, 33, 9}));                                              // strided batch
+  check_plan(random({3, 17, 33}), random_transposed(33, 9));                            // folded into one GEMM
+  check_plan(random({4, 1, 7}), random({7, 6}));                                        // folded, M = 1
+  check_plan(random_view({3, 17, 33}, k::f32, {17 * 40, 40, 1}), random({33, 9}));      // padded rows
   check_plan(random_view({3, 17, 33}, k::f32, {17 * 40 + 8, 40, 1}), random({33, 9}));  // not foldable
-  check_plan(random_view({3, 8, 5}, k::f32, {0, 5, 1}), random({3, 5, 4}));            // expanded batch
-  check_plan(random_view({6, 4}, k::f32, {0, 1}), random({4, 5}));                     // broadcast rows: copy
-  check_plan(random_view({3, 17, 33}, k::f32, {17 * 33, 1, 17}), random({33, 9}));  // transposed batches
-  check_plan(random({5, 7}), random({4, 7, 6}));                         // a broadcasts
+  check_plan(random_view({3, 8, 5}, k::f32, {0, 5, 1}), random({3, 5, 4}));             // expanded batch
+  check_plan(random_view({6, 4}, k::f32, {0, 1}), random({4, 5}));                      // broadcast rows: copy
+  check_plan(random_view({3, 17, 33}, k::f32, {17 * 33, 1, 17}), random({33, 9}));      // transposed batches
+  check_plan(random({5, 7}), random({4, 7, 6}));                                        // a broadcasts
   check_plan(random({1, 5, 7}), random({3, 7, 6}));
   check_plan(random({3, 5, 7}), random_view({3, 7, 6}, k::f32, {1, 3, 21}));
 
@@ -345,8 +349,7 @@ TEST_CASE("cuda_matmul: the cuBLASLt plan computes a @ b (host emulation)") {
 }
 
 TEST_CASE("cuda_matmul: the copy kernels compile with NVRTC") {
-  std::vector<char> cubin =
-      rt::compile_cubin(rt::cuda_mm_detail::copy_kernel_source(), "kiln_mm_copy", "sm_90a");
+  std::vector<char> cubin = rt::compile_cubin(rt::cuda_mm_detail::copy_kernel_source(), "kiln_mm_copy", "sm_90a");
   CHECK(cubin.size() > 0);
   std::string image(cubin.begin(), cubin.end());
   CHECK(image.find(rt::cuda_mm_detail::copy_kernel_name(k::f16, k::f32)) != std::string::npos);
@@ -401,9 +404,7 @@ void check_cuda(const Tensor& a, const Tensor& b) {
   check_cuda(a, b, dt, gpu_tolerance(dt));
 }
 
-double gelu_tanh(double x) {
-  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-}
+double gelu_tanh(double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 
 }  // namespace
 
@@ -513,6 +514,7 @@ TEST_CASE("cuda_matmul: threads sharing the default stream" * needs_gpu()) {
       CAPTURE(t);
       CAPTURE(r);
       const Problem& p = problems[static_cast<std::size_t>((t + r) % problems.size())];
-      check_close(to_host(results[static_cast<std::size_t>(t)][static_cast<std::size_t>(r)]), p.want, {1e-3, 1e-3});  // interleaved partials are off by O(1)
+      check_close(to_host(results[static_cast<std::size_t>(t)][static_cast<std::size_t>(r)]), p.want,
+                  {1e-3, 1e-3});  // interleaved partials are off by O(1)
     }
 }

@@ -130,7 +130,8 @@ TEST_CASE("partials: too few rows keep the separate column reduction, with the s
   auto w = k::randn({2048}, k::f32, k::cpu, 10), b = k::randn({2048}, k::f32, k::cpu, 11);
   auto f = k::compile(k::vjp(layer_norm_fn, k::wrt<1, 2>));
   auto [dw, db] = f(x, w, b, dy);
-  for (const auto& kern : k::explain(f, x, w, b, dy).kernels) CHECK(kern.source.find("KILN_ROW_GROUP") == std::string::npos);
+  for (const auto& kern : k::explain(f, x, w, b, dy).kernels)
+    CHECK(kern.source.find("KILN_ROW_GROUP") == std::string::npos);
   std::vector<double> want_dw, want_db;
   expected_dw_db(k::to_vector<float>(x), k::to_vector<float>(dy), 300, 2048, want_dw, want_db);
   check_close(dw, want_dw, 1e-5);

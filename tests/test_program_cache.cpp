@@ -71,8 +71,8 @@ TEST_CASE("program cache: an eager loop over row slices compiles once and never 
 
 TEST_CASE("program cache: reshapes to twelve views compile at most twice") {
   k::Tensor m = k::randn({12, 60}, k::f32, k::cpu, 2);
-  const std::vector<k::Dims> views = {{720}, {360, 2}, {2, 360}, {240, 3}, {3, 240}, {180, 4},
-                                      {4, 180}, {120, 6}, {6, 120}, {90, 8}, {8, 90}, {72, 10}};
+  const std::vector<k::Dims> views = {{720},    {360, 2}, {2, 360}, {240, 3}, {3, 240}, {180, 4},
+                                      {4, 180}, {120, 6}, {6, 120}, {90, 8},  {8, 90},  {72, 10}};
   auto& cache = cache_of(k::reshape(m, {720}) + 1);
   int compiles_before = cache.compiles();
   for (const auto& v : views) {
@@ -93,7 +93,8 @@ TEST_CASE("program cache: views of eager tensors match the oracle (which keeps t
   check_close(k::eval(k::transpose(x, 0, -1) - 1), k::reference::eval(k::transpose(x, 0, -1) - 1));
   check_close(k::eval(k::expand(b, {4, 5, 6}) + x), k::reference::eval(k::expand(b, {4, 5, 6}) + x));
   check_close(k::eval(k::unsqueeze(b, 0) * 2), k::reference::eval(k::unsqueeze(b, 0) * 2));
-  check_close(k::eval(k::squeeze(k::slice(x, 1, 2, 3)) + 0.5f), k::reference::eval(k::squeeze(k::slice(x, 1, 2, 3)) + 0.5f));
+  check_close(k::eval(k::squeeze(k::slice(x, 1, 2, 3)) + 0.5f),
+              k::reference::eval(k::squeeze(k::slice(x, 1, 2, 3)) + 0.5f));
   // A reshape of a strided tensor reads a contiguous copy, as torch.reshape does.
   check_close(k::eval(k::reshape(t, {24}) * 2), k::reference::eval(k::reshape(t, {24}) * 2));
   // Chains: a slice of a transpose of an expand.

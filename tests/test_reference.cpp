@@ -75,7 +75,8 @@ Vec host(const Tensor& t) {
   REQUIRE(t.device() == k::cpu);
   REQUIRE(t.is_contiguous());
   Vec v(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = k::load_as_double(t.data_ptr(), t.dtype(), static_cast<std::int64_t>(i));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = k::load_as_double(t.data_ptr(), t.dtype(), static_cast<std::int64_t>(i));
   return v;
 }
 
@@ -114,7 +115,9 @@ void check_vec(const Vec& got, const Vec& want, double tol = 1e-12) {
     }
   std::ostringstream msg;
   msg.precision(17);
-  if (bad) msg << bad << " of " << got.size() << " differ; first at " << first << ": got " << got[first] << ", want " << want[first];
+  if (bad)
+    msg << bad << " of " << got.size() << " differ; first at " << first << ": got " << got[first] << ", want "
+        << want[first];
   CHECK_MESSAGE(bad == 0, msg.str());
 }
 
@@ -274,8 +277,9 @@ TEST_CASE("reference: C++ scalars, pow, where, clamp") {
   check_result(ev(k::where(c, x, y)), {7, 11}, wv2);
 
   // clamp with scalar bounds and with tensor bounds (broadcast).
-  check_result(ev(k::clamp(x, -0.5, 0.75)), {7, 11},
-               map(xv, [](double v) { return v < -0.5 ? -0.5 : v > 0.75 ? 0.75 : v; }));
+  check_result(ev(k::clamp(x, -0.5, 0.75)), {7, 11}, map(xv, [](double v) {
+                 return v < -0.5 ? -0.5 : v > 0.75 ? 0.75 : v;
+               }));
   Tensor lo = rnd({11}, k::f32, -1, 0), hi = rnd({7, 1}, k::f32, 0.1, 1);
   const Vec lov = host(lo), hiv = host(hi);
   Vec cl;
@@ -311,7 +315,8 @@ TEST_CASE("reference: casts round through the target dtype") {
 
   // f16: ties to even, overflow to inf, underflow to zero, subnormals.
   const double e11 = std::ldexp(1.0, -11), e8 = std::ldexp(1.0, -8);
-  Tensor h = from({1 + e11, 1 + 3 * e11, 65504, 65520, 70000, std::ldexp(1.0, -24), std::ldexp(1.0, -26), -0.1}, {8}, k::f64);
+  Tensor h =
+      from({1 + e11, 1 + 3 * e11, 65504, 65520, 70000, std::ldexp(1.0, -24), std::ldexp(1.0, -26), -0.1}, {8}, k::f64);
   Result rh = ev(k::cast(h, k::f16));
   CHECK(rh.dt == k::f16);
   check_vec(rh.v, {1, 1 + 4 * e11, 65504, Inf, Inf, std::ldexp(1.0, -24), 0, -0.0999755859375}, 0);
@@ -517,17 +522,20 @@ TEST_CASE("reference: softmax and log_softmax over any dim") {
   check_vec(ev(k::softmax(big, 1)).v, {p, 1 - p, NaN, NaN, NaN, NaN});
   Tensor mixed = from({2, -Inf, 1}, {1, 3}, k::f64);
   check_vec(ev(k::softmax(mixed, -1)).v, {1 / (1 + std::exp(-1.0)), 0, std::exp(-1.0) / (1 + std::exp(-1.0))});
-  check_vec(ev(k::log_softmax(big, 1)).v, {-std::log(1 + std::exp(1.0)), -std::log(1 + std::exp(-1.0)), NaN, NaN, NaN, NaN});
+  check_vec(ev(k::log_softmax(big, 1)).v,
+            {-std::log(1 + std::exp(1.0)), -std::log(1 + std::exp(-1.0)), NaN, NaN, NaN, NaN});
   // -inf among finite values: -inf (probability 0); a row holding +inf is NaN throughout in both, as
   // PyTorch computes x - max - log(sum(exp(x - max))) with max = +inf.
   check_vec(ev(k::log_softmax(mixed, -1)).v, {-std::log(1 + std::exp(-1.0)), -Inf, -1 - std::log(1 + std::exp(-1.0))});
   Tensor with_inf = from({Inf, -Inf, 1, 2, 3, 4}, {2, 3}, k::f64);
-  check_vec(ev(k::log_softmax(with_inf, 1)).v, {NaN, NaN, NaN, 2 - std::log(std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
-                                                3 - std::log(std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
-                                                4 - std::log(std::exp(2.0) + std::exp(3.0) + std::exp(4.0))});
-  check_vec(ev(k::softmax(with_inf, 1)).v, {NaN, NaN, NaN, std::exp(2.0) / (std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
-                                            std::exp(3.0) / (std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
-                                            std::exp(4.0) / (std::exp(2.0) + std::exp(3.0) + std::exp(4.0))});
+  check_vec(ev(k::log_softmax(with_inf, 1)).v,
+            {NaN, NaN, NaN, 2 - std::log(std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
+             3 - std::log(std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
+             4 - std::log(std::exp(2.0) + std::exp(3.0) + std::exp(4.0))});
+  check_vec(ev(k::softmax(with_inf, 1)).v,
+            {NaN, NaN, NaN, std::exp(2.0) / (std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
+             std::exp(3.0) / (std::exp(2.0) + std::exp(3.0) + std::exp(4.0)),
+             std::exp(4.0) / (std::exp(2.0) + std::exp(3.0) + std::exp(4.0))});
 }
 
 // ---- views -----------------------------------------------------------------------------------------
@@ -795,14 +803,20 @@ TEST_CASE("reference: layer_norm and rms_norm") {
     check_result(ev(k::rms_norm(x, w, eps)), {3, 5, D}, rn, 1e-11);
   }
   // Default eps values: 1e-5 for layer_norm, 1e-6 for rms_norm (a constant row shows eps).
-  Tensor c = from({2, 2, 2, 2}, {1, 4}, k::f64), ones = from({1, 1, 1, 1}, {4}, k::f64), zeros = from({0, 0, 0, 0}, {4}, k::f64);
-  check_vec(ev(k::layer_norm(c + k::cast(k::expr::Iota{{}, [] {
-                                           k::Attrs at;
-                                           at.dims = {1, 4};
-                                           at.a = 1;
-                                           return at;
-                                         }()}, k::f64), ones, zeros)).v,
-            {-1.5 / std::sqrt(1.25 + 1e-5), -0.5 / std::sqrt(1.25 + 1e-5), 0.5 / std::sqrt(1.25 + 1e-5), 1.5 / std::sqrt(1.25 + 1e-5)});
+  Tensor c = from({2, 2, 2, 2}, {1, 4}, k::f64), ones = from({1, 1, 1, 1}, {4}, k::f64),
+         zeros = from({0, 0, 0, 0}, {4}, k::f64);
+  check_vec(ev(k::layer_norm(c + k::cast(k::expr::Iota{{},
+                                                       [] {
+                                                         k::Attrs at;
+                                                         at.dims = {1, 4};
+                                                         at.a = 1;
+                                                         return at;
+                                                       }()},
+                                         k::f64),
+                             ones, zeros))
+                .v,
+            {-1.5 / std::sqrt(1.25 + 1e-5), -0.5 / std::sqrt(1.25 + 1e-5), 0.5 / std::sqrt(1.25 + 1e-5),
+             1.5 / std::sqrt(1.25 + 1e-5)});
   check_vec(ev(k::rms_norm(c, ones)).v, Vec(4, 2 / std::sqrt(4 + 1e-6)));
 }
 
@@ -857,8 +871,8 @@ TEST_CASE("reference: cross_entropy, mse_loss, linear") {
   check_result(ev(k::linear(x, w, bias)), {3, 7, 11}, lin);
   check_result(ev(k::linear(x, w)), {3, 7, 11}, lin0);
   // The API's definition: matmul(x, transpose(w)) + b.
-  CHECK(k::testing::allclose(k::reference::eval(k::linear(x, w, bias)),
-                             k::matmul(x, k::transpose(w, 0, 1)) + bias, 1e-13, 1e-13));
+  CHECK(k::testing::allclose(k::reference::eval(k::linear(x, w, bias)), k::matmul(x, k::transpose(w, 0, 1)) + bias,
+                             1e-13, 1e-13));
 }
 
 // ---- inputs: layouts, dtypes, placeholders -----------------------------------------------------
@@ -1041,14 +1055,20 @@ TEST_CASE("testing: allclose") {
 
 TEST_CASE("reference: a custom op runs the user's forward on CPU tensors of the nodes' dtypes") {
   static k::dtype seen = k::f64;
-  k::CustomOp halve_to_f16 = k::custom_op("halve_to_f16", {
-    .infer = [](std::span<const k::TensorSpec> in) { return k::TensorSpec{in[0].shape, k::f16}; },
-    .forward = [](std::span<const k::Tensor> in, Tensor& out, k::Stream) {
-      seen = in[0].dtype();
-      for (std::int64_t i = 0; i < out.numel(); ++i)
-        k::store_from_double(out.data_ptr(), out.dtype(), i, k::load_as_double(in[0].data_ptr(), in[0].dtype(), i) / 2);
-    },
-  });
+  k::CustomOp halve_to_f16 = k::custom_op(
+      "halve_to_f16", {
+                          .infer =
+                              [](std::span<const k::TensorSpec> in) {
+                                return k::TensorSpec{in[0].shape, k::f16};
+                              },
+                          .forward =
+                              [](std::span<const k::Tensor> in, Tensor& out, k::Stream) {
+                                seen = in[0].dtype();
+                                for (std::int64_t i = 0; i < out.numel(); ++i)
+                                  k::store_from_double(out.data_ptr(), out.dtype(), i,
+                                                       k::load_as_double(in[0].data_ptr(), in[0].dtype(), i) / 2);
+                              },
+                      });
   Tensor x = rnd({7, 9}, k::f32);
   Result r = ev(halve_to_f16(x * 3) + 1);
   CHECK(seen == k::f32);
@@ -1056,6 +1076,7 @@ TEST_CASE("reference: a custom op runs the user's forward on CPU tensors of the 
   const Vec xv = host(x);
   Vec want(xv.size());
   for (std::size_t i = 0; i < xv.size(); ++i)
-    want[i] = static_cast<double>(static_cast<float>(k::half(static_cast<float>(static_cast<float>(xv[i] * 3) / 2)))) + 1;
+    want[i] =
+        static_cast<double>(static_cast<float>(k::half(static_cast<float>(static_cast<float>(xv[i] * 3) / 2)))) + 1;
   check_result(r, Dims{7, 9}, want, 1e-3);
 }

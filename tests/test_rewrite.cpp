@@ -44,7 +44,8 @@ Captured capture(const F& fn, const T&... ts) {
     k::graph::Captured cap;
     k::graph::gather(e, cap);
     c.scalars.assign(cap.scalars.begin(), cap.scalars.begin() + cap.ns);
-  }(std::index_sequence_for<T...>{});
+  }
+  (std::index_sequence_for<T...>{});
   k::graph::infer_shapes(c.g, [&](int s) -> const k::Tensor& { return c.args[static_cast<std::size_t>(s)]; });
   return c;
 }
@@ -159,8 +160,9 @@ TEST_CASE("decompose: layer_norm and rms_norm") {
   CHECK(count(l, Op::amax) == 0);
   decomposed([](auto x, auto w, auto b) { return k::layer_norm(x, w, b, 1e-3); }, uniform({2, 3, 6}, 6), w, b);
   auto r = decomposed([](auto x, auto w) { return k::rms_norm(x, w); }, X, w);
-  CHECK(op_counts(r) == std::map<Op, int>{{Op::square, 1}, {Op::sum, 1}, {Op::numel, 1}, {Op::div, 1}, {Op::add, 1},
-                                          {Op::rsqrt, 1}, {Op::mul, 2}});
+  CHECK(op_counts(r) ==
+        std::map<Op, int>{
+            {Op::square, 1}, {Op::sum, 1}, {Op::numel, 1}, {Op::div, 1}, {Op::add, 1}, {Op::rsqrt, 1}, {Op::mul, 2}});
 }
 
 TEST_CASE("decompose: losses") {
@@ -192,7 +194,8 @@ TEST_CASE("decompose: linear and views") {
 }
 
 TEST_CASE("decompose: f16 composites compute in f32 and round once") {
-  const k::Tensor x = uniform({4, 6}, 13, -2, 2, k::f16), w = uniform({6}, 14, -1, 1, k::f16), b = uniform({6}, 15, -1, 1, k::f16);
+  const k::Tensor x = uniform({4, 6}, 13, -2, 2, k::f16), w = uniform({6}, 14, -1, 1, k::f16),
+                  b = uniform({6}, 15, -1, 1, k::f16);
   Captured c = capture([](auto x, auto w, auto b) { return k::layer_norm(x, w, b); }, x, w, b);
   k::graph::Graph d = k::rewrite::decompose(c.g);
   CHECK(d[d.outputs[0]].op == Op::cast);
@@ -253,7 +256,8 @@ TEST_CASE("simplify: double negation, constants, casts and views") {
   Captured n = capture([](auto x) { return -(-x); }, X);
   CHECK(is_arg(k::rewrite::simplify(n.g)));
   using B = k::rewrite::Builder;
-  auto folded = simplified([](B& b, int x) { return b.add(x, b.mul(b.constant(2), b.add(b.constant(1), b.constant(2)))); });
+  auto folded =
+      simplified([](B& b, int x) { return b.add(x, b.mul(b.constant(2), b.add(b.constant(1), b.constant(2)))); });
   CHECK(folded.count_ops() == 1);
   int constants = 0;
   for (auto& nd : folded.nodes) {
@@ -272,8 +276,12 @@ TEST_CASE("simplify: double negation, constants, casts and views") {
   CHECK(is_arg(k::rewrite::simplify(capture([](auto x) { return k::slice(x, 1, 0, 100); }, X).g)));
   auto rr = k::rewrite::simplify(capture([](auto x) { return k::reshape(k::reshape(x, {24}), {6, 4}); }, X).g);
   CHECK(op_counts(rr) == std::map<Op, int>{{Op::reshape, 1}});
-  auto pp = k::rewrite::simplify(capture([](auto x) { return k::permute(k::permute(x, {1, 2, 0}), {1, 2, 0}); },
-                                         uniform({2, 3, 4}, 17)).g);
+  auto pp = k::rewrite::simplify(capture(
+                                     [](auto x) {
+                                       return k::permute(k::permute(x, {1, 2, 0}), {1, 2, 0});
+                                     },
+                                     uniform({2, 3, 4}, 17))
+                                     .g);
   CHECK(op_counts(pp) == std::map<Op, int>{{Op::permute, 1}});
 }
 

@@ -19,10 +19,10 @@
 #include <unistd.h>
 
 #include "kiln/debug/log.hpp"
-#include "kiln/runtime/disk_cache.hpp"
-#include "kiln/runtime/hash.hpp"
-#include "kiln/runtime/host_compiler.hpp"
-#include "kiln/runtime/kernel_cache.hpp"
+#include "kiln/runtime/compile/disk_cache.hpp"
+#include "kiln/runtime/compile/hash.hpp"
+#include "kiln/runtime/compile/host_compiler.hpp"
+#include "kiln/runtime/compile/kernel_cache.hpp"
 
 namespace fs = std::filesystem;
 using namespace kiln::runtime;
@@ -249,8 +249,7 @@ TEST_CASE("compile-once cache: a failed compile reaches the waiters and can be r
 
 TEST_CASE("compile-once cache: asking for the key being compiled from its own compile is an error") {
   CompileOnceCache<int, std::uint64_t> cache;
-  CHECK_THROWS_AS(cache.get_or_compile(1, [&] { return *cache.get_or_compile(1, [] { return 1; }); }),
-                  kiln::error);
+  CHECK_THROWS_AS(cache.get_or_compile(1, [&] { return *cache.get_or_compile(1, [] { return 1; }); }), kiln::error);
   CHECK(*cache.get_or_compile(1, [] { return 2; }) == 2);
 }
 
@@ -313,8 +312,7 @@ TEST_CASE("host compiler: a syntax error is a compile_error with the log and the
 TEST_CASE("log: channels, prefixes and sinks") {
   static std::string captured;
   captured.clear();
-  auto old_sink =
-      kiln::debug::set_log_sink([](kiln::debug::Channel, std::string_view text) { captured += text; });
+  auto old_sink = kiln::debug::set_log_sink([](kiln::debug::Channel, std::string_view text) { captured += text; });
   kiln::debug::set_log_channels("guards, cache");
   CHECK(kiln::debug::log_enabled(kiln::debug::Channel::guards));
   CHECK(kiln::debug::log_enabled(kiln::debug::Channel::cache));

@@ -80,8 +80,8 @@ TEST_CASE("sharing: a chain's expression and its captured graph grow linearly wi
   auto [n2, m2] = walk_counts<2>(in);
   auto [n12, m12] = walk_counts<12>(in);
   auto [n24, m24] = walk_counts<24>(in);
-  INFO("distinct nodes " << n1 << " " << n2 << " " << n12 << " " << n24 << ", repeated meetings " << m1 << " " << m2 << " "
-                         << m12 << " " << m24);
+  INFO("distinct nodes " << n1 << " " << n2 << " " << n12 << " " << n24 << ", repeated meetings " << m1 << " " << m2
+                         << " " << m12 << " " << m24);
   const int per_block = n2 - n1;
   CHECK(per_block > 0);
   CHECK(n12 == n1 + 11 * per_block);  // one more block adds the same number of distinct nodes

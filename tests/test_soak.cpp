@@ -98,8 +98,8 @@ TEST_CASE("soak: 10,000 eager and compiled calls over shapes, bounds, views, dty
   const int total = 10000;
   Soak s;
   auto compiled = k::compile([](auto x) { return k::tanh(x) * 2 + 1; }, {.recompile_limit = 8});
-  auto compiled_slice = k::compile([&](auto x) { return k::slice(x, 1, s.calls % 4, 41, 1 + s.calls % 2) * 2; },
-                                   {.recompile_limit = 8});
+  auto compiled_slice =
+      k::compile([&](auto x) { return k::slice(x, 1, s.calls % 4, 41, 1 + s.calls % 2) * 2; }, {.recompile_limit = 8});
   std::int64_t warm_rss = 0;
   int max_eager = 0;
   std::size_t max_compiled = 0;

@@ -23,9 +23,9 @@ TEST_CASE("train: a 2-layer MLP's loss falls over 50 AdamW steps on the CPU") {
   }
   k::Tensor y = k::from_vector(labels, {n});
 
-  std::vector<k::Tensor> p = {k::Tensor(k::randn({h, d}, k::f32, k::cpu, 2) * 0.2f), k::zeros({h}),
-                              k::ones({h}), k::zeros({h}),
-                              k::Tensor(k::randn({classes, h}, k::f32, k::cpu, 3) * 0.15f), k::zeros({classes})};
+  std::vector<k::Tensor> p = {
+      k::Tensor(k::randn({h, d}, k::f32, k::cpu, 2) * 0.2f),        k::zeros({h}),      k::ones({h}), k::zeros({h}),
+      k::Tensor(k::randn({classes, h}, k::f32, k::cpu, 3) * 0.15f), k::zeros({classes})};
   std::vector<k::Tensor> m, v;
   for (auto& t : p) m.push_back(k::zeros(t.shape())), v.push_back(k::zeros(t.shape()));
   auto loss_fn = [](auto x, auto y, auto w1, auto b1, auto g, auto be, auto w2, auto b2) {
@@ -43,9 +43,9 @@ TEST_CASE("train: a 2-layer MLP's loss falls over 50 AdamW steps on the CPU") {
   for (int s = 1; s <= 50; ++s) {
     auto [loss, g1, gb1, gg, gbe, g2, gb2] = step(x, y, p[0], p[1], p[2], p[3], p[4], p[5]);
     if (s == 1) {  // the first loss and a gradient agree with the f64 oracle
-      CHECK(k::to_vector<float>(loss)[0] ==
-            doctest::Approx(k::to_vector<double>(k::reference::eval(loss_fn(x, y, p[0], p[1], p[2], p[3], p[4], p[5])))[0])
-                .epsilon(1e-4));
+      CHECK(k::to_vector<float>(loss)[0] == doctest::Approx(k::to_vector<double>(k::reference::eval(
+                                                                loss_fn(x, y, p[0], p[1], p[2], p[3], p[4], p[5])))[0])
+                                                .epsilon(1e-4));
     }
     std::vector<k::Tensor> g = {g1, gb1, gg, gbe, g2, gb2};
     bc1 = 1 - std::pow(0.9f, float(s));

@@ -1,6 +1,9 @@
-// kiln: torch.compile for C++. Capture (expr/), rewrite and differentiate (rewrite/, autodiff/),
-// flatten (graph/), guard (guards/), lower (ir/), fuse (schedule/), generate (codegen/) and run
-// (runtime/), with explain and logs (debug/) and the f64 oracle (reference/) beside them.
+// kiln: torch.compile for C++. The stages, in the order a first call runs them: core/ (tensors,
+// dtypes, the driver), expr/ (capture: the expression's type), graph/ (flatten to a node table,
+// inference), rewrite/ (decompose, simplify), autodiff/ (derivatives), ir/ (symbolic sizes), guards/
+// (what a program assumed), schedule/ (fusion), codegen/ (kernel source) and runtime/ (compile,
+// launch, extern calls, export, tuning; k::compile and k::eval on top), with explain and logs
+// (debug/) and the f64 oracle (reference/) beside them.
 #pragma once
 // The compiler pipeline (inference, rewrites, autodiff, fusion, codegen, the oracle) runs once per
 // compiled program, not per call: GCC builds it at -O1, which cuts user compile times by a third.
@@ -11,27 +14,27 @@
 #pragma GCC optimize("O1")
 #define KILN_PIPELINE_O1
 #endif
+#include "autodiff/differentiate.hpp"
+#include "codegen/kernel_writer.hpp"
 #include "graph/infer.hpp"
 #include "ir/shape_env.hpp"
+#include "reference/eval.hpp"
 #include "rewrite/decompose.hpp"
 #include "rewrite/simplify.hpp"
-#include "autodiff/differentiate.hpp"
 #include "schedule/fuse.hpp"
 #include "schedule/split.hpp"
-#include "codegen/kernel_writer.hpp"
-#include "reference/eval.hpp"
 #ifdef KILN_PIPELINE_O1
 #pragma GCC pop_options
 #undef KILN_PIPELINE_O1
 #endif
+#include "autodiff/grad.hpp"
 #include "core/factories.hpp"
 #include "core/stream.hpp"
 #include "core/tensor.hpp"
+#include "debug/explain.hpp"
 #include "expr/assign.hpp"
 #include "expr/custom_op.hpp"
 #include "expr/ops.hpp"
-#include "autodiff/grad.hpp"
-#include "runtime/api.hpp"
-#include "debug/explain.hpp"
-#include "runtime/export.hpp"
 #include "reference/eval.hpp"
+#include "runtime/aot/export.hpp"
+#include "runtime/api.hpp"

@@ -20,8 +20,8 @@ namespace kiln::testing {
 // one-line report naming the worst element.
 struct AllcloseResult {
   bool ok = false;
-  std::string message;          // set when the comparison could not be made (e.g. shapes differ)
-  Dims shape;                   // the common shape
+  std::string message;  // set when the comparison could not be made (e.g. shapes differ)
+  Dims shape;           // the common shape
   double rtol = 0, atol = 0;
   std::int64_t count = 0;       // elements compared
   std::int64_t mismatches = 0;  // elements that are not close
@@ -105,16 +105,18 @@ inline AllcloseResult allclose(const Tensor& a, const Tensor& b, double rtol = 1
 namespace detail {
 template <class T>
 Tensor evaluated(const T& x) {
-  if constexpr (std::is_same_v<T, Tensor>) return x;
-  else return reference::eval(x);
+  if constexpr (std::is_same_v<T, Tensor>)
+    return x;
+  else
+    return reference::eval(x);
 }
 }  // namespace detail
 
 // Either side may be an expression: it is evaluated by the f64 oracle, k::reference::eval.
 template <class A, class B>
-  requires((Expr<A> || std::is_same_v<A, Tensor>) && (Expr<B> || std::is_same_v<B, Tensor>) &&
-           (Expr<A> || Expr<B>))
-AllcloseResult allclose(const A& a, const B& b, double rtol = 1e-5, double atol = 1e-8) {
+requires((Expr<A> || std::is_same_v<A, Tensor>)&&(Expr<B> || std::is_same_v<B, Tensor>)&&(Expr<A> ||
+                                                                                          Expr<B>)) AllcloseResult
+    allclose(const A& a, const B& b, double rtol = 1e-5, double atol = 1e-8) {
   return allclose(detail::evaluated(a), detail::evaluated(b), rtol, atol);
 }
 

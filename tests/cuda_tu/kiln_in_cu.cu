@@ -25,26 +25,30 @@ __global__ void scaled_tanh_kernel(const float* x, const float* w, float* out, i
 
 // A user's kernel as a kiln op: launched with <<<..., stream>>> on the stream kiln passes (the
 // program's), or run on the host for CPU tensors. f32 inputs of one shape.
-k::CustomOp scaled_tanh = k::custom_op("scaled_tanh", {
-  .inputs = 2,
-  .infer = [](std::span<const k::TensorSpec> in) {
-    if (!(in[0].shape == in[1].shape) || in[0].dtype != k::f32 || in[1].dtype != k::f32)
-      throw k::shape_error("x and w must be f32 tensors of one shape");
-    return in[0];
-  },
-  .forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {
-    const int n = static_cast<int>(out.numel());
-    const auto* x = static_cast<const float*>(in[0].data_ptr());
-    const auto* w = static_cast<const float*>(in[1].data_ptr());
-    auto* o = static_cast<float*>(out.data_ptr());
-    if (out.device().is_cpu()) {
-      for (int i = 0; i < n; ++i) o[i] = std::tanh(x[i]) * w[i];
-      return;
-    }
-    scaled_tanh_kernel<<<(n + 255) / 256, 256, 0, s.handle()>>>(x, w, o, n);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) throw k::cuda_error(cudaGetErrorName(e));
-  },
-});
+k::CustomOp scaled_tanh = k::custom_op(
+    "scaled_tanh", {
+                       .inputs = 2,
+                       .infer =
+                           [](std::span<const k::TensorSpec> in) {
+                             if (!(in[0].shape == in[1].shape) || in[0].dtype != k::f32 || in[1].dtype != k::f32)
+                               throw k::shape_error("x and w must be f32 tensors of one shape");
+                             return in[0];
+                           },
+                       .forward =
+                           [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream s) {
+                             const int n = static_cast<int>(out.numel());
+                             const auto* x = static_cast<const float*>(in[0].data_ptr());
+                             const auto* w = static_cast<const float*>(in[1].data_ptr());
+                             auto* o = static_cast<float*>(out.data_ptr());
+                             if (out.device().is_cpu()) {
+                               for (int i = 0; i < n; ++i) o[i] = std::tanh(x[i]) * w[i];
+                               return;
+                             }
+                             scaled_tanh_kernel<<<(n + 255) / 256, 256, 0, s.handle()>>>(x, w, o, n);
+                             if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+                               throw k::cuda_error(cudaGetErrorName(e));
+                           },
+                   });
 
 bool close(const std::vector<float>& got, const std::vector<float>& want) {
   if (got.size() != want.size()) return false;

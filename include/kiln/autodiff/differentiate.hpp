@@ -81,7 +81,8 @@ inline std::vector<int> wrt_nodes(const graph::Graph& g, std::span<const int> wr
   std::vector<int> nodes;
   for (int slot : wrt_args) {
     int a = find_arg(g, slot);
-    if (a < 0) throw error(std::string(name(mode)) + ": argument " + std::to_string(slot) + " has no node in the graph");
+    if (a < 0)
+      throw error(std::string(name(mode)) + ": argument " + std::to_string(slot) + " has no node in the graph");
     if (!is_floating(g[a].dt))
       throw dtype_error(std::string(name(mode)) + ": argument " + std::to_string(slot) + " has dtype " +
                         std::string(kiln::name(g[a].dt)) + "; only floating-point arguments have gradients");
@@ -92,7 +93,8 @@ inline std::vector<int> wrt_nodes(const graph::Graph& g, std::span<const int> wr
 
 // Walks the forward graph from its output down (reverse topological order: ids are topological),
 // pushing each node's cotangent through its rule; returns the cotangent of every forward node.
-inline std::vector<int> backpropagate(Builder& b, const graph::Graph& g, int out, int seed, const std::vector<char>& needs) {
+inline std::vector<int> backpropagate(Builder& b, const graph::Graph& g, int out, int seed,
+                                      const std::vector<char>& needs) {
   std::vector<int> ct(static_cast<std::size_t>(g.size()), -1);
   ct[out] = seed;
   for (int i = out; i >= 0; --i) {
@@ -115,10 +117,12 @@ inline std::vector<int> backpropagate(Builder& b, const graph::Graph& g, int out
 // grad: the gradients in wrt order; value_and_grad: the value, then the gradients; vjp: the
 // gradients seeded by the argument in slot cotangent_arg. Gradients have their argument's dtype;
 // an argument the value does not depend on gets zeros. Every wrt argument needs an arg node in g.
-inline JointGraph differentiate_joint(const graph::Graph& g, std::span<const int> wrt_args, Mode mode, int cotangent_arg = -1) {
+inline JointGraph differentiate_joint(const graph::Graph& g, std::span<const int> wrt_args, Mode mode,
+                                      int cotangent_arg = -1) {
   debug::log_lazy(debug::Channel::autodiff, [&] { return "before " + std::string(name(mode)) + ":\n" + g.str(); });
   if (g.outputs.size() != 1)
-    throw error(std::string(name(mode)) + ": the function must have exactly one output, it has " + std::to_string(g.outputs.size()));
+    throw error(std::string(name(mode)) + ": the function must have exactly one output, it has " +
+                std::to_string(g.outputs.size()));
   const int out = g.outputs[0];
   if (!is_floating(g[out].dt))
     throw dtype_error(std::string(name(mode)) + ": the function's value is " + std::string(kiln::name(g[out].dt)) +
@@ -143,7 +147,8 @@ inline JointGraph differentiate_joint(const graph::Graph& g, std::span<const int
   return result;
 }
 
-inline graph::Graph differentiate(const graph::Graph& g, std::span<const int> wrt_args, Mode mode, int cotangent_arg = -1) {
+inline graph::Graph differentiate(const graph::Graph& g, std::span<const int> wrt_args, Mode mode,
+                                  int cotangent_arg = -1) {
   return differentiate_joint(g, wrt_args, mode, cotangent_arg).graph;
 }
 

@@ -44,23 +44,30 @@ struct GradFn {
   // Runs through k::compile, which <kiln/kiln.hpp> defines and ADL finds when this is instantiated,
   // so this header does not depend on the runtime. For repeated calls, keep k::compile(grad_fn).
   template <class... T>
-    requires(std::is_same_v<T, Tensor> && ...)
-  auto operator()(const T&... args) const {
+  requires(std::is_same_v<T, Tensor>&&...) auto operator()(const T&... args) const {
     detail::check_gradient_fn<GradFn, static_cast<int>(sizeof...(T))>();
     return compile(*this)(args...);
   }
 };
 
 template <class F, int... I>
-auto grad(F fn, wrt_t<I...>) { return GradFn<F, autodiff::Mode::grad, I...>{std::move(fn)}; }
+auto grad(F fn, wrt_t<I...>) {
+  return GradFn<F, autodiff::Mode::grad, I...>{std::move(fn)};
+}
 template <class F, int... I>
-auto value_and_grad(F fn, wrt_t<I...>) { return GradFn<F, autodiff::Mode::value_and_grad, I...>{std::move(fn)}; }
+auto value_and_grad(F fn, wrt_t<I...>) {
+  return GradFn<F, autodiff::Mode::value_and_grad, I...>{std::move(fn)};
+}
 // The returned function takes the cotangent of F's value as an extra last argument.
 template <class F, int... I>
-auto vjp(F fn, wrt_t<I...>) { return GradFn<F, autodiff::Mode::vjp, I...>{std::move(fn)}; }
+auto vjp(F fn, wrt_t<I...>) {
+  return GradFn<F, autodiff::Mode::vjp, I...>{std::move(fn)};
+}
 
-template <class T> struct is_gradient_fn : std::false_type {};
-template <class F, autodiff::Mode M, int... I> struct is_gradient_fn<GradFn<F, M, I...>> : std::true_type {};
+template <class T>
+struct is_gradient_fn : std::false_type {};
+template <class F, autodiff::Mode M, int... I>
+struct is_gradient_fn<GradFn<F, M, I...>> : std::true_type {};
 
 namespace detail {
 
@@ -79,8 +86,14 @@ constexpr Scalarity node_scalarity(Op op, std::initializer_list<Scalarity> in) {
     return all_yes ? Scalarity::yes : Scalarity::maybe;
   }
   switch (op) {  // views and shape-preserving ops of one input keep its answer
-    case Op::reshape: case Op::permute: case Op::transpose: case Op::unsqueeze: case Op::squeeze: case Op::slice:
-    case Op::softmax: case Op::log_softmax:
+    case Op::reshape:
+    case Op::permute:
+    case Op::transpose:
+    case Op::unsqueeze:
+    case Op::squeeze:
+    case Op::slice:
+    case Op::softmax:
+    case Op::log_softmax:
       return *in.begin();
     case Op::custom:  // the user's shape rule decides, at run time
       return Scalarity::maybe;
@@ -89,25 +102,34 @@ constexpr Scalarity node_scalarity(Op op, std::initializer_list<Scalarity> in) {
   }
 }
 
-template <class E> struct scalarity : std::integral_constant<Scalarity, Scalarity::no> {};
-template <bool F> struct scalarity<expr::Scalar<F>> : std::integral_constant<Scalarity, Scalarity::yes> {};
-template <class N> struct scalarity<expr::FullReduction<N>> : std::integral_constant<Scalarity, Scalarity::yes> {};
+template <class E>
+struct scalarity : std::integral_constant<Scalarity, Scalarity::no> {};
+template <bool F>
+struct scalarity<expr::Scalar<F>> : std::integral_constant<Scalarity, Scalarity::yes> {};
+template <class N>
+struct scalarity<expr::FullReduction<N>> : std::integral_constant<Scalarity, Scalarity::yes> {};
 template <Op O, class... C>
-struct scalarity<expr::Node<O, C...>> : std::integral_constant<Scalarity, node_scalarity(O, {scalarity<C>::value...})> {};
+struct scalarity<expr::Node<O, C...>> : std::integral_constant<Scalarity, node_scalarity(O, {scalarity<C>::value...})> {
+};
 
-template <class E> inline constexpr Scalarity scalarity_v = scalarity<std::remove_cvref_t<E>>::value;
+template <class E>
+inline constexpr Scalarity scalarity_v = scalarity<std::remove_cvref_t<E>>::value;
 // True when the type guarantees a single-element value (full reductions, losses, their pointwise
 // combinations with each other and with C++ scalars).
-template <class E> inline constexpr bool is_scalar_valued = scalarity_v<E> == Scalarity::yes;
+template <class E>
+inline constexpr bool is_scalar_valued = scalarity_v<E> == Scalarity::yes;
 
 // ---- how argument I is used: as a value (differentiable) and/or as class indices ---------------
 inline constexpr int used_as_value = 1, used_as_index = 2;
 
 constexpr bool index_operand(Op op, std::size_t k) { return (op == Op::cross_entropy || op == Op::gather) && k == 1; }
 
-template <int I, class E> struct arg_use : std::integral_constant<int, 0> {};
-template <int I> struct arg_use<I, expr::Arg<I>> : std::integral_constant<int, used_as_value> {};
-template <int I, class N> struct arg_use<I, expr::FullReduction<N>> : arg_use<I, N> {};
+template <int I, class E>
+struct arg_use : std::integral_constant<int, 0> {};
+template <int I>
+struct arg_use<I, expr::Arg<I>> : std::integral_constant<int, used_as_value> {};
+template <int I, class N>
+struct arg_use<I, expr::FullReduction<N>> : arg_use<I, N> {};
 
 template <int I, Op O, class... C, std::size_t... K>
 constexpr int node_arg_use(std::index_sequence<K...>) {
@@ -117,7 +139,8 @@ template <int I, Op O, class... C>
 struct arg_use<I, expr::Node<O, C...>>
     : std::integral_constant<int, node_arg_use<I, O, C...>(std::index_sequence_for<C...>{})> {};
 
-template <int I, class E> inline constexpr int arg_use_v = arg_use<I, std::remove_cvref_t<E>>::value;
+template <int I, class E>
+inline constexpr int arg_use_v = arg_use<I, std::remove_cvref_t<E>>::value;
 
 // ---- the checks, one sentence each -------------------------------------------------------------
 template <int Index, int NumArgs>
@@ -134,19 +157,63 @@ constexpr void check_value() {
     static_assert(scalarity_v<E> != Scalarity::no,
                   "k::grad needs a scalar-valued function: reduce the result with k::sum or k::mean, or use k::vjp");
   else if constexpr (M == autodiff::Mode::value_and_grad)
-    static_assert(scalarity_v<E> != Scalarity::no,
-                  "k::value_and_grad needs a scalar-valued function: reduce the result with k::sum or k::mean, or use k::vjp");
+    static_assert(
+        scalarity_v<E> != Scalarity::no,
+        "k::value_and_grad needs a scalar-valued function: reduce the result with k::sum or k::mean, or use k::vjp");
   else
     static_assert(Expr<E>, "k::vjp needs a function returning one expression (not a std::tuple or a k::Tensor)");
-  static_assert(((arg_use_v<I, E> != used_as_index) && ...),
-                "k::wrt names an integer argument (class indices) that has no gradient: remove its index from k::wrt<...>");
+  static_assert(
+      ((arg_use_v<I, E> != used_as_index) && ...),
+      "k::wrt names an integer argument (class indices) that has no gradient: remove its index from k::wrt<...>");
 }
 
 // ---- the protocol --------------------------------------------------------------------------------
+// How many tensors f takes (0 to 8), or -1 when it is callable with none of these counts (or with
+// several: a variadic function), found by calling it with argument placeholders.
+template <class F, std::size_t... K>
+constexpr bool callable_with(std::index_sequence<K...>) {
+  return std::is_invocable_v<const F&, const expr::Arg<static_cast<int>(K)>&...>;
+}
+template <class F>
+constexpr int tensors_taken() {
+  return []<std::size_t... N>(std::index_sequence<N...>) {
+    int found = -1, count = 0;
+    ((callable_with<F>(std::make_index_sequence<N>{}) ? (found = static_cast<int>(N), ++count) : 0), ...);
+    return count == 1 ? found : -1;
+  }
+  (std::make_index_sequence<9>{});
+}
+// Instantiated (as takes_tensors<2>::called_with<1>, which names both counts) when a function is
+// called with another number of tensors than it takes.
+template <int Takes>
+struct takes_tensors {
+  template <int Given>
+  struct called_with {
+    static_assert(Takes == Given,
+                  "k::compile: the function is called with another number of tensors than it takes (the counts are "
+                  "takes_tensors<takes>::called_with<given>)");
+    static constexpr bool ok = Takes == Given;
+  };
+};
+// Whether f may be called with Given tensors; when it takes another known count, the assertion
+// above says so (and nothing else: the caller then does not call f).
+template <class F, int Given>
+constexpr bool tensor_count_ok() {
+  if constexpr (callable_with<F>(std::make_index_sequence<static_cast<std::size_t>(Given)>{}))
+    return true;
+  else if constexpr (constexpr int takes = tensors_taken<F>(); takes >= 0)
+    return takes_tensors<takes>::template called_with<Given>::ok;
+  else
+    return true;  // not callable with any count: the compiler's own error at the call says why
+}
+
 // A plain function: its expression, built from the argument placeholders.
 template <class F, class... A>
 auto trace(const F& f, const A&... a) {
-  return f(a...);
+  if constexpr (tensor_count_ok<F, static_cast<int>(sizeof...(A))>())
+    return f(a...);
+  else
+    return expr::Arg<0>{};  // after the assertion: no second error
 }
 
 // A gradient function: F on the forward arguments (all but the cotangent for vjp), followed by the
@@ -156,27 +223,30 @@ auto trace(const GradFn<F, M, I...>& gf, const A&... a) {
   constexpr bool vjp = M == autodiff::Mode::vjp;
   static_assert(!vjp || sizeof...(A) >= 1, "k::vjp takes the cotangent of the function's value as its last argument");
   constexpr int n = static_cast<int>(sizeof...(A)) - (vjp ? 1 : 0);
-  if constexpr ((wrt_index_check<I, n>::ok && ...)) {
+  if constexpr (tensor_count_ok<F, n>() && (wrt_index_check<I, n>::ok && ...)) {
     auto args = std::forward_as_tuple(a...);
-    auto value = [&]<std::size_t... K>(std::index_sequence<K...>) {
-      return gf.fn(std::get<K>(args)...);
-    }(std::make_index_sequence<static_cast<std::size_t>(n)>{});
+    auto value = [&]<std::size_t... K>(std::index_sequence<K...>) { return gf.fn(std::get<K>(args)...); }
+    (std::make_index_sequence<static_cast<std::size_t>(n)>{});
     check_value<M, decltype(value), I...>();
     if constexpr (vjp)
       return std::make_tuple(value, std::get<I>(args)..., std::get<n>(args));
     else
       return std::make_tuple(value, std::get<I>(args)...);
+  } else {
+    return std::make_tuple(expr::Arg<0>{}, expr::Arg<I>{}...);  // after an assertion: no second error
   }
 }
 
 // Graph outputs of the transformed graph, as the runtime returns them (one: a k::Tensor).
-template <class T> struct output_count : std::integral_constant<int, 1> {};
-template <class... T> struct output_count<std::tuple<T...>> : std::integral_constant<int, sizeof...(T)> {};
+template <class T>
+struct output_count : std::integral_constant<int, 1> {};
+template <class... T>
+struct output_count<std::tuple<T...>> : std::integral_constant<int, sizeof...(T)> {};
 template <class F, class Traced>
 inline constexpr int num_outputs = output_count<Traced>::value;
 template <class F, autodiff::Mode M, int... I, class Traced>
-inline constexpr int num_outputs<GradFn<F, M, I...>, Traced> =
-    static_cast<int>(sizeof...(I)) + (M == autodiff::Mode::value_and_grad ? 1 : 0);
+inline constexpr int num_outputs<GradFn<F, M, I...>, Traced> = static_cast<int>(sizeof...(I)) +
+                                                               (M == autodiff::Mode::value_and_grad ? 1 : 0);
 
 // The graph pass a function object asks for after decomposition: none for a plain function.
 template <class F>

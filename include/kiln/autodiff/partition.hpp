@@ -1,8 +1,11 @@
-// partition: decides, for a joint forward/backward graph, which forward values the backward keeps
-// from the forward (SAVED: reduction and matmul results, and small values computed only from them)
-// and which it recomputes (cheap pointwise ops and views, fused into the backward kernels), as
-// AOTAutograd's min-cut partitioner does: saving a full-size pointwise result costs more bytes moved
-// than recomputing it from what is already saved or is an argument.
+// partition: a report, for a joint forward/backward graph, of which forward values its backward
+// reads as saved values (reduction and matmul results, and small values computed only from them)
+// and which it recomputes (cheap pointwise ops and views), as AOTAutograd's min-cut partitioner
+// would split them: saving a full-size pointwise result costs more bytes moved than recomputing it
+// from what is already saved or is an argument. It decides nothing: kiln compiles a k::grad's
+// forward and backward as one program, where the fuser makes the same choice (a reduction or
+// matmul result is a buffer the backward kernels read; a pointwise value is inlined into them).
+// Tests use the report to check that the joint graph offers the fuser that split.
 #pragma once
 #include <algorithm>
 #include <sstream>
@@ -16,7 +19,7 @@ namespace kiln::autodiff {
 struct PartitionReport {
   struct Entry {
     int id = -1;
-    std::string node;         // the node, printed as in Graph::str()
+    std::string node;  // the node, printed as in Graph::str()
     std::int64_t bytes = 0;
   };
   std::vector<Entry> saved;       // kept in memory from the forward for the backward
@@ -102,7 +105,8 @@ inline PartitionReport partition(const graph::Graph& joint, int n_forward) {
   std::vector<char> seen(static_cast<std::size_t>(n_forward), 0);
   auto entry = [&](int i) {
     const graph::Node& n = joint[i];
-    return PartitionReport::Entry{i, detail::node_line(joint, i), n.shape.product() * static_cast<std::int64_t>(itemsize(n.dt))};
+    return PartitionReport::Entry{i, detail::node_line(joint, i),
+                                  n.shape.product() * static_cast<std::int64_t>(itemsize(n.dt))};
   };
   // Classifies forward node i, read by the backward; a recomputed node needs its own inputs.
   auto visit = [&](auto& self, int i) -> void {

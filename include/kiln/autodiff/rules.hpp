@@ -58,7 +58,9 @@ inline Cotangents erf(Builder& b, int y, int g) {  // 2/sqrt(pi) exp(-x^2)
   int d = b.mul(b.exp(b.neg(b.square(x0(b, y)))), 2 * std::numbers::inv_sqrtpi);
   return {b.mul(g, d), -1, -1, -1};
 }
-inline Cotangents relu(Builder& b, int y, int g) { return {b.where(b.cmp(Op::gt, y, b.constant(0)), g, 0.0), -1, -1, -1}; }
+inline Cotangents relu(Builder& b, int y, int g) {
+  return {b.where(b.cmp(Op::gt, y, b.constant(0)), g, 0.0), -1, -1, -1};
+}
 inline Cotangents cast(Builder& b, int y, int g) {  // differentiate() casts g to the input's dtype
   return is_floating(b.dt(x0(b, y))) ? Cotangents{g, -1, -1, -1} : no_cotangents;
 }
@@ -78,7 +80,8 @@ inline Cotangents select(Builder& b, int y, int g, Op wins_left) {
   const int l = in(b, y, 0), r = in(b, y, 1);
   const Op wins_right = wins_left == Op::gt ? Op::lt : Op::gt;
   int tie = b.where(b.cmp(Op::eq, l, r), b.mul(g, 0.5), 0.0);
-  return {back(b, y, 0, b.where(b.cmp(wins_left, l, r), g, tie)), back(b, y, 1, b.where(b.cmp(wins_right, l, r), g, tie)), -1, -1};
+  return {back(b, y, 0, b.where(b.cmp(wins_left, l, r), g, tie)),
+          back(b, y, 1, b.where(b.cmp(wins_right, l, r), g, tie)), -1, -1};
 }
 inline Cotangents maximum(Builder& b, int y, int g) { return select(b, y, g, Op::gt); }
 inline Cotangents minimum(Builder& b, int y, int g) { return select(b, y, g, Op::lt); }
@@ -186,7 +189,8 @@ inline Cotangents custom(Builder& b, int y, int g) {
   return c;
 }
 inline Cotangents custom_backward(Builder& b, int y, int) {
-  throw error(custom_ops::entry(b[y].attrs.custom).prefix() + "its backward cannot be differentiated again (no double backward)");
+  throw error(custom_ops::entry(b[y].attrs.custom).prefix() +
+              "its backward cannot be differentiated again (no double backward)");
 }
 
 }  // namespace rules

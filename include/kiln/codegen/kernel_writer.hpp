@@ -2,10 +2,10 @@
 // Triton: program ids, xindex/rindex tiles, xmask/rmask, tmp0.. one statement a line. Index
 // arithmetic is symbolic (ir/sym.hpp), so static and dynamic sizes go through one path.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <algorithm>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -21,14 +21,14 @@ namespace kiln::codegen {
 // One parameter of a generated kernel, in signature order.
 struct Param {
   enum Kind { in_ptr, out_ptr, scalar, size } kind;
-  int ref;           // in/out: node id; scalar: slot; size: symbol id
-  kiln::dtype dt;    // buffers: element dtype
+  int ref;         // in/out: node id; scalar: slot; size: symbol id
+  kiln::dtype dt;  // buffers: element dtype
   std::string name;
 };
 
 // Thrown by the writer when a row kernel asked to keep column partial sums cannot hold its row in
 // registers under its launch config (long rows on the CPU, a tuning candidate, a KILN_TUNE_ knob):
-// the planner then plans without them (runtime/compile.hpp), autotuning drops the candidate.
+// the planner then plans without them (runtime/lower.hpp), autotuning drops the candidate.
 struct unheld_partials : error {
   using error::error;
 };
@@ -36,11 +36,11 @@ struct unheld_partials : error {
 struct KernelSource {
   std::string name;
   schedule::Kind kind;
-  std::string source;          // the block program (without the prelude)
+  std::string source;  // the block program (without the prelude)
   std::vector<Param> params;
-  Sym xnumel, rnumel;          // iteration sizes, for the launch grid
+  Sym xnumel, rnumel;  // iteration sizes, for the launch grid
   LaunchConfig config;
-  Tuning tuning;               // what an autotuning candidate set (default: the rules' choices)
+  Tuning tuning;                    // what an autotuning candidate set (default: the rules' choices)
   std::int64_t partial_groups = 0;  // row kernels with column partials: exactly this many programs
   bool column = false;              // rows reduced over outer dims (a thread a kept element)
   std::vector<std::string> fused_ops;
@@ -50,18 +50,26 @@ namespace detail {
 
 inline std::string c_type(kiln::dtype d) {
   switch (compute_dtype(d)) {
-    case kiln::dtype::f64: return "double";
-    case kiln::dtype::i64: return "i64";
-    case kiln::dtype::i32: return "int";
-    case kiln::dtype::boolean: return "bool";
-    default: return "float";
+    case kiln::dtype::f64:
+      return "double";
+    case kiln::dtype::i64:
+      return "i64";
+    case kiln::dtype::i32:
+      return "int";
+    case kiln::dtype::boolean:
+      return "bool";
+    default:
+      return "float";
   }
 }
 inline std::string storage_c_type(kiln::dtype d) {
   switch (d) {
-    case kiln::dtype::f16: return "f16";
-    case kiln::dtype::bf16: return "bf16";
-    default: return c_type(d);
+    case kiln::dtype::f16:
+      return "f16";
+    case kiln::dtype::bf16:
+      return "bf16";
+    default:
+      return c_type(d);
   }
 }
 
@@ -70,11 +78,20 @@ inline std::string literal(double v, kiln::dtype ct) {
   if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + (ct == kiln::dtype::f64 ? "(double)KILN_INF" : "KILN_INF");
   char buf[64];
   switch (compute_dtype(ct)) {
-    case kiln::dtype::f64: std::snprintf(buf, sizeof buf, "%.17g", v); break;
-    case kiln::dtype::f32: std::snprintf(buf, sizeof buf, "%.9gf", v); break;
-    case kiln::dtype::boolean: return v != 0 ? "true" : "false";
-    case kiln::dtype::i32: std::snprintf(buf, sizeof buf, "%d", static_cast<int>(v)); return buf;
-    default: std::snprintf(buf, sizeof buf, "%lldLL", static_cast<long long>(v)); return buf;
+    case kiln::dtype::f64:
+      std::snprintf(buf, sizeof buf, "%.17g", v);
+      break;
+    case kiln::dtype::f32:
+      std::snprintf(buf, sizeof buf, "%.9gf", v);
+      break;
+    case kiln::dtype::boolean:
+      return v != 0 ? "true" : "false";
+    case kiln::dtype::i32:
+      std::snprintf(buf, sizeof buf, "%d", static_cast<int>(v));
+      return buf;
+    default:
+      std::snprintf(buf, sizeof buf, "%lldLL", static_cast<long long>(v));
+      return buf;
   }
   std::string s = buf;
   if (s.find_first_of(".en") == std::string::npos) s.insert(s.size() - (compute_dtype(ct) == kiln::dtype::f32), ".0");
@@ -92,18 +109,30 @@ inline std::vector<Sym> nonzero(const std::vector<Sym>& sizes) {
 // The C++ operator or prelude function of each primitive.
 inline std::string pointwise_expr(Op op, const std::vector<std::string>& a) {
   switch (op) {
-    case Op::add: return a[0] + " + " + a[1];
-    case Op::sub: return a[0] + " - " + a[1];
-    case Op::mul: return a[0] + " * " + a[1];
-    case Op::div: return a[0] + " / " + a[1];
-    case Op::lt: return a[0] + " < " + a[1];
-    case Op::le: return a[0] + " <= " + a[1];
-    case Op::gt: return a[0] + " > " + a[1];
-    case Op::ge: return a[0] + " >= " + a[1];
-    case Op::eq: return a[0] + " == " + a[1];
-    case Op::ne: return a[0] + " != " + a[1];
-    case Op::where: return "kiln::where(" + a[0] + ", " + a[1] + ", " + a[2] + ")";
-    default: break;
+    case Op::add:
+      return a[0] + " + " + a[1];
+    case Op::sub:
+      return a[0] + " - " + a[1];
+    case Op::mul:
+      return a[0] + " * " + a[1];
+    case Op::div:
+      return a[0] + " / " + a[1];
+    case Op::lt:
+      return a[0] + " < " + a[1];
+    case Op::le:
+      return a[0] + " <= " + a[1];
+    case Op::gt:
+      return a[0] + " > " + a[1];
+    case Op::ge:
+      return a[0] + " >= " + a[1];
+    case Op::eq:
+      return a[0] + " == " + a[1];
+    case Op::ne:
+      return a[0] + " != " + a[1];
+    case Op::where:
+      return "kiln::where(" + a[0] + ", " + a[1] + ", " + a[2] + ")";
+    default:
+      break;
   }
   std::string s = "kiln::" + std::string(name(op)) + "(";
   for (std::size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + a[i];
@@ -120,7 +149,13 @@ class KernelWriter {
 
   KernelWriter(const graph::Graph& g, const schedule::Schedule& s, const ir::ShapeEnv& env, int kernel, Target target,
                StridesOf strides_of, Tuning tune = {})
-      : g_(g), s_(s), env_(env), k_(kernel), plan_(s.kernels[kernel]), target_(target), strides_of_(std::move(strides_of)),
+      : g_(g),
+        s_(s),
+        env_(env),
+        k_(kernel),
+        plan_(s.kernels[kernel]),
+        target_(target),
+        strides_of_(std::move(strides_of)),
         tune_(tune) {}
 
   KernelSource write();
@@ -161,7 +196,7 @@ class KernelWriter {
   }
   std::string scalar_param(int slot) {
     // Named in order of use, not by the program's slot: a kernel's source does not depend on where
-    // in the program it sits (runtime/kernel_units.hpp compiles equal sources once).
+    // in the program it sits (runtime/compile/kernel_units.hpp compiles equal sources once).
     if (auto it = scalars_.find(slot); it != scalars_.end()) return it->second;
     std::string n = "sc" + std::to_string(scalars_.size());
     scalars_[slot] = n;
@@ -213,7 +248,7 @@ class KernelWriter {
   std::vector<std::string> cache_decls_;
   bool final_loop_ = false;
   std::map<std::string, std::string> column_cache_;  // row-invariant loads hoisted before the rows
-  std::vector<kiln::dtype> column_types_;  // their compute types, in order (weights0, weights1, ...)
+  std::vector<kiln::dtype> column_types_;            // their compute types, in order (weights0, weights1, ...)
   std::vector<std::string> column_loads_;
   // Where row-invariant loads are kept: 0 reloaded in the row loop, 1 registers, 2 shared memory
   // (one copy a block). Measured on an H200: registers for blocks of several rows (layer_norm, W4
@@ -221,16 +256,10 @@ class KernelWriter {
   // of their own block (rms_norm on bf16, W6 -2.3% and -2.6% in two runs, W5 equal: items 22, 30,
   // 33). KILN_TUNE_HOIST sets one mode for every kernel, for A/B runs; an autotuning candidate
   // sets it for its kernel.
-  int hoist_mode() const {
-    static const int knob = static_cast<int>(tuning_knob("KILN_TUNE_HOIST", -1, 0, 2));
-    return tune_.hoist >= 0 ? tune_.hoist : knob >= 0 ? knob : config_.rows >= 2 ? 1 : 0;
-  }
+  int hoist_mode() const { return tune_.hoist >= 0 ? tune_.hoist : config_.rows >= 2 ? 1 : 0; }
   // Whether a kernel's reductions get a shared slot each (one barrier a reduction instead of two);
   // KILN_TUNE_ROW_SLOTS=0 turns it off for A/B runs.
-  static bool row_slots() {
-    static const bool on = tuning_knob("KILN_TUNE_ROW_SLOTS", 1, 0, 1) != 0;
-    return on;
-  }
+  bool row_slots() const { return tune_.row_slots != 0; }
   std::string hoist_row_invariants(std::string& signature, std::string body) const;
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
@@ -282,15 +311,17 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
                                 }) != n.attrs.dims.end();
         if (r) count = count * env_[n.in[0]][d];
       }
-      if (count.is_constant()) return {detail::literal(double(count.constant_value()), kiln::dtype::f64), kiln::dtype::f64, true,
-                                       double(count.constant_value())};
+      if (count.is_constant())
+        return {detail::literal(double(count.constant_value()), kiln::dtype::f64), kiln::dtype::f64, true,
+                double(count.constant_value())};
       return {"((double)(" + index_code(count) + "))", kiln::dtype::f64};
     }
     case OpClass::unary: {
       Value a = child(0);
       if (n.op == Op::cast) {
         if (n.attrs.dt == kiln::dtype::f16 || n.attrs.dt == kiln::dtype::bf16)
-          return bind("kiln::round_to<" + detail::storage_c_type(n.attrs.dt) + ">(" + cast(a, kiln::dtype::f32).code + ")", ct);
+          return bind(
+              "kiln::round_to<" + detail::storage_c_type(n.attrs.dt) + ">(" + cast(a, kiln::dtype::f32).code + ")", ct);
         if (n.attrs.dt == kiln::dtype::boolean) return bind(a.code + " != " + detail::literal(0, a.ct), ct);
         if (compute_dtype(a.ct) == ct) return a;  // f32 <-> f32 compute: nothing to do
         return bind(cast(a, n.attrs.dt).code, ct);
@@ -304,7 +335,7 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
       kiln::dtype operand = ct;
       if (is_comparison(n.op)) {
         const auto &a = g_[n.in[0]], &b = g_[n.in[1]];
-        operand = compute_dtype(a.weak && !b.weak ? promote_with_scalar(b.dt, is_floating(a.dt))
+        operand = compute_dtype(a.weak && !b.weak   ? promote_with_scalar(b.dt, is_floating(a.dt))
                                 : b.weak && !a.weak ? promote_with_scalar(a.dt, is_floating(b.dt))
                                                     : promote(a.dt, b.dt));
       }
@@ -324,7 +355,9 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
         Sym rel = idx[d] - start;
         std::string r = "(" + index_code(rel) + ")";
         std::string inside = bind("(" + r + " >= 0) & (" + r + " % " + index_code(step) + " == 0) & (" + r + " < " +
-                                      index_code(count * step) + ")", kiln::dtype::boolean).code;
+                                      index_code(count * step) + ")",
+                                  kiln::dtype::boolean)
+                                 .code;
         std::vector<Sym> in_idx = idx;
         in_idx[d] = floordiv(max(rel, Sym(0)), step);
         Value v = emit(n.in[0], in_idx, xm.empty() ? inside : "(" + xm + " & " + inside + ")");
@@ -338,8 +371,9 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
       base.back() = Sym(0);
       std::vector<Sym> strides = strides_of_(src);
       std::string ptr = param_for(src, false);
-      std::string inb = bind("(" + t.code + " >= 0) & (" + t.code + " < " + index_code(env_[src].back()) + ")",
-                             kiln::dtype::boolean).code;
+      std::string inb =
+          bind("(" + t.code + " >= 0) & (" + t.code + " < " + index_code(env_[src].back()) + ")", kiln::dtype::boolean)
+              .code;
       std::string off = index_code(ravel(base, strides)) + " + " + t.code + " * " + index_code(strides.back());
       return bind("kiln::load(" + ptr + ", " + off + ", " + mask() + " & " + inb + ")", ct);
     }

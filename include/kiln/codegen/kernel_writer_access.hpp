@@ -73,7 +73,7 @@ inline bool tile_invariant(const Sym& e, const Sym& t, std::int64_t vec) {
 // replaced by the tile start: the access is then one contiguous run (a vector load or store).
 inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& start, std::int64_t vec) {
   std::vector<Sym> terms = offset.kind() == SymKind::add ? std::vector<Sym>(offset.args().begin(), offset.args().end())
-                                                          : std::vector<Sym>{offset};
+                                                         : std::vector<Sym>{offset};
   int varying = 0;
   for (const Sym& term : terms) {
     if (tile_invariant(term, t, vec)) continue;
@@ -92,19 +92,23 @@ inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& 
 // multiple of `vec`. Sizes are unknown (false); constants and products are exact.
 inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec) {
   switch (e.kind()) {
-    case SymKind::constant: return e.constant_value() % m == 0;
-    case SymKind::symbol: return e.symbol_id() == start && vec % m == 0;
+    case SymKind::constant:
+      return e.constant_value() % m == 0;
+    case SymKind::symbol:
+      return e.symbol_id() == start && vec % m == 0;
     case SymKind::add:
       return std::all_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
     case SymKind::mul:
       return std::any_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
     case SymKind::mod:  // a - c * floor(a / c): a multiple of m when a and c are
       return multiple_of(e.args()[0], m, start, vec) && multiple_of(e.args()[1], m, start, vec);
-    default: return false;
+    default:
+      return false;
   }
 }
 
-inline std::string KernelWriter::access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt, std::string& width) {
+inline std::string KernelWriter::access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt,
+                                             std::string& width) {
   const Sym& tile = rows() ? rindex_ : xindex_;
   if (rows() && !in_rloop_) return "";
   std::int64_t vec = rows() ? config_.rvec : config_.xvec;
@@ -150,11 +154,13 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   auto free = offset.free_symbols();
   bool per_tile = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == rindex_; });
   bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == xindex_; });
-  if (hoist_mode() && rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() && target_ == Target::cuda) {
+  if (hoist_mode() && rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() &&
+      target_ == Target::cuda) {
     // The same for every row (a weight): loaded once per thread, before the row loop.
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
-    std::string col = base.empty() ? "kiln::load(" + ptr + ", " + index_code(offset) + ", rindex < rnumel)"
-                                   : "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", rindex < rnumel)";
+    std::string col = base.empty()
+                          ? "kiln::load(" + ptr + ", " + index_code(offset) + ", rindex < rnumel)"
+                          : "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", rindex < rnumel)";
     auto [it, fresh_cache] = column_cache_.try_emplace(col, "weights" + std::to_string(column_cache_.size()));
     if (fresh_cache) {
       column_types_.push_back(ct);
@@ -170,8 +176,10 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
     std::string raw = code;
     if (narrow) {  // the same call without widening
       const std::string contig = "kiln::load_contig<", gather = "kiln::load(";
-      if (raw.rfind(contig, 0) == 0) raw.replace(0, contig.size(), "kiln::load_contig_raw<");
-      else if (raw.rfind(gather, 0) == 0) raw.replace(0, gather.size(), "kiln::load_raw(");
+      if (raw.rfind(contig, 0) == 0)
+        raw.replace(0, contig.size(), "kiln::load_contig_raw<");
+      else if (raw.rfind(gather, 0) == 0)
+        raw.replace(0, gather.size(), "kiln::load_raw(");
     }
     auto [it, fresh_cache] = row_cache_.try_emplace(code, "cache" + std::to_string(row_cache_.size()));
     if (fresh_cache) {

@@ -27,7 +27,8 @@ inline void KernelWriter::store(int node, const std::vector<Sym>& idx) {
   // A cast to the buffer's own 16-bit dtype is the store's rounding: store the value before it.
   const auto& n = g_[node];
   bool store_rounds = n.op == Op::cast && (n.dt == kiln::dtype::f16 || n.dt == kiln::dtype::bf16) &&
-                      compute_dtype(g_[n.in[0]].dt) == kiln::dtype::f32 && !(s_.realized[n.in[0]] && s_.kernel_of[n.in[0]] != k_);
+                      compute_dtype(g_[n.in[0]].dt) == kiln::dtype::f32 &&
+                      !(s_.realized[n.in[0]] && s_.kernel_of[n.in[0]] != k_);
   Value v = store_rounds ? emit(n.in[0], broadcast_index(n.in[0], node, idx)) : emit(node, idx);
   kiln::dtype ct = compute_dtype(g_[node].dt);
   std::string val = v.literal ? detail::literal(v.value, ct) : cast(v, ct).code;
@@ -48,9 +49,12 @@ inline std::string KernelWriter::reduction_identity(Op op, kiln::dtype ct) {
   // any nonzero value cast to bool is true.
   const bool max = op == Op::amax;
   switch (ct) {
-    case kiln::dtype::boolean: return max ? "false" : "true";
-    case kiln::dtype::i32: return max ? "(int)(-2147483647 - 1)" : "(int)2147483647";
-    default: return "(" + detail::c_type(ct) + ")" + (max ? "(-9223372036854775807LL - 1)" : "9223372036854775807LL");
+    case kiln::dtype::boolean:
+      return max ? "false" : "true";
+    case kiln::dtype::i32:
+      return max ? "(int)(-2147483647 - 1)" : "(int)2147483647";
+    default:
+      return "(" + detail::c_type(ct) + ")" + (max ? "(-9223372036854775807LL - 1)" : "9223372036854775807LL");
   }
 }
 
@@ -121,9 +125,10 @@ inline void KernelWriter::write_rows() {
       kiln::dtype ct = compute_dtype(g_[red].dt);
       Value v = cast(emit(g_[red].in[0], idx), ct);
       const std::string& acc = accs[r - i];
-      std::string step = g_[red].op == Op::sum ? acc + " + " + v.code
-                                               : "kiln::" + std::string(g_[red].op == Op::amax ? "maximum" : "minimum") + "(" +
-                                                     acc + ", " + v.code + ")";
+      std::string step = g_[red].op == Op::sum
+                             ? acc + " + " + v.code
+                             : "kiln::" + std::string(g_[red].op == Op::amax ? "maximum" : "minimum") + "(" + acc +
+                                   ", " + v.code + ")";
       // A boolean step can come out an int tile (a literal 1 or 0 among its operands): back to bool.
       if (ct == kiln::dtype::boolean) step = "kiln::cast<" + detail::c_type(ct) + ">(" + step + ")";
       line(acc + " = kiln::where(rmask, " + step + ", " + acc + ");");
@@ -136,7 +141,8 @@ inline void KernelWriter::write_rows() {
       // barrier each (prelude's across_row). Measured on an H200: W7 -3.2% in two runs; blocks of
       // several rows (W3, W4) +0.4%; looped rows +13% (ptxas gave the dynamic layer_norm 58
       // registers, not 38, without the first barrier), so both keep two barriers.
-      bool slots = target_ == Target::cuda && plan_.reductions.size() >= 2 && config_.riters > 0 && config_.rows == 1 && row_slots();
+      bool slots = target_ == Target::cuda && plan_.reductions.size() >= 2 && config_.riters > 0 && config_.rows == 1 &&
+                   row_slots();
       std::string slot = slots ? ", " + std::to_string(r) : "";
       reduced_[red] = bind("kiln::" + std::string(fn) + "<ROW_THREADS" + slot + ">(" + accs[r - i] + ")", g_[red].dt);
     }
@@ -145,8 +151,10 @@ inline void KernelWriter::write_rows() {
   // Row-level stores (reductions others read, per-row epilogues), then full-row stores.
   std::vector<int> full;
   for (int s : plan_.stores) {
-    if (g_[s].shape == g_[plan_.domain].shape && !is_reduction(g_[s].op)) full.push_back(s);
-    else store(s, row_index(s));
+    if (g_[s].shape == g_[plan_.domain].shape && !is_reduction(g_[s].op))
+      full.push_back(s);
+    else
+      store(s, row_index(s));
   }
   if (!full.empty() || !plan_.partials.empty()) {
     final_loop_ = true;
@@ -198,11 +206,13 @@ inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) 
 inline std::string KernelWriter::hoist_row_invariants(std::string& signature, std::string body) const {
   std::int64_t bytes = 0;
   for (kiln::dtype ct : column_types_)
-    bytes += std::int64_t{config_.row_threads} * (config_.riters + 1) * config_.rvec * static_cast<std::int64_t>(itemsize(ct));
+    bytes += std::int64_t{config_.row_threads} * (config_.riters + 1) * config_.rvec *
+             static_cast<std::int64_t>(itemsize(ct));
   bool shared = hoist_mode() == 2 && bytes <= 40 * 1024;
   std::string pre;
   for (std::size_t i = 0; i < column_types_.size(); ++i) {
-    std::string tile = "kiln::tile<" + detail::c_type(column_types_[i]) + ", RVEC>", name = "weights" + std::to_string(i);
+    std::string tile = "kiln::tile<" + detail::c_type(column_types_[i]) + ", RVEC>",
+                name = "weights" + std::to_string(i);
     if (!shared) {
       pre += "  " + tile + " " + name + "[RITERS];\n";
       continue;
@@ -227,11 +237,11 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature, st
 // by element. Other kernels keep one body that tests each access (with bounds tests left the split
 // measured slower: W7 0.289 -> 0.297 ms). KILN_TUNE_ALIGNED=0 keeps the tests everywhere (A/B runs).
 inline std::string KernelWriter::split_on_alignment(const std::string& body) const {
-  static const bool enabled = tuning_knob("KILN_TUNE_ALIGNED", 1, 0, 1);
-  if (aligned_ptrs_.empty() || unaligned_tiles_ || !exact_tiles_ || !enabled) {
+  if (aligned_ptrs_.empty() || unaligned_tiles_ || !exact_tiles_ || tune_.aligned == 0) {
     std::string plain = body;
     auto replace_all = [&](const std::string& mark, const std::string& by) {
-      for (auto at = plain.find(mark); at != std::string::npos; at = plain.find(mark, at)) plain.replace(at, mark.size(), by);
+      for (auto at = plain.find(mark); at != std::string::npos; at = plain.find(mark, at))
+        plain.replace(at, mark.size(), by);
     };
     replace_all(", KILN_ALIGNED>", ">");
     replace_all(", KILN_ALIGNED,", ", kiln::align::test,");
@@ -242,8 +252,10 @@ inline std::string KernelWriter::split_on_alignment(const std::string& body) con
   std::istringstream in(body);
   for (std::string l; std::getline(in, l);) indented += (l.empty() ? "" : "  ") + l + "\n";
   return "  auto kiln_body = [&](auto kiln_aligned) {\n"
-         "    constexpr kiln::align KILN_ALIGNED = decltype(kiln_aligned)::value ? kiln::align::vector : kiln::align::scalar;\n" +
-         indented + "  };\n  if (kiln::aligned16(" + ptrs + ")) kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
+         "    constexpr kiln::align KILN_ALIGNED = decltype(kiln_aligned)::value ? kiln::align::vector : "
+         "kiln::align::scalar;\n" +
+         indented + "  };\n  if (kiln::aligned16(" + ptrs +
+         ")) kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
 }
 
 inline KernelSource KernelWriter::write() {
@@ -257,7 +269,8 @@ inline KernelSource KernelWriter::write() {
   for (int v : plan_.stores) narrow(v);
   for (int v : plan_.members)
     for (int c = 0; c < g_[v].n_in; ++c)
-      if (g_[g_[v].in[c]].op == Op::arg || (s_.realized[g_[v].in[c]] && s_.kernel_of[g_[v].in[c]] != k_)) narrow(g_[v].in[c]);
+      if (g_[g_[v].in[c]].op == Op::arg || (s_.realized[g_[v].in[c]] && s_.kernel_of[g_[v].in[c]] != k_))
+        narrow(g_[v].in[c]);
   max_item = std::max(max_item, 2);
   // Full-size inputs read along the rows (each becomes a register cache in a row kernel).
   std::vector<int> streams;
@@ -265,7 +278,8 @@ inline KernelSource KernelWriter::write() {
     for (int c = 0; c < g_[v].n_in; ++c) {
       int in = g_[v].in[c];
       bool loaded = g_[in].op == Op::arg || (s_.realized[in] && s_.kernel_of[in] != k_);
-      if (loaded && g_[in].shape == g_[plan_.domain].shape && std::find(streams.begin(), streams.end(), in) == streams.end())
+      if (loaded && g_[in].shape == g_[plan_.domain].shape &&
+          std::find(streams.begin(), streams.end(), in) == streams.end())
         streams.push_back(in);
     }
   if (rows()) {
@@ -279,10 +293,13 @@ inline KernelSource KernelWriter::write() {
   }
   std::vector<std::int64_t> example = env_.example;
   std::int64_t xn = xnumel_.eval(example), rn = rnumel_.eval(example);
-  bool column = rows() && !p.empty() &&
-                std::find(plan_.rdims.begin(), plan_.rdims.end(), static_cast<std::int64_t>(p.size()) - 1) == plan_.rdims.end();
-  bool transcendental = std::any_of(plan_.members.begin(), plan_.members.end(), [&](int v) { return is_transcendental(g_[v].op); });
-  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column, static_cast<int>(streams.size()), tune_)
+  bool column =
+      rows() && !p.empty() &&
+      std::find(plan_.rdims.begin(), plan_.rdims.end(), static_cast<std::int64_t>(p.size()) - 1) == plan_.rdims.end();
+  bool transcendental =
+      std::any_of(plan_.members.begin(), plan_.members.end(), [&](int v) { return is_transcendental(g_[v].op); });
+  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column,
+                                  static_cast<int>(streams.size()), tune_)
                      : pointwise_config(target_, xn, max_item, tune_);
   ks.tuning = tune_;
   ks.column = column;
@@ -291,8 +308,10 @@ inline KernelSource KernelWriter::write() {
     // CPU a program over each group's consecutive rows; both hold the row in registers.
     if (ks.config.riters == 0 || xn % plan_.partial_groups != 0)
       throw unheld_partials("codegen: column partials of " + ks.name + " need rows held in registers");
-    if (target_ == Target::cuda) ks.config.rows = 1, ks.config.threads = ks.config.row_threads;
-    else ks.config.rows = static_cast<int>(xn / plan_.partial_groups);
+    if (target_ == Target::cuda)
+      ks.config.rows = 1, ks.config.threads = ks.config.row_threads;
+    else
+      ks.config.rows = static_cast<int>(xn / plan_.partial_groups);
     ks.partial_groups = plan_.partial_groups;
   }
   config_ = ks.config;
@@ -305,31 +324,40 @@ inline KernelSource KernelWriter::write() {
   xindex_ = Sym::symbol("xindex", 1000, {.nonnegative = true, .bound = xnumel_});
   rindex_ = Sym::symbol("rindex", 1001, {.nonnegative = true, .bound = rnumel_});
 
-  if (rows()) write_rows();
-  else write_pointwise();
+  if (rows())
+    write_rows();
+  else
+    write_pointwise();
 
   // The signature: inputs, outputs, scalars, sizes (noted while printing the sizes themselves).
   const std::string xnumel_code = index_code(xnumel_), rnumel_code = index_code(rnumel_);
   std::stable_sort(params_.begin(), params_.end(), [](const Param& a, const Param& b) { return a.kind < b.kind; });
   std::ostringstream os;
-  os << "// " << ks.name << ": " << (rows() ? "rows" : "pointwise") << " over " << (rows() ? "[" + xnumel_.str() + ", " + rnumel_.str() + "]" : "[" + xnumel_.str() + "]") << "\n";
+  os << "// " << ks.name << ": " << (rows() ? "rows" : "pointwise") << " over "
+     << (rows() ? "[" + xnumel_.str() + ", " + rnumel_.str() + "]" : "[" + xnumel_.str() + "]") << "\n";
   os << "KILN_KERNEL KILN_BOUNDS(" << ks.config.threads << ") " << ks.name << "(";
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Param& pr = params_[i];
     os << (i ? ", " : "");
-    if (pr.kind == Param::in_ptr) os << "const " << detail::storage_c_type(pr.dt) << "* __restrict__ " << pr.name;
-    else if (pr.kind == Param::out_ptr) os << detail::storage_c_type(pr.dt) << "* __restrict__ " << pr.name;
-    else if (pr.kind == Param::scalar) os << "double " << pr.name;
-    else os << "i64 " << pr.name;
+    if (pr.kind == Param::in_ptr)
+      os << "const " << detail::storage_c_type(pr.dt) << "* __restrict__ " << pr.name;
+    else if (pr.kind == Param::out_ptr)
+      os << detail::storage_c_type(pr.dt) << "* __restrict__ " << pr.name;
+    else if (pr.kind == Param::scalar)
+      os << "double " << pr.name;
+    else
+      os << "i64 " << pr.name;
   }
   os << " KILN_PROGRAM_PARAMS) {\n";
   const auto& c = ks.config;
   if (rows())
-    os << "  constexpr i64 ROWS = " << c.rows << ", RVEC = " << c.rvec << ";\n  constexpr int ROW_THREADS = " << c.row_threads
-       << ", RITERS = " << c.riters << ", RUNROLL = " << c.runroll
-       << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code << ";\n";
+    os << "  constexpr i64 ROWS = " << c.rows << ", RVEC = " << c.rvec
+       << ";\n  constexpr int ROW_THREADS = " << c.row_threads << ", RITERS = " << c.riters
+       << ", RUNROLL = " << c.runroll << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code
+       << ";\n";
   else
-    os << "  constexpr i64 XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ", THREADS = " << c.threads << ";\n  const i64 xnumel = " << xnumel_code << ";\n";
+    os << "  constexpr i64 XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ", THREADS = " << c.threads
+       << ";\n  const i64 xnumel = " << xnumel_code << ";\n";
   std::string signature = os.str();
   ks.params = params_;
   std::string body = body_.str();

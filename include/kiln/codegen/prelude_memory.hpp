@@ -6,7 +6,8 @@
 
 namespace kiln::codegen {
 
-inline constexpr std::string_view prelude_memory = R"KILN(// ---- loads and stores -----------------------------------------------------------------------
+inline constexpr std::string_view prelude_memory =
+    R"KILN(// ---- loads and stores -----------------------------------------------------------------------
 // A gather: each lane reads p[idx]; masked lanes give `other` and touch no memory.
 template <class T, class I, class M>
 KILN_FN auto load(const T* p, const I& idx, const M& mask, typename compute_of<T>::type other = 0) {

@@ -21,7 +21,9 @@ class Dims {
   constexpr Dims(std::initializer_list<std::int64_t> v) { assign(v.begin(), v.end()); }
   Dims(const std::vector<std::int64_t>& v) { assign(v.begin(), v.end()); }
   template <class It>
-  constexpr Dims(It first, It last) { assign(first, last); }
+  constexpr Dims(It first, It last) {
+    assign(first, last);
+  }
 
   constexpr int size() const { return n_; }
   constexpr bool empty() const { return n_ == 0; }
@@ -95,8 +97,8 @@ constexpr Dims contiguous_strides(const Dims& shape) {
 inline int normalize_dim(std::int64_t dim, int rank, const char* op) {
   int r = std::max(rank, 1);
   if (dim < -r || dim >= r)
-    throw shape_error(std::string(op) + ": dimension " + std::to_string(dim) + " is out of range for a tensor of rank " +
-                      std::to_string(rank));
+    throw shape_error(std::string(op) + ": dimension " + std::to_string(dim) +
+                      " is out of range for a tensor of rank " + std::to_string(rank));
   return static_cast<int>(dim < 0 ? dim + r : dim);
 }
 

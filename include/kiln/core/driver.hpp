@@ -23,50 +23,50 @@ namespace kiln::driver {
 // X(member, symbol): every entry point kiln uses, under its exported name in libcuda.so.1 (the
 // versioned one where the driver has several). The prototype comes from cuda.h, whose macros map
 // the plain names onto the same versions.
-#define KILN_CUDA_DRIVER_FUNCTIONS(X)                                   \
-  X(init, cuInit)                                                       \
-  X(get_error_name, cuGetErrorName)                                     \
-  X(get_error_string, cuGetErrorString)                                 \
-  X(device_get, cuDeviceGet)                                            \
-  X(device_get_count, cuDeviceGetCount)                                 \
-  X(device_get_attribute, cuDeviceGetAttribute)                         \
-  X(device_get_name, cuDeviceGetName)                                   \
-  X(device_primary_ctx_retain, cuDevicePrimaryCtxRetain)                \
-  X(ctx_set_current, cuCtxSetCurrent)                                   \
-  X(ctx_get_current, cuCtxGetCurrent)                                   \
-  X(ctx_synchronize, cuCtxSynchronize)                                  \
-  X(mem_alloc, cuMemAlloc_v2)                                           \
-  X(mem_free, cuMemFree_v2)                                             \
-  X(mem_alloc_async, cuMemAllocAsync)                                   \
-  X(mem_free_async, cuMemFreeAsync)                                     \
-  X(mem_get_info, cuMemGetInfo_v2)                                      \
-  X(memcpy_async, cuMemcpyAsync)                                        \
-  X(memcpy_2d_async, cuMemcpy2DAsync_v2)                                \
-  X(memset_d8_async, cuMemsetD8Async)                                   \
-  X(pointer_get_attribute, cuPointerGetAttribute)                       \
-  X(stream_create, cuStreamCreate)                                      \
-  X(stream_destroy, cuStreamDestroy_v2)                                 \
-  X(stream_synchronize, cuStreamSynchronize)                            \
-  X(stream_query, cuStreamQuery)                                        \
-  X(event_create, cuEventCreate)                                        \
-  X(event_record, cuEventRecord)                                        \
-  X(event_synchronize, cuEventSynchronize)                              \
-  X(event_elapsed_time, cuEventElapsedTime)                             \
-  X(event_destroy, cuEventDestroy_v2)                                   \
-  X(module_load_data, cuModuleLoadData)                                 \
-  X(module_get_function, cuModuleGetFunction)                           \
-  X(module_unload, cuModuleUnload)                                      \
-  X(func_set_attribute, cuFuncSetAttribute)                             \
+#define KILN_CUDA_DRIVER_FUNCTIONS(X)                                         \
+  X(init, cuInit)                                                             \
+  X(get_error_name, cuGetErrorName)                                           \
+  X(get_error_string, cuGetErrorString)                                       \
+  X(device_get, cuDeviceGet)                                                  \
+  X(device_get_count, cuDeviceGetCount)                                       \
+  X(device_get_attribute, cuDeviceGetAttribute)                               \
+  X(device_get_name, cuDeviceGetName)                                         \
+  X(device_primary_ctx_retain, cuDevicePrimaryCtxRetain)                      \
+  X(ctx_set_current, cuCtxSetCurrent)                                         \
+  X(ctx_get_current, cuCtxGetCurrent)                                         \
+  X(ctx_synchronize, cuCtxSynchronize)                                        \
+  X(mem_alloc, cuMemAlloc_v2)                                                 \
+  X(mem_free, cuMemFree_v2)                                                   \
+  X(mem_alloc_async, cuMemAllocAsync)                                         \
+  X(mem_free_async, cuMemFreeAsync)                                           \
+  X(mem_get_info, cuMemGetInfo_v2)                                            \
+  X(memcpy_async, cuMemcpyAsync)                                              \
+  X(memcpy_2d_async, cuMemcpy2DAsync_v2)                                      \
+  X(memset_d8_async, cuMemsetD8Async)                                         \
+  X(pointer_get_attribute, cuPointerGetAttribute)                             \
+  X(stream_create, cuStreamCreate)                                            \
+  X(stream_destroy, cuStreamDestroy_v2)                                       \
+  X(stream_synchronize, cuStreamSynchronize)                                  \
+  X(stream_query, cuStreamQuery)                                              \
+  X(event_create, cuEventCreate)                                              \
+  X(event_record, cuEventRecord)                                              \
+  X(event_synchronize, cuEventSynchronize)                                    \
+  X(event_elapsed_time, cuEventElapsedTime)                                   \
+  X(event_destroy, cuEventDestroy_v2)                                         \
+  X(module_load_data, cuModuleLoadData)                                       \
+  X(module_get_function, cuModuleGetFunction)                                 \
+  X(module_unload, cuModuleUnload)                                            \
+  X(func_set_attribute, cuFuncSetAttribute)                                   \
   X(occupancy_max_active_blocks, cuOccupancyMaxActiveBlocksPerMultiprocessor) \
-  X(launch_kernel, cuLaunchKernel)                                      \
-  X(stream_begin_capture, cuStreamBeginCapture_v2)                      \
-  X(stream_end_capture, cuStreamEndCapture)                             \
-  X(stream_is_capturing, cuStreamIsCapturing)                           \
-  X(graph_instantiate, cuGraphInstantiateWithFlags)                     \
-  X(graph_launch, cuGraphLaunch)                                        \
-  X(graph_exec_update, cuGraphExecUpdate_v2)                            \
-  X(stream_wait_event, cuStreamWaitEvent)                               \
-  X(graph_exec_destroy, cuGraphExecDestroy)                             \
+  X(launch_kernel, cuLaunchKernel)                                            \
+  X(stream_begin_capture, cuStreamBeginCapture_v2)                            \
+  X(stream_end_capture, cuStreamEndCapture)                                   \
+  X(stream_is_capturing, cuStreamIsCapturing)                                 \
+  X(graph_instantiate, cuGraphInstantiateWithFlags)                           \
+  X(graph_launch, cuGraphLaunch)                                              \
+  X(graph_exec_update, cuGraphExecUpdate_v2)                                  \
+  X(stream_wait_event, cuStreamWaitEvent)                                     \
+  X(graph_exec_destroy, cuGraphExecDestroy)                                   \
   X(graph_destroy, cuGraphDestroy)
 
 // The driver's entry points, e.g. api().launch_kernel(...) calls cuLaunchKernel.
@@ -106,7 +106,7 @@ inline std::string describe(const Api& a, CUresult r) {
 // Fills the table; returns the symbols the driver lacks, comma-separated.
 inline std::string bind(void* lib, Api& a) {
   std::string missing;
-#define KILN_DRIVER_BIND(member, symbol)                                  \
+#define KILN_DRIVER_BIND(member, symbol)                                \
   a.member = reinterpret_cast<decltype(a.member)>(dlsym(lib, #symbol)); \
   if (!a.member) missing += (missing.empty() ? "" : ", ") + std::string(#symbol);
   KILN_CUDA_DRIVER_FUNCTIONS(KILN_DRIVER_BIND)
@@ -274,8 +274,8 @@ inline std::pair<std::size_t, std::size_t> memory_info(int device) {
 // The device that owns a pointer, or -1 for memory the driver does not know (ordinary host memory).
 inline int pointer_device(const void* p) {
   int ordinal = -1;
-  CUresult r = api().pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                           reinterpret_cast<CUdeviceptr>(p));
+  CUresult r =
+      api().pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, reinterpret_cast<CUdeviceptr>(p));
   return r == CUDA_SUCCESS ? ordinal : -1;
 }
 
@@ -376,9 +376,9 @@ void* allocate_or_retry(std::size_t bytes, std::size_t size, int device, TryAllo
   if (r != CUDA_ERROR_OUT_OF_MEMORY) throw_error(r, what);
   // Out of memory twice: the retry has happened.
   std::optional<std::pair<std::size_t, std::size_t>> info = memory_info();
-  std::string free_text = info ? bytes_text(info->first) + " free of " + bytes_text(info->second) +
-                                   " on the device (cuMemGetInfo)"
-                               : std::string("the device's free memory unknown (cuMemGetInfo failed)");
+  std::string free_text =
+      info ? bytes_text(info->first) + " free of " + bytes_text(info->second) + " on the device (cuMemGetInfo)"
+           : std::string("the device's free memory unknown (cuMemGetInfo failed)");
   throw cuda_error(what + ": CUDA_ERROR_OUT_OF_MEMORY (out of memory): requested " + bytes_text(bytes) + ", " +
                    free_text + ", after kiln's allocator returned its " + bytes_text(released) +
                    " of cached blocks to the driver and tried again");
@@ -397,8 +397,9 @@ class CachingAllocator final : public Allocator {
     if (void* p = take(device, stream, size)) return p;
     // cuMemAlloc would break a capture the caller is recording on this stream.
     if (stream && is_capturing(stream))
-      throw cuda_error("CUDA graph capture: kiln needs " + std::to_string(bytes) + " new bytes on cuda:" +
-                       std::to_string(device) + " while the stream is being captured; call the kiln function once "
+      throw cuda_error("CUDA graph capture: kiln needs " + std::to_string(bytes) +
+                       " new bytes on cuda:" + std::to_string(device) +
+                       " while the stream is being captured; call the kiln function once "
                        "before capturing (so its buffers are cached), or pass outputs with k::eval(out, expr, stream)");
     return allocate_new(bytes, size, device);
   }

@@ -56,8 +56,16 @@ constexpr dtype compute_dtype(dtype d) { return d == dtype::f16 || d == dtype::b
 // ---- 16-bit floating-point storage types -------------------------------------------------------
 
 namespace detail {
-inline std::uint32_t bits_of(float f) { std::uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float float_of(std::uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline std::uint32_t bits_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float float_of(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 }  // namespace detail
 
 struct half {
@@ -72,7 +80,7 @@ struct half {
     std::uint32_t absx = x & 0x7fffffffu;
     if (absx >= 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u));
     if (absx >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to inf
-    if (absx < 0x38800000u) {  // subnormal half (or zero): scale by 2^24 and round
+    if (absx < 0x38800000u) {                               // subnormal half (or zero): scale by 2^24 and round
       float scaled = detail::float_of(absx) * 16777216.0f;  // exact in float
       std::uint32_t m = static_cast<std::uint32_t>(scaled);
       float rem = scaled - static_cast<float>(m);
@@ -114,39 +122,75 @@ struct bfloat16 {
 };
 
 // The storage type of each dtype, and the dtype of each C++ element type.
-template <dtype D> struct storage_type;
-template <> struct storage_type<dtype::f64> { using type = double; };
-template <> struct storage_type<dtype::f32> { using type = float; };
-template <> struct storage_type<dtype::f16> { using type = half; };
-template <> struct storage_type<dtype::bf16> { using type = bfloat16; };
-template <> struct storage_type<dtype::i64> { using type = std::int64_t; };
-template <> struct storage_type<dtype::i32> { using type = std::int32_t; };
-template <> struct storage_type<dtype::boolean> { using type = bool; };
-
-template <class T> constexpr dtype dtype_of = dtype::f32;
-template <> inline constexpr dtype dtype_of<double> = dtype::f64;
-template <> inline constexpr dtype dtype_of<half> = dtype::f16;
-template <> inline constexpr dtype dtype_of<bfloat16> = dtype::bf16;
-template <> inline constexpr dtype dtype_of<std::int64_t> = dtype::i64;
-template <> inline constexpr dtype dtype_of<std::int32_t> = dtype::i32;
-template <> inline constexpr dtype dtype_of<bool> = dtype::boolean;
+template <dtype D>
+struct storage_type;
+template <>
+struct storage_type<dtype::f64> {
+  using type = double;
+};
+template <>
+struct storage_type<dtype::f32> {
+  using type = float;
+};
+template <>
+struct storage_type<dtype::f16> {
+  using type = half;
+};
+template <>
+struct storage_type<dtype::bf16> {
+  using type = bfloat16;
+};
+template <>
+struct storage_type<dtype::i64> {
+  using type = std::int64_t;
+};
+template <>
+struct storage_type<dtype::i32> {
+  using type = std::int32_t;
+};
+template <>
+struct storage_type<dtype::boolean> {
+  using type = bool;
+};
 
 template <class T>
-concept element = std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, half> ||
-                  std::is_same_v<T, bfloat16> || std::is_same_v<T, std::int64_t> ||
-                  std::is_same_v<T, std::int32_t> || std::is_same_v<T, bool>;
+constexpr dtype dtype_of = dtype::f32;
+template <>
+inline constexpr dtype dtype_of<double> = dtype::f64;
+template <>
+inline constexpr dtype dtype_of<half> = dtype::f16;
+template <>
+inline constexpr dtype dtype_of<bfloat16> = dtype::bf16;
+template <>
+inline constexpr dtype dtype_of<std::int64_t> = dtype::i64;
+template <>
+inline constexpr dtype dtype_of<std::int32_t> = dtype::i32;
+template <>
+inline constexpr dtype dtype_of<bool> = dtype::boolean;
+
+template <class T>
+concept element =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16> ||
+    std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::int32_t> || std::is_same_v<T, bool>;
 
 // Calls f(T{}) with the storage type of d: the one switch over dtypes that run-time code needs.
 template <class F>
 decltype(auto) visit_dtype(dtype d, F&& f) {
   switch (d) {
-    case dtype::f64: return f(double{});
-    case dtype::f32: return f(float{});
-    case dtype::f16: return f(half{});
-    case dtype::bf16: return f(bfloat16{});
-    case dtype::i64: return f(std::int64_t{});
-    case dtype::i32: return f(std::int32_t{});
-    case dtype::boolean: return f(bool{});
+    case dtype::f64:
+      return f(double{});
+    case dtype::f32:
+      return f(float{});
+    case dtype::f16:
+      return f(half{});
+    case dtype::bf16:
+      return f(bfloat16{});
+    case dtype::i64:
+      return f(std::int64_t{});
+    case dtype::i32:
+      return f(std::int32_t{});
+    case dtype::boolean:
+      return f(bool{});
   }
   throw dtype_error("visit_dtype: unknown dtype");
 }

@@ -46,12 +46,14 @@ inline Tensor arange(std::int64_t n, kiln::dtype d = i64, Device dev = cpu) {
 }
 // Uniform in [0, 1).
 inline Tensor rand(const Dims& shape, kiln::dtype d = f32, Device dev = cpu, std::uint64_t seed = 0) {
-  return detail::generate(shape, d, dev, [&](std::int64_t i) { return detail::uniform(seed, static_cast<std::uint64_t>(i), 0); });
+  return detail::generate(shape, d, dev,
+                          [&](std::int64_t i) { return detail::uniform(seed, static_cast<std::uint64_t>(i), 0); });
 }
 // Standard normal (Box-Muller).
 inline Tensor randn(const Dims& shape, kiln::dtype d = f32, Device dev = cpu, std::uint64_t seed = 0) {
   return detail::generate(shape, d, dev, [&](std::int64_t i) {
-    double u1 = detail::uniform(seed, static_cast<std::uint64_t>(i), 1), u2 = detail::uniform(seed, static_cast<std::uint64_t>(i), 2);
+    double u1 = detail::uniform(seed, static_cast<std::uint64_t>(i), 1),
+           u2 = detail::uniform(seed, static_cast<std::uint64_t>(i), 2);
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   });
 }
@@ -84,8 +86,10 @@ std::vector<T> to_vector(const Tensor& t) {
   const void* base = host.storage()->data;
   for_each_index(host.shape(), [&](std::int64_t lin, const Dims& idx) {
     double v = load_as_double(base, host.dtype(), host.offset() + dot_strides(idx, host.strides()));
-    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) out[lin] = T(static_cast<float>(v));
-    else out[lin] = static_cast<T>(v);
+    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)
+      out[lin] = T(static_cast<float>(v));
+    else
+      out[lin] = static_cast<T>(v);
   });
   return out;
 }

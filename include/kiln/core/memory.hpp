@@ -14,7 +14,8 @@ namespace kiln::memory {
 inline void require_device(Device d, const char* op) {
   if (!d.is_cuda()) return;
   if (!driver::available())
-    throw device_error(std::string(op) + ": " + d.str() + " was asked for, but this machine has no usable CUDA driver or device");
+    throw device_error(std::string(op) + ": " + d.str() +
+                       " was asked for, but this machine has no usable CUDA driver or device");
   if (d.index >= driver::device_count())
     throw device_error(std::string(op) + ": " + d.str() + " does not exist (this machine has " +
                        std::to_string(driver::device_count()) + " CUDA devices)");

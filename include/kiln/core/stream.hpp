@@ -31,7 +31,8 @@ class Stream {
  private:
   static std::string to_hex(std::uintptr_t v) {
     std::string s;
-    do s.insert(s.begin(), "0123456789abcdef"[v % 16]); while (v /= 16);
+    do s.insert(s.begin(), "0123456789abcdef"[v % 16]);
+    while (v /= 16);
     return s;
   }
   CUstream handle_ = nullptr;

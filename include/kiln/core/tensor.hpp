@@ -5,9 +5,9 @@
 #include <memory>
 #include <string>
 
+#include "device.hpp"
 #include "dims.hpp"
 #include "dtype.hpp"
-#include "device.hpp"
 #include "memory.hpp"
 #include "stream.hpp"
 
@@ -20,7 +20,8 @@ struct Storage {
   Device device = cpu;
   bool owned = true;
   CUstream stream = nullptr;  // the stream it was allocated on (stream-ordered free)
-  Storage(void* d, std::size_t b, Device dev, bool own, CUstream s) : data(d), bytes(b), device(dev), owned(own), stream(s) {}
+  Storage(void* d, std::size_t b, Device dev, bool own, CUstream s)
+      : data(d), bytes(b), device(dev), owned(own), stream(s) {}
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   ~Storage() {
@@ -34,7 +35,7 @@ class Tensor {
 
   // Evaluates an expression (defined in kiln/eval.hpp).
   template <class E>
-    requires requires { typename E::kiln_expr_tag; }
+  requires requires { typename E::kiln_expr_tag; }
   Tensor(const E& expr);
 
   const Dims& shape() const { return shape_; }
@@ -47,7 +48,8 @@ class Tensor {
   bool defined() const { return storage_ != nullptr; }
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * itemsize(dtype_); }
   void* data_ptr() const {
-    return storage_ ? static_cast<char*>(storage_->data) + offset_ * static_cast<std::int64_t>(itemsize(dtype_)) : nullptr;
+    return storage_ ? static_cast<char*>(storage_->data) + offset_ * static_cast<std::int64_t>(itemsize(dtype_))
+                    : nullptr;
   }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
 

@@ -69,16 +69,14 @@ report explain(const Function<F>& f, const T&... args) {
 
 // A plain function object: compiled for the occasion.
 template <class F, class... T>
-  requires(!Expr<F>)
-report explain(const F& fn, const T&... args) {
-  return explain(compile(fn), args...);
-}
+requires(!Expr<F>) report explain(const F& fn, const T&... args) { return explain(compile(fn), args...); }
 
 // An eager expression.
 template <Expr E>
 report explain(const E& e) {
   std::shared_ptr<const runtime::Entry> used;
-  detail::evaluate<1>(detail::eager_cache<E>(), detail::Identity{}, e, std::array<const Tensor*, 0>{}, nullptr, nullptr, &used);
+  detail::evaluate<1>(detail::eager_cache<E>(), detail::Identity{}, e, std::array<const Tensor*, 0>{}, nullptr, nullptr,
+                      &used);
   return detail::make_report(*used, detail::eager_cache<E>());
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include "../core/config.hpp"
 
 namespace kiln::debug {
 
@@ -38,9 +39,7 @@ inline std::mutex& log_mutex() {
   return m;
 }
 
-inline void write_to_stderr(Channel, std::string_view line) {
-  std::fwrite(line.data(), 1, line.size(), stderr);
-}
+inline void write_to_stderr(Channel, std::string_view line) { std::fwrite(line.data(), 1, line.size(), stderr); }
 
 inline std::atomic<LogSink> log_sink{&write_to_stderr};
 
@@ -74,7 +73,7 @@ inline std::uint32_t parse_channels(std::string_view spec) {
 }
 
 inline std::uint32_t load_mask_from_env() {
-  const char* env = std::getenv("KILN_LOGS");
+  const char* env = kiln::config::env("KILN_LOGS");
   std::uint32_t parsed = env ? parse_channels(env) : 0;
   std::uint32_t expected = k_unparsed;
   // Another thread (or set_log_channels) may have won the race; its value stands.
@@ -97,9 +96,7 @@ inline void set_log_channels(std::string_view spec) {
 }
 
 // Installs a sink (nullptr restores stderr) and returns the previous one.
-inline LogSink set_log_sink(LogSink sink) {
-  return detail::log_sink.exchange(sink ? sink : &detail::write_to_stderr);
-}
+inline LogSink set_log_sink(LogSink sink) { return detail::log_sink.exchange(sink ? sink : &detail::write_to_stderr); }
 
 // Writes `[kiln:<channel>] ` before every line of msg; whole messages never interleave.
 inline void log(Channel c, std::string_view msg) {

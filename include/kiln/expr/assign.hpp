@@ -12,12 +12,13 @@ struct Assign : ExprBase {
   E value;
 };
 
-template <int I, class E> struct is_expr_t<Assign<I, E>> : std::true_type {};
+template <int I, class E>
+struct is_expr_t<Assign<I, E>> : std::true_type {};
 
 }  // namespace expr
 
 template <int I, class E>
-  requires Operand<E>
+requires Operand<E>
 auto assign(const expr::Arg<I>&, E&& value) {
   return expr::Assign<I, expr::lifted_t<E>>{{}, expr::lift(std::forward<E>(value))};
 }

@@ -38,7 +38,8 @@ struct CustomOpFunctions {
   int inputs = 0;  // the number of inputs it takes, 1 to 4; 0 accepts any
   std::function<TensorSpec(std::span<const TensorSpec> in)> infer{};  // default: input 0's shape and dtype
   std::function<void(std::span<const Tensor> in, Tensor& out, Stream s)> forward{};
-  std::function<void(std::span<const Tensor> in, const Tensor& grad_out, std::span<Tensor> grad_in, Stream s)> backward{};
+  std::function<void(std::span<const Tensor> in, const Tensor& grad_out, std::span<Tensor> grad_in, Stream s)>
+      backward{};
 };
 
 namespace custom_ops {
@@ -68,7 +69,8 @@ class Registry {
   }
   const Entry* find(std::int64_t id) const {
     std::shared_lock lock(mu_);
-    return id >= 0 && id < static_cast<std::int64_t>(entries_.size()) ? &entries_[static_cast<std::size_t>(id)] : nullptr;
+    return id >= 0 && id < static_cast<std::int64_t>(entries_.size()) ? &entries_[static_cast<std::size_t>(id)]
+                                                                      : nullptr;
   }
 
  private:
@@ -119,9 +121,11 @@ inline TensorSpec infer(std::int64_t id, std::span<const TensorSpec> in) {
                       ", got " + std::to_string(n));
   TensorSpec out = e.fns.infer ? call_user(e, "shape rule", true, [&] { return e.fns.infer(in); }) : in[0];
   for (auto s : out.shape)
-    if (s < 0) throw shape_error(e.prefix() + "the shape rule gave shape " + out.shape.str() + ", with a negative size");
+    if (s < 0)
+      throw shape_error(e.prefix() + "the shape rule gave shape " + out.shape.str() + ", with a negative size");
   if (static_cast<int>(out.dtype) > static_cast<int>(kiln::dtype::boolean))
-    throw dtype_error(e.prefix() + "the shape rule gave an invalid dtype (" + std::to_string(static_cast<int>(out.dtype)) + ")");
+    throw dtype_error(e.prefix() + "the shape rule gave an invalid dtype (" +
+                      std::to_string(static_cast<int>(out.dtype)) + ")");
   return out;
 }
 
@@ -148,8 +152,9 @@ class CustomOp {
   auto operator()(T&&... x) const {
     static_assert(sizeof...(T) >= 1 && sizeof...(T) <= custom_ops::max_inputs,
                   "a k::custom_op takes 1 to 4 inputs (graph nodes hold four, and the op's backward node one more)");
-    static_assert(((Expr<T> || std::is_same_v<std::remove_cvref_t<T>, Tensor>) && ...),
-                  "the inputs of a k::custom_op are tensors or expressions: a C++ number can be captured by its functions instead");
+    static_assert(((Expr<T> || std::is_same_v<std::remove_cvref_t<T>, Tensor>)&&...),
+                  "the inputs of a k::custom_op are tensors or expressions: a C++ number can be captured by its "
+                  "functions instead");
     if (id_ < 0) throw error("k::CustomOp: this op was never registered with k::custom_op");
     Attrs at;
     at.custom = id_;
@@ -165,7 +170,8 @@ inline CustomOp custom_op(std::string name, CustomOpFunctions fns) {
   if (name.empty()) throw error("k::custom_op: the op needs a name");
   if (!fns.forward) throw error("k::custom_op: '" + name + "' needs a .forward function");
   if (fns.inputs < 0 || fns.inputs > custom_ops::max_inputs)
-    throw error("k::custom_op: '" + name + "' declares " + std::to_string(fns.inputs) + " inputs; custom ops take 1 to 4");
+    throw error("k::custom_op: '" + name + "' declares " + std::to_string(fns.inputs) +
+                " inputs; custom ops take 1 to 4");
   std::string ident = custom_ops::identifier(name);
   return CustomOp(custom_ops::Registry::instance().add({std::move(name), std::move(ident), std::move(fns)}));
 }

@@ -16,13 +16,13 @@ namespace kiln {
 // Run-time attributes of a node: reduction dims, view sizes, slice bounds, a cast's dtype, the
 // identity of a custom op.
 struct Attrs {
-  Dims dims;                      // reduce: dims; reshape/expand: sizes; permute: order; iota: shape
+  Dims dims;                                // reduce: dims; reshape/expand: sizes; permute: order; iota: shape
   std::int64_t a = 0, b = 0, c = 0, d = 0;  // slice: dim, start, stop, step; iota: dim; custom_backward: a = input;
                                             // amax: d = shift_flag (see below)
   std::int32_t custom = -1;                 // custom ops: the registry id (expr/custom_op.hpp)
   kiln::dtype dt = kiln::dtype::f32;        // cast: target; iota: dtype
   bool keepdim = false;
-  bool all = false;               // reduce over every dim
+  bool all = false;  // reduce over every dim
   friend constexpr bool operator==(const Attrs&, const Attrs&) = default;
   // attrs.d of an amax that only shifts values for a stable exp (softmax, logsumexp): it carries no
   // gradient, and over a dim of size 0 it is allowed (its -inf is never read: the row is empty).
@@ -91,13 +91,20 @@ struct FullReduction : N {
   using N::N;
 };
 
-template <class T> struct is_expr_t : std::false_type {};
-template <Op O, class... C> struct is_expr_t<Node<O, C...>> : std::true_type {};
-template <> struct is_expr_t<TensorLeaf> : std::true_type {};
-template <int I> struct is_expr_t<Arg<I>> : std::true_type {};
-template <bool F> struct is_expr_t<Scalar<F>> : std::true_type {};
-template <> struct is_expr_t<Iota> : std::true_type {};
-template <class N> struct is_expr_t<FullReduction<N>> : std::true_type {};
+template <class T>
+struct is_expr_t : std::false_type {};
+template <Op O, class... C>
+struct is_expr_t<Node<O, C...>> : std::true_type {};
+template <>
+struct is_expr_t<TensorLeaf> : std::true_type {};
+template <int I>
+struct is_expr_t<Arg<I>> : std::true_type {};
+template <bool F>
+struct is_expr_t<Scalar<F>> : std::true_type {};
+template <>
+struct is_expr_t<Iota> : std::true_type {};
+template <class N>
+struct is_expr_t<FullReduction<N>> : std::true_type {};
 
 }  // namespace expr
 
@@ -105,7 +112,8 @@ template <class N> struct is_expr_t<FullReduction<N>> : std::true_type {};
 template <class T>
 concept Expr = expr::is_expr_t<std::remove_cvref_t<T>>::value;
 template <class T>
-concept Operand = Expr<T> || std::is_same_v<std::remove_cvref_t<T>, Tensor> || std::is_arithmetic_v<std::remove_cvref_t<T>>;
+concept Operand =
+    Expr<T> || std::is_same_v<std::remove_cvref_t<T>, Tensor> || std::is_arithmetic_v<std::remove_cvref_t<T>>;
 
 namespace expr {
 

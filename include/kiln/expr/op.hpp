@@ -11,75 +11,75 @@ namespace kiln {
 // index (gather), meta (a value computed from a shape: numel), extern (library calls and users'
 // custom ops, whose arity is a maximum), composite (lowered to primitives by rewrite/decompose.hpp
 // before fusion).
-#define KILN_OPS(X)                                   \
-  X(arg, "arg", leaf, 0)                              \
-  X(scalar, "scalar", leaf, 0)                        \
-  X(constant, "constant", leaf, 0)                    \
-  X(iota, "iota", leaf, 0)                            \
-  X(numel, "numel", meta, 1)                          \
-  X(neg, "neg", unary, 1)                             \
-  X(abs, "abs", unary, 1)                             \
-  X(sign, "sign", unary, 1)                           \
-  X(exp, "exp", unary, 1)                             \
-  X(exp2, "exp2", unary, 1)                           \
-  X(log, "log", unary, 1)                             \
-  X(log2, "log2", unary, 1)                           \
-  X(log1p, "log1p", unary, 1)                         \
-  X(expm1, "expm1", unary, 1)                         \
-  X(sqrt, "sqrt", unary, 1)                           \
-  X(rsqrt, "rsqrt", unary, 1)                         \
-  X(reciprocal, "reciprocal", unary, 1)               \
-  X(square, "square", unary, 1)                       \
-  X(sin, "sin", unary, 1)                             \
-  X(cos, "cos", unary, 1)                             \
-  X(tanh, "tanh", unary, 1)                           \
-  X(sigmoid, "sigmoid", unary, 1)                     \
-  X(erf, "erf", unary, 1)                             \
-  X(relu, "relu", unary, 1)                           \
-  X(logical_not, "logical_not", unary, 1)             \
-  X(cast, "cast", unary, 1)                           \
-  X(add, "add", binary, 2)                            \
-  X(sub, "sub", binary, 2)                            \
-  X(mul, "mul", binary, 2)                            \
-  X(div, "div", binary, 2)                            \
-  X(maximum, "maximum", binary, 2)                    \
-  X(minimum, "minimum", binary, 2)                    \
-  X(pow, "pow", binary, 2)                            \
-  X(lt, "lt", binary, 2)                              \
-  X(le, "le", binary, 2)                              \
-  X(gt, "gt", binary, 2)                              \
-  X(ge, "ge", binary, 2)                              \
-  X(eq, "eq", binary, 2)                              \
-  X(ne, "ne", binary, 2)                              \
-  X(where, "where", ternary, 3)                       \
-  X(sum, "sum", reduce, 1)                            \
-  X(amax, "amax", reduce, 1)                          \
-  X(amin, "amin", reduce, 1)                          \
-  X(reshape, "reshape", view, 1)                      \
-  X(permute, "permute", view, 1)                      \
-  X(slice, "slice", view, 1)                          \
-  X(expand, "expand", view, 1)                        \
-  X(slice_backward, "slice_backward", view, 1)        \
-  X(gather, "gather", index, 2)                      \
-  X(matmul, "matmul", extern_, 2)                     \
-  X(custom, "custom", extern_, 4)                     \
-  X(custom_backward, "custom_backward", extern_, 5)   \
-  X(silu, "silu", composite, 1)                       \
-  X(gelu, "gelu", composite, 1)                       \
-  X(gelu_tanh, "gelu_tanh", composite, 1)             \
-  X(clamp, "clamp", composite, 3)                     \
-  X(mean, "mean", composite, 1)                       \
-  X(var, "var", composite, 2)                         \
-  X(logsumexp, "logsumexp", composite, 1)             \
-  X(softmax, "softmax", composite, 1)                 \
-  X(log_softmax, "log_softmax", composite, 1)         \
-  X(layer_norm, "layer_norm", composite, 4)           \
-  X(rms_norm, "rms_norm", composite, 3)               \
-  X(cross_entropy, "cross_entropy", composite, 2)     \
-  X(mse_loss, "mse_loss", composite, 2)               \
-  X(linear, "linear", composite, 3)                   \
-  X(transpose, "transpose", composite, 1)             \
-  X(unsqueeze, "unsqueeze", composite, 1)             \
+#define KILN_OPS(X)                                 \
+  X(arg, "arg", leaf, 0)                            \
+  X(scalar, "scalar", leaf, 0)                      \
+  X(constant, "constant", leaf, 0)                  \
+  X(iota, "iota", leaf, 0)                          \
+  X(numel, "numel", meta, 1)                        \
+  X(neg, "neg", unary, 1)                           \
+  X(abs, "abs", unary, 1)                           \
+  X(sign, "sign", unary, 1)                         \
+  X(exp, "exp", unary, 1)                           \
+  X(exp2, "exp2", unary, 1)                         \
+  X(log, "log", unary, 1)                           \
+  X(log2, "log2", unary, 1)                         \
+  X(log1p, "log1p", unary, 1)                       \
+  X(expm1, "expm1", unary, 1)                       \
+  X(sqrt, "sqrt", unary, 1)                         \
+  X(rsqrt, "rsqrt", unary, 1)                       \
+  X(reciprocal, "reciprocal", unary, 1)             \
+  X(square, "square", unary, 1)                     \
+  X(sin, "sin", unary, 1)                           \
+  X(cos, "cos", unary, 1)                           \
+  X(tanh, "tanh", unary, 1)                         \
+  X(sigmoid, "sigmoid", unary, 1)                   \
+  X(erf, "erf", unary, 1)                           \
+  X(relu, "relu", unary, 1)                         \
+  X(logical_not, "logical_not", unary, 1)           \
+  X(cast, "cast", unary, 1)                         \
+  X(add, "add", binary, 2)                          \
+  X(sub, "sub", binary, 2)                          \
+  X(mul, "mul", binary, 2)                          \
+  X(div, "div", binary, 2)                          \
+  X(maximum, "maximum", binary, 2)                  \
+  X(minimum, "minimum", binary, 2)                  \
+  X(pow, "pow", binary, 2)                          \
+  X(lt, "lt", binary, 2)                            \
+  X(le, "le", binary, 2)                            \
+  X(gt, "gt", binary, 2)                            \
+  X(ge, "ge", binary, 2)                            \
+  X(eq, "eq", binary, 2)                            \
+  X(ne, "ne", binary, 2)                            \
+  X(where, "where", ternary, 3)                     \
+  X(sum, "sum", reduce, 1)                          \
+  X(amax, "amax", reduce, 1)                        \
+  X(amin, "amin", reduce, 1)                        \
+  X(reshape, "reshape", view, 1)                    \
+  X(permute, "permute", view, 1)                    \
+  X(slice, "slice", view, 1)                        \
+  X(expand, "expand", view, 1)                      \
+  X(slice_backward, "slice_backward", view, 1)      \
+  X(gather, "gather", index, 2)                     \
+  X(matmul, "matmul", extern_, 2)                   \
+  X(custom, "custom", extern_, 4)                   \
+  X(custom_backward, "custom_backward", extern_, 5) \
+  X(silu, "silu", composite, 1)                     \
+  X(gelu, "gelu", composite, 1)                     \
+  X(gelu_tanh, "gelu_tanh", composite, 1)           \
+  X(clamp, "clamp", composite, 3)                   \
+  X(mean, "mean", composite, 1)                     \
+  X(var, "var", composite, 2)                       \
+  X(logsumexp, "logsumexp", composite, 1)           \
+  X(softmax, "softmax", composite, 1)               \
+  X(log_softmax, "log_softmax", composite, 1)       \
+  X(layer_norm, "layer_norm", composite, 4)         \
+  X(rms_norm, "rms_norm", composite, 3)             \
+  X(cross_entropy, "cross_entropy", composite, 2)   \
+  X(mse_loss, "mse_loss", composite, 2)             \
+  X(linear, "linear", composite, 3)                 \
+  X(transpose, "transpose", composite, 1)           \
+  X(unsqueeze, "unsqueeze", composite, 1)           \
   X(squeeze, "squeeze", composite, 1)
 
 enum class Op : std::uint8_t {
@@ -115,9 +115,21 @@ constexpr bool is_composite(Op op) { return info(op).cls == OpClass::composite; 
 // Evaluated by the GPU's special function unit or a long polynomial (block shapes weigh them).
 constexpr bool is_transcendental(Op op) {
   switch (op) {
-    case Op::exp: case Op::exp2: case Op::log: case Op::log2: case Op::log1p: case Op::expm1:
-    case Op::sin: case Op::cos: case Op::tanh: case Op::sigmoid: case Op::erf: case Op::pow: return true;
-    default: return false;
+    case Op::exp:
+    case Op::exp2:
+    case Op::log:
+    case Op::log2:
+    case Op::log1p:
+    case Op::expm1:
+    case Op::sin:
+    case Op::cos:
+    case Op::tanh:
+    case Op::sigmoid:
+    case Op::erf:
+    case Op::pow:
+      return true;
+    default:
+      return false;
   }
 }
 // A user's op (k::custom_op) or the gradient of one of its inputs: opaque calls, never fused.

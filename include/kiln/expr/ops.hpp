@@ -12,7 +12,26 @@ template <class T>
 concept TensorLike = Expr<T> || std::is_same_v<std::remove_cvref_t<T>, Tensor>;
 
 template <class A, class B>
-concept BinaryOperands = Operand<A> && Operand<B> && (TensorLike<A> || TensorLike<B>);
+concept BinaryOperands = Operand<A> && Operand<B> &&(TensorLike<A> || TensorLike<B>);
+
+// A tensor-like operand next to something kiln cannot take (a std::vector, a pointer, a user type):
+// one sentence from kiln instead of a page of unrelated operator candidates. The rejected type is
+// the argument of `invalid_operand<...>` in the compiler's instantiation note.
+template <class A, class B>
+concept MisusedOperands = (TensorLike<A> && !Operand<B>) || (TensorLike<B> && !Operand<A>);
+namespace detail {
+template <class T>
+inline constexpr bool always_false = false;
+template <class T>
+struct invalid_operand {
+  static_assert(always_false<T>,
+                "kiln: operands must be tensors, kiln expressions or arithmetic scalars (the type is invalid_operand's "
+                "argument)");
+  using type = T;
+};
+template <class A, class B>
+using rejected_operand = typename invalid_operand<std::remove_cvref_t<std::conditional_t<Operand<A>, B, A>>>::type;
+}  // namespace detail
 
 // Reduction dims: an int, a braced list, a vector, or nothing (= all dims).
 struct DimList {
@@ -27,11 +46,14 @@ struct DimList {
 
 enum class approximate { none, tanh };
 
-#define KILN_BINARY_OPERATOR(sym, op)                            \
-  template <class A, class B>                                   \
-    requires BinaryOperands<A, B>                               \
-  auto operator sym(A&& a, B&& b) {                             \
-    return expr::make<Op::op>({}, std::forward<A>(a), std::forward<B>(b)); \
+#define KILN_BINARY_OPERATOR(sym, op)                                                                        \
+  template <class A, class B>                                                                                \
+  requires BinaryOperands<A, B>                                                                              \
+  auto operator sym(A&& a, B&& b) { return expr::make<Op::op>({}, std::forward<A>(a), std::forward<B>(b)); } \
+  template <class A, class B>                                                                                \
+  requires MisusedOperands<A, B> Tensor operator sym(A&&, B&&) {                                             \
+    using rejected [[maybe_unused]] = detail::rejected_operand<A, B>;                                        \
+    return {};                                                                                               \
   }
 KILN_BINARY_OPERATOR(+, add)
 KILN_BINARY_OPERATOR(-, sub)
@@ -45,22 +67,29 @@ KILN_BINARY_OPERATOR(==, eq)
 KILN_BINARY_OPERATOR(!=, ne)
 #undef KILN_BINARY_OPERATOR
 
-#define KILN_BINARY_FUNCTION(fn, op)                             \
-  template <class A, class B>                                   \
-    requires BinaryOperands<A, B>                               \
-  auto fn(A&& a, B&& b) {                                       \
-    return expr::make<Op::op>({}, std::forward<A>(a), std::forward<B>(b)); \
+#define KILN_BINARY_FUNCTION(fn, op)                                                               \
+  template <class A, class B>                                                                      \
+  requires BinaryOperands<A, B>                                                                    \
+  auto fn(A&& a, B&& b) { return expr::make<Op::op>({}, std::forward<A>(a), std::forward<B>(b)); } \
+  template <class A, class B>                                                                      \
+  requires MisusedOperands<A, B> Tensor fn(A&&, B&&) {                                             \
+    using rejected [[maybe_unused]] = detail::rejected_operand<A, B>;                              \
+    return {};                                                                                     \
   }
 KILN_BINARY_FUNCTION(maximum, maximum)
 KILN_BINARY_FUNCTION(minimum, minimum)
 #undef KILN_BINARY_FUNCTION
 
 template <TensorLike A>
-auto operator-(A&& a) { return expr::make<Op::neg>({}, std::forward<A>(a)); }
+auto operator-(A&& a) {
+  return expr::make<Op::neg>({}, std::forward<A>(a));
+}
 
-#define KILN_UNARY_FUNCTION(fn)                                           \
-  template <TensorLike A>                                                \
-  auto fn(A&& a) { return expr::make<Op::fn>({}, std::forward<A>(a)); }
+#define KILN_UNARY_FUNCTION(fn)                        \
+  template <TensorLike A>                              \
+  auto fn(A&& a) {                                     \
+    return expr::make<Op::fn>({}, std::forward<A>(a)); \
+  }
 KILN_UNARY_FUNCTION(abs)
 KILN_UNARY_FUNCTION(exp)
 KILN_UNARY_FUNCTION(exp2)
@@ -92,16 +121,16 @@ auto gelu(A&& a, approximate mode = approximate::none) {
 }
 
 template <TensorLike A, class S>
-  requires std::is_arithmetic_v<S>
+requires std::is_arithmetic_v<S>
 auto pow(A&& a, S exponent) { return expr::make<Op::pow>({}, std::forward<A>(a), exponent); }
 
 template <class C, class A, class B>
-  requires Operand<C> && Operand<A> && Operand<B>
+requires Operand<C> && Operand<A> && Operand<B>
 auto where(C&& c, A&& a, B&& b) {
   return expr::make<Op::where>({}, std::forward<C>(c), std::forward<A>(a), std::forward<B>(b));
 }
 template <TensorLike X, class L, class H>
-  requires Operand<L> && Operand<H>
+requires Operand<L> && Operand<H>
 auto clamp(X&& x, L&& lo, H&& hi) {
   return expr::make<Op::clamp>({}, std::forward<X>(x), std::forward<L>(lo), std::forward<H>(hi));
 }
@@ -124,14 +153,14 @@ inline Attrs reduce_attrs(const DimList& d, bool keepdim) {
 }  // namespace detail
 
 // With no dims the result is typed as a full reduction (a single element), which k::grad checks.
-#define KILN_REDUCTION(fn)                                                                    \
-  template <TensorLike X>                                                                    \
-  auto fn(X&& x, DimList dims, bool keepdim = false) {                                       \
-    return expr::make<Op::fn>(detail::reduce_attrs(dims, keepdim), std::forward<X>(x));        \
-  }                                                                                          \
-  template <TensorLike X>                                                                    \
-  auto fn(X&& x) {                                                                           \
-    using N = decltype(expr::make<Op::fn>({}, std::forward<X>(x)));                          \
+#define KILN_REDUCTION(fn)                                                                          \
+  template <TensorLike X>                                                                           \
+  auto fn(X&& x, DimList dims, bool keepdim = false) {                                              \
+    return expr::make<Op::fn>(detail::reduce_attrs(dims, keepdim), std::forward<X>(x));             \
+  }                                                                                                 \
+  template <TensorLike X>                                                                           \
+  auto fn(X&& x) {                                                                                  \
+    using N = decltype(expr::make<Op::fn>({}, std::forward<X>(x)));                                 \
     return expr::FullReduction<N>(detail::reduce_attrs({}, false), expr::lift(std::forward<X>(x))); \
   }
 KILN_REDUCTION(sum)

@@ -17,11 +17,24 @@ namespace kiln::graph {
 
 // The largest argument index an expression of type E reads (-1: none). Computed on the type, which
 // the compiler shares: linear in the expression's distinct node types.
-template <class E> struct Counts;
-template <> struct Counts<expr::TensorLeaf> { static constexpr int max_arg = -1; };
-template <int I> struct Counts<expr::Arg<I>> { static constexpr int max_arg = I; };
-template <bool F> struct Counts<expr::Scalar<F>> { static constexpr int max_arg = -1; };
-template <> struct Counts<expr::Iota> { static constexpr int max_arg = -1; };
+template <class E>
+struct Counts;
+template <>
+struct Counts<expr::TensorLeaf> {
+  static constexpr int max_arg = -1;
+};
+template <int I>
+struct Counts<expr::Arg<I>> {
+  static constexpr int max_arg = I;
+};
+template <bool F>
+struct Counts<expr::Scalar<F>> {
+  static constexpr int max_arg = -1;
+};
+template <>
+struct Counts<expr::Iota> {
+  static constexpr int max_arg = -1;
+};
 template <Op O, class... C>
 struct Counts<expr::Node<O, C...>> {
   static constexpr int max_arg = std::max({-1, Counts<C>::max_arg...});
@@ -33,8 +46,10 @@ struct Counts<expr::Assign<I, E>> {
   static constexpr int max_arg = std::max(I, Counts<E>::max_arg);
 };
 
-template <class T> struct is_tuple : std::false_type {};
-template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
+template <class T>
+struct is_tuple : std::false_type {};
+template <class... T>
+struct is_tuple<std::tuple<T...>> : std::true_type {};
 
 template <class... E>
 struct Counts<std::tuple<E...>> {
@@ -101,7 +116,7 @@ struct Captured {
   std::vector<Op> ops;  // the op of each attributed node
   std::vector<Tensor> views;
   std::vector<const Tensor*> bound;  // the tensors bound to Arg<I> placeholders, by I (the oracle's)
-  Attrs structure;      // the sharing attribute (see above)
+  Attrs structure;                   // the sharing attribute (see above)
   SharedNodes seen;
   int visits = 0, meetings = 0;
   int nt = 0, ns = 0, na = 0, nv = 0;
@@ -127,8 +142,9 @@ struct Captured {
   bool met_before(const void* p, bool shared) {
     int first = shared ? seen.find(p) : -1;
     if (first >= 0) {
-      structure.a = static_cast<std::int64_t>(mix(static_cast<std::uint64_t>(structure.a), static_cast<std::uint64_t>(visits) << 32 |
-                                                                                            static_cast<std::uint32_t>(first)));
+      structure.a =
+          static_cast<std::int64_t>(mix(static_cast<std::uint64_t>(structure.a),
+                                        static_cast<std::uint64_t>(visits) << 32 | static_cast<std::uint32_t>(first)));
       structure.b = ++meetings;
       ++visits;
       return true;
@@ -191,7 +207,9 @@ void gather_into(const expr::Node<O, C...>& e, Captured& c) {
   c.add_attrs(O, &e.attrs());
 }
 template <int I, class E>
-void gather_into(const expr::Assign<I, E>& e, Captured& c) { gather_into(e.value, c); }
+void gather_into(const expr::Assign<I, E>& e, Captured& c) {
+  gather_into(e.value, c);
+}
 
 // The tensors of folded views point into `views`, which may move while it grows: set them last.
 inline void fix_views(Captured& c) {
@@ -200,15 +218,17 @@ inline void fix_views(Captured& c) {
     if (!t) t = &c.views[static_cast<std::size_t>(v++)];
 }
 
-template <class T> struct is_assign : std::false_type {};
-template <int I, class E> struct is_assign<expr::Assign<I, E>> : std::true_type {};
+template <class T>
+struct is_assign : std::false_type {};
+template <int I, class E>
+struct is_assign<expr::Assign<I, E>> : std::true_type {};
 
 struct FlattenState {
-  SharedNodes seen;      // node bodies met before -> their graph node
-  CseIndex cse;          // equal nodes of distinct bodies become one
-  int next_tensor = 0;   // eager leaves are numbered after the largest Arg index
+  SharedNodes seen;     // node bodies met before -> their graph node
+  CseIndex cse;         // equal nodes of distinct bodies become one
+  int next_tensor = 0;  // eager leaves are numbered after the largest Arg index
   int next_scalar = 0;
-  int next_capture = 0;  // attributed nodes, numbered as gather() numbers their attrs
+  int next_capture = 0;     // attributed nodes, numbered as gather() numbers their attrs
   bool fold_views = false;  // views of eager tensors are arguments (as gather with fold_views)
   const std::vector<std::uint8_t>* symbolic = nullptr;  // per capture: its symbolic attribute bits
   void tag(Node& n) {
@@ -287,7 +307,8 @@ void gather(const E& e, Captured& c, bool fold_views = false) {
 // expression take the slots after them. fold_views: as gather(e, c, true) gathers. symbolic: per
 // captured attribute, the bits of it that are symbolic (graph.hpp's sym_bits).
 template <class E>
-Graph flatten_result(int nargs, const E& e, bool fold_views = false, const std::vector<std::uint8_t>* symbolic = nullptr) {
+Graph flatten_result(int nargs, const E& e, bool fold_views = false,
+                     const std::vector<std::uint8_t>* symbolic = nullptr) {
   Graph g;
   detail::FlattenState s;
   s.fold_views = fold_views;

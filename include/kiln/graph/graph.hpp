@@ -51,18 +51,20 @@ inline bool attrs_match(Op op, std::uint8_t bits, const Attrs& x, const Attrs& y
 }
 // Copies a call's values of the symbolic fields into a node's attributes.
 inline void apply_symbolic(Op op, const Attrs& call, Attrs& node) {
-  if (op == Op::slice || op == Op::slice_backward) node.b = call.b, node.c = call.c, node.d = call.d;
-  else node.dims = call.dims;
+  if (op == Op::slice || op == Op::slice_backward)
+    node.b = call.b, node.c = call.c, node.d = call.d;
+  else
+    node.dims = call.dims;
 }
 
 struct Node {
   Op op = Op::arg;
   std::array<int, max_inputs> in{-1, -1, -1, -1, -1};
   int n_in = 0;
-  int slot = -1;          // arg: argument index; scalar: scalar slot
-  bool weak = false;      // a C++ scalar (or computed only from scalars): lower promotion priority
-  bool floating = true;   // scalar: floating-point C++ type
-  double value = 0;       // constant: its value (constants come from rewrite rules, never from users)
+  int slot = -1;         // arg: argument index; scalar: scalar slot
+  bool weak = false;     // a C++ scalar (or computed only from scalars): lower promotion priority
+  bool floating = true;  // scalar: floating-point C++ type
+  double value = 0;      // constant: its value (constants come from rewrite rules, never from users)
   Attrs attrs;
   // The captured attributes this node came from (its index in a call's gathered attrs), and which
   // of them are symbolic (sym_bits): values of each call, re-applied before inference, never
@@ -112,7 +114,8 @@ inline std::uint64_t structure_key(const Node& n) {
       (static_cast<std::uint64_t>(n.attrs.c) << 42) ^ static_cast<std::uint64_t>(n.attrs.d) * 31);
   mix(static_cast<std::uint64_t>(n.attrs.custom));
   for (auto d : n.attrs.dims) mix(static_cast<std::uint64_t>(d));
-  mix(static_cast<std::uint64_t>(n.attrs.dt) | (std::uint64_t(n.attrs.keepdim) << 8) | (std::uint64_t(n.attrs.all) << 9));
+  mix(static_cast<std::uint64_t>(n.attrs.dt) | (std::uint64_t(n.attrs.keepdim) << 8) |
+      (std::uint64_t(n.attrs.all) << 9));
   if (n.op == Op::constant) mix(std::bit_cast<std::uint64_t>(n.value));
   return h;
 }
@@ -152,8 +155,8 @@ class CseIndex {
 inline std::string attrs_str(const Node& n) {
   std::ostringstream os;
   auto cls = info(n.op).cls;
-  if (cls == OpClass::reduce || n.op == Op::softmax || n.op == Op::log_softmax || n.op == Op::mean ||
-      n.op == Op::var || n.op == Op::logsumexp || n.op == Op::numel)
+  if (cls == OpClass::reduce || n.op == Op::softmax || n.op == Op::log_softmax || n.op == Op::mean || n.op == Op::var ||
+      n.op == Op::logsumexp || n.op == Op::numel)
     os << ", dims=" << (n.attrs.all ? std::string("all") : n.attrs.dims.str()) << (n.attrs.keepdim ? ", keepdim" : "");
   else if (n.op == Op::reshape || n.op == Op::expand || n.op == Op::permute || n.op == Op::iota)
     os << ", " << n.attrs.dims.str();
@@ -185,7 +188,8 @@ inline std::string Graph::str() const {
   }
   os << "  return";
   for (std::size_t i = 0; i < outputs.size(); ++i)
-    os << " %" << outputs[i] << (i < output_into.size() && output_into[i] >= 0 ? " -> arg" + std::to_string(output_into[i]) : "");
+    os << " %" << outputs[i]
+       << (i < output_into.size() && output_into[i] >= 0 ? " -> arg" + std::to_string(output_into[i]) : "");
   os << "\n";
   return os.str();
 }

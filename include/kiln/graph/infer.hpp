@@ -23,10 +23,28 @@ inline kiln::dtype promote_nodes(const Node& a, const Node& b) {
 
 inline bool float_result_op(Op op) {
   switch (op) {
-    case Op::exp: case Op::exp2: case Op::log: case Op::log2: case Op::log1p: case Op::expm1:
-    case Op::sqrt: case Op::rsqrt: case Op::reciprocal: case Op::sin: case Op::cos: case Op::tanh:
-    case Op::sigmoid: case Op::erf: case Op::silu: case Op::gelu: case Op::gelu_tanh:
-    case Op::softmax: case Op::log_softmax: case Op::logsumexp: case Op::mean: case Op::var:
+    case Op::exp:
+    case Op::exp2:
+    case Op::log:
+    case Op::log2:
+    case Op::log1p:
+    case Op::expm1:
+    case Op::sqrt:
+    case Op::rsqrt:
+    case Op::reciprocal:
+    case Op::sin:
+    case Op::cos:
+    case Op::tanh:
+    case Op::sigmoid:
+    case Op::erf:
+    case Op::silu:
+    case Op::gelu:
+    case Op::gelu_tanh:
+    case Op::softmax:
+    case Op::log_softmax:
+    case Op::logsumexp:
+    case Op::mean:
+    case Op::var:
       return true;
     default:
       return false;
@@ -54,8 +72,10 @@ inline Dims reduced_shape(const Dims& in, const Dims& dims, bool keepdim) {
   Dims out;
   for (int i = 0; i < in.size(); ++i) {
     bool r = std::find(dims.begin(), dims.end(), i) != dims.end();
-    if (!r) out.push_back(in[i]);
-    else if (keepdim) out.push_back(1);
+    if (!r)
+      out.push_back(in[i]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -79,8 +99,8 @@ inline Dims infer_reshape(const Dims& in, const Dims& want, Op op) {
                       ": the -1 is ambiguous next to a size 0");
   if (infer >= 0 && in.product() % known == 0) out[infer] = in.product() / known;
   if (out.product() != in.product())
-    throw shape_error(op_str(op) + ": cannot reshape a tensor of shape " + in.str() + " (" + std::to_string(in.product()) +
-                      " elements) to " + want.str());
+    throw shape_error(op_str(op) + ": cannot reshape a tensor of shape " + in.str() + " (" +
+                      std::to_string(in.product()) + " elements) to " + want.str());
   return out;
 }
 
@@ -228,9 +248,12 @@ inline void infer_node(Graph& g, Node& n) {
     case OpClass::unary: {
       n.shape = in(0).shape;
       n.dt = in(0).dt;
-      if (n.op == Op::cast) n.dt = n.attrs.dt;
-      else if (n.op == Op::logical_not) n.dt = kiln::dtype::boolean;
-      else if (float_result_op(n.op) && !is_floating(n.dt)) n.dt = kiln::dtype::f32;
+      if (n.op == Op::cast)
+        n.dt = n.attrs.dt;
+      else if (n.op == Op::logical_not)
+        n.dt = kiln::dtype::boolean;
+      else if (float_result_op(n.op) && !is_floating(n.dt))
+        n.dt = kiln::dtype::f32;
       else if (n.op == Op::neg && n.dt == kiln::dtype::boolean)
         throw dtype_error("neg: negation of a boolean tensor is not supported; use k::logical_not");
       return;
@@ -286,7 +309,9 @@ inline void infer_node(Graph& g, Node& n) {
       if (is_custom(n.op)) return infer_custom(g, n);
       n.shape = infer_matmul(in(0).shape, in(1).shape);
       n.dt = promote(in(0).dt, in(1).dt);
-      if (!is_floating(n.dt)) throw dtype_error("matmul: integer matmul is not supported (" + std::string(name(in(0).dt)) + " x " + std::string(name(in(1).dt)) + ")");
+      if (!is_floating(n.dt))
+        throw dtype_error("matmul: integer matmul is not supported (" + std::string(name(in(0).dt)) + " x " +
+                          std::string(name(in(1).dt)) + ")");
       return;
     }
     case OpClass::composite:
@@ -301,18 +326,28 @@ inline void infer_node(Graph& g, Node& n) {
   const Dims& xs = in(0).shape;
   const int rank = xs.size();
   switch (n.op) {
-    case Op::reshape: case Op::permute: case Op::transpose: case Op::slice: case Op::slice_backward:
-    case Op::expand: case Op::unsqueeze: case Op::squeeze:
+    case Op::reshape:
+    case Op::permute:
+    case Op::transpose:
+    case Op::slice:
+    case Op::slice_backward:
+    case Op::expand:
+    case Op::unsqueeze:
+    case Op::squeeze:
       n.shape = view_shape(n.op, xs, n.attrs);
       break;
-    case Op::silu: case Op::gelu: case Op::gelu_tanh:
+    case Op::silu:
+    case Op::gelu:
+    case Op::gelu_tanh:
       n.shape = xs;
       break;
     case Op::clamp:
       n.shape = broadcast_shapes(broadcast_shapes(xs, in(1).shape, "clamp"), in(2).shape, "clamp");
       n.dt = promote(promote_nodes(in(0), in(1)), promote_nodes(in(0), in(2)));
       return;
-    case Op::mean: case Op::var: case Op::logsumexp: {
+    case Op::mean:
+    case Op::var:
+    case Op::logsumexp: {
       Dims rd = reduced_dims(n.attrs, rank, n.op);
       n.shape = reduced_shape(xs, rd, n.attrs.keepdim);
       for (int d : rd)
@@ -320,16 +355,19 @@ inline void infer_node(Graph& g, Node& n) {
           throw shape_error("logsumexp: cannot reduce over dimension of size 0 in shape " + xs.str());
       break;
     }
-    case Op::softmax: case Op::log_softmax:
+    case Op::softmax:
+    case Op::log_softmax:
       reduced_dims(n.attrs, rank, n.op);
       n.shape = xs;
       break;
-    case Op::layer_norm: case Op::rms_norm: {
+    case Op::layer_norm:
+    case Op::rms_norm: {
       if (rank == 0) throw shape_error(op + ": input must have at least one dimension");
       std::int64_t d = xs.back();
       for (int i = 1; i < (n.op == Op::layer_norm ? 3 : 2); ++i)
         if (!(in(i).shape == Dims{d}))
-          throw shape_error(op + ": weight/bias of shape " + in(i).shape.str() + " do not match the last dimension of input " + xs.str());
+          throw shape_error(op + ": weight/bias of shape " + in(i).shape.str() +
+                            " do not match the last dimension of input " + xs.str());
       n.shape = xs;
       break;
     }
@@ -352,7 +390,8 @@ inline void infer_node(Graph& g, Node& n) {
     case Op::linear: {
       const Dims& ws = in(1).shape;
       if (ws.size() != 2 || rank < 1 || xs.back() != ws[1])
-        throw shape_error("linear: input " + xs.str() + " and weight " + ws.str() + " do not match (weight is [out, in])");
+        throw shape_error("linear: input " + xs.str() + " and weight " + ws.str() +
+                          " do not match (weight is [out, in])");
       if (!in(2).weak && !(in(2).shape == Dims{ws[0]}))
         throw shape_error("linear: bias " + in(2).shape.str() + " does not match weight " + ws.str());
       n.shape = xs;

@@ -15,8 +15,13 @@ namespace kiln::graph {
 
 constexpr bool is_folded_view_op(Op op) {
   switch (op) {
-    case Op::reshape: case Op::permute: case Op::transpose: case Op::slice: case Op::expand:
-    case Op::unsqueeze: case Op::squeeze:
+    case Op::reshape:
+    case Op::permute:
+    case Op::transpose:
+    case Op::slice:
+    case Op::expand:
+    case Op::unsqueeze:
+    case Op::squeeze:
       return true;
     default:
       return false;
@@ -24,11 +29,12 @@ constexpr bool is_folded_view_op(Op op) {
 }
 
 // A chain of views ending in an eager tensor.
-template <class E> struct is_leaf_view : std::false_type {};
+template <class E>
+struct is_leaf_view : std::false_type {};
 template <Op O, class C>
-  requires(is_folded_view_op(O))
-struct is_leaf_view<expr::Node<O, C>>
-    : std::bool_constant<std::is_same_v<C, expr::TensorLeaf> || is_leaf_view<C>::value> {};
+requires(is_folded_view_op(O)) struct is_leaf_view<expr::Node<O, C>>
+    : std::bool_constant<std::is_same_v<C, expr::TensorLeaf> || is_leaf_view<C>::value> {
+};
 
 // The view `op` (with its attributes) of t, sharing t's storage. Shapes and errors are inference's
 // own (graph::detail::view_shape); a reshape of a tensor whose strides cannot express the new shape
@@ -50,7 +56,8 @@ inline Tensor view_of(const Tensor& t, Op op, Attrs at) {
       break;
     case Op::transpose: {
       strides = st;
-      if (rank > 0) std::swap(strides[normalize_dim(at.a, rank, "transpose")], strides[normalize_dim(at.b, rank, "transpose")]);
+      if (rank > 0)
+        std::swap(strides[normalize_dim(at.a, rank, "transpose")], strides[normalize_dim(at.b, rank, "transpose")]);
       break;
     }
     case Op::slice: {

@@ -14,17 +14,17 @@ struct ArgGuard {
   kiln::dtype dt;
   Device device;
   int rank;
-  Dims shape;        // static dims (symbolic dims hold -1)
-  bool contiguous;   // contiguous strides required; otherwise `strides` exactly
+  Dims shape;       // static dims (symbolic dims hold -1)
+  bool contiguous;  // contiguous strides required; otherwise `strides` exactly
   Dims strides;
   bool read = true;  // false: the program never reads it (its sizes and strides are not guarded)
 };
 
 struct GuardSet {
   std::vector<ArgGuard> args;
-  std::vector<Attrs> attrs;               // every node's attributes, in capture order
-  std::vector<Op> ops;                    // the op of each (filled when some are symbolic)
-  std::vector<std::uint8_t> symbolic;     // per attribute: its symbolic fields (graph.hpp sym_bits)
+  std::vector<Attrs> attrs;            // every node's attributes, in capture order
+  std::vector<Op> ops;                 // the op of each (filled when some are symbolic)
+  std::vector<std::uint8_t> symbolic;  // per attribute: its symbolic fields (graph.hpp sym_bits)
   // Dynamic shapes: per node and dim, the constant it must equal (>= 0) or the symbol it binds.
   std::vector<std::vector<std::int64_t>> node_const;
   std::vector<std::vector<int>> node_symbol;
@@ -50,7 +50,8 @@ inline GuardSet make_guards(const graph::Graph& g, const ir::ShapeEnv& env, cons
   // An argument the graph never reads (a lambda parameter left unused) pins no shape or layout.
   for (auto& a : gs.args) a.read = false;
   for (const auto& n : g.nodes)
-    if (n.op == Op::arg && n.slot >= 0 && n.slot < static_cast<int>(gs.args.size())) gs.args[static_cast<std::size_t>(n.slot)].read = true;
+    if (n.op == Op::arg && n.slot >= 0 && n.slot < static_cast<int>(gs.args.size()))
+      gs.args[static_cast<std::size_t>(n.slot)].read = true;
   for (auto& a : gs.args)
     if (!a.read) std::fill(a.shape.begin(), a.shape.end(), -1);
   if (gs.dynamic) {
@@ -123,18 +124,21 @@ constexpr std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
 inline std::uint64_t hash_attrs(std::uint64_t h, const Attrs& a) {
   h = mix(h, static_cast<std::uint64_t>(a.dims.size()));
   for (auto d : a.dims) h = mix(h, static_cast<std::uint64_t>(d));
-  h = mix(mix(mix(mix(h, static_cast<std::uint64_t>(a.a)), static_cast<std::uint64_t>(a.b)), static_cast<std::uint64_t>(a.c)),
+  h = mix(mix(mix(mix(h, static_cast<std::uint64_t>(a.a)), static_cast<std::uint64_t>(a.b)),
+              static_cast<std::uint64_t>(a.c)),
           static_cast<std::uint64_t>(a.d));
-  return mix(h, static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.custom)) << 16 | static_cast<std::uint64_t>(a.dt) << 2 |
-                    std::uint64_t{a.keepdim} << 1 | std::uint64_t{a.all});
+  return mix(h, static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.custom)) << 16 |
+                    static_cast<std::uint64_t>(a.dt) << 2 | std::uint64_t{a.keepdim} << 1 | std::uint64_t{a.all});
 }
 
 // An attribute hashed without its symbolic fields (graph.hpp's sym_bits; a slice's bounds, a
 // reshape's sizes): calls that differ only there share a bucket.
 inline std::uint64_t hash_symbolic_attrs(std::uint64_t h, Op op, const Attrs& a) {
   Attrs masked = a;
-  if (op == Op::slice) masked.b = masked.c = masked.d = 0;
-  else for (auto& d : masked.dims) d = 0;
+  if (op == Op::slice)
+    masked.b = masked.c = masked.d = 0;
+  else
+    for (auto& d : masked.dims) d = 0;
   return hash_attrs(h, masked);
 }
 inline std::uint64_t hash_arg(std::uint64_t h, kiln::dtype dt, Device d, int rank, bool contiguous) {
@@ -173,10 +177,12 @@ inline std::uint64_t exact_guard_key(const GuardSet& gs);
 // The key of the calls a guard set admits (equal to call_key of each of them, under the same
 // `symbolic` and `ops`).
 inline std::uint64_t guard_key(const GuardSet& gs, const std::uint8_t* symbolic = nullptr, const Op* ops = nullptr) {
-  std::uint64_t h = detail::mix(0, static_cast<std::uint64_t>(gs.args.size()) << 32 | static_cast<std::uint32_t>(gs.attrs.size()));
+  std::uint64_t h =
+      detail::mix(0, static_cast<std::uint64_t>(gs.args.size()) << 32 | static_cast<std::uint32_t>(gs.attrs.size()));
   for (const ArgGuard& a : gs.args) h = detail::hash_arg(h, a.dt, a.device, a.rank, a.contiguous);
   for (std::size_t i = 0; i < gs.attrs.size(); ++i)
-    h = symbolic && symbolic[i] ? detail::hash_symbolic_attrs(h, ops[i], gs.attrs[i]) : detail::hash_attrs(h, gs.attrs[i]);
+    h = symbolic && symbolic[i] ? detail::hash_symbolic_attrs(h, ops[i], gs.attrs[i])
+                                : detail::hash_attrs(h, gs.attrs[i]);
   return h;
 }
 
@@ -196,7 +202,8 @@ inline std::vector<std::string> GuardSet::describe() const {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const ArgGuard& a = args[i];
     std::string shape = "[";
-    for (int d = 0; d < a.rank; ++d) shape += (d ? ", " : "") + (a.shape[d] < 0 ? std::string("s?") : std::to_string(a.shape[d]));
+    for (int d = 0; d < a.rank; ++d)
+      shape += (d ? ", " : "") + (a.shape[d] < 0 ? std::string("s?") : std::to_string(a.shape[d]));
     out.push_back(arg_name(i) + ".dtype == " + std::string(name(a.dt)));
     out.push_back(arg_name(i) + ".device == " + a.device.str());
     out.push_back(arg_name(i) + ".shape == " + shape + "]");

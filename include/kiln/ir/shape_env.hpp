@@ -14,18 +14,16 @@
 
 namespace kiln::ir {
 
-enum class ShapeMode { static_, dynamic, automatic };
-
 // What an attribute symbol stands for: a slice's start (clamped into the sliced dim, as inference
 // does) or its step.
 enum class AttrField : std::int8_t { none = -1, start, step };
 
 struct ShapeEnv {
-  std::vector<std::vector<Sym>> shapes;       // per node, per dim
-  std::vector<std::pair<int, int>> source;    // symbol id -> (node, dim) whose size it is; for an
-                                              // attribute: (node, the node whose size clamps it)
-  std::vector<AttrField> field;               // symbol id -> none for sizes, else the attribute
-  std::vector<std::int64_t> example;          // symbol id -> its value at the compiling call
+  std::vector<std::vector<Sym>> shapes;     // per node, per dim
+  std::vector<std::pair<int, int>> source;  // symbol id -> (node, dim) whose size it is; for an
+                                            // attribute: (node, the node whose size clamps it)
+  std::vector<AttrField> field;             // symbol id -> none for sizes, else the attribute
+  std::vector<std::int64_t> example;        // symbol id -> its value at the compiling call
   SymbolTable table;
 
   const std::vector<Sym>& operator[](int node) const { return shapes[node]; }
@@ -45,8 +43,10 @@ struct ShapeEnv {
   void bind(const Call& call, std::int64_t* out) const {
     for (int s = 0; s < num_symbols(); ++s) {
       auto [node, dim] = source[s];
-      if (field[s] == AttrField::none) out[s] = call(node)[dim];
-      else out[s] = attr_value(field[s], call.attrs(node), call(dim));
+      if (field[s] == AttrField::none)
+        out[s] = call(node)[dim];
+      else
+        out[s] = attr_value(field[s], call.attrs(node), call(dim));
     }
   }
   // A slice's start clamped into the sliced dim of `sliced` (its input's shape, or a

@@ -194,12 +194,18 @@ inline Sym sym_mul(const Sym& a, const Sym& b) {
 // Rebuilds a node of `kind` from new operands through the simplifying constructors.
 inline Sym rebuild(SymKind kind, std::span<const Sym> args) {
   switch (kind) {
-    case SymKind::add: return make_add(args);
-    case SymKind::mul: return make_mul(args);
-    case SymKind::floordiv: return make_floordiv(args[0], args[1]);
-    case SymKind::mod: return make_mod(args[0], args[1]);
-    case SymKind::min: return make_min(args[0], args[1]);
-    default: return make_max(args[0], args[1]);
+    case SymKind::add:
+      return make_add(args);
+    case SymKind::mul:
+      return make_mul(args);
+    case SymKind::floordiv:
+      return make_floordiv(args[0], args[1]);
+    case SymKind::mod:
+      return make_mod(args[0], args[1]);
+    case SymKind::min:
+      return make_min(args[0], args[1]);
+    default:
+      return make_max(args[0], args[1]);
   }
 }
 
@@ -230,10 +236,8 @@ inline Sym Sym::symbol(std::string name, int id, const SymFacts& facts) {
   n->facts = facts;
   n->lo = facts.positive ? 1 : facts.nonnegative ? 0 : -detail::sym_inf;
   n->hi = detail::sym_inf;
-  if (facts.bound && detail::node_of(*facts.bound).hi < detail::sym_inf)
-    n->hi = detail::node_of(*facts.bound).hi - 1;
-  n->hash = detail::hash_mix(detail::hash_mix(1, static_cast<std::size_t>(id)),
-                             std::hash<std::string>{}(n->name));
+  if (facts.bound && detail::node_of(*facts.bound).hi < detail::sym_inf) n->hi = detail::node_of(*facts.bound).hi - 1;
+  n->hash = detail::hash_mix(detail::hash_mix(1, static_cast<std::size_t>(id)), std::hash<std::string>{}(n->name));
   return Sym(std::shared_ptr<const SymNode>(std::move(n)));
 }
 
@@ -265,7 +269,8 @@ inline std::int64_t Sym::eval(Bindings values) const {
   const SymNode& n = *node_;
   const auto& a = n.args;
   switch (n.kind) {
-    case SymKind::constant: return n.value;
+    case SymKind::constant:
+      return n.value;
     case SymKind::symbol:
       if (static_cast<std::size_t>(n.value) >= values.size())
         throw error("kiln::Sym::eval: no value bound for symbol " + n.name);
@@ -280,10 +285,14 @@ inline std::int64_t Sym::eval(Bindings values) const {
       for (const Sym& f : a) r *= f.eval(values);
       return r;
     }
-    case SymKind::floordiv: return detail::floor_div(a[0].eval(values), a[1].eval(values));
-    case SymKind::mod: return detail::floor_mod(a[0].eval(values), a[1].eval(values));
-    case SymKind::min: return std::min(a[0].eval(values), a[1].eval(values));
-    case SymKind::max: return std::max(a[0].eval(values), a[1].eval(values));
+    case SymKind::floordiv:
+      return detail::floor_div(a[0].eval(values), a[1].eval(values));
+    case SymKind::mod:
+      return detail::floor_mod(a[0].eval(values), a[1].eval(values));
+    case SymKind::min:
+      return std::min(a[0].eval(values), a[1].eval(values));
+    case SymKind::max:
+      return std::max(a[0].eval(values), a[1].eval(values));
   }
   return 0;
 }
@@ -328,19 +337,21 @@ inline std::int64_t term_coef(const Sym& t) {
 }
 
 // C's / and % agree with floor division only for a nonnegative dividend and a positive divisor.
-inline bool native_division(const Sym& s) {
-  return node_of(s.args()[0]).lo >= 0 && node_of(s.args()[1]).lo >= 1;
-}
+inline bool native_division(const Sym& s) { return node_of(s.args()[0]).lo >= 0 && node_of(s.args()[1]).lo >= 1; }
 
 // How tightly a printed expression binds: 3 atom or call, 2 product or quotient, 1 sum or negation.
 inline int print_precedence(const Sym& s, bool c_syntax) {
   switch (s.kind()) {
     case SymKind::constant:
-    case SymKind::mul: return term_coef(s) < 0 ? 1 : s.is_constant() ? 3 : 2;
-    case SymKind::add: return 1;
+    case SymKind::mul:
+      return term_coef(s) < 0 ? 1 : s.is_constant() ? 3 : 2;
+    case SymKind::add:
+      return 1;
     case SymKind::floordiv:
-    case SymKind::mod: return c_syntax && !native_division(s) ? 3 : 2;
-    default: return 3;
+    case SymKind::mod:
+      return c_syntax && !native_division(s) ? 3 : 2;
+    default:
+      return 3;
   }
 }
 
@@ -401,12 +412,22 @@ struct SymPrinter {
   }
   void print(const Sym& s) {
     switch (s.kind()) {
-      case SymKind::constant: out += c_literal(s.constant_value()); break;
-      case SymKind::symbol: out += s.symbol_name(); break;
-      case SymKind::mul: product(s, 1); break;
-      case SymKind::add: sum(s); break;
+      case SymKind::constant:
+        out += c_literal(s.constant_value());
+        break;
+      case SymKind::symbol:
+        out += s.symbol_name();
+        break;
+      case SymKind::mul:
+        product(s, 1);
+        break;
+      case SymKind::add:
+        sum(s);
+        break;
       case SymKind::floordiv:
-      case SymKind::mod: division(s); break;
+      case SymKind::mod:
+        division(s);
+        break;
       case SymKind::min:
         out += c_syntax ? "kiln_min(" : "min(";
         call_args(s.args()[0], s.args()[1]);
@@ -456,8 +477,8 @@ inline std::vector<Sym> unravel(const Sym& flat, std::span<const Sym> sizes) {
 // The flat offset sum(idx[d] * strides[d]).
 inline Sym ravel(std::span<const Sym> idx, std::span<const Sym> strides) {
   if (idx.size() != strides.size())
-    throw shape_error("kiln::ravel: " + std::to_string(idx.size()) + " indices but " +
-                      std::to_string(strides.size()) + " strides");
+    throw shape_error("kiln::ravel: " + std::to_string(idx.size()) + " indices but " + std::to_string(strides.size()) +
+                      " strides");
   std::vector<Sym> terms;
   for (std::size_t d = 0; d < idx.size(); ++d) terms.push_back(idx[d] * strides[d]);
   return detail::make_add(terms);

@@ -32,8 +32,7 @@ inline SymRange product_range(std::span<const Sym> factors) {
   SymRange r{1, 1};
   for (const Sym& f : factors) {
     SymRange x = range_of(f);
-    std::int64_t c[] = {mul_sat(r.lo, x.lo), mul_sat(r.lo, x.hi), mul_sat(r.hi, x.lo),
-                        mul_sat(r.hi, x.hi)};
+    std::int64_t c[] = {mul_sat(r.lo, x.lo), mul_sat(r.lo, x.hi), mul_sat(r.hi, x.lo), mul_sat(r.hi, x.hi)};
     r = {*std::min_element(c, c + 4), *std::max_element(c, c + 4)};
   }
   return r;
@@ -57,12 +56,8 @@ inline SymRange mod_range(SymRange a, SymRange b) {
   return {0, a.lo >= 0 ? std::min(hi, a.hi) : hi};
 }
 
-inline SymRange min_range(SymRange a, SymRange b) {
-  return {std::min(a.lo, b.lo), std::min(a.hi, b.hi)};
-}
-inline SymRange max_range(SymRange a, SymRange b) {
-  return {std::max(a.lo, b.lo), std::max(a.hi, b.hi)};
-}
+inline SymRange min_range(SymRange a, SymRange b) { return {std::min(a.lo, b.lo), std::min(a.hi, b.hi)}; }
+inline SymRange max_range(SymRange a, SymRange b) { return {std::max(a.lo, b.lo), std::max(a.hi, b.hi)}; }
 
 inline SymRange op_range(SymKind kind, std::span<const Sym> args) {
   switch (kind) {
@@ -71,12 +66,18 @@ inline SymRange op_range(SymKind kind, std::span<const Sym> args) {
       for (const Sym& t : args) r = {add_lo(r.lo, range_of(t).lo), add_hi(r.hi, range_of(t).hi)};
       return r;
     }
-    case SymKind::mul: return product_range(args);
-    case SymKind::floordiv: return floordiv_range(range_of(args[0]), range_of(args[1]));
-    case SymKind::mod: return mod_range(range_of(args[0]), range_of(args[1]));
-    case SymKind::min: return min_range(range_of(args[0]), range_of(args[1]));
-    case SymKind::max: return max_range(range_of(args[0]), range_of(args[1]));
-    default: return {-sym_inf, sym_inf};
+    case SymKind::mul:
+      return product_range(args);
+    case SymKind::floordiv:
+      return floordiv_range(range_of(args[0]), range_of(args[1]));
+    case SymKind::mod:
+      return mod_range(range_of(args[0]), range_of(args[1]));
+    case SymKind::min:
+      return min_range(range_of(args[0]), range_of(args[1]));
+    case SymKind::max:
+      return max_range(range_of(args[0]), range_of(args[1]));
+    default:
+      return {-sym_inf, sym_inf};
   }
 }
 
@@ -85,8 +86,7 @@ inline SymRange op_range(SymKind kind, std::span<const Sym> args) {
 inline std::int64_t checked_add(std::int64_t a, std::int64_t b) {
   constexpr std::int64_t hi = std::numeric_limits<std::int64_t>::max();
   constexpr std::int64_t lo = std::numeric_limits<std::int64_t>::min();
-  if ((b > 0 && a > hi - b) || (b < 0 && a < lo - b))
-    throw error("kiln::Sym: int64 overflow in a constant");
+  if ((b > 0 && a > hi - b) || (b < 0 && a < lo - b)) throw error("kiln::Sym: int64 overflow in a constant");
   return a + b;
 }
 inline std::int64_t checked_mul(std::int64_t a, std::int64_t b) {
@@ -180,8 +180,10 @@ inline std::optional<Sym> symbolic_max(const Sym& s) {
     case SymKind::mod:
       if (range_of(a[1]).lo >= 1) return a[1] - 1;
       return std::nullopt;
-    case SymKind::floordiv: return floordiv_max(a[0], a[1]);
-    case SymKind::mul: return product_max(s);
+    case SymKind::floordiv:
+      return floordiv_max(a[0], a[1]);
+    case SymKind::mul:
+      return product_max(s);
     case SymKind::add: {
       std::vector<Sym> parts;
       for (const Sym& t : a) {
@@ -191,7 +193,8 @@ inline std::optional<Sym> symbolic_max(const Sym& s) {
       }
       return make_add(parts);
     }
-    default: return std::nullopt;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -215,8 +218,7 @@ inline bool is_positive(const Sym& s) { return range_of(s).lo >= 1; }
 // ---- division helpers ----
 
 // Removes the multiset `part` from the sorted `from`; nullopt if some factor is missing.
-inline std::optional<std::vector<Sym>> remove_factors(std::vector<Sym> from,
-                                                      const std::vector<Sym>& part) {
+inline std::optional<std::vector<Sym>> remove_factors(std::vector<Sym> from, const std::vector<Sym>& part) {
   for (const Sym& p : part) {
     auto it = std::find(from.begin(), from.end(), p);
     if (it == from.end()) return std::nullopt;
@@ -268,8 +270,7 @@ inline Sym divide_coefs(const Sym& s, std::int64_t g) {
 // ---- the constructors ----
 
 // c*M*(Y % K) + c*M*K*(Y // K) == c*M*Y: what makes ravel(unravel(x)) fold back to x.
-inline std::optional<Sym> recombine_div_mod(const std::vector<SymTerm>& terms,
-                                            std::int64_t constant) {
+inline std::optional<Sym> recombine_div_mod(const std::vector<SymTerm>& terms, std::int64_t constant) {
   for (std::size_t i = 0; i < terms.size(); ++i) {
     std::vector<Sym> fs = factors_of(terms[i].mono);
     for (std::size_t f = 0; f < fs.size(); ++f) {
@@ -363,11 +364,9 @@ inline Sym make_floordiv(const Sym& a, const Sym& b) {
   if (a.is_constant() && b.is_constant()) return floor_div(a.constant_value(), b.constant_value());
   if (a == b) return Sym(1);
   if (a.is_constant() && a.constant_value() == 0) return Sym(0);
-  if (std::int64_t g = coef_gcd(a, b); g > 1)
-    return make_floordiv(divide_coefs(a, g), divide_coefs(b, g));
+  if (std::int64_t g = coef_gcd(a, b); g > 1) return make_floordiv(divide_coefs(a, g), divide_coefs(b, g));
   // (w*b + r) // b == w + r // b holds exactly for floor division, whatever the sign of r.
-  if (auto [whole, rest] = split_divisible(a, b); !(whole == 0))
-    return whole + make_floordiv(rest, b);
+  if (auto [whole, rest] = split_divisible(a, b); !(whole == 0)) return whole + make_floordiv(rest, b);
   if (a.kind() == SymKind::floordiv && is_positive(a.args()[1]) && is_positive(b))
     return make_floordiv(a.args()[0], a.args()[1] * b);
   if (range_of(a).lo >= 0 && prove_lt(a, b)) return Sym(0);
@@ -390,8 +389,7 @@ inline Sym make_mod(const Sym& a, const Sym& b) {
   check_divisor(b);
   if (a.is_constant() && b.is_constant()) return floor_mod(a.constant_value(), b.constant_value());
   if (a == b || b == 1 || b == -1 || a == 0) return Sym(0);
-  if (std::int64_t g = coef_gcd(a, b); g > 1)
-    return g * make_mod(divide_coefs(a, g), divide_coefs(b, g));
+  if (std::int64_t g = coef_gcd(a, b); g > 1) return g * make_mod(divide_coefs(a, g), divide_coefs(b, g));
   if (b.is_constant() && b.constant_value() > 0)
     if (std::optional<Sym> r = reduce_coefs(a, b.constant_value())) return make_mod(*r, b);
   if (auto [whole, rest] = split_divisible(a, b); !(whole == 0)) return make_mod(rest, b);

@@ -69,11 +69,16 @@ inline double round_integral(kiln::dtype d, double v) {
 // Rounds a value through a dtype (a cast): floating types round once, integers truncate.
 inline double round_to(kiln::dtype d, double v) {
   switch (d) {
-    case kiln::dtype::f64: return v;
-    case kiln::dtype::f32: return static_cast<double>(static_cast<float>(v));
-    case kiln::dtype::f16: return static_cast<double>(static_cast<float>(kiln::half(static_cast<float>(v))));
-    case kiln::dtype::bf16: return static_cast<double>(static_cast<float>(kiln::bfloat16(static_cast<float>(v))));
-    default: return round_integral(d, v);
+    case kiln::dtype::f64:
+      return v;
+    case kiln::dtype::f32:
+      return static_cast<double>(static_cast<float>(v));
+    case kiln::dtype::f16:
+      return static_cast<double>(static_cast<float>(kiln::half(static_cast<float>(v))));
+    case kiln::dtype::bf16:
+      return static_cast<double>(static_cast<float>(kiln::bfloat16(static_cast<float>(v))));
+    default:
+      return round_integral(d, v);
   }
 }
 
@@ -142,10 +147,14 @@ inline std::vector<double> group_logsumexp(const Value& x, const Groups& g) {
   }
   for (std::int64_t k = 0; k < g.groups; ++k) {
     double m = mx[k];
-    if (std::isnan(m)) out[k] = nan;
-    else if (m == -inf) out[k] = -inf;  // every element is -inf (or the group is empty)
-    else if (m == inf) out[k] = inf;
-    else out[k] = m + std::log(s[k]);
+    if (std::isnan(m))
+      out[k] = nan;
+    else if (m == -inf)
+      out[k] = -inf;  // every element is -inf (or the group is empty)
+    else if (m == inf)
+      out[k] = inf;
+    else
+      out[k] = m + std::log(s[k]);
   }
   return out;
 }
@@ -205,50 +214,89 @@ void pointwise(Value& out, std::span<const Value* const> ins, F&& f) {
 
 inline double unary(const graph::Node& n, double x) {
   switch (n.op) {
-    case Op::neg: return -x;
-    case Op::abs: return std::abs(x);
-    case Op::sign: return x > 0 ? 1.0 : x < 0 ? -1.0 : x;  // keeps 0 (and its sign) and NaN
-    case Op::exp: return std::exp(x);
-    case Op::exp2: return std::exp2(x);
-    case Op::log: return std::log(x);
-    case Op::log2: return std::log2(x);
-    case Op::log1p: return std::log1p(x);
-    case Op::expm1: return std::expm1(x);
-    case Op::sqrt: return std::sqrt(x);
-    case Op::rsqrt: return 1.0 / std::sqrt(x);
-    case Op::reciprocal: return 1.0 / x;
-    case Op::square: return x * x;
-    case Op::sin: return std::sin(x);
-    case Op::cos: return std::cos(x);
-    case Op::tanh: return std::tanh(x);
-    case Op::sigmoid: return sigmoid(x);
-    case Op::erf: return std::erf(x);
-    case Op::relu: return std::isnan(x) ? x : (x > 0 ? x : 0.0);
-    case Op::logical_not: return x == 0 ? 1.0 : 0.0;
-    case Op::cast: return round_to(n.attrs.dt, x);
-    case Op::silu: return x * sigmoid(x);
-    case Op::gelu: return n.attrs.a == 1 ? gelu_tanh(x) : gelu_exact(x);
-    case Op::gelu_tanh: return gelu_tanh(x);
-    default: throw error("reference: " + std::string(name(n.op)) + " is not a unary op");
+    case Op::neg:
+      return -x;
+    case Op::abs:
+      return std::abs(x);
+    case Op::sign:
+      return x > 0 ? 1.0 : x < 0 ? -1.0 : x;  // keeps 0 (and its sign) and NaN
+    case Op::exp:
+      return std::exp(x);
+    case Op::exp2:
+      return std::exp2(x);
+    case Op::log:
+      return std::log(x);
+    case Op::log2:
+      return std::log2(x);
+    case Op::log1p:
+      return std::log1p(x);
+    case Op::expm1:
+      return std::expm1(x);
+    case Op::sqrt:
+      return std::sqrt(x);
+    case Op::rsqrt:
+      return 1.0 / std::sqrt(x);
+    case Op::reciprocal:
+      return 1.0 / x;
+    case Op::square:
+      return x * x;
+    case Op::sin:
+      return std::sin(x);
+    case Op::cos:
+      return std::cos(x);
+    case Op::tanh:
+      return std::tanh(x);
+    case Op::sigmoid:
+      return sigmoid(x);
+    case Op::erf:
+      return std::erf(x);
+    case Op::relu:
+      return std::isnan(x) ? x : (x > 0 ? x : 0.0);
+    case Op::logical_not:
+      return x == 0 ? 1.0 : 0.0;
+    case Op::cast:
+      return round_to(n.attrs.dt, x);
+    case Op::silu:
+      return x * sigmoid(x);
+    case Op::gelu:
+      return n.attrs.a == 1 ? gelu_tanh(x) : gelu_exact(x);
+    case Op::gelu_tanh:
+      return gelu_tanh(x);
+    default:
+      throw error("reference: " + std::string(name(n.op)) + " is not a unary op");
   }
 }
 
 inline double binary(Op op, double a, double b) {
   switch (op) {
-    case Op::add: return a + b;
-    case Op::sub: return a - b;
-    case Op::mul: return a * b;
-    case Op::div: return a / b;
-    case Op::maximum: return nan_max(a, b);
-    case Op::minimum: return nan_min(a, b);
-    case Op::pow: return std::pow(a, b);
-    case Op::lt: return a < b;
-    case Op::le: return a <= b;
-    case Op::gt: return a > b;
-    case Op::ge: return a >= b;
-    case Op::eq: return a == b;
-    case Op::ne: return a != b;
-    default: throw error("reference: " + std::string(name(op)) + " is not a binary op");
+    case Op::add:
+      return a + b;
+    case Op::sub:
+      return a - b;
+    case Op::mul:
+      return a * b;
+    case Op::div:
+      return a / b;
+    case Op::maximum:
+      return nan_max(a, b);
+    case Op::minimum:
+      return nan_min(a, b);
+    case Op::pow:
+      return std::pow(a, b);
+    case Op::lt:
+      return a < b;
+    case Op::le:
+      return a <= b;
+    case Op::gt:
+      return a > b;
+    case Op::ge:
+      return a >= b;
+    case Op::eq:
+      return a == b;
+    case Op::ne:
+      return a != b;
+    default:
+      throw error("reference: " + std::string(name(op)) + " is not a binary op");
   }
 }
 
@@ -276,7 +324,8 @@ inline Value eval_custom(const graph::Node& n, std::span<const Value* const> ins
   Tensor out = Tensor::empty(n.shape, n.dt, cpu);
   const custom_ops::Entry& e = custom_ops::entry(n.attrs.custom);
   if (n.op == Op::custom) {
-    custom_ops::call_user(e, "forward", false, [&] { e.fns.forward(std::span<const Tensor>(in.data(), ins.size()), out, Stream{}); });
+    custom_ops::call_user(e, "forward", false,
+                          [&] { e.fns.forward(std::span<const Tensor>(in.data(), ins.size()), out, Stream{}); });
   } else {
     const std::size_t m = ins.size() - 1;  // in[m]: the cotangent of the op's output
     if (!e.fns.backward) throw error(e.prefix() + "has no backward");
@@ -311,8 +360,8 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
     }
     case Op::scalar:
       if (n.slot < 0 || static_cast<std::size_t>(n.slot) >= scalars.size())
-        throw error("reference: scalar " + std::to_string(n.slot) + " was not given (" + std::to_string(scalars.size()) +
-                    " scalars passed)");
+        throw error("reference: scalar " + std::to_string(n.slot) + " was not given (" +
+                    std::to_string(scalars.size()) + " scalars passed)");
       out.shape = {};
       out.data = {scalars[static_cast<std::size_t>(n.slot)]};
       return out;
@@ -348,7 +397,12 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
     }
 
     // ---- reductions ------------------------------------------------------------------------------
-    case Op::sum: case Op::amax: case Op::amin: case Op::mean: case Op::var: case Op::logsumexp: {
+    case Op::sum:
+    case Op::amax:
+    case Op::amin:
+    case Op::mean:
+    case Op::var:
+    case Op::logsumexp: {
       const Value& x = in(0);
       Groups gr = make_groups(x.shape, reduce_dims(n, x.shape.size()));
       if (n.op == Op::logsumexp) {
@@ -377,7 +431,8 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       for (auto& v : out.data) v = round_integral(n.dt, v);
       return out;
     }
-    case Op::softmax: case Op::log_softmax: {
+    case Op::softmax:
+    case Op::log_softmax: {
       const Value& x = in(0);
       Groups gr = make_groups(x.shape, reduce_dims(n, x.shape.size()));
       std::vector<double> lse = group_logsumexp(x, gr);
@@ -400,7 +455,9 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
     }
 
     // ---- views -----------------------------------------------------------------------------------
-    case Op::reshape: case Op::unsqueeze: case Op::squeeze:
+    case Op::reshape:
+    case Op::unsqueeze:
+    case Op::squeeze:
       out.data = in(0).data;
       return out;
     case Op::expand: {
@@ -408,7 +465,8 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       pointwise(out, ins, [](const auto& v) { return v[0]; });
       return out;
     }
-    case Op::permute: case Op::transpose: {
+    case Op::permute:
+    case Op::transpose: {
       const Value& x = in(0);
       const int rank = x.shape.size();
       Dims perm;
@@ -423,17 +481,20 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       }
       Dims cs = contiguous_strides(x.shape), st;
       for (int k = 0; k < perm.size(); ++k) st.push_back(cs[static_cast<int>(perm[k])]);
-      for_each_index(out.shape, [&](std::int64_t lin, const Dims& idx) { out.data[lin] = x.data[dot_strides(idx, st)]; });
+      for_each_index(out.shape,
+                     [&](std::int64_t lin, const Dims& idx) { out.data[lin] = x.data[dot_strides(idx, st)]; });
       return out;
     }
-    case Op::slice: case Op::slice_backward: {
+    case Op::slice:
+    case Op::slice_backward: {
       // slice: out[..., j, ...] = x[..., start + j*step, ...]; slice_backward scatters the other way
       // into zeros of shape attrs.dims. Bounds are normalised and clamped exactly as infer.hpp does.
       const Dims& full = n.op == Op::slice ? in(0).shape : n.attrs.dims;
       const int rank = full.size();
       const int d = normalize_dim(n.attrs.a, rank, name(n.op).data());
       const std::int64_t step = n.attrs.d;
-      if (step <= 0) throw shape_error(std::string(name(n.op)) + ": step must be positive, got " + std::to_string(step));
+      if (step <= 0)
+        throw shape_error(std::string(name(n.op)) + ": step must be positive, got " + std::to_string(step));
       const std::int64_t size = rank ? full[d] : 1;
       auto clampi = [&](std::int64_t v) { return std::clamp<std::int64_t>(v < 0 ? v + size : v, 0, size); };
       const std::int64_t start = clampi(n.attrs.b), stop = clampi(n.attrs.c);
@@ -446,17 +507,21 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
         base = start * fs[d];
       }
       if (n.op == Op::slice) {
-        for_each_index(out.shape, [&](std::int64_t lin, const Dims& idx) { out.data[lin] = in(0).data[base + dot_strides(idx, ps)]; });
+        for_each_index(out.shape, [&](std::int64_t lin, const Dims& idx) {
+          out.data[lin] = in(0).data[base + dot_strides(idx, ps)];
+        });
       } else {
         if (!(in(0).shape == part))
           throw shape_error("slice_backward: gradient of shape " + in(0).shape.str() + " does not match the slice " +
                             part.str() + " of " + full.str());
-        for_each_index(part, [&](std::int64_t lin, const Dims& idx) { out.data[base + dot_strides(idx, ps)] = in(0).data[lin]; });
+        for_each_index(
+            part, [&](std::int64_t lin, const Dims& idx) { out.data[base + dot_strides(idx, ps)] = in(0).data[lin]; });
       }
       return out;
     }
 
-    case Op::custom: case Op::custom_backward: {
+    case Op::custom:
+    case Op::custom_backward: {
       std::array<const Value*, graph::max_inputs> ins{};
       for (int k = 0; k < n.n_in; ++k) ins[static_cast<std::size_t>(k)] = &in(k);
       return eval_custom(n, std::span<const Value* const>(ins.data(), static_cast<std::size_t>(n.n_in)));
@@ -492,7 +557,8 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
     }
 
     // ---- composites, straight from their definitions ----------------------------------------------
-    case Op::layer_norm: case Op::rms_norm: {
+    case Op::layer_norm:
+    case Op::rms_norm: {
       const Value &x = in(0), &w = in(1);
       const double eps = in(n.op == Op::layer_norm ? 3 : 2).data.at(0);
       const std::int64_t D = x.shape.back(), rows = rows_of(x.shape);
@@ -594,7 +660,8 @@ inline Tensor to_tensor(const Value& v) {
 
 // Evaluates every node of g (after graph::infer_shapes) and returns the values of its outputs.
 // args are indexed by arg slot, scalars by scalar slot.
-inline std::vector<Value> eval_graph(const graph::Graph& g, std::span<const Tensor> args, std::span<const double> scalars) {
+inline std::vector<Value> eval_graph(const graph::Graph& g, std::span<const Tensor> args,
+                                     std::span<const double> scalars) {
   std::vector<Value> vals(static_cast<std::size_t>(g.size()));
   std::vector<char> state(vals.size(), 0);  // 0 = not yet, 1 = in progress, 2 = done
   // Nodes are normally in topological order; evaluate inputs first anyway, so graphs edited by
@@ -620,8 +687,10 @@ namespace detail {
 
 template <class T>
 decltype(auto) as_expr(const T& x) {
-  if constexpr (std::is_same_v<T, Tensor>) return expr::TensorLeaf{{}, x};
-  else return (x);
+  if constexpr (std::is_same_v<T, Tensor>)
+    return expr::TensorLeaf{{}, x};
+  else
+    return (x);
 }
 
 }  // namespace detail
@@ -629,8 +698,7 @@ decltype(auto) as_expr(const T& x) {
 // Flattens and evaluates one or several expressions as one graph (shared subexpressions are
 // evaluated once), returning each output's Value: its shape, the node's dtype and f64 data.
 template <class... E>
-  requires(Expr<E> && ...)
-std::vector<Value> eval_values(const E&... e) {
+requires(Expr<E>&&...) std::vector<Value> eval_values(const E&... e) {
   graph::Graph g = graph::flatten(e...);
   std::vector<const Tensor*> ptrs(static_cast<std::size_t>(g.num_args), nullptr);
   std::size_t next = static_cast<std::size_t>(std::max({-1, graph::Counts<E>::max_arg...}) + 1);
@@ -652,22 +720,19 @@ std::vector<Value> eval_values(const E&... e) {
 
 // The oracle's value of an expression: a contiguous CPU tensor of dtype f64.
 template <class E>
-  requires Expr<E>
-Tensor eval(const E& e) {
-  return to_tensor(eval_values(e).at(0));
-}
+requires Expr<E> Tensor eval(const E& e) { return to_tensor(eval_values(e).at(0)); }
 
 // A plain tensor: its values as a contiguous CPU f64 tensor.
 inline Tensor eval(const Tensor& t) { return to_tensor(read(t)); }
 
 // Several outputs (a tuple of expressions or tensors), evaluated as one graph.
 template <class... E>
-  requires((Expr<E> || std::is_same_v<E, Tensor>) && ...)
-auto eval(const std::tuple<E...>& t) {
+requires((Expr<E> || std::is_same_v<E, Tensor>)&&...) auto eval(const std::tuple<E...>& t) {
   std::vector<Value> vs = std::apply([](const auto&... e) { return eval_values(detail::as_expr(e)...); }, t);
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     return std::tuple{(static_cast<void>(I), to_tensor(vs[I]))...};
-  }(std::index_sequence_for<E...>{});
+  }
+  (std::index_sequence_for<E...>{});
 }
 
 }  // namespace kiln::reference

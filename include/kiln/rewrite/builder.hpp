@@ -23,9 +23,7 @@ class Builder {
  public:
   Builder() = default;
   // Starts from an inferred graph and keeps its node ids (the forward part of a joint graph).
-  explicit Builder(graph::Graph base) : g_(std::move(base)) {
-    index_.index_all(g_);
-  }
+  explicit Builder(graph::Graph base) : g_(std::move(base)) { index_.index_all(g_); }
 
   graph::Graph& graph() { return g_; }
   const graph::Graph& graph() const { return g_; }

@@ -129,7 +129,8 @@ inline int transpose(Builder& b, const Node& n, std::span<const int> in) {
   const int rank = b.rank(in[0]);
   Dims order;
   for (int i = 0; i < rank; ++i) order.push_back(i);
-  if (rank > 0) std::swap(order[normalize_dim(n.attrs.a, rank, "transpose")], order[normalize_dim(n.attrs.b, rank, "transpose")]);
+  if (rank > 0)
+    std::swap(order[normalize_dim(n.attrs.a, rank, "transpose")], order[normalize_dim(n.attrs.b, rank, "transpose")]);
   return b.permute(in[0], order);
 }
 inline int to_reshape(Builder& b, const Node& n, std::span<const int> in) { return b.reshape(in[0], n.shape); }
@@ -163,8 +164,7 @@ inline int decompose_node(Builder& b, const Node& n, std::span<const int> in) {
   if (!rule.build) throw error("decompose: no decomposition rule for composite op " + std::string(name(n.op)));
   const kiln::dtype compute = is_floating(n.dt) ? compute_dtype(n.dt) : n.dt;
   std::array<int, 4> args{};
-  for (int k = 0; k < n.n_in; ++k)
-    args[k] = (rule.upcast >> k & 1) && !b[in[k]].weak ? b.cast(in[k], compute) : in[k];
+  for (int k = 0; k < n.n_in; ++k) args[k] = (rule.upcast >> k & 1) && !b[in[k]].weak ? b.cast(in[k], compute) : in[k];
   int out = b.cast(rule.build(b, n, std::span<const int>(args.data(), n.n_in)), n.dt);
   if (!(b.shape(out) == n.shape))
     throw error("decompose: the rule for " + std::string(name(n.op)) + " built shape " + b.shape(out).str() +
@@ -191,7 +191,8 @@ inline graph::Graph decompose(const graph::Graph& g) {
   });
   graph::Graph out = remove_dead(built);
   debug::log_lazy(debug::Channel::decomp, [&] {
-    return "after decompose (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) + " ops):\n" + out.str();
+    return "after decompose (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) +
+           " ops):\n" + out.str();
   });
   return out;
 }

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <numbers>
 #include <string>
-#include <string_view>
 
 #include "../debug/log.hpp"
 #include "builder.hpp"
@@ -26,33 +25,60 @@ inline bool foldable(Op op) {
 
 inline double fold_value(Op op, double x, double y) {
   switch (op) {
-    case Op::neg: return -x;
-    case Op::abs: return std::abs(x);
-    case Op::sign: return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
-    case Op::exp: return std::exp(x);
-    case Op::exp2: return std::exp2(x);
-    case Op::log: return std::log(x);
-    case Op::log2: return std::log2(x);
-    case Op::log1p: return std::log1p(x);
-    case Op::expm1: return std::expm1(x);
-    case Op::sqrt: return std::sqrt(x);
-    case Op::rsqrt: return 1.0 / std::sqrt(x);
-    case Op::reciprocal: return 1.0 / x;
-    case Op::square: return x * x;
-    case Op::sin: return std::sin(x);
-    case Op::cos: return std::cos(x);
-    case Op::tanh: return std::tanh(x);
-    case Op::sigmoid: return 1.0 / (1.0 + std::exp(-x));
-    case Op::erf: return std::erf(x);
-    case Op::relu: return x > 0 ? x : 0.0;
-    case Op::add: return x + y;
-    case Op::sub: return x - y;
-    case Op::mul: return x * y;
-    case Op::div: return x / y;
-    case Op::maximum: return std::isnan(x) || std::isnan(y) ? NAN : std::max(x, y);
-    case Op::minimum: return std::isnan(x) || std::isnan(y) ? NAN : std::min(x, y);
-    case Op::pow: return std::pow(x, y);
-    default: throw error("simplify: cannot fold op " + std::string(name(op)));
+    case Op::neg:
+      return -x;
+    case Op::abs:
+      return std::abs(x);
+    case Op::sign:
+      return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
+    case Op::exp:
+      return std::exp(x);
+    case Op::exp2:
+      return std::exp2(x);
+    case Op::log:
+      return std::log(x);
+    case Op::log2:
+      return std::log2(x);
+    case Op::log1p:
+      return std::log1p(x);
+    case Op::expm1:
+      return std::expm1(x);
+    case Op::sqrt:
+      return std::sqrt(x);
+    case Op::rsqrt:
+      return 1.0 / std::sqrt(x);
+    case Op::reciprocal:
+      return 1.0 / x;
+    case Op::square:
+      return x * x;
+    case Op::sin:
+      return std::sin(x);
+    case Op::cos:
+      return std::cos(x);
+    case Op::tanh:
+      return std::tanh(x);
+    case Op::sigmoid:
+      return 1.0 / (1.0 + std::exp(-x));
+    case Op::erf:
+      return std::erf(x);
+    case Op::relu:
+      return x > 0 ? x : 0.0;
+    case Op::add:
+      return x + y;
+    case Op::sub:
+      return x - y;
+    case Op::mul:
+      return x * y;
+    case Op::div:
+      return x / y;
+    case Op::maximum:
+      return std::isnan(x) || std::isnan(y) ? NAN : std::max(x, y);
+    case Op::minimum:
+      return std::isnan(x) || std::isnan(y) ? NAN : std::min(x, y);
+    case Op::pow:
+      return std::pow(x, y);
+    default:
+      throw error("simplify: cannot fold op " + std::string(name(op)));
   }
 }
 
@@ -72,11 +98,16 @@ inline int drop_identity_operand(Builder& b, int id) {
   auto keeps = [&](int x) { return b.dt(x) == n.dt && b.shape(x) == n.shape && b[x].weak == n.weak; };
   auto is = [&](int k, double v) { return b.is_constant(n.in[k], v) && keeps(n.in[1 - k]); };
   switch (n.op) {
-    case Op::mul: return is(1, 1) ? n.in[0] : is(0, 1) ? n.in[1] : -1;
-    case Op::add: return is(1, 0) ? n.in[0] : is(0, 0) ? n.in[1] : -1;
-    case Op::sub: return is(1, 0) ? n.in[0] : -1;
-    case Op::div: return is(1, 1) ? n.in[0] : -1;
-    default: return -1;
+    case Op::mul:
+      return is(1, 1) ? n.in[0] : is(0, 1) ? n.in[1] : -1;
+    case Op::add:
+      return is(1, 0) ? n.in[0] : is(0, 0) ? n.in[1] : -1;
+    case Op::sub:
+      return is(1, 0) ? n.in[0] : -1;
+    case Op::div:
+      return is(1, 1) ? n.in[0] : -1;
+    default:
+      return -1;
   }
 }
 
@@ -102,17 +133,20 @@ inline int simplify_view(Builder& b, int id) {
       int r = b.reshape(x, n.shape);
       return r == id ? -1 : r;
     }
-    case Op::expand: return b.shape(x) == n.shape ? x : -1;
+    case Op::expand:
+      return b.shape(x) == n.shape ? x : -1;
     case Op::permute: {
       int r = b.permute(x, n.attrs.dims);
       return r == id ? -1 : r;
     }
     case Op::slice: {
       const int rank = b.rank(x);
-      const std::int64_t start = n.attrs.b < 0 ? n.attrs.b + (rank ? b.shape(x)[normalize_dim(n.attrs.a, rank, "slice")] : 1) : n.attrs.b;
+      const std::int64_t start =
+          n.attrs.b < 0 ? n.attrs.b + (rank ? b.shape(x)[normalize_dim(n.attrs.a, rank, "slice")] : 1) : n.attrs.b;
       return b.shape(x) == n.shape && n.attrs.d == 1 && start <= 0 ? x : -1;
     }
-    default: return -1;
+    default:
+      return -1;
   }
 }
 
@@ -146,11 +180,12 @@ inline int simplify_node(Builder& b, const graph::Node& n, const int* in) {
 
 // Simplifies g (with shapes); outputs keep their order and point at the simplified nodes.
 inline graph::Graph simplify(const graph::Graph& g) {
-  graph::Graph built = rebuild_graph(
-      g, [](Builder& b, const graph::Node& n, const int* in) { return detail::simplify_node(b, n, in); });
+  graph::Graph built =
+      rebuild_graph(g, [](Builder& b, const graph::Node& n, const int* in) { return detail::simplify_node(b, n, in); });
   graph::Graph out = remove_dead(built);
   debug::log_lazy(debug::Channel::decomp, [&] {
-    return "after simplify (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) + " ops):\n" + out.str();
+    return "after simplify (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) +
+           " ops):\n" + out.str();
   });
   return out;
 }
@@ -159,13 +194,8 @@ inline graph::Graph simplify(const graph::Graph& g) {
 // k::linear comes out of autodiff that way): the library reads transposed operands through their
 // strides, so the product is written in the layout wanted instead of being copied into it (W12: two
 // transposing copies of 4096x1024 bf16 gradients, ~0.05 of 0.86 ms).
-// KILN_TUNE_MATMUL_T=0 keeps the transposing copies, for A/B runs.
+// (A Tuning's matmul_t knob keeps the transposing copies, for A/B runs: runtime/lower.hpp.)
 inline graph::Graph fold_matmul_transposes(const graph::Graph& g) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("KILN_TUNE_MATMUL_T");
-    return !(e && std::string_view(e) == "0");
-  }();
-  if (!enabled) return g;
   std::vector<int> readers(g.size(), 0);
   for (const auto& n : g.nodes)
     for (int k = 0; k < n.n_in; ++k) ++readers[n.in[k]];

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <memory>
 #include <tuple>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "../expr/ops.hpp"
 #include "function.hpp"
@@ -18,18 +18,22 @@ namespace detail {
 // One Tensor for a single output, else a tuple.
 template <int N>
 auto pack_outputs(std::array<Tensor, N>& out) {
-  if constexpr (N == 1) return out[0];
-  else return std::apply([](auto&... t) { return std::make_tuple(t...); }, out);
+  if constexpr (N == 1)
+    return out[0];
+  else
+    return std::apply([](auto&... t) { return std::make_tuple(t...); }, out);
 }
 
 // Lowers a traced result into a primitive graph, applying the function's transform. Views of eager
 // tensors are arguments (graph/views.hpp), as evaluate gathers them.
 template <class F, class E>
 auto graph_builder(const F& f, const E& e, int nargs) {
-  return [&f, &e, nargs](auto& arg, runtime::LoweringStats& stats, const std::vector<std::uint8_t>* symbolic = nullptr) {
-    return runtime::lower_graph(graph::flatten_result(nargs, e, true, symbolic), arg,
-                                [&](graph::Graph g) { return transform_graph(f, std::move(g)); }, stats);
-  };
+  return
+      [&f, &e, nargs](auto& arg, runtime::LoweringStats& stats, const std::vector<std::uint8_t>* symbolic = nullptr) {
+        return runtime::lower_graph(
+            graph::flatten_result(nargs, e, true, symbolic), arg,
+            [&](graph::Graph g) { return transform_graph(f, std::move(g)); }, stats);
+      };
 }
 
 // The per-call scratch of evaluate (the gathered values and the argument list), reused between
@@ -110,8 +114,7 @@ class Function {
   Function(F fn, options o) : fn_(std::move(fn)), cache_(std::make_shared<runtime::ProgramCache>(o)) {}
 
   template <class... T>
-    requires(std::is_same_v<std::remove_cvref_t<T>, Tensor> && ...)
-  auto operator()(const T&... args) const {
+  requires(std::is_same_v<std::remove_cvref_t<T>, Tensor>&&...) auto operator()(const T&... args) const {
     return call(Stream{}, args...);
   }
   // The same, ordered on a caller's stream.
@@ -152,7 +155,6 @@ class Function {
   }
 
  private:
-
   F fn_;
   std::shared_ptr<runtime::ProgramCache> cache_;
 };
@@ -174,11 +176,10 @@ runtime::ProgramCache& eager_cache() {
 
 // Evaluates an expression (fused) into a new tensor; several outputs for a tuple.
 template <class E>
-  requires Expr<E> || graph::is_tuple<E>::value
-auto eval(const E& e, Stream stream = {}) {
+requires Expr<E> || graph::is_tuple<E>::value auto eval(const E& e, Stream stream = {}) {
   constexpr int n = detail::output_count<E>::value;
-  auto out = detail::evaluate<n>(detail::eager_cache<E>(), detail::Identity{}, e, std::array<const Tensor*, 0>{}, nullptr,
-                                 stream.handle());
+  auto out = detail::evaluate<n>(detail::eager_cache<E>(), detail::Identity{}, e, std::array<const Tensor*, 0>{},
+                                 nullptr, stream.handle());
   return detail::pack_outputs<n>(out);
 }
 
@@ -208,7 +209,8 @@ inline void copy_rows(const Tensor& src, Tensor& out, std::int64_t pitch, Stream
   if (out.numel() == 0) return;
   if (out.device().is_cpu()) {
     for (std::size_t i = 0; i < rows; ++i)
-      std::memcpy(static_cast<char*>(out.data_ptr()) + i * pitch * item, static_cast<const char*>(src.data_ptr()) + i * width, width);
+      std::memcpy(static_cast<char*>(out.data_ptr()) + i * pitch * item,
+                  static_cast<const char*>(src.data_ptr()) + i * width, width);
     return;
   }
   driver::make_current(out.device().index);
@@ -225,11 +227,14 @@ void eval(Tensor& out, const E& e, Stream stream = {}) {
   if (!out.is_contiguous()) {
     std::int64_t pitch = detail::row_pitch(out);
     if (!pitch)
-      throw shape_error("k::eval(out, expr): out must be contiguous or rows of a larger buffer (last dim contiguous, "
-                        "evenly spaced rows), got shape " + out.shape().str() + " strides " + out.strides().str());
+      throw shape_error(
+          "k::eval(out, expr): out must be contiguous or rows of a larger buffer (last dim contiguous, "
+          "evenly spaced rows), got shape " +
+          out.shape().str() + " strides " + out.strides().str());
     if (out.device().is_cuda() && stream.handle() && driver::is_capturing(stream.handle()))
-      throw cuda_error("k::eval(out, expr): out with a row pitch needs a temporary, which cannot be kept alive for a "
-                       "CUDA graph capture; capture into a contiguous out");
+      throw cuda_error(
+          "k::eval(out, expr): out with a row pitch needs a temporary, which cannot be kept alive for a "
+          "CUDA graph capture; capture into a contiguous out");
     Tensor tmp = Tensor::empty(out.shape(), out.dtype(), out.device(), stream);
     eval(tmp, e, stream);
     detail::copy_rows(tmp, out, pitch, stream);
@@ -238,12 +243,12 @@ void eval(Tensor& out, const E& e, Stream stream = {}) {
   Attrs to;
   to.dt = out.dtype();
   auto full = expr::make<Op::cast>(to, e);  // the value is stored in out's dtype
-  detail::evaluate<1>(detail::eager_cache<decltype(full)>(), detail::Identity{}, full, std::array<const Tensor*, 0>{}, &out,
-                      stream.handle());
+  detail::evaluate<1>(detail::eager_cache<decltype(full)>(), detail::Identity{}, full, std::array<const Tensor*, 0>{},
+                      &out, stream.handle());
 }
 
 template <class E>
-  requires requires { typename E::kiln_expr_tag; }
+requires requires { typename E::kiln_expr_tag; }
 Tensor::Tensor(const E& expr) : Tensor(kiln::eval(expr)) {}
 
 inline Tensor Tensor::contiguous() const {

@@ -39,13 +39,15 @@ inline void run_entry(const Entry& e, const Tensor* const* args, const double* s
 // Runs a hand-built graph (tests and tools that make graphs at run time, such as the random-graph
 // differential test): lowers, compiles and runs it once through a private cache.
 inline std::vector<Tensor> run_graph(const graph::Graph& g, const std::vector<Tensor>& args,
-                                     const std::vector<double>& scalars, options o = {}, LoweringStats* stats = nullptr) {
+                                     const std::vector<double>& scalars, options o = {},
+                                     LoweringStats* stats = nullptr) {
   ProgramCache cache(o);
   std::vector<const Tensor*> argv;
   for (auto& t : args) argv.push_back(&t);
   CallShapes shapes;
   auto build = [&](auto& arg, LoweringStats& st) {
-    return lower_graph(g, arg, [](graph::Graph x) { return x; }, st);
+    return lower_graph(
+        g, arg, [](graph::Graph x) { return x; }, st);
   };
   auto entry = cache.get(argv.data(), static_cast<int>(argv.size()), nullptr, 0, build, shapes);
   if (stats) *stats = entry->stats;

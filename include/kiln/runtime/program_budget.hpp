@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <vector>
+#include "../core/config.hpp"
 
 namespace kiln::runtime {
 
@@ -71,7 +72,7 @@ class ProgramBudget {
  private:
   explicit ProgramBudget(std::int64_t capacity) : capacity_(capacity) {}
   static std::int64_t initial_capacity() {
-    const char* v = std::getenv("KILN_EAGER_PROGRAMS");
+    const char* v = kiln::config::env("KILN_EAGER_PROGRAMS");
     char* end = nullptr;
     long long n = v ? std::strtoll(v, &end, 10) : 0;
     if (v && (end == v || *end || n < 1)) {

@@ -18,8 +18,8 @@
 
 #include "../graph/flatten.hpp"
 #include "../guards/guards.hpp"
-#include "compile.hpp"
-#include "cuda_graph.hpp"
+#include "launch/cuda_graph.hpp"
+#include "lower.hpp"
 #include "options.hpp"
 #include "program_budget.hpp"
 
@@ -39,7 +39,7 @@ struct CapturePins {
 // One compiled program and what it assumed.
 struct Entry {
   guards::GuardSet guards;
-  mutable std::uint64_t key = 0;        // guards::guard_key(guards): its bucket (under the cache's lock)
+  mutable std::uint64_t key = 0;                    // guards::guard_key(guards): its bucket (under the cache's lock)
   mutable std::atomic<std::uint64_t> last_used{0};  // lru_tick() of its latest call
   std::shared_ptr<Program> program;
   LoweringStats stats;
@@ -63,7 +63,8 @@ class ProgramCache final : public Evictable {
   using Buckets = std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<const Entry>>>;
 
  public:
-  explicit ProgramCache(options o = {}, CacheKind kind = CacheKind::function) : opt_(o), eager_(kind == CacheKind::eager) {
+  explicit ProgramCache(options o = {}, CacheKind kind = CacheKind::function)
+      : opt_(o), eager_(kind == CacheKind::eager) {
     if (eager_) ProgramBudget::eager().add(this);
   }
   ~ProgramCache() override {
@@ -82,7 +83,8 @@ class ProgramCache final : public Evictable {
   // symbolic: slice bounds and view sizes (automatic and dynamic shapes, or past the limit).
   template <class Build>
   std::shared_ptr<const Entry> get(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
-                                   Build&& build, CallShapes& shapes_out, CUstream stream = nullptr, const Op* ops = nullptr) {
+                                   Build&& build, CallShapes& shapes_out, CUstream stream = nullptr,
+                                   const Op* ops = nullptr) {
     {
       std::shared_lock lock(mu_);
       if (auto e = find(args, nargs, attrs, nattrs, shapes_out)) return touch(e);
@@ -165,7 +167,8 @@ class ProgramCache final : public Evictable {
   // The bucket of a call under this cache's symbolic attributes.
   std::uint64_t key_of(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs) const {
     bool sym = static_cast<int>(symbolic_.size()) == nattrs;
-    return guards::call_key(args, nargs, attrs, nattrs, sym ? symbolic_.data() : nullptr, sym ? slot_ops_.data() : nullptr);
+    return guards::call_key(args, nargs, attrs, nattrs, sym ? symbolic_.data() : nullptr,
+                            sym ? slot_ops_.data() : nullptr);
   }
   std::uint64_t key_of(const Entry& e) const {
     bool sym = symbolic_.size() == e.guards.attrs.size();
@@ -240,8 +243,9 @@ class ProgramCache final : public Evictable {
       if (!infer_call_shapes(*e.program, args, attrs, nattrs, shapes)) return false;
       thread_local std::vector<std::int64_t> sym;
       sym.resize(std::max<std::size_t>(sym.size(), static_cast<std::size_t>(e.program->env.num_symbols()) + 1));
-      int node = guards::check_shapes(e.guards, [&](int n) -> const Dims& { return shapes.nodes[n].shape; }, sym.data(),
-                                      e.program->env.num_symbols());
+      int node = guards::check_shapes(
+          e.guards, [&](int n) -> const Dims& { return shapes.nodes[n].shape; }, sym.data(),
+          e.program->env.num_symbols());
       if (node >= 0) {
         if (why) *why = "symbolic size of node %" + std::to_string(node) + " " + e.program->graph[node].shape.str();
         return false;
@@ -274,7 +278,8 @@ class ProgramCache final : public Evictable {
   // Where an entry is filed: programs with exact shapes by their shapes, the others (symbolic
   // sizes, or an argument they never read) by the rest.
   static bool exact(const Entry& e) {
-    return !e.guards.dynamic && std::all_of(e.guards.args.begin(), e.guards.args.end(), [](const auto& a) { return a.read; });
+    return !e.guards.dynamic &&
+           std::all_of(e.guards.args.begin(), e.guards.args.end(), [](const auto& a) { return a.read; });
   }
   Buckets& map_of(const Entry& e) { return exact(e) ? exact_ : buckets_; }
   std::uint64_t file_key(const Entry& e) const { return exact(e) ? guards::exact_guard_key(e.guards) : key_of(e); }
@@ -377,8 +382,8 @@ class ProgramCache final : public Evictable {
     Device device = cpu;
     for (int i = 0; i < nargs; ++i) {
       if (i > 0 && !(args[i]->device() == device))
-        throw device_error("k::compile: arguments on different devices: " + device.str() + " and " + args[i]->device().str() +
-                           " (args[0] and args[" + std::to_string(i) + "])");
+        throw device_error("k::compile: arguments on different devices: " + device.str() + " and " +
+                           args[i]->device().str() + " (args[0] and args[" + std::to_string(i) + "])");
       device = args[i]->device();
     }
     auto arg = [&](int slot) -> const Tensor& { return *args[slot]; };
@@ -404,11 +409,12 @@ class ProgramCache final : public Evictable {
       debug::log(debug::Channel::guards, "guards:\n" + s);
     }
     remember_shapes(g);
-    e->program = build_program(std::move(g), std::move(env), device, arg, opt_.autotune);
+    e->program = build_program(std::move(g), std::move(env), device, arg, opt_.autotune, e->stats.tuning);
     e->tune = !e->program->candidates.empty();
     // Custom ops are host code: a replay would not run them again, so their programs launch plainly.
     bool custom = false;
-    for (auto& k : e->program->kernels) custom = custom || (k.extern_node >= 0 && is_custom(e->program->graph[k.extern_node].op));
+    for (auto& k : e->program->kernels)
+      custom = custom || (k.extern_node >= 0 && is_custom(e->program->graph[k.extern_node].op));
     if (opt_.cuda_graphs && device.is_cuda() && !custom) e->graphs = std::make_shared<GraphReplay>(*e->program);
     if (device.is_cuda()) e->pins = std::make_shared<CapturePins>();
     e->last_used.store(lru_tick(), std::memory_order_relaxed);
@@ -417,8 +423,9 @@ class ProgramCache final : public Evictable {
     compiles_.fetch_add(1, std::memory_order_relaxed);
     if (eager_) ProgramBudget::eager().added();
     debug::log_lazy(debug::Channel::cache, [&] {
-      return "compiled " + (e->program->kernels.empty() ? std::string("a program") : e->program->kernels.front().src.name) +
-             " (" + std::to_string(entries_.size()) + " programs in this cache" +
+      return "compiled " +
+             (e->program->kernels.empty() ? std::string("a program") : e->program->kernels.front().src.name) + " (" +
+             std::to_string(entries_.size()) + " programs in this cache" +
              (eager_ ? ", " + std::to_string(ProgramBudget::eager().entries()) + " eager in all)" : ")");
     });
     shapes.nodes.clear();
@@ -432,9 +439,12 @@ class ProgramCache final : public Evictable {
     auto all = [](int, int) { return true; };
     if (generalized_) return ir::make_shape_env(g, all);
     switch (opt_.shapes) {
-      case shapes::static_: return ir::make_static_shape_env(g);
-      case shapes::dynamic: return ir::make_shape_env(g, all);
-      case shapes::automatic: break;
+      case shapes::static_:
+        return ir::make_static_shape_env(g);
+      case shapes::dynamic:
+        return ir::make_shape_env(g, all);
+      case shapes::automatic:
+        break;
     }
     if (compiles_.load(std::memory_order_relaxed) == 0 || last_shapes_.size() != static_cast<std::size_t>(g.size()))
       return ir::make_static_shape_env(g);
@@ -459,8 +469,8 @@ class ProgramCache final : public Evictable {
   bool eager_ = false;
   mutable std::shared_mutex mu_;
   std::vector<std::shared_ptr<const Entry>> entries_;  // in compile order
-  Buckets exact_;    // programs with exact shapes, by guards::exact_guard_key
-  Buckets buckets_;  // programs with symbolic sizes or attributes, by guard key
+  Buckets exact_;                                      // programs with exact shapes, by guards::exact_guard_key
+  Buckets buckets_;                                    // programs with symbolic sizes or attributes, by guard key
   std::atomic<int> compiles_{0};
   bool generalized_ = false;
   std::vector<std::uint8_t> symbolic_;  // per captured attribute: its symbolic fields (all programs from now on)

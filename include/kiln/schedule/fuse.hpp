@@ -28,7 +28,7 @@ struct KernelPlan {
   int domain = -1;              // poi: a node of the kernel's shape; rows: the reduction input
   Dims rdims;                   // rows: the reduced dims of the domain
   std::string name;
-  bool closed = false;          // later anchors may not join (its stores are read by address)
+  bool closed = false;  // later anchors may not join (its stores are read by address)
   // Row kernels: first stages of split column sums computed here as per-program partial sums of
   // the rows each program visits (schedule/partials.hpp); their buffers hold partial_groups rows.
   std::vector<int> partials;
@@ -48,8 +48,8 @@ struct KernelPlan {
 
 struct Schedule {
   std::vector<KernelPlan> kernels;
-  std::vector<int> kernel_of;     // node -> kernel computing it as a buffer, -1 for inlined/args
-  std::vector<bool> realized;     // node has a buffer (args, outputs, intermediates)
+  std::vector<int> kernel_of;  // node -> kernel computing it as a buffer, -1 for inlined/args
+  std::vector<bool> realized;  // node has a buffer (args, outputs, intermediates)
 };
 
 namespace detail {
@@ -66,13 +66,16 @@ inline Dims reduce_dims_of(const graph::Node& n, int rank) {
 }
 
 // The kept shape of a row domain, without and with the reduced dims kept as 1.
-inline Dims kept_shape(const Dims& p, const Dims& rd, bool keepdim) { return graph::detail::reduced_shape(p, rd, keepdim); }
+inline Dims kept_shape(const Dims& p, const Dims& rd, bool keepdim) {
+  return graph::detail::reduced_shape(p, rd, keepdim);
+}
 
 // The buffer a matmul reads for an operand: a transpose of a buffer is read through its strides
 // (the library takes transposed operands), anything else is materialised first.
 inline int matmul_operand(const graph::Graph& g, int node) {
   const auto& n = g[node];
-  return n.op == Op::permute && n.shape.size() >= 2 && n.attrs.dims[n.shape.size() - 1] == n.shape.size() - 2 ? n.in[0] : node;
+  return n.op == Op::permute && n.shape.size() >= 2 && n.attrs.dims[n.shape.size() - 1] == n.shape.size() - 2 ? n.in[0]
+                                                                                                              : node;
 }
 
 inline bool is_leaf(const graph::Node& n) { return info(n.op).cls == OpClass::leaf || n.op == Op::numel; }
@@ -141,8 +144,10 @@ inline std::vector<int> operand_map(const graph::Graph& g, int p, int c, const s
       for (int j = 0; j < ps.size(); ++j)
         if (ps[j] != 1) pi.push_back(j);
       for (int j = 0; j < cs.size(); ++j)
-        if (cs[j] == 1) out[j] = kBroadcast;
-        else ci.push_back(j);
+        if (cs[j] == 1)
+          out[j] = kBroadcast;
+        else
+          ci.push_back(j);
       bool same = pi.size() == ci.size();
       for (std::size_t k = 0; same && k < pi.size(); ++k) same = ps[pi[k]] == cs[ci[k]];
       for (std::size_t k = 0; same && k < ci.size(); ++k) out[ci[k]] = m[pi[k]];
@@ -180,7 +185,8 @@ inline bool reads_rows(const graph::Graph& g, const std::vector<bool>& anchor, c
     }
     auto cls = info(n.op).cls;
     if (cls == OpClass::leaf || cls == OpClass::meta || is_extern(n.op)) continue;
-    for (int c = cls == OpClass::index ? 1 : 0; c < n.n_in; ++c) stack.push_back({n.in[c], operand_map(g, v, n.in[c], m)});
+    for (int c = cls == OpClass::index ? 1 : 0; c < n.n_in; ++c)
+      stack.push_back({n.in[c], operand_map(g, v, n.in[c], m)});
   }
   return true;
 }
@@ -195,17 +201,19 @@ inline bool joins(const graph::Graph& g, const std::vector<bool>& anchor, const 
   const Dims& domain = g[k.domain].shape;
   if (is_reduction(n.op)) {
     const Dims& p = g[n.in[0]].shape;
-    return rows && domain == p && k.rdims == reduce_dims_of(n, p.size()) && (n.attrs.c == 1) == (k.kind == Kind::split) &&
+    return rows && domain == p && k.rdims == reduce_dims_of(n, p.size()) &&
+           (n.attrs.c == 1) == (k.kind == Kind::split) &&
            reads_rows(g, anchor, kernel_of, k, ki, n.in[0], row_map(domain, {}, domain));
   }
   if (!rows) return domain == n.shape;
-  bool row_shaped = domain == n.shape || kept_shape(domain, k.rdims, true) == n.shape || kept_shape(domain, k.rdims, false) == n.shape;
+  bool row_shaped = domain == n.shape || kept_shape(domain, k.rdims, true) == n.shape ||
+                    kept_shape(domain, k.rdims, false) == n.shape;
   return row_shaped && reads_rows(g, anchor, kernel_of, k, ki, i, row_map(domain, k.rdims, n.shape));
 }
 
 // The latest kernel that an anchor reads from: it cannot join any kernel before that one.
-inline int first_possible_kernel(const graph::Graph& g, const std::vector<bool>& anchor, const std::vector<int>& kernel_of,
-                                 int i) {
+inline int first_possible_kernel(const graph::Graph& g, const std::vector<bool>& anchor,
+                                 const std::vector<int>& kernel_of, int i) {
   int latest = 0;
   std::vector<int> stack(g[i].in.begin(), g[i].in.begin() + g[i].n_in);
   std::vector<bool> seen(g.size(), false);

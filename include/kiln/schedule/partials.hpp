@@ -18,8 +18,8 @@ namespace detail {
 // The row kernel before `split` that can compute first-stage reduction r as column partials: its
 // rows are the reduction's rows and its row length the kept columns (a static 2048..8192, held in
 // registers), and everything r reads is ready by then. -1 when none.
-inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::ShapeEnv& env, const std::vector<bool>& anchor,
-                        int split, int r) {
+inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::ShapeEnv& env,
+                        const std::vector<bool>& anchor, int split, int r) {
   const graph::Node& red = g[r];
   const graph::Node& view = g[red.in[0]];
   if (red.op != Op::sum || view.op != Op::reshape || view.shape.size() != 3) return -1;
@@ -43,9 +43,9 @@ inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::Shap
 }  // namespace detail
 
 // Moves first stages of split column sums into the row kernels that hold their inputs (above); a
-// split kernel left with nothing is dropped. KILN_TUNE_PARTIALS=0 turns this off for A/B runs.
+// split kernel left with nothing is dropped; nothing moves unless `allowed`.
 inline void absorb_column_partials(const graph::Graph& g, Schedule& s, const ir::ShapeEnv& env, bool allowed = true) {
-  if (!allowed || !column_partials_enabled()) return;
+  if (!allowed) return;
   auto anchor = detail::find_anchors(g);
   for (int k = 0; k < static_cast<int>(s.kernels.size()); ++k) {
     KernelPlan& split = s.kernels[k];

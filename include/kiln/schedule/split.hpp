@@ -4,8 +4,6 @@
 // programs run at once. The first stage is a kernel of kind "split".
 #pragma once
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "../rewrite/builder.hpp"
 
@@ -13,21 +11,11 @@ namespace kiln::schedule {
 
 inline constexpr std::int64_t split_stage_mark = 1;  // attrs.c of a first-stage reduction
 
-// Whether row kernels may compute the first stage of column sums themselves (partials.hpp), which
-// also sets how many chunks such sums get here; KILN_TUNE_PARTIALS=0 turns both off for A/B runs.
-inline bool column_partials_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_TUNE_PARTIALS");
-    return !(e && std::string_view(e) == "0");
-  }();
-  return on;
-}
-
 namespace detail {
 
 struct ReductionShape {
-  Dims in;           // input shape
-  Dims dims;         // reduced dims, sorted
+  Dims in;    // input shape
+  Dims dims;  // reduced dims, sorted
   std::int64_t kept = 1, reduced = 1;
   bool prefix = true, suffix = true;  // reduced dims are the outermost / innermost ones
 };
@@ -37,9 +25,8 @@ inline ReductionShape describe_reduction(const graph::Graph& g, const graph::Nod
   r.in = g[n.in[0]].shape;
   int rank = r.in.size();
   for (int d = 0; d < rank; ++d) {
-    bool red = n.attrs.all || std::any_of(n.attrs.dims.begin(), n.attrs.dims.end(), [&](std::int64_t x) {
-                 return (x < 0 ? x + rank : x) == d;
-               });
+    bool red = n.attrs.all || std::any_of(n.attrs.dims.begin(), n.attrs.dims.end(),
+                                          [&](std::int64_t x) { return (x < 0 ? x + rank : x) == d; });
     if (red) r.dims.push_back(d);
     (red ? r.reduced : r.kept) *= r.in[d];
   }
@@ -72,8 +59,10 @@ inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false) 
 
 }  // namespace detail
 
-// Rewrites reductions as described above; other nodes are copied unchanged.
-inline graph::Graph split_reductions(const graph::Graph& g) {
+// Rewrites reductions as described above; other nodes are copied unchanged. partials: row kernels
+// may compute the first stage of column sums over their own rows (partials.hpp; a Tuning's
+// `partials` knob turns that off), which also sets how many chunks such sums get.
+inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true) {
   std::vector<Dims> row_domains;  // inputs of reductions over their last dim, 2-D
   for (const auto& n : g.nodes) {
     if (!is_reduction(n.op)) continue;
@@ -85,7 +74,8 @@ inline graph::Graph split_reductions(const graph::Graph& g) {
     auto r = detail::describe_reduction(g, n);
     // Over size-1 dims only: a view, in the reduction's dtype (a sum of booleans or i32 is i64).
     if (r.reduced == 1 && r.in.product() > 0) return b.cast(b.reshape(in[0], n.shape), n.dt);
-    bool hosted = column_partials_enabled() && n.op == Op::sum && std::find(row_domains.begin(), row_domains.end(), r.in) != row_domains.end();
+    bool hosted =
+        partials && n.op == Op::sum && std::find(row_domains.begin(), row_domains.end(), r.in) != row_domains.end();
     std::int64_t s = detail::choose_splits(r, hosted);
     if (s == 1 || !(r.prefix || r.suffix)) return b.rebuild(n, in);
     // prefix: [S, R/S, K] reduce 1 then 0; suffix: [K, S, R/S] reduce 2 then 1.

@@ -26,17 +26,17 @@ struct GradcheckOptions {
   double eps = 1e-6;   // the finite-difference step
   double atol = 1e-5;  // |analytic - numeric| <= atol + rtol * max(|analytic|, |numeric|)
   double rtol = 1e-4;
-  unsigned seed = 0;   // of the random cotangent of a non-scalar fn
+  unsigned seed = 0;  // of the random cotangent of a non-scalar fn
 };
 
 // Converts to bool (every element within tolerance) and prints the worst element.
 struct GradcheckResult {
   bool ok = true;
-  int arg = -1;               // argument of the worst element (-1: nothing to compare)
-  std::int64_t index = -1;    // its row-major index in that argument
-  Dims shape;                 // that argument's shape
+  int arg = -1;             // argument of the worst element (-1: nothing to compare)
+  std::int64_t index = -1;  // its row-major index in that argument
+  Dims shape;               // that argument's shape
   double analytic = 0, numeric = 0, tolerance = 0;
-  std::int64_t checked = 0;   // elements compared
+  std::int64_t checked = 0;  // elements compared
 
   explicit operator bool() const { return ok; }
 
@@ -47,9 +47,9 @@ struct GradcheckResult {
     idx.resize(r.shape.size());
     const Dims strides = contiguous_strides(r.shape);
     for (int d = 0; d < r.shape.size(); ++d) idx[d] = (r.index / strides[d]) % std::max<std::int64_t>(r.shape[d], 1);
-    return os << "; worst element: argument " << r.arg << " " << r.shape.str() << " at " << idx.str()
-              << ": analytic " << r.analytic << ", numeric " << r.numeric << ", |difference| "
-              << std::abs(r.analytic - r.numeric) << " (tolerance " << r.tolerance << ")";
+    return os << "; worst element: argument " << r.arg << " " << r.shape.str() << " at " << idx.str() << ": analytic "
+              << r.analytic << ", numeric " << r.numeric << ", |difference| " << std::abs(r.analytic - r.numeric)
+              << " (tolerance " << r.tolerance << ")";
   }
 };
 
@@ -162,17 +162,17 @@ GradcheckResult check_expr(const E& value, std::vector<Tensor> xs, const Gradche
 
 // Checks fn's derived gradients with respect to every floating argument (converted to f64).
 template <class F, class... T>
-  requires(std::is_same_v<T, Tensor> && ...)
-GradcheckResult gradcheck(const GradcheckOptions& opt, const F& fn, const T&... args) {
+requires(std::is_same_v<T, Tensor>&&...) GradcheckResult
+    gradcheck(const GradcheckOptions& opt, const F& fn, const T&... args) {
   std::vector<Tensor> xs{detail::f64_copy(args)...};
   return [&]<std::size_t... K>(std::index_sequence<K...>) {
     auto value = kiln::detail::trace(fn, expr::Arg<static_cast<int>(K)>{{}, &xs[K]}...);
     return detail::check_expr(value, xs, opt);
-  }(std::index_sequence_for<T...>{});
+  }
+  (std::index_sequence_for<T...>{});
 }
 template <class F, class... T>
-  requires(std::is_same_v<T, Tensor> && ...)
-GradcheckResult gradcheck(const F& fn, const T&... args) {
+requires(std::is_same_v<T, Tensor>&&...) GradcheckResult gradcheck(const F& fn, const T&... args) {
   return gradcheck(GradcheckOptions{}, fn, args...);
 }
 

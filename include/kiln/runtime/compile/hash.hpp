@@ -60,8 +60,7 @@ constexpr std::uint64_t load_word(const char* p, std::size_t n) {
 class Hasher {
  public:
   constexpr Hasher() = default;
-  constexpr explicit Hasher(std::uint64_t seed)
-      : a_(k_start_a ^ seed), b_(k_start_b + detail::rotl(seed, 17)) {}
+  constexpr explicit Hasher(std::uint64_t seed) : a_(k_start_a ^ seed), b_(k_start_b + detail::rotl(seed, 17)) {}
 
   constexpr Hasher& update(std::string_view bytes) {
     std::size_t i = 0;

@@ -126,8 +126,7 @@ class GraphReplay {
 
   // Records the program's launches on a private stream (relaxed mode: other threads may keep
   // allocating meanwhile) and instantiates them, or updates the least recently used graph.
-  Graph& capture(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of,
-                 CUstream stream) {
+  Graph& capture(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of, CUstream stream) {
     const Program& p = program_;
     const driver::Api& api = driver::api();
     driver::make_current(p.device.index);

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/core/driver.hpp"
+#include "../../core/driver.hpp"
 
 namespace kiln::runtime {
 
@@ -55,7 +55,8 @@ class Module {
 
 namespace detail {
 
-[[noreturn]] inline void launch_failed(CUresult r, const char* kernel_name, Dim3 grid, Dim3 block, unsigned shared_bytes) {
+[[noreturn]] inline void launch_failed(CUresult r, const char* kernel_name, Dim3 grid, Dim3 block,
+                                       unsigned shared_bytes) {
   driver::throw_error(r, "launch " + std::string(kernel_name ? kernel_name : "kernel") + " (grid " + grid.str() +
                              ", block " + block.str() + ", " + std::to_string(shared_bytes) + " B shared)");
 }
@@ -70,7 +71,8 @@ inline void launch(CUfunction f, Dim3 grid, Dim3 block, unsigned shared_bytes, C
   const driver::Api& api = driver::api();
   constexpr unsigned default_shared_limit = 48 * 1024;
   if (shared_bytes > default_shared_limit) {
-    CUresult r = api.func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(shared_bytes));
+    CUresult r =
+        api.func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(shared_bytes));
     if (r != CUDA_SUCCESS) detail::launch_failed(r, kernel_name, grid, block, shared_bytes);
   }
   CUresult r = api.launch_kernel(f, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, s, args, nullptr);

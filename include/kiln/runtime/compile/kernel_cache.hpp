@@ -10,8 +10,8 @@
 #include <unordered_map>
 #include <utility>
 
-#include "kiln/core/error.hpp"
-#include "kiln/runtime/hash.hpp"
+#include "../../core/error.hpp"
+#include "hash.hpp"
 
 namespace kiln::runtime {
 

@@ -10,18 +10,19 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../codegen/kernel_writer.hpp"
-#include "../codegen/prelude.hpp"
-#include "../core/tensor.hpp"
-#include "../debug/log.hpp"
-#include "cpu_matmul.hpp"
-#include "cuda_matmul.hpp"
+#include "../../codegen/kernel_writer.hpp"
+#include "../../codegen/prelude.hpp"
+#include "../../core/config.hpp"
+#include "../../core/tensor.hpp"
+#include "../../debug/log.hpp"
+#include "../compile/host_compiler.hpp"
+#include "../compile/kernel_cache.hpp"
+#include "../compile/kernel_units.hpp"
+#include "../compile/nvrtc.hpp"
+#include "../extern/cpu_matmul.hpp"
+#include "../extern/cuda_matmul.hpp"
+#include "../extern/custom.hpp"
 #include "cuda_module.hpp"
-#include "custom.hpp"
-#include "host_compiler.hpp"
-#include "kernel_cache.hpp"
-#include "kernel_units.hpp"
-#include "nvrtc.hpp"
 
 namespace kiln::runtime {
 
@@ -37,7 +38,7 @@ struct CompiledKernel {
 // The argument slots of one kernel launch, bound for a given kernel source's parameters.
 using BindParams = void** (*)(const void* run_state, const codegen::KernelSource& src);
 
-// Handed each generated CUDA kernel of a run instead of launching it (runtime/autotune.hpp times
+// Handed each generated CUDA kernel of a run instead of launching it (runtime/tune/autotune.hpp times
 // a kernel's candidates there). `bind(state, src)` gives the argument slots for a source's
 // parameters; `sizes` the symbol values of this call.
 struct KernelProbe {
@@ -52,10 +53,14 @@ struct KernelProbe {
 class ShapeFn {
  public:
   template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, ShapeFn> && !std::is_same_v<F, std::vector<graph::Node>>)
-  ShapeFn(const F& f) : obj_(&f), fn_([](const void* o, int n) -> const Dims& { return (*static_cast<const F*>(o))(n); }) {}
+  requires(!std::is_same_v<std::remove_cvref_t<F>, ShapeFn> && !std::is_same_v<F, std::vector<graph::Node>>)
+      ShapeFn(const F& f)
+      : obj_(&f), fn_([](const void* o, int n) -> const Dims& { return (*static_cast<const F*>(o))(n); }) {}
   ShapeFn(const std::vector<graph::Node>& nodes)
-      : obj_(&nodes), fn_([](const void* o, int n) -> const Dims& { return (*static_cast<const std::vector<graph::Node>*>(o))[n].shape; }),
+      : obj_(&nodes),
+        fn_([](const void* o, int n) -> const Dims& {
+          return (*static_cast<const std::vector<graph::Node>*>(o))[n].shape;
+        }),
         nodes_(&nodes) {}
   const Dims& operator()(int n) const { return fn_(obj_, n); }
   const Attrs& attrs(int n) const {
@@ -75,18 +80,19 @@ struct Program {
   ir::ShapeEnv env;
   Device device = cpu;
   std::vector<CompiledKernel> kernels;
-  std::string source;                          // every kernel's source (prelude excluded)
-  std::vector<std::shared_ptr<SharedObject>> objects;    // CPU: one a distinct kernel (kernel_units.hpp)
-  std::vector<std::shared_ptr<const Module>> modules;    // CUDA: likewise
-  std::vector<int> buffers;                    // realized non-arg nodes, in kernel order
-  std::vector<int> arg_of_output;              // per output: arg slot when the output is an argument
-  // options.autotune (runtime/autotune.hpp): each generated kernel's candidates, the rules' choice
+  std::string source;                                  // every kernel's source (prelude excluded)
+  std::vector<std::shared_ptr<SharedObject>> objects;  // CPU: one a distinct kernel (runtime/compile/kernel_units.hpp)
+  std::vector<std::shared_ptr<const Module>> modules;  // CUDA: likewise
+  std::vector<int> buffers;                            // realized non-arg nodes, in kernel order
+  std::vector<int> arg_of_output;                      // per output: arg slot when the output is an argument
+  // options.autotune (runtime/tune/autotune.hpp): each generated kernel's candidates, the rules' choice
   // first, until the first call times them and the winners replace `kernels`; GEMMs then pick
   // among cuBLASLt's algorithms by timing them too.
   bool autotune = false;
   std::vector<std::vector<CompiledKernel>> candidates;
   std::vector<std::shared_ptr<Module>> candidate_modules;  // the winners' code lives here
-  std::string tuning_key;                                  // the disk cache's name for the choice
+  Tuning tuning;           // the environment's KILN_TUNE_* choices when it was planned (core/tuning.hpp)
+  std::string tuning_key;  // the disk cache's name for the choice
 
   // Runs the program. args are indexed by arg slot; outputs are filled (pre-set entries are used
   // as destinations: eval(out, expr)). shape_of(node) gives the node's concrete shape this call.
@@ -109,7 +115,8 @@ struct Program {
       // Two outputs that simplification made the same node (two expressions equal after CSE) share
       // its tensor: the kernels write one buffer per node, so a second fresh tensor would stay unwritten.
       for (std::size_t p = 0; p < o && !outputs[o].defined(); ++p)
-        if (graph.outputs[p] == node && arg_of_output[p] < 0 && (p >= graph.output_into.size() || graph.output_into[p] < 0))
+        if (graph.outputs[p] == node && arg_of_output[p] < 0 &&
+            (p >= graph.output_into.size() || graph.output_into[p] < 0))
           outputs[o] = outputs[p];
       if (!outputs[o].defined()) outputs[o] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
     }
@@ -136,8 +143,8 @@ codegen::KernelSource write_kernel(const graph::Graph& g, const schedule::Schedu
 // stops at the kernel's grid_limit (row_grid_limit).
 inline void launch_compiled(const CompiledKernel& k, std::int64_t nprog, void** slots, CUstream stream) {
   if (k.grid_limit > 0) nprog = std::min<std::int64_t>(nprog, k.grid_limit);
-  launch(k.cuda, {static_cast<unsigned>(nprog), 1, 1}, {static_cast<unsigned>(k.src.config.threads), 1, 1}, 0, stream, slots,
-         k.src.name.c_str());
+  launch(k.cuda, {static_cast<unsigned>(nprog), 1, 1}, {static_cast<unsigned>(k.src.config.threads), 1, 1}, 0, stream,
+         slots, k.src.name.c_str());
 }
 
 namespace detail {
@@ -161,12 +168,13 @@ inline std::string program_body(const Program& p) {
 
 // The CUDA translation unit of all of a program's kernels (autotuning's candidates, export).
 inline std::string cuda_translation_unit(const Program& p, const std::string& body) {
-  bool half = std::any_of(p.kernels.begin(), p.kernels.end(), [](const CompiledKernel& k) { return moves_half(k.src); });
-  return cuda_unit(half, body);
+  bool half =
+      std::any_of(p.kernels.begin(), p.kernels.end(), [](const CompiledKernel& k) { return moves_half(k.src); });
+  return cuda_unit(half, body, p.tuning.prelude_loads);
 }
 
 // Enough blocks of `threads` threads for four full waves on a device with `sms` multiprocessors:
-// what exported launchers emit (runtime/export_launcher.hpp), and the runtime's with
+// what exported launchers emit (runtime/aot/export_launcher.hpp), and the runtime's with
 // KILN_TUNE_ROW_WAVES=0.
 inline std::int64_t row_grid_limit(int sms, int threads) {
   return std::int64_t{sms} * std::max(1, 2048 / std::max(threads, 1)) * 4;
@@ -180,9 +188,8 @@ inline std::int64_t row_grid_limit(int sms, int threads) {
 // KILN_TUNE_ROW_WAVES sets the multiple for every row kernel (0: the formula above).
 inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k, int device) {
   if (k.partial_groups > 0) return k.partial_groups / k.config.rows;  // a program a row group, exactly
-  static const int knob = static_cast<int>(codegen::tuning_knob("KILN_TUNE_ROW_WAVES", -1, 0, 1024));
   bool several_rows = k.kind == schedule::Kind::per && k.config.rows >= 2 && k.config.row_threads > 1;  // not columns
-  int waves = k.tuning.waves >= 0 ? k.tuning.waves : knob >= 0 ? knob : several_rows ? 64 : 16;
+  int waves = k.tuning.waves >= 0 ? k.tuning.waves : several_rows ? 64 : 16;
   if (waves == 0) return row_grid_limit(driver::sm_count(device), k.config.threads);
   return std::int64_t{driver::sm_count(device)} * std::max(1, driver::resident_blocks(f, k.config.threads)) * waves;
 }
@@ -193,7 +200,7 @@ inline std::vector<char> cached_cubin(const std::string& tu, const std::string& 
   Hasher h;
   h.update(tu).update(nvrtc_options_string(arch)).update(nvrtc_version());
   std::string key = hex(h.digest());
-  if (std::getenv("KILN_DEBUG_DIR")) dump_source(tu, name);  // KILN_DEBUG_DIR: every generated source
+  if (kiln::config::env("KILN_DEBUG_DIR")) dump_source(tu, name);  // KILN_DEBUG_DIR: every generated source
   auto cached = default_disk_cache().load(key, "cubin");
   std::vector<char> cubin = cached ? std::move(*cached) : compile_cubin(tu, name, arch);
   if (!cached) default_disk_cache().store(key, "cubin", cubin);
@@ -203,7 +210,7 @@ inline std::vector<char> cached_cubin(const std::string& tu, const std::string& 
 }
 
 // Compiles the generated kernels of a program for its device: one unit per distinct kernel source
-// (runtime/kernel_units.hpp), the units in parallel, each from the memory or disk cache when some
+// (runtime/compile/kernel_units.hpp), the units in parallel, each from the memory or disk cache when some
 // program compiled it before.
 inline void compile_program(Program& p, const std::string& /*name: each unit is named after its kernel*/) {
   p.source = program_body(p);
@@ -220,12 +227,13 @@ inline void compile_program(Program& p, const std::string& /*name: each unit is 
   }
   if (cpu) {
     p.objects.assign(units.size(), nullptr);
-    parallel_for(units.size(), [&](std::size_t i) { p.objects[i] = compile_shared_object(units[i].source, units[i].name); });
+    parallel_for(units.size(),
+                 [&](std::size_t i) { p.objects[i] = compile_shared_object(units[i].source, units[i].name); });
     for (std::size_t k = 0; k < p.kernels.size(); ++k)
       if (unit_of[k] >= 0) {
         const KernelUnit& u = units[static_cast<std::size_t>(unit_of[k])];
-        p.kernels[k].cpu =
-            reinterpret_cast<void (*)(void**, std::int64_t)>(p.objects[static_cast<std::size_t>(unit_of[k])]->symbol((u.name + "_cpu").c_str()));
+        p.kernels[k].cpu = reinterpret_cast<void (*)(void**, std::int64_t)>(
+            p.objects[static_cast<std::size_t>(unit_of[k])]->symbol((u.name + "_cpu").c_str()));
       }
     return;
   }
@@ -238,13 +246,14 @@ inline void compile_program(Program& p, const std::string& /*name: each unit is 
   for (std::size_t k = 0; k < p.kernels.size(); ++k)
     if (unit_of[k] >= 0) {
       auto& kern = p.kernels[k];
-      kern.cuda = p.modules[static_cast<std::size_t>(unit_of[k])]->function(units[static_cast<std::size_t>(unit_of[k])].name.c_str());
+      kern.cuda = p.modules[static_cast<std::size_t>(unit_of[k])]->function(
+          units[static_cast<std::size_t>(unit_of[k])].name.c_str());
       if (kern.src.kind != schedule::Kind::poi) kern.grid_limit = row_grid_limit(kern.cuda, kern.src, p.device.index);
     }
 }
 
 inline void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of,
-                  CUstream stream, std::vector<Tensor>* keep, KernelProbe* probe) const {
+                         CUstream stream, std::vector<Tensor>* keep, KernelProbe* probe) const {
   // Per-call scratch: symbol values and kernel argument slots (grown once, then reused), one per
   // nesting level (a custom op may run kiln itself).
   auto& sizes = level_local<std::vector<std::int64_t>>();
@@ -274,7 +283,9 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     if (arg_of_output[o] < 0) temps[graph.outputs[o]] = outputs[o];
   for (int b : buffers)
     if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
-  auto buffer = [&](int node) -> const Tensor& { return graph[node].op == Op::arg ? *args[graph[node].slot] : temps[node]; };
+  auto buffer = [&](int node) -> const Tensor& {
+    return graph[node].op == Op::arg ? *args[graph[node].slot] : temps[node];
+  };
   // A matmul operand: its buffer, or a transposed view of one (no copy).
   auto operand = [&](int node) {
     int src = schedule::detail::matmul_operand(graph, node);
@@ -310,8 +321,13 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
           (*s.ptrs)[i] = (n.op == Op::arg ? *s.args[n.slot] : (*s.temps)[p.ref]).data_ptr();
           (*s.slots)[i] = &(*s.ptrs)[i];
           break;
-        case codegen::Param::scalar: (*s.scal)[i] = s.scalars[p.ref]; (*s.slots)[i] = &(*s.scal)[i]; break;
-        case codegen::Param::size: (*s.slots)[i] = &(*s.sizes)[p.ref]; break;
+        case codegen::Param::scalar:
+          (*s.scal)[i] = s.scalars[p.ref];
+          (*s.slots)[i] = &(*s.scal)[i];
+          break;
+        case codegen::Param::size:
+          (*s.slots)[i] = &(*s.sizes)[p.ref];
+          break;
       }
     }
     return s.slots->data();
@@ -320,13 +336,15 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
   for (const auto& k : kernels) {
     if (k.extern_node >= 0) {
       const auto& n = graph[k.extern_node];
-      if (is_custom(n.op)) {  // the user's own function: runtime/custom.hpp
+      if (is_custom(n.op)) {  // the user's own function: runtime/extern/custom.hpp
         run_custom(n, buffer, temps[k.extern_node], stream);
         continue;
       }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);
-      if (device.is_cpu()) cpu_matmul(a, b, temps[k.extern_node]);
-      else cuda_matmul(a, b, temps[k.extern_node], stream, autotune);
+      if (device.is_cpu())
+        cpu_matmul(a, b, temps[k.extern_node]);
+      else
+        cuda_matmul(a, b, temps[k.extern_node], stream, autotune);
       continue;
     }
     std::int64_t nprog = detail::num_programs(k, bind);

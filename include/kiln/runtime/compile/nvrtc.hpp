@@ -13,7 +13,8 @@
 #include <system_error>
 #include <vector>
 
-#include "kiln/core/error.hpp"
+#include "../../core/config.hpp"
+#include "../../core/error.hpp"
 
 namespace kiln::runtime {
 
@@ -49,7 +50,7 @@ inline fs::path loaded_nvrtc_dir() {
 inline std::string find_toolkit_include() {
   std::vector<fs::path> candidates;
   for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char* v = std::getenv(var); v && *v) candidates.push_back(fs::path(v) / "include");
+    if (const char* v = kiln::config::env(var); v && *v) candidates.push_back(fs::path(v) / "include");
   if (fs::path lib = loaded_nvrtc_dir(); !lib.empty()) {
     candidates.push_back(lib.parent_path() / "include");                // <toolkit>/lib64/..
     candidates.push_back(lib.parent_path().parent_path() / "include");  // /usr/lib/<triple>/../..
@@ -113,7 +114,7 @@ inline std::string file_safe(const std::string& name) {
 
 // Where generated sources are dumped: KILN_DEBUG_DIR, else <tmp>/kiln-<uid>.
 inline std::filesystem::path debug_dir() {
-  if (const char* d = std::getenv("KILN_DEBUG_DIR"); d && *d) return d;
+  if (const char* d = kiln::config::env("KILN_DEBUG_DIR"); d && *d) return d;
   std::error_code ec;
   std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
   if (ec) tmp = "/tmp";

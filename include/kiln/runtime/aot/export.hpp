@@ -11,7 +11,7 @@
 #include <tuple>
 #include <vector>
 
-#include "api.hpp"
+#include "../api.hpp"
 #include "export_launcher.hpp"
 
 namespace kiln {
@@ -24,12 +24,12 @@ struct export_options {
 
 // What export_kernels wrote.
 struct exported_kernels {
-  std::string name;                   // the launcher
-  std::string arch;                   // the cubin's architecture
-  std::filesystem::path source;       // <name>.cu: prelude, kernels and launcher
-  std::filesystem::path header;       // <name>.h
-  std::filesystem::path cubin;        // <name>_<arch>.cubin
-  std::vector<std::string> kernels;   // the generated kernels, in launch order
+  std::string name;                  // the launcher
+  std::string arch;                  // the cubin's architecture
+  std::filesystem::path source;      // <name>.cu: prelude, kernels and launcher
+  std::filesystem::path header;      // <name>.h
+  std::filesystem::path cubin;       // <name>_<arch>.cubin
+  std::vector<std::string> kernels;  // the generated kernels, in launch order
   std::vector<std::filesystem::path> files() const { return {source, header, cubin}; }
 };
 
@@ -72,10 +72,12 @@ inline void check_sizes_follow_arguments(const runtime::Program& p, const std::v
   for (int s = 0; s < env.num_symbols(); ++s) {
     bool bound = false;
     for (const auto& a : args)
-      for (int d = 0; a.node >= 0 && d < a.shape.size(); ++d) bound = bound || env[a.node][d] == env[env.source[s].first][env.source[s].second];
+      for (int d = 0; a.node >= 0 && d < a.shape.size(); ++d)
+        bound = bound || env[a.node][d] == env[env.source[s].first][env.source[s].second];
     if (!bound)
-      throw error("k::export_kernels: the symbolic size " + env[env.source[s].first][env.source[s].second].str() + " of node %" +
-                  std::to_string(env.source[s].first) + " is no argument's size; export with .shapes = k::shapes::static_");
+      throw error("k::export_kernels: the symbolic size " + env[env.source[s].first][env.source[s].second].str() +
+                  " of node %" + std::to_string(env.source[s].first) +
+                  " is no argument's size; export with .shapes = k::shapes::static_");
   }
   for (std::int64_t round = 1; round <= 2; ++round) {
     std::vector<std::int64_t> values(env.example);
@@ -97,7 +99,8 @@ inline void check_sizes_follow_arguments(const runtime::Program& p, const std::v
     for (int n = 0; why.empty() && n < g.size(); ++n)
       for (int d = 0; d < g[n].shape.size(); ++d)
         if (g[n].shape[d] != env[n][d].eval(values))
-          why = "node %" + std::to_string(n) + " has size " + std::to_string(g[n].shape[d]) + " where the kernels assume " + env[n][d].str();
+          why = "node %" + std::to_string(n) + " has size " + std::to_string(g[n].shape[d]) +
+                " where the kernels assume " + env[n][d].str();
     if (!why.empty())
       throw error("k::export_kernels: the sizes of this program do not all follow its arguments' sizes (" + why +
                   "); export with .shapes = k::shapes::static_");
@@ -112,7 +115,8 @@ inline void write_file(const std::filesystem::path& path, const char* data, std:
 }
 
 // The launcher's tensor parameters: the call's arguments, then the tensors the function captured.
-inline std::vector<runtime::ExportedArg> exported_args(const runtime::Program& p, const Tensor* const* args, int nargs, int ncall) {
+inline std::vector<runtime::ExportedArg> exported_args(const runtime::Program& p, const Tensor* const* args, int nargs,
+                                                       int ncall) {
   std::vector<runtime::ExportedArg> out(static_cast<std::size_t>(nargs));
   for (int i = 0; i < nargs; ++i) {
     const Tensor& t = *args[i];
@@ -137,17 +141,20 @@ exported_kernels export_program(const Function<F>& f, const E& e, const std::arr
   Device device = args.empty() ? cpu : args[0]->device();
   for (const Tensor* t : args)
     if (!(t->device() == device))
-      throw device_error("k::export_kernels: arguments on different devices: " + device.str() + " and " + t->device().str());
+      throw device_error("k::export_kernels: arguments on different devices: " + device.str() + " and " +
+                         t->device().str());
   Device target = device.is_cuda() ? device : Device(cuda);  // CPU tensors give shapes only
   auto arg = [&](int slot) -> const Tensor& { return *args[slot]; };
   runtime::LoweringStats stats;
   graph::Graph g = graph_builder(f.fn(), e, static_cast<int>(NArgs))(arg, stats);
   ::kiln::shapes mode = o.shapes != shapes::automatic ? o.shapes : f.cache().opts().shapes;
-  ir::ShapeEnv env = mode == shapes::dynamic ? ir::make_shape_env(g, [](int, int) { return true; }) : ir::make_static_shape_env(g);
-  auto p = runtime::plan_program(std::move(g), std::move(env), target, arg);
+  ir::ShapeEnv env =
+      mode == shapes::dynamic ? ir::make_shape_env(g, [](int, int) { return true; }) : ir::make_static_shape_env(g);
+  auto p = runtime::plan_program(std::move(g), std::move(env), target, arg, false, stats.tuning);
   for (const auto& k : p->kernels)
     if (k.extern_node >= 0)
-      throw error("k::export_kernels: the program has a matmul step (" + k.src.name + ", a cuBLASLt call); not exportable yet");
+      throw error("k::export_kernels: the program has a matmul step (" + k.src.name +
+                  ", a cuBLASLt call); not exportable yet");
 
   runtime::LauncherSpec spec;
   spec.name = export_name(dir, o);
@@ -163,8 +170,11 @@ exported_kernels export_program(const Function<F>& f, const E& e, const std::arr
   std::string tu = runtime::cuda_translation_unit(*p, runtime::program_body(*p));
   std::vector<char> cubin = runtime::compile_cubin(tu, spec.name, spec.arch);
   runtime::LauncherWriter writer(*p, spec);
-  std::string source = "// " + spec.name + ".cu: kernels exported ahead of time by kiln (k::export_kernels) with their launcher.\n"
-                       "// Build: nvcc -std=c++17 -arch=" + spec.arch + " -c " + spec.name + ".cu (no kiln, no NVRTC).\n"
+  std::string source = "// " + spec.name +
+                       ".cu: kernels exported ahead of time by kiln (k::export_kernels) with their launcher.\n"
+                       "// Build: nvcc -std=c++17 -arch=" +
+                       spec.arch + " -c " + spec.name +
+                       ".cu (no kiln, no NVRTC).\n"
                        "#define KILN_KERNEL static __global__ void\n"
                        "#pragma nv_diag_suppress 177  // kernels declare all their block constants, used or not\n" +
                        tu + writer.host_source();
@@ -182,8 +192,10 @@ exported_kernels export_program(const Function<F>& f, const E& e, const std::arr
 }
 
 template <class F, class... T>
-exported_kernels export_with(const Function<F>& f, const std::filesystem::path& dir, const export_options& o, const T&... args) {
-  static_assert((std::is_same_v<T, Tensor> && ...), "k::export_kernels(f, args..., dir): the arguments must be k::Tensor");
+exported_kernels export_with(const Function<F>& f, const std::filesystem::path& dir, const export_options& o,
+                             const T&... args) {
+  static_assert((std::is_same_v<T, Tensor> && ...),
+                "k::export_kernels(f, args..., dir): the arguments must be k::Tensor");
   return export_program(f, f.trace_with(args...), std::array<const Tensor*, sizeof...(T)>{&args...}, dir, o);
 }
 template <class F, class... T>

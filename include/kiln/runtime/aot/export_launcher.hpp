@@ -10,18 +10,18 @@
 #include <string>
 #include <vector>
 
-#include "program.hpp"
+#include "../launch/program.hpp"
 
 namespace kiln::runtime {
 
 // One tensor parameter of an exported launcher: an argument of the function or a tensor it captured.
 struct ExportedArg {
-  std::string name;       // arg0, arg1, ... then capture0, ...
+  std::string name;  // arg0, arg1, ... then capture0, ...
   kiln::dtype dt;
-  Dims shape;             // at export time
-  Dims strides;           // empty when contiguous; else the launcher takes and checks them
-  int node = -1;          // its graph node; -1 when the kernels never read it
-  bool written = false;   // k::assign writes into it
+  Dims shape;            // at export time
+  Dims strides;          // empty when contiguous; else the launcher takes and checks them
+  int node = -1;         // its graph node; -1 when the kernels never read it
+  bool written = false;  // k::assign writes into it
 };
 
 // What a launcher is written for, besides the program itself.
@@ -44,13 +44,20 @@ namespace detail {
 
 inline std::string header_type(kiln::dtype d) {
   switch (d) {
-    case kiln::dtype::f64: return "double";
-    case kiln::dtype::f32: return "float";
-    case kiln::dtype::f16: return "__half";
-    case kiln::dtype::bf16: return "__nv_bfloat16";
-    case kiln::dtype::i64: return "int64_t";
-    case kiln::dtype::i32: return "int32_t";
-    case kiln::dtype::boolean: return "bool";
+    case kiln::dtype::f64:
+      return "double";
+    case kiln::dtype::f32:
+      return "float";
+    case kiln::dtype::f16:
+      return "__half";
+    case kiln::dtype::bf16:
+      return "__nv_bfloat16";
+    case kiln::dtype::i64:
+      return "int64_t";
+    case kiln::dtype::i32:
+      return "int32_t";
+    case kiln::dtype::boolean:
+      return "bool";
   }
   return "void";
 }
@@ -107,8 +114,8 @@ class LauncherWriter {
       const auto& o = outs_[i];
       if (o.how == ExportedOutput::in_place) spec_.args[o.from].written = true;
       if (o.how == ExportedOutput::copy_of_arg && !spec_.args[o.from].strides.empty())
-        throw error("k::export_kernels: output " + std::to_string(i) + " is the strided argument " + spec_.args[o.from].name +
-                    " itself; return a contiguous copy of it instead");
+        throw error("k::export_kernels: output " + std::to_string(i) + " is the strided argument " +
+                    spec_.args[o.from].name + " itself; return a contiguous copy of it instead");
     }
   }
 
@@ -151,7 +158,9 @@ class LauncherWriter {
 inline std::string LauncherWriter::shape_params() const {
   std::string s;
   for (const auto& a : spec_.args)
-    if (a.shape.size() > 0) s += (s.empty() ? "" : ", ") + std::string("const int64_t ") + a.name + "_shape[" + std::to_string(a.shape.size()) + "]";
+    if (a.shape.size() > 0)
+      s += (s.empty() ? "" : ", ") + std::string("const int64_t ") + a.name + "_shape[" +
+           std::to_string(a.shape.size()) + "]";
   return s;
 }
 
@@ -206,13 +215,12 @@ inline std::string LauncherWriter::numel_of_node(int node) const {
 // The comment block that says what the launcher was exported for.
 inline std::string LauncherWriter::describe() const {
   std::string s = "// Kernels (cubin: " + name() + "_" + spec_.arch + ".cubin):\n";
-  for (const auto& k : p_.kernels)
-    s += "//   " + k.src.name + " (" + schedule::kind_name(k.src.kind) + ")\n";
+  for (const auto& k : p_.kernels) s += "//   " + k.src.name + " (" + schedule::kind_name(k.src.kind) + ")\n";
   s += "// Arguments: device pointers to contiguous tensors (strided ones take their strides):\n";
   for (const auto& a : spec_.args) {
     std::string shape = a.node >= 0 ? detail::shape_text(p_.env[a.node]) : a.shape.str() + ", not read by the kernels";
-    s += "//   " + a.name + ": " + std::string(kiln::name(a.dt)) + " " + shape + (a.strides.empty() ? "" : ", strides " + a.strides.str()) +
-         (a.written ? ", updated in place" : "") + "\n";
+    s += "//   " + a.name + ": " + std::string(kiln::name(a.dt)) + " " + shape +
+         (a.strides.empty() ? "" : ", strides " + a.strides.str()) + (a.written ? ", updated in place" : "") + "\n";
   }
   bool any = false;
   for (const auto& o : outs_) any = any || o.how != ExportedOutput::in_place;
@@ -220,9 +228,11 @@ inline std::string LauncherWriter::describe() const {
            : "// Outputs: none besides the arguments updated in place.\n";
   for (const auto& o : outs_)
     if (o.how != ExportedOutput::in_place)
-      s += "//   " + o.name + ": " + std::string(kiln::name(p_.graph[o.node].dt)) + " " + detail::shape_text(p_.env[o.node]) + "\n";
+      s += "//   " + o.name + ": " + std::string(kiln::name(p_.graph[o.node].dt)) + " " +
+           detail::shape_text(p_.env[o.node]) + "\n";
   for (std::size_t i = 0; i < spec_.scalars.size(); ++i)
-    s += "// scalar" + std::to_string(i) + ": a C++ scalar of the function (" + detail::number(spec_.scalars[i]) + " when exported)\n";
+    s += "// scalar" + std::to_string(i) + ": a C++ scalar of the function (" + detail::number(spec_.scalars[i]) +
+         " when exported)\n";
   if (num_sizes() > 0) {
     s += "// Symbolic sizes:";
     for (int i = 0; i < num_sizes(); ++i) s += " " + symbol_name(i);
@@ -236,20 +246,29 @@ inline std::string LauncherWriter::describe() const {
 inline std::string LauncherWriter::header() const {
   bool half = false;
   for (const auto& a : spec_.args) half = half || a.dt == kiln::dtype::f16 || a.dt == kiln::dtype::bf16;
-  for (const auto& o : outs_) half = half || p_.graph[o.node].dt == kiln::dtype::f16 || p_.graph[o.node].dt == kiln::dtype::bf16;
+  for (const auto& o : outs_)
+    half = half || p_.graph[o.node].dt == kiln::dtype::f16 || p_.graph[o.node].dt == kiln::dtype::bf16;
   std::string sp = shape_params();
-  std::string s = "// " + name() + ".h: kernels exported ahead of time by kiln (k::export_kernels). Plain C++ and the\n"
-                  "// CUDA runtime: compile " + name() + ".cu with nvcc (-std=c++17) and link it; no kiln, no NVRTC.\n//\n" +
-                  describe() + "#pragma once\n#include <cstddef>\n#include <cstdint>\n\n#include <cuda_runtime.h>\n" +
-                  (half ? "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n" : "") +
-                  "\n#ifndef KILN_EXPORT_STATUS\n#define KILN_EXPORT_STATUS\n"
-                  "enum kiln_export_status {\n  kiln_export_success = 0,\n  kiln_export_invalid_argument = 1,  // a null pointer, a bad output index\n"
-                  "  kiln_export_shape_mismatch = 2,    // a size or stride the kernels were not exported for\n"
-                  "  kiln_export_cuda_error = 3,        // the CUDA runtime failed (allocation, launch)\n};\n#endif\n\n";
+  std::string s =
+      "// " + name() +
+      ".h: kernels exported ahead of time by kiln (k::export_kernels). Plain C++ and the\n"
+      "// CUDA runtime: compile " +
+      name() + ".cu with nvcc (-std=c++17) and link it; no kiln, no NVRTC.\n//\n" + describe() +
+      "#pragma once\n#include <cstddef>\n#include <cstdint>\n\n#include <cuda_runtime.h>\n" +
+      (half ? "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n" : "") +
+      "\n#ifndef KILN_EXPORT_STATUS\n#define KILN_EXPORT_STATUS\n"
+      "enum kiln_export_status {\n  kiln_export_success = 0,\n  kiln_export_invalid_argument = 1,  // a null pointer, "
+      "a bad output index\n"
+      "  kiln_export_shape_mismatch = 2,    // a size or stride the kernels were not exported for\n"
+      "  kiln_export_cuda_error = 3,        // the CUDA runtime failed (allocation, launch)\n};\n#endif\n\n";
   s += "// C linkage: dlsym and foreign-function interfaces find the launcher by its name.\nextern \"C\" {\n\n";
   s += "// Launches the kernels on `stream` (asynchronous). Returns kiln_export_success, or an error code with\n"
-       "// the reason in " + name() + "_last_error(); sizes are checked before anything runs. Intermediates live\n"
-       "// in `workspace` (" + name() + "_workspace_bytes bytes, 256-byte aligned); when it is null they are\n"
+       "// the reason in " +
+       name() +
+       "_last_error(); sizes are checked before anything runs. Intermediates live\n"
+       "// in `workspace` (" +
+       name() +
+       "_workspace_bytes bytes, 256-byte aligned); when it is null they are\n"
        "// allocated and freed on the stream.\n"
        "// Outputs must not overlap the arguments.\n";
   s += "int " + name() + "(" + launch_params(true) + ");\n\n";
@@ -273,16 +292,19 @@ inline std::string LauncherWriter::check_shapes_fn() const {
   s += "  for (int i = 0; i < num_sizes; ++i) s[i] = -1;\n";
   for (const auto& a : spec_.args) {
     if (a.shape.size() == 0) continue;
-    s += "  if (" + a.name + "_shape == nullptr) return fail(kiln_export_invalid_argument, \"" + name() + ": " + a.name + "_shape is null\");\n";
+    s += "  if (" + a.name + "_shape == nullptr) return fail(kiln_export_invalid_argument, \"" + name() + ": " +
+         a.name + "_shape is null\");\n";
     if (a.node < 0) continue;
     for (int d = 0; d < a.shape.size(); ++d) {
       const Sym& dim = p_.env[a.node][d];
       std::string at = a.name + "_shape[" + std::to_string(d) + "]";
       if (dim.is_constant())
-        s += "  if (!check_size(" + at + ", " + std::to_string(dim.constant_value()) + "LL, " + detail::quoted(at) + ")) return kiln_export_shape_mismatch;\n";
+        s += "  if (!check_size(" + at + ", " + std::to_string(dim.constant_value()) + "LL, " + detail::quoted(at) +
+             ")) return kiln_export_shape_mismatch;\n";
       else
-        s += "  if (!bind_size(s[" + std::to_string(dim.symbol_id()) + "], bound_by[" + std::to_string(dim.symbol_id()) + "], " + at + ", " +
-             detail::quoted(at) + ", " + detail::quoted(dim.symbol_name()) + ")) return kiln_export_shape_mismatch;\n";
+        s += "  if (!bind_size(s[" + std::to_string(dim.symbol_id()) + "], bound_by[" +
+             std::to_string(dim.symbol_id()) + "], " + at + ", " + detail::quoted(at) + ", " +
+             detail::quoted(dim.symbol_name()) + ")) return kiln_export_shape_mismatch;\n";
     }
   }
   return s + "  return kiln_export_success;\n}\n\n";
@@ -302,23 +324,26 @@ inline std::vector<int> LauncherWriter::intermediates() const {
 inline std::string LauncherWriter::plan_workspace_fn() const {
   std::vector<int> temps = intermediates();
   std::string s = "// Offsets of the intermediates in the workspace, 256-byte aligned; returns its size.\n";
-  s += "size_t plan_workspace([[maybe_unused]] const long long* s, [[maybe_unused]] size_t* offset) {\n" + size_locals() +
-       "  size_t bytes = 0;\n";
+  s += "size_t plan_workspace([[maybe_unused]] const long long* s, [[maybe_unused]] size_t* offset) {\n" +
+       size_locals() + "  size_t bytes = 0;\n";
   for (std::size_t i = 0; i < temps.size(); ++i) {
     int n = temps[i];
-    s += "  offset[" + std::to_string(i) + "] = bytes;  // %" + std::to_string(n) + ": " + std::string(kiln::name(p_.graph[n].dt)) + " " +
-         detail::shape_text(p_.env[n]) + "\n";
-    s += "  bytes += (size_t(" + numel_of_node(n) + ") * " + std::to_string(itemsize(p_.graph[n].dt)) + " + 255) / 256 * 256;\n";
+    s += "  offset[" + std::to_string(i) + "] = bytes;  // %" + std::to_string(n) + ": " +
+         std::string(kiln::name(p_.graph[n].dt)) + " " + detail::shape_text(p_.env[n]) + "\n";
+    s += "  bytes += (size_t(" + numel_of_node(n) + ") * " + std::to_string(itemsize(p_.graph[n].dt)) +
+         " + 255) / 256 * 256;\n";
   }
   return s + "  return bytes;\n}\n\n";
 }
 
 inline std::string LauncherWriter::output_shape_fn() const {
   std::string sp = shape_params(), sa = shape_args();
-  std::string s = "int " + name() + "_output_shape(int output" + (sp.empty() ? "" : ", " + sp) + ", int64_t* shape) {\n";
+  std::string s =
+      "int " + name() + "_output_shape(int output" + (sp.empty() ? "" : ", " + sp) + ", int64_t* shape) {\n";
   s += "  error_message[0] = '\\0';\n  long long s[num_sizes];\n";
   s += "  if (int status = check_shapes(" + sa + (sa.empty() ? "" : ", ") + "s)) return status;\n" + size_locals();
-  s += "  if (shape == nullptr) return fail(kiln_export_invalid_argument, \"" + name() + "_output_shape: shape is null\");\n";
+  s += "  if (shape == nullptr) return fail(kiln_export_invalid_argument, \"" + name() +
+       "_output_shape: shape is null\");\n";
   s += "  switch (output) {\n";
   for (std::size_t o = 0; o < outs_.size(); ++o) {
     s += "    case " + std::to_string(o) + ":";
@@ -326,8 +351,8 @@ inline std::string LauncherWriter::output_shape_fn() const {
     for (std::size_t d = 0; d < dims.size(); ++d) s += " shape[" + std::to_string(d) + "] = " + dims[d].c_expr() + ";";
     s += " return kiln_export_success;\n";
   }
-  s += "  }\n  return fail(kiln_export_invalid_argument, \"" + name() + "_output_shape: output %d does not exist (there are " +
-       std::to_string(outs_.size()) + ")\", output);\n}\n\n";
+  s += "  }\n  return fail(kiln_export_invalid_argument, \"" + name() +
+       "_output_shape: output %d does not exist (there are " + std::to_string(outs_.size()) + ")\", output);\n}\n\n";
   return s;
 }
 
@@ -346,10 +371,14 @@ inline std::string LauncherWriter::buffer_of(int node) const {
 inline std::string LauncherWriter::kernel_arg(const codegen::Param& prm) const {
   std::string type = codegen::detail::storage_c_type(prm.dt);
   switch (prm.kind) {
-    case codegen::Param::in_ptr: return "(const " + type + "*)(" + buffer_of(prm.ref) + ")";
-    case codegen::Param::out_ptr: return "(" + type + "*)(" + buffer_of(prm.ref) + ")";
-    case codegen::Param::scalar: return "scalar" + std::to_string(prm.ref);
-    case codegen::Param::size: return symbol_name(prm.ref);
+    case codegen::Param::in_ptr:
+      return "(const " + type + "*)(" + buffer_of(prm.ref) + ")";
+    case codegen::Param::out_ptr:
+      return "(" + type + "*)(" + buffer_of(prm.ref) + ")";
+    case codegen::Param::scalar:
+      return "scalar" + std::to_string(prm.ref);
+    case codegen::Param::size:
+      return symbol_name(prm.ref);
   }
   return "";
 }
@@ -363,7 +392,8 @@ inline std::string LauncherWriter::launch_kernel(const CompiledKernel& k) const 
   bool poi = k.src.kind == schedule::Kind::poi;
   std::int64_t per_program = poi ? c.xblock : c.rows;
   std::string s = "  {  // " + k.src.name + "\n    const long long xnumel = " + k.src.xnumel.c_expr() + ";\n";
-  s += "    long long programs = (xnumel + " + std::to_string(per_program - 1) + ") / " + std::to_string(per_program) + ";\n";
+  s += "    long long programs = (xnumel + " + std::to_string(per_program - 1) + ") / " + std::to_string(per_program) +
+       ";\n";
   if (k.src.partial_groups > 0)  // column partials: a program a row group, exactly
     s += "    programs = " + std::to_string(k.src.partial_groups / c.rows) + "LL;\n";
   else if (!poi)
@@ -371,29 +401,31 @@ inline std::string LauncherWriter::launch_kernel(const CompiledKernel& k) const 
          std::to_string(row_grid_limit(1, c.threads)) + "LL;\n";
   s += "    if (programs > 2147483647LL) return fail(kiln_export_invalid_argument, \"" + name() + ": " + k.src.name +
        " needs %lld blocks, more than a grid holds\", programs);\n";
-  s += "    if (programs > 0) {\n      " + k.src.name + "<<<(unsigned)programs, " + std::to_string(c.threads) + ", 0, stream>>>(";
-  for (std::size_t i = 0; i < k.src.params.size(); ++i) s += (i ? ",\n          " : "\n          ") + kernel_arg(k.src.params[i]);
-  s += ");\n      if (cudaError_t e = cudaGetLastError())\n        return fail(kiln_export_cuda_error, \"" + name() + ": launching " +
-       k.src.name + ": %s\", cudaGetErrorString(e));\n    }\n  }\n";
+  s += "    if (programs > 0) {\n      " + k.src.name + "<<<(unsigned)programs, " + std::to_string(c.threads) +
+       ", 0, stream>>>(";
+  for (std::size_t i = 0; i < k.src.params.size(); ++i)
+    s += (i ? ",\n          " : "\n          ") + kernel_arg(k.src.params[i]);
+  s += ");\n      if (cudaError_t e = cudaGetLastError())\n        return fail(kiln_export_cuda_error, \"" + name() +
+       ": launching " + k.src.name + ": %s\", cudaGetErrorString(e));\n    }\n  }\n";
   return s;
 }
 
 inline std::string LauncherWriter::pointer_checks() const {
   std::string s;
   auto check = [&](const std::string& ptr, const std::string& numel) {
-    s += "  if (" + ptr + " == nullptr && " + numel + " != 0) return fail(kiln_export_invalid_argument, \"" + name() + ": " + ptr +
-         " is null\");\n";
+    s += "  if (" + ptr + " == nullptr && " + numel + " != 0) return fail(kiln_export_invalid_argument, \"" + name() +
+         ": " + ptr + " is null\");\n";
   };
   for (const auto& a : spec_.args) check(a.name, numel_of_arg(a));
   for (const auto& o : outs_)
     if (o.how != ExportedOutput::in_place) check(o.name, numel_of_node(o.node));
   for (const auto& a : spec_.args) {  // strided arguments: the strides are constants of the kernels
     if (a.strides.empty()) continue;
-    s += "  if (" + a.name + "_strides == nullptr) return fail(kiln_export_invalid_argument, \"" + name() + ": " + a.name +
-         "_strides is null\");\n";
+    s += "  if (" + a.name + "_strides == nullptr) return fail(kiln_export_invalid_argument, \"" + name() + ": " +
+         a.name + "_strides is null\");\n";
     for (int d = 0; d < a.strides.size(); ++d)
-      s += "  if (!check_size(" + a.name + "_strides[" + std::to_string(d) + "], " + std::to_string(a.strides[d]) + "LL, \"" + a.name +
-           "_strides[" + std::to_string(d) + "]\")) return kiln_export_shape_mismatch;\n";
+      s += "  if (!check_size(" + a.name + "_strides[" + std::to_string(d) + "], " + std::to_string(a.strides[d]) +
+           "LL, \"" + a.name + "_strides[" + std::to_string(d) + "]\")) return kiln_export_shape_mismatch;\n";
   }
   return s;
 }
@@ -405,8 +437,9 @@ inline std::string LauncherWriter::copies() const {
     if (o.how != ExportedOutput::copy_of_arg && o.how != ExportedOutput::copy_of_output) continue;
     std::string from = o.how == ExportedOutput::copy_of_arg ? spec_.args[o.from].name : outs_[o.from].name;
     s += "  if (cudaError_t e = cudaMemcpyAsync(" + o.name + ", " + from + ", size_t" + numel_of_node(o.node) + " * " +
-         std::to_string(itemsize(p_.graph[o.node].dt)) + ", cudaMemcpyDeviceToDevice, stream))\n    return fail(kiln_export_cuda_error, \"" +
-         name() + ": copying " + o.name + ": %s\", cudaGetErrorString(e));\n";
+         std::to_string(itemsize(p_.graph[o.node].dt)) +
+         ", cudaMemcpyDeviceToDevice, stream))\n    return fail(kiln_export_cuda_error, \"" + name() + ": copying " +
+         o.name + ": %s\", cudaGetErrorString(e));\n";
   }
   return s;
 }
@@ -511,7 +544,8 @@ inline std::string LauncherWriter::host_source() const {
   s += "int " + name() + "_workspace_bytes(" + sp + (sp.empty() ? "" : ", ") + "size_t* bytes) {\n";
   s += "  error_message[0] = '\\0';\n  long long s[num_sizes];\n  size_t offset[num_intermediates];\n";
   s += "  if (int status = check_shapes(" + sa + (sa.empty() ? "" : ", ") + "s)) return status;\n";
-  s += "  if (bytes == nullptr) return fail(kiln_export_invalid_argument, \"" + name() + "_workspace_bytes: bytes is null\");\n";
+  s += "  if (bytes == nullptr) return fail(kiln_export_invalid_argument, \"" + name() +
+       "_workspace_bytes: bytes is null\");\n";
   s += "  *bytes = plan_workspace(s, offset);\n  return kiln_export_success;\n}\n\n";
   return s + output_shape_fn() + launcher_fn();
 }

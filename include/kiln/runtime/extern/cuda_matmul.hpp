@@ -22,14 +22,15 @@
 #include <string>
 #include <vector>
 
-#include "kiln/core/driver.hpp"
-#include "kiln/core/dtype.hpp"
-#include "kiln/core/error.hpp"
-#include "kiln/core/tensor.hpp"
-#include "kiln/debug/log.hpp"
-#include "kiln/runtime/cpu_matmul.hpp"
-#include "kiln/runtime/cuda_module.hpp"
-#include "kiln/runtime/nvrtc.hpp"
+#include "../../core/config.hpp"
+#include "../../core/driver.hpp"
+#include "../../core/dtype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/tensor.hpp"
+#include "../../debug/log.hpp"
+#include "../compile/nvrtc.hpp"
+#include "../launch/cuda_module.hpp"
+#include "cpu_matmul.hpp"
 
 namespace kiln::runtime {
 
@@ -45,18 +46,18 @@ constexpr bool epilogue_has_bias(Epilogue e) {
 namespace cublaslt {
 
 // X(member, symbol): the cuBLASLt entry points kiln uses.
-#define KILN_CUBLASLT_FUNCTIONS(X)                                       \
-  X(create, cublasLtCreate)                                              \
-  X(matmul_desc_create, cublasLtMatmulDescCreate)                        \
-  X(matmul_desc_destroy, cublasLtMatmulDescDestroy)                      \
-  X(matmul_desc_set_attribute, cublasLtMatmulDescSetAttribute)           \
-  X(layout_create, cublasLtMatrixLayoutCreate)                           \
-  X(layout_destroy, cublasLtMatrixLayoutDestroy)                         \
-  X(layout_set_attribute, cublasLtMatrixLayoutSetAttribute)              \
-  X(preference_create, cublasLtMatmulPreferenceCreate)                   \
-  X(preference_destroy, cublasLtMatmulPreferenceDestroy)                 \
-  X(preference_set_attribute, cublasLtMatmulPreferenceSetAttribute)      \
-  X(algo_get_heuristic, cublasLtMatmulAlgoGetHeuristic)                  \
+#define KILN_CUBLASLT_FUNCTIONS(X)                                  \
+  X(create, cublasLtCreate)                                         \
+  X(matmul_desc_create, cublasLtMatmulDescCreate)                   \
+  X(matmul_desc_destroy, cublasLtMatmulDescDestroy)                 \
+  X(matmul_desc_set_attribute, cublasLtMatmulDescSetAttribute)      \
+  X(layout_create, cublasLtMatrixLayoutCreate)                      \
+  X(layout_destroy, cublasLtMatrixLayoutDestroy)                    \
+  X(layout_set_attribute, cublasLtMatrixLayoutSetAttribute)         \
+  X(preference_create, cublasLtMatmulPreferenceCreate)              \
+  X(preference_destroy, cublasLtMatmulPreferenceDestroy)            \
+  X(preference_set_attribute, cublasLtMatmulPreferenceSetAttribute) \
+  X(algo_get_heuristic, cublasLtMatmulAlgoGetHeuristic)             \
   X(matmul, cublasLtMatmul)
 
 struct Api {
@@ -84,7 +85,8 @@ inline Loaded load() {
     why += std::string(why.empty() ? "" : "; ") + name + ": " + (e ? e : "unknown reason");
   }
   if (!lib) {
-    l.error = "matmul: cuBLASLt is not available (libcublasLt.so.13 or libcublasLt.so could not be loaded: " + why + ")";
+    l.error =
+        "matmul: cuBLASLt is not available (libcublasLt.so.13 or libcublasLt.so could not be loaded: " + why + ")";
     return l;
   }
   std::string missing;
@@ -337,17 +339,22 @@ inline Tensor contiguous_as(const Tensor& t, dtype d, CUstream stream) {
 
 inline cudaDataType_t cuda_type(dtype d) {
   switch (d) {
-    case dtype::f64: return CUDA_R_64F;
-    case dtype::f32: return CUDA_R_32F;
-    case dtype::f16: return CUDA_R_16F;
-    case dtype::bf16: return CUDA_R_16BF;
-    default: throw dtype_error("matmul: cuBLASLt has no type for " + std::string(name(d)));
+    case dtype::f64:
+      return CUDA_R_64F;
+    case dtype::f32:
+      return CUDA_R_32F;
+    case dtype::f16:
+      return CUDA_R_16F;
+    case dtype::bf16:
+      return CUDA_R_16BF;
+    default:
+      throw dtype_error("matmul: cuBLASLt has no type for " + std::string(name(d)));
   }
 }
 
 inline bool allow_tf32() {
   static const bool allowed = [] {
-    const char* v = std::getenv("KILN_ALLOW_TF32");
+    const char* v = kiln::config::env("KILN_ALLOW_TF32");
     return v && std::string(v) == "1";
   }();
   return allowed;
@@ -383,8 +390,8 @@ inline OperandLayout classify(std::int64_t R, std::int64_t C, std::int64_t sr, s
 // m = N, n = M) = op_a(A) (m x k) * op_b(B) (k x n), where A is kiln's b and B is kiln's a.
 // Pure host logic, so tests can check it against a host emulation of cuBLAS's semantics.
 struct GemmPlan {
-  bool copy_a = false, copy_b = false;  // kiln's a / b go through a contiguous copy first
-  bool direct = true;                   // cuBLAS writes kiln's out in place (else a contiguous temporary)
+  bool copy_a = false, copy_b = false;    // kiln's a / b go through a contiguous copy first
+  bool direct = true;                     // cuBLAS writes kiln's out in place (else a contiguous temporary)
   bool trans_a = false, trans_b = false;  // op T for cuBLAS's A (from b) / B (from a)
   std::int64_t m = 0, n = 0, k = 0;
   std::int64_t rows_a = 0, cols_a = 0, lda = 0;  // cuBLAS's A as stored
@@ -450,8 +457,7 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
                        a_in.device().str() + " x " + b_in.device().str() + " into " + dev.str());
   const bool with_bias = epilogue_has_bias(e);
   if (with_bias) {
-    if (!bias_in || !bias_in->defined())
-      throw shape_error("matmul: this epilogue adds a bias, but none was given");
+    if (!bias_in || !bias_in->defined()) throw shape_error("matmul: this epilogue adds a bias, but none was given");
     const Tensor& bias = *bias_in;
     bool vector_of_n = bias.dim() >= 1 && bias.shape().back() == g.N && bias.numel() == g.N;
     if (!vector_of_n)
@@ -463,7 +469,8 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
       throw dtype_error("matmul: the bias must be floating, got " + std::string(name(bias.dtype())));
   }
   if (g.batch == 0 || g.M == 0 || g.N == 0) return;
-  if (g.batch > INT32_MAX) throw shape_error("matmul: a batch of " + std::to_string(g.batch) + " is too large for cuBLASLt");
+  if (g.batch > INT32_MAX)
+    throw shape_error("matmul: a batch of " + std::to_string(g.batch) + " is too large for cuBLASLt");
   const int device = dev.index;
   driver::make_current(device);
   const cublaslt::Api& lt = cublaslt::api();
@@ -472,7 +479,7 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   // Types: cuBLASLt multiplies two operands of one type into f32 or that type.
   const dtype ab = a_in.dtype() == dtype::f64 || b_in.dtype() == dtype::f64 ? dtype::f64
                    : a_in.dtype() == b_in.dtype()                           ? a_in.dtype()
-                                                                           : dtype::f32;
+                                                                            : dtype::f32;
   const dtype dt = (ab == dtype::f16 || ab == dtype::bf16) && out.dtype() != ab ? dtype::f32 : ab;
   const bool tf32 = ab == dtype::f32 && allow_tf32();
   const cublasComputeType_t compute = ab == dtype::f64 ? CUBLAS_COMPUTE_64F
@@ -502,18 +509,31 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   Tensor bias;
   if (with_bias) {
     bias = *bias_in;
-    const bool usable = bias.dtype() == dt && (bias.strides().back() == 1 || g.N == 1) && alignment(bias.data_ptr()) >= 16;
+    const bool usable =
+        bias.dtype() == dt && (bias.strides().back() == 1 || g.N == 1) && alignment(bias.data_ptr()) >= 16;
     if (!usable) bias = contiguous_as(bias.as_strided({g.N}, {bias.strides().back()}, bias.offset()), dt, stream);
   }
 
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
   switch (e) {
-    case Epilogue::none: epi = CUBLASLT_EPILOGUE_DEFAULT; break;
-    case Epilogue::bias: epi = CUBLASLT_EPILOGUE_BIAS; break;
-    case Epilogue::relu: epi = CUBLASLT_EPILOGUE_RELU; break;
-    case Epilogue::relu_bias: epi = CUBLASLT_EPILOGUE_RELU_BIAS; break;
-    case Epilogue::gelu_tanh: epi = CUBLASLT_EPILOGUE_GELU; break;
-    case Epilogue::gelu_tanh_bias: epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
+    case Epilogue::none:
+      epi = CUBLASLT_EPILOGUE_DEFAULT;
+      break;
+    case Epilogue::bias:
+      epi = CUBLASLT_EPILOGUE_BIAS;
+      break;
+    case Epilogue::relu:
+      epi = CUBLASLT_EPILOGUE_RELU;
+      break;
+    case Epilogue::relu_bias:
+      epi = CUBLASLT_EPILOGUE_RELU_BIAS;
+      break;
+    case Epilogue::gelu_tanh:
+      epi = CUBLASLT_EPILOGUE_GELU;
+      break;
+    case Epilogue::gelu_tanh_bias:
+      epi = CUBLASLT_EPILOGUE_GELU_BIAS;
+      break;
   }
 
   // cuBLAS's D (N x M, column-major) = op(A) (N x K) * op(B) (K x M), with A from b and B from a.
@@ -548,14 +568,27 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   void* ws = workspace_of_stream.ptr;
   // Held until this matmul's kernels are queued (and, when tuning, timed): see Workspace.
   std::lock_guard queueing(workspace_of_stream.busy);
-  const std::vector<std::int64_t> key{
-      static_cast<std::int64_t>(ab),    static_cast<std::int64_t>(dt), static_cast<std::int64_t>(compute),
-      static_cast<std::int64_t>(epi),   op_a,                          op_b,
-      p.m,                              p.n,                           p.k,
-      p.lda,                            p.ldb,                         p.ldd,
-      p.batch,                          p.stride_a,                    p.stride_b,
-      p.stride_d,                       align_a,                       align_b,
-      align_d,                          align_bias,                    autotune};
+  const std::vector<std::int64_t> key{static_cast<std::int64_t>(ab),
+                                      static_cast<std::int64_t>(dt),
+                                      static_cast<std::int64_t>(compute),
+                                      static_cast<std::int64_t>(epi),
+                                      op_a,
+                                      op_b,
+                                      p.m,
+                                      p.n,
+                                      p.k,
+                                      p.lda,
+                                      p.ldb,
+                                      p.ldd,
+                                      p.batch,
+                                      p.stride_a,
+                                      p.stride_b,
+                                      p.stride_d,
+                                      align_a,
+                                      align_b,
+                                      align_d,
+                                      align_bias,
+                                      autotune};
   cublasLtMatmulAlgo_t algo{};
   bool cached = false;
   {
@@ -592,18 +625,20 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
     for (int i = 0; timed && found > 1 && i < found; ++i) {
       if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
       bool failed = false;
-      double ms = time_calls_ms([&] {
-        failed = failed || lt.matmul(h, desc.h, al, b.data_ptr(), layout_a.h, a.data_ptr(), layout_b.h, be, d.data_ptr(),
-                                     layout_d.h, d.data_ptr(), layout_d.h, &results[i].algo, ws, workspace_bytes,
-                                     stream) != CUBLAS_STATUS_SUCCESS;
-      }, stream);
+      double ms = time_calls_ms(
+          [&] {
+            failed = failed || lt.matmul(h, desc.h, al, b.data_ptr(), layout_a.h, a.data_ptr(), layout_b.h, be,
+                                         d.data_ptr(), layout_d.h, d.data_ptr(), layout_d.h, &results[i].algo, ws,
+                                         workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS;
+          },
+          stream);
       if (failed || (best > 0 && ms >= best)) continue;
       best = ms;
       algo = results[i].algo;
     }
     if (debug::log_enabled(debug::Channel::autotune) && timed)
-      debug::log(debug::Channel::autotune, "matmul " + mm_detail::shapes_of(a_in, b_in) + ": " +
-                                             std::to_string(found) + " algorithms timed, fastest " + std::to_string(best) + " ms");
+      debug::log(debug::Channel::autotune, "matmul " + mm_detail::shapes_of(a_in, b_in) + ": " + std::to_string(found) +
+                                               " algorithms timed, fastest " + std::to_string(best) + " ms");
     if (timed || !autotune) {  // an untimed pick under autotune (during a capture) is not kept
       std::lock_guard lock(st.mutex);
       if (st.algos.size() >= max_cached_algos) st.algos.clear();

@@ -12,14 +12,17 @@
 #include "../rewrite/simplify.hpp"
 #include "../schedule/partials.hpp"
 #include "../schedule/split.hpp"
-#include "autotune.hpp"
-#include "program.hpp"
+#include "launch/program.hpp"
+#include "tune/autotune.hpp"
 
 namespace kiln::runtime {
 
+// What lowering recorded: op counts for k::explain, and the tuning it read from the environment
+// (core/tuning.hpp), which the program built from the graph carries.
 struct LoweringStats {
   int ops_captured = 0;
   int ops_decomposed = 0;
+  Tuning tuning;
 };
 
 inline void log_graph(debug::Channel ch, const std::string& title, const graph::Graph& g) {
@@ -81,25 +84,26 @@ graph::Graph copy_strided_custom_inputs(const graph::Graph& g, ArgAt&& arg) {
 // transform such as differentiation, then simplify again).
 template <class Transform, class ArgAt>
 graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, LoweringStats& stats) {
-  graph::infer_shapes(g, arg);                       // shapes and dtypes, errors for bad inputs
+  stats.tuning = Tuning::from_environment();  // KILN_TUNE_* as they are now
+  graph::infer_shapes(g, arg);                // shapes and dtypes, errors for bad inputs
   log_graph(debug::Channel::graph, "captured graph", g);
-  std::vector<int> into = g.output_into;             // k::assign targets survive the rewrites
+  std::vector<int> into = g.output_into;  // k::assign targets survive the rewrites
   stats.ops_captured = g.count_ops();
-  g = rewrite::decompose(g);                         // composites -> primitives
+  g = rewrite::decompose(g);  // composites -> primitives
   graph::infer_shapes(g, arg);
-  g = rewrite::simplify(g);                          // x*1, x+0, constant folding, CSE, dead code
+  g = rewrite::simplify(g);  // x*1, x+0, constant folding, CSE, dead code
   graph::infer_shapes(g, arg);
   log_graph(debug::Channel::decomp, "after decomposition", g);
-  g = transform(std::move(g));                       // differentiation for k::grad and friends
+  g = transform(std::move(g));  // differentiation for k::grad and friends
   graph::infer_shapes(g, arg);
   g = rewrite::simplify(g);
   graph::infer_shapes(g, arg);
   stats.ops_decomposed = g.count_ops();
-  g = rewrite::fold_matmul_transposes(g);            // (A @ B)^T written as B^T @ A^T
+  if (stats.tuning.matmul_t != 0) g = rewrite::fold_matmul_transposes(g);  // (A @ B)^T written as B^T @ A^T
   graph::infer_shapes(g, arg);
-  g = schedule::split_reductions(g);                 // long reductions with few outputs in two stages
+  g = schedule::split_reductions(g, stats.tuning.partials != 0);  // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
-  g = copy_strided_custom_inputs(g, arg);           // custom ops read contiguous buffers
+  g = copy_strided_custom_inputs(g, arg);  // custom ops read contiguous buffers
   g.output_into = into.size() == g.outputs.size() ? into : std::vector<int>(g.outputs.size(), -1);
   write_into_arguments(g, arg);
   log_graph(debug::Channel::graph, "lowered graph", g);
@@ -116,7 +120,8 @@ inline void check_assign_order(const graph::Graph& g, const Program& p) {
       for (const auto& prm : p.kernels[k].src.params)
         if (prm.kind == codegen::Param::in_ptr && g[prm.ref].op == Op::arg && g[prm.ref].slot == slot)
           throw error("k::assign: argument " + std::to_string(slot) + " is updated by " + p.kernels[writer].src.name +
-                      " but read afterwards by " + p.kernels[k].src.name + "; return the new value instead of assigning it");
+                      " but read afterwards by " + p.kernels[k].src.name +
+                      "; return the new value instead of assigning it");
   }
 }
 
@@ -124,6 +129,7 @@ inline void check_assign_order(const graph::Graph& g, const Program& p) {
 template <class ArgAt>
 void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg,
                   bool partials) {
+  partials = partials && p.tuning.partials != 0;
   p.kernels.clear();
   p.sched = schedule::fuse(g);                                  // group anchors into kernels
   schedule::absorb_column_partials(g, p.sched, env, partials);  // dw/db-like column sums into row kernels
@@ -142,10 +148,11 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
       ck.src.name = plan.name;
       ck.src.kind = plan.kind;
       const graph::Node& n = g[plan.domain];
-      ck.src.fused_ops = {!is_custom(n.op) ? std::string(name(n.op))
-                          : custom_ops::name_of(n.attrs.custom) + (n.op == Op::custom_backward ? "_backward" : "")};
+      ck.src.fused_ops = {!is_custom(n.op)
+                              ? std::string(name(n.op))
+                              : custom_ops::name_of(n.attrs.custom) + (n.op == Op::custom_backward ? "_backward" : "")};
     } else {
-      ck.src = write_kernel(g, p.sched, env, k, target, arg);
+      ck.src = write_kernel(g, p.sched, env, k, target, arg, p.tuning);
     }
     p.kernels.push_back(std::move(ck));
   }
@@ -153,11 +160,13 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
 
 // Primitive graph -> kernel sources and buffer plan for one target, without compiling them
 // (nothing here needs a driver: k::export_kernels plans CUDA programs on machines without a GPU).
-// autotune (CUDA only): every candidate of every kernel is written too (runtime/autotune.hpp).
+// autotune (CUDA only): every candidate of every kernel is written too (runtime/tune/autotune.hpp).
 template <class ArgAt>
-std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg, bool autotune = false) {
+std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg, bool autotune,
+                                      const Tuning& tuning) {
   auto p = std::make_shared<Program>();
   p->device = device;
+  p->tuning = tuning;
   codegen::Target target = device.is_cpu() ? codegen::Target::cpu : codegen::Target::cuda;
   // Column partials need their row kernel's rows in registers, which only its launch config tells:
   // when the writer finds they are not, the schedule is planned again without them.
@@ -170,7 +179,9 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
     }
   }
   if (autotune && target == codegen::Target::cuda)
-    plan_candidates(*p, [&](int k, const codegen::Tuning& t) { return write_kernel(g, p->sched, env, k, target, arg, t); });
+    plan_candidates(*p, [&](int k, const codegen::Tuning& t) {
+      return write_kernel(g, p->sched, env, k, target, arg, tuning.merged(t));
+    });
   for (int i = 0; i < g.size(); ++i)
     if (p->sched.realized[i] && g[i].op != Op::arg) p->buffers.push_back(i);
   for (int o : g.outputs) p->arg_of_output.push_back(g[o].op == Op::arg ? g[o].slot : -1);
@@ -180,18 +191,18 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   return p;
 }
 
-
 // Primitive graph -> compiled program for one device and shape environment. With autotune, the
 // candidates are compiled too, unless a stored choice names the winners (then only they are).
 template <class ArgAt>
-std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg, bool autotune = false) {
-  auto p = plan_program(std::move(g), std::move(env), device, arg, autotune);
+std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device device, ArgAt&& arg, bool autotune,
+                                       const Tuning& tuning) {
+  auto p = plan_program(std::move(g), std::move(env), device, arg, autotune, tuning);
   std::string name = p->kernels.empty() ? "kiln_program" : p->kernels.front().src.name;
   bool tune = p->autotune && !apply_stored_choice(*p, [&](int k, const codegen::Tuning& t) {
-    return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, t);
-  });
-  compile_program(*p, name);                         // NVRTC or the host compiler, cached
-  if (tune) compile_candidates(*p, name);            // timed at the first call (tune_program)
+                return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, p->tuning.merged(t));
+              });
+  compile_program(*p, name);               // NVRTC or the host compiler, cached
+  if (tune) compile_candidates(*p, name);  // timed at the first call (tune_program)
   if (debug::log_enabled(debug::Channel::output_code)) debug::log(debug::Channel::output_code, p->source);
   return p;
 }

@@ -15,10 +15,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../codegen/kernel_writer.hpp"
-#include "../codegen/prelude.hpp"
-#include "../ir/sym.hpp"
-#include "cuda_module.hpp"
+#include "../../codegen/kernel_writer.hpp"
+#include "../../codegen/prelude.hpp"
+#include "../../ir/sym.hpp"
+#include "../launch/cuda_module.hpp"
 #include "hash.hpp"
 
 namespace kiln::runtime {
@@ -43,11 +43,12 @@ inline std::string unit_source(const codegen::KernelSource& k) {
 
 // The CUDA translation unit of some kernel bodies: the prelude (with the 16-bit float types only
 // when a kernel moves f16/bf16) and the bodies.
-inline std::string cuda_unit(bool half, const std::string& body) {
-  // KILN_TUNE_LOADS: how 16-byte loads reach memory (the prelude's KILN_LOADS), for A/B runs.
-  static const std::int64_t loads = codegen::tuning_knob("KILN_TUNE_LOADS", -1, 0, 2);
-  return std::string(half ? "#define KILN_HALF 1\n" : "") + (loads >= 0 ? "#define KILN_LOADS " + std::to_string(loads) + "\n" : "") +
-         std::string(codegen::prelude) + body;
+// prelude_loads (a Tuning's, >= 0): how 16-byte loads reach memory (the prelude's KILN_LOADS).
+inline std::string cuda_unit(bool half, const std::string& body, int prelude_loads = -1) {
+  const int loads = prelude_loads;
+  return std::string(half ? "#define KILN_HALF 1\n" : "") +
+         (loads >= 0 ? "#define KILN_LOADS " + std::to_string(loads) + "\n" : "") + std::string(codegen::prelude) +
+         body;
 }
 // Whether a kernel needs the 16-bit float types: it moves f16/bf16 or rounds to them inside (a cast
 // to bf16 between f32 loads and stores). Without KILN_HALF the prelude's stand-ins give zeros, so
@@ -60,7 +61,10 @@ inline bool moves_half(const codegen::KernelSource& k) {
 
 // The CPU entry of a kernel named `name`: runs its programs, in parallel under OpenMP.
 inline std::string cpu_trampoline(const codegen::KernelSource& k, const std::string& name) {
-  std::string s = "extern \"C\" void " + name + "_cpu(void** a, i64 nprog) {\n#pragma omp parallel for schedule(static) if (nprog > 1)\n  for (i64 pid = 0; pid < nprog; ++pid)\n    " + name + "(";
+  std::string s = "extern \"C\" void " + name +
+                  "_cpu(void** a, i64 nprog) {\n#pragma omp parallel for schedule(static) if (nprog > 1)\n  for (i64 "
+                  "pid = 0; pid < nprog; ++pid)\n    " +
+                  name + "(";
   for (std::size_t i = 0; i < k.params.size(); ++i) {
     const auto& p = k.params[i];
     std::string type = p.kind == codegen::Param::in_ptr    ? "const " + codegen::detail::storage_c_type(p.dt) + "*"
@@ -80,7 +84,8 @@ struct KernelUnit {
 inline KernelUnit kernel_unit(const codegen::KernelSource& k, bool cpu) {
   KernelUnit u{unit_name(k.name), ""};
   std::string body = std::string(sym_c_helpers) + "\n\n" + unit_source(k);
-  u.source = cpu ? std::string(codegen::prelude) + body + cpu_trampoline(k, u.name) : cuda_unit(moves_half(k), body);
+  u.source = cpu ? std::string(codegen::prelude) + body + cpu_trampoline(k, u.name)
+                 : cuda_unit(moves_half(k), body, k.tuning.prelude_loads);
   return u;
 }
 

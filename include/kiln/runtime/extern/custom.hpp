@@ -1,17 +1,17 @@
 // The extern step of a custom op inside a compiled program: its inputs as contiguous buffers (a
-// strided argument it reads is copied first, at lowering), its preallocated output, the program's stream, and the user's forward (or, for a custom_backward node,
-// the user's backward with only the requested gradient allocated). A custom op's function may itself
-// evaluate kiln expressions on the same thread, so the per-call scratch that a run reuses to keep
-// the hit path allocation-free is kept per nesting level (level_local) rather than per thread.
+// strided argument it reads is copied first, at lowering), its preallocated output, the program's stream, and the
+// user's forward (or, for a custom_backward node, the user's backward with only the requested gradient allocated). A
+// custom op's function may itself evaluate kiln expressions on the same thread, so the per-call scratch that a run
+// reuses to keep the hit path allocation-free is kept per nesting level (level_local) rather than per thread.
 #pragma once
 #include <array>
 #include <deque>
 #include <span>
 #include <string>
 
-#include "../core/stream.hpp"
-#include "../core/tensor.hpp"
-#include "../graph/graph.hpp"
+#include "../../core/stream.hpp"
+#include "../../core/tensor.hpp"
+#include "../../graph/graph.hpp"
 
 namespace kiln::runtime {
 
@@ -56,7 +56,8 @@ void run_custom(const graph::Node& n, BufferOf&& buffer, Tensor& out, CUstream s
   }
   detail::NestedCall nested;
   if (n.op == Op::custom) {
-    custom_ops::call_user(e, "forward", false, [&] { e.fns.forward(std::span<const Tensor>(in.data(), n.n_in), out, Stream(stream)); });
+    custom_ops::call_user(e, "forward", false,
+                          [&] { e.fns.forward(std::span<const Tensor>(in.data(), n.n_in), out, Stream(stream)); });
     return;
   }
   const int m = n.n_in - 1;  // the op's inputs; in[m] is the cotangent of its output

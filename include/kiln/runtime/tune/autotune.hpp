@@ -4,7 +4,7 @@
 // compiled in parallel, one translation unit per candidate index; the first call times every
 // candidate of every kernel on its real arguments, then a second round the winner's neighbours (the
 // winner with each single change of the first list on top: a coordinate descent step), and keeps
-// the fastest. GEMMs time cuBLASLt's best few algorithms the same way (runtime/cuda_matmul.hpp).
+// the fastest. GEMMs time cuBLASLt's best few algorithms the same way (runtime/extern/cuda_matmul.hpp).
 // The choice is kept in the disk cache, so a later process compiles only the winners and times
 // nothing. CPU programs are not tuned: they run the rules' choices.
 #pragma once
@@ -12,7 +12,7 @@
 #include <sstream>
 #include <thread>
 
-#include "program.hpp"
+#include "../launch/program.hpp"
 
 namespace kiln::runtime {
 
@@ -21,13 +21,30 @@ namespace kiln::runtime {
 inline std::vector<codegen::Tuning> tuning_candidates(schedule::Kind kind, bool column) {
   using T = codegen::Tuning;
   if (kind == schedule::Kind::poi)
-    return {T{}, T{.poi_vectors = 1}, T{.poi_vectors = 2}, T{.poi_vectors = 4}, T{.poi_threads = 256, .poi_vectors = 1},
-            T{.poi_threads = 256, .poi_vectors = 2}, T{.poi_threads = 512, .poi_vectors = 1}, T{.loads = 0}, T{.loads = 1},
+    return {T{},
+            T{.poi_vectors = 1},
+            T{.poi_vectors = 2},
+            T{.poi_vectors = 4},
+            T{.poi_threads = 256, .poi_vectors = 1},
+            T{.poi_threads = 256, .poi_vectors = 2},
+            T{.poi_threads = 512, .poi_vectors = 1},
+            T{.loads = 0},
+            T{.loads = 1},
             T{.poi_vectors = 4, .loads = 1}};
   if (column) return {T{}, T{.row_unroll = 2}, T{.row_unroll = 8}};
-  return {T{},           T{.row_elems = 8},  T{.row_elems = 16}, T{.row_elems = 32}, T{.row_elems = 64},
-          T{.row_block = 128}, T{.row_block = 512}, T{.hoist = 0}, T{.hoist = 1}, T{.loads = 0}, T{.loads = 1},
-          T{.row_unroll = 1}, T{.row_unroll = 4}};
+  return {T{},
+          T{.row_elems = 8},
+          T{.row_elems = 16},
+          T{.row_elems = 32},
+          T{.row_elems = 64},
+          T{.row_block = 128},
+          T{.row_block = 512},
+          T{.hoist = 0},
+          T{.hoist = 1},
+          T{.loads = 0},
+          T{.loads = 1},
+          T{.row_unroll = 1},
+          T{.row_unroll = 4}};
 }
 
 // Row grids tried for each compiled row candidate besides the rules' own (a launch choice: no
@@ -105,7 +122,6 @@ bool apply_stored_choice(Program& p, Write&& write) {
     } catch (const codegen::unheld_partials&) {
       return false;  // written under other knobs: tune again
     }
-    picks.back().second.tuning = t;
   }
   for (auto& [k, src] : picks) p.kernels[k].src = std::move(src);
   p.candidates.clear();
@@ -139,7 +155,8 @@ inline void compile_candidates(Program& p, const std::string& name) {
   for (auto& f : failures)
     if (f) std::rethrow_exception(f);
   const std::size_t base = p.candidate_modules.size();
-  for (std::size_t i = 1; i < units; ++i) p.candidate_modules.push_back(std::make_shared<Module>(cubins[i], p.device.index));
+  for (std::size_t i = 1; i < units; ++i)
+    p.candidate_modules.push_back(std::make_shared<Module>(cubins[i], p.device.index));
   for (std::size_t k = 0; k < p.candidates.size(); ++k) {
     auto& list = p.candidates[k];
     if (list.empty()) continue;
@@ -229,11 +246,14 @@ class SavedArguments {
 // call's own run follows. Custom ops in the program run once per round. If tuning fails (a
 // candidate that does not compile, say), the program keeps the kernels it had and the error goes
 // to the autotune log.
-inline void tune_program(Program& p, const Tensor* const* args, const double* scalars, ShapeFn shape_of, CUstream stream) {
+inline void tune_program(Program& p, const Tensor* const* args, const double* scalars, ShapeFn shape_of,
+                         CUstream stream) {
   if (p.candidates.empty()) return;
   SavedArguments saved(p, args, stream);
   auto arg = [&](int slot) -> const Tensor& { return *args[slot]; };
-  auto write = [&](int k, const codegen::Tuning& t) { return write_kernel(p.graph, p.sched, p.env, k, codegen::Target::cuda, arg, t); };
+  auto write = [&](int k, const codegen::Tuning& t) {
+    return write_kernel(p.graph, p.sched, p.env, k, codegen::Target::cuda, arg, t);
+  };
   std::vector<double> rules_ms(p.candidates.size(), 0), best_ms(p.candidates.size(), 0);
   std::vector<std::size_t> tried(p.candidates.size(), 0);
   std::vector<std::vector<std::string>> seen(p.candidates.size());
@@ -265,7 +285,8 @@ inline void tune_program(Program& p, const Tensor* const* args, const double* sc
         list.assign(1, p.kernels[k]);
         list[0].variant = 0;
         for (const auto& t : tuning_candidates(p.sched.kernels[k].kind, p.kernels[k].src.column))
-          if (!(won.merged(t) == won)) tune_detail::add_candidate(list, seen[k], write, static_cast<int>(k), won.merged(t));
+          if (!(won.merged(t) == won))
+            tune_detail::add_candidate(list, seen[k], write, static_cast<int>(k), won.merged(t));
         more = more || list.size() > 1;
       }
       if (!more) break;
@@ -283,18 +304,22 @@ inline void tune_program(Program& p, const Tensor* const* args, const double* sc
     if (p.kernels[k].extern_node >= 0 || tried[k] == 0) continue;
     const codegen::Tuning& t = p.kernels[k].src.tuning;
     choice += std::to_string(k);
-    for (auto f : codegen::Tuning::fields) choice += " " + std::to_string(t.*f);
+    for (auto f : codegen::Tuning::fields) {
+      choice += ' ';  // appended apart: g++ 12's -Wrestrict misreads `s += " " + std::to_string(v)`
+      choice += std::to_string(t.*f);
+    }
     choice += "\n";
     if (debug::log_enabled(debug::Channel::autotune)) {
       std::ostringstream line;
-      line << "  " << p.kernels[k].src.name << ": " << tried[k] << " candidates in two rounds; the rules' choice " << rules_ms[k]
-           << " ms, fastest " << best_ms[k] << " ms (" << t.str() << ")\n";
+      line << "  " << p.kernels[k].src.name << ": " << tried[k] << " candidates in two rounds; the rules' choice "
+           << rules_ms[k] << " ms, fastest " << best_ms[k] << " ms (" << t.str() << ")\n";
       report += line.str();
     }
   }
   p.candidates.clear();
   p.source = program_body(p);
-  if (!p.tuning_key.empty()) default_disk_cache().store(p.tuning_key, "tune", std::span<const char>(choice.data(), choice.size()));
+  if (!p.tuning_key.empty())
+    default_disk_cache().store(p.tuning_key, "tune", std::span<const char>(choice.data(), choice.size()));
   if (debug::log_enabled(debug::Channel::autotune)) debug::log(debug::Channel::autotune, "tuned:\n" + report);
 }
 

@@ -28,11 +28,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "kiln/core/error.hpp"
-#include "kiln/debug/log.hpp"
-#include "kiln/runtime/disk_cache.hpp"
-#include "kiln/runtime/hash.hpp"
-#include "kiln/runtime/kernel_cache.hpp"
+#include "../../core/config.hpp"
+#include "../../core/error.hpp"
+#include "../../debug/log.hpp"
+#include "disk_cache.hpp"
+#include "hash.hpp"
+#include "kernel_cache.hpp"
 
 extern char** environ;
 
@@ -75,7 +76,7 @@ inline std::string find_executable(const std::string& name) {
     return std::filesystem::is_regular_file(p, ec) && ::access(p.c_str(), X_OK) == 0;
   };
   if (name.find('/') != std::string::npos) return usable(name) ? name : "";
-  const char* path_env = std::getenv("PATH");
+  const char* path_env = kiln::config::env("PATH");
   std::istringstream dirs(path_env ? path_env : "/usr/local/bin:/usr/bin:/bin");
   for (std::string dir; std::getline(dirs, dir, ':');) {
     std::filesystem::path candidate = std::filesystem::path(dir.empty() ? "." : dir) / name;
@@ -141,7 +142,7 @@ inline std::string join_command(const std::vector<std::string>& argv) {
 
 inline std::vector<std::string> find_host_compiler() {
   for (const char* var : {"KILN_CXX", "CXX"}) {
-    const char* value = std::getenv(var);
+    const char* value = kiln::config::env(var);
     std::vector<std::string> words = split_words(value ? value : "");
     if (words.empty()) continue;
     if (std::string exe = find_executable(words[0]); !exe.empty()) {
@@ -150,12 +151,11 @@ inline std::vector<std::string> find_host_compiler() {
     }
     // KILN_CXX is an explicit request, so a wrong one is an error; CXX is often set for other tools.
     if (std::string_view(var) == "KILN_CXX")
-      throw kiln::compile_error("host compiler: KILN_CXX=" + std::string(value) + " is not an executable", "",
-                                "");
+      throw kiln::compile_error("host compiler: KILN_CXX=" + std::string(value) + " is not an executable", "", "");
   }
   for (const char* name : {"c++", "g++", "clang++"})
     if (std::string exe = find_executable(name); !exe.empty()) return {exe};
-  const char* path = std::getenv("PATH");
+  const char* path = kiln::config::env("PATH");
   throw kiln::compile_error(
       "no host C++ compiler was found: set KILN_CXX (or CXX) to one, or put c++, g++ or "
       "clang++ on PATH",
@@ -179,7 +179,7 @@ inline std::string cpu_identity() {
 }
 
 inline std::filesystem::path temp_root() {
-  const char* tmp = std::getenv("TMPDIR");
+  const char* tmp = kiln::config::env("TMPDIR");
   return tmp && *tmp ? tmp : "/tmp";
 }
 
@@ -213,11 +213,11 @@ inline std::string file_stem(std::string_view name) {
 // Copies bytes to a fresh file under dir and dlopens it; the file is unlinked at once (the mapping
 // keeps it alive). Names are unique per process because glibc returns an already-loaded object
 // when a new path equals an old one.
-inline void* open_library_copy(const std::filesystem::path& dir, std::span<const char> bytes,
-                               const std::string& name, std::string& errors) {
+inline void* open_library_copy(const std::filesystem::path& dir, std::span<const char> bytes, const std::string& name,
+                               std::string& errors) {
   static std::atomic<std::uint64_t> counter{0};
-  std::string path = (dir / ("kiln-" + file_stem(name).substr(0, 60) + "-" + std::to_string(::getpid()) +
-                             "-" + std::to_string(counter++) + "-XXXXXX.so"))
+  std::string path = (dir / ("kiln-" + file_stem(name).substr(0, 60) + "-" + std::to_string(::getpid()) + "-" +
+                             std::to_string(counter++) + "-XXXXXX.so"))
                          .string();
   int fd = ::mkstemps(path.data(), 3);
   if (fd < 0) {
@@ -345,9 +345,9 @@ inline std::size_t host_compile_count() { return detail::compile_counter().load(
 
 // Writes source to $KILN_DEBUG_DIR/<name>.<key>.<ext> when that variable is set; returns the path,
 // or "" when it is not set or the write failed. NVRTC compiles use the same layout.
-inline std::filesystem::path dump_debug_source(std::string_view name, std::string_view key_hex,
-                                               std::string_view source, std::string_view ext = "cpp") {
-  const char* dir = std::getenv("KILN_DEBUG_DIR");
+inline std::filesystem::path dump_debug_source(std::string_view name, std::string_view key_hex, std::string_view source,
+                                               std::string_view ext = "cpp") {
+  const char* dir = kiln::config::env("KILN_DEBUG_DIR");
   if (!dir || !*dir) return {};
   std::filesystem::path path =
       std::filesystem::path(dir) /
@@ -392,11 +392,9 @@ inline std::vector<char> run_host_compiler(const std::string& source, const std:
 }  // namespace detail
 
 // Loads a shared object from its bytes (dlopen needs a file, so they are copied to a temp file).
-inline std::shared_ptr<SharedObject> load_shared_object(std::span<const char> bytes,
-                                                        const std::string& name) {
+inline std::shared_ptr<SharedObject> load_shared_object(std::span<const char> bytes, const std::string& name) {
   std::string errors;
-  if (void* handle = detail::open_library(bytes, name, errors))
-    return std::make_shared<SharedObject>(handle, name);
+  if (void* handle = detail::open_library(bytes, name, errors)) return std::make_shared<SharedObject>(handle, name);
   throw kiln::error("cannot load the compiled shared object " + name + ":\n" + errors);
 }
 
@@ -407,8 +405,7 @@ inline std::vector<char> build_shared_object(const std::string& source, const st
   std::string key = hex(detail::shared_object_key(source));
   std::filesystem::path dumped = dump_debug_source(name, key, source);
   if (std::optional<std::vector<char>> hit = cache.load(key, "so")) return std::move(*hit);
-  debug::log_lazy(debug::Channel::cache,
-                  [&] { return "compiling " + name + " with " + host_compiler_command(); });
+  debug::log_lazy(debug::Channel::cache, [&] { return "compiling " + name + " with " + host_compiler_command(); });
   std::vector<char> bytes = detail::run_host_compiler(source, name, dumped);
   cache.store(key, "so", bytes);
   return bytes;
@@ -416,8 +413,7 @@ inline std::vector<char> build_shared_object(const std::string& source, const st
 
 // Compiles (or finds) and loads source; each distinct source is built and loaded once per process
 // however many threads ask, and the loaded objects stay loaded until exit.
-inline std::shared_ptr<SharedObject> compile_shared_object(const std::string& source,
-                                                           const std::string& name) {
+inline std::shared_ptr<SharedObject> compile_shared_object(const std::string& source, const std::string& name) {
   // Leaked on purpose: unloading kernels during static destruction could pull code from under
   // objects that are destroyed later.
   static auto* loaded = new CompileOnceCache<SharedObject>();

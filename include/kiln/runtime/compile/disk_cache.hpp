@@ -31,9 +31,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kiln/core/faults.hpp"
-#include "kiln/debug/log.hpp"
-#include "kiln/runtime/hash.hpp"
+#include "../../core/config.hpp"
+#include "../../core/faults.hpp"
+#include "../../debug/log.hpp"
+#include "hash.hpp"
 
 namespace kiln::runtime {
 
@@ -177,10 +178,9 @@ class DiskCache {
     if (::fstat(fd, &st) != 0 || std::uint64_t(st.st_size) < sizeof header) return std::nullopt;
     if (detail::read_fully(fd, header, sizeof header) != sizeof header) return std::nullopt;
     std::uint64_t size = detail::get_le(header + 16, 8);
-    bool header_ok = std::memcmp(header, detail::k_entry_magic, 8) == 0 &&
-                     detail::get_le(header + 8, 4) == format_version &&
-                     detail::get_le(header + 12, 4) == sizeof header &&
-                     size == std::uint64_t(st.st_size) - sizeof header;
+    bool header_ok =
+        std::memcmp(header, detail::k_entry_magic, 8) == 0 && detail::get_le(header + 8, 4) == format_version &&
+        detail::get_le(header + 12, 4) == sizeof header && size == std::uint64_t(st.st_size) - sizeof header;
     if (!header_ok) return std::nullopt;
     std::vector<char> payload(size);
     if (detail::read_fully(fd, payload.data(), size) != size) return std::nullopt;
@@ -248,7 +248,7 @@ class DiskCache {
 // $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; empty when none is set.
 inline std::filesystem::path default_cache_dir() {
   auto env = [](const char* name) -> std::string {
-    const char* v = std::getenv(name);
+    const char* v = kiln::config::env(name);
     return v ? v : "";
   };
   if (std::string dir = env("KILN_CACHE_DIR"); !dir.empty()) return dir;

@@ -20,17 +20,18 @@
 #include <new>
 #include <string>
 #include <thread>
-#include <utility>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-#include "kiln/core/dtype.hpp"
-#include "kiln/core/error.hpp"
-#include "kiln/core/tensor.hpp"
+#include "../../core/config.hpp"
+#include "../../core/dtype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/tensor.hpp"
 
 // GNU vector extensions give explicit SIMD at every optimisation level; other compilers (and
 // nvcc's front end, to be safe) get a plain loop that an optimiser may vectorise.
@@ -85,8 +86,8 @@ inline MatmulGeometry matmul_geometry(const Tensor& a, const Tensor& b, const Te
     throw shape_error(what + "operands must be 2-D or 3-D (batched), got " + mm_detail::shapes_of(a, b));
   for (const Tensor* t : {&a, &b, &out})
     if (!is_floating(t->dtype()))
-      throw dtype_error(what + "supports f64, f32, f16 and bf16 only, got " + mm_detail::shapes_of(a, b) +
-                        " into " + std::string(name(out.dtype())));
+      throw dtype_error(what + "supports f64, f32, f16 and bf16 only, got " + mm_detail::shapes_of(a, b) + " into " +
+                        std::string(name(out.dtype())));
   MatmulGeometry g;
   const int ad = a.dim(), bd = b.dim();
   g.M = a.shape()[ad - 2];
@@ -102,8 +103,8 @@ inline MatmulGeometry matmul_geometry(const Tensor& a, const Tensor& b, const Te
   const std::int64_t ab = ad == 3 ? a.shape()[0] : 1, bb = bd == 3 ? b.shape()[0] : 1;
   g.batched = ad == 3 || bd == 3;
   if (ab != bb && ab != 1 && bb != 1)
-    throw shape_error(what + "cannot multiply " + mm_detail::shapes_of(a, b) + ": batch sizes " +
-                      std::to_string(ab) + " and " + std::to_string(bb) + " do not broadcast");
+    throw shape_error(what + "cannot multiply " + mm_detail::shapes_of(a, b) + ": batch sizes " + std::to_string(ab) +
+                      " and " + std::to_string(bb) + " do not broadcast");
   g.batch = std::max(ab, bb);
   if (ab == 0 || bb == 0) g.batch = 0;
   g.a_bs = ad == 3 && ab != 1 ? a.strides()[0] : 0;
@@ -130,14 +131,24 @@ inline constexpr std::int64_t KC = 256;
 inline constexpr int NV = 2;  // vectors per micro-tile row
 
 #if KILN_MM_GNU_VECTORS
-template <class T> struct simd;
-template <> struct simd<float> { typedef float V __attribute__((vector_size(KILN_MM_VECTOR_BYTES))); };
-template <> struct simd<double> { typedef double V __attribute__((vector_size(KILN_MM_VECTOR_BYTES))); };
-template <class T> inline constexpr std::int64_t lanes = KILN_MM_VECTOR_BYTES / sizeof(T);
+template <class T>
+struct simd;
+template <>
+struct simd<float> {
+  typedef float V __attribute__((vector_size(KILN_MM_VECTOR_BYTES)));
+};
+template <>
+struct simd<double> {
+  typedef double V __attribute__((vector_size(KILN_MM_VECTOR_BYTES)));
+};
+template <class T>
+inline constexpr std::int64_t lanes = KILN_MM_VECTOR_BYTES / sizeof(T);
 #else
-template <class T> inline constexpr std::int64_t lanes = 16 / sizeof(T);
+template <class T>
+inline constexpr std::int64_t lanes = 16 / sizeof(T);
 #endif
-template <class T> inline constexpr std::int64_t NR = NV * lanes<T>;  // divides NC
+template <class T>
+inline constexpr std::int64_t NR = NV* lanes<T>;  // divides NC
 
 // C[MR x NR] (row stride ldc) += A_panel[kc x MR] * B_panel[kc x NR], both packed k-major.
 template <class T>
@@ -149,9 +160,8 @@ inline void micro_kernel(std::int64_t kc, const T* __restrict A, const T* __rest
   constexpr std::int64_t W = lanes<T>;
   V acc[MR][NV];
   KILN_MM_UNROLL
-  for (int i = 0; i < MR; ++i)
-    KILN_MM_UNROLL
-    for (int v = 0; v < NV; ++v) std::memcpy(&acc[i][v], C + i * ldc + v * W, sizeof(V));
+  for (int i = 0; i < MR; ++i) KILN_MM_UNROLL
+  for (int v = 0; v < NV; ++v) std::memcpy(&acc[i][v], C + i * ldc + v * W, sizeof(V));
   for (std::int64_t k = 0; k < kc; ++k) {
     V bv[NV];
     KILN_MM_UNROLL
@@ -165,9 +175,8 @@ inline void micro_kernel(std::int64_t kc, const T* __restrict A, const T* __rest
     }
   }
   KILN_MM_UNROLL
-  for (int i = 0; i < MR; ++i)
-    KILN_MM_UNROLL
-    for (int v = 0; v < NV; ++v) std::memcpy(C + i * ldc + v * W, &acc[i][v], sizeof(V));
+  for (int i = 0; i < MR; ++i) KILN_MM_UNROLL
+  for (int v = 0; v < NV; ++v) std::memcpy(C + i * ldc + v * W, &acc[i][v], sizeof(V));
 #else
   T acc[MR][nr];
   for (int i = 0; i < MR; ++i)
@@ -218,14 +227,14 @@ inline void store(S* p, std::int64_t i, T v) {
 }
 
 template <class S>
-inline constexpr bool floating_storage = std::is_same_v<S, float> || std::is_same_v<S, double> ||
-                                         std::is_same_v<S, half> || std::is_same_v<S, bfloat16>;
+inline constexpr bool floating_storage =
+    std::is_same_v<S, float> || std::is_same_v<S, double> || std::is_same_v<S, half> || std::is_same_v<S, bfloat16>;
 
 // Packs columns [q*NR, q*NR + NR) of the K x N matrix at src (strides sk, sn) into dst as [K][NR],
 // zero beyond N.
 template <class T, class S>
-void pack_b_panel(const void* src_v, std::int64_t sk, std::int64_t sn, std::int64_t K, std::int64_t N,
-                  std::int64_t q, T* dst) {
+void pack_b_panel(const void* src_v, std::int64_t sk, std::int64_t sn, std::int64_t K, std::int64_t N, std::int64_t q,
+                  T* dst) {
   const S* src = static_cast<const S*>(src_v);
   constexpr std::int64_t nr = NR<T>;
   const std::int64_t n0 = q * nr, w = std::min(nr, N - n0);
@@ -294,24 +303,30 @@ template <class T>
 PackBFn<T> pack_b_for(dtype d) {
   return visit_dtype(d, [](auto s) -> PackBFn<T> {
     using S = decltype(s);
-    if constexpr (floating_storage<S>) return &pack_b_panel<T, S>;
-    else return nullptr;
+    if constexpr (floating_storage<S>)
+      return &pack_b_panel<T, S>;
+    else
+      return nullptr;
   });
 }
 template <class T>
 PackAFn<T> pack_a_for(dtype d) {
   return visit_dtype(d, [](auto s) -> PackAFn<T> {
     using S = decltype(s);
-    if constexpr (floating_storage<S>) return &pack_a_block<T, S>;
-    else return nullptr;
+    if constexpr (floating_storage<S>)
+      return &pack_a_block<T, S>;
+    else
+      return nullptr;
   });
 }
 template <class T>
 StoreFn<T> store_for(dtype d) {
   return visit_dtype(d, [](auto s) -> StoreFn<T> {
     using S = decltype(s);
-    if constexpr (floating_storage<S>) return &store_block<T, S>;
-    else return nullptr;
+    if constexpr (floating_storage<S>)
+      return &store_block<T, S>;
+    else
+      return nullptr;
   });
 }
 
@@ -320,7 +335,7 @@ StoreFn<T> store_for(dtype d) {
 inline int thread_count(std::int64_t tasks, double flops) {
   if (tasks <= 1 || flops < 4.0e6) return 1;
   int n = 0;
-  if (const char* env = std::getenv("KILN_NUM_THREADS"); env && *env) n = std::atoi(env);
+  if (const char* env = kiln::config::env("KILN_NUM_THREADS"); env && *env) n = std::atoi(env);
   if (n <= 0) {
 #ifdef _OPENMP
     n = omp_get_max_threads();
@@ -379,16 +394,16 @@ void gemm(const MatmulGeometry& g, const void* a, dtype ad, const void* b, dtype
   const PackAFn<T> pack_a = pack_a_for<T>(ad);
   const PackBFn<T> pack_b = pack_b_for<T>(bd);
   const StoreFn<T> store_out = store_for<T>(od);
-  const double flops = 2.0 * static_cast<double>(B) * static_cast<double>(M) * static_cast<double>(N) *
-                       static_cast<double>(K);
+  const double flops =
+      2.0 * static_cast<double>(B) * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
 
   // 1. All of b (once per distinct batch), packed into NR-wide panels: [batch][panel][K][NR].
   const std::int64_t panel_size = K * nr;
   Buffer<T> packed_b(b_batches * n_panels * panel_size);
   {
     const std::int64_t tasks = b_batches * n_panels;
-    const int threads = thread_count(tasks, static_cast<double>(b_batches) * static_cast<double>(K) *
-                                                static_cast<double>(N) * 8.0);
+    const int threads =
+        thread_count(tasks, static_cast<double>(b_batches) * static_cast<double>(K) * static_cast<double>(N) * 8.0);
     run_parallel(threads, [&](std::atomic<std::int64_t>& next) {
       for (std::int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
         const std::int64_t bi = t / n_panels, q = t % n_panels;

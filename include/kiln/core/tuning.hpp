@@ -1,0 +1,102 @@
+// The tuning of a compiled program: the choices that launch rules and the kernel writer otherwise
+// make from sizes and dtypes, each of which an autotuning candidate or a KILN_TUNE_* experiment
+// variable may set instead. Parsed from the environment once per compiled program
+// (Tuning::from_environment), carried in the program, and merged once with a candidate's choices:
+// autotuning over the environment over the rules. Every field is -1 where the rule decides.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <iterator>
+#include <string>
+
+#include "config.hpp"
+
+namespace kiln {
+
+struct Tuning {
+  // A kernel's choices that an autotuning candidate may set (runtime/tune/autotune.hpp):
+  int poi_threads = -1;  // pointwise: threads a block (KILN_TUNE_POI_THREADS)
+  int poi_vectors = -1;  // pointwise: 16-byte vectors a thread
+  int row_elems = -1;    // rows: elements of a row a thread (KILN_TUNE_ROW_ELEMS)
+  int row_block = -1;    // rows: threads of a block that short rows share (KILN_TUNE_ROW_BLOCK)
+  int row_unroll = -1;   // looped rows: steps unrolled together (KILN_TUNE_ROW_UNROLL)
+  int hoist = -1;        // row-invariant loads: 0 reloaded each row, 1 registers, 2 shared memory (KILN_TUNE_HOIST)
+  int loads = -1;        // 16-byte loads: 0 through the read-only path, 1 plain (kiln::via)
+  int waves = -1;        // row kernels: grid of this many times the resident blocks, 0 the
+                         // occupancy formula (KILN_TUNE_ROW_WAVES)
+  // Experiment knobs only the environment sets, for A/B runs (benchmarks/ab.sh):
+  int poi_unroll = -1;     // large pointwise kernels: vectors a thread (KILN_TUNE_POI_UNROLL)
+  int row_threads = -1;    // rows: the most threads a row (KILN_TUNE_ROW_THREADS)
+  int row_iters = -1;      // rows: the most register-cached tiles a thread (KILN_TUNE_ROW_ITERS)
+  int row_slots = -1;      // 0: reductions of one row kernel share one shared-memory slot (KILN_TUNE_ROW_SLOTS)
+  int aligned = -1;        // 0: bounds tests even in exactly tiled kernels (KILN_TUNE_ALIGNED)
+  int prelude_loads = -1;  // the prelude's KILN_LOADS, how 16-byte loads reach memory (KILN_TUNE_LOADS)
+  int partials = -1;       // 0: row kernels never compute column partial sums (KILN_TUNE_PARTIALS)
+  int matmul_t = -1;       // 0: a matmul's transpose stays a copy (KILN_TUNE_MATMUL_T)
+
+  // A field, named through an alias (nvcc's host pass writes `int Tuning::*f[]` with parentheses
+  // that g++ then warns about).
+  using Field = int Tuning::*;
+  // The candidate fields in order: what autotuning's stored choice holds (its disk format).
+  static constexpr Field fields[] = {&Tuning::poi_threads, &Tuning::poi_vectors, &Tuning::row_elems, &Tuning::row_block,
+                                     &Tuning::row_unroll,  &Tuning::hoist,       &Tuning::loads,     &Tuning::waves};
+  // Every field with its name, as str() prints it.
+  struct Knob {
+    Field field;
+    const char* name;
+  };
+  static constexpr Knob knobs[] = {{&Tuning::poi_threads, "threads"},   {&Tuning::poi_vectors, "vectors"},
+                                   {&Tuning::row_elems, "row_elems"},   {&Tuning::row_block, "row_block"},
+                                   {&Tuning::row_unroll, "unroll"},     {&Tuning::hoist, "hoist"},
+                                   {&Tuning::loads, "loads"},           {&Tuning::waves, "waves"},
+                                   {&Tuning::poi_unroll, "poi_unroll"}, {&Tuning::row_threads, "row_threads"},
+                                   {&Tuning::row_iters, "row_iters"},   {&Tuning::row_slots, "row_slots"},
+                                   {&Tuning::aligned, "aligned"},       {&Tuning::prelude_loads, "prelude_loads"},
+                                   {&Tuning::partials, "partials"},     {&Tuning::matmul_t, "matmul_t"}};
+
+  // The KILN_TUNE_* variables set now, each clamped to its range.
+  static Tuning from_environment() {
+    struct Var {
+      Field field;
+      const char* name;
+      std::int64_t lo, hi;
+    };
+    constexpr std::int64_t any = std::int64_t{1} << 30;
+    static constexpr Var vars[] = {{&Tuning::poi_threads, "KILN_TUNE_POI_THREADS", 32, 1024},
+                                   {&Tuning::poi_unroll, "KILN_TUNE_POI_UNROLL", 0, 16},
+                                   {&Tuning::row_elems, "KILN_TUNE_ROW_ELEMS", 0, any},
+                                   {&Tuning::row_threads, "KILN_TUNE_ROW_THREADS", 32, 1024},
+                                   {&Tuning::row_iters, "KILN_TUNE_ROW_ITERS", 0, any},
+                                   {&Tuning::row_block, "KILN_TUNE_ROW_BLOCK", 32, 1024},
+                                   {&Tuning::row_unroll, "KILN_TUNE_ROW_UNROLL", 1, 8},
+                                   {&Tuning::hoist, "KILN_TUNE_HOIST", 0, 2},
+                                   {&Tuning::row_slots, "KILN_TUNE_ROW_SLOTS", 0, 1},
+                                   {&Tuning::aligned, "KILN_TUNE_ALIGNED", 0, 1},
+                                   {&Tuning::waves, "KILN_TUNE_ROW_WAVES", 0, 1024},
+                                   {&Tuning::prelude_loads, "KILN_TUNE_LOADS", 0, 2},
+                                   {&Tuning::partials, "KILN_TUNE_PARTIALS", 0, 1},
+                                   {&Tuning::matmul_t, "KILN_TUNE_MATMUL_T", 0, 1}};
+    Tuning t;
+    for (const auto& v : vars)
+      if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);
+    return t;
+  }
+
+  std::string str() const {
+    std::string s;
+    for (const auto& k : knobs)
+      if (this->*k.field >= 0) s += (s.empty() ? "" : " ") + std::string(k.name) + "=" + std::to_string(this->*k.field);
+    return s.empty() ? "default" : s;
+  }
+  // This tuning with the fields `over` sets replaced (a candidate over the environment; a
+  // neighbour of a winner, in autotuning).
+  Tuning merged(const Tuning& over) const {
+    Tuning t = *this;
+    for (const auto& k : knobs)
+      if (over.*k.field >= 0) t.*k.field = over.*k.field;
+    return t;
+  }
+  bool operator==(const Tuning&) const = default;
+};
+
+}  // namespace kiln
