@@ -20,7 +20,9 @@ namespace {
 std::string only = "", skip = "";
 int reps = 200;
 
-bool listed(const std::string& list, const std::string& id) { return ("," + list + ",").find("," + id + ",") != std::string::npos; }
+bool listed(const std::string& list, const std::string& id) {
+  return ("," + list + ",").find("," + id + ",") != std::string::npos;
+}
 bool selected(const std::string& id) { return (only.empty() || listed(only, id)) && !listed(skip, id); }
 
 // Median milliseconds of fn() over reps, timed with events around each repetition. Like Triton's
@@ -44,7 +46,8 @@ double time_ms(const std::function<void()>& fn) {
   return t[t.size() / 2];
 }
 
-void emit(const std::string& id, double ms, double bytes, const std::string& note = "", const std::string& impl = "kiln") {
+void emit(const std::string& id, double ms, double bytes, const std::string& note = "",
+          const std::string& impl = "kiln") {
   std::printf("{\"id\": \"%s\", \"impl\": \"%s\", \"ms\": %.5f, \"gbps\": %.1f, \"note\": \"%s\"}\n", id.c_str(),
               impl.c_str(), ms, bytes / ms / 1e6, note.c_str());
   std::fflush(stdout);
@@ -107,7 +110,8 @@ void emit_autotuned(const std::string& id, const std::function<void()>& call, co
   std::snprintf(buf, sizeof buf, "first call (tuning) %.1f s", first);
   std::string n = note.empty() ? buf : note + "; " + buf;
   if (bytes > 0) return emit(id, ms, bytes, n, "kiln-autotune");
-  std::printf("{\"id\": \"%s\", \"impl\": \"kiln-autotune\", \"ms\": %.5f, \"note\": \"%s\"}\n", id.c_str(), ms, n.c_str());
+  std::printf("{\"id\": \"%s\", \"impl\": \"kiln-autotune\", \"ms\": %.5f, \"note\": \"%s\"}\n", id.c_str(), ms,
+              n.c_str());
   std::fflush(stdout);
 }
 
@@ -138,7 +142,8 @@ int main(int argc, char** argv) {
 
   run("copy", [] {
     std::size_t bytes = std::size_t{1} << 30;
-    auto a = k::empty({static_cast<std::int64_t>(bytes / 4)}, k::f32, k::cuda), b = k::empty({static_cast<std::int64_t>(bytes / 4)}, k::f32, k::cuda);
+    auto a = k::empty({static_cast<std::int64_t>(bytes / 4)}, k::f32, k::cuda),
+         b = k::empty({static_cast<std::int64_t>(bytes / 4)}, k::f32, k::cuda);
     double ms = time_ms([&] { k::driver::copy_async(b.data_ptr(), a.data_ptr(), bytes, nullptr); });
     std::printf("{\"id\": \"copy\", \"impl\": \"kiln\", \"gbps\": %.1f}\n", 2.0 * bytes / ms / 1e6);
   });
@@ -153,7 +158,8 @@ int main(int argc, char** argv) {
     emit("W1", time_ms([&] { k::eval(out, f(v)); }), 8.0 * n26);
     k::Tensor out2 = k::empty({n26}, k::f32, k::cuda);
     auto g = k::compile([](auto x, auto o) { return k::assign(o, k::relu(x * 2.0f + 1.0f)); }, {.autotune = true});
-    emit_autotuned("W1", [&] { g(v[0], out2); }, [&] { return out2; }, out, 1e-6, 8.0 * n26);
+    emit_autotuned(
+        "W1", [&] { g(v[0], out2); }, [&] { return out2; }, out, 1e-6, 8.0 * n26);
   });
   run("W1b", [&] {
     auto f = [](auto& v) { return k::sigmoid(k::tanh(v[0] * 0.5f + 0.1f) * v[0]) * k::exp(-v[0] * v[0]); };
@@ -163,9 +169,11 @@ int main(int argc, char** argv) {
     k::Tensor out = k::empty({n26}, k::f32, k::cuda);
     emit("W1b", time_ms([&] { k::eval(out, f(v)); }), 8.0 * n26);
     k::Tensor out2 = k::empty({n26}, k::f32, k::cuda);
-    auto g = k::compile([](auto x, auto o) { return k::assign(o, k::sigmoid(k::tanh(x * 0.5f + 0.1f) * x) * k::exp(-x * x)); },
-                        {.autotune = true});
-    emit_autotuned("W1b", [&] { g(v[0], out2); }, [&] { return out2; }, out, 1e-5, 8.0 * n26);
+    auto g = k::compile(
+        [](auto x, auto o) { return k::assign(o, k::sigmoid(k::tanh(x * 0.5f + 0.1f) * x) * k::exp(-x * x)); },
+        {.autotune = true});
+    emit_autotuned(
+        "W1b", [&] { g(v[0], out2); }, [&] { return out2; }, out, 1e-5, 8.0 * n26);
   });
   run("W1c", [&] {
     auto f = [](auto& v) { return k::gelu(v[0] + v[1]); };
@@ -178,7 +186,8 @@ int main(int argc, char** argv) {
     emit("W1c", time_ms([&] { k::eval(out, f(v)); }), 2.0 * 2 * 16384 * 4096);
     k::Tensor out2 = k::empty({16384, 4096}, k::bf16, k::cuda);
     auto g = k::compile([](auto x, auto b, auto o) { return k::assign(o, k::gelu(x + b)); }, {.autotune = true});
-    emit_autotuned("W1c", [&] { g(v[0], v[1], out2); }, [&] { return out2; }, out, 1e-2, 2.0 * 2 * 16384 * 4096);
+    emit_autotuned(
+        "W1c", [&] { g(v[0], v[1], out2); }, [&] { return out2; }, out, 1e-2, 2.0 * 2 * 16384 * 4096);
   });
   auto softmax = [&](const std::string& id, std::int64_t rows, std::int64_t cols) {
     run(id, [&] {
@@ -194,7 +203,8 @@ int main(int argc, char** argv) {
       emit(id, time_ms([&] { g(v[0], out); }), 8.0 * rows * cols);
       k::Tensor out2 = k::empty({rows, cols}, k::f32, k::cuda);
       auto t = k::compile([](auto x, auto o) { return k::assign(o, k::softmax(x, -1)); }, {.autotune = true});
-      emit_autotuned(id, [&] { t(v[0], out2); }, [&] { return out2; }, out, 1e-5, 8.0 * rows * cols);
+      emit_autotuned(
+          id, [&] { t(v[0], out2); }, [&] { return out2; }, out, 1e-5, 8.0 * rows * cols);
     });
   };
   softmax("W3", 16384, 4096);
@@ -208,14 +218,17 @@ int main(int argc, char** argv) {
     k::Tensor out = k::empty({16384, 4096}, k::f32, k::cuda);
     emit("W4", time_ms([&] { k::eval(out, f(v)); }), 8.0 * 16384 * 4096);
     k::Tensor out2 = k::empty({16384, 4096}, k::f32, k::cuda);
-    auto t = k::compile([](auto x, auto w, auto b, auto o) { return k::assign(o, k::layer_norm(x, w, b)); }, {.autotune = true});
-    emit_autotuned("W4", [&] { t(v[0], v[1], v[2], out2); }, [&] { return out2; }, out, 1e-5, 8.0 * 16384 * 4096);
+    auto t = k::compile([](auto x, auto w, auto b, auto o) { return k::assign(o, k::layer_norm(x, w, b)); },
+                        {.autotune = true});
+    emit_autotuned(
+        "W4", [&] { t(v[0], v[1], v[2], out2); }, [&] { return out2; }, out, 1e-5, 8.0 * 16384 * 4096);
     // The same kernel compiled for symbolic sizes (looped rows, as W10's dynamic mode runs).
     auto g = k::compile([](auto x, auto w, auto b, auto o) { return k::assign(o, k::layer_norm(x, w, b)); },
                         {.shapes = k::shapes::dynamic});
     k::Tensor out_d = k::empty({16384, 4096}, k::f32, k::cuda);
     g(v[0], v[1], v[2], out_d);
-    if (auto r = k::testing::allclose(out_d, out, 1e-5, 1e-5); !r) return fail("W4", "dynamic: " + std::string(r.str()));
+    if (auto r = k::testing::allclose(out_d, out, 1e-5, 1e-5); !r)
+      return fail("W4", "dynamic: " + std::string(r.str()));
     emit("W4", time_ms([&] { g(v[0], v[1], v[2], out_d); }), 8.0 * 16384 * 4096, "", "kiln-dynamic");
   });
   run("W6", [&] {
@@ -226,9 +239,11 @@ int main(int argc, char** argv) {
     k::Tensor out = k::empty({16384, 4096}, k::bf16, k::cuda);
     emit("W6", time_ms([&] { k::eval(out, f(v)); }), 4.0 * 16384 * 4096);
     k::Tensor out2 = k::empty({16384, 4096}, k::bf16, k::cuda);
-    auto t = k::compile([](auto x, auto w, auto o) { return k::assign(o, k::cast(k::rms_norm(k::cast(x, k::f32), w, 1e-6), k::bf16)); },
-                        {.autotune = true});
-    emit_autotuned("W6", [&] { t(v[0], v[1], out2); }, [&] { return out2; }, out, 1e-2, 4.0 * 16384 * 4096);
+    auto t = k::compile(
+        [](auto x, auto w, auto o) { return k::assign(o, k::cast(k::rms_norm(k::cast(x, k::f32), w, 1e-6), k::bf16)); },
+        {.autotune = true});
+    emit_autotuned(
+        "W6", [&] { t(v[0], v[1], out2); }, [&] { return out2; }, out, 1e-2, 4.0 * 16384 * 4096);
   });
   run("W8", [&] {
     // One AdamW step updating p, m and v in place (k::assign), all in one kernel.
@@ -241,12 +256,14 @@ int main(int argc, char** argv) {
       return std::make_tuple(k::assign(p, p2), k::assign(m, m2), k::assign(v, v2));
     };
     auto step = k::compile(adamw);
-    auto p = k::randn({n}, k::f32, k::cuda, 1), g = k::randn({n}, k::f32, k::cuda, 2), m = k::randn({n}, k::f32, k::cuda, 3),
-         v = k::rand({n}, k::f32, k::cuda, 4);
+    auto p = k::randn({n}, k::f32, k::cuda, 1), g = k::randn({n}, k::f32, k::cuda, 2),
+         m = k::randn({n}, k::f32, k::cuda, 3), v = k::rand({n}, k::f32, k::cuda, 4);
     auto r = k::explain(step, p, g, m, v);
-    emit("W8", time_ms([&] { step(p, g, m, v); }), 4.0 * 7 * n, std::to_string(r.kernels.size()) + " kernel(s), in place");
+    emit("W8", time_ms([&] { step(p, g, m, v); }), 4.0 * 7 * n,
+         std::to_string(r.kernels.size()) + " kernel(s), in place");
     auto tuned = k::compile(adamw, {.autotune = true});  // (tests/test_autotune.cpp checks in-place updates)
-    emit_autotuned("W8", [&] { tuned(p, g, m, v); }, nullptr, k::Tensor(), 0, 4.0 * 7 * n, "in place");
+    emit_autotuned(
+        "W8", [&] { tuned(p, g, m, v); }, nullptr, k::Tensor(), 0, 4.0 * 7 * n, "in place");
   });
   run("W2", [&] {
     auto mlp = [](auto x, auto w, auto b) { return k::gelu(k::matmul(x, w) + b); };
@@ -258,24 +275,29 @@ int main(int argc, char** argv) {
     auto r = k::testing::allclose(f(small, W, b), k::reference::eval(k::gelu(k::matmul(small, W) + b)), 3e-2, 3e-2);
     if (!r) return fail("W2", "wrong result: " + r.str());
     double ms = time_ms([&] { f(x, W, b); });
-    std::printf("{\"id\": \"W2\", \"impl\": \"kiln\", \"ms\": %.5f, \"tflops\": %.1f}\n", ms, 2.0 * 4096 * 4096 * 4096 / ms / 1e9);
+    std::printf("{\"id\": \"W2\", \"impl\": \"kiln\", \"ms\": %.5f, \"tflops\": %.1f}\n", ms,
+                2.0 * 4096 * 4096 * 4096 / ms / 1e9);
     auto t = k::compile(mlp, {.autotune = true});
     k::Tensor expected = f(x, W, b);
-    emit_autotuned("W2", [&] { t(x, W, b); }, [&] { return t(x, W, b); }, expected, 2e-2, 0);
+    emit_autotuned(
+        "W2", [&] { t(x, W, b); }, [&] { return t(x, W, b); }, expected, 2e-2, 0);
   });
   run("W5", [&] {
     auto ln = [](auto x, auto w, auto b) { return k::layer_norm(x, w, b); };
     auto f = k::compile(k::vjp(ln, k::wrt<0, 1, 2>));
     auto x = k::randn({16384, 4096}, k::f32, k::cuda, 1), w = k::randn({4096}, k::f32, k::cuda, 2),
          b = k::randn({4096}, k::f32, k::cuda, 3), dy = k::randn({16384, 4096}, k::f32, k::cuda, 4);
-    auto xs = k::randn({8, 64}, k::f64, k::cpu, 5), ws = k::randn({64}, k::f64, k::cpu, 6), bs = k::randn({64}, k::f64, k::cpu, 7);
+    auto xs = k::randn({8, 64}, k::f64, k::cpu, 5), ws = k::randn({64}, k::f64, k::cpu, 6),
+         bs = k::randn({64}, k::f64, k::cpu, 7);
     if (!k::testing::gradcheck(ln, xs, ws, bs)) return fail("W5", "gradcheck failed");
     auto rep = k::explain(f, x, w, b, dy);
-    emit("W5", time_ms([&] { f(x, w, b, dy); }), 4.0 * (3.0 * 16384 * 4096 + 4 * 4096), std::to_string(rep.kernels.size()) + " kernels");
+    emit("W5", time_ms([&] { f(x, w, b, dy); }), 4.0 * (3.0 * 16384 * 4096 + 4 * 4096),
+         std::to_string(rep.kernels.size()) + " kernels");
     auto t = k::compile(k::vjp(ln, k::wrt<0, 1, 2>), {.autotune = true});
     k::Tensor expected = std::get<1>(f(x, w, b, dy));
-    emit_autotuned("W5", [&] { t(x, w, b, dy); }, [&] { return std::get<1>(t(x, w, b, dy)); }, expected, 1e-3,
-                   4.0 * (3.0 * 16384 * 4096 + 4 * 4096));
+    emit_autotuned(
+        "W5", [&] { t(x, w, b, dy); }, [&] { return std::get<1>(t(x, w, b, dy)); }, expected, 1e-3,
+        4.0 * (3.0 * 16384 * 4096 + 4 * 4096));
   });
   run("W7", [&] {
     auto ce = [](auto logits, auto t) { return k::cross_entropy(logits, t); };
@@ -286,8 +308,9 @@ int main(int argc, char** argv) {
     emit("W7", time_ms([&] { f(logits, t); }), 4.0 * 2 * 4096 * 32000, std::to_string(rep.kernels.size()) + " kernels");
     auto tuned = k::compile(k::value_and_grad(ce, k::wrt<0>), {.autotune = true});
     k::Tensor expected = std::get<1>(f(logits, t));
-    emit_autotuned("W7", [&] { tuned(logits, t); }, [&] { return std::get<1>(tuned(logits, t)); }, expected, 1e-5,
-                   4.0 * 2 * 4096 * 32000);
+    emit_autotuned(
+        "W7", [&] { tuned(logits, t); }, [&] { return std::get<1>(tuned(logits, t)); }, expected, 1e-5,
+        4.0 * 2 * 4096 * 32000);
   });
   run("W12", [&] {
     auto block = [](auto x, auto w1, auto b1, auto w2, auto b2, auto g, auto be) {
@@ -302,8 +325,9 @@ int main(int argc, char** argv) {
     emit("W12", time_ms([&] { f(x, w1, b1, w2, b2, g, be, dy); }), 0, std::to_string(rep.kernels.size()) + " kernels");
     auto t = k::compile(k::vjp(block, k::wrt<0, 1, 2, 3, 4, 5, 6>), {.autotune = true});
     k::Tensor expected = std::get<0>(f(x, w1, b1, w2, b2, g, be, dy));
-    emit_autotuned("W12", [&] { t(x, w1, b1, w2, b2, g, be, dy); }, [&] { return std::get<0>(t(x, w1, b1, w2, b2, g, be, dy)); },
-                   expected, 5e-2, 0);
+    emit_autotuned(
+        "W12", [&] { t(x, w1, b1, w2, b2, g, be, dy); }, [&] { return std::get<0>(t(x, w1, b1, w2, b2, g, be, dy)); },
+        expected, 5e-2, 0);
   });
   run("W9", [&] {
     auto x = k::randn({1024}, k::f32, k::cuda, 1);
@@ -345,7 +369,8 @@ int main(int argc, char** argv) {
   });
   run("W10", [&] {
     for (auto mode : {k::shapes::static_, k::shapes::dynamic}) {
-      auto f = k::compile([](auto x, auto w, auto b) { return k::layer_norm(x, w, b); }, {.shapes = mode, .recompile_limit = 64});
+      auto f = k::compile([](auto x, auto w, auto b) { return k::layer_norm(x, w, b); },
+                          {.shapes = mode, .recompile_limit = 64});
       auto w = k::randn({4096}, k::f32, k::cuda, 1), b = k::randn({4096}, k::f32, k::cuda, 2);
       std::vector<k::Tensor> xs;
       for (int e = 4; e <= 13; ++e) xs.push_back(k::randn({std::int64_t{1} << e, 4096}, k::f32, k::cuda, 3 + e));
@@ -377,10 +402,13 @@ int main(int argc, char** argv) {
     // W11w: the same process run again on the now warm cache; KILN_BENCH_T0 (ns since the epoch,
     // taken by run.sh just before starting the process) makes it process start -> first result.
     if (const char* t0_env = std::getenv("KILN_BENCH_T0")) {
-      auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch());
+      auto now =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch());
       double total = (static_cast<double>(now.count()) - std::atof(t0_env)) / 1e6;
-      std::printf("{\"id\": \"W11w\", \"impl\": \"kiln\", \"ms\": %.2f, \"note\": \"warm disk cache: process start to "
-                  "first result; first call itself %.1f ms\"}\n", total, ms);
+      std::printf(
+          "{\"id\": \"W11w\", \"impl\": \"kiln\", \"ms\": %.2f, \"note\": \"warm disk cache: process start to "
+          "first result; first call itself %.1f ms\"}\n",
+          total, ms);
       return;
     }
     std::printf("{\"id\": \"W11\", \"impl\": \"kiln\", \"ms\": %.2f}\n", ms);

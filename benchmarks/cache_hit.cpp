@@ -54,8 +54,8 @@ void compare(const char* what, A&& a, B&& b, Fill&& fill_b) {
   auto [a0, b0] = time_pair(a, b);
   std::size_t n = fill_b();
   auto [a1, b1] = time_pair(a, b);
-  std::printf("%s: %.3f us a call with 1 program cached, %.3f us with %zu (control %.3f -> %.3f us): ratio %.3f\n", what, b0,
-              b1, n, a0, a1, (b1 / a1) / (b0 / a0));
+  std::printf("%s: %.3f us a call with 1 program cached, %.3f us with %zu (control %.3f -> %.3f us): ratio %.3f\n",
+              what, b0, b1, n, a0, a1, (b1 / a1) / (b0 / a0));
 }
 
 int main() {

@@ -98,10 +98,12 @@ int main(int argc, char** argv) {
   if (max_blocks >= 8) rows.push_back(measure<8>(h, w, g, b));
   if (max_blocks >= 12) rows.push_back(measure<12>(h, w, g, b));
   if (max_blocks >= 24) rows.push_back(measure<24>(h, w, g, b));
-  std::printf("| blocks | distinct nodes | kernels | first call, empty cache (s) | compiled again, kernels cached (s) | cached call (us) | x 1 block |\n");
+  std::printf(
+      "| blocks | distinct nodes | kernels | first call, empty cache (s) | compiled again, kernels cached (s) | cached "
+      "call (us) | x 1 block |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
-    std::printf("| %d | %d | %d | %.3f | %.4f | %.1f | %.1f |\n", r.blocks, r.nodes, r.kernels, r.cold_s, r.again_s, r.call_us,
-                r.call_us / rows[0].call_us);
+    std::printf("| %d | %d | %d | %.3f | %.4f | %.1f | %.1f |\n", r.blocks, r.nodes, r.kernels, r.cold_s, r.again_s,
+                r.call_us, r.call_us / rows[0].call_us);
   std::filesystem::remove_all(dir);
 }

@@ -14,7 +14,8 @@ namespace {
 
 void write_f32(const std::filesystem::path& path, const k::Tensor& t) {
   auto v = k::to_vector<float>(t);
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
 }
 
 }  // namespace
@@ -25,7 +26,8 @@ int main(int argc, char** argv) {
                          {.shapes = k::shapes::dynamic});
 
   // Shapes and dtypes are all export needs: sizes become symbols s0, s1 checked by the launcher.
-  auto x = k::randn({8, 1024}, k::f32, k::cpu, 1), r = k::randn({8, 1024}, k::f32, k::cpu, 2), w = k::randn({1024}, k::f32, k::cpu, 3);
+  auto x = k::randn({8, 1024}, k::f32, k::cpu, 1), r = k::randn({8, 1024}, k::f32, k::cpu, 2),
+       w = k::randn({1024}, k::f32, k::cpu, 3);
   k::exported_kernels e = k::export_kernels(norm, x, r, w, dir, k::export_options{.name = "residual_rms_norm"});
   std::cout << "exported " << e.kernels.size() << " kernel(s) for " << e.arch << ":\n";
   for (const auto& f : e.files()) std::cout << "  " << f.string() << "\n";
@@ -33,7 +35,8 @@ int main(int argc, char** argv) {
   // A check for the exported code at another size than the exported one: inputs and kiln's result.
   std::filesystem::path check = dir / "check";
   std::filesystem::create_directories(check);
-  auto cx = k::randn({37, 4096}, k::f32, k::cpu, 4), cr = k::randn({37, 4096}, k::f32, k::cpu, 5), cw = k::randn({4096}, k::f32, k::cpu, 6);
+  auto cx = k::randn({37, 4096}, k::f32, k::cpu, 4), cr = k::randn({37, 4096}, k::f32, k::cpu, 5),
+       cw = k::randn({4096}, k::f32, k::cpu, 6);
   write_f32(check / "x.f32", cx);
   write_f32(check / "residual.f32", cr);
   write_f32(check / "w.f32", cw);

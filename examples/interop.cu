@@ -15,13 +15,13 @@
 
 namespace k = kiln;
 
-#define CUDA_CHECK(call)                                                                  \
-  do {                                                                                    \
-    cudaError_t e_ = (call);                                                              \
-    if (e_ != cudaSuccess) {                                                              \
+#define CUDA_CHECK(call)                                                                          \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      return 1;                                                                           \
-    }                                                                                     \
+      return 1;                                                                                   \
+    }                                                                                             \
   } while (0)
 
 // The program's own kernels: fill the inputs, then consume kiln's output.
@@ -89,8 +89,8 @@ int main() {
       worst = std::fmax(worst, std::fabs(want - hy[r * cols + c]) / (1e-5 + std::fabs(want)));
     }
   }
-  std::printf("interop: %d x %d residual + rms_norm between two user kernels, worst relative error %.2e\n", rows,
-              cols, worst);
+  std::printf("interop: %d x %d residual + rms_norm between two user kernels, worst relative error %.2e\n", rows, cols,
+              worst);
   CUDA_CHECK(cudaFree(x));
   CUDA_CHECK(cudaFree(residual));
   CUDA_CHECK(cudaFree(weight));

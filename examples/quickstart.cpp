@@ -23,8 +23,9 @@ int main() {
   std::cout << "gelu(x @ W + b): y[0, :4] =";
   auto yv = k::to_vector<float>(y);
   for (int i = 0; i < 4; ++i) std::cout << " " << yv[i];
-  std::cout << "\n  vs reference: " << k::testing::allclose(y, k::reference::eval(k::gelu(k::matmul(x, W) + b)), 1e-4, 1e-4)
-            << "\n\n" << k::explain(mlp, x, W, b) << "\n";
+  std::cout << "\n  vs reference: "
+            << k::testing::allclose(y, k::reference::eval(k::gelu(k::matmul(x, W) + b)), 1e-4, 1e-4) << "\n\n"
+            << k::explain(mlp, x, W, b) << "\n";
 
   // An eager expression is compiled and cached the same way.
   k::Tensor p = k::softmax(x * 0.5f, -1);

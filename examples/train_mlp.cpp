@@ -37,10 +37,12 @@ int main(int argc, char** argv) {
   k::Tensor y = make_labels(x, classes).to(dev);
 
   // Parameters (PyTorch's Linear layout: weight [out, in]).
-  std::vector<k::Tensor> params = {
-      k::Tensor(k::randn({h, d}, k::f32, dev, 2) * 0.17f), k::zeros({h}, k::f32, dev),
-      k::ones({h}, k::f32, dev),                           k::zeros({h}, k::f32, dev),
-      k::Tensor(k::randn({classes, h}, k::f32, dev, 3) * 0.09f), k::zeros({classes}, k::f32, dev)};
+  std::vector<k::Tensor> params = {k::Tensor(k::randn({h, d}, k::f32, dev, 2) * 0.17f),
+                                   k::zeros({h}, k::f32, dev),
+                                   k::ones({h}, k::f32, dev),
+                                   k::zeros({h}, k::f32, dev),
+                                   k::Tensor(k::randn({classes, h}, k::f32, dev, 3) * 0.09f),
+                                   k::zeros({classes}, k::f32, dev)};
   std::vector<k::Tensor> m, v;
   for (auto& p : params) m.push_back(k::zeros(p.shape(), k::f32, dev)), v.push_back(k::zeros(p.shape(), k::f32, dev));
 
@@ -64,7 +66,8 @@ int main(int argc, char** argv) {
   double first = 0, last = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int s = 1; s <= steps; ++s) {
-    auto [loss, g1, gb1, gg, gbe, g2, gb2] = step(x, y, params[0], params[1], params[2], params[3], params[4], params[5]);
+    auto [loss, g1, gb1, gg, gbe, g2, gb2] =
+        step(x, y, params[0], params[1], params[2], params[3], params[4], params[5]);
     std::vector<k::Tensor> grads = {g1, gb1, gg, gbe, g2, gb2};
     bc1 = 1 - std::pow(0.9f, static_cast<float>(s));
     bc2 = 1 - std::pow(0.999f, static_cast<float>(s));

@@ -1,6 +1,7 @@
 // Runs kernels exported by examples/export_kernels.cpp with plain CUDA (this file never sees kiln)
 // and compares them with kiln's result, then shows the launcher refusing a wrong size.
-//   nvcc -std=c++17 -arch=native -I<dir> check.cu <dir>/residual_rms_norm.cu -o check_exported && ./check_exported <dir>
+//   nvcc -std=c++17 -arch=native -I<dir> check.cu <dir>/residual_rms_norm.cu -o check_exported && ./check_exported
+//   <dir>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -41,8 +42,10 @@ int main(int argc, char** argv) {
   }
   cudaMemcpy(got.data(), out, n * 4, cudaMemcpyDeviceToHost);  // waits for the kernels
   double worst = 0;
-  for (size_t i = 0; i < n; ++i) worst = std::fmax(worst, std::fabs(got[i] - expected[i]) / (1e-4 + std::fabs(expected[i])));
-  std::printf("exported kernels vs kiln at [%lld, %lld]: worst relative error %.3g\n", (long long)rows, (long long)cols, worst);
+  for (size_t i = 0; i < n; ++i)
+    worst = std::fmax(worst, std::fabs(got[i] - expected[i]) / (1e-4 + std::fabs(expected[i])));
+  std::printf("exported kernels vs kiln at [%lld, %lld]: worst relative error %.3g\n", (long long)rows, (long long)cols,
+              worst);
 
   int64_t wrong[1] = {cols - 1};
   int status = residual_rms_norm(x, x_shape, residual, x_shape, w, wrong, out);
