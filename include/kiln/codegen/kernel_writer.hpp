@@ -26,13 +26,6 @@ struct Param {
   std::string name;
 };
 
-// Thrown by the writer when a row kernel asked to keep column partial sums cannot hold its row in
-// registers under its launch config (long rows on the CPU, a tuning candidate, a KILN_TUNE_ knob):
-// the planner then plans without them (runtime/lower.hpp), autotuning drops the candidate.
-struct unheld_partials : error {
-  using error::error;
-};
-
 struct KernelSource {
   std::string name;
   schedule::Kind kind;
@@ -158,6 +151,11 @@ class KernelWriter {
         strides_of_(std::move(strides_of)),
         tune_(tune) {}
 
+  // Whether the kernel can be written as planned: a row kernel asked to keep column partial sums
+  // must hold its row in registers under its launch config (not so for long rows on the CPU, some
+  // tuning candidates and KILN_TUNE_* knobs). The planner plans without partials where this is
+  // false (runtime/lower.hpp); autotuning leaves such a candidate out.
+  bool holds_partials();
   KernelSource write();
 
  private:
@@ -168,8 +166,16 @@ class KernelWriter {
     double value = 0;
   };
 
+  // The parts of a kernel's body, written separately and joined in this order by write(), with
+  // the row-invariant loads (hoist_row_invariants) before the row loop and the row's register
+  // caches (found while writing the loop's body) at its top.
+  enum class Section { before_rows, row_open, body, count };
+
   bool rows() const { return plan_.kind != schedule::Kind::poi; }
-  void line(const std::string& s) { body_ << std::string(indent_ * 2, ' ') << s << "\n"; }
+  void line(const std::string& s) {
+    sections_[static_cast<int>(section_)] << std::string(indent_ * 2, ' ') << s << "\n";
+  }
+  std::string section(Section s) const { return sections_[static_cast<int>(s)].str(); }
   std::string fresh() { return "tmp" + std::to_string(tmp_++); }
   std::string mask() const { return in_rloop_ ? "rmask" : "xmask"; }
 
@@ -230,6 +236,7 @@ class KernelWriter {
   bool depends_on_any(int red, std::size_t i, std::size_t j);
   std::string access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt, std::string& width);
   std::string split_on_alignment(const std::string& body) const;
+  void plan();
 
   const graph::Graph& g_;
   const schedule::Schedule& s_;
@@ -239,7 +246,10 @@ class KernelWriter {
   Target target_;
   StridesOf strides_of_;
   Tuning tune_;
-  std::ostringstream body_;
+  bool planned_ = false;
+  KernelSource ks_;  // what plan() decided: name, kind, launch config, tuning
+  std::ostringstream sections_[static_cast<int>(Section::count)];
+  Section section_ = Section::body;
   int indent_ = 1, tmp_ = 0;
   bool in_rloop_ = false;
   Sym xindex_, rindex_, xnumel_{1}, rnumel_{1};
@@ -260,7 +270,7 @@ class KernelWriter {
   // Whether a kernel's reductions get a shared slot each (one barrier a reduction instead of two);
   // KILN_TUNE_ROW_SLOTS=0 turns it off for A/B runs.
   bool row_slots() const { return tune_.row_slots != 0; }
-  std::string hoist_row_invariants(std::string& signature, std::string body) const;
+  std::string hoist_row_invariants(std::string& signature) const;
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
   int accumulators_ = 0;
@@ -269,7 +279,9 @@ class KernelWriter {
   std::string load_via(std::string width) const;
   std::vector<std::string> aligned_ptrs_;  // pointers whose tiles are vector-aligned when they are
   bool unaligned_tiles_ = false;           // some contiguous tile may start off a vector
-  bool exact_tiles_ = false;               // the tiles cover the domain: no bounds tests
+  bool exact_tiles_ = false;               // the tiles cover the domain: no bounds tests (plan())
+  bool full_rows_ = false;                 // rows: programs hold whole groups of rows
+  bool full_tiles_ = false;                // rows: register tiles cover a row exactly
   std::map<std::string, Value> memo_;
   int scope_ = 0;
 };

@@ -67,8 +67,6 @@ inline void KernelWriter::write_pointwise() {
   line("KILN_POINTWISE_LOOP(xoffset) {");
   ++indent_;
   line("auto xindex = xoffset + kiln::arange<XVEC>();");
-  // Programs that tile the domain exactly need no bounds test (a constant mask folds away).
-  exact_tiles_ = divides(config_.xblock, xnumel_);
   line(exact_tiles_ ? "auto xmask = kiln::full<XVEC>(true);" : "auto xmask = xindex < xnumel;");
   auto idx = domain_index();
   for (int s : plan_.stores) store(s, idx);
@@ -78,27 +76,24 @@ inline void KernelWriter::write_pointwise() {
 
 inline void KernelWriter::write_rows() {
   // Column partial sums (schedule/partials.hpp): one register tile a row tile, across the rows.
+  section_ = Section::before_rows;
   for (int p : plan_.partials) {
     std::string acc = "part" + std::to_string(p), ct = detail::c_type(g_[p].dt);
     line("kiln::tile<" + ct + ", RVEC> " + acc + "[RITERS];");
     line("KILN_R_TILES(roffset) " + acc + "[kiln_it] = kiln::full<RVEC>(" + detail::literal(0, g_[p].dt) + ");");
   }
+  section_ = Section::row_open;
   line("KILN_ROW(xindex) {");
   ++indent_;
-  // Whole programs of rows, and register tiles that cover a row exactly, need no bounds tests.
-  bool full_rows = divides(config_.rows, xnumel_);
-  bool full_tiles = config_.riters > 0 && rnumel_.is_constant() &&
-                    rnumel_.constant_value() == std::int64_t{config_.riters} * config_.row_threads * config_.rvec;
-  exact_tiles_ = full_rows && full_tiles;
-  line(full_rows ? "const bool xmask = true;" : "const bool xmask = xindex < xnumel;");
-  line("/*KILN_ROW_CACHES*/");
+  line(full_rows_ ? "const bool xmask = true;" : "const bool xmask = xindex < xnumel;");
+  section_ = Section::body;  // the row's register caches go between the two: write() puts them there
   auto open_loop = [&] {
     line(config_.riters > 0 ? "KILN_R_TILES(roffset) {" : "KILN_R_LOOP(roffset, rnumel) {");
     ++indent_;
     ++scope_;
     in_rloop_ = true;
     line("auto rindex = roffset + kiln::arange<RVEC>();");
-    line(full_tiles ? "auto rmask = kiln::full<RVEC>(xmask);" : "auto rmask = (rindex < rnumel) & xmask;");
+    line(full_tiles_ ? "auto rmask = kiln::full<RVEC>(xmask);" : "auto rmask = (rindex < rnumel) & xmask;");
   };
   auto close_loop = [&] {
     in_rloop_ = false;
@@ -203,7 +198,7 @@ inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) 
 // layer_norm's w and b take 64 of a thread's 128 registers) or, with KILN_TUNE_HOIST=2, into shared
 // memory when they fit (one copy a block, read back per row with conflict-free 16-byte loads: a row
 // of the array is a thread's tiles, padded by one tile).
-inline std::string KernelWriter::hoist_row_invariants(std::string& signature, std::string body) const {
+inline std::string KernelWriter::hoist_row_invariants(std::string& signature) const {
   std::int64_t bytes = 0;
   for (kiln::dtype ct : column_types_)
     bytes += std::int64_t{config_.row_threads} * (config_.riters + 1) * config_.rvec *
@@ -227,8 +222,7 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature, st
   for (const auto& l : column_loads_) pre += in + "    " + l + "\n";
   pre += in + "  }\n";
   if (shared) pre += "  }\n  __syncthreads();\n";
-  body.insert(body.find("  KILN_ROW(xindex)"), pre);
-  return body;
+  return pre;
 }
 
 // When the kernel's tiles cover its domain exactly (no bounds tests) and every contiguous tile
@@ -258,9 +252,13 @@ inline std::string KernelWriter::split_on_alignment(const std::string& body) con
          ")) kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
 }
 
-inline KernelSource KernelWriter::write() {
-  KernelSource ks;
-  ks.name = plan_.name;
+// Decides everything the source depends on before a line is written: the iteration sizes, the
+// launch config (from sizes, dtypes and the tuning), the kind (a row too long for registers is
+// looped: "per" becomes "red") and so the name.
+inline void KernelWriter::plan() {
+  if (planned_) return;
+  planned_ = true;
+  KernelSource& ks = ks_;
   ks.kind = plan_.kind;
   const auto& p = env_[plan_.domain];
   // Vector width from the narrowest element the kernel moves through memory (16 bytes of it).
@@ -303,11 +301,9 @@ inline KernelSource KernelWriter::write() {
                      : pointwise_config(target_, xn, max_item, tune_);
   ks.tuning = tune_;
   ks.column = column;
-  if (!plan_.partials.empty()) {
+  if (!plan_.partials.empty() && ks.config.riters > 0 && xn % plan_.partial_groups == 0) {
     // Column partials: exactly partial_groups programs. On CUDA a block a row (its group), on the
     // CPU a program over each group's consecutive rows; both hold the row in registers.
-    if (ks.config.riters == 0 || xn % plan_.partial_groups != 0)
-      throw unheld_partials("codegen: column partials of " + ks.name + " need rows held in registers");
     if (target_ == Target::cuda)
       ks.config.rows = 1, ks.config.threads = ks.config.row_threads;
     else
@@ -316,10 +312,30 @@ inline KernelSource KernelWriter::write() {
   }
   config_ = ks.config;
   plain_loads_ = target_ == Target::cuda && (tune_.loads >= 0 ? tune_.loads == 1 : transcendental);
-  if (ks.kind == schedule::Kind::per && ks.config.riters == 0) {  // the row is looped, not held
-    ks.kind = schedule::Kind::red;
-    if (ks.name.rfind("kiln_per_", 0) == 0) ks.name.replace(5, 3, "red");
+  if (ks.kind == schedule::Kind::per && ks.config.riters == 0) ks.kind = schedule::Kind::red;  // looped, not held
+  // Programs that tile the domain exactly need no bounds tests: whole programs of rows, and
+  // register tiles that cover a row exactly (a constant mask folds away).
+  if (rows()) {
+    full_rows_ = divides(config_.rows, xnumel_);
+    full_tiles_ = config_.riters > 0 && rnumel_.is_constant() &&
+                  rnumel_.constant_value() == std::int64_t{config_.riters} * config_.row_threads * config_.rvec;
+    exact_tiles_ = full_rows_ && full_tiles_;
+  } else {
+    exact_tiles_ = divides(config_.xblock, xnumel_);
   }
+  ks.name =
+      ks.kind == plan_.kind ? plan_.name : schedule::kernel_name(ks.kind, plan_.ops, static_cast<std::size_t>(k_));
+}
+
+inline bool KernelWriter::holds_partials() {
+  plan();
+  return plan_.partials.empty() || ks_.partial_groups > 0;
+}
+
+inline KernelSource KernelWriter::write() {
+  if (!holds_partials())
+    throw error("codegen: internal: " + plan_.name + " was planned with column partials its rows cannot hold");
+  KernelSource ks = ks_;
   // Tile symbols get ids past the size symbols: they are never kernel parameters.
   xindex_ = Sym::symbol("xindex", 1000, {.nonnegative = true, .bound = xnumel_});
   rindex_ = Sym::symbol("rindex", 1001, {.nonnegative = true, .bound = rnumel_});
@@ -360,12 +376,13 @@ inline KernelSource KernelWriter::write() {
        << ";\n  const i64 xnumel = " << xnumel_code << ";\n";
   std::string signature = os.str();
   ks.params = params_;
-  std::string body = body_.str();
-  std::string decls;
-  for (const auto& d : cache_decls_) decls += "    " + d + "\n";
-  auto at = body.find("    /*KILN_ROW_CACHES*/\n");
-  if (at != std::string::npos) body.replace(at, std::string("    /*KILN_ROW_CACHES*/\n").size(), decls);
-  if (!column_loads_.empty()) body = hoist_row_invariants(signature, body);
+  // The body's sections in order: before the rows, the row-invariant loads, the row loop's head,
+  // the row's register caches, the rest.
+  std::string caches;
+  for (const auto& d : cache_decls_) caches += "    " + d + "\n";
+  std::string hoisted = column_loads_.empty() ? "" : hoist_row_invariants(signature);
+  std::string body =
+      section(Section::before_rows) + hoisted + section(Section::row_open) + caches + section(Section::body);
   body = split_on_alignment(body);
   ks.source = signature + body + "}\n";
   ks.xnumel = xnumel_;

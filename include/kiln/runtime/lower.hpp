@@ -125,16 +125,33 @@ inline void check_assign_order(const graph::Graph& g, const Program& p) {
   }
 }
 
-// The schedule of a graph (fusion, buffers, names) and each kernel's source under the rules.
+// The schedule of a graph: fusion, column partials where allowed, buffers, names.
+inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, bool partials) {
+  schedule::Schedule s = schedule::fuse(g);               // group anchors into kernels
+  schedule::absorb_column_partials(g, s, env, partials);  // dw/db-like column sums into row kernels
+  schedule::plan_buffers(g, s);                           // buffers only at fusion boundaries
+  schedule::name_kernels(g, s);
+  return s;
+}
+
+// Whether every row kernel given column partials holds the rows they need under its launch
+// config, which only the config tells (long rows on the CPU do not).
+inline bool partials_held(const graph::Graph& g, const schedule::Schedule& s, const ir::ShapeEnv& env,
+                          codegen::Target target, const Tuning& tuning) {
+  auto contiguous = [&](int node) { return contiguous_strides(env[node]); };
+  for (int k = 0; k < static_cast<int>(s.kernels.size()); ++k)
+    if (!s.kernels[k].partials.empty() &&
+        !codegen::KernelWriter(g, s, env, k, target, contiguous, tuning).holds_partials())
+      return false;
+  return true;
+}
+
+// The schedule of a graph and each kernel's source under the rules (and the environment's knobs).
 template <class ArgAt>
-void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg,
-                  bool partials) {
-  partials = partials && p.tuning.partials != 0;
+void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg) {
   p.kernels.clear();
-  p.sched = schedule::fuse(g);                                  // group anchors into kernels
-  schedule::absorb_column_partials(g, p.sched, env, partials);  // dw/db-like column sums into row kernels
-  schedule::plan_buffers(g, p.sched);                           // buffers only at fusion boundaries
-  schedule::name_kernels(g, p.sched);
+  p.sched = schedule_graph(g, env, p.tuning.partials != 0);
+  if (!partials_held(g, p.sched, env, target, p.tuning)) p.sched = schedule_graph(g, env, false);
   if (debug::log_enabled(debug::Channel::fusion)) {
     std::string s;
     for (auto& k : p.sched.kernels) s += "  " + k.debug_str(g) + "\n";
@@ -152,7 +169,7 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
                               ? std::string(name(n.op))
                               : custom_ops::name_of(n.attrs.custom) + (n.op == Op::custom_backward ? "_backward" : "")};
     } else {
-      ck.src = write_kernel(g, p.sched, env, k, target, arg, p.tuning);
+      ck.src = write_kernel(g, p.sched, env, k, target, arg, p.tuning).value();
     }
     p.kernels.push_back(std::move(ck));
   }
@@ -168,16 +185,7 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   p->device = device;
   p->tuning = tuning;
   codegen::Target target = device.is_cpu() ? codegen::Target::cpu : codegen::Target::cuda;
-  // Column partials need their row kernel's rows in registers, which only its launch config tells:
-  // when the writer finds they are not, the schedule is planned again without them.
-  for (bool partials : {true, false}) {
-    try {
-      plan_kernels(*p, g, env, target, arg, partials);
-      break;
-    } catch (const codegen::unheld_partials&) {
-      if (!partials) throw;
-    }
-  }
+  plan_kernels(*p, g, env, target, arg);
   if (autotune && target == codegen::Target::cuda)
     plan_candidates(*p, [&](int k, const codegen::Tuning& t) {
       return write_kernel(g, p->sched, env, k, target, arg, tuning.merged(t));

@@ -27,8 +27,9 @@ struct KernelPlan {
   std::vector<int> members;     // every node computed in this kernel (inlined ones included)
   int domain = -1;              // poi: a node of the kernel's shape; rows: the reduction input
   Dims rdims;                   // rows: the reduced dims of the domain
-  std::string name;
-  bool closed = false;  // later anchors may not join (its stores are read by address)
+  std::string name;             // kernel_name(kind, ops, index)
+  std::string ops;              // the ops part of the name ("_add_mul_relu")
+  bool closed = false;          // later anchors may not join (its stores are read by address)
   // Row kernels: first stages of split column sums computed here as per-program partial sums of
   // the rows each program visits (schedule/partials.hpp); their buffers hold partial_groups rows.
   std::vector<int> partials;
@@ -323,6 +324,12 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
 }
 
 // Kernel names as Inductor's: kiln_<kind>_fused_<ops>_<n>, ops in graph order, each once.
+// A kernel's name, as Inductor names them: kiln_<kind>_fused_<ops>_<index> (kiln_extern_<op>_<index>).
+inline std::string kernel_name(Kind kind, const std::string& ops, std::size_t index) {
+  return "kiln_" + std::string(kind_name(kind)) + (kind == Kind::extern_ ? "" : "_fused") + ops + "_" +
+         std::to_string(index);
+}
+
 inline void name_kernels(const graph::Graph& g, Schedule& s) {
   for (std::size_t k = 0; k < s.kernels.size(); ++k) {
     auto& plan = s.kernels[k];
@@ -344,8 +351,8 @@ inline void name_kernels(const graph::Graph& g, Schedule& s) {
       if (seen.size() == 6) break;
     }
     if (ops.empty()) ops = "_copy";
-    plan.name = "kiln_" + std::string(kind_name(plan.kind)) + (plan.kind == Kind::extern_ ? "" : "_fused") + ops + "_" +
-                std::to_string(k);
+    plan.ops = ops;
+    plan.name = kernel_name(plan.kind, ops, k);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -123,11 +124,14 @@ struct Program {
   }
 };
 
-// Writes kernel k of a schedule for a target, under a tuning. `arg(slot)` gives the call's
-// arguments: a strided argument is read through its strides, everything else is contiguous.
+// Writes kernel k of a schedule for a target, under a tuning; nothing when the tuning's launch
+// config cannot hold the rows the kernel's column partials need (KernelWriter::holds_partials).
+// `arg(slot)` gives the call's arguments: a strided argument is read through its strides,
+// everything else is contiguous.
 template <class ArgAt>
-codegen::KernelSource write_kernel(const graph::Graph& g, const schedule::Schedule& s, const ir::ShapeEnv& env, int k,
-                                   codegen::Target target, ArgAt&& arg, const codegen::Tuning& tune = {}) {
+std::optional<codegen::KernelSource> write_kernel(const graph::Graph& g, const schedule::Schedule& s,
+                                                  const ir::ShapeEnv& env, int k, codegen::Target target, ArgAt&& arg,
+                                                  const codegen::Tuning& tune = {}) {
   auto strides_of = [&](int node) {
     if (g[node].op == Op::arg && !arg(g[node].slot).is_contiguous()) {
       std::vector<Sym> st;
@@ -136,7 +140,9 @@ codegen::KernelSource write_kernel(const graph::Graph& g, const schedule::Schedu
     }
     return contiguous_strides(env[node]);
   };
-  return codegen::KernelWriter(g, s, env, k, target, strides_of, tune).write();
+  codegen::KernelWriter writer(g, s, env, k, target, strides_of, tune);
+  if (!writer.holds_partials()) return std::nullopt;
+  return writer.write();
 }
 
 // Queues a generated CUDA kernel's `nprog` programs; row programs loop over rows, so the grid

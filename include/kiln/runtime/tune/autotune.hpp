@@ -58,12 +58,9 @@ template <class Write>
 void add_candidate(std::vector<CompiledKernel>& list, const std::vector<std::string>& tried, Write& write, int k,
                    const codegen::Tuning& t) {
   CompiledKernel c;
-  try {
-    c.src = write(k, t);
-  } catch (const codegen::unheld_partials&) {
-    return;  // this tuning cannot hold the row that the kernel's column partials need
-  }
-  c.src.tuning = t;  // waves included: the writer keeps only what the source depends on
+  std::optional<codegen::KernelSource> src = write(k, t);
+  if (!src) return;  // this tuning cannot hold the row that the kernel's column partials need
+  c.src = std::move(*src);
   for (const auto& s : tried)
     if (s == c.src.source) return;
   for (const auto& d : list)
@@ -117,11 +114,9 @@ bool apply_stored_choice(Program& p, Write&& write) {
     codegen::Tuning t;
     for (auto f : codegen::Tuning::fields) in >> t.*f;
     if (!in || k >= p.kernels.size() || p.kernels[k].extern_node >= 0) return false;
-    try {
-      picks.emplace_back(k, write(static_cast<int>(k), t));
-    } catch (const codegen::unheld_partials&) {
-      return false;  // written under other knobs: tune again
-    }
+    std::optional<codegen::KernelSource> src = write(static_cast<int>(k), t);
+    if (!src) return false;  // written under other knobs: tune again
+    picks.emplace_back(k, std::move(*src));
   }
   for (auto& [k, src] : picks) p.kernels[k].src = std::move(src);
   p.candidates.clear();
@@ -252,7 +247,7 @@ inline void tune_program(Program& p, const Tensor* const* args, const double* sc
   SavedArguments saved(p, args, stream);
   auto arg = [&](int slot) -> const Tensor& { return *args[slot]; };
   auto write = [&](int k, const codegen::Tuning& t) {
-    return write_kernel(p.graph, p.sched, p.env, k, codegen::Target::cuda, arg, t);
+    return write_kernel(p.graph, p.sched, p.env, k, codegen::Target::cuda, arg, p.tuning.merged(t));
   };
   std::vector<double> rules_ms(p.candidates.size(), 0), best_ms(p.candidates.size(), 0);
   std::vector<std::size_t> tried(p.candidates.size(), 0);
