@@ -261,14 +261,12 @@ class KernelWriter {
   std::vector<kiln::dtype> column_types_;            // their compute types, in order (weights0, weights1, ...)
   std::vector<std::string> column_loads_;
   // Where row-invariant loads are kept: 0 reloaded in the row loop, 1 registers, 2 shared memory
-  // (one copy a block). Measured on an H200: registers for blocks of several rows (layer_norm, W4
-  // 0.1381 -> 0.1343 ms against shared memory, 0.1362 reloaded: NOTES item 22), reloaded for rows
-  // of their own block (rms_norm on bf16, W6 -2.3% and -2.6% in two runs, W5 equal: items 22, 30,
-  // 33). KILN_TUNE_HOIST sets one mode for every kernel, for A/B runs; an autotuning candidate
-  // sets it for its kernel.
+  // (one copy a block). Measured on an H200: registers for blocks of several rows (layer_norm),
+  // reloaded for rows of their own block (rms_norm on bf16): benchmarks/NOTES.md items 22, 30, 33.
+  // A Tuning's hoist (KILN_TUNE_HOIST, an autotuning candidate) sets the mode.
   int hoist_mode() const { return tune_.hoist >= 0 ? tune_.hoist : config_.rows >= 2 ? 1 : 0; }
   // Whether a kernel's reductions get a shared slot each (one barrier a reduction instead of two);
-  // KILN_TUNE_ROW_SLOTS=0 turns it off for A/B runs.
+  // a Tuning's row_slots = 0 (KILN_TUNE_ROW_SLOTS=0) turns it off.
   bool row_slots() const { return tune_.row_slots != 0; }
   std::string hoist_row_invariants(std::string& signature) const;
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;

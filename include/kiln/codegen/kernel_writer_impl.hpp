@@ -229,7 +229,7 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature) co
 // starts on a vector: the body twice, both without a test at each access. With 16-byte aligned
 // pointers whole vectors move with no branch at all; otherwise (offset or foreign buffers) element
 // by element. Other kernels keep one body that tests each access (with bounds tests left the split
-// measured slower: W7 0.289 -> 0.297 ms). KILN_TUNE_ALIGNED=0 keeps the tests everywhere (A/B runs).
+// measured slower). A Tuning's aligned = 0 (KILN_TUNE_ALIGNED=0) keeps the tests everywhere.
 inline std::string KernelWriter::split_on_alignment(const std::string& body) const {
   if (aligned_ptrs_.empty() || unaligned_tiles_ || !exact_tiles_ || tune_.aligned == 0) {
     std::string plain = body;

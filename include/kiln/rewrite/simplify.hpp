@@ -192,8 +192,8 @@ inline graph::Graph simplify(const graph::Graph& g) {
 
 // (A @ B)^T = B^T @ A^T for 2-D matmuls whose only reader is the transpose (a weight gradient of
 // k::linear comes out of autodiff that way): the library reads transposed operands through their
-// strides, so the product is written in the layout wanted instead of being copied into it (W12: two
-// transposing copies of 4096x1024 bf16 gradients, ~0.05 of 0.86 ms).
+// strides, so the product is written in the layout wanted instead of being copied into it (two
+// transposing copies of a linear's weight gradient saved: benchmarks/NOTES.md).
 // (A Tuning's matmul_t knob keeps the transposing copies, for A/B runs: runtime/lower.hpp.)
 inline graph::Graph fold_matmul_transposes(const graph::Graph& g) {
   std::vector<int> readers(g.size(), 0);

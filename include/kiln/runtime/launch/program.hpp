@@ -186,12 +186,10 @@ inline std::int64_t row_grid_limit(int sms, int threads) {
   return std::int64_t{sms} * std::max(1, 2048 / std::max(threads, 1)) * 4;
 }
 // For a compiled kernel: 16 times the blocks the device holds at once by the kernel's occupancy
-// (registers, shared memory). Measured on an H200 against the formula above (4 waves at full
-// occupancy): W3 0.1362 -> 0.1341 ms, W6 0.0742 -> 0.0733, the rest equal; 1, 2 or 4 waves were
-// 1-7% slower everywhere (benchmarks/NOTES.md item 23). Register-cached kernels holding several
-// rows a block take 64 times (about a block per row group: W4 0.1345 -> 0.1322 ms in two runs, W3
-// equal; rows of 256 threads or more lost 1.5-2% with it: W6, W7; NOTES item 30).
-// KILN_TUNE_ROW_WAVES sets the multiple for every row kernel (0: the formula above).
+// (registers, shared memory), which measured faster than the formula above and than 1, 2 or 4
+// waves (benchmarks/NOTES.md item 23). Register-cached kernels holding several rows a block take
+// 64 times, about a block per row group (rows of 256 threads or more lost with it: NOTES item 30).
+// A Tuning's waves (KILN_TUNE_ROW_WAVES, an autotuning candidate) sets the multiple (0: the formula).
 inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k, int device) {
   if (k.partial_groups > 0) return k.partial_groups / k.config.rows;  // a program a row group, exactly
   bool several_rows = k.kind == schedule::Kind::per && k.config.rows >= 2 && k.config.row_threads > 1;  // not columns
