@@ -38,3 +38,4 @@
 #include "reference/eval.hpp"
 #include "runtime/aot/export.hpp"
 #include "runtime/api.hpp"
+#include "runtime/item.hpp"

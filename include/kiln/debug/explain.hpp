@@ -4,9 +4,10 @@
 #pragma once
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "../runtime/api.hpp"
+#include "../runtime/item.hpp"
 
 namespace kiln {
 
@@ -24,6 +25,8 @@ struct report {
   std::vector<std::string> guards;
   int recompiles = 0;
   std::vector<std::string> recompile_reasons;
+  int graphs = 1;                         // compiled segments: 1 without graph breaks
+  std::vector<std::string> graph_breaks;  // a reason each (the k::item and where it is)
 
   friend std::ostream& operator<<(std::ostream& os, const report& r) {
     os << "kiln report: " << r.ops_captured << " ops captured, " << r.ops_decomposed << " after decomposition, "
@@ -37,6 +40,8 @@ struct report {
     os << "  guards:\n";
     for (const auto& g : r.guards) os << "    " << g << "\n";
     for (const auto& why : r.recompile_reasons) os << "  recompiled because: " << why << "\n";
+    if (!r.graph_breaks.empty()) os << "  " << r.graphs << " graphs; graph breaks:\n";
+    for (const auto& why : r.graph_breaks) os << "    " << why << "\n";
     return os;
   }
 };
@@ -60,11 +65,23 @@ inline report make_report(const runtime::Entry& e, const runtime::ProgramCache& 
 }  // namespace detail
 
 // Runs a compiled function on these arguments (compiling if needed) and reports on its program.
+// Its graph breaks (k::item) are those of this call: each is a segment of its own.
 template <class F, class... T>
 report explain(const Function<F>& f, const T&... args) {
   std::shared_ptr<const runtime::Entry> used;
-  f.call_reporting(Stream{}, &used, args...);
-  return detail::make_report(*used, f.cache());
+  std::vector<std::string> breaks;
+  auto* outer = std::exchange(runtime::graph_break_listener(), &breaks);
+  try {
+    f.call_reporting(Stream{}, &used, args...);
+  } catch (...) {
+    runtime::graph_break_listener() = outer;
+    throw;
+  }
+  runtime::graph_break_listener() = outer;
+  report r = detail::make_report(*used, f.cache());
+  r.graphs = 1 + static_cast<int>(breaks.size());
+  r.graph_breaks = std::move(breaks);
+  return r;
 }
 
 // A plain function object: compiled for the occasion.

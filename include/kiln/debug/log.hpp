@@ -14,10 +14,22 @@
 
 namespace kiln::debug {
 
-enum class Channel : std::uint8_t { graph, decomp, autodiff, fusion, output_code, guards, recompiles, cache, autotune };
+enum class Channel : std::uint8_t {
+  graph,
+  decomp,
+  autodiff,
+  fusion,
+  output_code,
+  guards,
+  recompiles,
+  cache,
+  autotune,
+  graph_breaks
+};
 
-inline constexpr std::array<std::string_view, 9> channel_names = {
-    "graph", "decomp", "autodiff", "fusion", "output_code", "guards", "recompiles", "cache", "autotune"};
+inline constexpr std::array<std::string_view, 10> channel_names = {"graph",       "decomp",      "autodiff",   "fusion",
+                                                                   "output_code", "guards",      "recompiles", "cache",
+                                                                   "autotune",    "graph_breaks"};
 
 constexpr std::string_view channel_name(Channel c) { return channel_names[std::size_t(c)]; }
 
@@ -65,7 +77,7 @@ inline std::uint32_t parse_channels(std::string_view spec) {
     if (bit == 0)
       std::fprintf(stderr,
                    "[kiln] KILN_LOGS: unknown channel '%.*s' (known: all, graph, decomp, "
-                   "autodiff, fusion, output_code, guards, recompiles, cache, autotune)\n",
+                   "autodiff, fusion, output_code, guards, recompiles, cache, autotune, graph_breaks)\n",
                    int(item.size()), item.data());
     mask |= bit;
   }
