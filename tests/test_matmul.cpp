@@ -18,6 +18,7 @@
 #include <kiln/core/tensor.hpp>
 #include <kiln/runtime/extern/cpu_matmul.hpp>
 #include <kiln/runtime/extern/cuda_matmul.hpp>
+#include <kiln/runtime/extern/matmul_layout.hpp>
 
 #include "have_gpu.hpp"
 
@@ -346,6 +347,71 @@ TEST_CASE("cuda_matmul: the cuBLASLt plan computes a @ b (host emulation)") {
   p = rt::plan_gemm(rt::matmul_geometry(random({17, 33}), b, out_t, "matmul"), true, true, true);
   CHECK_FALSE(p.direct);
   CHECK(p.ldd == 9);
+}
+
+namespace {
+
+// Every field of a plan in one line: cuBLAS's A and B as stored (op, rows x cols, leading dim), D
+// (m x n, ldd), k, the batch and its strides for A / B / D, then which operands are copied first and
+// whether D goes through a temporary.
+std::string describe(const rt::GemmPlan& p) {
+  auto s = [](std::int64_t v) { return std::to_string(v); };
+  return std::string("A ") + (p.trans_a ? "T " : "N ") + s(p.rows_a) + "x" + s(p.cols_a) + " ld " + s(p.lda) + ", B " +
+         (p.trans_b ? "T " : "N ") + s(p.rows_b) + "x" + s(p.cols_b) + " ld " + s(p.ldb) + ", D " + s(p.m) + "x" +
+         s(p.n) + " ld " + s(p.ldd) + ", k " + s(p.k) + ", batch " + s(p.batch) + " strides " + s(p.stride_a) + "/" +
+         s(p.stride_b) + "/" + s(p.stride_d) + (p.copy_a ? ", copy a" : "") + (p.copy_b ? ", copy b" : "") +
+         (p.direct ? "" : ", via temporary");
+}
+
+std::string plan_of(const Tensor& a, const Tensor& b, const Tensor& out, bool b_ok = true) {
+  return describe(rt::plan_gemm(rt::matmul_geometry(a, b, out, "matmul"), true, b_ok, true));
+}
+
+Tensor view(const Dims& shape, const Dims& strides, std::int64_t offset = 0) {
+  return random_view(shape, k::f32, strides, offset);
+}
+
+}  // namespace
+
+// The plan is host arithmetic (matmul_layout.hpp), checked here without a GPU against values worked
+// out by hand. out [M,N] = a [M,K] @ b [K,N] is cuBLAS's column-major D (m = N) x (n = M) =
+// op(A) (N x K) * op(B) (K x M), A read from b's memory and B from a's. A row-major operand is its
+// own column-major transpose (op N, ld = its row stride); a column-major one is itself (op T, ld =
+// its column stride). Throughout M = 4, K = 6, N = 5; out3 is [3,4,5] contiguous (batch stride 20).
+TEST_CASE("cuda_matmul: the planned cuBLASLt layouts against values worked out by hand") {
+  const Tensor out = Tensor::empty({4, 5}, k::f32, k::cpu);
+  const Tensor out3 = Tensor::empty({3, 4, 5}, k::f32, k::cpu);
+  // Contiguous: b [6,5] reads as the 5 x 6 column-major b^T (ld 5), a [4,6] as 6 x 4 (ld 6).
+  CHECK(plan_of(view({4, 6}, {6, 1}), view({6, 5}, {5, 1}), out) ==
+        "A N 5x6 ld 5, B N 6x4 ld 6, D 5x4 ld 5, k 6, batch 1 strides 0/0/0");
+  // A transposed weight (b = w^T, w [5,6] contiguous): w's memory is the 6 x 5 column-major b, op T.
+  CHECK(plan_of(view({4, 6}, {6, 1}), view({6, 5}, {1, 6}), out) ==
+        "A T 6x5 ld 6, B N 6x4 ld 6, D 5x4 ld 5, k 6, batch 1 strides 0/0/0");
+  // a column-major too (a permuted [6,4]): its memory is the 4 x 6 a itself, op T.
+  CHECK(plan_of(view({4, 6}, {1, 4}), view({6, 5}, {1, 6}), out) ==
+        "A T 6x5 ld 6, B T 4x6 ld 4, D 5x4 ld 5, k 6, batch 1 strides 0/0/0");
+  // A 3-D a with gaps between its batches (stride 30, not 4 * 6) and a 2-D b: strided batches, b's
+  // batch stride 0.
+  CHECK(plan_of(view({3, 4, 6}, {30, 6, 1}), view({6, 5}, {5, 1}), out3) ==
+        "A N 5x6 ld 5, B N 6x4 ld 6, D 5x4 ld 5, k 6, batch 3 strides 0/30/20");
+  // The same with a's batches back to back (24 = 4 * 6, and out's 20 = 4 * 5): one GEMM of 3 * 4 =
+  // 12 rows (the batch strides are carried along, unused at batch 1).
+  CHECK(plan_of(view({3, 4, 6}, {24, 6, 1}), view({6, 5}, {5, 1}), out3) ==
+        "A N 5x6 ld 5, B N 6x12 ld 6, D 5x12 ld 5, k 6, batch 1 strides 0/24/20");
+  // A 2-D a broadcast over a 3-D b (batch stride 30): a's batch stride 0, not folded.
+  CHECK(plan_of(view({4, 6}, {6, 1}), view({3, 6, 5}, {30, 5, 1}), out3) ==
+        "A N 5x6 ld 5, B N 6x4 ld 6, D 5x4 ld 5, k 6, batch 3 strides 30/0/20");
+  // Column slices read and written in place, their leading dims the parents' row lengths: a =
+  // x[:, 2:8] of x [4,10], b = y[:, 3:8] of y [6,9], out = z[:, 1:6] of z [4,8].
+  const Tensor z = Tensor::empty({4, 8}, k::f32, k::cpu).as_strided({4, 5}, {8, 1}, 1);
+  CHECK(plan_of(view({4, 6}, {10, 1}, 2), view({6, 5}, {9, 1}, 3), z) ==
+        "A N 5x6 ld 9, B N 6x4 ld 10, D 5x4 ld 8, k 6, batch 1 strides 0/0/0");
+  // Copies: a every other column (unreadable), b readable as op T but of a dtype that is not used
+  // as it is (b_ok = false): both become contiguous row-major (op N). A transposed out goes through
+  // a contiguous [4,5] temporary (ld 5, batch stride 4 * 5).
+  const Tensor out_t = Tensor::empty({5, 4}, k::f32, k::cpu).as_strided({4, 5}, {1, 4}, 0);
+  CHECK(plan_of(view({4, 6}, {12, 2}), view({6, 5}, {1, 6}), out_t, false) ==
+        "A N 5x6 ld 5, B N 6x4 ld 6, D 5x4 ld 5, k 6, batch 1 strides 0/0/20, copy a, copy b, via temporary");
 }
 
 TEST_CASE("cuda_matmul: the copy kernels compile with NVRTC") {

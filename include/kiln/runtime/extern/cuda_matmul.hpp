@@ -9,15 +9,14 @@
 // the other operand's, is first copied into a contiguous temporary by a small NVRTC kernel.
 // Batches use strided batches; a broadcast operand has batch stride 0, and a 3-D a with a 2-D b
 // whose batches lie back to back folds its batch into M (one large GEMM).
+//
+// Parts: cublaslt.hpp (the dlopen'd binding), cuda_matmul_state.hpp (per-device state),
+// strided_copy.hpp (the copy kernel), matmul_layout.hpp (the plan); here the call itself.
 #pragma once
 #include <cublasLt.h>  // types and prototypes only: libcublasLt is never linked
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <map>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -28,9 +27,13 @@
 #include "../../core/error.hpp"
 #include "../../core/tensor.hpp"
 #include "../../debug/log.hpp"
-#include "../compile/nvrtc.hpp"
 #include "../launch/cuda_module.hpp"
 #include "cpu_matmul.hpp"
+#include "cublaslt.hpp"
+#include "cuda_matmul_state.hpp"
+#include "matmul_geometry.hpp"
+#include "matmul_layout.hpp"
+#include "strided_copy.hpp"
 
 namespace kiln::runtime {
 
@@ -43,299 +46,7 @@ constexpr bool epilogue_has_bias(Epilogue e) {
   return e == Epilogue::bias || e == Epilogue::relu_bias || e == Epilogue::gelu_tanh_bias;
 }
 
-namespace cublaslt {
-
-// X(member, symbol): the cuBLASLt entry points kiln uses.
-#define KILN_CUBLASLT_FUNCTIONS(X)                                  \
-  X(create, cublasLtCreate)                                         \
-  X(matmul_desc_create, cublasLtMatmulDescCreate)                   \
-  X(matmul_desc_destroy, cublasLtMatmulDescDestroy)                 \
-  X(matmul_desc_set_attribute, cublasLtMatmulDescSetAttribute)      \
-  X(layout_create, cublasLtMatrixLayoutCreate)                      \
-  X(layout_destroy, cublasLtMatrixLayoutDestroy)                    \
-  X(layout_set_attribute, cublasLtMatrixLayoutSetAttribute)         \
-  X(preference_create, cublasLtMatmulPreferenceCreate)              \
-  X(preference_destroy, cublasLtMatmulPreferenceDestroy)            \
-  X(preference_set_attribute, cublasLtMatmulPreferenceSetAttribute) \
-  X(algo_get_heuristic, cublasLtMatmulAlgoGetHeuristic)             \
-  X(matmul, cublasLtMatmul)
-
-struct Api {
-#define KILN_CUBLASLT_MEMBER(member, symbol) decltype(&::symbol) member = nullptr;
-  KILN_CUBLASLT_FUNCTIONS(KILN_CUBLASLT_MEMBER)
-#undef KILN_CUBLASLT_MEMBER
-  decltype(&::cublasLtGetStatusName) get_status_name = nullptr;  // optional
-};
-
-namespace detail {
-
-struct Loaded {
-  Api api;
-  std::string error;
-};
-
-inline Loaded load() {
-  Loaded l;
-  std::string why;
-  void* lib = nullptr;
-  for (const char* name : {"libcublasLt.so.13", "libcublasLt.so"}) {
-    lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (lib) break;
-    const char* e = dlerror();
-    why += std::string(why.empty() ? "" : "; ") + name + ": " + (e ? e : "unknown reason");
-  }
-  if (!lib) {
-    l.error =
-        "matmul: cuBLASLt is not available (libcublasLt.so.13 or libcublasLt.so could not be loaded: " + why + ")";
-    return l;
-  }
-  std::string missing;
-#define KILN_CUBLASLT_BIND(member, symbol)                                      \
-  l.api.member = reinterpret_cast<decltype(l.api.member)>(dlsym(lib, #symbol)); \
-  if (!l.api.member) missing += (missing.empty() ? "" : ", ") + std::string(#symbol);
-  KILN_CUBLASLT_FUNCTIONS(KILN_CUBLASLT_BIND)
-#undef KILN_CUBLASLT_BIND
-  l.api.get_status_name = reinterpret_cast<decltype(l.api.get_status_name)>(dlsym(lib, "cublasLtGetStatusName"));
-  if (!missing.empty()) l.error = "matmul: the loaded libcublasLt is too old for kiln (it lacks " + missing + ")";
-  return l;
-}
-
-inline const Loaded& loaded() {
-  static const Loaded l = load();
-  return l;
-}
-
-}  // namespace detail
-
-// True when libcublasLt loads and has every entry point kiln needs.
-inline bool available() noexcept {
-  try {
-    return detail::loaded().error.empty();
-  } catch (...) {
-    return false;
-  }
-}
-
-// The entry points; a kiln::device_error naming the library when it cannot be loaded.
-inline const Api& api() {
-  const detail::Loaded& l = detail::loaded();
-  if (!l.error.empty()) [[unlikely]]
-    throw device_error(l.error);
-  return l.api;
-}
-
-inline std::string status_text(cublasStatus_t s) {
-  const Api& a = detail::loaded().api;
-  const char* name = a.get_status_name ? a.get_status_name(s) : nullptr;
-  return name ? std::string(name) + " (" + std::to_string(static_cast<int>(s)) + ")"
-              : "cublasStatus_t " + std::to_string(static_cast<int>(s));
-}
-
-// Throws kiln::cuda_error("matmul: <fn> failed: <status>") unless s is CUBLAS_STATUS_SUCCESS.
-inline void check(cublasStatus_t s, const char* fn) {
-  if (s != CUBLAS_STATUS_SUCCESS) [[unlikely]]
-    throw cuda_error(std::string("matmul: ") + fn + " failed: " + status_text(s));
-}
-
-// Descriptors released however the call ends.
-struct MatmulDesc {
-  cublasLtMatmulDesc_t h = nullptr;
-  MatmulDesc(cublasComputeType_t compute, cudaDataType_t scale) {
-    check(api().matmul_desc_create(&h, compute, scale), "cublasLtMatmulDescCreate");
-  }
-  ~MatmulDesc() {
-    if (h) api().matmul_desc_destroy(h);
-  }
-  template <class V>
-  void set(cublasLtMatmulDescAttributes_t attr, const V& value) {
-    check(api().matmul_desc_set_attribute(h, attr, &value, sizeof(V)), "cublasLtMatmulDescSetAttribute");
-  }
-  MatmulDesc(const MatmulDesc&) = delete;
-  MatmulDesc& operator=(const MatmulDesc&) = delete;
-};
-
-struct Layout {
-  cublasLtMatrixLayout_t h = nullptr;
-  Layout(cudaDataType_t type, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-    check(api().layout_create(&h, type, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld),
-          "cublasLtMatrixLayoutCreate");
-  }
-  ~Layout() {
-    if (h) api().layout_destroy(h);
-  }
-  template <class V>
-  void set(cublasLtMatrixLayoutAttribute_t attr, const V& value) {
-    check(api().layout_set_attribute(h, attr, &value, sizeof(V)), "cublasLtMatrixLayoutSetAttribute");
-  }
-  void batch(std::int32_t count, std::int64_t stride) {
-    if (count <= 1) return;
-    set(CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, count);
-    set(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride);
-  }
-  Layout(const Layout&) = delete;
-  Layout& operator=(const Layout&) = delete;
-};
-
-struct Preference {
-  cublasLtMatmulPreference_t h = nullptr;
-  Preference() { check(api().preference_create(&h), "cublasLtMatmulPreferenceCreate"); }
-  ~Preference() {
-    if (h) api().preference_destroy(h);
-  }
-  template <class V>
-  void set(cublasLtMatmulPreferenceAttributes_t attr, const V& value) {
-    check(api().preference_set_attribute(h, attr, &value, sizeof(V)), "cublasLtMatmulPreferenceSetAttribute");
-  }
-  Preference(const Preference&) = delete;
-  Preference& operator=(const Preference&) = delete;
-};
-
-}  // namespace cublaslt
-
 namespace cuda_mm_detail {
-
-inline constexpr std::size_t workspace_bytes = std::size_t(32) << 20;
-inline constexpr std::size_t max_cached_algos = 4096;
-
-// The strided copy-and-convert kernels, one per (source, destination) dtype among f64/f32/f16/bf16:
-// kiln_mm_copy_<src>_<dst>(src, dst, n, d1, d2, src strides[3], dst strides[3]) over a 3-D index space.
-inline const char* copy_kernel_source() {
-  return R"(#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-typedef long long kiln_i64;
-__device__ __forceinline__ double kiln_to_double(double x) { return x; }
-__device__ __forceinline__ double kiln_to_double(float x) { return static_cast<double>(x); }
-__device__ __forceinline__ double kiln_to_double(__half x) { return static_cast<double>(__half2float(x)); }
-__device__ __forceinline__ double kiln_to_double(__nv_bfloat16 x) { return static_cast<double>(__bfloat162float(x)); }
-template <class T> __device__ __forceinline__ T kiln_from_double(double x);
-template <> __device__ __forceinline__ double kiln_from_double<double>(double x) { return x; }
-template <> __device__ __forceinline__ float kiln_from_double<float>(double x) { return static_cast<float>(x); }
-template <> __device__ __forceinline__ __half kiln_from_double<__half>(double x) { return __double2half(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 kiln_from_double<__nv_bfloat16>(double x) { return __double2bfloat16(x); }
-template <class S, class D>
-__device__ __forceinline__ void kiln_copy(const S* __restrict__ src, D* __restrict__ dst, kiln_i64 n, kiln_i64 d1,
-                                          kiln_i64 d2, kiln_i64 s0, kiln_i64 s1, kiln_i64 s2, kiln_i64 t0,
-                                          kiln_i64 t1, kiln_i64 t2) {
-  const kiln_i64 step = static_cast<kiln_i64>(gridDim.x) * blockDim.x;
-  for (kiln_i64 i = static_cast<kiln_i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const kiln_i64 i2 = i % d2, r = i / d2, i1 = r % d1, i0 = r / d1;
-    dst[i0 * t0 + i1 * t1 + i2 * t2] = kiln_from_double<D>(kiln_to_double(src[i0 * s0 + i1 * s1 + i2 * s2]));
-  }
-}
-#define KILN_MM_COPY(SN, S, DN, D)                                                                            \
-  extern "C" __global__ void kiln_mm_copy_##SN##_##DN(const S* src, D* dst, kiln_i64 n, kiln_i64 d1,         \
-                                                     kiln_i64 d2, kiln_i64 s0, kiln_i64 s1, kiln_i64 s2,      \
-                                                     kiln_i64 t0, kiln_i64 t1, kiln_i64 t2) {                 \
-    kiln_copy<S, D>(src, dst, n, d1, d2, s0, s1, s2, t0, t1, t2);                                             \
-  }
-#define KILN_MM_COPY_TO(DN, D) \
-  KILN_MM_COPY(f64, double, DN, D) KILN_MM_COPY(f32, float, DN, D) \
-  KILN_MM_COPY(f16, __half, DN, D) KILN_MM_COPY(bf16, __nv_bfloat16, DN, D)
-KILN_MM_COPY_TO(f64, double)
-KILN_MM_COPY_TO(f32, float)
-KILN_MM_COPY_TO(f16, __half)
-KILN_MM_COPY_TO(bf16, __nv_bfloat16)
-)";
-}
-
-inline std::string copy_kernel_name(dtype src, dtype dst) {
-  return "kiln_mm_copy_" + std::string(name(src)) + "_" + std::string(name(dst));
-}
-
-// A workspace of one stream. cuBLASLt may run one matmul as several kernels that pass partial sums
-// through it (split K), so two host threads queueing matmuls on one stream (the default stream, say)
-// must not interleave their kernels: each holds `busy` while it queues one matmul.
-struct Workspace {
-  void* ptr = nullptr;
-  std::mutex busy;
-};
-
-// cuBLASLt's state for one device: its handle, the copy kernels, a workspace per stream and the
-// heuristic's answers per problem.
-struct DeviceState {
-  std::once_flag handle_once;
-  cublasLtHandle_t handle = nullptr;
-  std::once_flag copy_once;
-  Module* copy_module = nullptr;  // never unloaded: the driver may be gone at exit
-  CUfunction copy_fns[4][4] = {};
-  std::mutex mutex;
-  std::map<CUstream, std::unique_ptr<Workspace>> workspaces;  // never freed: captured graphs may still point at them
-  std::map<std::vector<std::int64_t>, cublasLtMatmulAlgo_t> algos;
-};
-
-inline DeviceState& state(int device) {
-  static std::once_flag made;
-  static DeviceState* states = nullptr;  // never destroyed, like the caching allocator
-  std::call_once(made, [] { states = new DeviceState[driver::device_count()]; });
-  driver::require_device(device);
-  return states[device];
-}
-
-inline cublasLtHandle_t handle(int device) {
-  DeviceState& s = state(device);
-  std::call_once(s.handle_once, [&] {
-    driver::make_current(device);
-    cublasLtHandle_t h = nullptr;
-    cublaslt::check(cublaslt::api().create(&h), "cublasLtCreate");
-    s.handle = h;
-  });
-  return s.handle;
-}
-
-// The workspace for work queued on this stream (one per stream, so concurrent streams never share;
-// threads sharing a stream take turns through its `busy` mutex).
-inline Workspace& workspace(int device, CUstream stream) {
-  DeviceState& s = state(device);
-  std::lock_guard lock(s.mutex);
-  auto it = s.workspaces.find(stream);
-  if (it != s.workspaces.end()) return *it->second;
-  auto w = std::make_unique<Workspace>();
-  w->ptr = driver::allocate(workspace_bytes, device, stream);
-  return *s.workspaces.emplace(stream, std::move(w)).first->second;
-}
-
-inline CUfunction copy_function(int device, dtype src, dtype dst) {
-  DeviceState& s = state(device);
-  std::call_once(s.copy_once, [&] {
-    std::vector<char> cubin = compile_cubin(copy_kernel_source(), "kiln_mm_copy", driver::arch(device));
-    auto module = std::make_unique<Module>(cubin, device);
-    const dtype types[4] = {dtype::f64, dtype::f32, dtype::f16, dtype::bf16};
-    for (int i = 0; i < 4; ++i)
-      for (int j = 0; j < 4; ++j) s.copy_fns[i][j] = module->function(copy_kernel_name(types[i], types[j]).c_str());
-    s.copy_module = module.release();
-  });
-  return s.copy_fns[static_cast<int>(src)][static_cast<int>(dst)];
-}
-
-// Copies src into dst (same shape, rank <= 3, any strides, floating dtypes, converting) on stream.
-inline void device_copy(const Tensor& src, const Tensor& dst, CUstream stream) {
-  if (!(src.shape() == dst.shape()) || src.dim() > 3)
-    throw shape_error("matmul: internal copy from " + src.shape().str() + " to " + dst.shape().str());
-  const std::int64_t n = src.numel();
-  if (n == 0) return;
-  std::int64_t d[3] = {1, 1, 1}, s[3] = {0, 0, 0}, t[3] = {0, 0, 0};
-  for (int i = 0, o = 3 - src.dim(); i < src.dim(); ++i) {
-    d[o + i] = src.shape()[i];
-    s[o + i] = src.strides()[i];
-    t[o + i] = dst.strides()[i];
-  }
-  const int device = dst.device().index;
-  CUfunction f = copy_function(device, src.dtype(), dst.dtype());
-  driver::make_current(device);
-  const void* sp = src.data_ptr();
-  void* dp = dst.data_ptr();
-  void* args[] = {&sp, &dp, const_cast<std::int64_t*>(&n), &d[1], &d[2], &s[0], &s[1], &s[2], &t[0], &t[1], &t[2]};
-  const std::int64_t threads = 256;
-  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
-  launch(f, Dim3{blocks}, Dim3{static_cast<unsigned>(threads)}, 0, stream, args, "kiln_mm_copy");
-}
-
-// A contiguous copy of t in dtype d, on t's device.
-inline Tensor contiguous_as(const Tensor& t, dtype d, CUstream stream) {
-  Tensor c = Tensor::empty(t.shape(), d, t.device(), Stream(stream));
-  device_copy(t, c, stream);
-  return c;
-}
 
 inline cudaDataType_t cuda_type(dtype d) {
   switch (d) {
@@ -368,76 +79,7 @@ inline std::uint32_t alignment(const void* p) {
   return a;
 }
 
-// How a row-major-view R x C matrix with strides (sr, sc) reads in cuBLAS's column-major view:
-// stored row-major, the memory is the column-major C x R matrix X^T (op N); stored column-major,
-// it is X itself, R x C (op T), which cuBLAS transposes. ok = false: neither, copy it first.
-struct OperandLayout {
-  bool ok = false;
-  bool transpose = false;  // op T
-  std::int64_t rows = 0, cols = 0, ld = 0;
-};
-
-inline OperandLayout classify(std::int64_t R, std::int64_t C, std::int64_t sr, std::int64_t sc) {
-  const std::int64_t r1 = std::max<std::int64_t>(R, 1), c1 = std::max<std::int64_t>(C, 1);
-  if ((sc == 1 || C == 1) && (R == 1 || sr >= c1)) return {true, false, C, R, R == 1 ? c1 : sr};
-  if ((sr == 1 || R == 1) && (C == 1 || sc >= r1)) return {true, true, R, C, C == 1 ? r1 : sc};
-  return {};
-}
-
 }  // namespace cuda_mm_detail
-
-// How one matmul maps onto a single strided-batched cuBLASLt call: cuBLAS's D (m x n, column-major,
-// m = N, n = M) = op_a(A) (m x k) * op_b(B) (k x n), where A is kiln's b and B is kiln's a.
-// Pure host logic, so tests can check it against a host emulation of cuBLAS's semantics.
-struct GemmPlan {
-  bool copy_a = false, copy_b = false;    // kiln's a / b go through a contiguous copy first
-  bool direct = true;                     // cuBLAS writes kiln's out in place (else a contiguous temporary)
-  bool trans_a = false, trans_b = false;  // op T for cuBLAS's A (from b) / B (from a)
-  std::int64_t m = 0, n = 0, k = 0;
-  std::int64_t rows_a = 0, cols_a = 0, lda = 0;  // cuBLAS's A as stored
-  std::int64_t rows_b = 0, cols_b = 0, ldb = 0;  // cuBLAS's B as stored
-  std::int64_t ldd = 0;
-  std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;
-};
-
-// g describes the operands as given (K > 0); a_ok / b_ok say whether their dtypes can be used as
-// they are, out_ok whether out's dtype is the one cuBLAS will write.
-inline GemmPlan plan_gemm(MatmulGeometry g, bool a_ok, bool b_ok, bool out_ok) {
-  using namespace cuda_mm_detail;
-  GemmPlan p;
-  OperandLayout la = classify(g.M, g.K, g.a_sm, g.a_sk);
-  if (!la.ok || !a_ok) {
-    p.copy_a = true;
-    g.a_sm = g.K, g.a_sk = 1;
-    g.a_bs = g.a_bs == 0 ? 0 : g.M * g.K;
-    la = classify(g.M, g.K, g.a_sm, g.a_sk);
-  }
-  OperandLayout lb = classify(g.K, g.N, g.b_sk, g.b_sn);
-  if (!lb.ok || !b_ok) {
-    p.copy_b = true;
-    g.b_sk = g.N, g.b_sn = 1;
-    g.b_bs = g.b_bs == 0 ? 0 : g.K * g.N;
-    lb = classify(g.K, g.N, g.b_sk, g.b_sn);
-  }
-  p.direct = out_ok && (g.o_sn == 1 || g.N == 1) && (g.M == 1 || g.o_sm >= g.N);
-  p.ldd = p.direct ? (g.M == 1 ? std::max<std::int64_t>(g.N, 1) : g.o_sm) : g.N;
-  p.stride_d = p.direct ? g.o_bs : g.M * g.N;
-  p.batch = g.batch;
-  std::int64_t M = g.M;
-  // A 2-D b under a batch of row-major a whose batches (and out's) lie back to back: one GEMM of
-  // batch * M rows.
-  if (p.batch > 1 && g.b_bs == 0 && g.a_bs != 0 && !la.transpose && g.a_bs == g.M * la.ld &&
-      p.stride_d == g.M * p.ldd) {
-    M = p.batch * g.M;
-    p.batch = 1;
-    la.cols = M;
-  }
-  p.trans_a = lb.transpose, p.rows_a = lb.rows, p.cols_a = lb.cols, p.lda = lb.ld;
-  p.trans_b = la.transpose, p.rows_b = la.rows, p.cols_b = la.cols, p.ldb = la.ld;
-  p.m = g.N, p.n = M, p.k = g.K;
-  p.stride_a = g.b_bs, p.stride_b = g.a_bs;
-  return p;
-}
 
 // out = epilogue(a @ b (+ bias)) on CUDA, queued on stream. Same contract as cpu_matmul: a [M,K]
 // or [B,M,K], b [K,N] or [B,K,N] (broadcasting a 2-D operand or a batch of 1), out [M,N] or

@@ -1,0 +1,83 @@
+// Layout planning for cuda_matmul: how row-major operands, strides and batches map onto one
+// strided-batched call of column-major cuBLASLt. Pure arithmetic on a MatmulGeometry: needs no GPU.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "matmul_geometry.hpp"
+
+namespace kiln::runtime {
+namespace cuda_mm_detail {
+
+// How a row-major-view R x C matrix with strides (sr, sc) reads in cuBLAS's column-major view:
+// stored row-major, the memory is the column-major C x R matrix X^T (op N); stored column-major,
+// it is X itself, R x C (op T), which cuBLAS transposes. ok = false: neither, copy it first.
+struct OperandLayout {
+  bool ok = false;
+  bool transpose = false;  // op T
+  std::int64_t rows = 0, cols = 0, ld = 0;
+};
+
+inline OperandLayout classify(std::int64_t R, std::int64_t C, std::int64_t sr, std::int64_t sc) {
+  const std::int64_t r1 = std::max<std::int64_t>(R, 1), c1 = std::max<std::int64_t>(C, 1);
+  if ((sc == 1 || C == 1) && (R == 1 || sr >= c1)) return {true, false, C, R, R == 1 ? c1 : sr};
+  if ((sr == 1 || R == 1) && (C == 1 || sc >= r1)) return {true, true, R, C, C == 1 ? r1 : sc};
+  return {};
+}
+
+}  // namespace cuda_mm_detail
+
+// How one matmul maps onto a single strided-batched cuBLASLt call: cuBLAS's D (m x n, column-major,
+// m = N, n = M) = op_a(A) (m x k) * op_b(B) (k x n), where A is kiln's b and B is kiln's a.
+// Pure host logic, so tests can check it against a host emulation of cuBLAS's semantics.
+struct GemmPlan {
+  bool copy_a = false, copy_b = false;    // kiln's a / b go through a contiguous copy first
+  bool direct = true;                     // cuBLAS writes kiln's out in place (else a contiguous temporary)
+  bool trans_a = false, trans_b = false;  // op T for cuBLAS's A (from b) / B (from a)
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t rows_a = 0, cols_a = 0, lda = 0;  // cuBLAS's A as stored
+  std::int64_t rows_b = 0, cols_b = 0, ldb = 0;  // cuBLAS's B as stored
+  std::int64_t ldd = 0;
+  std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;
+};
+
+// g describes the operands as given (K > 0); a_ok / b_ok say whether their dtypes can be used as
+// they are, out_ok whether out's dtype is the one cuBLAS will write.
+inline GemmPlan plan_gemm(MatmulGeometry g, bool a_ok, bool b_ok, bool out_ok) {
+  using namespace cuda_mm_detail;
+  GemmPlan p;
+  OperandLayout la = classify(g.M, g.K, g.a_sm, g.a_sk);
+  if (!la.ok || !a_ok) {
+    p.copy_a = true;
+    g.a_sm = g.K, g.a_sk = 1;
+    g.a_bs = g.a_bs == 0 ? 0 : g.M * g.K;
+    la = classify(g.M, g.K, g.a_sm, g.a_sk);
+  }
+  OperandLayout lb = classify(g.K, g.N, g.b_sk, g.b_sn);
+  if (!lb.ok || !b_ok) {
+    p.copy_b = true;
+    g.b_sk = g.N, g.b_sn = 1;
+    g.b_bs = g.b_bs == 0 ? 0 : g.K * g.N;
+    lb = classify(g.K, g.N, g.b_sk, g.b_sn);
+  }
+  p.direct = out_ok && (g.o_sn == 1 || g.N == 1) && (g.M == 1 || g.o_sm >= g.N);
+  p.ldd = p.direct ? (g.M == 1 ? std::max<std::int64_t>(g.N, 1) : g.o_sm) : g.N;
+  p.stride_d = p.direct ? g.o_bs : g.M * g.N;
+  p.batch = g.batch;
+  std::int64_t M = g.M;
+  // A 2-D b under a batch of row-major a whose batches (and out's) lie back to back: one GEMM of
+  // batch * M rows.
+  if (p.batch > 1 && g.b_bs == 0 && g.a_bs != 0 && !la.transpose && g.a_bs == g.M * la.ld &&
+      p.stride_d == g.M * p.ldd) {
+    M = p.batch * g.M;
+    p.batch = 1;
+    la.cols = M;
+  }
+  p.trans_a = lb.transpose, p.rows_a = lb.rows, p.cols_a = lb.cols, p.lda = lb.ld;
+  p.trans_b = la.transpose, p.rows_b = la.rows, p.cols_b = la.cols, p.ldb = la.ld;
+  p.m = g.N, p.n = M, p.k = g.K;
+  p.stride_a = g.b_bs, p.stride_b = g.a_bs;
+  return p;
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,111 @@
+// The strided copy-and-convert kernel that cuda_matmul runs on operands cuBLASLt cannot read in place:
+// its NVRTC source, compiled once per device, and device_copy / contiguous_as, which launch it.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../../core/driver.hpp"
+#include "../../core/dtype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/tensor.hpp"
+#include "../compile/nvrtc.hpp"
+#include "../launch/cuda_module.hpp"
+#include "cuda_matmul_state.hpp"
+
+namespace kiln::runtime {
+namespace cuda_mm_detail {
+
+// The strided copy-and-convert kernels, one per (source, destination) dtype among f64/f32/f16/bf16:
+// kiln_mm_copy_<src>_<dst>(src, dst, n, d1, d2, src strides[3], dst strides[3]) over a 3-D index space.
+inline const char* copy_kernel_source() {
+  return R"(#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+typedef long long kiln_i64;
+__device__ __forceinline__ double kiln_to_double(double x) { return x; }
+__device__ __forceinline__ double kiln_to_double(float x) { return static_cast<double>(x); }
+__device__ __forceinline__ double kiln_to_double(__half x) { return static_cast<double>(__half2float(x)); }
+__device__ __forceinline__ double kiln_to_double(__nv_bfloat16 x) { return static_cast<double>(__bfloat162float(x)); }
+template <class T> __device__ __forceinline__ T kiln_from_double(double x);
+template <> __device__ __forceinline__ double kiln_from_double<double>(double x) { return x; }
+template <> __device__ __forceinline__ float kiln_from_double<float>(double x) { return static_cast<float>(x); }
+template <> __device__ __forceinline__ __half kiln_from_double<__half>(double x) { return __double2half(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 kiln_from_double<__nv_bfloat16>(double x) { return __double2bfloat16(x); }
+template <class S, class D>
+__device__ __forceinline__ void kiln_copy(const S* __restrict__ src, D* __restrict__ dst, kiln_i64 n, kiln_i64 d1,
+                                          kiln_i64 d2, kiln_i64 s0, kiln_i64 s1, kiln_i64 s2, kiln_i64 t0,
+                                          kiln_i64 t1, kiln_i64 t2) {
+  const kiln_i64 step = static_cast<kiln_i64>(gridDim.x) * blockDim.x;
+  for (kiln_i64 i = static_cast<kiln_i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const kiln_i64 i2 = i % d2, r = i / d2, i1 = r % d1, i0 = r / d1;
+    dst[i0 * t0 + i1 * t1 + i2 * t2] = kiln_from_double<D>(kiln_to_double(src[i0 * s0 + i1 * s1 + i2 * s2]));
+  }
+}
+#define KILN_MM_COPY(SN, S, DN, D)                                                                            \
+  extern "C" __global__ void kiln_mm_copy_##SN##_##DN(const S* src, D* dst, kiln_i64 n, kiln_i64 d1,         \
+                                                     kiln_i64 d2, kiln_i64 s0, kiln_i64 s1, kiln_i64 s2,      \
+                                                     kiln_i64 t0, kiln_i64 t1, kiln_i64 t2) {                 \
+    kiln_copy<S, D>(src, dst, n, d1, d2, s0, s1, s2, t0, t1, t2);                                             \
+  }
+#define KILN_MM_COPY_TO(DN, D) \
+  KILN_MM_COPY(f64, double, DN, D) KILN_MM_COPY(f32, float, DN, D) \
+  KILN_MM_COPY(f16, __half, DN, D) KILN_MM_COPY(bf16, __nv_bfloat16, DN, D)
+KILN_MM_COPY_TO(f64, double)
+KILN_MM_COPY_TO(f32, float)
+KILN_MM_COPY_TO(f16, __half)
+KILN_MM_COPY_TO(bf16, __nv_bfloat16)
+)";
+}
+
+inline std::string copy_kernel_name(dtype src, dtype dst) {
+  return "kiln_mm_copy_" + std::string(name(src)) + "_" + std::string(name(dst));
+}
+
+inline CUfunction copy_function(int device, dtype src, dtype dst) {
+  DeviceState& s = state(device);
+  std::call_once(s.copy_once, [&] {
+    std::vector<char> cubin = compile_cubin(copy_kernel_source(), "kiln_mm_copy", driver::arch(device));
+    auto module = std::make_unique<Module>(cubin, device);
+    const dtype types[4] = {dtype::f64, dtype::f32, dtype::f16, dtype::bf16};
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) s.copy_fns[i][j] = module->function(copy_kernel_name(types[i], types[j]).c_str());
+    s.copy_module = module.release();
+  });
+  return s.copy_fns[static_cast<int>(src)][static_cast<int>(dst)];
+}
+
+// Copies src into dst (same shape, rank <= 3, any strides, floating dtypes, converting) on stream.
+inline void device_copy(const Tensor& src, const Tensor& dst, CUstream stream) {
+  if (!(src.shape() == dst.shape()) || src.dim() > 3)
+    throw shape_error("matmul: internal copy from " + src.shape().str() + " to " + dst.shape().str());
+  const std::int64_t n = src.numel();
+  if (n == 0) return;
+  std::int64_t d[3] = {1, 1, 1}, s[3] = {0, 0, 0}, t[3] = {0, 0, 0};
+  for (int i = 0, o = 3 - src.dim(); i < src.dim(); ++i) {
+    d[o + i] = src.shape()[i];
+    s[o + i] = src.strides()[i];
+    t[o + i] = dst.strides()[i];
+  }
+  const int device = dst.device().index;
+  CUfunction f = copy_function(device, src.dtype(), dst.dtype());
+  driver::make_current(device);
+  const void* sp = src.data_ptr();
+  void* dp = dst.data_ptr();
+  void* args[] = {&sp, &dp, const_cast<std::int64_t*>(&n), &d[1], &d[2], &s[0], &s[1], &s[2], &t[0], &t[1], &t[2]};
+  const std::int64_t threads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
+  launch(f, Dim3{blocks}, Dim3{static_cast<unsigned>(threads)}, 0, stream, args, "kiln_mm_copy");
+}
+
+// A contiguous copy of t in dtype d, on t's device.
+inline Tensor contiguous_as(const Tensor& t, dtype d, CUstream stream) {
+  Tensor c = Tensor::empty(t.shape(), d, t.device(), Stream(stream));
+  device_copy(t, c, stream);
+  return c;
+}
+
+}  // namespace cuda_mm_detail
+}  // namespace kiln::runtime
