@@ -13,7 +13,6 @@
 #include <deque>
 #include <mutex>
 #include <shared_mutex>
-#include <unordered_map>
 #include <utility>
 
 #include "../graph/flatten.hpp"
@@ -22,46 +21,11 @@
 #include "lower.hpp"
 #include "options.hpp"
 #include "program_budget.hpp"
+#include "program_cache_types.hpp"
 
 namespace kiln::runtime {
 
-// Intermediates of runs recorded into a CUDA graph the caller is capturing: the caller's graph keeps
-// their addresses, so they are never returned to the allocator (they live as long as the function).
-struct CapturePins {
-  std::mutex mu;
-  std::vector<std::vector<Tensor>> kept;
-  void add(std::vector<Tensor> temps) {
-    std::lock_guard lock(mu);
-    kept.push_back(std::move(temps));
-  }
-};
-
-// One compiled program and what it assumed.
-struct Entry {
-  guards::GuardSet guards;
-  mutable std::uint64_t key = 0;                    // guards::guard_key(guards): its bucket (under the cache's lock)
-  mutable std::atomic<std::uint64_t> last_used{0};  // lru_tick() of its latest call
-  std::shared_ptr<Program> program;
-  LoweringStats stats;
-  std::shared_ptr<GraphReplay> graphs;  // .cuda_graphs on a CUDA device; after program: destroyed first
-  std::shared_ptr<CapturePins> pins;    // CUDA: intermediates of runs recorded in a caller's capture
-  bool tune = false;                    // options.autotune: the first call times the candidates
-  mutable std::once_flag tuned;
-  mutable std::atomic<bool> tuning_done{false};
-};
-
-// The scratch shapes of a dynamic call: the program's graph re-inferred for this call's inputs.
-struct CallShapes {
-  std::vector<graph::Node> nodes;
-};
-
-// Eager caches pass `eager`: no recompile limit, and their programs count against the process-wide
-// budget of eager programs.
-enum class CacheKind { function, eager };
-
 class ProgramCache final : public Evictable {
-  using Buckets = std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<const Entry>>>;
-
  public:
   explicit ProgramCache(options o = {}, CacheKind kind = CacheKind::function)
       : opt_(o), eager_(kind == CacheKind::eager) {
