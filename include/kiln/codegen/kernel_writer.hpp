@@ -288,7 +288,10 @@ class KernelWriter {
 
 inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& idx, const std::string& extra_mask) {
   std::string key = std::to_string(scope_) + ":" + std::to_string(node) + ":" + extra_mask;
-  for (auto& i : idx) key += "," + i.str();
+  for (auto& i : idx) {
+    key += ',';
+    key += i.str();
+  }
   auto it = memo_.find(key);
   if (it != memo_.end()) return it->second;
   Value v = emit_uncached(node, idx, extra_mask);

@@ -365,7 +365,11 @@ inline Sym ravel(std::span<const Sym> idx, std::span<const Sym> strides) {
 class SymbolTable {
  public:
   // The next size symbol s0, s1, ...; sizes are positive.
-  Sym new_size() { return new_symbol("s" + std::to_string(sizes_++), {.positive = true}); }
+  Sym new_size() {
+    std::string name = "s";  // appended, not "s" + ...: g++ 12 -O3 warns falsely on that (-Wrestrict, PR 105329)
+    name += std::to_string(sizes_++);
+    return new_symbol(std::move(name), {.positive = true});
+  }
   // An index variable with 0 <= name < bound (the bound drives mod/floordiv elimination).
   Sym new_index(std::string name, Sym bound) {
     return new_symbol(std::move(name), {.nonnegative = true, .bound = std::move(bound)});

@@ -56,13 +56,12 @@ struct Schedule {
 namespace detail {
 
 inline Dims reduce_dims_of(const graph::Node& n, int rank) {
+  // Marked then listed: ascending and without repeats, with no sort over the fixed-capacity Dims.
+  std::vector<bool> reduced(rank, n.attrs.all);
+  for (auto d : n.attrs.dims) reduced[d < 0 ? d + rank : d] = true;
   Dims out;
-  if (n.attrs.all) {
-    for (int i = 0; i < rank; ++i) out.push_back(i);
-    return out;
-  }
-  for (auto d : n.attrs.dims) out.push_back(d < 0 ? d + rank : d);
-  std::sort(out.begin(), out.end());
+  for (int i = 0; i < rank; ++i)
+    if (reduced[i]) out.push_back(i);
   return out;
 }
 
