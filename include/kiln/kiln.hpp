@@ -38,4 +38,5 @@
 #include "reference/eval.hpp"
 #include "runtime/aot/export.hpp"
 #include "runtime/api.hpp"
+#include "runtime/cond.hpp"
 #include "runtime/item.hpp"

@@ -214,14 +214,12 @@ inline void infer_custom(const Graph& g, Node& n) {
 
 }  // namespace detail
 
-// Fills shape and dtype of every node, given the argument tensors (indexed by arg slot).
-template <class TensorAt>
-void infer_shapes(Graph& g, TensorAt&& arg) {
+// Fills shape and dtype of every node; set_arg(node) fills those of an argument node.
+template <class SetArg>
+void infer_shapes_with(Graph& g, SetArg&& set_arg) {
   for (auto& n : g.nodes) {
     if (n.op == Op::arg) {
-      const Tensor& t = arg(n.slot);
-      n.shape = t.shape();
-      n.dt = t.dtype();
+      set_arg(n);
     } else if (n.op == Op::constant) {
       n.shape = {};
       n.dt = kiln::dtype::f64;
@@ -234,6 +232,16 @@ void infer_shapes(Graph& g, TensorAt&& arg) {
       detail::infer_node(g, n);
     }
   }
+}
+
+// Fills shape and dtype of every node, given the argument tensors (indexed by arg slot).
+template <class TensorAt>
+void infer_shapes(Graph& g, TensorAt&& arg) {
+  infer_shapes_with(g, [&](Node& n) {
+    const Tensor& t = arg(n.slot);
+    n.shape = t.shape();
+    n.dt = t.dtype();
+  });
 }
 
 namespace detail {
