@@ -158,12 +158,14 @@ TEST_CASE("tuning: KILN_TUNE_* variables are read at each compile, under a candi
     Env e("KILN_TUNE_POI_THREADS", "");  // empty is unset
     CHECK(k::Tuning::from_environment() == k::Tuning{});
   }
-  // A graph-level knob: without column partials, the weight gradient's column sum is its own kernel.
-  auto a = k::empty({4096, 1024}, k::f32, k::cpu), dy = k::empty({4096, 1024}, k::f32, k::cpu);
-  auto expr = std::make_tuple(k::sum(dy * (a - k::mean(a, -1, true)), -1), k::sum(dy * a, 0));
-  const auto with = plan_tuned(expr, k::Device(k::cuda), false)->kernels.size();
+  // A graph-level knob: without column partials, the row kernel computes none of the column sum.
+  // (A shape where the rule places partials: rows held in registers, enough rows for 256 groups.)
+  auto a = k::empty({16384, 2048}, k::f32, k::cpu), dy = k::empty({16384, 2048}, k::f32, k::cpu);
+  auto expr = std::make_tuple(k::sum(dy * (a - k::mean(a, -1, true)), -1), k::sum(dy, 0));
+  auto groups = [&] { return plan_tuned(expr, k::Device(k::cuda), false)->kernels.at(0).src.partial_groups; };
+  CHECK(groups() > 0);
   Env e("KILN_TUNE_PARTIALS", "0");
-  CHECK(plan_tuned(expr, k::Device(k::cuda), false)->kernels.size() > with);
+  CHECK(groups() == 0);
 }
 
 TEST_CASE("autotune: CPU programs run the rules' choices and stay correct") {

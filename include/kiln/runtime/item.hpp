@@ -7,11 +7,11 @@
 #pragma once
 #include <mutex>
 #include <set>
-#include <source_location>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "../core/source_location.hpp"
 #include "api.hpp"
 
 namespace kiln {
@@ -36,7 +36,7 @@ inline void note_graph_break(const std::string& reason) {
   debug::log(debug::Channel::graph_breaks, "graph break: " + reason);
 }
 
-inline std::string source_site(const std::source_location& at) {
+inline std::string source_site(const kiln::source_location& at) {
   std::string file = at.file_name();
   if (auto slash = file.find_last_of('/'); slash != std::string::npos) file = file.substr(slash + 1);
   return file + ":" + std::to_string(at.line());
@@ -57,7 +57,7 @@ runtime::ProgramCache& item_cache() {
 // compiled function, `e` may use the function's arguments.
 template <class T, class E>
 requires Expr<E> || std::is_same_v<std::remove_cvref_t<E>, Tensor> T
-item(const E& e, std::source_location at = std::source_location::current()) {
+item(const E& e, kiln::source_location at = kiln::source_location::current()) {
   static_assert(std::is_arithmetic_v<T>, "k::item<T>: T must be bool, an integer or a floating-point type");
   Tensor value;
   if constexpr (std::is_same_v<std::remove_cvref_t<E>, Tensor>) {
