@@ -80,7 +80,10 @@ namespace kiln {
   X(linear, "linear", composite, 3)                 \
   X(transpose, "transpose", composite, 1)           \
   X(unsqueeze, "unsqueeze", composite, 1)           \
-  X(squeeze, "squeeze", composite, 1)
+  X(squeeze, "squeeze", composite, 1)               \
+  X(argmax, "argmax", composite, 1)                 \
+  X(argmin, "argmin", composite, 1)                 \
+  X(cat, "cat", composite, 2)
 
 enum class Op : std::uint8_t {
 #define KILN_OP_ENUM(e, s, c, n) e,

@@ -183,6 +183,17 @@ auto logsumexp(X&& x, std::int64_t dim, bool keepdim = false) {
   return expr::make<Op::logsumexp>(detail::reduce_attrs(DimList(dim), keepdim), std::forward<X>(x));
 }
 
+// The index (i64) of the largest / smallest element along `dim`: the first one where several are
+// equal, and the first NaN where there is one (as PyTorch). No gradient flows through them.
+template <TensorLike X>
+auto argmax(X&& x, std::int64_t dim, bool keepdim = false) {
+  return expr::make<Op::argmax>(detail::reduce_attrs(DimList(dim), keepdim), std::forward<X>(x));
+}
+template <TensorLike X>
+auto argmin(X&& x, std::int64_t dim, bool keepdim = false) {
+  return expr::make<Op::argmin>(detail::reduce_attrs(DimList(dim), keepdim), std::forward<X>(x));
+}
+
 // ---- composites ----------------------------------------------------------------------------------
 template <TensorLike X>
 auto softmax(X&& x, std::int64_t dim) {
@@ -274,6 +285,30 @@ auto squeeze(X&& x) {
   Attrs at;
   at.all = true;
   return expr::make<Op::squeeze>(at, std::forward<X>(x));
+}
+
+// ---- joining ---------------------------------------------------------------------------------------
+// cat(dim, xs...): the operands one after another along `dim` (same rank, equal sizes elsewhere,
+// dtypes promoted as arithmetic does); built as nested two-operand cats, each lowered to a select
+// between the operands' zero-padded views, so a cat fuses into its consumer as any view does.
+template <TensorLike X>
+auto cat(std::int64_t, X&& x) {
+  return expr::lift(std::forward<X>(x));
+}
+template <TensorLike X, TensorLike Y, TensorLike... Rest>
+auto cat(std::int64_t dim, X&& x, Y&& y, Rest&&... rest) {
+  Attrs at;
+  at.a = dim;
+  auto two = expr::make<Op::cat>(at, std::forward<X>(x), std::forward<Y>(y));
+  if constexpr (sizeof...(Rest) == 0)
+    return two;
+  else
+    return cat(dim, std::move(two), std::forward<Rest>(rest)...);
+}
+// stack(dim, xs...): the operands (all of one shape) along a new dim `dim`.
+template <TensorLike... X>
+requires(sizeof...(X) > 0) auto stack(std::int64_t dim, X&&... xs) {
+  return cat(dim, unsqueeze(std::forward<X>(xs), dim)...);
 }
 
 }  // namespace kiln

@@ -152,8 +152,16 @@ inline Dims view_shape(Op op, const Dims& xs, Attrs& at) {
       out[d] = stop > start ? (stop - start + at.d - 1) / at.d : 0;
       return out;
     }
-    case Op::slice_backward:  // the gradient of a slice: attrs as slice's, dims = the sliced input's shape
+    case Op::slice_backward: {  // the gradient of a slice: attrs as slice's, dims = the sliced input's shape
+      // xs must be that slice of dims: a program lowered for other sizes (a cat's padding, whose
+      // dims came from the sizes at lowering) then fails its re-inference instead of running stale.
+      Attrs sliced = at;
+      Dims part = at.dims.size() ? view_shape(Op::slice, at.dims, sliced) : at.dims;
+      if (!(part == xs))
+        throw shape_error("slice_backward: gradient of shape " + xs.str() + " does not match the slice " + part.str() +
+                          " of " + at.dims.str());
       return at.dims;
+    }
     case Op::expand: {
       const Dims& want = at.dims;
       if (want.size() < rank)
@@ -368,6 +376,32 @@ inline void infer_node(Graph& g, Node& n) {
       reduced_dims(n.attrs, rank, n.op);
       n.shape = xs;
       break;
+    case Op::argmax:
+    case Op::argmin: {
+      Dims rd = reduced_dims(n.attrs, rank, n.op);
+      for (int d : rd)
+        if (xs[d] == 0)
+          throw shape_error(op + ": cannot take the index over dimension " + std::to_string(d) + " of size 0 in shape " +
+                            xs.str());
+      n.shape = reduced_shape(xs, rd, n.attrs.keepdim);
+      n.dt = kiln::dtype::i64;
+      return;
+    }
+    case Op::cat: {
+      const Dims& ys = in(1).shape;
+      if (rank == 0 || ys.size() != rank)
+        throw shape_error("cat: cannot join shapes " + xs.str() + " and " + ys.str() +
+                          " (operands need the same rank, at least 1)");
+      const int d = normalize_dim(n.attrs.a, rank, "cat");
+      for (int i = 0; i < rank; ++i)
+        if (i != d && xs[i] != ys[i])
+          throw shape_error("cat: shapes " + xs.str() + " and " + ys.str() + " differ in dimension " +
+                            std::to_string(i) + ", not only in the joined dimension " + std::to_string(d));
+      n.shape = xs;
+      n.shape[d] = xs[d] + ys[d];
+      n.dt = promote_nodes(in(0), in(1));
+      return;
+    }
     case Op::layer_norm:
     case Op::rms_norm: {
       if (rank == 0) throw shape_error(op + ": input must have at least one dimension");

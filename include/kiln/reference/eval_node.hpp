@@ -369,6 +369,41 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       out.data = {total / static_cast<double>(N)};
       return out;
     }
+    case Op::argmax:
+    case Op::argmin: {  // the first index of the extremum of each group, or of its first NaN
+      const Value& x = in(0);
+      const Dims rd = reduce_dims(n, x.shape.size());
+      Groups gr = make_groups(x.shape, rd);
+      std::vector<double> best(static_cast<std::size_t>(gr.groups), nan);
+      std::vector<bool> seen(best.size(), false);
+      const bool max = n.op == Op::argmax;
+      for_each_index(x.shape, [&](std::int64_t lin, const Dims& idx) {
+        const std::size_t k = static_cast<std::size_t>(gr.of[lin]);
+        const double v = x.data[static_cast<std::size_t>(lin)];
+        const double at = static_cast<double>(idx[static_cast<int>(rd[0])]);
+        const bool better = !seen[k] || (!std::isnan(best[k]) && (std::isnan(v) || (max ? v > best[k] : v < best[k])));
+        if (better) {
+          best[k] = v;
+          out.data[k] = at;
+          seen[k] = true;
+        }
+      });
+      return out;
+    }
+    case Op::cat: {  // a's elements, then b's, along the joined dim
+      const Value &a = in(0), &b = in(1);
+      const int d = normalize_dim(n.attrs.a, n.shape.size(), "cat");
+      const std::int64_t na = a.shape[d];
+      const Dims as = contiguous_strides(a.shape), bs = contiguous_strides(b.shape);
+      for_each_index(out.shape, [&](std::int64_t lin, const Dims& idx) {
+        Dims at = idx;
+        const bool first = idx[d] < na;
+        if (!first) at[d] -= na;
+        const double v = first ? a.data[dot_strides(at, as)] : b.data[dot_strides(at, bs)];
+        out.data[static_cast<std::size_t>(lin)] = round_to(n.dt, v);
+      });
+      return out;
+    }
     case Op::mse_loss: {
       Dims shape = broadcast_shapes(in(0).shape, in(1).shape, "mse_loss");
       Dims sa = broadcast_strides(in(0).shape, shape), sb = broadcast_strides(in(1).shape, shape);

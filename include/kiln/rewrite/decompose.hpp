@@ -134,6 +134,35 @@ inline int transpose(Builder& b, const Node& n, std::span<const int> in) {
   return b.permute(in[0], order);
 }
 inline int to_reshape(Builder& b, const Node& n, std::span<const int> in) { return b.reshape(in[0], n.shape); }
+// The first index along the dim holding the extremum m = amax (amin) there, or the first NaN where
+// m is NaN (x != x): the least index among the hits, each miss standing as the dim's size.
+inline int arg_extremum(Builder& b, const Node& n, std::span<const int> in) {
+  const int x = in[0];
+  const Dims rd = reduce_dims_of(b, n, x);
+  const int d = static_cast<int>(rd[0]);
+  const int m = b.reduce(n.op == Op::argmax ? Op::amax : Op::amin, x, rd, true);
+  const int index = b.iota(b.shape(x), d);
+  const int miss = b.cast(b.numel(x, Dims{d}), kiln::dtype::i64);  // weak: the where stays i64
+  const int nan_index = b.where(b.cmp(Op::ne, x, x), index, miss);
+  return b.reduce(Op::amin, b.where(b.cmp(Op::eq, x, m), index, nan_index), rd, n.attrs.keepdim);
+}
+// cat(a, b) along d: where(index < a's size, a zero-padded to the joined shape, b likewise); the
+// padded views are slice_backward nodes, read in place by the consumer's kernel.
+inline int cat(Builder& b, const Node& n, std::span<const int> in) {
+  const int d = normalize_dim(n.attrs.a, n.shape.size(), "cat");
+  const std::int64_t na = b.shape(in[0])[d];
+  auto padded = [&](int x, std::int64_t start, std::int64_t stop) {
+    Attrs at;
+    at.dims = n.shape;
+    at.a = d;
+    at.b = start;
+    at.c = stop;
+    at.d = 1;
+    return b.op(Op::slice_backward, {b.cast(x, n.dt)}, at);
+  };
+  const int first = b.cmp(Op::lt, b.iota(n.shape, d), b.numel(in[0], Dims{d}));
+  return b.where(first, padded(in[0], 0, na), padded(in[1], na, n.shape[d]));
+}
 
 inline constexpr std::array<DecompositionRule, op_count> decompositions = [] {
   std::array<DecompositionRule, op_count> t{};
@@ -155,6 +184,9 @@ inline constexpr std::array<DecompositionRule, op_count> decompositions = [] {
   set(Op::transpose, transpose, 0);
   set(Op::unsqueeze, to_reshape, 0);
   set(Op::squeeze, to_reshape, 0);
+  set(Op::argmax, arg_extremum, 0);
+  set(Op::argmin, arg_extremum, 0);
+  set(Op::cat, cat, 0);
   return t;
 }();
 
