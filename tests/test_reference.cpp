@@ -137,7 +137,7 @@ Vec map(const Vec& x, F f) {
 
 // The oracle has one rule per op of expr/op.hpp: a new op must be taught to reference/eval.hpp
 // (and tested here) before this count is raised.
-static_assert(k::op_table.size() == 69, "a new op: add its rule to reference/eval.hpp and a test here");
+static_assert(k::op_table.size() == 72, "a new op: add its rule to reference/eval.hpp and a test here");
 
 // ---- pointwise ---------------------------------------------------------------------------------
 
@@ -669,6 +669,27 @@ TEST_CASE("reference: gather along the last dim") {
   // Out-of-range indices are an error.
   CHECK_THROWS_AS(ev(k::expr::make<k::Op::gather>({}, x, from({0, 9, 1, 2, 3}, {5, 1}, k::i64))), k::shape_error);
   CHECK_THROWS_AS(ev(k::expr::make<k::Op::gather>({}, x, from({0, -1, 1, 2, 3}, {5, 1}, k::i64))), k::shape_error);
+}
+
+TEST_CASE("reference: argmax / argmin (first of ties, first NaN) and cat along a dim") {
+  // Rows: ties at the extremum, a NaN, -inf and +inf.
+  Tensor x = from({1, 3, 3, -2, /**/ 0, NaN, 5, NaN, /**/ -Inf, -Inf, 2, Inf}, {3, 4});
+  Result amax = ev(k::argmax(x, 1));
+  CHECK(amax.dt == k::i64);
+  check_result(amax, {3}, {1, 1, 3}, 0);
+  check_result(ev(k::argmin(x, -1, true)), {3, 1}, {3, 1, 0}, 0);
+  check_result(ev(k::argmax(x, 0)), {4}, {0, 1, 1, 1}, 0);
+  CHECK_THROWS_AS(ev(k::argmax(from({}, {2, 0}), 1)), k::shape_error);
+  // cat of [2, 2] and [2, 1] along dim 1 and of [1, 2] and [2, 2] along dim 0; dtypes promote.
+  Tensor a = from({1, 2, 3, 4}, {2, 2}), b = from({5, 6}, {2, 1}, k::i64), c = from({7, 8}, {1, 2}, k::bf16);
+  Result ab = ev(k::cat(1, a, b));
+  CHECK(ab.dt == k::f32);
+  check_result(ab, {2, 3}, {1, 2, 5, 3, 4, 6}, 0);
+  Result ca = ev(k::cat(-2, c, a, c));
+  CHECK(ca.dt == k::f32);
+  check_result(ca, {4, 2}, {7, 8, 1, 2, 3, 4, 7, 8}, 0);
+  check_result(ev(k::stack(1, a, a)), {2, 2, 2}, {1, 2, 1, 2, 3, 4, 3, 4}, 0);
+  CHECK_THROWS_AS(ev(k::cat(0, a, b)), k::shape_error);
 }
 
 TEST_CASE("reference: numel, iota and constants") {
