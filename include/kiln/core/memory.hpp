@@ -1,6 +1,10 @@
 // Raw memory for tensors on any device: host memory is 64-byte aligned, device memory comes from
-// the driver's stream-ordered caching allocator (core/driver.hpp).
+// the driver's stream-ordered caching allocator (core/driver.hpp). Every block kiln allocates is
+// counted per device (k::memory_stats): bytes in use, their peak, and what the cache holds besides.
 #pragma once
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -21,21 +25,60 @@ inline void require_device(Device d, const char* op) {
                        std::to_string(driver::device_count()) + " CUDA devices)");
 }
 
+namespace detail {
+
+// The bytes a block of `bytes` occupies: host blocks are rounded to 64 B, device blocks to the
+// caching allocator's size class.
+inline std::size_t block_bytes(std::size_t bytes, Device d) {
+  if (d.is_cpu()) return (bytes ? (bytes + 63) / 64 * 64 : 64);
+  return bytes ? driver::size_class(bytes) : 0;
+}
+
+// Counters of one device: bytes in blocks handed out and not yet freed, and their peak.
+struct Counters {
+  std::atomic<std::size_t> allocated{0}, peak{0};
+};
+inline constexpr int max_counted_devices = 64;
+// Slot 0 is the host; slot 1 + n is cuda:n (devices past the table are not counted).
+inline Counters* counters(Device d) {
+  static std::array<Counters, max_counted_devices + 1> table;
+  const int slot = d.is_cpu() ? 0 : 1 + d.index;
+  return slot >= 0 && slot <= max_counted_devices ? &table[static_cast<std::size_t>(slot)] : nullptr;
+}
+inline void count_allocated(Device d, std::size_t n) {
+  Counters* c = counters(d);
+  if (!c || !n) return;
+  const std::size_t now = c->allocated.fetch_add(n, std::memory_order_relaxed) + n;
+  std::size_t peak = c->peak.load(std::memory_order_relaxed);
+  while (now > peak && !c->peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+inline void count_freed(Device d, std::size_t n) {
+  if (Counters* c = counters(d); c && n) c->allocated.fetch_sub(n, std::memory_order_relaxed);
+}
+
+}  // namespace detail
+
 inline void* allocate(std::size_t bytes, Device d, CUstream s) {
   if (d.is_cpu()) {
-    std::size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+    void* p = std::aligned_alloc(64, detail::block_bytes(bytes, d));
     if (!p) throw std::bad_alloc();
+    detail::count_allocated(d, detail::block_bytes(bytes, d));
     return p;
   }
   require_device(d, "allocate");
-  return bytes ? driver::allocate(bytes, d.index, s) : nullptr;
+  if (!bytes) return nullptr;
+  void* p = driver::allocate(bytes, d.index, s);
+  detail::count_allocated(d, detail::block_bytes(bytes, d));
+  return p;
 }
 
 inline void deallocate(void* p, std::size_t bytes, Device d, CUstream s) noexcept {
+  if (!p) return;
+  detail::count_freed(d, detail::block_bytes(bytes, d));
   if (d.is_cpu()) return std::free(p);
   try {
-    if (p) driver::deallocate(p, bytes, d.index, s);
+    driver::deallocate(p, bytes, d.index, s);
   } catch (...) {  // freeing during shutdown must not throw
   }
 }
@@ -57,3 +100,38 @@ inline void synchronize(CUstream s, Device involved) {
 }
 
 }  // namespace kiln::memory
+
+namespace kiln {
+
+// What k::memory_stats reports for one device, in bytes, as torch.cuda.memory_stats does:
+// `allocated` is held by live tensors and kiln's intermediates (in the blocks the allocator hands
+// out: host blocks rounded to 64 B, device blocks to the caching allocator's size classes),
+// `reserved` is that plus the blocks the caching allocator keeps for reuse (equal to `allocated` on
+// the host and under a user's allocator, which kiln cannot see into), and `peak` the most
+// `allocated` has been since the process started or the last k::reset_peak_memory_stats. Memory
+// the caller owns (k::Tensor::wrap) is not counted; neither is cuBLASLt's workspace.
+struct memory_info {
+  std::size_t allocated = 0, reserved = 0, peak = 0;
+};
+
+inline memory_info memory_stats(Device d = cpu) {
+  memory::require_device(d, "memory_stats");
+  memory_info out;
+  if (memory::detail::Counters* c = memory::detail::counters(d)) {
+    out.allocated = c->allocated.load(std::memory_order_relaxed);
+    out.peak = std::max(c->peak.load(std::memory_order_relaxed), out.allocated);
+  }
+  out.reserved = out.allocated;
+  if (d.is_cuda() && &driver::current_allocator() == &driver::caching_allocator())
+    out.reserved += driver::caching_allocator().cached_bytes(d.index);
+  return out;
+}
+
+// Starts a new peak for device d at what is allocated now.
+inline void reset_peak_memory_stats(Device d = cpu) {
+  memory::require_device(d, "reset_peak_memory_stats");
+  if (memory::detail::Counters* c = memory::detail::counters(d))
+    c->peak.store(c->allocated.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+}  // namespace kiln

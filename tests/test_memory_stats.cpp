@@ -1,0 +1,73 @@
+// k::memory_stats / k::reset_peak_memory_stats (API.md "Models"): bytes of live tensors, their peak
+// and the allocator's cache, per device, checked against sizes computed here.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+
+#include "have_gpu.hpp"
+
+namespace k = kiln;
+
+TEST_CASE("memory_stats (cpu): tensors count while alive, the peak stays until reset, wrapped memory never counts") {
+  const k::memory_info before = k::memory_stats(k::cpu);
+  CHECK(before.reserved == before.allocated);
+  CHECK(before.peak >= before.allocated);
+  std::size_t peak_with_both = 0;
+  {
+    k::Tensor a = k::empty({1000}, k::f32, k::cpu);  // 4,000 bytes in a 4,032-byte block
+    CHECK(k::memory_stats(k::cpu).allocated == before.allocated + 4032);
+    k::Tensor b = k::empty({3, 5}, k::f64, k::cpu);  // 120 bytes in 128
+    const k::memory_info both = k::memory_stats(k::cpu);
+    CHECK(both.allocated == before.allocated + 4032 + 128);
+    CHECK(both.peak >= both.allocated);
+    peak_with_both = both.peak;
+    k::Tensor c = a;  // a handle: no new memory
+    CHECK(k::memory_stats(k::cpu).allocated == both.allocated);
+  }
+  const k::memory_info after = k::memory_stats(k::cpu);
+  CHECK(after.allocated == before.allocated);
+  CHECK(after.peak == peak_with_both);  // the peak outlives the tensors
+  k::reset_peak_memory_stats(k::cpu);
+  CHECK(k::memory_stats(k::cpu).peak == after.allocated);
+
+  std::vector<float> mine(256, 1.5f);
+  k::Tensor view = k::Tensor::wrap(mine.data(), {256}, k::f32, k::cpu);
+  CHECK(k::memory_stats(k::cpu).allocated == after.allocated);
+
+  // An evaluation's result stays counted; the peak saw it.
+  k::Tensor x = k::randn({64, 33}, k::f32, k::cpu, 3);
+  const std::size_t with_x = k::memory_stats(k::cpu).allocated;
+  k::reset_peak_memory_stats(k::cpu);
+  k::Tensor y = k::softmax(x * 2.0f, -1);
+  const k::memory_info evaluated = k::memory_stats(k::cpu);
+  CHECK(evaluated.allocated >= with_x + 64 * 33 * 4);
+  CHECK(evaluated.peak >= evaluated.allocated);
+}
+
+TEST_CASE("memory_stats (cuda): freed blocks leave allocated but stay reserved in the cache" * needs_gpu()) {
+  k::synchronize();
+  const k::memory_info before = k::memory_stats(k::cuda);
+  CHECK(before.reserved >= before.allocated);
+  const std::size_t bytes = std::size_t(3) << 20;  // 3 MiB: its own size class
+  std::optional<k::Tensor> t = k::empty({static_cast<std::int64_t>(bytes / 4)}, k::f32, k::cuda);
+  const k::memory_info held = k::memory_stats(k::cuda);
+  CHECK(held.allocated == before.allocated + bytes);
+  CHECK(held.peak >= held.allocated);
+  CHECK(held.reserved >= held.allocated);
+  t.reset();
+  const k::memory_info freed = k::memory_stats(k::cuda);
+  CHECK(freed.allocated == before.allocated);
+  CHECK(freed.reserved >= freed.allocated + bytes);  // cached for the next tensor of that size
+  CHECK(freed.peak >= held.allocated);
+  k::reset_peak_memory_stats(k::cuda);
+  CHECK(k::memory_stats(k::cuda).peak == freed.allocated);
+}
+
+TEST_CASE("memory_stats of a CUDA device on a machine without one is a device_error" * needs_no_gpu()) {
+  CHECK_THROWS_AS(k::memory_stats(k::cuda), k::device_error);
+  CHECK_THROWS_AS(k::reset_peak_memory_stats(k::cuda(1)), k::device_error);
+}
