@@ -135,7 +135,7 @@ TEST_CASE("argmax/argmin: first index of the extremum, NaN first, keepdim, views
   check_argmax_rows(k::cuda);
 }
 
-TEST_CASE("argmax: over a dim of size 0 is a shape_error naming argmax; a bad dim too") {
+TEST_CASE("argmax: over a dim of size 0 is a shape_error naming the op; a bad dim too; a 0-d tensor") {
   k::Tensor e = k::empty({3, 0}, k::f32, k::cpu);
   CHECK_THROWS_AS(k::Tensor(k::argmax(e, 1)), k::shape_error);
   try {
@@ -145,6 +145,12 @@ TEST_CASE("argmax: over a dim of size 0 is a shape_error naming argmax; a bad di
     CHECK(std::string(err.what()).find("[3, 0]") != std::string::npos);
   }
   CHECK_THROWS_AS(k::Tensor(k::argmax(k::randn({3, 4}, k::f32, k::cpu, 1), 2)), k::shape_error);
+  // A 0-d tensor's index is 0 (as PyTorch), fused and in the oracle.
+  k::Tensor s = k::full({}, 3.0, k::f32, k::cpu);
+  k::Tensor i = k::argmax(s, 0);
+  CHECK(i.shape() == std::vector<std::int64_t>{});
+  CHECK(as_i64(i) == std::vector<std::int64_t>{0});
+  CHECK(as_i64(k::reference::eval(k::argmin(s, -1, true))) == std::vector<std::int64_t>{0});
 }
 
 TEST_CASE("argmax: no gradient flows through the index; inside a compiled function") {

@@ -153,8 +153,7 @@ inline Dims view_shape(Op op, const Dims& xs, Attrs& at) {
       return out;
     }
     case Op::slice_backward: {  // the gradient of a slice: attrs as slice's, dims = the sliced input's shape
-      // xs must be that slice of dims: a program lowered for other sizes (a cat's padding, whose
-      // dims came from the sizes at lowering) then fails its re-inference instead of running stale.
+      // xs must be that slice of dims: a program lowered for other sizes (a cat's padding) then fails.
       Attrs sliced = at;
       Dims part = at.dims.size() ? view_shape(Op::slice, at.dims, sliced) : at.dims;
       if (!(part == xs))
@@ -378,11 +377,9 @@ inline void infer_node(Graph& g, Node& n) {
       break;
     case Op::argmax:
     case Op::argmin: {
-      Dims rd = reduced_dims(n.attrs, rank, n.op);
-      for (int d : rd)
-        if (xs[d] == 0)
-          throw shape_error(op + ": cannot take the index over dimension " + std::to_string(d) + " of size 0 in shape " +
-                            xs.str());
+      const Dims rd = reduced_dims(n.attrs, rank, n.op);  // one dim
+      if (rank && xs[static_cast<int>(rd[0])] == 0)
+        throw shape_error(op + ": cannot take the index over a dimension of size 0 in shape " + xs.str());
       n.shape = reduced_shape(xs, rd, n.attrs.keepdim);
       n.dt = kiln::dtype::i64;
       return;

@@ -380,12 +380,9 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       for_each_index(x.shape, [&](std::int64_t lin, const Dims& idx) {
         const std::size_t k = static_cast<std::size_t>(gr.of[lin]);
         const double v = x.data[static_cast<std::size_t>(lin)];
-        const double at = static_cast<double>(idx[static_cast<int>(rd[0])]);
-        const bool better = !seen[k] || (!std::isnan(best[k]) && (std::isnan(v) || (max ? v > best[k] : v < best[k])));
-        if (better) {
-          best[k] = v;
-          out.data[k] = at;
-          seen[k] = true;
+        if (!seen[k] || (!std::isnan(best[k]) && (std::isnan(v) || (max ? v > best[k] : v < best[k])))) {
+          best[k] = v, seen[k] = true;
+          out.data[k] = static_cast<double>(idx[static_cast<int>(rd[0])]);
         }
       });
       return out;

@@ -137,14 +137,15 @@ inline int to_reshape(Builder& b, const Node& n, std::span<const int> in) { retu
 // The first index along the dim holding the extremum m = amax (amin) there, or the first NaN where
 // m is NaN (x != x): the least index among the hits, each miss standing as the dim's size.
 inline int arg_extremum(Builder& b, const Node& n, std::span<const int> in) {
-  const int x = in[0];
-  const Dims rd = reduce_dims_of(b, n, x);
+  const bool scalar = b.rank(in[0]) == 0;  // a 0-d x is taken as [1]: its index is 0
+  const int x = scalar ? b.reshape(in[0], Dims{1}) : in[0];
+  const Dims rd = scalar ? Dims{0} : reduce_dims_of(b, n, x);
   const int d = static_cast<int>(rd[0]);
   const int m = b.reduce(n.op == Op::argmax ? Op::amax : Op::amin, x, rd, true);
   const int index = b.iota(b.shape(x), d);
   const int miss = b.cast(b.numel(x, Dims{d}), kiln::dtype::i64);  // weak: the where stays i64
   const int nan_index = b.where(b.cmp(Op::ne, x, x), index, miss);
-  return b.reduce(Op::amin, b.where(b.cmp(Op::eq, x, m), index, nan_index), rd, n.attrs.keepdim);
+  return b.reduce(Op::amin, b.where(b.cmp(Op::eq, x, m), index, nan_index), rd, n.attrs.keepdim && !scalar);
 }
 // cat(a, b) along d: where(index < a's size, a zero-padded to the joined shape, b likewise); the
 // padded views are slice_backward nodes, read in place by the consumer's kernel.
