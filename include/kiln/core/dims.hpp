@@ -5,7 +5,6 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
-#include <iterator>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -84,10 +83,7 @@ class Dims {
  private:
   template <class It>
   constexpr void assign(It first, It last) {
-    const auto count = std::distance(first, last);
-    if (count > max_rank) throw shape_error("kiln supports tensors of at most 8 dimensions");
-    n_ = static_cast<int>(count);
-    for (int i = 0; i < n_; ++i, ++first) v_[i] = static_cast<std::int64_t>(*first);
+    for (; first != last; ++first) push_back(static_cast<std::int64_t>(*first));
   }
   std::array<std::int64_t, max_rank> v_{};
   int n_ = 0;

@@ -61,9 +61,10 @@ inline void count_freed(Device d, std::size_t n) {
 
 inline void* allocate(std::size_t bytes, Device d, CUstream s) {
   if (d.is_cpu()) {
-    void* p = std::aligned_alloc(64, detail::block_bytes(bytes, d));
+    const std::size_t block = detail::block_bytes(bytes, d);
+    void* p = std::aligned_alloc(64, block);
     if (!p) throw std::bad_alloc();
-    detail::count_allocated(d, detail::block_bytes(bytes, d));
+    detail::count_allocated(d, block);
     return p;
   }
   require_device(d, "allocate");
