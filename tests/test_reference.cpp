@@ -3,6 +3,7 @@
 // non-contiguous views, 16-bit and integer inputs).
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -137,7 +138,7 @@ Vec map(const Vec& x, F f) {
 
 // The oracle has one rule per op of expr/op.hpp: a new op must be taught to reference/eval.hpp
 // (and tested here) before this count is raised.
-static_assert(k::op_table.size() == 72, "a new op: add its rule to reference/eval.hpp and a test here");
+static_assert(k::op_table.size() == 75, "a new op: add its rule to reference/eval.hpp and a test here");
 
 // ---- pointwise ---------------------------------------------------------------------------------
 
@@ -1100,4 +1101,58 @@ TEST_CASE("reference: a custom op runs the user's forward on CPU tensors of the 
     want[i] =
         static_cast<double>(static_cast<float>(k::half(static_cast<float>(static_cast<float>(xv[i] * 3) / 2)))) + 1;
   check_result(r, Dims{7, 9}, want, 1e-3);
+}
+
+// ---- embedding, its scatter-add gradient, rand ---------------------------------------------------
+
+TEST_CASE("reference: embedding reads the table's rows at the ids; a bad id throws naming it") {
+  Tensor table = rnd({7, 5});
+  const Vec t = host(table);
+  Tensor ids = from({6, 0, 3, 3, 1, 6}, {2, 3}, k::i64);
+  Vec want;
+  for (double id : {6, 0, 3, 3, 1, 6})
+    for (int d = 0; d < 5; ++d) want.push_back(t[static_cast<std::size_t>(id * 5 + d)]);
+  Result r = ev(k::embedding(table, ids));
+  check_result(r, {2, 3, 5}, want, 0);
+  CHECK(r.dt == k::f32);
+  check_result(ev(k::embedding(table, from({6, 0, 3, 3, 1, 6}, {6}, k::i32))), {6, 5}, want, 0);
+  CHECK_THROWS_WITH_AS(ev(k::embedding(table, from({1, 7}, {2}, k::i64))), doctest::Contains("index 7 at position 1"),
+                       k::shape_error);
+  CHECK_THROWS_AS(ev(k::embedding(table, from({-1}, {1}, k::i64))), k::shape_error);
+}
+
+TEST_CASE("reference: embedding_backward sums the gradient's rows per id") {
+  Tensor g = rnd({2, 3, 4});
+  const Vec gv = host(g);
+  const std::vector<int> id = {2, 0, 2, 4, 2, 0};
+  k::Attrs at;
+  at.a = 5;
+  Result r = ev(k::expr::make<k::Op::embedding_backward>(at, g, from({2, 0, 2, 4, 2, 0}, {2, 3}, k::i64)));
+  Vec want(20, 0.0);
+  for (std::size_t p = 0; p < id.size(); ++p)
+    for (int d = 0; d < 4; ++d) want[static_cast<std::size_t>(id[p] * 4 + d)] += gv[p * 4 + d];
+  check_result(r, {5, 4}, want, 1e-15);
+}
+
+TEST_CASE("reference: rand is Philox 4x32-10 per row-major position, in [0, 1)") {
+  // Random123's known answers (kat_vectors) for philox4x32_10.
+  static_assert(k::philox::philox4x32_10({0, 0, 0, 0}, 0, 0) ==
+                std::array<std::uint32_t, 4>{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u});
+  static_assert(k::philox::philox4x32_10({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, 0xffffffffu,
+                                         0xffffffffu) ==
+                std::array<std::uint32_t, 4>{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu});
+  static_assert(k::philox::philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0xa4093822u,
+                                         0x299f31d0u) ==
+                std::array<std::uint32_t, 4>{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u});
+  Tensor x = rnd({3, 5, 7});
+  const std::uint64_t seed = 0x123456789abcdefull, offset = (std::uint64_t{1} << 32) - 50;  // crosses a word
+  Result r = ev(k::rand_like(x, seed, offset));
+  CHECK(r.dt == k::f32);
+  Vec want;
+  for (std::uint64_t i = 0; i < 105; ++i)
+    want.push_back(k::philox::uniform(seed, offset, i));
+  check_result(r, {3, 5, 7}, want, 0);
+  for (double v : r.v) CHECK((v >= 0 && v < 1));
+  // The first word of Philox(counter 0, key 0), as a uniform: 0x6627e8d5 >> 8 / 2^24.
+  CHECK(k::philox::uniform(0, 0, 0) == static_cast<float>(0x6627e8u) / 16777216.0f);
 }

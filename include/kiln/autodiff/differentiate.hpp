@@ -9,6 +9,7 @@
 // negative dims). Misuse that the type shows (grad of a non-scalar, a bad k::wrt) is still a
 // static_assert, in autodiff/grad.hpp.
 #pragma once
+#include <algorithm>
 #include <span>
 #include <string>
 #include <string_view>
@@ -104,7 +105,7 @@ inline std::vector<int> backpropagate(Builder& b, const graph::Graph& g, int out
       throw error("autodiff: no derivative rule for composite op " + std::string(kiln::name(g[i].op)) +
                   " (run rewrite::decompose first)");
     const Cotangents c = rule(b, i, ct[i]);
-    for (int k = 0; k < g[i].n_in; ++k)
+    for (int k = 0; k < std::min<int>(g[i].n_in, static_cast<int>(c.size())); ++k)  // rand has 5 inputs, no cotangents
       if (c[k] >= 0 && needs[g[i].in[k]]) accumulate(b, ct, g, g[i].in[k], c[k], g[i].op);
   }
   return ct;

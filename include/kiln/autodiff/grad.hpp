@@ -122,7 +122,9 @@ inline constexpr bool is_scalar_valued = scalarity_v<E> == Scalarity::yes;
 // ---- how argument I is used: as a value (differentiable) and/or as class indices ---------------
 inline constexpr int used_as_value = 1, used_as_index = 2;
 
-constexpr bool index_operand(Op op, std::size_t k) { return (op == Op::cross_entropy || op == Op::gather) && k == 1; }
+constexpr bool index_operand(Op op, std::size_t k) {
+  return (op == Op::cross_entropy || op == Op::gather || op == Op::embedding || op == Op::embedding_backward) && k == 1;
+}
 
 template <int I, class E>
 struct arg_use : std::integral_constant<int, 0> {};

@@ -152,6 +152,18 @@ inline Cotangents gather(Builder& b, int y, int g) {
   return {b.sum(spread, Dims{onehot.size() - 2}, false), -1, -1, -1};
 }
 
+// embedding(table, ids): the table's cotangent sums g's rows at each id (embedding_backward, an
+// extern step that adds in a fixed order: deterministic); embedding_backward's own cotangent is the
+// rows of its cotangent at the ids. The ids get none.
+inline Cotangents embedding(Builder& b, int y, int g) {
+  Attrs at;
+  at.a = b.shape(x0(b, y))[0];
+  return {b.op(Op::embedding_backward, {g, in(b, y, 1)}, at), -1, -1, -1};
+}
+inline Cotangents embedding_backward(Builder& b, int y, int g) {
+  return {b.op(Op::embedding, {g, in(b, y, 1)}), -1, -1, -1};
+}
+
 // y = a @ b: da = g @ b^T, db = a^T @ g; a 2-D b under a batched a gets the batch folded into rows.
 inline Cotangents matmul(Builder& b, int y, int g) {
   const int l = in(b, y, 0), r = in(b, y, 1);
@@ -200,7 +212,7 @@ inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   std::array<Rule, rewrite::op_count> t{};
   auto set = [&](Op op, Rule r) { t[static_cast<int>(op)] = r; };
   for (Op op : {Op::arg, Op::scalar, Op::constant, Op::iota, Op::numel, Op::sign, Op::logical_not, Op::lt, Op::le,
-                Op::gt, Op::ge, Op::eq, Op::ne})
+                Op::gt, Op::ge, Op::eq, Op::ne, Op::rand})
     set(op, rules::none);
   set(Op::neg, rules::neg);
   set(Op::abs, rules::abs);
@@ -238,6 +250,8 @@ inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   set(Op::slice_backward, rules::slice_backward);
   set(Op::expand, rules::expand);
   set(Op::gather, rules::gather);
+  set(Op::embedding, rules::embedding);
+  set(Op::embedding_backward, rules::embedding_backward);
   set(Op::matmul, rules::matmul);
   set(Op::custom, rules::custom);
   set(Op::custom_backward, rules::custom_backward);

@@ -377,7 +377,28 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
         return bind("kiln::where(" + inside + ", " + v.code + ", " + detail::literal(0, v.ct) + ")", ct);
       }
       return emit(n.in[0], view_index(node, idx), xm);
-    case OpClass::index: {  // gather along the last dim: the source is a buffer
+    case OpClass::index: {
+      if (n.op == Op::rand) {  // Philox of the element's row-major position; x gives only the shape
+        Sym pos = ravel(idx, contiguous_strides(env_[node]));
+        std::vector<std::string> words;
+        for (int k = 1; k <= 4; ++k) words.push_back(cast(child(k), kiln::dtype::i64).code);
+        return bind("kiln::rand_uniform(" + words[0] + ", " + words[1] + ", " + words[2] + ", " + words[3] + ", " +
+                        index_code(pos) + ")",
+                    ct);
+      }
+      if (n.op == Op::embedding) {  // table[ids[idx[:-1]], idx[-1]]: the table is a buffer
+        std::vector<Sym> at(idx.begin(), idx.end() - 1);
+        Value id = cast(emit(n.in[1], at, xm), kiln::dtype::i64);
+        int src = n.in[0];
+        std::vector<Sym> strides = strides_of_(src);
+        std::string ptr = param_for(src, false);
+        std::string inb = bind("(" + id.code + " >= 0) & (" + id.code + " < " + index_code(env_[src][0]) + ")",
+                               kiln::dtype::boolean)
+                              .code;
+        std::string off = id.code + " * " + index_code(strides[0]) + " + " + index_code(idx.back() * strides[1]);
+        return bind("kiln::load(" + ptr + ", " + off + ", " + mask() + " & " + inb + ")", ct);
+      }
+      // gather along the last dim: the source is a buffer
       Value t = cast(child(1), kiln::dtype::i64);
       int src = n.in[0];
       std::vector<Sym> base = idx;

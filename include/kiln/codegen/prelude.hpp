@@ -309,6 +309,32 @@ template <class A, class B> KILN_FN auto kiln_max(const A& a, const B& b) {
   return map2([](i64 x, i64 y) { return x < y ? y : x; }, a, b);
 }
 
+// Philox 4x32-10, the counter-based generator of k::rand_like and k::dropout (core/philox.hpp has
+// the host's copy, the oracle's): position i of the draw (seed, offset) is the first word of
+// Philox(counter = offset + i, 0, 0; key = seed), its top 24 bits scaled into [0, 1).
+#ifdef KILN_DEVICE_CODE
+KILN_FN unsigned m_mulhi(unsigned a, unsigned b) { return __umulhi(a, b); }
+#else
+KILN_FN unsigned m_mulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+#endif
+KILN_FN float m_philox_uniform(unsigned k0, unsigned k1, unsigned long long c) {
+  unsigned c0 = (unsigned)c, c1 = (unsigned)(c >> 32), c2 = 0u, c3 = 0u;
+KILN_UNROLL
+  for (int round = 0; round < 10; ++round) {
+    if (round) k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+    unsigned hi0 = m_mulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    unsigned hi1 = m_mulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    c0 = hi1 ^ c1 ^ k0; c2 = hi0 ^ c3 ^ k1; c1 = lo1; c3 = lo0;
+  }
+  return (float)(c0 >> 8) * (1.0f / 16777216.0f);
+}
+// rand over a tile (or one) of row-major positions; the seed and offset come as 32-bit words.
+template <class I> KILN_FN auto rand_uniform(i64 seed_lo, i64 seed_hi, i64 off_lo, i64 off_hi, const I& pos) {
+  const unsigned k0 = (unsigned)seed_lo, k1 = (unsigned)seed_hi;
+  const unsigned long long base = ((unsigned long long)off_hi << 32) | (unsigned long long)(unsigned)off_lo;
+  return map1([=](i64 i) { return m_philox_uniform(k0, k1, base + (unsigned long long)i); }, pos);
+}
+
 )KILN";
 
 // The whole prelude, as generated translation units begin.

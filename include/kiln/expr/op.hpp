@@ -8,7 +8,9 @@
 namespace kiln {
 
 // X(enum name, printed name, class, arity). Classes: leaf, unary, binary, ternary, reduce, view,
-// index (gather), meta (a value computed from a shape: numel), extern (library calls and users'
+// index (a value read or computed at a position known only at run time: gather, embedding, and
+// rand, a counter-based random number of the element's position; their first operand is not read
+// pointwise), meta (a value computed from a shape: numel), extern (library calls and users'
 // custom ops, whose arity is a maximum), composite (lowered to primitives by rewrite/decompose.hpp
 // before fusion).
 #define KILN_OPS(X)                                 \
@@ -83,7 +85,10 @@ namespace kiln {
   X(squeeze, "squeeze", composite, 1)               \
   X(argmax, "argmax", composite, 1)                 \
   X(argmin, "argmin", composite, 1)                 \
-  X(cat, "cat", composite, 2)
+  X(cat, "cat", composite, 2)                       \
+  X(embedding, "embedding", index, 2)               \
+  X(embedding_backward, "embedding_backward", extern_, 2) \
+  X(rand, "rand", index, 5)
 
 enum class Op : std::uint8_t {
 #define KILN_OP_ENUM(e, s, c, n) e,

@@ -1,6 +1,8 @@
 // The user-facing operations of API.md: each builds a lazy expression node; nothing runs here.
 #pragma once
+#include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "node.hpp"
@@ -285,6 +287,36 @@ auto squeeze(X&& x) {
   Attrs at;
   at.all = true;
   return expr::make<Op::squeeze>(at, std::forward<X>(x));
+}
+
+// ---- indexing ------------------------------------------------------------------------------------
+// embedding(table [V, D], ids): the table's rows at the i64/i32 ids, of shape ids.shape + [D]. An id
+// outside [0, V) reads zeros, never memory outside the table, and is reported as a k::error where
+// indices are checked (CPU evaluation, or options.check_indices). The table's gradient is a
+// deterministic scatter-add (the same bits every run); no gradient flows to the ids.
+template <TensorLike T, TensorLike I>
+auto embedding(T&& table, I&& ids) {
+  return expr::make<Op::embedding>({}, std::forward<T>(table), std::forward<I>(ids));
+}
+
+// ---- randomness -----------------------------------------------------------------------------------
+// Counter-based (Philox 4x32-10) uniform numbers in [0, 1): element i of the result is a function of
+// (seed, offset, i) alone, so the CPU and the GPU give the same bits and a backward pass regenerates
+// a mask instead of saving it. Seed and offset are run-time values: changing them never recompiles.
+// Draws of one seed do not overlap when each call's offset advances by the previous call's numel.
+template <TensorLike X>
+auto rand_like(X&& x, std::uint64_t seed, std::uint64_t offset = 0) {
+  auto word = [](std::uint64_t v, int half) { return static_cast<std::int64_t>((v >> (32 * half)) & 0xffffffffu); };
+  return expr::make<Op::rand>({}, std::forward<X>(x), word(seed, 0), word(seed, 1), word(offset, 0), word(offset, 1));
+}
+// dropout(x, p, seed, offset): each element zeroed with probability p (where rand_like(x, seed,
+// offset) < p), the rest scaled by 1 / (1 - p). p and the seed are run-time values.
+template <TensorLike X>
+auto dropout(X&& x, double p, std::uint64_t seed, std::uint64_t offset = 0) {
+  if (!(p >= 0.0 && p <= 1.0)) throw error("dropout: p must be in [0, 1], got " + std::to_string(p));
+  const double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;  // p = 1 drops everything (and its gradient)
+  auto keep = rand_like(x, seed, offset) >= p;
+  return where(std::move(keep), std::forward<X>(x) * scale, 0.0);
 }
 
 // ---- joining ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "graph.hpp"
+#include "infer_index.hpp"
 
 namespace kiln::graph {
 
@@ -310,18 +311,11 @@ inline void infer_node(Graph& g, Node& n) {
     }
     case OpClass::view:
       break;
-    case OpClass::index: {  // gather(x, idx): x[..., idx[...]] along the last dim
-      if (in(1).dt != kiln::dtype::i64 && in(1).dt != kiln::dtype::i32)
-        throw dtype_error("gather: indices must be i64 or i32, got " + std::string(name(in(1).dt)));
-      const Dims &xs = in(0).shape, &is = in(1).shape;
-      if (xs.size() == 0 || xs.size() != is.size() || !std::equal(xs.begin(), xs.end() - 1, is.begin()))
-        throw shape_error("gather: index shape " + is.str() + " does not match input shape " + xs.str());
-      n.shape = is;
-      n.dt = in(0).dt;
-      return;
-    }
+    case OpClass::index:
+      return infer_index(g, n);
     case OpClass::extern_: {
       if (is_custom(n.op)) return infer_custom(g, n);
+      if (n.op == Op::embedding_backward) return infer_index(g, n);
       n.shape = infer_matmul(in(0).shape, in(1).shape);
       n.dt = promote(in(0).dt, in(1).dt);
       if (!is_floating(n.dt))

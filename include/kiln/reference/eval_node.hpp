@@ -13,6 +13,7 @@
 #include "../graph/graph.hpp"
 #include "../graph/infer.hpp"
 #include "elementwise.hpp"
+#include "eval_index.hpp"
 #include "value.hpp"
 
 namespace kiln::reference {
@@ -75,12 +76,6 @@ inline std::int64_t rows_of(const Dims& shape) {  // product of all dims but the
   std::int64_t r = 1;
   for (int i = 0; i + 1 < shape.size(); ++i) r *= shape[i];
   return r;
-}
-
-inline void check_index(double v, std::int64_t size, const char* op) {
-  if (!(v >= 0 && v < static_cast<double>(size)))
-    throw shape_error(std::string(op) + ": index " + std::to_string(static_cast<std::int64_t>(v)) +
-                      " is out of range for a dimension of size " + std::to_string(size));
 }
 
 // A custom op: the user's forward (or backward) on CPU tensors of the nodes' dtypes, read back into
@@ -309,6 +304,17 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
           check_index(j, C, "gather");
           out.data[r * K + k] = x.data[r * C + static_cast<std::int64_t>(j)];
         }
+      return out;
+    }
+    case Op::embedding:
+      eval_embedding(in(0), in(1), out);
+      return out;
+    case Op::embedding_backward:
+      eval_embedding_backward(in(0), in(1), out);
+      return out;
+    case Op::rand: {
+      const Value* words[4] = {&in(1), &in(2), &in(3), &in(4)};
+      eval_rand(words, out);
       return out;
     }
     case Op::matmul: {

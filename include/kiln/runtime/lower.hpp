@@ -64,12 +64,13 @@ template <class ArgAt>
 graph::Graph copy_strided_custom_inputs(const graph::Graph& g, ArgAt&& arg) {
   auto strided = [&](const graph::Node& x) { return x.op == Op::arg && !arg(x.slot).is_contiguous(); };
   bool any = false;
+  auto whole = [](Op op) { return is_custom(op) || op == Op::embedding_backward; };  // read as whole buffers
   for (const auto& n : g.nodes)
-    for (int k = 0; is_custom(n.op) && k < n.n_in; ++k) any = any || strided(g[n.in[k]]);
+    for (int k = 0; whole(n.op) && k < n.n_in; ++k) any = any || strided(g[n.in[k]]);
   if (!any) return g;
   return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
     if (n.op == Op::constant) return b.constant(n.value);
-    if (!is_custom(n.op)) return b.rebuild(n, in);
+    if (!whole(n.op)) return b.rebuild(n, in);
     std::array<int, graph::max_inputs> copied{};
     for (int k = 0; k < n.n_in; ++k) {
       Attrs same;
@@ -103,7 +104,7 @@ graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, Low
   graph::infer_shapes(g, arg);
   g = schedule::split_reductions(g, stats.tuning.partials != 0);  // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
-  g = copy_strided_custom_inputs(g, arg);  // custom ops read contiguous buffers
+  g = copy_strided_custom_inputs(g, arg);  // custom ops and embedding_backward read contiguous buffers
   g.output_into = into.size() == g.outputs.size() ? into : std::vector<int>(g.outputs.size(), -1);
   write_into_arguments(g, arg);
   log_graph(debug::Channel::graph, "lowered graph", g);
@@ -193,6 +194,8 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   for (int i = 0; i < g.size(); ++i)
     if (p->sched.realized[i] && g[i].op != Op::arg) p->buffers.push_back(i);
   for (int o : g.outputs) p->arg_of_output.push_back(g[o].op == Op::arg ? g[o].slot : -1);
+  p->check_indices = device.is_cpu();
+  p->index_checks = plan_index_checks(g, p->sched);
   check_assign_order(g, *p);
   p->graph = std::move(g);
   p->env = std::move(env);

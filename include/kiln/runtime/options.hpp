@@ -1,6 +1,7 @@
 // The options of k::compile (API.md "Evaluating"): shape mode, CUDA graphs, autotuning, and what
 // happens past the recompile limit.
 #pragma once
+#include <optional>
 
 namespace kiln {
 
@@ -18,6 +19,10 @@ struct options {
   bool autotune = false;
   int recompile_limit = 8;
   ::kiln::on_limit on_limit = ::kiln::on_limit::generalize;
+  // Check gathered ids (k::embedding) before the kernels that read them: an id outside the table is a
+  // k::shape_error naming it and its position, and nothing is written. Unset: on for CPU programs,
+  // off for CUDA ones (a check reads the ids back: one synchronisation), where a bad id reads zeros.
+  std::optional<bool> check_indices = std::nullopt;
 };
 
 }  // namespace kiln

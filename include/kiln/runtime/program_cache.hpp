@@ -374,6 +374,7 @@ class ProgramCache final : public Evictable {
     }
     remember_shapes(g);
     e->program = build_program(std::move(g), std::move(env), device, arg, opt_.autotune, e->stats.tuning);
+    if (opt_.check_indices) e->program->check_indices = *opt_.check_indices;
     e->tune = !e->program->candidates.empty();
     // Custom ops are host code: a replay would not run them again, so their programs launch plainly.
     bool custom = false;

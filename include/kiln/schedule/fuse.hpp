@@ -89,9 +89,12 @@ inline std::vector<bool> find_anchors(const graph::Graph& g) {
   for (int i = 0; i < g.size(); ++i) {
     const auto& n = g[i];
     if (is_reduction(n.op) || is_extern(n.op)) anchor[i] = true;
-    if (is_custom(n.op))  // a custom op reads whole contiguous buffers
+    if (is_custom(n.op) || n.op == Op::embedding_backward)  // reads whole buffers
       for (int k = 0; k < n.n_in; ++k) anchor[n.in[k]] = anchor[n.in[k]] || g[n.in[k]].op != Op::arg;
-    if (n.op == Op::gather && g[n.in[0]].op != Op::arg) anchor[n.in[0]] = true;  // indexed by loaded values
+    // A gather's or embedding's source is indexed by loaded values; an embedding's ids live in
+    // memory too, so that they can be checked (runtime/launch/index_checks.hpp).
+    if ((n.op == Op::gather || n.op == Op::embedding) && g[n.in[0]].op != Op::arg) anchor[n.in[0]] = true;
+    if (n.op == Op::embedding && g[n.in[1]].op != Op::arg) anchor[n.in[1]] = true;
     if (n.op == Op::matmul)
       for (int k = 0; k < 2; ++k) {
         int src = matmul_operand(g, n.in[k]);
@@ -160,6 +163,9 @@ inline std::vector<int> operand_map(const graph::Graph& g, int p, int c, const s
       if (cs[d] != 1) out[d] = kMixed;
       break;
     }
+    case Op::embedding:  // the ids are read at the leading dims of the output's index
+      for (int j = 0; j < cs.size(); ++j) out[j] = cs[j] == 1 ? kBroadcast : m[j];
+      break;
     default:
       broadcast();
   }
@@ -240,7 +246,9 @@ inline Schedule fuse(const graph::Graph& g) {
   auto anchor = detail::find_anchors(g);
   std::vector<bool> gather_source(g.size(), false);
   for (auto& n : g.nodes)
-    if (n.op == Op::gather) gather_source[n.in[0]] = true;
+    if (n.op == Op::gather || n.op == Op::embedding) gather_source[n.in[0]] = true;
+  for (auto& n : g.nodes)  // an embedding's ids are checked before any kernel reads them
+    if (n.op == Op::embedding) gather_source[n.in[1]] = true;
   s.kernel_of.assign(g.size(), -1);
   s.realized.assign(g.size(), false);
   for (int i = 0; i < g.size(); ++i) s.realized[i] = g[i].op == Op::arg;

@@ -154,7 +154,8 @@ exported_kernels export_program(const Function<F>& f, const E& e, const std::arr
   for (const auto& k : p->kernels)
     if (k.extern_node >= 0)
       throw error("k::export_kernels: the program has a matmul step (" + k.src.name +
-                  ", a cuBLASLt call); not exportable yet");
+                  (p->graph[k.extern_node].op == Op::matmul ? ", a cuBLASLt call" : ", a library step") +
+                  "); not exportable yet");
 
   runtime::LauncherSpec spec;
   spec.name = export_name(dir, o);

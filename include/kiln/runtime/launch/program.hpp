@@ -23,7 +23,9 @@
 #include "../extern/cpu_matmul.hpp"
 #include "../extern/cuda_matmul.hpp"
 #include "../extern/custom.hpp"
+#include "../extern/embedding_backward.hpp"
 #include "cuda_module.hpp"
+#include "index_checks.hpp"
 
 namespace kiln::runtime {
 
@@ -92,6 +94,10 @@ struct Program {
   bool autotune = false;
   std::vector<std::vector<CompiledKernel>> candidates;
   std::vector<std::shared_ptr<Module>> candidate_modules;  // the winners' code lives here
+  // options.check_indices (default: on for CPU programs): each embedding's ids are checked against
+  // its table as soon as they exist (index_checks.hpp).
+  bool check_indices = false;
+  std::vector<IndexCheck> index_checks;
   Tuning tuning;           // the environment's KILN_TUNE_* choices when it was planned (core/tuning.hpp)
   std::string tuning_key;  // the disk cache's name for the choice
 
@@ -337,11 +343,20 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     return s.slots->data();
   };
   if (device.is_cuda()) driver::make_current(device.index);
+  auto check_after = [&](int kernel) {  // the ids that kernel `kernel` computed (-1: the arguments)
+    for (const auto& c : index_checks)
+      if (c.after_kernel == kernel) check_ids(buffer(c.ids), shape_of(c.table)[0], stream);
+  };
   for (const auto& k : kernels) {
+    if (check_indices) check_after(static_cast<int>(&k - kernels.data()) - 1);
     if (k.extern_node >= 0) {
       const auto& n = graph[k.extern_node];
       if (is_custom(n.op)) {  // the user's own function: runtime/extern/custom.hpp
         run_custom(n, buffer, temps[k.extern_node], stream);
+        continue;
+      }
+      if (n.op == Op::embedding_backward) {  // a deterministic scatter-add: runtime/extern/embedding_backward.hpp
+        embedding_backward(buffer(n.in[0]), buffer(n.in[1]), temps[k.extern_node], stream);
         continue;
       }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);
