@@ -17,6 +17,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../expr/ops.hpp"
 #include "differentiate.hpp"
@@ -44,8 +45,9 @@ struct GradFn {
   // Runs through k::compile, which <kiln/kiln.hpp> defines and ADL finds when this is instantiated,
   // so this header does not depend on the runtime. For repeated calls, keep k::compile(grad_fn).
   template <class... T>
-  requires(std::is_same_v<T, Tensor>&&...) auto operator()(const T&... args) const {
-    detail::check_gradient_fn<GradFn, static_cast<int>(sizeof...(T))>();
+  requires((std::is_same_v<T, Tensor> || std::is_same_v<T, std::vector<Tensor>>)&&...) auto operator()(
+      const T&... args) const {
+    if constexpr ((std::is_same_v<T, Tensor> && ...)) detail::check_gradient_fn<GradFn, static_cast<int>(sizeof...(T))>();
     return compile(*this)(args...);
   }
 };
@@ -209,10 +211,37 @@ constexpr bool tensor_count_ok() {
     return true;  // not callable with any count: the compiler's own error at the call says why
 }
 
+// Container arguments (std::vector<k::Tensor>) reach the function as expr::ArgList placeholders.
+template <class A>
+struct is_arg_list : std::false_type {};
+template <int I>
+struct is_arg_list<expr::ArgList<I>> : std::true_type {};
+template <class... A>
+inline constexpr bool any_arg_list = (is_arg_list<A>::value || ...);
+
+// Whether f may be called with these placeholders. With a container among them f is called as it
+// is (the count check would call it with tensor placeholders where it expects a container).
+template <class F, int Given, class... A>
+constexpr bool count_ok() {
+  if constexpr (any_arg_list<A...>)
+    return true;
+  else
+    return tensor_count_ok<F, Given>();
+}
+
+// A wrt argument as an extra traced output: itself, or every element of a container.
+template <class A>
+auto wrt_output(const A& a) {
+  if constexpr (is_arg_list<A>::value)
+    return expr::ArgSpan{a.base, static_cast<int>(a.size())};
+  else
+    return a;
+}
+
 // A plain function: its expression, built from the argument placeholders.
 template <class F, class... A>
 auto trace(const F& f, const A&... a) {
-  if constexpr (tensor_count_ok<F, static_cast<int>(sizeof...(A))>())
+  if constexpr (count_ok<F, static_cast<int>(sizeof...(A)), A...>())
     return f(a...);
   else
     return expr::Arg<0>{};  // after the assertion: no second error
@@ -225,15 +254,15 @@ auto trace(const GradFn<F, M, I...>& gf, const A&... a) {
   constexpr bool vjp = M == autodiff::Mode::vjp;
   static_assert(!vjp || sizeof...(A) >= 1, "k::vjp takes the cotangent of the function's value as its last argument");
   constexpr int n = static_cast<int>(sizeof...(A)) - (vjp ? 1 : 0);
-  if constexpr (tensor_count_ok<F, n>() && (wrt_index_check<I, n>::ok && ...)) {
+  if constexpr (count_ok<F, n, A...>() && (wrt_index_check<I, n>::ok && ...)) {
     auto args = std::forward_as_tuple(a...);
     auto value = [&]<std::size_t... K>(std::index_sequence<K...>) { return gf.fn(std::get<K>(args)...); }
     (std::make_index_sequence<static_cast<std::size_t>(n)>{});
     check_value<M, decltype(value), I...>();
     if constexpr (vjp)
-      return std::make_tuple(value, std::get<I>(args)..., std::get<n>(args));
+      return std::make_tuple(value, wrt_output(std::get<I>(args))..., std::get<n>(args));
     else
-      return std::make_tuple(value, std::get<I>(args)...);
+      return std::make_tuple(value, wrt_output(std::get<I>(args))...);
   } else {
     return std::make_tuple(expr::Arg<0>{}, expr::Arg<I>{}...);  // after an assertion: no second error
   }
@@ -250,14 +279,36 @@ template <class F, autodiff::Mode M, int... I, class Traced>
 inline constexpr int num_outputs<GradFn<F, M, I...>, Traced> = static_cast<int>(sizeof...(I)) +
                                                                (M == autodiff::Mode::value_and_grad ? 1 : 0);
 
+// Where each argument position's tensors sit among the argument slots: a container (its first
+// slot and size) or a single tensor (slot = position). Empty when no argument is a container.
+struct ArgLayout {
+  std::vector<std::pair<int, int>> spans;  // per position: (first slot, count), or (-1, 0) for a tensor
+  bool is_container(int position) const {
+    return position < static_cast<int>(spans.size()) && spans[static_cast<std::size_t>(position)].first >= 0;
+  }
+  // The slots of the arguments at `positions`, a container giving each of its elements in order.
+  std::vector<int> slots(std::initializer_list<int> positions) const {
+    std::vector<int> out;
+    for (int p : positions) {
+      if (!is_container(p)) {
+        out.push_back(p);
+        continue;
+      }
+      auto [first, count] = spans[static_cast<std::size_t>(p)];
+      for (int k = 0; k < count; ++k) out.push_back(first + k);
+    }
+    return out;
+  }
+};
+
 // The graph pass a function object asks for after decomposition: none for a plain function.
 template <class F>
-graph::Graph transform_graph(const F&, graph::Graph g) {
+graph::Graph transform_graph(const F&, graph::Graph g, const ArgLayout& = {}) {
   return g;
 }
 template <class F, autodiff::Mode M, int... I>
-graph::Graph transform_graph(const GradFn<F, M, I...>&, graph::Graph g) {
-  constexpr int wrt_slots[] = {I...};
+graph::Graph transform_graph(const GradFn<F, M, I...>&, graph::Graph g, const ArgLayout& layout = {}) {
+  const std::vector<int> wrt_slots = layout.slots({I...});
   int cotangent = -1;
   if constexpr (M == autodiff::Mode::vjp) {
     const graph::Node& c = g[g.outputs.back()];

@@ -7,6 +7,7 @@
 #include <memory>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "../core/tensor.hpp"
 #include "op.hpp"
@@ -71,6 +72,45 @@ struct Arg : ExprBase {
   const Tensor* t = nullptr;
 };
 
+// One tensor of a container argument (a std::vector<k::Tensor> passed to a compiled function):
+// `params[i]` inside the function. Its argument slot is a run-time value (the container's first
+// slot plus i), so every element has this one type and a loop over a container builds one
+// expression type; the slots a call uses are gathered and guarded (graph/flatten.hpp).
+struct ArgAt : ExprBase {
+  const Tensor* t = nullptr;
+  int slot = -1;
+};
+
+// The placeholder of a container argument at position I of a compiled function: what the function
+// receives for a std::vector<k::Tensor>. It is not an expression; its elements are.
+template <int I>
+struct ArgList {
+  static constexpr int index = I;
+  const std::vector<Tensor>* tensors = nullptr;
+  int base = 0;  // the argument slot of element 0
+
+  std::size_t size() const { return tensors ? tensors->size() : 0; }
+  bool empty() const { return size() == 0; }
+  ArgAt operator[](std::size_t i) const {
+    return {{}, tensors && i < tensors->size() ? &(*tensors)[i] : nullptr, base + static_cast<int>(i)};
+  }
+  struct iterator {
+    const ArgList* list;
+    std::size_t i;
+    ArgAt operator*() const { return (*list)[i]; }
+    iterator& operator++() { return ++i, *this; }
+    bool operator==(const iterator& o) const { return i == o.i; }
+  };
+  iterator begin() const { return {this, 0}; }
+  iterator end() const { return {this, size()}; }
+};
+
+// Every element of a container argument as outputs of a traced gradient function (the wrt
+// arguments are extra outputs there: autodiff/grad.hpp); flattened into one arg node each.
+struct ArgSpan {
+  int base = 0, count = 0;
+};
+
 // A C++ scalar: its value is a kernel argument, its kind (floating or integral) a type property
 // because it takes part in dtype promotion.
 template <bool Floating>
@@ -99,6 +139,8 @@ template <>
 struct is_expr_t<TensorLeaf> : std::true_type {};
 template <int I>
 struct is_expr_t<Arg<I>> : std::true_type {};
+template <>
+struct is_expr_t<ArgAt> : std::true_type {};
 template <bool F>
 struct is_expr_t<Scalar<F>> : std::true_type {};
 template <>

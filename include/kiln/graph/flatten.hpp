@@ -27,6 +27,14 @@ template <int I>
 struct Counts<expr::Arg<I>> {
   static constexpr int max_arg = I;
 };
+template <>
+struct Counts<expr::ArgAt> {  // container slots come after the positional arguments
+  static constexpr int max_arg = -1;
+};
+template <>
+struct Counts<expr::ArgSpan> {
+  static constexpr int max_arg = -1;
+};
 template <bool F>
 struct Counts<expr::Scalar<F>> {
   static constexpr int max_arg = -1;
@@ -46,10 +54,26 @@ struct Counts<expr::Assign<I, E>> {
   static constexpr int max_arg = std::max(I, Counts<E>::max_arg);
 };
 
+template <class E>
+struct Counts<expr::AssignAt<E>> : Counts<E> {};
+
 template <class T>
 struct is_tuple : std::false_type {};
 template <class... T>
 struct is_tuple<std::tuple<T...>> : std::true_type {};
+
+// A function may return a std::vector of results of one type (an update per container element):
+// their number is a run-time value.
+template <class T>
+struct is_vector : std::false_type {};
+template <class T>
+struct is_vector<std::vector<T>> : std::true_type {};
+template <class T>
+struct Counts<std::vector<T>> : Counts<T> {};
+template <class T>
+struct has_vector : is_vector<T> {};
+template <class... T>
+struct has_vector<std::tuple<T...>> : std::bool_constant<(has_vector<std::remove_cvref_t<T>>::value || ...)> {};
 
 template <class... E>
 struct Counts<std::tuple<E...>> {
@@ -117,6 +141,7 @@ struct Captured {
   std::vector<Tensor> views;
   std::vector<const Tensor*> bound;  // the tensors bound to Arg<I> placeholders, by I (the oracle's)
   Attrs structure;                   // the sharing attribute (see above)
+  Attrs slots;                       // the container elements' slots met, hashed (a.: hash, b: count)
   SharedNodes seen;
   int visits = 0, meetings = 0;
   int nt = 0, ns = 0, na = 0, nv = 0;
@@ -131,6 +156,7 @@ struct Captured {
     bound.clear();
     seen.clear();
     structure = Attrs{};
+    slots = Attrs{};
     visits = meetings = nt = ns = na = nv = 0;
   }
   void add_attrs(Op op, const Attrs* a) {
@@ -153,9 +179,16 @@ struct Captured {
     ++visits;
     return false;
   }
-  // Appends the sharing attribute when some node was met twice.
+  // Which container element a leaf reads is a run-time value: the slots met, in walk order, are one
+  // more attribute (a function indexing its container differently compiles another program).
+  void add_slot(int slot) {
+    slots.a = static_cast<std::int64_t>(mix(static_cast<std::uint64_t>(slots.a), static_cast<std::uint64_t>(slot)));
+    ++slots.b;
+  }
+  // Appends the sharing attribute when some node was met twice, and the slots attribute.
   void finish() {
     if (meetings) add_attrs(Op::arg, &structure);
+    if (slots.b) add_attrs(Op::arg, &slots);
   }
   // Drops the references a call holds (viewed tensors) once the call is done.
   void release() {
@@ -185,6 +218,16 @@ void gather_into(const expr::Arg<I>& e, Captured& c) {
   if (c.bound.size() <= std::size_t{I}) c.bound.resize(std::size_t{I} + 1, nullptr);
   c.bound[std::size_t{I}] = e.t;
 }
+inline void gather_into(const expr::ArgAt& e, Captured& c) {
+  c.add_slot(e.slot);
+  if (!e.t) return;
+  if (c.bound.size() <= static_cast<std::size_t>(e.slot)) c.bound.resize(static_cast<std::size_t>(e.slot) + 1, nullptr);
+  c.bound[static_cast<std::size_t>(e.slot)] = e.t;
+}
+inline void gather_into(const expr::ArgSpan& e, Captured& c) {  // a container's layout decides its outputs
+  c.add_slot(e.base);
+  c.add_slot(e.count);
+}
 template <bool F>
 void gather_into(const expr::Scalar<F>& e, Captured& c) {
   c.scalars.push_back(e.v);
@@ -210,6 +253,22 @@ template <int I, class E>
 void gather_into(const expr::Assign<I, E>& e, Captured& c) {
   gather_into(e.value, c);
 }
+template <class E>
+void gather_into(const expr::AssignAt<E>& e, Captured& c) {
+  c.add_slot(e.slot);
+  gather_into(e.value, c);
+}
+// The results of a function: one, a tuple or a vector of them (nested).
+template <class E>
+void gather_result(const E& e, Captured& c) {
+  if constexpr (is_tuple<E>::value)
+    std::apply([&](const auto&... x) { (gather_result(x, c), ...); }, e);
+  else if constexpr (is_vector<E>::value) {
+    c.add_slot(static_cast<int>(e.size()));  // the number of results is part of the program
+    for (const auto& x : e) gather_result(x, c);
+  } else
+    gather_into(e, c);
+}
 
 // The tensors of folded views point into `views`, which may move while it grows: set them last.
 inline void fix_views(Captured& c) {
@@ -222,6 +281,10 @@ template <class T>
 struct is_assign : std::false_type {};
 template <int I, class E>
 struct is_assign<expr::Assign<I, E>> : std::true_type {};
+template <class T>
+struct is_assign_at : std::false_type {};
+template <class E>
+struct is_assign_at<expr::AssignAt<E>> : std::true_type {};
 
 struct FlattenState {
   SharedNodes seen;     // node bodies met before -> their graph node
@@ -251,6 +314,12 @@ int flatten_into(const expr::Arg<I>&, Graph& g, FlattenState& s) {
   n.op = Op::arg;
   n.slot = I;
   return s.cse.add(g, n);
+}
+inline int flatten_into(const expr::ArgAt& e, Graph& g, FlattenState& s) {
+  Node n;
+  n.op = Op::arg;
+  n.slot = e.slot;
+  return s.cse.add(g, n);  // one node a slot: an element used twice is one argument
 }
 template <bool F>
 int flatten_into(const expr::Scalar<F>&, Graph& g, FlattenState& s) {
@@ -294,10 +363,7 @@ int flatten_into(const expr::Node<O, C...>& e, Graph& g, FlattenState& s) {
 template <class E>
 void gather(const E& e, Captured& c, bool fold_views = false) {
   c.reset(fold_views);
-  if constexpr (is_tuple<E>::value)
-    std::apply([&](const auto&... x) { (detail::gather_into(x, c), ...); }, e);
-  else
-    detail::gather_into(e, c);
+  detail::gather_result(e, c);
   detail::fix_views(c);
   c.finish();
 }
@@ -314,20 +380,29 @@ Graph flatten_result(int nargs, const E& e, bool fold_views = false,
   s.fold_views = fold_views;
   s.symbolic = symbolic;
   s.next_tensor = std::max(nargs, Counts<E>::max_arg + 1);
-  auto add_output = [&](const auto& x) {
+  auto add_output = [&](const auto& self, const auto& x) -> void {
     using X = std::remove_cvref_t<decltype(x)>;
-    if constexpr (detail::is_assign<X>::value) {
+    if constexpr (is_tuple<X>::value) {
+      std::apply([&](const auto&... y) { (self(self, y), ...); }, x);
+    } else if constexpr (is_vector<X>::value) {
+      for (const auto& y : x) self(self, y);
+    } else if constexpr (std::is_same_v<X, expr::ArgSpan>) {  // every element of a container: one output each
+      for (int k = 0; k < x.count; ++k) {
+        g.outputs.push_back(detail::flatten_into(expr::ArgAt{{}, nullptr, x.base + k}, g, s));
+        g.output_into.push_back(-1);
+      }
+    } else if constexpr (detail::is_assign<X>::value) {
       g.outputs.push_back(detail::flatten_into(x.value, g, s));
       g.output_into.push_back(X::slot);
+    } else if constexpr (detail::is_assign_at<X>::value) {
+      g.outputs.push_back(detail::flatten_into(x.value, g, s));
+      g.output_into.push_back(x.slot);
     } else {
       g.outputs.push_back(detail::flatten_into(x, g, s));
       g.output_into.push_back(-1);
     }
   };
-  if constexpr (is_tuple<E>::value)
-    std::apply([&](const auto&... x) { (add_output(x), ...); }, e);
-  else
-    add_output(e);
+  add_output(add_output, e);
   g.num_args = s.next_tensor;
   g.num_scalars = s.next_scalar;
   return g;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -27,13 +28,14 @@ auto pack_outputs(std::array<Tensor, N>& out) {
 // Lowers a traced result into a primitive graph, applying the function's transform. Views of eager
 // tensors are arguments (graph/views.hpp), as evaluate gathers them.
 template <class F, class E>
-auto graph_builder(const F& f, const E& e, int nargs) {
-  return
-      [&f, &e, nargs](auto& arg, runtime::LoweringStats& stats, const std::vector<std::uint8_t>* symbolic = nullptr) {
-        return runtime::lower_graph(
-            graph::flatten_result(nargs, e, true, symbolic), arg,
-            [&](graph::Graph g) { return transform_graph(f, std::move(g)); }, stats);
-      };
+auto graph_builder(const F& f, const E& e, int nargs, const ArgLayout* layout = nullptr) {
+  return [&f, &e, nargs, layout](auto& arg, runtime::LoweringStats& stats,
+                                 const std::vector<std::uint8_t>* symbolic = nullptr) {
+    return runtime::lower_graph(
+        graph::flatten_result(nargs, e, true, symbolic), arg,
+        [&](graph::Graph g) { return layout ? transform_graph(f, std::move(g), *layout) : transform_graph(f, std::move(g)); },
+        stats);
+  };
 }
 
 // The per-call scratch of evaluate (the gathered values and the argument list), reused between
@@ -70,11 +72,13 @@ class CallScratch {
   std::unique_ptr<Values> spare_;
 };
 
-// Evaluates a traced result: gathers this call's values, finds or compiles the program, runs it.
-template <int NOut, class F, class E, std::size_t NArgs>
-std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, const E& e,
-                                  const std::array<const Tensor*, NArgs>& call_args, Tensor* preset, CUstream stream,
-                                  std::shared_ptr<const runtime::Entry>* used = nullptr) {
+// Evaluates a traced result into out[0, number of outputs): gathers this call's values, finds or
+// compiles the program, runs it. call_args are the argument slots' tensors (a container's elements
+// after the positional arguments: `layout`).
+template <class F, class E>
+void evaluate_into(runtime::ProgramCache& cache, const F& f, const E& e, std::span<const Tensor* const> call_args,
+                   Tensor* out, Tensor* preset, CUstream stream, std::shared_ptr<const runtime::Entry>* used,
+                   const ArgLayout* layout = nullptr) {
   CallScratch scratch;
   graph::Captured& cap = scratch->cap;
   graph::gather(e, cap, true);
@@ -83,9 +87,9 @@ std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, cons
   args.insert(args.end(), cap.tensors.begin(), cap.tensors.end());
   auto& shapes = runtime::level_local<runtime::CallShapes>();  // per nesting level: custom ops may call kiln
   auto entry = cache.get(args.data(), static_cast<int>(args.size()), cap.attrs.data(), cap.na,
-                         graph_builder(f, e, static_cast<int>(NArgs)), shapes, stream, cap.ops.data());
+                         graph_builder(f, e, static_cast<int>(call_args.size()), layout), shapes, stream,
+                         cap.ops.data());
   if (used) *used = entry;
-  std::array<Tensor, NOut> out{};
   if (preset) {  // k::eval(out, expr): check before anything runs, so a mismatch leaves out untouched
     const auto& p = *entry->program;
     int node = p.graph.outputs[0];
@@ -98,12 +102,104 @@ std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, cons
                          p.device.str());
     out[0] = *preset;
   }
-  runtime::run_entry(*entry, args.data(), cap.scalars.data(), out.data(), shapes, stream);
+  runtime::run_entry(*entry, args.data(), cap.scalars.data(), out, shapes, stream);
+}
+
+template <int NOut, class F, class E, std::size_t NArgs>
+std::array<Tensor, NOut> evaluate(runtime::ProgramCache& cache, const F& f, const E& e,
+                                  const std::array<const Tensor*, NArgs>& call_args, Tensor* preset, CUstream stream,
+                                  std::shared_ptr<const runtime::Entry>* used = nullptr) {
+  std::array<Tensor, NOut> out{};
+  evaluate_into(cache, f, e, std::span<const Tensor* const>(call_args.data(), NArgs), out.data(), preset, stream, used);
   return out;
 }
 
 // The function object of an eager expression: traced as itself, no graph transform.
 struct Identity {};
+
+// ---- container arguments (std::vector<k::Tensor>) ------------------------------------------------
+template <class T>
+concept CallArgument = std::is_same_v<T, Tensor> || std::is_same_v<T, std::vector<Tensor>>;
+
+// The placeholder of argument I: expr::Arg<I> for a tensor, expr::ArgList<I> for a container.
+template <int I, class T>
+auto placeholder(const T& a, const ArgLayout& layout) {
+  if constexpr (std::is_same_v<T, Tensor>)
+    return expr::Arg<I>{{}, &a};
+  else
+    return expr::ArgList<I>{&a, layout.spans[static_cast<std::size_t>(I)].first};
+}
+
+// A call's results with containers among the arguments: a plain function's outputs as for tensors;
+// a gradient function's value (value_and_grad), then a gradient per wrt argument, a container's as
+// a std::vector<k::Tensor> in its order.
+// How many results a traced value gives: one per expression, a tuple's or a vector's summed.
+template <class E>
+int count_results(const E& e) {
+  if constexpr (graph::is_tuple<E>::value)
+    return std::apply([](const auto&... x) { return (0 + ... + count_results(x)); }, e);
+  else if constexpr (graph::is_vector<E>::value) {
+    int n = 0;
+    for (const auto& x : e) n += count_results(x);
+    return n;
+  } else {
+    return 1;
+  }
+}
+
+// A plain function: its outputs as for tensors, or, when it returns a std::vector (updates of a
+// container's elements, say), every output in order as one std::vector<k::Tensor>.
+template <class F>
+struct ContainerResults {
+  template <class Traced>
+  static int count(const Traced& e, const ArgLayout&) {
+    if constexpr (graph::has_vector<Traced>::value)
+      return count_results(e);
+    else
+      return num_outputs<F, Traced>;
+  }
+  template <class Traced, class... T>
+  static auto pack(std::vector<Tensor>& out, const ArgLayout&) {
+    if constexpr (graph::has_vector<Traced>::value) {
+      return std::move(out);
+    } else {
+      constexpr int n = num_outputs<F, Traced>;
+      std::array<Tensor, n> a;
+      for (int i = 0; i < n; ++i) a[static_cast<std::size_t>(i)] = std::move(out[static_cast<std::size_t>(i)]);
+      return pack_outputs<n>(a);
+    }
+  }
+};
+template <class G, autodiff::Mode M, int... I>
+struct ContainerResults<GradFn<G, M, I...>> {
+  template <class Traced>
+  static int count(const Traced&, const ArgLayout& layout) {
+    return (M == autodiff::Mode::value_and_grad ? 1 : 0) + static_cast<int>(layout.slots({I...}).size());
+  }
+  template <class Traced, class... T>
+  static auto pack(std::vector<Tensor>& out, const ArgLayout& layout) {
+    std::size_t at = 0;
+    auto take = [&]<int P>() {
+      if constexpr (std::is_same_v<std::tuple_element_t<P, std::tuple<T...>>, std::vector<Tensor>>) {
+        const auto count = static_cast<std::size_t>(layout.spans[static_cast<std::size_t>(P)].second);
+        std::vector<Tensor> v(out.begin() + static_cast<std::ptrdiff_t>(at),
+                              out.begin() + static_cast<std::ptrdiff_t>(at + count));
+        at += count;
+        return v;
+      } else {
+        return out[at++];
+      }
+    };
+    if constexpr (M == autodiff::Mode::value_and_grad) {
+      Tensor value = out[at++];
+      return std::tuple{value, take.template operator()<I>()...};  // braces: left to right
+    } else if constexpr (sizeof...(I) == 1) {
+      return take.template operator()<I...>();
+    } else {
+      return std::tuple{take.template operator()<I>()...};
+    }
+  }
+};
 
 }  // namespace detail
 
@@ -114,9 +210,7 @@ class Function {
   Function(F fn, options o) : fn_(std::move(fn)), cache_(std::make_shared<runtime::ProgramCache>(o)) {}
 
   template <class... T>
-  requires(std::is_same_v<std::remove_cvref_t<T>, Tensor>&&...) auto operator()(const T&... args) const {
-    return call(Stream{}, args...);
-  }
+  requires(detail::CallArgument<T>&&...) auto operator()(const T&... args) const { return call(Stream{}, args...); }
   // The same, ordered on a caller's stream.
   template <class... T>
   auto operator()(Stream stream, const T&... args) const {
@@ -146,13 +240,57 @@ class Function {
   // A call that also says which compiled program ran (explain).
   template <class... T>
   auto call_reporting(Stream stream, std::shared_ptr<const runtime::Entry>* used, const T&... args) const {
-    auto e = trace_with(args...);
-    using E = decltype(e);
-    constexpr int n = detail::num_outputs<F, E>;
-    std::array<const Tensor*, sizeof...(T)> argv{&args...};
-    auto out = detail::evaluate<n>(*cache_, fn_, e, argv, nullptr, stream.handle(), used);
-    return detail::pack_outputs<n>(out);
+    if constexpr ((std::is_same_v<T, Tensor> && ...)) {
+      if constexpr (!graph::has_vector<decltype(trace_with(args...))>::value) {
+        auto e = trace_with(args...);
+        using E = decltype(e);
+        constexpr int n = detail::num_outputs<F, E>;
+        std::array<const Tensor*, sizeof...(T)> argv{&args...};
+        auto out = detail::evaluate<n>(*cache_, fn_, e, argv, nullptr, stream.handle(), used);
+        return detail::pack_outputs<n>(out);
+      } else {
+        return call_with_containers(stream, used, std::index_sequence_for<T...>{}, args...);
+      }
+    } else {
+      return call_with_containers(stream, used, std::index_sequence_for<T...>{}, args...);
+    }
   }
+
+ private:
+  // Containers (std::vector<k::Tensor>) among the arguments: each position keeps its slot (a
+  // container's slot holds one of its tensors, unread), the containers' elements follow in order,
+  // and the function receives an expr::ArgList for each.
+  template <std::size_t... I, class... T>
+  auto call_with_containers(Stream stream, std::shared_ptr<const runtime::Entry>* used, std::index_sequence<I...>,
+                            const T&... args) const {
+    constexpr std::size_t M = sizeof...(T);
+    detail::ArgLayout layout;
+    std::vector<const Tensor*> argv(M, nullptr);
+    const Tensor* any = nullptr;  // stands in the slot of an empty container
+    auto place = [&](const auto& a) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(a)>, Tensor>) {
+        layout.spans.emplace_back(-1, 0);
+        argv[layout.spans.size() - 1] = &a;
+        any = any ? any : &a;
+      } else {
+        layout.spans.emplace_back(static_cast<int>(argv.size()), static_cast<int>(a.size()));
+        for (const Tensor& t : a) argv.push_back(&t), any = any ? any : &t;
+        argv[layout.spans.size() - 1] = a.empty() ? nullptr : &a[0];
+      }
+    };
+    (place(args), ...);
+    static const Tensor nothing = Tensor::empty(Dims{0}, kiln::dtype::f32, cpu);
+    for (std::size_t p = 0; p < M; ++p)
+      if (!argv[p]) argv[p] = any ? any : &nothing;
+    auto e = detail::trace(fn_, detail::placeholder<static_cast<int>(I)>(args, layout)...);
+    using Results = detail::ContainerResults<F>;
+    std::vector<Tensor> out(static_cast<std::size_t>(Results::count(e, layout)));
+    detail::evaluate_into(*cache_, fn_, e, std::span<const Tensor* const>(argv), out.data(), nullptr, stream.handle(),
+                          used, &layout);
+    return Results::template pack<decltype(e), T...>(out, layout);
+  }
+
+ public:
 
  private:
   F fn_;
