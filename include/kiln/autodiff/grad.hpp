@@ -110,6 +110,8 @@ template <bool F>
 struct scalarity<expr::Scalar<F>> : std::integral_constant<Scalarity, Scalarity::yes> {};
 template <class N>
 struct scalarity<expr::FullReduction<N>> : std::integral_constant<Scalarity, Scalarity::yes> {};
+template <>  // erased: checked at run time
+struct scalarity<expression> : std::integral_constant<Scalarity, Scalarity::maybe> {};
 template <Op O, class... C>
 struct scalarity<expr::Node<O, C...>> : std::integral_constant<Scalarity, node_scalarity(O, {scalarity<C>::value...})> {
 };

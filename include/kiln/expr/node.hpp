@@ -157,7 +157,47 @@ template <class T>
 concept Operand =
     Expr<T> || std::is_same_v<std::remove_cvref_t<T>, Tensor> || std::is_arithmetic_v<std::remove_cvref_t<T>>;
 
+namespace graph {
+struct Captured;
+class Graph;
+namespace detail {
+struct FlattenState;
+}
+}  // namespace graph
+
 namespace expr {
+// The walks a type-erased expression forwards to its concrete one (graph/flatten.hpp defines them).
+struct ErasedBody {
+  virtual ~ErasedBody() = default;
+  virtual void gather(graph::Captured& c) const = 0;
+  virtual int flatten(graph::Graph& g, graph::detail::FlattenState& s) const = 0;
+};
+template <class E>
+struct ErasedImpl;
+}  // namespace expr
+
+// k::expression: any expression behind one type, as std::function is any callable. An expression's
+// C++ type is its graph, so `h = block(h)` in a loop cannot compile when h's type grows each time;
+// `k::expression h = ...; for (...) h = block(h);` can. The graph is the same as without erasure
+// (walks go through to the expression inside, once however often it is used); what is lost is what
+// the type told at C++ compile time (k::grad then checks at run time that the value is a single
+// element). Build models from layers this way; keep small pointwise functions typed.
+class expression : public ExprBase {
+ public:
+  template <class E>
+  requires(Expr<E> && !std::is_same_v<std::remove_cvref_t<E>, expression>) expression(E&& e);
+  expression(const Tensor& t);
+  const void* identity() const { return body_.get(); }
+  bool shared() const { return body_.use_count() > 1; }
+  const expr::ErasedBody& body() const { return *body_; }
+
+ private:
+  std::shared_ptr<const expr::ErasedBody> body_;
+};
+
+namespace expr {
+template <>
+struct is_expr_t<expression> : std::true_type {};
 
 // Lifts an operand into an expression node.
 template <class T>

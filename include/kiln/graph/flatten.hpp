@@ -32,6 +32,10 @@ struct Counts<expr::ArgAt> {  // container slots come after the positional argum
   static constexpr int max_arg = -1;
 };
 template <>
+struct Counts<expression> {  // erased: a compiled function's arguments are below the call's count anyway
+  static constexpr int max_arg = -1;
+};
+template <>
 struct Counts<expr::ArgSpan> {
   static constexpr int max_arg = -1;
 };
@@ -224,6 +228,11 @@ inline void gather_into(const expr::ArgAt& e, Captured& c) {
   if (c.bound.size() <= static_cast<std::size_t>(e.slot)) c.bound.resize(static_cast<std::size_t>(e.slot) + 1, nullptr);
   c.bound[static_cast<std::size_t>(e.slot)] = e.t;
 }
+// A type-erased expression is walked once however often it is used, like a shared node body.
+inline void gather_into(const expression& e, Captured& c) {
+  if (c.met_before(e.identity(), e.shared())) return;
+  e.body().gather(c);
+}
 inline void gather_into(const expr::ArgSpan& e, Captured& c) {  // a container's layout decides its outputs
   c.add_slot(e.base);
   c.add_slot(e.count);
@@ -321,6 +330,14 @@ inline int flatten_into(const expr::ArgAt& e, Graph& g, FlattenState& s) {
   n.slot = e.slot;
   return s.cse.add(g, n);  // one node a slot: an element used twice is one argument
 }
+inline int flatten_into(const expression& e, Graph& g, FlattenState& s) {
+  const bool shared = e.shared();
+  if (shared)
+    if (int at = s.seen.find(e.identity()); at >= 0) return at;
+  const int id = e.body().flatten(g, s);
+  if (shared) s.seen.insert(e.identity(), id);
+  return id;
+}
 template <bool F>
 int flatten_into(const expr::Scalar<F>&, Graph& g, FlattenState& s) {
   Node n;
@@ -407,6 +424,30 @@ Graph flatten_result(int nargs, const E& e, bool fold_views = false,
   g.num_scalars = s.next_scalar;
   return g;
 }
+
+}  // namespace kiln::graph
+
+namespace kiln {
+namespace expr {
+template <class E>
+struct ErasedImpl final : ErasedBody {
+  E e;
+  explicit ErasedImpl(E x) : e(std::move(x)) {}
+  void gather(graph::Captured& c) const override { graph::detail::gather_into(e, c); }
+  int flatten(graph::Graph& g, graph::detail::FlattenState& s) const override {
+    return graph::detail::flatten_into(e, g, s);
+  }
+};
+}  // namespace expr
+
+template <class E>
+requires(Expr<E> && !std::is_same_v<std::remove_cvref_t<E>, expression>) expression::expression(E&& e)
+    : body_(std::make_shared<const expr::ErasedImpl<std::remove_cvref_t<E>>>(std::forward<E>(e))) {}
+inline expression::expression(const Tensor& t)
+    : body_(std::make_shared<const expr::ErasedImpl<expr::TensorLeaf>>(expr::TensorLeaf{{}, t})) {}
+}  // namespace kiln
+
+namespace kiln::graph {
 
 // Flattens one or several expressions (several outputs) into a graph.
 template <class... E>

@@ -121,6 +121,25 @@ struct Identity {};
 template <class T>
 concept CallArgument = std::is_same_v<T, Tensor> || std::is_same_v<T, std::vector<Tensor>>;
 
+// What a compiled function may be called with inside another's trace, and what its body gets.
+template <class T>
+concept InnerArgument = Expr<T> || std::is_same_v<T, Tensor> || is_arg_list<T>::value;
+template <class T>
+decltype(auto) inner_argument(const T& a) {
+  if constexpr (std::is_same_v<T, Tensor>)
+    return expression(a);
+  else
+    return (a);
+}
+template <class R>
+auto erase_result(R&& r) {
+  if constexpr (graph::is_tuple<std::remove_cvref_t<R>>::value)
+    return std::apply([](auto&&... x) { return std::make_tuple(expression(std::forward<decltype(x)>(x))...); },
+                      std::forward<R>(r));
+  else
+    return expression(std::forward<R>(r));
+}
+
 // The placeholder of argument I: expr::Arg<I> for a tensor, expr::ArgList<I> for a container.
 template <int I, class T>
 auto placeholder(const T& a, const ArgLayout& layout) {
@@ -211,6 +230,18 @@ class Function {
 
   template <class... T>
   requires(detail::CallArgument<T>&&...) auto operator()(const T&... args) const { return call(Stream{}, args...); }
+  // Called while another function is traced (with expressions, or the caller's placeholders): the
+  // body is inlined into the caller's graph, as torch.compile inlines a compiled callee, and fused
+  // with it. The result is a k::expression (a std::tuple of them), so a loop may apply a block
+  // compiled once any number of times: `for (...) h = block(h, params);`.
+  template <class... T>
+  requires(!(detail::CallArgument<T> && ...) && (detail::InnerArgument<T> && ...)) auto operator()(
+      const T&... args) const {
+    static_assert(!is_gradient_fn<F>::value,
+                  "a compiled k::grad / value_and_grad / vjp cannot be called inside another function: differentiate "
+                  "the outer function instead");
+    return detail::erase_result(fn_(detail::inner_argument(args)...));
+  }
   // The same, ordered on a caller's stream.
   template <class... T>
   auto operator()(Stream stream, const T&... args) const {
