@@ -35,6 +35,7 @@
 #include "expr/assign.hpp"
 #include "expr/custom_op.hpp"
 #include "expr/ops.hpp"
+#include "io/safetensors.hpp"
 #include "reference/eval.hpp"
 #include "runtime/aot/export.hpp"
 #include "runtime/api.hpp"
