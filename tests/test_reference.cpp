@@ -138,7 +138,7 @@ Vec map(const Vec& x, F f) {
 
 // The oracle has one rule per op of expr/op.hpp: a new op must be taught to reference/eval.hpp
 // (and tested here) before this count is raised.
-static_assert(k::op_table.size() == 75, "a new op: add its rule to reference/eval.hpp and a test here");
+static_assert(k::op_table.size() == 76, "a new op: add its rule to reference/eval.hpp and a test here");
 
 // ---- pointwise ---------------------------------------------------------------------------------
 
@@ -1155,4 +1155,25 @@ TEST_CASE("reference: rand is Philox 4x32-10 per row-major position, in [0, 1)")
   for (double v : r.v) CHECK((v >= 0 && v < 1));
   // The first word of Philox(counter 0, key 0), as a uniform: 0x6627e8d5 >> 8 / 2^24.
   CHECK(k::philox::uniform(0, 0, 0) == static_cast<float>(0x6627e8u) / 16777216.0f);
+}
+
+TEST_CASE("reference: attention is softmax(q k^T * scale) v per head, computed here for one head") {
+  // One batch, one head, Tq = 2, Tk = 3, D = 2, Dv = 1: by hand.
+  Tensor q = from({1, 0, 0, 2}, {1, 1, 2, 2}), kk = from({1, 1, 0, 1, 2, 0}, {1, 1, 3, 2});
+  Tensor v = from({1, 2, 4}, {1, 1, 3, 1});
+  const double s = 1 / std::sqrt(2.0);
+  auto row = [&](std::vector<double> sc, int upto) {
+    double m = -Inf, l = 0, acc = 0;
+    for (int j = 0; j <= upto; ++j) m = std::max(m, sc[j] * s);
+    for (int j = 0; j <= upto; ++j) {
+      double p = std::exp(sc[j] * s - m);
+      l += p;
+      acc += p * std::vector<double>{1, 2, 4}[j];
+    }
+    return acc / l;
+  };
+  // scores: q0 . k = [1, 0, 2], q1 . k = [2, 2, 0]
+  check_result(ev(k::attention(q, kk, v)), {1, 1, 2, 1}, {row({1, 0, 2}, 2), row({2, 2, 0}, 2)}, 1e-14);
+  check_result(ev(k::attention(q, kk, v, {.causal = true})), {1, 1, 2, 1}, {row({1, 0, 2}, 0), row({2, 2, 0}, 1)},
+               1e-14);
 }

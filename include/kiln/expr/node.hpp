@@ -159,7 +159,7 @@ concept Operand =
 
 namespace graph {
 struct Captured;
-class Graph;
+struct Graph;
 namespace detail {
 struct FlattenState;
 }

@@ -88,7 +88,8 @@ namespace kiln {
   X(cat, "cat", composite, 2)                       \
   X(embedding, "embedding", index, 2)               \
   X(embedding_backward, "embedding_backward", extern_, 2) \
-  X(rand, "rand", index, 5)
+  X(rand, "rand", index, 5)                         \
+  X(attention, "attention", composite, 4)
 
 enum class Op : std::uint8_t {
 #define KILN_OP_ENUM(e, s, c, n) e,

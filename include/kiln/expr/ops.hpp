@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -297,6 +298,24 @@ auto squeeze(X&& x) {
 template <TensorLike T, TensorLike I>
 auto embedding(T&& table, I&& ids) {
   return expr::make<Op::embedding>({}, std::forward<T>(table), std::forward<I>(ids));
+}
+
+// ---- attention ------------------------------------------------------------------------------------
+struct attention_options {
+  bool causal = false;                        // query i sees keys j <= i (aligned top-left, as torch's SDPA)
+  std::optional<double> scale = std::nullopt;  // none: 1 / sqrt(head dim)
+};
+// attention(q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv]) -> [B, H, Tq, Dv]:
+// softmax(q k^T * scale) v per head, each k/v head serving H / Hkv query heads (grouped-query
+// attention). Differentiable in q, k and v. A row that a mask empties gives zeros. The scale is a
+// run-time value. (Lowered to batched matmuls and a softmax for now: rewrite/decompose.hpp.)
+template <TensorLike Q, TensorLike K, TensorLike V>
+auto attention(Q&& q, K&& k, V&& v, attention_options o = {}) {
+  Attrs at;
+  at.a = o.causal;
+  at.b = o.scale.has_value();
+  return expr::make<Op::attention>(at, std::forward<Q>(q), std::forward<K>(k), std::forward<V>(v),
+                                   o.scale.value_or(0.0));
 }
 
 // ---- randomness -----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "graph.hpp"
+#include "infer_attention.hpp"
 #include "infer_index.hpp"
 
 namespace kiln::graph {
@@ -378,6 +379,8 @@ inline void infer_node(Graph& g, Node& n) {
       n.dt = kiln::dtype::i64;
       return;
     }
+    case Op::attention:
+      return infer_attention(g, n);
     case Op::cat: {
       const Dims& ys = in(1).shape;
       if (rank == 0 || ys.size() != rank)

@@ -13,6 +13,7 @@
 #include "../graph/graph.hpp"
 #include "../graph/infer.hpp"
 #include "elementwise.hpp"
+#include "eval_attention.hpp"
 #include "eval_index.hpp"
 #include "value.hpp"
 
@@ -358,6 +359,9 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       }
       return out;
     }
+    case Op::attention:
+      eval_attention(n, in(0), in(1), in(2), in(3).data[0], out);
+      return out;
     case Op::cross_entropy: {  // mean over rows of logsumexp(logits[n]) - logits[n, target[n]]
       const Value &x = in(0), &t = in(1);
       const std::int64_t N = x.shape[0], C = x.shape[1];

@@ -2,7 +2,9 @@
 // primitives the fuser understands, as AOTAutograd's decomposition table does for Inductor. One table
 // entry per composite; each builds its primitives into the new graph through the CSE Builder.
 #pragma once
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <numbers>
 #include <span>
@@ -165,6 +167,31 @@ inline int cat(Builder& b, const Node& n, std::span<const int> in) {
   return b.where(first, padded(in[0], 0, na), padded(in[1], na, n.shape[d]));
 }
 
+// attention(q [B, H, Tq, D], k [B, Hkv, Tk, D], v, scale): softmax(q k^T * scale [causal mask]) v,
+// with k and v repeated over each group of H / Hkv query heads, as batched matmuls over B * H. Not
+// yet a fused kernel: the scores are materialised (one [B*H, Tq, Tk] buffer). A row that the mask
+// empties gives zeros (FlexAttention's choice), not NaN. Causal masks are aligned top-left, as
+// torch's scaled_dot_product_attention: query i sees keys j <= i.
+inline int attention(Builder& b, const Node& n, std::span<const int> in) {
+  const Dims qs = b.shape(in[0]), ks = b.shape(in[1]), vs = b.shape(in[2]);
+  const std::int64_t B = qs[0], H = qs[1], Tq = qs[2], D = qs[3], Hkv = ks[1], G = H / Hkv, Tk = ks[2];
+  auto heads = [&](int x, const Dims& s) {  // [B, Hkv, Tk, d] -> [B*H, Tk, d], each kv head G times
+    if (G == 1) return b.reshape(x, Dims{B * H, s[2], s[3]});
+    int e = b.expand(b.reshape(x, Dims{B, Hkv, 1, s[2], s[3]}), Dims{B, Hkv, G, s[2], s[3]});
+    return b.reshape(e, Dims{B * H, s[2], s[3]});
+  };
+  const int q = b.reshape(in[0], Dims{B * H, Tq, D}), k = heads(in[1], ks), v = heads(in[2], vs);
+  const int scale = n.attrs.b ? in[3] : b.constant(1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1))));
+  int s = b.mul(b.matmul(q, b.permute(k, Dims{0, 2, 1})), scale);
+  const Dims ss{B * H, Tq, Tk};
+  if (n.attrs.a) s = b.where(b.cmp(Op::le, b.iota(ss, 2), b.iota(ss, 1)), s, -inf);
+  const int m = b.shift_max(s, Dims{2});
+  const int p = b.exp(b.sub(s, b.where(b.cmp(Op::eq, m, b.constant(-inf)), 0.0, m)));
+  const int l = b.sum(p, Dims{2}, true);
+  const int o = b.div(b.matmul(p, v), b.where(b.cmp(Op::eq, l, b.constant(0)), 1.0, l));
+  return b.reshape(o, Dims{B, H, Tq, vs[3]});
+}
+
 inline constexpr std::array<DecompositionRule, op_count> decompositions = [] {
   std::array<DecompositionRule, op_count> t{};
   auto set = [&](Op op, Decomposition f, std::uint8_t upcast) { t[static_cast<int>(op)] = {f, upcast}; };
@@ -188,6 +215,7 @@ inline constexpr std::array<DecompositionRule, op_count> decompositions = [] {
   set(Op::argmax, arg_extremum, 0);
   set(Op::argmin, arg_extremum, 0);
   set(Op::cat, cat, 0);
+  set(Op::attention, attention, 0b111);
   return t;
 }();
 
