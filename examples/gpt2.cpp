@@ -1,0 +1,185 @@
+// GPT-2 written in kiln and trained on deterministic synthetic tokens: token and position
+// embeddings (the token table tied to the output layer), pre-norm blocks of causal multi-head
+// attention and a tanh-gelu MLP, a final layer_norm and cross_entropy; AdamW. The ~150 parameters
+// and their moments travel as three std::vector<k::Tensor> arguments; the loss and every gradient
+// come from one compiled k::value_and_grad program, the update of every parameter and moment from
+// one compiled AdamW program. Blocks are built in a loop through k::expression.
+//
+//   gpt2 [--tiny] [--steps N] [--cpu] [--f32]
+// --tiny: a small config that trains on the CPU in seconds (CI runs it); the default is GPT-2 small
+// (12 layers, d 768, 12 heads, context 1024, vocab 50257) at B = 8, on the GPU, bf16 activations
+// over f32 master weights. Prints `step N loss X` and, at the end, tokens/s and peak memory.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+
+namespace k = kiln;
+
+namespace {
+
+struct Config {
+  std::int64_t layers = 12, d = 768, heads = 12, context = 1024, vocab = 50257, batch = 8;
+};
+
+// Parameter order: wte, wpe, then per layer 12 tensors (ln1 w/b, qkv w/b, proj w/b, ln2 w/b,
+// fc w/b, fc2 w/b), then the final layer_norm's w/b. Linear weights are [in, out].
+constexpr int per_layer = 12;
+
+std::vector<k::Tensor> init_params(const Config& c, k::Device dev) {
+  std::vector<k::Tensor> p;
+  unsigned seed = 1;
+  auto normal = [&](k::Dims shape, float std) { return k::Tensor(k::randn(shape, k::f32, dev, seed++) * std); };
+  const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(c.layers));  // GPT-2's scaled init
+  p.push_back(normal({c.vocab, c.d}, 0.02f));
+  p.push_back(normal({c.context, c.d}, 0.01f));
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    p.push_back(k::ones({c.d}, k::f32, dev));
+    p.push_back(k::zeros({c.d}, k::f32, dev));
+    p.push_back(normal({c.d, 3 * c.d}, 0.02f));
+    p.push_back(k::zeros({3 * c.d}, k::f32, dev));
+    p.push_back(normal({c.d, c.d}, proj_std));
+    p.push_back(k::zeros({c.d}, k::f32, dev));
+    p.push_back(k::ones({c.d}, k::f32, dev));
+    p.push_back(k::zeros({c.d}, k::f32, dev));
+    p.push_back(normal({c.d, 4 * c.d}, 0.02f));
+    p.push_back(k::zeros({4 * c.d}, k::f32, dev));
+    p.push_back(normal({4 * c.d, c.d}, proj_std));
+    p.push_back(k::zeros({c.d}, k::f32, dev));
+  }
+  p.push_back(k::ones({c.d}, k::f32, dev));
+  p.push_back(k::zeros({c.d}, k::f32, dev));
+  return p;
+}
+
+// The mean next-token loss of tokens [B, T] against targets [B, T]. Weights are read in `act`
+// (bf16 on the GPU: activations and GEMMs in bf16 over f32 master weights), norms and the loss in f32.
+auto make_loss(Config c, k::dtype act) {
+  return [c, act](auto p, auto tokens, auto targets) {
+    const std::int64_t B = c.batch, T = c.context, d = c.d, H = c.heads, hd = c.d / c.heads;
+    auto w = [act](auto t) { return k::cast(t, act); };
+    k::expression x = k::embedding(p[0], tokens) + p[1];  // [B, T, d], f32 residual stream
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      const std::size_t at = 2 + static_cast<std::size_t>(l) * per_layer;
+      auto h = k::reshape(w(k::layer_norm(x, p[at], p[at + 1])), {B * T, d});
+      k::expression qkv = k::matmul(h, w(p[at + 2])) + w(p[at + 3]);  // [B*T, 3d]
+      auto heads = [&](std::int64_t part) {
+        return k::permute(k::reshape(k::slice(qkv, 1, part * d, (part + 1) * d), {B, T, H, hd}), {0, 2, 1, 3});
+      };
+      auto y = k::attention(heads(0), heads(1), heads(2), {.causal = true});  // [B, H, T, hd]
+      auto merged = k::reshape(k::permute(y, {0, 2, 1, 3}), {B * T, d});
+      x = x + k::reshape(k::cast(k::matmul(merged, w(p[at + 4])) + w(p[at + 5]), k::f32), {B, T, d});
+      auto h2 = k::reshape(w(k::layer_norm(x, p[at + 6], p[at + 7])), {B * T, d});
+      auto m = k::gelu(k::matmul(h2, w(p[at + 8])) + w(p[at + 9]), k::approximate::tanh);
+      x = x + k::reshape(k::cast(k::matmul(m, w(p[at + 10])) + w(p[at + 11]), k::f32), {B, T, d});
+    }
+    const std::size_t f = 2 + static_cast<std::size_t>(c.layers) * per_layer;
+    auto hf = k::reshape(w(k::layer_norm(x, p[f], p[f + 1])), {B * T, d});
+    auto logits = k::cast(k::matmul(hf, k::transpose(w(p[0]), 0, 1)), k::f32);  // tied embeddings
+    return k::expression(k::cross_entropy(logits, k::reshape(targets, {B * T})));
+  };
+}
+
+// AdamW (decoupled weight decay on matrices only), one in-place update of every p, m, v.
+auto make_adamw(float lr, float wd) {
+  return [lr, wd](auto p, auto g, auto m, auto v, auto step_scale) {
+    auto update = [&](std::size_t i, float decay) {
+      auto m1 = m[i] * 0.9f + g[i] * 0.1f;
+      auto v1 = v[i] * 0.95f + k::square(g[i]) * 0.05f;
+      // step_scale holds lr * sqrt(1 - beta2^t) / (1 - beta1^t), a run-time tensor: one program for all steps.
+      return std::tuple{k::assign(m[i], m1), k::assign(v[i], v1),
+                        k::assign(p[i], p[i] * (1.0f - lr * decay) - step_scale * m1 / (k::sqrt(v1) + 1e-8f))};
+    };
+    std::vector<decltype(update(0, 0.0f))> updates;
+    for (std::size_t i = 0; i < p.size(); ++i) updates.push_back(update(i, p[i].t->dim() >= 2 ? wd : 0.0f));
+    return updates;
+  };
+}
+
+// Deterministic tokens: a repeated pseudo-random sequence (period 3 * context / 4), so the model
+// can learn to continue it; targets are the next tokens.
+void make_batch(const Config& c, k::Device dev, k::Tensor& tokens, k::Tensor& targets) {
+  const std::int64_t period = std::max<std::int64_t>(3 * c.context / 4, 2);
+  std::vector<std::int64_t> seq(static_cast<std::size_t>(c.batch * (c.context + 1)));
+  for (std::size_t i = 0; i < seq.size(); ++i) {
+    const std::uint64_t pos = i % static_cast<std::uint64_t>(period);
+    seq[i] = static_cast<std::int64_t>((pos * 2654435761u + 12345u) % static_cast<std::uint64_t>(c.vocab));
+  }
+  std::vector<std::int64_t> in, out;
+  for (std::int64_t b = 0; b < c.batch; ++b)
+    for (std::int64_t t = 0; t < c.context; ++t) {
+      in.push_back(seq[static_cast<std::size_t>(b * (c.context + 1) + t)]);
+      out.push_back(seq[static_cast<std::size_t>(b * (c.context + 1) + t + 1)]);
+    }
+  tokens = k::from_vector(in, {c.batch, c.context}, dev);
+  targets = k::from_vector(out, {c.batch, c.context}, dev);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  int steps = 20;
+  bool tiny = false, want_cpu = false, want_f32 = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--tiny") tiny = true;
+    else if (a == "--cpu") want_cpu = true;
+    else if (a == "--f32") want_f32 = true;
+    else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: gpt2 [--tiny] [--steps N] [--cpu] [--f32]\n");
+      return 2;
+    }
+  }
+  if (tiny) c = Config{2, 32, 2, 32, 97, 4};
+  const k::Device dev = want_cpu || !k::driver::available() ? k::Device(k::cpu) : k::Device(k::cuda);
+  const k::dtype act = dev.is_cuda() && !want_f32 ? k::bf16 : k::f32;
+  std::printf("gpt2: %lld layers, d %lld, %lld heads, context %lld, vocab %lld, batch %lld on %s, %s activations\n",
+              static_cast<long long>(c.layers), static_cast<long long>(c.d), static_cast<long long>(c.heads),
+              static_cast<long long>(c.context), static_cast<long long>(c.vocab), static_cast<long long>(c.batch),
+              dev.str().c_str(), std::string(k::name(act)).c_str());
+
+  std::vector<k::Tensor> params = init_params(c, dev), m, v;
+  for (auto& p : params) m.push_back(k::zeros(p.shape(), k::f32, dev)), v.push_back(k::zeros(p.shape(), k::f32, dev));
+  std::int64_t count = 0;
+  for (auto& p : params) count += p.numel();
+  std::printf("parameters: %zu tensors, %lld values\n", params.size(), static_cast<long long>(count));
+
+  k::Tensor tokens, targets;
+  make_batch(c, dev, tokens, targets);
+  auto step = k::compile(k::value_and_grad(make_loss(c, act), k::wrt<0>));
+  const float lr = tiny ? 1e-2f : 6e-4f;
+  auto adamw = k::compile(make_adamw(lr, 0.1f));
+
+  double first = 0, last = 0, timed_s = 0;
+  for (int s = 1; s <= steps; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto [loss, grads] = step(params, tokens, targets);
+    const double b1 = 1 - std::pow(0.9, s), b2 = 1 - std::pow(0.95, s);
+    k::Tensor scale = k::full({}, lr * std::sqrt(b2) / b1, k::f32, dev);
+    adamw(params, grads, m, v, scale);
+    last = k::to_vector<float>(loss)[0];  // waits for the step
+    if (s > 2) timed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s == 1) first = last;
+    std::printf("step %d loss %.4f\n", s, last);
+    std::fflush(stdout);
+    if (!std::isfinite(last)) return 1;
+  }
+  if (steps > 2)
+    std::printf("tokens/s: %.0f (steps 3..%d)\n", static_cast<double>(c.batch * c.context) * (steps - 2) / timed_s,
+                steps);
+  auto mem = k::memory_stats(dev);
+  std::printf("peak memory: %.1f MiB\n", static_cast<double>(mem.peak) / (1 << 20));
+  std::printf("loss: first %.4f last %.4f (%.2fx)\n", first, last, last / first);
+  if (tiny && steps >= 20 && !(last < 0.7 * first)) {  // CI's check that training works
+    std::fprintf(stderr, "gpt2 --tiny: the loss did not fall below 0.7x the first\n");
+    return 3;
+  }
+  return 0;
+}
