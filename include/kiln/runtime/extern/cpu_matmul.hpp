@@ -10,7 +10,9 @@
 // else on std::threads for large problems, else serially.
 //
 // Parts: matmul_geometry.hpp (the checked shapes), cpu_gemm_kernel.hpp (packing and the
-// micro-kernel); here the threading, the blocked driver and cpu_matmul itself.
+// micro-kernel); here the threading, the blocked driver and cpu_matmul itself. Where a real BLAS is
+// found at run time (cpu_blas.hpp: OpenBLAS, BLIS or MKL; KILN_BLAS chooses) and the product is
+// f32 or f64 throughout, it computes the product instead.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -31,6 +33,7 @@
 #include "../../core/dtype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/tensor.hpp"
+#include "cpu_blas.hpp"
 #include "cpu_gemm_kernel.hpp"
 #include "matmul_geometry.hpp"
 
@@ -168,6 +171,7 @@ inline void cpu_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   const void* pa = a.data_ptr();
   const void* pb = b.data_ptr();
   dtype da = a.dtype(), db = b.dtype();
+  if (blas_matmul(g, pa, da, pb, db, out.data_ptr(), out.dtype())) return;  // a real BLAS, where one is found
   // Few rows against a wide b (a small batch through a linear layer): packing all of b into a
   // buffer would cost more than the product, so compute out^T = b^T a^T, which streams b through
   // the cache-sized blocks of the left operand instead.

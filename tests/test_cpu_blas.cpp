@@ -1,0 +1,91 @@
+// Host GEMMs through a BLAS found at run time (runtime/extern/cpu_blas.hpp): the same products as
+// the blocked GEMM (KILN_BLAS=none) for plain, transposed, batched and broadcast operands, f32 and
+// f64, degenerate sizes, with the pointwise epilogue still fused after it; 16-bit operands and
+// layouts a BLAS cannot address stay on the blocked GEMM; a KILN_BLAS naming nothing falls back.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+namespace k = kiln;
+
+namespace {
+
+// Sets KILN_BLAS for one scope.
+struct BlasChoice {
+  explicit BlasChoice(const char* v) { setenv("KILN_BLAS", v, 1); }
+  ~BlasChoice() { unsetenv("KILN_BLAS"); }
+};
+
+k::Tensor product(const k::Tensor& a, const k::Tensor& b) {
+  k::Tensor out = k::empty(a.dim() == 3 || b.dim() == 3 ? k::Dims{std::max(a.dim() == 3 ? a.shape()[0] : 1,
+                                                                          b.dim() == 3 ? b.shape()[0] : 1),
+                                                                 a.shape()[a.dim() - 2], b.shape()[b.dim() - 1]}
+                                                       : k::Dims{a.shape()[0], b.shape()[1]},
+                           a.dtype() == k::f64 || b.dtype() == k::f64 ? k::f64 : k::f32, k::cpu);
+  k::runtime::cpu_matmul(a, b, out);
+  return out;
+}
+
+void same_as_blocked(const k::Tensor& a, const k::Tensor& b, double tol) {
+  k::Tensor fast = product(a, b);
+  k::Tensor blocked;
+  {
+    BlasChoice none("none");
+    CHECK(k::runtime::cpu_blas_name().empty());
+    blocked = product(a, b);
+  }
+  auto r = k::testing::allclose(fast, blocked, tol, tol);
+  CHECK_MESSAGE(r, r);
+  auto want = k::reference::eval(k::matmul(a, b));
+  auto rr = k::testing::allclose(fast, want, tol, tol);
+  CHECK_MESSAGE(rr, rr);
+}
+
+}  // namespace
+
+TEST_CASE("cpu blas: products equal the blocked GEMM's, every layout" *
+          doctest::skip(k::runtime::cpu_blas_name().empty())) {
+  INFO("BLAS: " << k::runtime::cpu_blas_name());
+  for (k::dtype dt : {k::f32, k::f64}) {
+    const double tol = dt == k::f32 ? 2e-5 : 1e-12;
+    k::Tensor a = k::randn({37, 129}, dt, k::cpu, 1), b = k::randn({129, 65}, dt, k::cpu, 2);
+    same_as_blocked(a, b, tol);
+    // Transposed operands (a weight read as w^T), through strides.
+    k::Tensor at = k::Tensor(k::transpose(a, 0, 1)).contiguous(), bt = k::Tensor(k::transpose(b, 0, 1)).contiguous();
+    same_as_blocked(k::Tensor(k::transpose(at, 0, 1)), k::Tensor(k::transpose(bt, 0, 1)), tol);
+    // Batched, and a 2-D weight under a batch.
+    k::Tensor a3 = k::randn({3, 17, 33}, dt, k::cpu, 3), b3 = k::randn({3, 33, 9}, dt, k::cpu, 4);
+    same_as_blocked(a3, b3, tol);
+    same_as_blocked(a3, k::randn({33, 9}, dt, k::cpu, 5), tol);
+    // Degenerate sizes: one row, one column, an inner size of one.
+    same_as_blocked(k::randn({1, 40}, dt, k::cpu, 7), k::randn({40, 23}, dt, k::cpu, 8), tol);
+    same_as_blocked(k::randn({23, 40}, dt, k::cpu, 9), k::randn({40, 1}, dt, k::cpu, 10), tol);
+    same_as_blocked(k::randn({23, 1}, dt, k::cpu, 11), k::randn({1, 19}, dt, k::cpu, 12), tol);
+  }
+  // A compiled GEMM with its epilogue fused after it, against the oracle.
+  k::Tensor x = k::randn({64, 96}, k::f32, k::cpu, 13), w = k::randn({96, 48}, k::f32, k::cpu, 14);
+  k::Tensor bias = k::randn({48}, k::f32, k::cpu, 15);
+  auto f = k::compile([](auto x, auto w, auto b) { return k::gelu(k::matmul(x, w) + b); });
+  auto r = k::testing::allclose(f(x, w, bias), k::reference::eval(k::gelu(k::matmul(x, w) + bias)), 1e-5, 1e-5);
+  CHECK_MESSAGE(r, r);
+  CHECK(k::explain(f, x, w, bias).kernels.size() == 2);
+}
+
+TEST_CASE("cpu blas: 16-bit and mixed operands stay on the blocked GEMM; a KILN_BLAS naming nothing falls back") {
+  k::Tensor a = k::randn({21, 34}, k::bf16, k::cpu, 21), b = k::randn({34, 13}, k::bf16, k::cpu, 22);
+  auto r = k::testing::allclose(k::Tensor(k::matmul(a, b)), k::reference::eval(k::matmul(a, b)), 2e-2, 2e-2);
+  CHECK_MESSAGE(r, r);
+  k::Tensor mixed = k::randn({34, 13}, k::f32, k::cpu, 23);
+  auto rm = k::testing::allclose(k::Tensor(k::matmul(a, mixed)), k::reference::eval(k::matmul(a, mixed)), 1e-5, 1e-5);
+  CHECK_MESSAGE(rm, rm);
+  BlasChoice missing("/nonexistent/libnothing.so");
+  CHECK(k::runtime::cpu_blas_name().empty());
+  k::Tensor x = k::randn({9, 11}, k::f32, k::cpu, 24), y = k::randn({11, 5}, k::f32, k::cpu, 25);
+  auto rx = k::testing::allclose(k::Tensor(k::matmul(x, y)), k::reference::eval(k::matmul(x, y)), 1e-5, 1e-5);
+  CHECK_MESSAGE(rx, rx);
+}
