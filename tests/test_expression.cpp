@@ -11,6 +11,7 @@
 #include <kiln/testing.hpp>
 
 #include "have_gpu.hpp"
+#include "residual_chain.hpp"
 
 namespace k = kiln;
 
@@ -18,15 +19,6 @@ namespace {
 
 std::vector<double> values(const k::Tensor& t) { return k::reference::read(t).data; }
 
-template <int N>
-auto residual_chain(auto h, auto w, auto g, auto b) {
-  if constexpr (N == 0) {
-    return h;
-  } else {
-    auto r = residual_chain<N - 1>(h, w, g, b);
-    return k::layer_norm(r + k::gelu(k::matmul(r, w)), g, b);
-  }
-}
 
 void check_loop(k::Device dev) {
   k::Tensor x = k::randn({9, 24}, k::f32, dev, 1), w = k::randn({24, 24}, k::f32, dev, 2) * 0.2f;

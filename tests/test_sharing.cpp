@@ -11,20 +11,11 @@
 #include <kiln/kiln.hpp>
 #include <kiln/testing.hpp>
 
+#include "residual_chain.hpp"
+
 namespace k = kiln;
 
 namespace {
-
-// h -> layer_norm(h + gelu(h @ w), g, b), N times: each block reads its input twice.
-template <int N>
-auto residual_chain(auto h, auto w, auto g, auto b) {
-  if constexpr (N == 0) {
-    return h;
-  } else {
-    auto r = residual_chain<N - 1>(h, w, g, b);
-    return k::layer_norm(r + k::gelu(k::matmul(r, w)), g, b);
-  }
-}
 
 template <int N>
 auto chain_fn() {
