@@ -3,6 +3,7 @@
 // bf16; gradients by gradcheck; typed errors naming the shapes; on the CPU and the GPU.
 #include <doctest/doctest.h>
 
+#include <limits>
 #include <vector>
 
 #include <kiln/kiln.hpp>
@@ -71,4 +72,59 @@ TEST_CASE("attention: mismatched shapes and dtypes are errors naming them") {
   k::Tensor k3 = k::randn({1, 2, 6, 3}, k::f64, k::cpu, 1);
   CHECK_THROWS_WITH_AS(k::Tensor(k::attention(q, k3, k::randn({1, 2, 6, 2}))), doctest::Contains("one floating dtype"),
                        k::dtype_error);
+}
+
+namespace {
+
+void check_score_mod(k::Device dev) {
+  const float inf = std::numeric_limits<float>::infinity();
+  k::Tensor q = k::randn({2, 4, 9, 8}, k::f32, dev, 11), kk = k::randn({2, 2, 12, 8}, k::f32, dev, 12);
+  k::Tensor v = k::randn({2, 2, 12, 5}, k::f32, dev, 13);
+  // ALiBi: a per-head slope times the distance; soft-capping; a relative bias read from a tensor.
+  auto alibi = [](auto s, auto, auto h, auto i, auto j) {
+    return s - k::exp2(k::cast(h + 1, k::f32) * -2.0f) * k::cast(i - j, k::f32);
+  };
+  auto softcap = [](auto s, auto, auto, auto, auto) { return k::tanh(s / 5.0f) * 5.0f; };
+  k::Tensor bias = k::randn({4, 9, 12}, k::f32, dev, 14);
+  auto relative = [&bias](auto s, auto, auto, auto, auto) { return s + bias; };
+  // A mask that empties query row 3 (its output is zeros, not NaN) and keeps keys j >= 2 elsewhere.
+  auto masked = [inf](auto s, auto, auto, auto i, auto j) { return k::where(i == 3, -inf, k::where(j < 2, -inf, s)); };
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal << " on " << dev);
+    for (auto e : {k::expression(k::attention(q, kk, v, alibi, {.causal = causal})),
+                   k::expression(k::attention(q, kk, v, softcap, {.causal = causal, .scale = 0.5})),
+                   k::expression(k::attention(q, kk, v, relative, {.causal = causal}))}) {
+      auto r = k::testing::allclose(k::Tensor(e), k::reference::eval(e), 1e-5, 1e-5);
+      CHECK_MESSAGE(r, r);
+    }
+    k::Tensor got = k::attention(q, kk, v, masked, {.causal = causal});
+    auto r = k::testing::allclose(got, k::reference::eval(k::attention(q, kk, v, masked, {.causal = causal})), 1e-5,
+                                  1e-5);
+    CHECK_MESSAGE(r, r);
+    auto values = k::reference::read(got).data;
+    for (std::int64_t bh = 0; bh < 8; ++bh)
+      for (int d = 0; d < 5; ++d) CHECK(values[static_cast<std::size_t>((bh * 9 + 3) * 5 + d)] == 0.0);
+  }
+  // The identity score_mod is plain attention.
+  auto same = k::testing::allclose(k::Tensor(k::attention(q, kk, v, [](auto s, auto...) { return s; })),
+                                   k::Tensor(k::attention(q, kk, v)), 1e-6, 1e-6);
+  CHECK_MESSAGE(same, same);
+}
+
+}  // namespace
+
+TEST_CASE("attention: score_mod (ALiBi, soft-capping, a captured bias, a mask emptying a row) against the oracle (cpu)") {
+  check_score_mod(k::cpu);
+}
+TEST_CASE("attention: score_mod against the oracle (cuda)" * needs_gpu()) { check_score_mod(k::cuda); }
+
+TEST_CASE("attention: gradients flow through a score_mod to q, k, v and the tensors it reads (gradcheck)") {
+  k::Tensor q = k::randn({1, 2, 4, 3}, k::f64, k::cpu, 21), kk = k::randn({1, 2, 5, 3}, k::f64, k::cpu, 22);
+  k::Tensor v = k::randn({1, 2, 5, 2}, k::f64, k::cpu, 23), bias = k::randn({2, 4, 5}, k::f64, k::cpu, 24);
+  auto fn = [](auto q, auto k, auto v, auto bias) {
+    return k::attention(
+        q, k, v, [&bias](auto s, auto, auto, auto i, auto j) { return k::tanh(s + bias) - 0.1 * k::cast(i - j, k::f64); },
+        {.causal = true});
+  };
+  CHECK(k::testing::gradcheck(fn, q, kk, v, bias));
 }

@@ -138,7 +138,7 @@ Vec map(const Vec& x, F f) {
 
 // The oracle has one rule per op of expr/op.hpp: a new op must be taught to reference/eval.hpp
 // (and tested here) before this count is raised.
-static_assert(k::op_table.size() == 76, "a new op: add its rule to reference/eval.hpp and a test here");
+static_assert(k::op_table.size() == 77, "a new op: add its rule to reference/eval.hpp and a test here");
 
 // ---- pointwise ---------------------------------------------------------------------------------
 
@@ -1176,4 +1176,19 @@ TEST_CASE("reference: attention is softmax(q k^T * scale) v per head, computed h
   check_result(ev(k::attention(q, kk, v)), {1, 1, 2, 1}, {row({1, 0, 2}, 2), row({2, 2, 0}, 2)}, 1e-14);
   check_result(ev(k::attention(q, kk, v, {.causal = true})), {1, 1, 2, 1}, {row({1, 0, 2}, 0), row({2, 2, 0}, 1)},
                1e-14);
+}
+
+TEST_CASE("reference: score_arg gives a score_mod the scaled scores and their indices") {
+  Tensor q = from({1, 0, 0, 2}, {1, 1, 2, 2}), kk = from({1, 1, 0, 1, 2, 0}, {1, 1, 3, 2});
+  Tensor v = from({1, 2, 4}, {1, 1, 3, 1});
+  // Scores replaced by the key index j (plus 0 * s): softmax([0, 1, 2]) . [1, 2, 4] for both rows;
+  // with the query index i instead, every score of a row is equal: the mean of v.
+  const double e0 = 1, e1 = std::exp(1.0), e2 = std::exp(2.0), by_j = (e0 * 1 + e1 * 2 + e2 * 4) / (e0 + e1 + e2);
+  auto by_key = [](auto s, auto, auto, auto, auto j) { return s * 0.0 + k::cast(j, k::f64); };
+  check_result(ev(k::attention(q, kk, v, by_key)), {1, 1, 2, 1}, {by_j, by_j}, 1e-14);
+  auto by_query = [](auto s, auto b, auto h, auto i, auto) { return s * 0.0 + k::cast(i + b + h, k::f64); };
+  check_result(ev(k::attention(q, kk, v, by_query)), {1, 1, 2, 1}, {7.0 / 3, 7.0 / 3}, 1e-14);
+  // The score itself: q . k / sqrt(2), as without a score_mod.
+  auto same = [](auto s, auto...) { return s; };
+  check_result(ev(k::attention(q, kk, v, same)), {1, 1, 2, 1}, ev(k::attention(q, kk, v)).v, 1e-14);
 }

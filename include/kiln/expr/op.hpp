@@ -89,7 +89,8 @@ namespace kiln {
   X(embedding, "embedding", index, 2)               \
   X(embedding_backward, "embedding_backward", extern_, 2) \
   X(rand, "rand", index, 5)                         \
-  X(attention, "attention", composite, 4)
+  X(attention, "attention", composite, 5)           \
+  X(score_arg, "score_arg", composite, 3)
 
 enum class Op : std::uint8_t {
 #define KILN_OP_ENUM(e, s, c, n) e,

@@ -315,7 +315,29 @@ auto attention(Q&& q, K&& k, V&& v, attention_options o = {}) {
   at.a = o.causal;
   at.b = o.scale.has_value();
   return expr::make<Op::attention>(at, std::forward<Q>(q), std::forward<K>(k), std::forward<V>(v),
-                                   o.scale.value_or(0.0));
+                                   o.scale.value_or(0.0), 0.0);
+}
+// attention with a score_mod, as FlexAttention: a generic lambda (score, b, h, i, j) -> expression
+// of the scaled score and its batch, head, query and key indices (i64), each [B, H, Tq, Tk]; it may
+// read tensors it captures (a relative bias) and return -inf to mask. Applied before the causal mask
+// and the softmax, and differentiated with the rest (the tensors it reads get gradients too).
+template <TensorLike Q, TensorLike K, TensorLike V, class ScoreMod>
+requires(!std::is_same_v<std::remove_cvref_t<ScoreMod>, attention_options>) auto attention(
+    const Q& q, const K& k, const V& v, ScoreMod&& score_mod, attention_options o = {}) {
+  const double scale = o.scale.value_or(0.0);
+  auto arg = [&](int which) {
+    Attrs at;
+    at.a = which;
+    at.b = o.scale.has_value();
+    return expr::make<Op::score_arg>(at, q, k, scale);
+  };
+  auto modded = score_mod(arg(0), arg(1), arg(2), arg(3), arg(4));
+  static_assert(Operand<decltype(modded)>, "k::attention: score_mod must return a kiln expression (or a number)");
+  Attrs at;
+  at.a = o.causal;
+  at.b = o.scale.has_value();
+  at.c = 1;
+  return expr::make<Op::attention>(at, q, k, v, scale, std::move(modded));
 }
 
 // ---- randomness -----------------------------------------------------------------------------------

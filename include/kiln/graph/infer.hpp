@@ -381,6 +381,8 @@ inline void infer_node(Graph& g, Node& n) {
     }
     case Op::attention:
       return infer_attention(g, n);
+    case Op::score_arg:
+      return infer_score_arg(g, n);
     case Op::cat: {
       const Dims& ys = in(1).shape;
       if (rank == 0 || ys.size() != rank)

@@ -8,6 +8,17 @@
 
 namespace kiln::graph::detail {
 
+// score_arg(q, k, scale) with attrs.a = 0: the scaled scores [B, H, Tq, Tk] (f32, or f64 for f64
+// inputs); 1..4: the batch, head, query and key index of each score (i64).
+inline void infer_score_arg(const Graph& g, Node& n) {
+  const Node &q = g.nodes[n.in[0]], &k = g.nodes[n.in[1]];
+  if (q.shape.size() != 4 || k.shape.size() != 4 || k.shape[0] != q.shape[0] || k.shape[3] != q.shape[3])
+    throw shape_error("attention: q and k must be [B, H, T, D] with one B and D (q " + q.shape.str() + ", k " +
+                      k.shape.str() + ")");
+  n.shape = Dims{q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
+  n.dt = n.attrs.a != 0 ? kiln::dtype::i64 : q.dt == kiln::dtype::f64 ? kiln::dtype::f64 : kiln::dtype::f32;
+}
+
 inline void infer_attention(const Graph& g, Node& n) {
   const Node &q = g.nodes[n.in[0]], &k = g.nodes[n.in[1]], &v = g.nodes[n.in[2]];
   const Dims &qs = q.shape, &ks = k.shape, &vs = v.shape;
@@ -22,6 +33,18 @@ inline void infer_attention(const Graph& g, Node& n) {
   if (!is_floating(q.dt) || q.dt != k.dt || q.dt != v.dt)
     throw dtype_error("attention: q, k and v must share one floating dtype, got " + std::string(name(q.dt)) + ", " +
                       std::string(name(k.dt)) + ", " + std::string(name(v.dt)));
+  if (n.attrs.c) {  // a score_mod's result: floating, broadcastable to the scores [B, H, Tq, Tk]
+    const Node& m = g.nodes[n.in[4]];
+    const Dims full{qs[0], qs[1], qs[2], ks[2]};
+    bool fits = m.shape.size() <= 4;
+    for (int i = 0; fits && i < m.shape.size(); ++i) {
+      const std::int64_t have = m.shape[m.shape.size() - 1 - i], want = full[3 - i];
+      fits = have == want || have == 1;
+    }
+    if (!fits) throw shape_error("attention: score_mod gives " + m.shape.str() + ", not the scores' " + full.str());
+    if (!is_floating(m.dt))
+      throw dtype_error("attention: score_mod gives " + std::string(name(m.dt)) + " scores; they must be floating");
+  }
   n.shape = Dims{qs[0], qs[1], qs[2], vs[3]};
   n.dt = q.dt;
 }

@@ -360,7 +360,10 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       return out;
     }
     case Op::attention:
-      eval_attention(n, in(0), in(1), in(2), in(3).data[0], out);
+      eval_attention(n, in(0), in(1), in(2), in(3).data[0], n.attrs.c ? &in(4) : nullptr, out);
+      return out;
+    case Op::score_arg:
+      eval_score_arg(n, in(0), in(1), in(2).data[0], out);
       return out;
     case Op::cross_entropy: {  // mean over rows of logsumexp(logits[n]) - logits[n, target[n]]
       const Value &x = in(0), &t = in(1);

@@ -167,29 +167,57 @@ inline int cat(Builder& b, const Node& n, std::span<const int> in) {
   return b.where(first, padded(in[0], 0, na), padded(in[1], na, n.shape[d]));
 }
 
-// attention(q [B, H, Tq, D], k [B, Hkv, Tk, D], v, scale): softmax(q k^T * scale [causal mask]) v,
-// with k and v repeated over each group of H / Hkv query heads, as batched matmuls over B * H. Not
-// yet a fused kernel: the scores are materialised (one [B*H, Tq, Tk] buffer). A row that the mask
-// empties gives zeros (FlexAttention's choice), not NaN. Causal masks are aligned top-left, as
+// attention(q [B, H, Tq, D], k [B, Hkv, Tk, D], v, scale, modded scores): softmax(q k^T * scale
+// [causal mask]) v, with k and v repeated over each group of H / Hkv query heads, as batched matmuls
+// over B * H. With a score_mod (attrs.c) the scores are its result, built from score_arg nodes.
+// Not yet a fused kernel: the scores are materialised (one [B*H, Tq, Tk] buffer). A row that the
+// mask empties gives zeros (FlexAttention's choice), not NaN. Causal masks are aligned top-left, as
 // torch's scaled_dot_product_attention: query i sees keys j <= i.
-inline int attention(Builder& b, const Node& n, std::span<const int> in) {
-  const Dims qs = b.shape(in[0]), ks = b.shape(in[1]), vs = b.shape(in[2]);
-  const std::int64_t B = qs[0], H = qs[1], Tq = qs[2], D = qs[3], Hkv = ks[1], G = H / Hkv, Tk = ks[2];
-  auto heads = [&](int x, const Dims& s) {  // [B, Hkv, Tk, d] -> [B*H, Tk, d], each kv head G times
+struct AttentionDims {
+  std::int64_t B, H, Tq, D, Hkv, G, Tk;
+  AttentionDims(const Builder& b, int q, int k) {
+    const Dims qs = b.shape(q), ks = b.shape(k);
+    B = qs[0], H = qs[1], Tq = qs[2], D = qs[3], Hkv = ks[1], G = H / Hkv, Tk = ks[2];
+  }
+  // [B, Hkv, Tk, d] -> [B*H, Tk, d], each kv head G times.
+  int heads(Builder& b, int x) const {
+    const Dims s = b.shape(x);
     if (G == 1) return b.reshape(x, Dims{B * H, s[2], s[3]});
     int e = b.expand(b.reshape(x, Dims{B, Hkv, 1, s[2], s[3]}), Dims{B, Hkv, G, s[2], s[3]});
     return b.reshape(e, Dims{B * H, s[2], s[3]});
-  };
-  const int q = b.reshape(in[0], Dims{B * H, Tq, D}), k = heads(in[1], ks), v = heads(in[2], vs);
-  const int scale = n.attrs.b ? in[3] : b.constant(1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1))));
-  int s = b.mul(b.matmul(q, b.permute(k, Dims{0, 2, 1})), scale);
-  const Dims ss{B * H, Tq, Tk};
+  }
+  // q k^T * scale as [B*H, Tq, Tk].
+  int scores(Builder& b, int q, int k, int scale, bool given) const {
+    const int s = b.matmul(b.reshape(q, Dims{B * H, Tq, D}), b.permute(heads(b, k), Dims{0, 2, 1}));
+    return b.mul(s, given ? scale : b.constant(1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)))));
+  }
+};
+inline int attention(Builder& b, const Node& n, std::span<const int> in) {
+  const AttentionDims a(b, in[0], in[1]);
+  const Dims ss{a.B * a.H, a.Tq, a.Tk}, full{a.B, a.H, a.Tq, a.Tk};
+  int s = -1;
+  if (n.attrs.c) {  // the score_mod's result, broadcast to [B, H, Tq, Tk]
+    const int mod = b.cast(in[4], b[in[0]].dt);
+    Dims ms = b.shape(mod);
+    while (ms.size() < 4) ms.insert(0, 1);
+    s = b.reshape(b.expand(b.reshape(mod, ms), full), ss);
+  } else {
+    s = a.scores(b, in[0], in[1], in[3], n.attrs.b);
+  }
   if (n.attrs.a) s = b.where(b.cmp(Op::le, b.iota(ss, 2), b.iota(ss, 1)), s, -inf);
   const int m = b.shift_max(s, Dims{2});
   const int p = b.exp(b.sub(s, b.where(b.cmp(Op::eq, m, b.constant(-inf)), 0.0, m)));
   const int l = b.sum(p, Dims{2}, true);
-  const int o = b.div(b.matmul(p, v), b.where(b.cmp(Op::eq, l, b.constant(0)), 1.0, l));
-  return b.reshape(o, Dims{B, H, Tq, vs[3]});
+  const int o = b.div(b.matmul(p, a.heads(b, in[2])), b.where(b.cmp(Op::eq, l, b.constant(0)), 1.0, l));
+  return b.reshape(o, Dims{a.B, a.H, a.Tq, b.shape(in[2])[3]});
+}
+// What a score_mod receives (attrs.a): 0 the scaled score, 1..4 the batch, head, query and key
+// index, each of shape [B, H, Tq, Tk].
+inline int score_arg(Builder& b, const Node& n, std::span<const int> in) {
+  const AttentionDims a(b, in[0], in[1]);
+  const Dims full{a.B, a.H, a.Tq, a.Tk};
+  if (n.attrs.a == 0) return b.reshape(a.scores(b, in[0], in[1], in[2], n.attrs.b), full);
+  return b.iota(full, static_cast<int>(n.attrs.a - 1));
 }
 
 inline constexpr std::array<DecompositionRule, op_count> decompositions = [] {
@@ -216,6 +244,7 @@ inline constexpr std::array<DecompositionRule, op_count> decompositions = [] {
   set(Op::argmin, arg_extremum, 0);
   set(Op::cat, cat, 0);
   set(Op::attention, attention, 0b111);
+  set(Op::score_arg, score_arg, 0b11);
   return t;
 }();
 
@@ -224,7 +253,7 @@ inline int decompose_node(Builder& b, const Node& n, std::span<const int> in) {
   const DecompositionRule& rule = decompositions[static_cast<int>(n.op)];
   if (!rule.build) throw error("decompose: no decomposition rule for composite op " + std::string(name(n.op)));
   const kiln::dtype compute = is_floating(n.dt) ? compute_dtype(n.dt) : n.dt;
-  std::array<int, 4> args{};
+  std::array<int, graph::max_inputs> args{};
   for (int k = 0; k < n.n_in; ++k) args[k] = (rule.upcast >> k & 1) && !b[in[k]].weak ? b.cast(in[k], compute) : in[k];
   int out = b.cast(rule.build(b, n, std::span<const int>(args.data(), n.n_in)), n.dt);
   if (!(b.shape(out) == n.shape))
