@@ -186,18 +186,21 @@ struct AttentionDims {
     int e = b.expand(b.reshape(x, Dims{B, Hkv, 1, s[2], s[3]}), Dims{B, Hkv, G, s[2], s[3]});
     return b.reshape(e, Dims{B * H, s[2], s[3]});
   }
-  // q k^T * scale as [B*H, Tq, Tk].
+  // q k^T * scale as [B*H, Tq, Tk], in the compute dtype (f32 for 16-bit inputs, whose product is a
+  // 16-bit GEMM on tensor cores, as torch's math attention does).
   int scores(Builder& b, int q, int k, int scale, bool given) const {
     const int s = b.matmul(b.reshape(q, Dims{B * H, Tq, D}), b.permute(heads(b, k), Dims{0, 2, 1}));
-    return b.mul(s, given ? scale : b.constant(1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)))));
+    return b.mul(b.cast(s, compute_dtype(b[q].dt)),
+                 given ? scale : b.constant(1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)))));
   }
 };
 inline int attention(Builder& b, const Node& n, std::span<const int> in) {
   const AttentionDims a(b, in[0], in[1]);
   const Dims ss{a.B * a.H, a.Tq, a.Tk}, full{a.B, a.H, a.Tq, a.Tk};
   int s = -1;
+  const kiln::dtype ct = compute_dtype(b[in[0]].dt);
   if (n.attrs.c) {  // the score_mod's result, broadcast to [B, H, Tq, Tk]
-    const int mod = b.cast(in[4], b[in[0]].dt);
+    const int mod = b.cast(in[4], ct);
     Dims ms = b.shape(mod);
     while (ms.size() < 4) ms.insert(0, 1);
     s = b.reshape(b.expand(b.reshape(mod, ms), full), ss);
@@ -208,7 +211,9 @@ inline int attention(Builder& b, const Node& n, std::span<const int> in) {
   const int m = b.shift_max(s, Dims{2});
   const int p = b.exp(b.sub(s, b.where(b.cmp(Op::eq, m, b.constant(-inf)), 0.0, m)));
   const int l = b.sum(p, Dims{2}, true);
-  const int o = b.div(b.matmul(p, a.heads(b, in[2])), b.where(b.cmp(Op::eq, l, b.constant(0)), 1.0, l));
+  // p v in v's dtype (p in [0, 1], unnormalised), normalised in the compute dtype.
+  const int pv = b.cast(b.matmul(b.cast(p, b[in[2]].dt), a.heads(b, in[2])), ct);
+  const int o = b.div(pv, b.where(b.cmp(Op::eq, l, b.constant(0)), 1.0, l));
   return b.reshape(o, Dims{a.B, a.H, a.Tq, b.shape(in[2])[3]});
 }
 // What a score_mod receives (attrs.a): 0 the scaled score, 1..4 the batch, head, query and key
@@ -243,8 +248,8 @@ inline constexpr std::array<DecompositionRule, op_count> decompositions = [] {
   set(Op::argmax, arg_extremum, 0);
   set(Op::argmin, arg_extremum, 0);
   set(Op::cat, cat, 0);
-  set(Op::attention, attention, 0b111);
-  set(Op::score_arg, score_arg, 0b11);
+  set(Op::attention, attention, 0);  // 16-bit GEMMs, the softmax in f32 (the rule casts)
+  set(Op::score_arg, score_arg, 0);
   return t;
 }();
 
