@@ -5,10 +5,11 @@
 // come from one compiled k::value_and_grad program, the update of every parameter and moment from
 // one compiled AdamW program. Blocks are built in a loop through k::expression.
 //
-//   gpt2 [--tiny] [--steps N] [--cpu] [--f32]
+//   gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs]
 // --tiny: a small config that trains on the CPU in seconds (CI runs it); the default is GPT-2 small
 // (12 layers, d 768, 12 heads, context 1024, vocab 50257) at B = 8, on the GPU, bf16 activations
-// over f32 master weights. Prints `step N loss X` and, at the end, tokens/s and peak memory.
+// over f32 master weights. --graphs replays both programs as CUDA graphs (.cuda_graphs). Prints
+// `step N loss X` and, at the end, tokens/s and peak memory.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -126,15 +127,16 @@ void make_batch(const Config& c, k::Device dev, k::Tensor& tokens, k::Tensor& ta
 int main(int argc, char** argv) {
   Config c;
   int steps = 20;
-  bool tiny = false, want_cpu = false, want_f32 = false;
+  bool tiny = false, want_cpu = false, want_f32 = false, graphs = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--tiny") tiny = true;
     else if (a == "--cpu") want_cpu = true;
     else if (a == "--f32") want_f32 = true;
+    else if (a == "--graphs") graphs = true;
     else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: gpt2 [--tiny] [--steps N] [--cpu] [--f32]\n");
+      std::fprintf(stderr, "usage: gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs]\n");
       return 2;
     }
   }
@@ -154,9 +156,10 @@ int main(int argc, char** argv) {
 
   k::Tensor tokens, targets;
   make_batch(c, dev, tokens, targets);
-  auto step = k::compile(k::value_and_grad(make_loss(c, act), k::wrt<0>));
+  const k::options opts{.cuda_graphs = graphs};
+  auto step = k::compile(k::value_and_grad(make_loss(c, act), k::wrt<0>), opts);
   const float lr = tiny ? 1e-2f : 6e-4f;
-  auto adamw = k::compile(make_adamw(lr, 0.1f));
+  auto adamw = k::compile(make_adamw(lr, 0.1f), opts);
 
   double first = 0, last = 0, first_call_s = 0;
   std::vector<double> step_s;
