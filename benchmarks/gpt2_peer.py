@@ -13,6 +13,10 @@ Prints one JSON object per mode on stdout:
    "peak_mib": ..., "first_loss": ..., "last_loss": ..., "compile_s": ...}
 
 Usage: python3 benchmarks/gpt2_peer.py [--modes eager,default] [--steps 12] [--tiny]
+       python3 benchmarks/gpt2_peer.py --write-check DIR [--tiny]
+--write-check writes DIR/init.safetensors (the initial weights under kiln's names and layouts:
+linear weights [in, out]) and DIR/losses.txt (the first 10 losses of eager steps from them), which
+`examples/gpt2 --check DIR` loads and compares against.
 """
 
 import argparse
@@ -120,13 +124,55 @@ def run(mode, args, cfg):
             "compile_s": compile_s}
 
 
+def kiln_state(model):
+    """The model's weights under examples/gpt2.cpp's names, in its layouts (linear weights [in, out])."""
+    out = {"wte": model.wte.weight, "wpe": model.wpe.weight}
+    for l, b in enumerate(model.blocks):
+        pre = f"h.{l}."
+        out.update({pre + "ln1.w": b.ln1.weight, pre + "ln1.b": b.ln1.bias, pre + "qkv.w": b.qkv.weight.t(),
+                    pre + "qkv.b": b.qkv.bias, pre + "proj.w": b.proj.weight.t(), pre + "proj.b": b.proj.bias,
+                    pre + "ln2.w": b.ln2.weight, pre + "ln2.b": b.ln2.bias, pre + "fc.w": b.fc.weight.t(),
+                    pre + "fc.b": b.fc.bias, pre + "fc2.w": b.fc2.weight.t(), pre + "fc2.b": b.fc2.bias})
+    out.update({"lnf.w": model.lnf.weight, "lnf.b": model.lnf.bias})
+    return {k: v.detach().float().contiguous().cpu() for k, v in out.items()}
+
+
+def write_check(folder, cfg):
+    import os
+    from safetensors.torch import save_file
+    os.makedirs(folder, exist_ok=True)
+    torch.manual_seed(0)
+    layers, d, heads, context, vocab, B = cfg
+    model = GPT(layers, d, heads, context, vocab).cuda()
+    save_file(kiln_state(model), os.path.join(folder, "init.safetensors"))
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=6e-4 if layers > 2 else 1e-2, betas=(0.9, 0.95))
+    tokens, targets = batch(B, context, vocab, "cuda")
+    losses = []
+    for _ in range(10):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(tokens, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    with open(os.path.join(folder, "losses.txt"), "w") as f:
+        f.write("\n".join(f"{x:.6f}" for x in losses) + "\n")
+    print(json.dumps({"id": "W14-check", "losses": losses}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="eager,torch.compile")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--write-check", metavar="DIR")
     args = ap.parse_args()
     cfg = (2, 32, 2, 32, 97, 4) if args.tiny else (12, 768, 12, 1024, 50257, 8)
+    if args.write_check:
+        return write_check(args.write_check, cfg)
     for mode in args.modes.split(","):
         try:
             print(json.dumps(run(mode, args, cfg)), flush=True)

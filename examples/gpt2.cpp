@@ -5,17 +5,21 @@
 // come from one compiled k::value_and_grad program, the update of every parameter and moment from
 // one compiled AdamW program. Blocks are built in a loop through k::expression.
 //
-//   gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs]
+//   gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs] [--check DIR]
 // --tiny: a small config that trains on the CPU in seconds (CI runs it); the default is GPT-2 small
 // (12 layers, d 768, 12 heads, context 1024, vocab 50257) at B = 8, on the GPU, bf16 activations
 // over f32 master weights. --graphs replays both programs as CUDA graphs (.cuda_graphs). Prints
-// `step N loss X` and, at the end, tokens/s and peak memory.
+// `step N loss X` and, at the end, tokens/s and peak memory. --check DIR starts from the weights
+// that `benchmarks/gpt2_peer.py --write-check DIR` wrote (DIR/init.safetensors) and compares the
+// first 10 losses with PyTorch's (DIR/losses.txt) to bf16 tolerance.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,6 +36,35 @@ struct Config {
 // Parameter order: wte, wpe, then per layer 12 tensors (ln1 w/b, qkv w/b, proj w/b, ln2 w/b,
 // fc w/b, fc2 w/b), then the final layer_norm's w/b. Linear weights are [in, out].
 constexpr int per_layer = 12;
+
+// The parameters' names, in order (benchmarks/gpt2_peer.py writes the same names).
+std::vector<std::string> param_names(const Config& c) {
+  std::vector<std::string> names = {"wte", "wpe"};
+  for (std::int64_t l = 0; l < c.layers; ++l)
+    for (const char* n : {"ln1.w", "ln1.b", "qkv.w", "qkv.b", "proj.w", "proj.b", "ln2.w", "ln2.b", "fc.w", "fc.b",
+                          "fc2.w", "fc2.b"})
+      names.push_back("h." + std::to_string(l) + "." + n);
+  names.push_back("lnf.w");
+  names.push_back("lnf.b");
+  return names;
+}
+
+// The weights a check starts from, checked against the shapes this config gives.
+std::vector<k::Tensor> load_params(const Config& c, k::Device dev, const std::string& file,
+                                   const std::vector<k::Tensor>& like) {
+  std::map<std::string, k::Tensor> loaded = k::load(file, dev);
+  std::vector<k::Tensor> p;
+  const auto names = param_names(c);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    auto it = loaded.find(names[i]);
+    if (it == loaded.end()) throw k::error("gpt2 --check: " + file + " has no tensor " + names[i]);
+    if (!(it->second.shape() == like[i].shape()))
+      throw k::shape_error("gpt2 --check: " + names[i] + " is " + it->second.shape().str() + ", expected " +
+                           like[i].shape().str());
+    p.push_back(it->second.to(k::f32));
+  }
+  return p;
+}
 
 std::vector<k::Tensor> init_params(const Config& c, k::Device dev) {
   std::vector<k::Tensor> p;
@@ -128,15 +161,17 @@ int main(int argc, char** argv) {
   Config c;
   int steps = 20;
   bool tiny = false, want_cpu = false, want_f32 = false, graphs = false;
+  std::string check;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--tiny") tiny = true;
     else if (a == "--cpu") want_cpu = true;
     else if (a == "--f32") want_f32 = true;
     else if (a == "--graphs") graphs = true;
+    else if (a == "--check" && i + 1 < argc) check = argv[++i];
     else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs]\n");
+      std::fprintf(stderr, "usage: gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs] [--check DIR]\n");
       return 2;
     }
   }
@@ -149,6 +184,10 @@ int main(int argc, char** argv) {
               dev.str().c_str(), std::string(k::name(act)).c_str());
 
   std::vector<k::Tensor> params = init_params(c, dev), m, v;
+  if (!check.empty()) {
+    params = load_params(c, dev, check + "/init.safetensors", params);
+    steps = std::max(steps, 10);
+  }
   for (auto& p : params) m.push_back(k::zeros(p.shape(), k::f32, dev)), v.push_back(k::zeros(p.shape(), k::f32, dev));
   std::int64_t count = 0;
   for (auto& p : params) count += p.numel();
@@ -162,7 +201,7 @@ int main(int argc, char** argv) {
   auto adamw = k::compile(make_adamw(lr, 0.1f), opts);
 
   double first = 0, last = 0, first_call_s = 0;
-  std::vector<double> step_s;
+  std::vector<double> step_s, losses;
   for (int s = 1; s <= steps; ++s) {
     auto t0 = std::chrono::steady_clock::now();
     auto [loss, grads] = step(params, tokens, targets);
@@ -174,6 +213,7 @@ int main(int argc, char** argv) {
     if (s == 1) first_call_s = took;
     if (s > 2) step_s.push_back(took);
     if (s == 1) first = last;
+    losses.push_back(last);
     std::printf("step %d loss %.4f\n", s, last);
     std::fflush(stdout);
     if (!std::isfinite(last)) return 1;
@@ -188,6 +228,20 @@ int main(int argc, char** argv) {
   auto mem = k::memory_stats(dev);
   std::printf("peak memory: %.1f MiB\n", static_cast<double>(mem.peak) / (1 << 20));
   std::printf("loss: first %.4f last %.4f (%.2fx)\n", first, last, last / first);
+  if (!check.empty()) {  // PyTorch's first 10 losses from the same weights, to bf16 tolerance
+    std::ifstream in(check + "/losses.txt");
+    double worst = 0;
+    int n = 0;
+    for (double want; n < 10 && in >> want; ++n) {
+      const double rel = std::abs(losses[static_cast<std::size_t>(n)] - want) / std::abs(want);
+      std::printf("check step %d: kiln %.4f torch %.4f (%.2e)\n", n + 1, losses[static_cast<std::size_t>(n)], want, rel);
+      worst = std::max(worst, rel);
+    }
+    const double tol = act == k::f32 ? 1e-3 : 2e-2;
+    std::printf("check: %d losses, worst relative difference %.2e (tolerance %.0e): %s\n", n, worst, tol,
+                n == 10 && worst <= tol ? "ok" : "FAILED");
+    if (n != 10 || worst > tol) return 4;
+  }
   if (tiny && steps >= 20 && !(last < 0.7 * first)) {  // CI's check that training works
     std::fprintf(stderr, "gpt2 --tiny: the loss did not fall below 0.7x the first\n");
     return 3;
