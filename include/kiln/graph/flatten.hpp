@@ -425,30 +425,6 @@ Graph flatten_result(int nargs, const E& e, bool fold_views = false,
   return g;
 }
 
-}  // namespace kiln::graph
-
-namespace kiln {
-namespace expr {
-template <class E>
-struct ErasedImpl final : ErasedBody {
-  E e;
-  explicit ErasedImpl(E x) : e(std::move(x)) {}
-  void gather(graph::Captured& c) const override { graph::detail::gather_into(e, c); }
-  int flatten(graph::Graph& g, graph::detail::FlattenState& s) const override {
-    return graph::detail::flatten_into(e, g, s);
-  }
-};
-}  // namespace expr
-
-template <class E>
-requires(Expr<E> && !std::is_same_v<std::remove_cvref_t<E>, expression>) expression::expression(E&& e)
-    : body_(std::make_shared<const expr::ErasedImpl<std::remove_cvref_t<E>>>(std::forward<E>(e))) {}
-inline expression::expression(const Tensor& t)
-    : body_(std::make_shared<const expr::ErasedImpl<expr::TensorLeaf>>(expr::TensorLeaf{{}, t})) {}
-}  // namespace kiln
-
-namespace kiln::graph {
-
 // Flattens one or several expressions (several outputs) into a graph.
 template <class... E>
 Graph flatten(const E&... e) {
@@ -456,3 +432,5 @@ Graph flatten(const E&... e) {
 }
 
 }  // namespace kiln::graph
+
+#include "erased.hpp"  // k::expression's walks, which need every overload above
