@@ -24,4 +24,8 @@ max_args=$([ "${BENCH_MAX:-0}" = 1 ] && echo --max-autotune)
 PYTHONUNBUFFERED=1 python3 benchmarks/torch_peer.py $max_args ${TORCH_BENCH_ARGS:-} > "$out/torch.jsonl" 2> "$out/torch.err"
 python3 benchmarks/report.py "$out/torch.jsonl" "$out/kiln.jsonl" benchmarks/RESULTS.md
 { echo; echo "## Compile time of user code (this machine)"; echo; benchmarks/compile_times.sh; } >> benchmarks/RESULTS.md
+# BENCH_W14=1 adds the GPT-2 training step (benchmarks/w14.sh, about 6 minutes) as raw summary lines.
+if [ "${BENCH_W14:-0}" = 1 ]; then
+  { echo; echo "## W14: GPT-2 small training step (benchmarks/w14.sh)"; echo; echo '```'; benchmarks/w14.sh; echo '```'; } >> benchmarks/RESULTS.md
+fi
 cat "$out/kiln.jsonl"

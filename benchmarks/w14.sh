@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# W14 on a GPU machine: a GPT-2 small training step in kiln (examples/gpt2) and in PyTorch
+# (benchmarks/gpt2_peer.py: eager and torch.compile) in the same run, then the check of kiln's first
+# 10 losses against PyTorch's from the same weights. Needs a configured build/ (benchmarks/run.sh
+# makes one); prints the summary lines, logs under $OUT (or build/bench). About 6 minutes on an H100,
+# most of it compiling (kiln's first step about 3 minutes cold, torch.compile's about 35 s).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build/bench}
+mkdir -p "$out"
+cmake --build build --target gpt2 -j "$(nproc)" > "$out/w14-build.log" 2>&1 || { tail -20 "$out/w14-build.log"; exit 1; }
+export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$(mktemp -d)}
+build/examples/gpt2 --steps 12 > "$out/w14-kiln.log" 2>&1
+grep -E "^(first step|tokens/s|peak memory|loss:)" "$out/w14-kiln.log" | sed 's/^/kiln: /'
+PYTHONUNBUFFERED=1 python3 benchmarks/gpt2_peer.py --modes eager,torch.compile --steps 12 2> "$out/w14-torch.err" |
+  tee "$out/w14-torch.jsonl"
+python3 benchmarks/gpt2_peer.py --write-check "$out/w14-check" > "$out/w14-check.log" 2>&1 &&
+  build/examples/gpt2 --check "$out/w14-check" >> "$out/w14-check.log" 2>&1
+grep -E "^check:" "$out/w14-check.log" || echo "check: did not run (see $out/w14-check.log)"
