@@ -41,8 +41,8 @@ constexpr int per_layer = 12;
 std::vector<std::string> param_names(const Config& c) {
   std::vector<std::string> names = {"wte", "wpe"};
   for (std::int64_t l = 0; l < c.layers; ++l)
-    for (const char* n : {"ln1.w", "ln1.b", "qkv.w", "qkv.b", "proj.w", "proj.b", "ln2.w", "ln2.b", "fc.w", "fc.b",
-                          "fc2.w", "fc2.b"})
+    for (const char* n :
+         {"ln1.w", "ln1.b", "qkv.w", "qkv.b", "proj.w", "proj.b", "ln2.w", "ln2.b", "fc.w", "fc.b", "fc2.w", "fc2.b"})
       names.push_back("h." + std::to_string(l) + "." + n);
   names.push_back("lnf.w");
   names.push_back("lnf.b");
@@ -164,12 +164,18 @@ int main(int argc, char** argv) {
   std::string check;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--tiny") tiny = true;
-    else if (a == "--cpu") want_cpu = true;
-    else if (a == "--f32") want_f32 = true;
-    else if (a == "--graphs") graphs = true;
-    else if (a == "--check" && i + 1 < argc) check = argv[++i];
-    else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
+    if (a == "--tiny")
+      tiny = true;
+    else if (a == "--cpu")
+      want_cpu = true;
+    else if (a == "--f32")
+      want_f32 = true;
+    else if (a == "--graphs")
+      graphs = true;
+    else if (a == "--check" && i + 1 < argc)
+      check = argv[++i];
+    else if (a == "--steps" && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs] [--check DIR]\n");
       return 2;
@@ -234,7 +240,8 @@ int main(int argc, char** argv) {
     int n = 0;
     for (double want; n < 10 && in >> want; ++n) {
       const double rel = std::abs(losses[static_cast<std::size_t>(n)] - want) / std::abs(want);
-      std::printf("check step %d: kiln %.4f torch %.4f (%.2e)\n", n + 1, losses[static_cast<std::size_t>(n)], want, rel);
+      std::printf("check step %d: kiln %.4f torch %.4f (%.2e)\n", n + 1, losses[static_cast<std::size_t>(n)], want,
+                  rel);
       worst = std::max(worst, rel);
     }
     const double tol = act == k::f32 ? 1e-3 : 2e-2;

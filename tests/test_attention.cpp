@@ -35,9 +35,9 @@ void check_values(k::Device dev, k::dtype dt, double tol) {
   k::Tensor q = k::randn({3, 9, 16}, dt, dev, 4), kk = k::randn({3, 13, 16}, dt, dev, 5);
   k::Tensor v = k::randn({3, 13, 8}, dt, dev, 6);
   auto mine = k::matmul(k::softmax(k::matmul(q, k::transpose(kk, 1, 2)) * 0.25, -1), v);
-  auto theirs = k::reshape(k::attention(k::reshape(q, {1, 3, 9, 16}), k::reshape(kk, {1, 3, 13, 16}),
-                                        k::reshape(v, {1, 3, 13, 8})),
-                           {3, 9, 8});
+  auto theirs = k::reshape(
+      k::attention(k::reshape(q, {1, 3, 9, 16}), k::reshape(kk, {1, 3, 13, 16}), k::reshape(v, {1, 3, 13, 8})),
+      {3, 9, 8});
   auto r = k::testing::allclose(k::Tensor(theirs), k::reference::eval(mine), tol, tol);
   CHECK_MESSAGE(r, r);
 }
@@ -56,7 +56,8 @@ TEST_CASE("attention: against the oracle (cuda)" * needs_gpu()) {
 TEST_CASE("attention: gradients of q, k and v pass gradcheck (causal, grouped-query heads)") {
   k::Tensor q = k::randn({1, 4, 5, 3}, k::f64, k::cpu, 7), kk = k::randn({1, 2, 6, 3}, k::f64, k::cpu, 8);
   k::Tensor v = k::randn({1, 2, 6, 2}, k::f64, k::cpu, 9);
-  CHECK(k::testing::gradcheck([](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = true}); }, q, kk, v));
+  CHECK(
+      k::testing::gradcheck([](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = true}); }, q, kk, v));
   CHECK(k::testing::gradcheck([](auto q, auto k, auto v) { return k::attention(q, k, v, {.scale = 0.7}); }, q, kk, v));
 }
 
@@ -98,8 +99,8 @@ void check_score_mod(k::Device dev) {
       CHECK_MESSAGE(r, r);
     }
     k::Tensor got = k::attention(q, kk, v, masked, {.causal = causal});
-    auto r = k::testing::allclose(got, k::reference::eval(k::attention(q, kk, v, masked, {.causal = causal})), 1e-5,
-                                  1e-5);
+    auto r =
+        k::testing::allclose(got, k::reference::eval(k::attention(q, kk, v, masked, {.causal = causal})), 1e-5, 1e-5);
     CHECK_MESSAGE(r, r);
     auto values = k::reference::read(got).data;
     for (std::int64_t bh = 0; bh < 8; ++bh)
@@ -113,7 +114,8 @@ void check_score_mod(k::Device dev) {
 
 }  // namespace
 
-TEST_CASE("attention: score_mod (ALiBi, soft-capping, a captured bias, a mask emptying a row) against the oracle (cpu)") {
+TEST_CASE(
+    "attention: score_mod (ALiBi, soft-capping, a captured bias, a mask emptying a row) against the oracle (cpu)") {
   check_score_mod(k::cpu);
 }
 TEST_CASE("attention: score_mod against the oracle (cuda)" * needs_gpu()) { check_score_mod(k::cuda); }
@@ -123,7 +125,8 @@ TEST_CASE("attention: gradients flow through a score_mod to q, k, v and the tens
   k::Tensor v = k::randn({1, 2, 5, 2}, k::f64, k::cpu, 23), bias = k::randn({2, 4, 5}, k::f64, k::cpu, 24);
   auto fn = [](auto q, auto k, auto v, auto bias) {
     return k::attention(
-        q, k, v, [&bias](auto s, auto, auto, auto i, auto j) { return k::tanh(s + bias) - 0.1 * k::cast(i - j, k::f64); },
+        q, k, v,
+        [&bias](auto s, auto, auto, auto i, auto j) { return k::tanh(s + bias) - 0.1 * k::cast(i - j, k::f64); },
         {.causal = true});
   };
   CHECK(k::testing::gradcheck(fn, q, kk, v, bias));

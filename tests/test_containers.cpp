@@ -112,9 +112,7 @@ TEST_CASE("containers: the element a call reads may change (a run-time index), a
     CHECK(values(pick(ps, x)) == want);
   }
   // Fewer parameters (another program), then the first size again (its cached program).
-  auto sum_all = k::compile(k::value_and_grad(
-      [](auto p) { return k::sum(p[0]) + k::sum(p[1]) * 0.5; },
-      k::wrt<0>));
+  auto sum_all = k::compile(k::value_and_grad([](auto p) { return k::sum(p[0]) + k::sum(p[1]) * 0.5; }, k::wrt<0>));
   for (std::size_t n : {5u, 2u, 5u}) {
     std::vector<k::Tensor> sub(ps.begin(), ps.begin() + static_cast<std::ptrdiff_t>(n));
     auto [v, g] = sum_all(sub);

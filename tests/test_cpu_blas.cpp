@@ -22,10 +22,10 @@ struct BlasChoice {
 };
 
 k::Tensor product(const k::Tensor& a, const k::Tensor& b) {
-  k::Tensor out = k::empty(a.dim() == 3 || b.dim() == 3 ? k::Dims{std::max(a.dim() == 3 ? a.shape()[0] : 1,
-                                                                          b.dim() == 3 ? b.shape()[0] : 1),
-                                                                 a.shape()[a.dim() - 2], b.shape()[b.dim() - 1]}
-                                                       : k::Dims{a.shape()[0], b.shape()[1]},
+  k::Tensor out = k::empty(a.dim() == 3 || b.dim() == 3
+                               ? k::Dims{std::max(a.dim() == 3 ? a.shape()[0] : 1, b.dim() == 3 ? b.shape()[0] : 1),
+                                         a.shape()[a.dim() - 2], b.shape()[b.dim() - 1]}
+                               : k::Dims{a.shape()[0], b.shape()[1]},
                            a.dtype() == k::f64 || b.dtype() == k::f64 ? k::f64 : k::f32, k::cpu);
   k::runtime::cpu_matmul(a, b, out);
   return out;

@@ -213,7 +213,9 @@ TEST_CASE("embedding: on CUDA a bad id reads zeros, or is an error with .check_i
   CHECK_THROWS_WITH_AS(checked(table, bad), doctest::Contains("id 10 at position [1, 0]"), k::shape_error);
 }
 
-TEST_CASE("rand_like: Philox numbers of the host's copy, offsets, seeds as run-time values (cpu)") { check_rand(k::cpu); }
+TEST_CASE("rand_like: Philox numbers of the host's copy, offsets, seeds as run-time values (cpu)") {
+  check_rand(k::cpu);
+}
 TEST_CASE("rand_like: the GPU draws the CPU's numbers (cuda)" * needs_gpu()) { check_rand(k::cuda); }
 
 TEST_CASE("dropout: mask, scale and a gradient that regenerates the mask (cpu)") { check_dropout(k::cpu); }

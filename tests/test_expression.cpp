@@ -19,7 +19,6 @@ namespace {
 
 std::vector<double> values(const k::Tensor& t) { return k::reference::read(t).data; }
 
-
 void check_loop(k::Device dev) {
   k::Tensor x = k::randn({9, 24}, k::f32, dev, 1), w = k::randn({24, 24}, k::f32, dev, 2) * 0.2f;
   k::Tensor g = k::randn({24}, k::f32, dev, 3), b = k::randn({24}, k::f32, dev, 4);

@@ -162,7 +162,8 @@ struct Functions {
 
 inline const Functions& functions(int device) {
   static std::mutex mutex;
-  static std::vector<std::unique_ptr<Functions>>* per_device = new std::vector<std::unique_ptr<Functions>>();  // never unloaded
+  static std::vector<std::unique_ptr<Functions>>* per_device =
+      new std::vector<std::unique_ptr<Functions>>();  // never unloaded
   std::lock_guard lock(mutex);
   if (per_device->size() <= static_cast<std::size_t>(device)) per_device->resize(static_cast<std::size_t>(device) + 1);
   auto& f = (*per_device)[static_cast<std::size_t>(device)];
