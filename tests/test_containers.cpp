@@ -44,6 +44,8 @@ void check_mlp(k::Device dev) {
   auto f = k::compile(mlp_loss_vec);
   auto f_plain = k::compile(mlp_loss);
   CHECK(values(f(ps, x)) == values(f_plain(ps[0], ps[1], ps[2], ps[3], x)));
+  auto oracle = k::testing::allclose(f(ps, x), k::reference::eval(mlp_loss(ps[0], ps[1], ps[2], ps[3], x)), 1e-5, 1e-6);
+  CHECK_MESSAGE(oracle, oracle);
   // value_and_grad with k::wrt over the container: (value, std::vector of gradients in order).
   auto step = k::compile(k::value_and_grad(mlp_loss_vec, k::wrt<0>));
   auto step_plain = k::compile(k::value_and_grad(mlp_loss, k::wrt<0, 1, 2, 3>));
