@@ -26,6 +26,7 @@
 #include "../extern/embedding_backward.hpp"
 #include "cuda_module.hpp"
 #include "index_checks.hpp"
+#include "profile.hpp"
 
 namespace kiln::runtime {
 
@@ -347,30 +348,30 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     for (const auto& c : index_checks)
       if (c.after_kernel == kernel) check_ids(buffer(c.ids), shape_of(c.table)[0], stream);
   };
-  for (const auto& k : kernels) {
-    if (check_indices) check_after(static_cast<int>(&k - kernels.data()) - 1);
+  profile::Run prof(device.is_cuda(), stream);  // KILN_PROFILE: times each step (profile.hpp)
+  auto run_step = [&](const CompiledKernel& k) {
     if (k.extern_node >= 0) {
       const auto& n = graph[k.extern_node];
       if (is_custom(n.op)) {  // the user's own function: runtime/extern/custom.hpp
         run_custom(n, buffer, temps[k.extern_node], stream);
-        continue;
+        return;
       }
       if (n.op == Op::embedding_backward) {  // a deterministic scatter-add: runtime/extern/embedding_backward.hpp
         embedding_backward(buffer(n.in[0]), buffer(n.in[1]), temps[k.extern_node], stream);
-        continue;
+        return;
       }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);
       if (device.is_cpu())
         cpu_matmul(a, b, temps[k.extern_node]);
       else
         cuda_matmul(a, b, temps[k.extern_node], stream, autotune);
-      continue;
+      return;
     }
     std::int64_t nprog = detail::num_programs(k, bind);
-    if (nprog == 0) continue;
+    if (nprog == 0) return;
     if (probe && device.is_cuda()) {
       probe->launch(static_cast<std::size_t>(&k - kernels.data()), bind_params, &state, bind, stream);
-      continue;
+      return;
     }
     bind_params(&state, k.src);
     if (device.is_cpu()) {
@@ -378,6 +379,20 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     } else {
       launch_compiled(k, nprog, slots.data(), stream);
     }
+  };
+  for (const auto& k : kernels) {
+    if (check_indices) check_after(static_cast<int>(&k - kernels.data()) - 1);
+    if (!prof.active()) {
+      run_step(k);
+      continue;
+    }
+    std::string what = unit_name(k.src.name);
+    if (k.extern_node >= 0 && graph[k.extern_node].op == Op::matmul)
+      what += " " + shape_of(graph[k.extern_node].in[0]).str() + " x " + shape_of(graph[k.extern_node].in[1]).str() +
+              " " + std::string(name(graph[k.extern_node].dt));
+    prof.start(std::move(what));
+    run_step(k);
+    prof.stop();
   }
 }
 
