@@ -28,6 +28,7 @@
 #undef KILN_PIPELINE_O1
 #endif
 #include "autodiff/grad.hpp"
+#include "autodiff/structure.hpp"
 #include "core/factories.hpp"
 #include "core/stream.hpp"
 #include "core/tensor.hpp"

@@ -11,6 +11,11 @@
 
 namespace k = kiln;
 
+// The compile-time structure is a constant expression under nvcc's front end too.
+static_assert(k::structure<1>([](auto x) { return k::softmax(x, -1); }).count(k::Op::exp) == 1);
+static_assert(k::structure<2>(k::grad([](auto x, auto w) { return k::sum(k::sigmoid(x) * w); }, k::wrt<0, 1>))
+                  .count(k::Op::sigmoid) == 1);
+
 // Never launched (CI has no GPU): it only proves device code coexists with kiln.
 __global__ void scale(float* data, float factor, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;

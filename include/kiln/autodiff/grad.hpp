@@ -47,22 +47,23 @@ struct GradFn {
   template <class... T>
   requires((std::is_same_v<T, Tensor> || std::is_same_v<T, std::vector<Tensor>>)&&...) auto operator()(
       const T&... args) const {
-    if constexpr ((std::is_same_v<T, Tensor> && ...)) detail::check_gradient_fn<GradFn, static_cast<int>(sizeof...(T))>();
+    if constexpr ((std::is_same_v<T, Tensor> && ...))
+      detail::check_gradient_fn<GradFn, static_cast<int>(sizeof...(T))>();
     return compile(*this)(args...);
   }
 };
 
 template <class F, int... I>
-auto grad(F fn, wrt_t<I...>) {
+constexpr auto grad(F fn, wrt_t<I...>) {
   return GradFn<F, autodiff::Mode::grad, I...>{std::move(fn)};
 }
 template <class F, int... I>
-auto value_and_grad(F fn, wrt_t<I...>) {
+constexpr auto value_and_grad(F fn, wrt_t<I...>) {
   return GradFn<F, autodiff::Mode::value_and_grad, I...>{std::move(fn)};
 }
 // The returned function takes the cotangent of F's value as an extra last argument.
 template <class F, int... I>
-auto vjp(F fn, wrt_t<I...>) {
+constexpr auto vjp(F fn, wrt_t<I...>) {
   return GradFn<F, autodiff::Mode::vjp, I...>{std::move(fn)};
 }
 
@@ -285,11 +286,11 @@ inline constexpr int num_outputs<GradFn<F, M, I...>, Traced> = static_cast<int>(
 // slot and size) or a single tensor (slot = position). Empty when no argument is a container.
 struct ArgLayout {
   std::vector<std::pair<int, int>> spans;  // per position: (first slot, count), or (-1, 0) for a tensor
-  bool is_container(int position) const {
+  constexpr bool is_container(int position) const {
     return position < static_cast<int>(spans.size()) && spans[static_cast<std::size_t>(position)].first >= 0;
   }
   // The slots of the arguments at `positions`, a container giving each of its elements in order.
-  std::vector<int> slots(std::initializer_list<int> positions) const {
+  constexpr std::vector<int> slots(std::initializer_list<int> positions) const {
     std::vector<int> out;
     for (int p : positions) {
       if (!is_container(p)) {
@@ -305,11 +306,11 @@ struct ArgLayout {
 
 // The graph pass a function object asks for after decomposition: none for a plain function.
 template <class F>
-graph::Graph transform_graph(const F&, graph::Graph g, const ArgLayout& = {}) {
+constexpr graph::Graph transform_graph(const F&, graph::Graph g, const ArgLayout& = {}) {
   return g;
 }
 template <class F, autodiff::Mode M, int... I>
-graph::Graph transform_graph(const GradFn<F, M, I...>&, graph::Graph g, const ArgLayout& layout = {}) {
+constexpr graph::Graph transform_graph(const GradFn<F, M, I...>&, graph::Graph g, const ArgLayout& layout = {}) {
   const std::vector<int> wrt_slots = layout.slots({I...});
   int cotangent = -1;
   if constexpr (M == autodiff::Mode::vjp) {

@@ -19,7 +19,9 @@ using Rule = Cotangents (*)(Builder& b, int y, int g);
 inline constexpr Cotangents no_cotangents{-1, -1, -1, -1};
 
 // Sums a cotangent over the dims its input was broadcast along, then reshapes it to that input's shape.
-inline int sum_to_shape(Builder& b, int g, const Dims& shape) {
+// (On a structural graph this step is left out: whether an input was broadcast depends on sizes.)
+constexpr int sum_to_shape(Builder& b, int g, const Dims& shape) {
+  if (!b.shaped()) return g;
   const Dims gs = b.shape(g);
   if (gs == shape) return g;
   const int lead = gs.size() - shape.size();
@@ -31,85 +33,93 @@ inline int sum_to_shape(Builder& b, int g, const Dims& shape) {
 
 namespace rules {
 
-inline int in(const Builder& b, int y, int k) { return b[y].in[k]; }
-inline int x0(const Builder& b, int y) { return b[y].in[0]; }
+constexpr int in(const Builder& b, int y, int k) { return b[y].in[k]; }
+constexpr int x0(const Builder& b, int y) { return b[y].in[0]; }
 // The cotangent of input k of a broadcasting op: c summed back to that input's shape.
-inline int back(Builder& b, int y, int k, int c) { return sum_to_shape(b, c, b.shape(in(b, y, k))); }
+constexpr int back(Builder& b, int y, int k, int c) { return sum_to_shape(b, c, b.shape(in(b, y, k))); }
 
-inline Cotangents none(Builder&, int, int) { return no_cotangents; }
-inline Cotangents neg(Builder& b, int, int g) { return {b.neg(g), -1, -1, -1}; }
-inline Cotangents abs(Builder& b, int y, int g) { return {b.mul(g, b.unary(Op::sign, x0(b, y))), -1, -1, -1}; }
-inline Cotangents exp(Builder& b, int y, int g) { return {b.mul(g, y), -1, -1, -1}; }
-inline Cotangents exp2(Builder& b, int y, int g) { return {b.mul(g, b.mul(y, std::numbers::ln2)), -1, -1, -1}; }
-inline Cotangents log(Builder& b, int y, int g) { return {b.div(g, x0(b, y)), -1, -1, -1}; }
-inline Cotangents log2(Builder& b, int y, int g) { return {b.div(g, b.mul(x0(b, y), std::numbers::ln2)), -1, -1, -1}; }
-inline Cotangents log1p(Builder& b, int y, int g) { return {b.div(g, b.add(x0(b, y), 1.0)), -1, -1, -1}; }
-inline Cotangents expm1(Builder& b, int y, int g) { return {b.mul(g, b.add(y, 1.0)), -1, -1, -1}; }
-inline Cotangents sqrt(Builder& b, int y, int g) { return {b.div(b.mul(g, 0.5), y), -1, -1, -1}; }
+constexpr Cotangents none(Builder&, int, int) { return no_cotangents; }
+constexpr Cotangents neg(Builder& b, int, int g) { return {b.neg(g), -1, -1, -1}; }
+constexpr Cotangents abs(Builder& b, int y, int g) { return {b.mul(g, b.unary(Op::sign, x0(b, y))), -1, -1, -1}; }
+constexpr Cotangents exp(Builder& b, int y, int g) { return {b.mul(g, y), -1, -1, -1}; }
+constexpr Cotangents exp2(Builder& b, int y, int g) { return {b.mul(g, b.mul(y, std::numbers::ln2)), -1, -1, -1}; }
+constexpr Cotangents log(Builder& b, int y, int g) { return {b.div(g, x0(b, y)), -1, -1, -1}; }
+constexpr Cotangents log2(Builder& b, int y, int g) {
+  return {b.div(g, b.mul(x0(b, y), std::numbers::ln2)), -1, -1, -1};
+}
+constexpr Cotangents log1p(Builder& b, int y, int g) { return {b.div(g, b.add(x0(b, y), 1.0)), -1, -1, -1}; }
+constexpr Cotangents expm1(Builder& b, int y, int g) { return {b.mul(g, b.add(y, 1.0)), -1, -1, -1}; }
+constexpr Cotangents sqrt(Builder& b, int y, int g) { return {b.div(b.mul(g, 0.5), y), -1, -1, -1}; }
 // d rsqrt(x) = -x^(-3/2) / 2 = -y^3 / 2
-inline Cotangents rsqrt(Builder& b, int y, int g) { return {b.mul(b.mul(g, -0.5), b.mul(b.square(y), y)), -1, -1, -1}; }
-inline Cotangents reciprocal(Builder& b, int y, int g) { return {b.neg(b.mul(g, b.square(y))), -1, -1, -1}; }
-inline Cotangents square(Builder& b, int y, int g) { return {b.mul(g, b.mul(x0(b, y), 2.0)), -1, -1, -1}; }
-inline Cotangents sin(Builder& b, int y, int g) { return {b.mul(g, b.unary(Op::cos, x0(b, y))), -1, -1, -1}; }
-inline Cotangents cos(Builder& b, int y, int g) { return {b.neg(b.mul(g, b.unary(Op::sin, x0(b, y)))), -1, -1, -1}; }
-inline Cotangents tanh(Builder& b, int y, int g) { return {b.mul(g, b.sub(1.0, b.square(y))), -1, -1, -1}; }
-inline Cotangents sigmoid(Builder& b, int y, int g) { return {b.mul(g, b.mul(y, b.sub(1.0, y))), -1, -1, -1}; }
-inline Cotangents erf(Builder& b, int y, int g) {  // 2/sqrt(pi) exp(-x^2)
+constexpr Cotangents rsqrt(Builder& b, int y, int g) {
+  return {b.mul(b.mul(g, -0.5), b.mul(b.square(y), y)), -1, -1, -1};
+}
+constexpr Cotangents reciprocal(Builder& b, int y, int g) { return {b.neg(b.mul(g, b.square(y))), -1, -1, -1}; }
+constexpr Cotangents square(Builder& b, int y, int g) { return {b.mul(g, b.mul(x0(b, y), 2.0)), -1, -1, -1}; }
+constexpr Cotangents sin(Builder& b, int y, int g) { return {b.mul(g, b.unary(Op::cos, x0(b, y))), -1, -1, -1}; }
+constexpr Cotangents cos(Builder& b, int y, int g) { return {b.neg(b.mul(g, b.unary(Op::sin, x0(b, y)))), -1, -1, -1}; }
+constexpr Cotangents tanh(Builder& b, int y, int g) { return {b.mul(g, b.sub(1.0, b.square(y))), -1, -1, -1}; }
+constexpr Cotangents sigmoid(Builder& b, int y, int g) { return {b.mul(g, b.mul(y, b.sub(1.0, y))), -1, -1, -1}; }
+constexpr Cotangents erf(Builder& b, int y, int g) {  // 2/sqrt(pi) exp(-x^2)
   int d = b.mul(b.exp(b.neg(b.square(x0(b, y)))), 2 * std::numbers::inv_sqrtpi);
   return {b.mul(g, d), -1, -1, -1};
 }
-inline Cotangents relu(Builder& b, int y, int g) {
+constexpr Cotangents relu(Builder& b, int y, int g) {
   return {b.where(b.cmp(Op::gt, y, b.constant(0)), g, 0.0), -1, -1, -1};
 }
-inline Cotangents cast(Builder& b, int y, int g) {  // differentiate() casts g to the input's dtype
+constexpr Cotangents cast(Builder& b, int y, int g) {  // differentiate() casts g to the input's dtype
   return is_floating(b.dt(x0(b, y))) ? Cotangents{g, -1, -1, -1} : no_cotangents;
 }
 
-inline Cotangents add(Builder& b, int y, int g) { return {back(b, y, 0, g), back(b, y, 1, g), -1, -1}; }
-inline Cotangents sub(Builder& b, int y, int g) { return {back(b, y, 0, g), back(b, y, 1, b.neg(g)), -1, -1}; }
-inline Cotangents mul(Builder& b, int y, int g) {
+constexpr Cotangents add(Builder& b, int y, int g) { return {back(b, y, 0, g), back(b, y, 1, g), -1, -1}; }
+constexpr Cotangents sub(Builder& b, int y, int g) { return {back(b, y, 0, g), back(b, y, 1, b.neg(g)), -1, -1}; }
+constexpr Cotangents mul(Builder& b, int y, int g) {
   const int l = in(b, y, 0), r = in(b, y, 1);
   return {back(b, y, 0, b.mul(g, r)), back(b, y, 1, b.mul(g, l)), -1, -1};
 }
-inline Cotangents div(Builder& b, int y, int g) {  // d/dr (l / r) = -y / r
+constexpr Cotangents div(Builder& b, int y, int g) {  // d/dr (l / r) = -y / r
   const int r = in(b, y, 1);
   return {back(b, y, 0, b.div(g, r)), back(b, y, 1, b.neg(b.div(b.mul(g, y), r))), -1, -1};
 }
 // Ties share the cotangent equally, as PyTorch's maximum/minimum backward does.
-inline Cotangents select(Builder& b, int y, int g, Op wins_left) {
+constexpr Cotangents select(Builder& b, int y, int g, Op wins_left) {
   const int l = in(b, y, 0), r = in(b, y, 1);
   const Op wins_right = wins_left == Op::gt ? Op::lt : Op::gt;
   int tie = b.where(b.cmp(Op::eq, l, r), b.mul(g, 0.5), 0.0);
   return {back(b, y, 0, b.where(b.cmp(wins_left, l, r), g, tie)),
           back(b, y, 1, b.where(b.cmp(wins_right, l, r), g, tie)), -1, -1};
 }
-inline Cotangents maximum(Builder& b, int y, int g) { return select(b, y, g, Op::gt); }
-inline Cotangents minimum(Builder& b, int y, int g) { return select(b, y, g, Op::lt); }
+constexpr Cotangents maximum(Builder& b, int y, int g) { return select(b, y, g, Op::gt); }
+constexpr Cotangents minimum(Builder& b, int y, int g) { return select(b, y, g, Op::lt); }
 // d/dx x^p = p x^(p-1) (0 when p == 0, even at x == 0); d/dp x^p = x^p log x
-inline Cotangents pow(Builder& b, int y, int g) {
+constexpr Cotangents pow(Builder& b, int y, int g) {
   const int x = in(b, y, 0), p = in(b, y, 1);
   int dx = b.mul(b.mul(g, p), b.op(Op::pow, {x, b.sub(p, b.constant(1))}));
   dx = b.where(b.cmp(Op::eq, p, b.constant(0)), 0.0, dx);
   return {back(b, y, 0, dx), back(b, y, 1, b.mul(b.mul(g, y), b.log(x))), -1, -1};
 }
-inline Cotangents where(Builder& b, int y, int g) {
+constexpr Cotangents where(Builder& b, int y, int g) {
   const int c = in(b, y, 0);
   return {-1, back(b, y, 1, b.where(c, g, 0.0)), back(b, y, 2, b.where(c, 0.0, g)), -1};
 }
 
 // The shape a reduction's output has with keepdim, and its normalised dims.
-inline Dims kept_shape(const Builder& b, int y, Dims& rd) {
+constexpr Dims kept_shape(const Builder& b, int y, Dims& rd) {
   const graph::Node& n = b[y];
+  if (!b.shaped()) {  // structural: the dims as captured, the shape unknown
+    rd = n.attrs.dims;
+    return {};
+  }
   rd = graph::detail::reduced_dims(n.attrs, b.rank(n.in[0]), n.op);
   return graph::detail::reduced_shape(b.shape(n.in[0]), rd, true);
 }
-inline Cotangents sum(Builder& b, int y, int g) {
+constexpr Cotangents sum(Builder& b, int y, int g) {
   Dims rd;
   const Dims kept = kept_shape(b, y, rd);
   return {b.expand(b.reshape(g, kept), b.shape(x0(b, y))), -1, -1, -1};
 }
 // amax/amin: the cotangent goes to the elements equal to the result, split evenly among ties.
-inline Cotangents extremum(Builder& b, int y, int g) {
+constexpr Cotangents extremum(Builder& b, int y, int g) {
   if (b[y].attrs.d == Builder::detached_shift) return no_cotangents;
   Dims rd;
   const Dims kept = kept_shape(b, y, rd);
@@ -119,34 +129,34 @@ inline Cotangents extremum(Builder& b, int y, int g) {
   return {b.where(mask, b.div(b.reshape(g, kept), count), 0.0), -1, -1, -1};
 }
 
-inline Cotangents reshape(Builder& b, int y, int g) { return {b.reshape(g, b.shape(x0(b, y))), -1, -1, -1}; }
-inline Cotangents permute(Builder& b, int y, int g) {
+constexpr Cotangents reshape(Builder& b, int y, int g) { return {b.reshape(g, b.shape(x0(b, y))), -1, -1, -1}; }
+constexpr Cotangents permute(Builder& b, int y, int g) {
   const Dims order = b[y].attrs.dims;
   Dims inverse = order;
   for (int i = 0; i < order.size(); ++i) inverse[static_cast<int>(order[i])] = i;
   return {b.permute(g, inverse), -1, -1, -1};
 }
 // A slice's gradient scatters into zeros of the input's shape, at the same (maybe symbolic) bounds.
-inline Cotangents slice(Builder& b, int y, int g) {
+constexpr Cotangents slice(Builder& b, int y, int g) {
   Attrs at = b[y].attrs;
   at.dims = b.shape(x0(b, y));
   return {b.op_like(b[y], Op::slice_backward, {g}, at), -1, -1, -1};
 }
-inline Cotangents slice_backward(Builder& b, int y, int g) {
+constexpr Cotangents slice_backward(Builder& b, int y, int g) {
   Attrs at = b[y].attrs;
   at.dims = {};
   return {b.op_like(b[y], Op::slice, {g}, at), -1, -1, -1};
 }
-inline Cotangents expand(Builder& b, int y, int g) { return {back(b, y, 0, g), -1, -1, -1}; }
+constexpr Cotangents expand(Builder& b, int y, int g) { return {back(b, y, 0, g), -1, -1, -1}; }
 
 // gather(x, idx) along the last dim: dx[..., c] = sum_j g[..., j] * (idx[..., j] == c), through a
 // one-hot [..., J, C] built from iota (no scatter needed).
-inline Cotangents gather(Builder& b, int y, int g) {
+constexpr Cotangents gather(Builder& b, int y, int g) {
   const int x = x0(b, y), idx = in(b, y, 1);
   const Dims is = b.shape(idx);
   Dims col = is, onehot = is;
   col.push_back(1);
-  onehot.push_back(b.shape(x).back());
+  onehot.push_back(b.shaped() ? b.shape(x).back() : 0);
   int hit = b.cmp(Op::eq, b.reshape(idx, col), b.iota(onehot, onehot.size() - 1));
   int spread = b.where(hit, b.reshape(g, col), 0.0);
   return {b.sum(spread, Dims{onehot.size() - 2}, false), -1, -1, -1};
@@ -155,17 +165,17 @@ inline Cotangents gather(Builder& b, int y, int g) {
 // embedding(table, ids): the table's cotangent sums g's rows at each id (embedding_backward, an
 // extern step that adds in a fixed order: deterministic); embedding_backward's own cotangent is the
 // rows of its cotangent at the ids. The ids get none.
-inline Cotangents embedding(Builder& b, int y, int g) {
+constexpr Cotangents embedding(Builder& b, int y, int g) {
   Attrs at;
   at.a = b.shape(x0(b, y))[0];
   return {b.op(Op::embedding_backward, {g, in(b, y, 1)}, at), -1, -1, -1};
 }
-inline Cotangents embedding_backward(Builder& b, int y, int g) {
+constexpr Cotangents embedding_backward(Builder& b, int y, int g) {
   return {b.op(Op::embedding, {g, in(b, y, 1)}), -1, -1, -1};
 }
 
 // y = a @ b: da = g @ b^T, db = a^T @ g; a 2-D b under a batched a gets the batch folded into rows.
-inline Cotangents matmul(Builder& b, int y, int g) {
+constexpr Cotangents matmul(Builder& b, int y, int g) {
   const int l = in(b, y, 0), r = in(b, y, 1);
   int dl = b.matmul(g, b.transpose_last(r));
   int dr;
@@ -182,6 +192,7 @@ inline Cotangents matmul(Builder& b, int y, int g) {
 // A custom op: one custom_backward node per floating input, reading the op's inputs and g and giving
 // that input's gradient through the user's backward (nodes whose gradient nobody needs are dropped as
 // dead code, so backward runs once per needed gradient). Without a backward this is the error.
+// (Not constexpr: the registry is a run-time table; k::structure does not differentiate custom ops.)
 inline Cotangents custom(Builder& b, int y, int g) {
   const graph::Node n = b[y];  // a copy: adding nodes below may move the table
   const custom_ops::Entry& e = custom_ops::entry(n.attrs.custom);

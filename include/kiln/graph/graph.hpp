@@ -1,12 +1,12 @@
 // The flattened graph: a run-time node table that every stage after capture works on. Each node is
 // one op with input ids, its run-time attributes, and (after inference) its shape and dtype.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdint>
 #include <sstream>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "../expr/custom_op.hpp"
@@ -71,14 +71,18 @@ struct Node {
   // simplified away, merged only with nodes of the same capture.
   int capture = -1;
   std::uint8_t sym_attrs = 0;
+  bool unsized = false;  // structural graphs only: attributes that depend on sizes, resolved later
   // Filled by infer_shapes:
   kiln::dtype dt = kiln::dtype::f32;
   Dims shape;
 
-  int input(int i) const { return in[i]; }
-  bool same_structure(const Node& o) const {
+  constexpr int input(int i) const { return in[i]; }
+  // In a structural graph (no sizes: graph/flatten_type.hpp) nodes whose attributes are unknown carry
+  // where they came from in `capture`, so that two of them merge only when they come from one place.
+  constexpr bool same_structure(const Node& o) const {
     return op == o.op && in == o.in && slot == o.slot && attrs == o.attrs && floating == o.floating &&
-           (op != Op::constant || value == o.value) && sym_attrs == o.sym_attrs && (!sym_attrs || capture == o.capture);
+           (op != Op::constant || value == o.value) && sym_attrs == o.sym_attrs &&
+           (!(sym_attrs || unsized) || capture == o.capture);
   }
 };
 
@@ -88,13 +92,16 @@ struct Graph {
   std::vector<int> output_into;  // per output: the argument slot it is written into (k::assign), else -1
   int num_args = 0;
   int num_scalars = 0;
+  // A graph without sizes, built from an expression's type at C++ compile time (k::structure):
+  // the passes then build what needs sizes as structural nodes instead of reading shapes.
+  bool structural = false;
 
-  const Node& operator[](int i) const { return nodes[i]; }
-  Node& operator[](int i) { return nodes[i]; }
-  int size() const { return static_cast<int>(nodes.size()); }
+  constexpr const Node& operator[](int i) const { return nodes[i]; }
+  constexpr Node& operator[](int i) { return nodes[i]; }
+  constexpr int size() const { return static_cast<int>(nodes.size()); }
 
   // Number of non-leaf operations (what explain reports as ops_captured / ops_decomposed).
-  int count_ops() const {
+  constexpr int count_ops() const {
     int c = 0;
     for (auto& n : nodes) c += info(n.op).cls != OpClass::leaf;
     return c;
@@ -104,7 +111,7 @@ struct Graph {
 };
 
 // A hash of what same_structure compares (equal structure, equal key).
-inline std::uint64_t structure_key(const Node& n) {
+constexpr std::uint64_t structure_key(const Node& n) {
   std::uint64_t h = 1469598103934665603ull;
   auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
   mix(static_cast<std::uint64_t>(n.op));
@@ -123,24 +130,31 @@ inline std::uint64_t structure_key(const Node& n) {
 // Common-subexpression elimination as a graph grows: adding a node returns the id of an identical
 // one already added through this index, in constant expected time (a hash of the structure, then
 // same_structure on the candidates). Scalars are never merged: their values may differ at the next
-// call. Nodes appended to the graph by other means are not merge targets.
+// call. Nodes appended to the graph by other means are not merge targets. An open-addressing table
+// of (key, id) on a std::vector, so that it also runs in constant expressions (k::structure).
 class CseIndex {
  public:
-  int find(const Graph& g, const Node& n, std::uint64_t key) const {
-    if (n.op == Op::scalar) return -1;
-    auto [lo, hi] = index_.equal_range(key);
-    for (auto it = lo; it != hi; ++it)
-      if (g[it->second].same_structure(n)) return it->second;
-    return -1;
+  constexpr int find(const Graph& g, const Node& n, std::uint64_t key) const {
+    if (n.op == Op::scalar || slots_.empty()) return -1;
+    for (std::size_t i = home(key);; i = (i + 1) & (slots_.size() - 1)) {
+      const Slot& s = slots_[i];
+      if (s.id < 0) return -1;
+      if (s.key == key && g[s.id].same_structure(n)) return s.id;
+    }
   }
-  void insert(std::uint64_t key, int id) { index_.emplace(key, id); }
+  constexpr void insert(std::uint64_t key, int id) {
+    if ((used_ + 1) * 2 > slots_.size()) grow();
+    std::size_t i = home(key);
+    while (slots_[i].id >= 0) i = (i + 1) & (slots_.size() - 1);
+    slots_[i] = {key, id};
+    ++used_;
+  }
   // Indexes every node of g (a graph to extend).
-  void index_all(const Graph& g) {
-    index_.reserve(static_cast<std::size_t>(g.size()));
+  constexpr void index_all(const Graph& g) {
     for (int i = 0; i < g.size(); ++i) insert(structure_key(g[i]), i);
   }
   // Adds n to g or returns the id of an identical node.
-  int add(Graph& g, Node n) {
+  constexpr int add(Graph& g, Node n) {
     const std::uint64_t k = structure_key(n);
     if (int at = find(g, n, k); at >= 0) return at;
     g.nodes.push_back(std::move(n));
@@ -149,7 +163,26 @@ class CseIndex {
   }
 
  private:
-  std::unordered_multimap<std::uint64_t, int> index_;
+  struct Slot {
+    std::uint64_t key = 0;
+    int id = -1;
+  };
+  constexpr std::size_t home(std::uint64_t key) const {
+    return static_cast<std::size_t>((key * 0x9e3779b97f4a7c15ull) >> 20) & (slots_.size() - 1);
+  }
+  // Doubles the table (ids of equal keys keep their insertion order along each probe run).
+  constexpr void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    slots_.assign(std::max<std::size_t>(64, old.size() * 2), Slot{});
+    used_ = 0;
+    std::vector<Slot> live;
+    for (const Slot& s : old)
+      if (s.id >= 0) live.push_back(s);
+    std::sort(live.begin(), live.end(), [](const Slot& a, const Slot& b) { return a.id < b.id; });
+    for (const Slot& s : live) insert(s.key, s.id);
+  }
+  std::vector<Slot> slots_;
+  std::size_t used_ = 0;
 };
 
 inline std::string attrs_str(const Node& n) {

@@ -9,6 +9,7 @@
 
 #include "graph.hpp"
 #include "infer_attention.hpp"
+#include "infer_dtype.hpp"
 #include "infer_index.hpp"
 
 namespace kiln::graph {
@@ -16,42 +17,6 @@ namespace kiln::graph {
 namespace detail {
 
 inline std::string op_str(Op op) { return std::string(name(op)); }
-
-inline kiln::dtype promote_nodes(const Node& a, const Node& b) {
-  if (a.weak && !b.weak) return promote_with_scalar(b.dt, is_floating(a.dt));
-  if (b.weak && !a.weak) return promote_with_scalar(a.dt, is_floating(b.dt));
-  return promote(a.dt, b.dt);
-}
-
-inline bool float_result_op(Op op) {
-  switch (op) {
-    case Op::exp:
-    case Op::exp2:
-    case Op::log:
-    case Op::log2:
-    case Op::log1p:
-    case Op::expm1:
-    case Op::sqrt:
-    case Op::rsqrt:
-    case Op::reciprocal:
-    case Op::sin:
-    case Op::cos:
-    case Op::tanh:
-    case Op::sigmoid:
-    case Op::erf:
-    case Op::silu:
-    case Op::gelu:
-    case Op::gelu_tanh:
-    case Op::softmax:
-    case Op::log_softmax:
-    case Op::logsumexp:
-    case Op::mean:
-    case Op::var:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // The dims a reduction-like node works on, normalised and sorted; all dims when attrs.all.
 inline Dims reduced_dims(const Attrs& at, int rank, Op op) {
@@ -258,45 +223,27 @@ namespace detail {
 inline void infer_node(Graph& g, Node& n) {
   auto in = [&](int i) -> const Node& { return g.nodes[n.in[i]]; };
   const std::string op = op_str(n.op);
-  bool all_weak = true;
-  for (int i = 0; i < n.n_in; ++i) all_weak = all_weak && in(i).weak;
-  n.weak = n.n_in > 0 && all_weak;
+  infer_dtype(g, n);  // dtype and weakness; below: shapes, and the checks of both
   switch (info(n.op).cls) {
     case OpClass::unary: {
       n.shape = in(0).shape;
-      n.dt = in(0).dt;
-      if (n.op == Op::cast)
-        n.dt = n.attrs.dt;
-      else if (n.op == Op::logical_not)
-        n.dt = kiln::dtype::boolean;
-      else if (float_result_op(n.op) && !is_floating(n.dt))
-        n.dt = kiln::dtype::f32;
-      else if (n.op == Op::neg && n.dt == kiln::dtype::boolean)
+      if (n.op == Op::neg && n.dt == kiln::dtype::boolean)
         throw dtype_error("neg: negation of a boolean tensor is not supported; use k::logical_not");
       return;
     }
     case OpClass::binary: {
       n.shape = broadcast_shapes(in(0).shape, in(1).shape, op.c_str());
-      if (is_comparison(n.op)) {
-        n.dt = kiln::dtype::boolean;
-      } else {
-        n.dt = promote_nodes(in(0), in(1));
-        if (n.op == Op::div && !is_floating(n.dt)) n.dt = kiln::dtype::f32;
-      }
       return;
     }
     case OpClass::ternary: {  // where(c, a, b)
       if (in(0).dt != kiln::dtype::boolean && !in(0).weak)
         throw dtype_error("where: the condition must be boolean, got " + std::string(name(in(0).dt)));
       n.shape = broadcast_shapes(broadcast_shapes(in(0).shape, in(1).shape, op.c_str()), in(2).shape, op.c_str());
-      n.dt = promote_nodes(in(1), in(2));
       return;
     }
     case OpClass::reduce: {
       Dims rd = reduced_dims(n.attrs, in(0).shape.size(), n.op);
       n.shape = reduced_shape(in(0).shape, rd, n.attrs.keepdim);
-      n.dt = in(0).dt;
-      if (n.op == Op::sum && !is_floating(n.dt)) n.dt = kiln::dtype::i64;
       for (int d : rd)
         if (in(0).shape[d] == 0 && n.op != Op::sum && !(n.op == Op::amax && n.attrs.d == Attrs::shift_flag))
           throw shape_error(op + ": cannot reduce over dimension " + std::to_string(d) + " of size 0 in shape " +
@@ -306,8 +253,6 @@ inline void infer_node(Graph& g, Node& n) {
     case OpClass::meta: {  // numel(x, dims): the element count of the reduced dims, as a number
       reduced_dims(n.attrs, in(0).shape.size(), n.op);  // validates the dims
       n.shape = {};
-      n.dt = kiln::dtype::f64;
-      n.weak = true;
       return;
     }
     case OpClass::view:
@@ -318,7 +263,6 @@ inline void infer_node(Graph& g, Node& n) {
       if (is_custom(n.op)) return infer_custom(g, n);
       if (n.op == Op::embedding_backward) return infer_index(g, n);
       n.shape = infer_matmul(in(0).shape, in(1).shape);
-      n.dt = promote(in(0).dt, in(1).dt);
       if (!is_floating(n.dt))
         throw dtype_error("matmul: integer matmul is not supported (" + std::string(name(in(0).dt)) + " x " +
                           std::string(name(in(1).dt)) + ")");
@@ -327,10 +271,7 @@ inline void infer_node(Graph& g, Node& n) {
     case OpClass::composite:
       break;
     case OpClass::leaf:
-      if (n.op == Op::iota) {
-        n.shape = n.attrs.dims;
-        n.dt = kiln::dtype::i64;
-      }
+      if (n.op == Op::iota) n.shape = n.attrs.dims;
       return;
   }
   const Dims& xs = in(0).shape;
@@ -353,7 +294,6 @@ inline void infer_node(Graph& g, Node& n) {
       break;
     case Op::clamp:
       n.shape = broadcast_shapes(broadcast_shapes(xs, in(1).shape, "clamp"), in(2).shape, "clamp");
-      n.dt = promote(promote_nodes(in(0), in(1)), promote_nodes(in(0), in(2)));
       return;
     case Op::mean:
     case Op::var:
@@ -376,7 +316,6 @@ inline void infer_node(Graph& g, Node& n) {
       if (rank && xs[static_cast<int>(rd[0])] == 0)
         throw shape_error(op + ": cannot take the index over a dimension of size 0 in shape " + xs.str());
       n.shape = reduced_shape(xs, rd, n.attrs.keepdim);
-      n.dt = kiln::dtype::i64;
       return;
     }
     case Op::attention:
@@ -395,7 +334,6 @@ inline void infer_node(Graph& g, Node& n) {
                             std::to_string(i) + ", not only in the joined dimension " + std::to_string(d));
       n.shape = xs;
       n.shape[d] = xs[d] + ys[d];
-      n.dt = promote_nodes(in(0), in(1));
       return;
     }
     case Op::layer_norm:
@@ -416,14 +354,11 @@ inline void infer_node(Graph& g, Node& n) {
       if (rank != 2 || ts.size() != 1 || ts[0] != xs[0])
         throw shape_error("cross_entropy: logits " + xs.str() + " and targets " + ts.str() + " must be [N, C] and [N]");
       n.shape = {};
-      n.dt = is_floating(in(0).dt) ? in(0).dt : kiln::dtype::f32;
       return;
     }
     case Op::mse_loss:
       broadcast_shapes(xs, in(1).shape, "mse_loss");
       n.shape = {};
-      n.dt = promote_nodes(in(0), in(1));
-      if (!is_floating(n.dt)) n.dt = kiln::dtype::f32;
       return;
     case Op::linear: {
       const Dims& ws = in(1).shape;
@@ -434,14 +369,11 @@ inline void infer_node(Graph& g, Node& n) {
         throw shape_error("linear: bias " + in(2).shape.str() + " does not match weight " + ws.str());
       n.shape = xs;
       n.shape[rank - 1] = ws[0];
-      n.dt = promote(in(0).dt, in(1).dt);
       return;
     }
     default:
       throw error("infer_shapes: no rule for op " + op);
   }
-  n.dt = in(0).dt;
-  if (float_result_op(n.op) && !is_floating(n.dt)) n.dt = kiln::dtype::f32;
 }
 
 }  // namespace detail

@@ -16,7 +16,6 @@ inline void infer_score_arg(const Graph& g, Node& n) {
     throw shape_error("attention: q and k must be [B, H, T, D] with one B and D (q " + q.shape.str() + ", k " +
                       k.shape.str() + ")");
   n.shape = Dims{q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
-  n.dt = n.attrs.a != 0 ? kiln::dtype::i64 : q.dt == kiln::dtype::f64 ? kiln::dtype::f64 : kiln::dtype::f32;
 }
 
 inline void infer_attention(const Graph& g, Node& n) {
@@ -46,7 +45,6 @@ inline void infer_attention(const Graph& g, Node& n) {
       throw dtype_error("attention: score_mod gives " + std::string(name(m.dt)) + " scores; they must be floating");
   }
   n.shape = Dims{qs[0], qs[1], qs[2], vs[3]};
-  n.dt = q.dt;
 }
 
 }  // namespace kiln::graph::detail

@@ -17,15 +17,13 @@ inline void check_index_dtype(const Node& ids, const char* op, const char* what)
 // lo/hi, offset lo/hi): f32 of x's shape, x read for its shape only.
 inline void infer_index(const Graph& g, Node& n) {
   auto in = [&](int i) -> const Node& { return g.nodes[n.in[i]]; };
-  n.weak = false;
-  switch (n.op) {
+  switch (n.op) {  // dtypes: infer_dtype
     case Op::gather: {
       check_index_dtype(in(1), "gather", "indices");
       const Dims &xs = in(0).shape, &is = in(1).shape;
       if (xs.size() == 0 || xs.size() != is.size() || !std::equal(xs.begin(), xs.end() - 1, is.begin()))
         throw shape_error("gather: index shape " + is.str() + " does not match input shape " + xs.str());
       n.shape = is;
-      n.dt = in(0).dt;
       return;
     }
     case Op::embedding: {
@@ -38,7 +36,6 @@ inline void infer_index(const Graph& g, Node& n) {
                           std::to_string(max_rank) + " dimensions");
       n.shape = in(1).shape;
       n.shape.push_back(ts[1]);
-      n.dt = in(0).dt;
       return;
     }
     case Op::embedding_backward: {
@@ -50,12 +47,10 @@ inline void infer_index(const Graph& g, Node& n) {
       if (!is_floating(in(0).dt))
         throw dtype_error("embedding_backward: the gradient must be floating, got " + std::string(name(in(0).dt)));
       n.shape = Dims{n.attrs.a, gs.back()};
-      n.dt = in(0).dt;
       return;
     }
     case Op::rand:
       n.shape = in(0).shape;
-      n.dt = kiln::dtype::f32;
       return;
     default:
       throw error("infer_shapes: no index rule for op " + std::string(name(n.op)));

@@ -2,6 +2,10 @@
 // identical one already there (CSE, so rule outputs form a DAG, never copies of subtrees) and gets
 // its shape and dtype at once, so the next rule can read them. The named helpers skip no-ops (a cast
 // to the same dtype, a reshape to the same shape) and merge chains of views.
+// On a structural graph (no sizes: k::structure, in a constant expression) the same rules run with
+// dtypes only: nodes whose attributes need sizes (views, reductions, iota, numel) are built as they
+// are, marked unsized and tagged with the node they come from (set_origin), and the size-dependent
+// no-op checks are left to the run time.
 #pragma once
 #include <array>
 #include <bit>
@@ -9,10 +13,10 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
-#include <unordered_map>
 #include <vector>
 
 #include "../graph/infer.hpp"
+#include "../graph/infer_dtype.hpp"
 
 namespace kiln::rewrite {
 
@@ -21,23 +25,38 @@ inline constexpr double inf = std::numeric_limits<double>::infinity();
 
 class Builder {
  public:
-  Builder() = default;
-  // Starts from an inferred graph and keeps its node ids (the forward part of a joint graph).
-  explicit Builder(graph::Graph base) : g_(std::move(base)) { index_.index_all(g_); }
+  constexpr Builder() = default;
+  // Starts from a graph (inferred, or structural) and keeps its node ids (the forward part of a
+  // joint graph).
+  constexpr explicit Builder(graph::Graph base) : g_(std::move(base)) { index_.index_all(g_); }
+  // An empty builder of a graph like g: with sizes, or structural.
+  static constexpr Builder like(const graph::Graph& g) {
+    Builder b;
+    b.g_.structural = g.structural;
+    return b;
+  }
 
-  graph::Graph& graph() { return g_; }
-  const graph::Graph& graph() const { return g_; }
-  const graph::Node& operator[](int i) const { return g_[i]; }
-  int size() const { return g_.size(); }
+  constexpr graph::Graph& graph() { return g_; }
+  constexpr const graph::Graph& graph() const { return g_; }
+  constexpr const graph::Node& operator[](int i) const { return g_[i]; }
+  constexpr int size() const { return g_.size(); }
+  // Whether nodes have shapes (false on a structural graph: rules then skip what reads sizes).
+  constexpr bool shaped() const { return !g_.structural; }
+  // The node that the next unsized nodes stand for (structural graphs only; see above).
+  constexpr void set_origin(int origin) { origin_ = origin; }
   // By value: a reference would dangle once the next node is added.
-  Dims shape(int i) const { return g_[i].shape; }
-  kiln::dtype dt(int i) const { return g_[i].dt; }
-  int rank(int i) const { return g_[i].shape.size(); }
-  bool is_constant(int i, double v) const { return g_[i].op == Op::constant && g_[i].value == v; }
+  constexpr Dims shape(int i) const { return g_[i].shape; }
+  constexpr kiln::dtype dt(int i) const { return g_[i].dt; }
+  constexpr int rank(int i) const { return g_[i].shape.size(); }
+  constexpr bool is_constant(int i, double v) const { return g_[i].op == Op::constant && g_[i].value == v; }
 
   // Adds n (its inputs already in this graph; leaves other than constants carry their shape) or
   // returns the id of an identical node. Scalars are never merged: each is its own run-time slot.
-  int node(graph::Node n) {
+  constexpr int node(graph::Node n) {
+    if (!shaped() && sized_attrs(n.op) && n.capture < 0) {
+      n.unsized = true;
+      n.capture = origin_;
+    }
     const std::uint64_t k = graph::structure_key(n);
     if (int at = index_.find(g_, n, k); at >= 0) return at;
     if (n.op == Op::constant) {
@@ -46,11 +65,16 @@ class Builder {
       n.weak = true;
     }
     g_.nodes.push_back(n);
-    if (info(n.op).cls != OpClass::leaf || n.op == Op::iota) graph::detail::infer_node(g_, g_.nodes.back());
+    if (info(n.op).cls != OpClass::leaf || n.op == Op::iota) {
+      if (shaped())
+        graph::detail::infer_node(g_, g_.nodes.back());
+      else
+        graph::detail::infer_dtype(g_, g_.nodes.back());
+    }
     index_.insert(k, g_.size() - 1);
     return g_.size() - 1;
   }
-  int op(Op o, std::initializer_list<int> in, Attrs at = {}) {
+  constexpr int op(Op o, std::initializer_list<int> in, Attrs at = {}) {
     graph::Node n;
     n.op = o;
     for (int i : in) n.in[n.n_in++] = i;
@@ -59,24 +83,25 @@ class Builder {
   }
   // A node standing for `like` (a derivative of it): it takes like's captured attributes and
   // their symbolic bits, so that each call's values reach it too.
-  int op_like(const graph::Node& like, Op o, std::initializer_list<int> in, Attrs at) {
+  constexpr int op_like(const graph::Node& like, Op o, std::initializer_list<int> in, Attrs at) {
     graph::Node n;
     n.op = o;
     for (int i : in) n.in[n.n_in++] = i;
     n.attrs = at;
     n.capture = like.capture;
     n.sym_attrs = like.sym_attrs;
+    n.unsized = like.unsized;
     return node(n);
   }
   // A copy of node n of another graph with its inputs replaced by `in` (ids in this graph).
-  int rebuild(const graph::Node& n, const int* in) {
+  constexpr int rebuild(const graph::Node& n, const int* in) {
     graph::Node m = n;
     for (int k = 0; k < m.n_in; ++k) m.in[k] = in[k];
     if (info(m.op).cls != OpClass::leaf) m.shape = {};
     return node(m);
   }
 
-  int constant(double v) {
+  constexpr int constant(double v) {
     graph::Node n;
     n.op = Op::constant;
     n.value = v;
@@ -84,23 +109,23 @@ class Builder {
   }
 
   // ---- pointwise ------------------------------------------------------------------------------
-  int unary(Op o, int x) { return op(o, {x}); }
-  int neg(int x) { return op(Op::neg, {x}); }
-  int square(int x) { return op(Op::square, {x}); }
-  int exp(int x) { return op(Op::exp, {x}); }
-  int log(int x) { return op(Op::log, {x}); }
-  int add(int a, int b) { return op(Op::add, {a, b}); }
-  int sub(int a, int b) { return op(Op::sub, {a, b}); }
-  int mul(int a, int b) { return op(Op::mul, {a, b}); }
-  int div(int a, int b) { return op(Op::div, {a, b}); }
-  int add(int a, double c) { return add(a, constant(c)); }
-  int mul(int a, double c) { return mul(a, constant(c)); }
-  int sub(double c, int b) { return sub(constant(c), b); }
-  int where(int c, int a, int b) { return op(Op::where, {c, a, b}); }
-  int where(int c, int a, double b) { return where(c, a, constant(b)); }
-  int where(int c, double a, int b) { return where(c, constant(a), b); }
-  int cmp(Op o, int a, int b) { return op(o, {a, b}); }
-  int cast(int x, kiln::dtype d) {
+  constexpr int unary(Op o, int x) { return op(o, {x}); }
+  constexpr int neg(int x) { return op(Op::neg, {x}); }
+  constexpr int square(int x) { return op(Op::square, {x}); }
+  constexpr int exp(int x) { return op(Op::exp, {x}); }
+  constexpr int log(int x) { return op(Op::log, {x}); }
+  constexpr int add(int a, int b) { return op(Op::add, {a, b}); }
+  constexpr int sub(int a, int b) { return op(Op::sub, {a, b}); }
+  constexpr int mul(int a, int b) { return op(Op::mul, {a, b}); }
+  constexpr int div(int a, int b) { return op(Op::div, {a, b}); }
+  constexpr int add(int a, double c) { return add(a, constant(c)); }
+  constexpr int mul(int a, double c) { return mul(a, constant(c)); }
+  constexpr int sub(double c, int b) { return sub(constant(c), b); }
+  constexpr int where(int c, int a, int b) { return op(Op::where, {c, a, b}); }
+  constexpr int where(int c, int a, double b) { return where(c, a, constant(b)); }
+  constexpr int where(int c, double a, int b) { return where(c, constant(a), b); }
+  constexpr int cmp(Op o, int a, int b) { return op(o, {a, b}); }
+  constexpr int cast(int x, kiln::dtype d) {
     if (g_[x].dt == d) return x;
     Attrs at;
     at.dt = d;
@@ -108,18 +133,18 @@ class Builder {
   }
 
   // ---- reductions (dims normalised and sorted) ---------------------------------------------------
-  int reduce(Op o, int x, const Dims& dims, bool keepdim) {
+  constexpr int reduce(Op o, int x, const Dims& dims, bool keepdim) {
     Attrs at;
     at.dims = dims;
     at.keepdim = keepdim;
     return op(o, {x}, at);
   }
-  int sum(int x, const Dims& dims, bool keepdim) { return reduce(Op::sum, x, dims, keepdim); }
+  constexpr int sum(int x, const Dims& dims, bool keepdim) { return reduce(Op::sum, x, dims, keepdim); }
   // amax used only as a numerically stabilising shift (softmax, logsumexp): the result does not
   // depend on its value, so it is marked (attrs.d) to get no gradient, as PyTorch's decompositions
   // .detach() it; this drops a reduction and a mask from every softmax backward.
   static constexpr std::int64_t detached_shift = Attrs::shift_flag;
-  int shift_max(int x, const Dims& dims) {
+  constexpr int shift_max(int x, const Dims& dims) {
     Attrs at;
     at.dims = dims;
     at.keepdim = true;
@@ -128,30 +153,32 @@ class Builder {
   }
   // The element count of x's dims `dims`, a weak f64 scalar that stays symbolic in the graph.
   // Only x's shape matters, so x is walked back through same-shape pointwise ops to share one node.
-  int numel(int x, const Dims& dims) {
-    while (is_pointwise(g_[x].op) && g_[g_[x].in[0]].shape == g_[x].shape) x = g_[x].in[0];
+  constexpr int numel(int x, const Dims& dims) {
+    while (is_pointwise(g_[x].op) &&
+           (shaped() ? g_[g_[x].in[0]].shape == g_[x].shape : info(g_[x].op).cls == OpClass::unary))
+      x = g_[x].in[0];
     return reduce(Op::numel, x, dims, false);
   }
-  int mean(int x, const Dims& dims, bool keepdim) { return div(sum(x, dims, keepdim), numel(x, dims)); }
+  constexpr int mean(int x, const Dims& dims, bool keepdim) { return div(sum(x, dims, keepdim), numel(x, dims)); }
 
   // ---- views and indexing ----------------------------------------------------------------------
-  int reshape(int x, const Dims& shape) {
-    if (g_[x].shape == shape) return x;
+  constexpr int reshape(int x, const Dims& shape) {
+    if (shaped() && g_[x].shape == shape) return x;
     if (g_[x].op == Op::reshape) x = g_[x].in[0];  // reshape(reshape(x)) = reshape(x)
-    if (g_[x].shape == shape) return x;
+    if (shaped() && g_[x].shape == shape) return x;
     Attrs at;
     at.dims = shape;
     return op(Op::reshape, {x}, at);
   }
-  int expand(int x, const Dims& shape) {
-    if (g_[x].shape == shape) return x;
+  constexpr int expand(int x, const Dims& shape) {
+    if (shaped() && g_[x].shape == shape) return x;
     Attrs at;
     at.dims = shape;
     return op(Op::expand, {x}, at);
   }
   // order: normalised dims; permute(permute(x, p), q) = permute(x, p[q[i]]).
-  int permute(int x, Dims order) {
-    if (g_[x].op == Op::permute) {
+  constexpr int permute(int x, Dims order) {
+    if (g_[x].op == Op::permute && shaped()) {
       const Dims inner = g_[x].attrs.dims;
       for (auto& d : order) d = inner[static_cast<int>(d)];
       x = g_[x].in[0];
@@ -164,22 +191,23 @@ class Builder {
     return op(Op::permute, {x}, at);
   }
   // Swaps the last two dims (a matrix transpose, batched or not).
-  int transpose_last(int x) {
+  constexpr int transpose_last(int x) {
+    if (!shaped()) return op(Op::permute, {x});  // the order needs the rank
     Dims order;
     for (int i = 0; i < rank(x); ++i) order.push_back(i);
     std::swap(order[order.size() - 1], order[order.size() - 2]);
     return permute(x, order);
   }
-  int matmul(int a, int b) { return op(Op::matmul, {a, b}); }
+  constexpr int matmul(int a, int b) { return op(Op::matmul, {a, b}); }
   // A tensor of `shape` filled with v. Built from iota == iota rather than an expanded constant:
   // anything computed only from constants is weak (promotes like a C++ scalar), which a cotangent
   // must not be.
-  int full(const Dims& shape, double v, kiln::dtype d) {
+  constexpr int full(const Dims& shape, double v, kiln::dtype d) {
     int i = iota(shape.empty() ? Dims{1} : shape, 0);  // a rank-0 shape goes through [1]
     int ones = reshape(cast(cmp(Op::eq, i, i), d), shape);
     return v == 1 ? ones : mul(ones, v);
   }
-  int iota(const Dims& shape, int dim) {
+  constexpr int iota(const Dims& shape, int dim) {
     Attrs at;
     at.dims = shape;
     at.a = dim;
@@ -187,16 +215,23 @@ class Builder {
   }
 
  private:
+  // Ops whose attributes a structural graph cannot know (they hold or depend on sizes).
+  static constexpr bool sized_attrs(Op o) {
+    const OpClass c = info(o).cls;
+    return c == OpClass::reduce || c == OpClass::view || c == OpClass::meta || o == Op::iota ||
+           o == Op::embedding_backward;
+  }
   graph::Graph g_;
   graph::CseIndex index_;
+  int origin_ = -1;
 };
 
 // The shape of every rewrite pass: rebuilds g node by node in order, `rule(b, node, inputs)`
 // returning the new id of each node from its inputs' new ids, and keeps g's outputs, argument and
 // scalar counts and k::assign targets.
 template <class Rule>
-graph::Graph rebuild_graph(const graph::Graph& g, Rule&& rule) {
-  Builder b;
+constexpr graph::Graph rebuild_graph(const graph::Graph& g, Rule&& rule) {
+  Builder b = Builder::like(g);
   std::vector<int> map(static_cast<std::size_t>(g.size()), -1);
   for (int i = 0; i < g.size(); ++i) {
     const graph::Node& n = g[i];
@@ -214,7 +249,7 @@ graph::Graph rebuild_graph(const graph::Graph& g, Rule&& rule) {
 
 // Keeps only the nodes that reach g's outputs, in their order; old_to_new (if given) maps ids (-1:
 // removed).
-inline graph::Graph remove_dead(const graph::Graph& g, std::vector<int>* old_to_new = nullptr) {
+constexpr graph::Graph remove_dead(const graph::Graph& g, std::vector<int>* old_to_new = nullptr) {
   std::vector<char> live(static_cast<std::size_t>(g.size()), 0);
   for (int o : g.outputs) live[o] = 1;
   for (int i = g.size() - 1; i >= 0; --i)
@@ -224,6 +259,7 @@ inline graph::Graph remove_dead(const graph::Graph& g, std::vector<int>* old_to_
   graph::Graph out;
   out.num_args = g.num_args;
   out.num_scalars = g.num_scalars;
+  out.structural = g.structural;
   for (int i = 0; i < g.size(); ++i) {
     if (!live[i]) continue;
     graph::Node n = g[i];

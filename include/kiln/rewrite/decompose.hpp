@@ -9,6 +9,7 @@
 #include <numbers>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "../debug/log.hpp"
 #include "builder.hpp"
@@ -29,11 +30,13 @@ struct DecompositionRule {
   std::uint8_t upcast = 0;
 };
 
-inline Dims reduce_dims_of(const Builder& b, const Node& n, int x) {
+// (On a structural graph, the dims as captured: normalising them needs the rank.)
+constexpr Dims reduce_dims_of(const Builder& b, const Node& n, int x) {
+  if (!b.shaped()) return n.attrs.dims;
   return graph::detail::reduced_dims(n.attrs, b.rank(x), n.op);
 }
-inline Dims last_dim(const Builder& b, int x) { return Dims{b.rank(x) - 1}; }
-inline Dims all_dims(const Builder& b, int x) {
+constexpr Dims last_dim(const Builder& b, int x) { return Dims{b.shaped() ? b.rank(x) - 1 : -1}; }
+constexpr Dims all_dims(const Builder& b, int x) {
   Dims d;
   for (int i = 0; i < b.rank(x); ++i) d.push_back(i);
   return d;
@@ -41,18 +44,18 @@ inline Dims all_dims(const Builder& b, int x) {
 
 // m + log(sum(exp(x - m))) with m = amax(x); a row of -inf (or one holding +inf) shifts by 0 instead,
 // so that it gives -inf (+inf) as PyTorch does rather than NaN.
-inline int logsumexp_of(Builder& b, int x, const Dims& dims, bool keepdim) {
+constexpr int logsumexp_of(Builder& b, int x, const Dims& dims, bool keepdim) {
   int m = b.shift_max(x, dims);
   int m_safe = b.where(b.cmp(Op::eq, b.unary(Op::abs, m), b.constant(inf)), 0.0, m);
   int s = b.sum(b.exp(b.sub(x, m_safe)), dims, keepdim);
   return b.add(b.log(s), keepdim ? m_safe : b.reshape(m_safe, b.shape(s)));
 }
 
-inline int gelu_exact(Builder& b, int x) {  // 0.5 x (1 + erf(x / sqrt 2))
+constexpr int gelu_exact(Builder& b, int x) {  // 0.5 x (1 + erf(x / sqrt 2))
   int e = b.unary(Op::erf, b.mul(x, std::numbers::sqrt2 / 2));
   return b.mul(b.mul(x, 0.5), b.add(e, 1.0));
 }
-inline int gelu_tanh(Builder& b, int x) {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+constexpr int gelu_tanh(Builder& b, int x) {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   const double k = std::numbers::sqrt2 * std::numbers::inv_sqrtpi;
   int inner = b.add(x, b.mul(b.mul(b.square(x), x), 0.044715));
   int t = b.unary(Op::tanh, b.mul(inner, k));
@@ -60,66 +63,68 @@ inline int gelu_tanh(Builder& b, int x) {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.
 }
 
 // ---- the table entries --------------------------------------------------------------------------
-inline int silu(Builder& b, const Node&, std::span<const int> in) { return b.mul(in[0], b.unary(Op::sigmoid, in[0])); }
-inline int gelu(Builder& b, const Node& n, std::span<const int> in) {
+constexpr int silu(Builder& b, const Node&, std::span<const int> in) {
+  return b.mul(in[0], b.unary(Op::sigmoid, in[0]));
+}
+constexpr int gelu(Builder& b, const Node& n, std::span<const int> in) {
   return n.op == Op::gelu_tanh || n.attrs.a == 1 ? gelu_tanh(b, in[0]) : gelu_exact(b, in[0]);
 }
-inline int clamp(Builder& b, const Node&, std::span<const int> in) {
+constexpr int clamp(Builder& b, const Node&, std::span<const int> in) {
   return b.op(Op::minimum, {b.op(Op::maximum, {in[0], in[1]}), in[2]});
 }
-inline int mean(Builder& b, const Node& n, std::span<const int> in) {
+constexpr int mean(Builder& b, const Node& n, std::span<const int> in) {
   return b.mean(in[0], reduce_dims_of(b, n, in[0]), n.attrs.keepdim);
 }
 // sum((x - mean)^2) / max(numel - correction, 0); the correction is a run-time scalar.
-inline int var(Builder& b, const Node& n, std::span<const int> in) {
+constexpr int var(Builder& b, const Node& n, std::span<const int> in) {
   const Dims rd = reduce_dims_of(b, n, in[0]);
   int centred = b.sub(in[0], b.mean(in[0], rd, true));
   int ss = b.sum(b.square(centred), rd, n.attrs.keepdim);
   int dof = b.op(Op::maximum, {b.sub(b.numel(in[0], rd), in[1]), b.constant(0)});
   return b.div(ss, dof);
 }
-inline int logsumexp(Builder& b, const Node& n, std::span<const int> in) {
+constexpr int logsumexp(Builder& b, const Node& n, std::span<const int> in) {
   return logsumexp_of(b, in[0], reduce_dims_of(b, n, in[0]), n.attrs.keepdim);
 }
-inline int softmax(Builder& b, const Node& n, std::span<const int> in) {
+constexpr int softmax(Builder& b, const Node& n, std::span<const int> in) {
   const Dims rd = reduce_dims_of(b, n, in[0]);
   int e = b.exp(b.sub(in[0], b.shift_max(in[0], rd)));
   return b.div(e, b.sum(e, rd, true));
 }
-inline int log_softmax(Builder& b, const Node& n, std::span<const int> in) {
+constexpr int log_softmax(Builder& b, const Node& n, std::span<const int> in) {
   const Dims rd = reduce_dims_of(b, n, in[0]);
   int shifted = b.sub(in[0], b.shift_max(in[0], rd));
   return b.sub(shifted, b.log(b.sum(b.exp(shifted), rd, true)));
 }
 // (x - mean) * rsqrt(biased var + eps) * w + b over the last dim.
-inline int layer_norm(Builder& b, const Node&, std::span<const int> in) {
+constexpr int layer_norm(Builder& b, const Node&, std::span<const int> in) {
   const Dims rd = last_dim(b, in[0]);
   int centred = b.sub(in[0], b.mean(in[0], rd, true));
   int rstd = b.unary(Op::rsqrt, b.add(b.mean(b.square(centred), rd, true), in[3]));
   return b.add(b.mul(b.mul(centred, rstd), in[1]), in[2]);
 }
-inline int rms_norm(Builder& b, const Node&, std::span<const int> in) {
+constexpr int rms_norm(Builder& b, const Node&, std::span<const int> in) {
   int rstd = b.unary(Op::rsqrt, b.add(b.mean(b.square(in[0]), last_dim(b, in[0]), true), in[2]));
   return b.mul(b.mul(in[0], rstd), in[1]);
 }
 // mean over rows of logsumexp(logits[r]) - logits[r, target[r]].
-inline int cross_entropy(Builder& b, const Node&, std::span<const int> in) {
+constexpr int cross_entropy(Builder& b, const Node&, std::span<const int> in) {
   const std::int64_t rows = b.shape(in[0])[0];
   int lse = logsumexp_of(b, in[0], Dims{1}, false);
   int picked = b.reshape(b.op(Op::gather, {in[0], b.reshape(in[1], Dims{rows, 1})}), Dims{rows});
   int loss = b.sub(lse, picked);
   return b.mean(loss, Dims{0}, false);
 }
-inline int mse_loss(Builder& b, const Node&, std::span<const int> in) {
+constexpr int mse_loss(Builder& b, const Node&, std::span<const int> in) {
   int d = b.square(b.sub(in[0], in[1]));
   return b.mean(d, all_dims(b, d), false);
 }
 // matmul(x, w^T) + b; matmul takes 2-D and 3-D operands, so other ranks go through a 2-D reshape.
 // Linear without bias passes a scalar 0 placeholder as b, which is skipped.
-inline int linear(Builder& b, const Node& n, std::span<const int> in) {
+constexpr int linear(Builder& b, const Node& n, std::span<const int> in) {
   int x = in[0];
   const Dims xs = b.shape(x);
-  const bool reshaped = xs.size() != 2 && xs.size() != 3;
+  const bool reshaped = b.shaped() && xs.size() != 2 && xs.size() != 3;  // rank-dependent: at run time
   if (reshaped) x = b.reshape(x, Dims{xs.product() / std::max<std::int64_t>(xs.back(), 1), xs.back()});
   int y = b.matmul(x, b.permute(in[1], Dims{1, 0}));
   if (reshaped) y = b.reshape(y, n.shape);
@@ -127,7 +132,7 @@ inline int linear(Builder& b, const Node& n, std::span<const int> in) {
   if (bias == Op::scalar || (bias == Op::constant && b[in[2]].value == 0)) return y;
   return b.add(y, in[2]);
 }
-inline int transpose(Builder& b, const Node& n, std::span<const int> in) {
+constexpr int transpose(Builder& b, const Node& n, std::span<const int> in) {
   const int rank = b.rank(in[0]);
   Dims order;
   for (int i = 0; i < rank; ++i) order.push_back(i);
@@ -135,11 +140,11 @@ inline int transpose(Builder& b, const Node& n, std::span<const int> in) {
     std::swap(order[normalize_dim(n.attrs.a, rank, "transpose")], order[normalize_dim(n.attrs.b, rank, "transpose")]);
   return b.permute(in[0], order);
 }
-inline int to_reshape(Builder& b, const Node& n, std::span<const int> in) { return b.reshape(in[0], n.shape); }
+constexpr int to_reshape(Builder& b, const Node& n, std::span<const int> in) { return b.reshape(in[0], n.shape); }
 // The first index along the dim holding the extremum m = amax (amin) there, or the first NaN where
 // m is NaN (x != x): the least index among the hits, each miss standing as the dim's size.
-inline int arg_extremum(Builder& b, const Node& n, std::span<const int> in) {
-  const bool scalar = b.rank(in[0]) == 0;  // a 0-d x is taken as [1]: its index is 0
+constexpr int arg_extremum(Builder& b, const Node& n, std::span<const int> in) {
+  const bool scalar = b.shaped() && b.rank(in[0]) == 0;  // a 0-d x is taken as [1]: its index is 0
   const int x = scalar ? b.reshape(in[0], Dims{1}) : in[0];
   const Dims rd = scalar ? Dims{0} : reduce_dims_of(b, n, x);
   const int d = static_cast<int>(rd[0]);
@@ -151,8 +156,8 @@ inline int arg_extremum(Builder& b, const Node& n, std::span<const int> in) {
 }
 // cat(a, b) along d: where(index < a's size, a zero-padded to the joined shape, b likewise); the
 // padded views are slice_backward nodes, read in place by the consumer's kernel.
-inline int cat(Builder& b, const Node& n, std::span<const int> in) {
-  const int d = normalize_dim(n.attrs.a, n.shape.size(), "cat");
+constexpr int cat(Builder& b, const Node& n, std::span<const int> in) {
+  const int d = b.shaped() ? normalize_dim(n.attrs.a, n.shape.size(), "cat") : 0;
   const std::int64_t na = b.shape(in[0])[d];
   auto padded = [&](int x, std::int64_t start, std::int64_t stop) {
     Attrs at;
@@ -175,12 +180,12 @@ inline int cat(Builder& b, const Node& n, std::span<const int> in) {
 // torch's scaled_dot_product_attention: query i sees keys j <= i.
 struct AttentionDims {
   std::int64_t B, H, Tq, D, Hkv, G, Tk;
-  AttentionDims(const Builder& b, int q, int k) {
+  constexpr AttentionDims(const Builder& b, int q, int k) {
     const Dims qs = b.shape(q), ks = b.shape(k);
     B = qs[0], H = qs[1], Tq = qs[2], D = qs[3], Hkv = ks[1], G = H / Hkv, Tk = ks[2];
   }
   // [B, Hkv, Tk, d] -> [B*H, Tk, d], each kv head G times.
-  int heads(Builder& b, int x) const {
+  constexpr int heads(Builder& b, int x) const {
     const Dims s = b.shape(x);
     if (G == 1) return b.reshape(x, Dims{B * H, s[2], s[3]});
     int e = b.expand(b.reshape(x, Dims{B, Hkv, 1, s[2], s[3]}), Dims{B, Hkv, G, s[2], s[3]});
@@ -188,13 +193,13 @@ struct AttentionDims {
   }
   // q k^T * scale as [B*H, Tq, Tk], in the compute dtype (f32 for 16-bit inputs, whose product is a
   // 16-bit GEMM on tensor cores, as torch's math attention does).
-  int scores(Builder& b, int q, int k, int scale, bool given) const {
+  constexpr int scores(Builder& b, int q, int k, int scale, bool given) const {
     const int s = b.matmul(b.reshape(q, Dims{B * H, Tq, D}), b.permute(heads(b, k), Dims{0, 2, 1}));
     return b.mul(b.cast(s, compute_dtype(b[q].dt)),
                  given ? scale : b.constant(1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)))));
   }
 };
-inline int attention(Builder& b, const Node& n, std::span<const int> in) {
+constexpr int attention(Builder& b, const Node& n, std::span<const int> in) {
   const AttentionDims a(b, in[0], in[1]);
   const Dims ss{a.B * a.H, a.Tq, a.Tk}, full{a.B, a.H, a.Tq, a.Tk};
   int s = -1;
@@ -218,7 +223,7 @@ inline int attention(Builder& b, const Node& n, std::span<const int> in) {
 }
 // What a score_mod receives (attrs.a): 0 the scaled score, 1..4 the batch, head, query and key
 // index, each of shape [B, H, Tq, Tk].
-inline int score_arg(Builder& b, const Node& n, std::span<const int> in) {
+constexpr int score_arg(Builder& b, const Node& n, std::span<const int> in) {
   const AttentionDims a(b, in[0], in[1]);
   const Dims full{a.B, a.H, a.Tq, a.Tk};
   if (n.attrs.a == 0) return b.reshape(a.scores(b, in[0], in[1], in[2], n.attrs.b), full);
@@ -253,22 +258,28 @@ inline constexpr std::array<DecompositionRule, op_count> decompositions = [] {
   return t;
 }();
 
+// Composites whose primitive graph depends on sizes (grouped heads): on a structural graph they
+// stay as they are, to be decomposed at the first call.
+constexpr bool decomposes_by_size(Op op) { return op == Op::attention || op == Op::score_arg; }
+
 // Decomposes one composite: inputs to the compute dtype, the rule, the result back to n's dtype.
-inline int decompose_node(Builder& b, const Node& n, std::span<const int> in) {
+constexpr int decompose_node(Builder& b, const Node& n, std::span<const int> in) {
+  if (!b.shaped() && decomposes_by_size(n.op)) return b.rebuild(n, in.data());
+  b.set_origin(n.capture);
   const DecompositionRule& rule = decompositions[static_cast<int>(n.op)];
   if (!rule.build) throw error("decompose: no decomposition rule for composite op " + std::string(name(n.op)));
   const kiln::dtype compute = is_floating(n.dt) ? compute_dtype(n.dt) : n.dt;
   std::array<int, graph::max_inputs> args{};
   for (int k = 0; k < n.n_in; ++k) args[k] = (rule.upcast >> k & 1) && !b[in[k]].weak ? b.cast(in[k], compute) : in[k];
   int out = b.cast(rule.build(b, n, std::span<const int>(args.data(), n.n_in)), n.dt);
-  if (!(b.shape(out) == n.shape))
+  if (b.shaped() && !(b.shape(out) == n.shape))
     throw error("decompose: the rule for " + std::string(name(n.op)) + " built shape " + b.shape(out).str() +
                 " instead of " + n.shape.str());
   return out;
 }
 
 // Copies a leaf: arguments and scalars keep their slot, shape and dtype.
-inline int copy_leaf(Builder& b, const Node& n) {
+constexpr int copy_leaf(Builder& b, const Node& n) {
   if (n.op == Op::constant) return b.constant(n.value);
   return b.node(n);
 }
@@ -277,18 +288,20 @@ inline int copy_leaf(Builder& b, const Node& n) {
 
 // Rebuilds g (with shapes, from graph::infer_shapes) with every composite replaced by primitives;
 // nodes that no output needs are dropped.
-inline graph::Graph decompose(const graph::Graph& g) {
-  debug::log_lazy(debug::Channel::decomp, [&] { return "before decompose:\n" + g.str(); });
+constexpr graph::Graph decompose(const graph::Graph& g) {
+  if (!std::is_constant_evaluated())
+    debug::log_lazy(debug::Channel::decomp, [&] { return "before decompose:\n" + g.str(); });
   graph::Graph built = rebuild_graph(g, [](Builder& b, const graph::Node& n, const int* in) {
     if (info(n.op).cls == OpClass::leaf) return detail::copy_leaf(b, n);
     if (is_composite(n.op)) return detail::decompose_node(b, n, std::span<const int>(in, n.n_in));
     return b.rebuild(n, in);
   });
   graph::Graph out = remove_dead(built);
-  debug::log_lazy(debug::Channel::decomp, [&] {
-    return "after decompose (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) +
-           " ops):\n" + out.str();
-  });
+  if (!std::is_constant_evaluated())
+    debug::log_lazy(debug::Channel::decomp, [&] {
+      return "after decompose (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) +
+             " ops):\n" + out.str();
+    });
   return out;
 }
 

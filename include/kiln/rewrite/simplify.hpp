@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <numbers>
 #include <string>
+#include <type_traits>
 
 #include "../debug/log.hpp"
 #include "builder.hpp"
@@ -19,11 +20,11 @@ namespace detail {
 // One simplification: given a node just built into b, the id that replaces it, or -1.
 using Simplification = int (*)(Builder& b, int id);
 
-inline bool foldable(Op op) {
+constexpr bool foldable(Op op) {
   return is_pointwise(op) && !is_comparison(op) && op != Op::cast && op != Op::logical_not && op != Op::where;
 }
 
-inline double fold_value(Op op, double x, double y) {
+constexpr double fold_value(Op op, double x, double y) {
   switch (op) {
     case Op::neg:
       return -x;
@@ -82,10 +83,29 @@ inline double fold_value(Op op, double x, double y) {
   }
 }
 
+// What a constant expression can fold: the C++20 <cmath> functions are not constexpr.
+constexpr bool foldable_at_compile_time(Op op) {
+  switch (op) {
+    case Op::neg:
+    case Op::sign:
+    case Op::square:
+    case Op::reciprocal:
+    case Op::relu:
+    case Op::add:
+    case Op::sub:
+    case Op::mul:
+    case Op::div:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Arithmetic on constants only becomes one constant (constants are weak f64 scalars, so is the result).
-inline int fold_constants(Builder& b, int id) {
+constexpr int fold_constants(Builder& b, int id) {
   const graph::Node& n = b[id];
   if (!foldable(n.op) || n.dt != kiln::dtype::f64) return -1;
+  if (std::is_constant_evaluated() && !foldable_at_compile_time(n.op)) return -1;
   for (int k = 0; k < n.n_in; ++k)
     if (b[n.in[k]].op != Op::constant) return -1;
   const double x = b[n.in[0]].value, y = n.n_in > 1 ? b[n.in[1]].value : 0.0;
@@ -93,7 +113,7 @@ inline int fold_constants(Builder& b, int id) {
 }
 
 // x*1, 1*x, x+0, 0+x, x-0, x/1 -> x, when x already has the result's shape and dtype.
-inline int drop_identity_operand(Builder& b, int id) {
+constexpr int drop_identity_operand(Builder& b, int id) {
   const graph::Node n = b[id];
   auto keeps = [&](int x) { return b.dt(x) == n.dt && b.shape(x) == n.shape && b[x].weak == n.weak; };
   auto is = [&](int k, double v) { return b.is_constant(n.in[k], v) && keeps(n.in[1 - k]); };
@@ -111,21 +131,22 @@ inline int drop_identity_operand(Builder& b, int id) {
   }
 }
 
-inline int cancel_double_negation(Builder& b, int id) {
+constexpr int cancel_double_negation(Builder& b, int id) {
   const graph::Node& n = b[id];
   if (n.op != Op::neg || b[n.in[0]].op != Op::neg) return -1;
   const int x = b[n.in[0]].in[0];
   return b.dt(x) == n.dt ? x : -1;
 }
 
-inline int drop_noop_cast(Builder& b, int id) {
+constexpr int drop_noop_cast(Builder& b, int id) {
   const graph::Node& n = b[id];
   return n.op == Op::cast && b.dt(n.in[0]) == n.dt ? n.in[0] : -1;
 }
 
 // Views that change nothing (same shape; permute identity; a full slice with step 1) are their
 // input; chains of reshapes and of permutes become one view (the Builder merges them).
-inline int simplify_view(Builder& b, int id) {
+constexpr int simplify_view(Builder& b, int id) {
+  if (!b.shaped()) return -1;  // what a view does depends on sizes
   const graph::Node n = b[id];
   const int x = n.in[0];
   switch (n.op) {
@@ -151,7 +172,8 @@ inline int simplify_view(Builder& b, int id) {
 }
 
 // numel depends only on its input's shape: one node per shape rather than one per input.
-inline int share_numel(Builder& b, int id) {
+constexpr int share_numel(Builder& b, int id) {
+  if (!b.shaped()) return -1;  // which shapes are equal is known at run time only
   const graph::Node n = b[id];
   if (n.op != Op::numel) return -1;
   int r = b.numel(n.in[0], n.attrs.dims);
@@ -163,7 +185,7 @@ inline constexpr std::array<Simplification, 6> simplifications = {
 
 // Builds node n (inputs already mapped) and applies the simplifications until none fires.
 // A node with symbolic attributes stays as it is: what it does depends on each call's values.
-inline int simplify_node(Builder& b, const graph::Node& n, const int* in) {
+constexpr int simplify_node(Builder& b, const graph::Node& n, const int* in) {
   int id = n.op == Op::constant ? b.constant(n.value) : b.rebuild(n, in);
   if (n.sym_attrs) return id;
   for (int round = 0; round < 16; ++round) {
@@ -179,14 +201,15 @@ inline int simplify_node(Builder& b, const graph::Node& n, const int* in) {
 }  // namespace detail
 
 // Simplifies g (with shapes); outputs keep their order and point at the simplified nodes.
-inline graph::Graph simplify(const graph::Graph& g) {
+constexpr graph::Graph simplify(const graph::Graph& g) {
   graph::Graph built =
       rebuild_graph(g, [](Builder& b, const graph::Node& n, const int* in) { return detail::simplify_node(b, n, in); });
   graph::Graph out = remove_dead(built);
-  debug::log_lazy(debug::Channel::decomp, [&] {
-    return "after simplify (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) +
-           " ops):\n" + out.str();
-  });
+  if (!std::is_constant_evaluated())
+    debug::log_lazy(debug::Channel::decomp, [&] {
+      return "after simplify (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) +
+             " ops):\n" + out.str();
+    });
   return out;
 }
 
