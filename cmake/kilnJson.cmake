@@ -1,7 +1,7 @@
 # Finds nlohmann/json (k::save and k::load read and write safetensors headers with it) and leaves
-# its include directory in KILN_JSON_INCLUDE. As with kilnHana.cmake, the package's own config is
-# asked first and the header searched for otherwise, and this file is installed beside
-# kilnConfig.cmake, so consumers run the same search on their own machine.
+# its include directory in KILN_JSON_INCLUDE. The package's own config is asked first and the
+# header searched for otherwise, and this file is installed beside kilnConfig.cmake, so consumers
+# run the same search on their own machine.
 if(NOT KILN_JSON_INCLUDE)
   find_package(nlohmann_json CONFIG QUIET)
   if(TARGET nlohmann_json::nlohmann_json)
