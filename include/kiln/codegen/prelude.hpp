@@ -7,11 +7,14 @@
 #include <string>
 #include <string_view>
 
+#include "prelude_cpu_math.hpp"
+#include "prelude_cpu_tiles.hpp"
 #include "prelude_memory.hpp"
 
 namespace kiln::codegen {
 
-// Types, tiles and their arithmetic; prelude_memory.hpp has loads, stores, reductions and loops.
+// Types, tiles and their arithmetic (prelude_ops below: scalar math); prelude_memory.hpp has loads,
+// stores, reductions and loops.
 inline constexpr std::string_view prelude_core = R"KILN(
 // Device code under NVRTC, and under nvcc for kernels exported ahead of time (k::export_kernels).
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
@@ -189,16 +192,23 @@ KILN_BINARY(maximum, (x != x) ? x : ((y != y) ? y : (x > y ? x : y)))
 KILN_BINARY(minimum, (x != x) ? x : ((y != y) ? y : (x < y ? x : y)))
 #undef KILN_BINARY
 
-// Scalar math for each compute type, then lifted to tiles.
+)KILN";
+
+// Scalar math and its tile forms; the host's f32 exp, log, tanh, erf and sigmoid come before it
+// (prelude_cpu_math.hpp).
+inline constexpr std::string_view prelude_ops = R"KILN(
+// Scalar math for each compute type, then lifted to tiles. On the device f32 is CUDA's; on the host
+// f32 exp, log, tanh, erf and sigmoid are prelude_cpu_math.hpp's polynomial kernels (just before
+// this), which the host compiler vectorises across a tile (a call into libm would stop it).
 #ifdef KILN_DEVICE_CODE
 KILN_FN float m_exp(float x) { return __expf(x); }  // ex2.approx, as Triton's tl.exp
-#else
-KILN_FN float m_exp(float x) { return ::expf(x); }
+KILN_FN float m_log(float x) { return ::logf(x); }
+KILN_FN float m_tanh(float x) { return ::tanhf(x); }
+KILN_FN float m_erf(float x) { return ::erff(x); }
 #endif
 KILN_FN double m_exp(double x) { return ::exp(x); }
 KILN_FN float m_exp2(float x) { return ::exp2f(x); }
 KILN_FN double m_exp2(double x) { return ::exp2(x); }
-KILN_FN float m_log(float x) { return ::logf(x); }
 KILN_FN double m_log(double x) { return ::log(x); }
 KILN_FN float m_log2(float x) { return ::log2f(x); }
 KILN_FN double m_log2(double x) { return ::log2(x); }
@@ -219,9 +229,7 @@ KILN_FN float m_sin(float x) { return ::sinf(x); }
 KILN_FN double m_sin(double x) { return ::sin(x); }
 KILN_FN float m_cos(float x) { return ::cosf(x); }
 KILN_FN double m_cos(double x) { return ::cos(x); }
-KILN_FN float m_tanh(float x) { return ::tanhf(x); }
 KILN_FN double m_tanh(double x) { return ::tanh(x); }
-KILN_FN float m_erf(float x) { return ::erff(x); }
 KILN_FN double m_erf(double x) { return ::erf(x); }
 KILN_FN float m_pow(float x, float y) { return ::powf(x, y); }
 KILN_FN double m_pow(double x, double y) { return ::pow(x, y); }
@@ -338,6 +346,8 @@ template <class I> KILN_FN auto rand_uniform(i64 seed_lo, i64 seed_hi, i64 off_l
 )KILN";
 
 // The whole prelude, as generated translation units begin.
-inline const std::string prelude = std::string(prelude_core) + std::string(prelude_memory);
+inline const std::string prelude =
+    std::string(prelude_core) + std::string(prelude_cpu_math) + std::string(prelude_ops) + std::string(prelude_memory) +
+    std::string(prelude_cpu_tiles);
 
 }  // namespace kiln::codegen

@@ -1,0 +1,145 @@
+// The host's f32 special functions (exp, log, tanh, erf, sigmoid) as branch-free polynomial
+// kernels: a tile's lanes are a loop the host compiler vectorises, which one call into libm per lane
+// would stop. A piece of the prelude (prelude.hpp), inserted inside namespace kiln before the scalar
+// math; the device keeps CUDA's functions, and f64 keeps libm's everywhere.
+//
+// Scheme, as in Cephes and SLEEF: reduce the argument exactly (Cody-Waite: a constant split in two,
+// the first part short enough that its product with the reduction's integer is exact), approximate
+// a smooth, slowly varying part on the reduced interval by a polynomial, and reassemble with integer
+// operations on the exponent bits. Every lane computes every path and a select picks one, so there
+// are no branches; selects also give the special values (±0, ±inf, NaN, denormals) what libm gives.
+// Polynomials are evaluated by Horner in f32 with separate multiplies and adds (the host compiler
+// runs with -ffp-contract=off, so results are the same on every CPU). Coefficients: Chebyshev fits
+// at 50 digits rounded to f32, from scripts/fit_cpu_math.py.
+//
+// Error bounds, in ulps of the f32 result against the exact value (long double), the largest seen
+// over every 389th f32 bit pattern (every binade, denormals included): exp 1.01 (a result in the
+// denormal range: within 1 ulp of the smallest denormal), log 0.82, tanh 1.30, erf 1.23, sigmoid
+// 2.46. tests/test_cpu_math.cpp asserts 1.5, 1.5, 2, 2 and 3 through kiln expressions against the
+// f64 oracle, and libm's results at ±0, ±inf, NaN and the ends of the normals and denormals.
+// (libm's f32 functions are within about 0.5-1 ulp; these trade up to 2 ulp more for SIMD.)
+#pragma once
+#include <string_view>
+
+namespace kiln::codegen {
+
+inline constexpr std::string_view prelude_cpu_math = R"KILN(
+#ifndef KILN_DEVICE_CODE
+// c ? a : b through bit masks: GCC's jump threading duplicated some code around selects written as
+// branches (the loop then has control flow and does not vectorise); masks leave nothing to thread.
+KILN_FN float m_pick(bool c, float a, float b) {
+  const unsigned m = 0u - (unsigned)c;
+  return float_of((bits_of(a) & m) | (bits_of(b) & ~m));
+}
+
+// p * 2^n for an integer n in [-152, 130], as two power-of-two factors that are each normal, so a
+// result in the denormal range is rounded once (by the second product) and one past the largest
+// finite f32 becomes inf.
+KILN_FN float m_ldexp_small(float p, int n) {
+  const int half = n >> 1;
+  return p * float_of((unsigned)(half + 127) << 23) * float_of((unsigned)(n - half + 127) << 23);
+}
+
+// e^x = 2^n e^r with n = round(x / ln 2) and r = x - n ln 2 in [-ln2/2, ln2/2];
+// e^r = 1 + r + r^2 P(r), P of degree 4.
+KILN_FN float m_exp(float x) {
+  // Beyond these e^x is 0 or inf in f32; clamping keeps n small (NaN passes and is returned last).
+  const float xc = m_pick(x < -104.0f, -104.0f, m_pick(x > 89.0f, 89.0f, x));
+  // Round to nearest by adding 1.5 * 2^23: n is then in the low bits of the sum's mantissa.
+  const float shifted = xc * 1.44269504f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  const int ni = (int)(bits_of(shifted) - 0x4b400000u);
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;  // ln 2 = 0.693359375 - 2.12194440e-4
+  const float p = 0.00139261759f;
+  const float q = (((p * r + 0.00836317334f) * r + 0.0416665561f) * r + 0.166665778f) * r + 0.5f;
+  const float er = 1.0f + (r + r * r * q);
+  return m_pick(x != x, x, m_ldexp_small(er, ni));
+}
+
+// log x = e ln 2 + log(1 + f) with x = 2^e (1 + f), 1 + f in [sqrt(1/2), sqrt(2));
+// log(1 + f) = f - f^2/2 + f^3 Q(f), Q of degree 8.
+KILN_FN float m_log(float x) {
+  // Denormals are scaled by 2^23 into the normal range first (chosen by a mask, see m_pick).
+  const unsigned denormal = 0u - (unsigned)(x < 1.17549435e-38f);  // all ones or zero
+  const unsigned xb = (bits_of(x * 8388608.0f) & denormal) | (bits_of(x) & ~denormal);
+  // Subtracting the bits of sqrt(1/2) moves the exponent's step from 1 to sqrt(1/2): the exponent
+  // field of the difference is e, its mantissa field plus those bits is 1 + f.
+  const unsigned u = xb - 0x3f3504f3u;
+  const int e = ((int)u >> 23) - (int)(denormal & 23u);
+  const float f = float_of((u & 0x7fffffu) + 0x3f3504f3u) - 1.0f;
+  float q = 0.0697161183f;
+  q = q * f + -0.114797339f;
+  q = q * f + 0.116854198f;
+  q = q * f + -0.124256872f;
+  q = q * f + 0.142490581f;
+  q = q * f + -0.166678026f;
+  q = q * f + 0.200007156f;
+  q = q * f + -0.24999997f;
+  q = q * f + 0.333333313f;
+  const float f2 = f * f;
+  const float l1p = (f2 * f * q - 0.5f * f2) + f;
+  const float fe = (float)e;
+  const float y = (fe * -2.12194440e-4f + l1p) + fe * 0.693359375f;
+  // log 0 = -inf, log inf = inf, log of a negative number NaN, NaN itself.
+  const float special = m_pick(x == 0.0f, -KILN_INF, m_pick(x == KILN_INF, x, std::numeric_limits<float>::quiet_NaN()));
+  return m_pick((x > 0.0f) & (x < KILN_INF), y, m_pick(x != x, x, special));
+}
+
+// tanh x = x + x^3 T(x^2) (T of degree 5) for |x| < 0.625, else 1 - 2 / (e^{2|x|} + 1); both on
+// |x|, and the sign of x put back last (so tanh(-0) is -0).
+KILN_FN float m_tanh(float x) {
+  const float a = float_of(bits_of(x) & 0x7fffffffu);
+  const float a2 = a * a;
+  float t = 0.00229274482f;
+  t = t * a2 + -0.00834394526f;
+  t = t * a2 + 0.0217689183f;
+  t = t * a2 + -0.0539592579f;
+  t = t * a2 + 0.133333042f;
+  t = t * a2 + -0.333333343f;
+  const float small = a + a * a2 * t;
+  const float ac = m_pick(a > 10.0f, 10.0f, a);  // tanh rounds to 1 from about 9.01 (NaN passes)
+  const float large = 1.0f - 2.0f / (m_exp(2.0f * ac) + 1.0f);
+  const float y = m_pick(a < 0.625f, small, large);
+  return float_of(bits_of(y) | (bits_of(x) & 0x80000000u));
+}
+
+// erf x = x + x E(x^2) (E of degree 6) for |x| < 1, else sign(x) (1 - e^{-x^2} R(1/|x|)) with R of
+// degree 9 fitted on |x| in [1, 4]; erf rounds to 1 in f32 from about 3.92, so |x| is clamped at 4.
+KILN_FN float m_erf(float x) {
+  const float x2 = x * x;
+  float s = 7.87587487e-05f;
+  s = s * x2 + -0.00080168643f;
+  s = s * x2 + 0.00518908724f;
+  s = s * x2 + -0.0268542115f;
+  s = s * x2 + 0.112835944f;
+  s = s * x2 + -0.37612626f;
+  s = s * x2 + 0.128379166f;
+  const float small = x + x * s;
+  const float a = float_of(bits_of(x) & 0x7fffffffu);
+  const float ac = m_pick(a > 4.0f, 4.0f, m_pick(a < 1.0f, 1.0f, a));  // NaN passes
+  const float t = 1.0f / ac;
+  float r = 0.0250325426f;
+  r = r * t + -0.14789845f;
+  r = r * t + 0.360861868f;
+  r = r * t + -0.42983374f;
+  r = r * t + 0.145477355f;
+  r = r * t + 0.282589793f;
+  r = r * t + -0.394859582f;
+  r = r * t + 0.0248475205f;
+  r = r * t + 0.561214626f;
+  r = r * t + 0.00015165568f;
+  const float large = 1.0f - m_exp(-(ac * ac)) * r;
+  return m_pick(a < 1.0f, small, float_of(bits_of(large) | (bits_of(x) & 0x80000000u)));
+}
+
+// sigmoid x = 1 / (1 + e^{-x}) for x >= 0 and e^x / (1 + e^x) below, so e^{-|x|} never overflows
+// and tiny results keep their digits (down to the denormals) instead of becoming 0.
+KILN_FN float m_sigmoid(float x) {
+  const float e = m_exp(float_of(bits_of(x) | 0x80000000u));  // e^{-|x|}
+  const float s = 1.0f / (1.0f + e);
+  return m_pick(x < 0.0f, e * s, s);
+}
+#endif
+)KILN";
+
+}  // namespace kiln::codegen
