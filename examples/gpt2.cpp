@@ -222,6 +222,7 @@ int main(int argc, char** argv) {
     losses.push_back(last);
     std::printf("step %d loss %.4f\n", s, last);
     std::fflush(stdout);
+    if (s == 2) k::runtime::profile::Table::instance().reset();  // KILN_PROFILE: steady steps only
     if (!std::isfinite(last)) return 1;
   }
   std::printf("first step (compiles): %.1f s\n", first_call_s);

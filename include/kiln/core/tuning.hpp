@@ -33,6 +33,7 @@ struct Tuning {
   int prelude_loads = -1;  // the prelude's KILN_LOADS, how 16-byte loads reach memory (KILN_TUNE_LOADS)
   int partials = -1;       // 0: row kernels never compute column partial sums (KILN_TUNE_PARTIALS)
   int matmul_t = -1;       // 0: a matmul's transpose stays a copy (KILN_TUNE_MATMUL_T)
+  int realize = -1;        // 0: shared pointwise values are recomputed in each kernel (KILN_TUNE_REALIZE)
 
   // A field, named through an alias (nvcc's host pass writes `int Tuning::*f[]` with parentheses
   // that g++ then warns about).
@@ -52,7 +53,8 @@ struct Tuning {
                                    {&Tuning::poi_unroll, "poi_unroll"}, {&Tuning::row_threads, "row_threads"},
                                    {&Tuning::row_iters, "row_iters"},   {&Tuning::row_slots, "row_slots"},
                                    {&Tuning::aligned, "aligned"},       {&Tuning::prelude_loads, "prelude_loads"},
-                                   {&Tuning::partials, "partials"},     {&Tuning::matmul_t, "matmul_t"}};
+                                   {&Tuning::partials, "partials"},     {&Tuning::matmul_t, "matmul_t"},
+                                   {&Tuning::realize, "realize"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -75,7 +77,8 @@ struct Tuning {
                                    {&Tuning::waves, "KILN_TUNE_ROW_WAVES", 0, 1024},
                                    {&Tuning::prelude_loads, "KILN_TUNE_LOADS", 0, 2},
                                    {&Tuning::partials, "KILN_TUNE_PARTIALS", 0, 1},
-                                   {&Tuning::matmul_t, "KILN_TUNE_MATMUL_T", 0, 1}};
+                                   {&Tuning::matmul_t, "KILN_TUNE_MATMUL_T", 0, 1},
+                                   {&Tuning::realize, "KILN_TUNE_REALIZE", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);

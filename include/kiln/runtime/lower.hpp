@@ -11,6 +11,7 @@
 #include "../rewrite/decompose.hpp"
 #include "../rewrite/simplify.hpp"
 #include "../schedule/partials.hpp"
+#include "../schedule/realize.hpp"
 #include "../schedule/split.hpp"
 #include "launch/program.hpp"
 #include "tune/autotune.hpp"
@@ -127,8 +128,10 @@ inline void check_assign_order(const graph::Graph& g, const Program& p) {
 }
 
 // The schedule of a graph: fusion, column partials where allowed, buffers, names.
-inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, bool partials) {
+inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, bool partials,
+                                         bool realize = true) {
   schedule::Schedule s = schedule::fuse(g);               // group anchors into kernels
+  if (realize) schedule::realize_shared(g, s);            // buffers for values kernels would recompute
   schedule::absorb_column_partials(g, s, env, partials);  // dw/db-like column sums into row kernels
   schedule::plan_buffers(g, s);                           // buffers only at fusion boundaries
   schedule::name_kernels(g, s);
@@ -151,8 +154,8 @@ inline bool partials_held(const graph::Graph& g, const schedule::Schedule& s, co
 template <class ArgAt>
 void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg) {
   p.kernels.clear();
-  p.sched = schedule_graph(g, env, p.tuning.partials != 0);
-  if (!partials_held(g, p.sched, env, target, p.tuning)) p.sched = schedule_graph(g, env, false);
+  p.sched = schedule_graph(g, env, p.tuning.partials != 0, p.tuning.realize != 0);
+  if (!partials_held(g, p.sched, env, target, p.tuning)) p.sched = schedule_graph(g, env, false, p.tuning.realize != 0);
   if (debug::log_enabled(debug::Channel::fusion)) {
     std::string s;
     for (auto& k : p.sched.kernels) s += "  " + k.debug_str(g) + "\n";

@@ -241,9 +241,9 @@ inline int first_possible_kernel(const graph::Graph& g, const std::vector<bool>&
 
 // Groups the graph's anchors into kernels in topological order: an anchor joins the latest kernel
 // that iterates over its domain and runs after everything it reads; otherwise it opens a kernel.
-inline Schedule fuse(const graph::Graph& g) {
+// `anchor`: the nodes that get buffers (find_anchors' and any a later pass adds).
+inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor) {
   Schedule s;
-  auto anchor = detail::find_anchors(g);
   std::vector<bool> gather_source(g.size(), false);
   for (auto& n : g.nodes)
     if (n.op == Op::gather || n.op == Op::embedding) gather_source[n.in[0]] = true;
@@ -283,6 +283,7 @@ inline Schedule fuse(const graph::Graph& g) {
   }
   return s;
 }
+inline Schedule fuse(const graph::Graph& g) { return fuse(g, detail::find_anchors(g)); }
 
 // A reduction needs a buffer only when something outside its kernel (or the caller) reads it.
 inline void plan_buffers(const graph::Graph& g, Schedule& s) {
@@ -322,8 +323,11 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
     if (g[i].op == Op::arg) continue;
     s.realized[i] = needed[i] && s.kernel_of[i] >= 0;
   }
-  // Row kernels store the reductions that others read; kinds and names follow.
+  // Row kernels store the reductions that others read; a pointwise anchor that only its own kernel
+  // reads (one that realize_shared marked and regrouping put beside all its readers) is not stored.
   for (auto& plan : s.kernels) {
+    if (plan.kind != Kind::extern_)
+      std::erase_if(plan.stores, [&](int v) { return !s.realized[v] && is_pointwise(g[v].op); });
     for (int r : plan.reductions)
       if (s.realized[r]) plan.stores.push_back(r);
     std::sort(plan.stores.begin(), plan.stores.end());

@@ -45,6 +45,11 @@ class Table {
     t.ms += ms;
     ++t.calls;
   }
+  // Forgets what was measured so far (after warm-up steps, whose first calls load modules).
+  void reset() {
+    std::lock_guard lock(mu_);
+    totals_.clear();
+  }
   std::string str() const {
     std::lock_guard lock(mu_);
     std::vector<std::pair<std::string, Totals>> rows(totals_.begin(), totals_.end());
