@@ -17,8 +17,12 @@ namespace kiln {
 template <class T> struct vector_lane { static constexpr bool value = false; };
 template <> struct vector_lane<float> { static constexpr bool value = true; };
 template <> struct vector_lane<double> { static constexpr bool value = true; };
+// (Separate from as_vector: instantiating a vector of bool or i64 lanes to ask would be an error,
+// not a substitution failure.)
+template <class T, int N> struct vector_fits {
+  static constexpr bool value = vector_lane<T>::value && N > 1 && (N & (N - 1)) == 0;
+};
 template <class T, int N> struct as_vector {
-  static constexpr bool fits = vector_lane<T>::value && N > 1 && (N & (N - 1)) == 0;
   typedef T type __attribute__((vector_size(N * sizeof(T))));
 };
 template <class T, int N> KILN_FN typename as_vector<T, N>::type vector_of(const tile<T, N>& t) {
@@ -32,13 +36,13 @@ template <class T, int N, class V> KILN_FN tile<T, N> tile_of(const V& v) {
   return t;
 }
 // As the generic maximum and minimum: NaN if either lane is NaN (torch.maximum / torch.minimum).
-template <class T, int N, class = typename enable_if<as_vector<T, N>::fits>::type>
+template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
 KILN_FN tile<T, N> maximum(const tile<T, N>& a, const tile<T, N>& b) {
   const auto x = vector_of(a), y = vector_of(b);
   const auto m = x > y ? x : y;
   return tile_of<T, N>(x != x ? x : (y != y ? y : m));
 }
-template <class T, int N, class = typename enable_if<as_vector<T, N>::fits>::type>
+template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
 KILN_FN tile<T, N> minimum(const tile<T, N>& a, const tile<T, N>& b) {
   const auto x = vector_of(a), y = vector_of(b);
   const auto m = x < y ? x : y;
