@@ -19,8 +19,6 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
-#include <tuple>
-#include <utility>
 #include <vector>
 
 #include "../../core/config.hpp"
@@ -79,28 +77,6 @@ inline std::uint32_t alignment(const void* p) {
   std::uint32_t a = 256;
   while (a > 1 && v % a) a /= 2;
   return a;
-}
-
-// 16-bit GEMMs reach the tensor cores' fast kernels only with 16-byte aligned columns (cuBLAS's
-// column-major view): a leading dimension that is not a multiple of 8 elements (GPT-2's vocabulary,
-// 50257) leaves cuBLASLt kernels several times slower. Such an operand or output goes through a
-// copy whose columns are padded to 16 bytes, as Inductor's pad_mm pads: one pass over the matrix.
-inline std::int64_t padded_ld(std::int64_t rows, dtype t) {
-  const auto per = static_cast<std::int64_t>(16 / itemsize(t));
-  return (rows + per - 1) / per * per;
-}
-inline bool misaligned_ld(std::int64_t ld, std::int64_t cols, dtype t) {
-  return cols > 1 && (ld * static_cast<std::int64_t>(itemsize(t))) % 16 != 0;
-}
-// A copy of the rows x cols column-major matrix at src (leading dimension ld) with padded columns.
-inline std::pair<Tensor, std::int64_t> pad_columns(const void* src, std::int64_t rows, std::int64_t cols,
-                                                   std::int64_t ld, dtype t, Device dev, CUstream stream) {
-  const std::int64_t to = padded_ld(rows, t);
-  const auto is = static_cast<std::size_t>(itemsize(t));
-  Tensor buf = Tensor::empty({cols, to}, t, dev, Stream(stream));
-  driver::copy_2d_async(buf.data_ptr(), static_cast<std::size_t>(to) * is, src, static_cast<std::size_t>(ld) * is,
-                        static_cast<std::size_t>(rows) * is, static_cast<std::size_t>(cols), stream);
-  return {buf, to};
 }
 
 }  // namespace cuda_mm_detail
@@ -167,7 +143,7 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
 
   // Operands cuBLASLt can read in place, else contiguous copies in the operand type; the output
   // written in place when cuBLASLt can, else through a contiguous temporary.
-  GemmPlan p = plan_gemm(g, a.dtype() == ab, b.dtype() == ab, out.dtype() == dt);
+  const GemmPlan p = plan_gemm(g, a.dtype() == ab, b.dtype() == ab, out.dtype() == dt);
   if (p.copy_a) a = contiguous_as(a, ab, stream);
   if (p.copy_b) b = contiguous_as(b, ab, stream);
   Tensor d = p.direct ? out : Tensor::empty(out.shape(), dt, dev, s);
@@ -202,28 +178,6 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
       break;
   }
 
-  // 16-bit operands and output whose columns are not 16-byte aligned: padded copies (pad_columns).
-  const void* pa = b.data_ptr();  // cuBLAS's A
-  const void* pb = a.data_ptr();  // cuBLAS's B
-  void* pd = d.data_ptr();
-  Tensor pad_a, pad_b, pad_d;
-  const std::int64_t ldd_out = p.ldd;
-  if ((ab == dtype::f16 || ab == dtype::bf16) && p.batch == 1) {
-    if (misaligned_ld(p.lda, p.cols_a, ab)) {
-      std::tie(pad_a, p.lda) = pad_columns(pa, p.rows_a, p.cols_a, p.lda, ab, dev, stream);
-      pa = pad_a.data_ptr();
-    }
-    if (misaligned_ld(p.ldb, p.cols_b, ab)) {
-      std::tie(pad_b, p.ldb) = pad_columns(pb, p.rows_b, p.cols_b, p.ldb, ab, dev, stream);
-      pb = pad_b.data_ptr();
-    }
-    if (misaligned_ld(p.ldd, p.n, dt)) {
-      p.ldd = padded_ld(p.m, dt);
-      pad_d = Tensor::empty({p.n, p.ldd}, dt, dev, s);
-      pd = pad_d.data_ptr();
-    }
-  }
-
   // cuBLAS's D (N x M, column-major) = op(A) (N x K) * op(B) (K x M), with A from b and B from a.
   const cublasOperation_t op_a = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -244,6 +198,9 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   cublaslt::Layout layout_d(cuda_type(dt), p.m, p.n, p.ldd);
   layout_d.batch(count, p.stride_d);
 
+  const void* pa = b.data_ptr();  // cuBLAS's A
+  const void* pb = a.data_ptr();  // cuBLAS's B
+  void* pd = d.data_ptr();
   const std::uint32_t align_a = alignment(pa), align_b = alignment(pb), align_d = alignment(pd);
   const std::uint32_t align_bias = with_bias ? alignment(bias.data_ptr()) : 0;
 
@@ -312,9 +269,9 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
       bool failed = false;
       double ms = time_calls_ms(
           [&] {
-            failed = failed || lt.matmul(h, desc.h, al, pa, layout_a.h, pb, layout_b.h, be, pd, layout_d.h, pd,
-                                         layout_d.h, &results[i].algo, ws, workspace_bytes,
-                                         stream) != CUBLAS_STATUS_SUCCESS;
+            failed = failed || lt.matmul(h, desc.h, al, b.data_ptr(), layout_a.h, a.data_ptr(), layout_b.h, be,
+                                         d.data_ptr(), layout_d.h, d.data_ptr(), layout_d.h, &results[i].algo, ws,
+                                         workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS;
           },
           stream);
       if (failed || (best > 0 && ms >= best)) continue;
@@ -338,11 +295,6 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   cublaslt::check(lt.matmul(h, desc.h, alpha, pa, layout_a.h, pb, layout_b.h, beta, pd, layout_d.h, pd, layout_d.h,
                             &algo, ws, workspace_bytes, stream),
                   "cublasLtMatmul");
-  if (pad_d.defined()) {  // the padded columns back into d's
-    const auto is = static_cast<std::size_t>(itemsize(dt));
-    driver::copy_2d_async(d.data_ptr(), static_cast<std::size_t>(ldd_out) * is, pd, static_cast<std::size_t>(p.ldd) * is,
-                          static_cast<std::size_t>(p.m) * is, static_cast<std::size_t>(p.n), stream);
-  }
   if (!p.direct) device_copy(d, out, stream);
 }
 
