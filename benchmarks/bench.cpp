@@ -12,6 +12,8 @@
 #include <kiln/kiln.hpp>
 #include <kiln/testing.hpp>
 
+#include "timing.hpp"
+
 namespace k = kiln;
 using kiln::runtime::Event;
 
@@ -25,26 +27,9 @@ bool listed(const std::string& list, const std::string& id) {
 }
 bool selected(const std::string& id) { return (only.empty() || listed(only, id)) && !listed(skip, id); }
 
-// Median milliseconds of fn() over reps, timed with events around each repetition. Like Triton's
-// do_bench, each repetition first clears the L2 cache with a 256 MiB memset, which also lets the
-// host's dispatch of fn() overlap GPU work, as it does in a real stream of kernels.
-double time_ms(const std::function<void()>& fn) {
-  static k::Tensor flush = k::empty({64 << 20}, k::f32, k::cuda);
-  for (int i = 0; i < 10; ++i) fn();
-  k::synchronize();
-  std::vector<float> t;
-  Event a, b;
-  for (int i = 0; i < reps; ++i) {
-    k::driver::memset_async(flush.data_ptr(), 0, flush.nbytes(), nullptr);
-    a.record();
-    fn();
-    b.record();
-    b.synchronize();
-    t.push_back(k::runtime::elapsed_ms(a, b));
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+// Median milliseconds of fn() over reps (benchmarks/timing.hpp: CUDA events, an L2 flush before
+// each repetition).
+double time_ms(const std::function<void()>& fn) { return kiln_bench::cuda_time_ms(fn, reps); }
 
 void emit(const std::string& id, double ms, double bytes, const std::string& note = "",
           const std::string& impl = "kiln") {
