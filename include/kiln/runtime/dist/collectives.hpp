@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 
+#include "../../core/factories.hpp"
 #include "../../core/memory.hpp"
 #include "../api.hpp"
 #include "group.hpp"
