@@ -2,7 +2,8 @@
 //   1. k::all_reduce's bus bandwidth against ncclAllReduce called directly on the same buffers in
 //      the same program (the two interleaved, f32 and bf16, 8 MiB to 1 GiB);
 //   2. data-parallel training of an MLP at a fixed per-GPU batch: samples/s on one GPU and on all of
-//      them (k::dist::data_parallel over a value_and_grad, AdamW in one program per step).
+//      them (k::dist::data_parallel over a value_and_grad, AdamW in one program per step), with the
+//      gradient all-reduces overlapping the backward and, for comparison, after it.
 // Prints one line per measurement; `dist_bench [gpus]` (default: all of this host's).
 #include <algorithm>
 #include <chrono>
@@ -64,7 +65,7 @@ void bandwidth(k::dist::group& g) {
 }
 
 // One rank's training: a [batch, 1024] -> 4096 -> 1024-class MLP, bf16 matmuls off (f32 throughout).
-double samples_per_second(k::dist::group& g, std::int64_t batch, int steps) {
+double samples_per_second(k::dist::group& g, std::int64_t batch, int steps, bool overlap = true) {
   const std::int64_t d = 1024, h = 4096, classes = 1024;
   const k::Device dev = g.device();
   const auto seed = static_cast<std::uint64_t>(g.rank());
@@ -80,7 +81,7 @@ double samples_per_second(k::dist::group& g, std::int64_t batch, int steps) {
   auto loss = [](auto x, auto y, auto p) {
     return k::cross_entropy(k::linear(k::gelu(k::linear(x, p[0], p[1])), p[2], p[3]), y);
   };
-  auto step = k::dist::data_parallel(k::value_and_grad(loss, k::wrt<2>), g, {.bucket_mb = 25});
+  auto step = k::dist::data_parallel(k::value_and_grad(loss, k::wrt<2>), g, {.bucket_mb = 25, .overlap = overlap});
   float lr = 1e-3f;
   auto adamw = k::compile([&](auto p, auto g, auto m, auto v) {
     auto m2 = m * 0.9f + g * 0.1f;
@@ -123,13 +124,15 @@ int main(int argc, char** argv) {
   k::dist::spawn(1, [&](k::dist::group& g) { one = samples_per_second(g, batch, steps); });
   std::printf("data-parallel MLP 1024-4096-1024, batch %lld per GPU: 1 GPU %.0f samples/s\n",
               static_cast<long long>(batch), one);
-  if (gpus > 1) {
-    k::dist::spawn(gpus, [&](k::dist::group& g) {
-      double r = samples_per_second(g, batch, steps);
-      if (g.rank() == 0) all = r;
-    });
-    std::printf("data-parallel MLP 1024-4096-1024, batch %lld per GPU: %d GPUs %.0f samples/s, %.2fx one GPU\n",
-                static_cast<long long>(batch), gpus, all, all / one);
-  }
+  if (gpus > 1)
+    for (bool overlap : {true, false}) {
+      k::dist::spawn(gpus, [&](k::dist::group& g) {
+        double r = samples_per_second(g, batch, steps, overlap);
+        if (g.rank() == 0) all = r;
+      });
+      std::printf("data-parallel MLP 1024-4096-1024, batch %lld per GPU: %d GPUs %.0f samples/s, %.2fx one GPU (%s)\n",
+                  static_cast<long long>(batch), gpus, all, all / one,
+                  overlap ? "all-reduce overlapping the backward" : "all-reduce after the backward");
+    }
   return 0;
 }

@@ -5,13 +5,16 @@
 // come from one compiled k::value_and_grad program, the update of every parameter and moment from
 // one compiled AdamW program. Blocks are built in a loop through k::expression.
 //
-//   gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs] [--check DIR]
+//   gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs] [--gpus N] [--check DIR]
 // --tiny: a small config that trains on the CPU in seconds (CI runs it); the default is GPT-2 small
 // (12 layers, d 768, 12 heads, context 1024, vocab 50257) at B = 8, on the GPU, bf16 activations
 // over f32 master weights. --graphs replays both programs as CUDA graphs (.cuda_graphs). Prints
 // `step N loss X` and, at the end, tokens/s and peak memory. --check DIR starts from the weights
 // that `benchmarks/gpt2_peer.py --write-check DIR` wrote (DIR/init.safetensors) and compares the
-// first 10 losses with PyTorch's (DIR/losses.txt) to bf16 tolerance.
+// first 10 losses with PyTorch's (DIR/losses.txt) to bf16 tolerance. --gpus N trains data-parallel
+// on N local GPUs (k::dist::spawn, one thread a GPU; k::dist::data_parallel averages the gradients
+// over NCCL, overlapping the backward): each rank takes its own batch of B sequences, so tokens/s
+// counts N * B * T a step.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include <kiln/distributed.hpp>
 #include <kiln/kiln.hpp>
 
 namespace k = kiln;
@@ -138,11 +142,13 @@ auto make_adamw(float lr, float wd) {
 
 // Deterministic tokens: a repeated pseudo-random sequence (period 3 * context / 4), so the model
 // can learn to continue it; targets are the next tokens.
-void make_batch(const Config& c, k::Device dev, k::Tensor& tokens, k::Tensor& targets) {
+// Rank r of a data-parallel run starts its sequences r * B * (T + 1) further on.
+void make_batch(const Config& c, k::Device dev, k::Tensor& tokens, k::Tensor& targets, int rank = 0) {
   const std::int64_t period = std::max<std::int64_t>(3 * c.context / 4, 2);
   std::vector<std::int64_t> seq(static_cast<std::size_t>(c.batch * (c.context + 1)));
+  const std::size_t shift = static_cast<std::size_t>(rank) * seq.size();
   for (std::size_t i = 0; i < seq.size(); ++i) {
-    const std::uint64_t pos = i % static_cast<std::uint64_t>(period);
+    const std::uint64_t pos = (i + shift) % static_cast<std::uint64_t>(period);
     seq[i] = static_cast<std::int64_t>((pos * 2654435761u + 12345u) % static_cast<std::uint64_t>(c.vocab));
   }
   std::vector<std::int64_t> in, out;
@@ -155,104 +161,137 @@ void make_batch(const Config& c, k::Device dev, k::Tensor& tokens, k::Tensor& ta
   targets = k::from_vector(out, {c.batch, c.context}, dev);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Config c;
-  int steps = 20;
+struct Args {
+  int steps = 20, gpus = 0;
   bool tiny = false, want_cpu = false, want_f32 = false, graphs = false;
   std::string check;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--tiny")
-      tiny = true;
-    else if (a == "--cpu")
-      want_cpu = true;
-    else if (a == "--f32")
-      want_f32 = true;
-    else if (a == "--graphs")
-      graphs = true;
-    else if (a == "--check" && i + 1 < argc)
-      check = argv[++i];
-    else if (a == "--steps" && i + 1 < argc)
-      steps = std::atoi(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs] [--check DIR]\n");
-      return 2;
-    }
-  }
-  if (tiny) c = Config{2, 32, 2, 32, 97, 4};
-  const k::Device dev = want_cpu || !k::driver::available() ? k::Device(k::cpu) : k::Device(k::cuda);
-  const k::dtype act = dev.is_cuda() && !want_f32 ? k::bf16 : k::f32;
-  std::printf("gpt2: %lld layers, d %lld, %lld heads, context %lld, vocab %lld, batch %lld on %s, %s activations\n",
-              static_cast<long long>(c.layers), static_cast<long long>(c.d), static_cast<long long>(c.heads),
-              static_cast<long long>(c.context), static_cast<long long>(c.vocab), static_cast<long long>(c.batch),
-              dev.str().c_str(), std::string(k::name(act)).c_str());
+};
+
+// Trains on `dev`; with a group, as one rank of a data-parallel run (rank 0 prints). Returns the exit code.
+int train(const Config& c, Args a, k::Device dev, k::dist::group* g) {
+  const bool lead = !g || g->rank() == 0;
+  const int ranks = g ? g->world_size() : 1;
+  auto say = [&](auto... xs) {
+    if (lead) std::printf(xs...), std::fflush(stdout);
+  };
+  const k::dtype act = dev.is_cuda() && !a.want_f32 ? k::bf16 : k::f32;
+  say("gpt2: %lld layers, d %lld, %lld heads, context %lld, vocab %lld, batch %lld on %s x %d, %s activations\n",
+      static_cast<long long>(c.layers), static_cast<long long>(c.d), static_cast<long long>(c.heads),
+      static_cast<long long>(c.context), static_cast<long long>(c.vocab), static_cast<long long>(c.batch),
+      dev.str().c_str(), ranks, std::string(k::name(act)).c_str());
 
   std::vector<k::Tensor> params = init_params(c, dev), m, v;
-  if (!check.empty()) {
-    params = load_params(c, dev, check + "/init.safetensors", params);
-    steps = std::max(steps, 10);
+  if (!a.check.empty()) {
+    params = load_params(c, dev, a.check + "/init.safetensors", params);
+    a.steps = std::max(a.steps, 10);
   }
   for (auto& p : params) m.push_back(k::zeros(p.shape(), k::f32, dev)), v.push_back(k::zeros(p.shape(), k::f32, dev));
   std::int64_t count = 0;
   for (auto& p : params) count += p.numel();
-  std::printf("parameters: %zu tensors, %lld values\n", params.size(), static_cast<long long>(count));
+  say("parameters: %zu tensors, %lld values\n", params.size(), static_cast<long long>(count));
 
   k::Tensor tokens, targets;
-  make_batch(c, dev, tokens, targets);
-  const k::options opts{.cuda_graphs = graphs};
-  auto step = k::compile(k::value_and_grad(make_loss(c, act), k::wrt<0>), opts);
-  const float lr = tiny ? 1e-2f : 6e-4f;
+  make_batch(c, dev, tokens, targets, g ? g->rank() : 0);
+  const k::options opts{.cuda_graphs = a.graphs};
+  const float lr = a.tiny ? 1e-2f : 6e-4f;
   auto adamw = k::compile(make_adamw(lr, 0.1f), opts);
 
   double first = 0, last = 0, first_call_s = 0;
   std::vector<double> step_s, losses;
-  for (int s = 1; s <= steps; ++s) {
-    auto t0 = std::chrono::steady_clock::now();
-    auto [loss, grads] = step(params, tokens, targets);
-    const double b1 = 1 - std::pow(0.9, s), b2 = 1 - std::pow(0.95, s);
-    k::Tensor scale = k::full({}, lr * std::sqrt(b2) / b1, k::f32, dev);
-    adamw(params, grads, m, v, scale);
-    last = k::to_vector<float>(loss)[0];  // waits for the step
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s == 1) first_call_s = took;
-    if (s > 2) step_s.push_back(took);
-    if (s == 1) first = last;
-    losses.push_back(last);
-    std::printf("step %d loss %.4f\n", s, last);
-    std::fflush(stdout);
-    if (s == 2) k::runtime::profile::Table::instance().reset();  // KILN_PROFILE: steady steps only
-    if (!std::isfinite(last)) return 1;
+  auto loop = [&](auto& step) -> int {
+    for (int s = 1; s <= a.steps; ++s) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto [loss, grads] = step(params, tokens, targets);
+      const double b1 = 1 - std::pow(0.9, s), b2 = 1 - std::pow(0.95, s);
+      k::Tensor scale = k::full({}, lr * std::sqrt(b2) / b1, k::f32, dev);
+      adamw(params, grads, m, v, scale);
+      last = k::to_vector<float>(loss)[0];  // waits for the step
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s == 1) first_call_s = took;
+      if (s > 2) step_s.push_back(took);
+      if (s == 1) first = last;
+      losses.push_back(last);
+      say("step %d loss %.4f\n", s, last);
+      if (s == 2 && lead) k::runtime::profile::Table::instance().reset();  // KILN_PROFILE: steady steps only
+      if (!std::isfinite(last)) return 1;
+    }
+    return 0;
+  };
+  auto grad_fn = k::value_and_grad(make_loss(c, act), k::wrt<0>);
+  if (g) {
+    auto step = k::dist::data_parallel(grad_fn, *g, {}, opts);
+    if (int rc = loop(step)) return rc;
+    say("data-parallel: %d ranks, gradients overlapping the backward: %s\n", ranks, step.overlapping() ? "yes" : "no");
+  } else {
+    auto step = k::compile(grad_fn, opts);
+    if (int rc = loop(step)) return rc;
   }
-  std::printf("first step (compiles): %.1f s\n", first_call_s);
+  say("first step (compiles): %.1f s\n", first_call_s);
   if (!step_s.empty()) {  // the median step of steps 3..N, as benchmarks/gpt2_peer.py times torch
     std::sort(step_s.begin(), step_s.end());
     const double median = step_s[step_s.size() / 2];
-    std::printf("tokens/s: %.0f (median step %.1f ms of steps 3..%d)\n",
-                static_cast<double>(c.batch * c.context) / median, median * 1e3, steps);
+    say("tokens/s: %.0f (median step %.1f ms of steps 3..%d, %d rank%s)\n",
+        static_cast<double>(ranks * c.batch * c.context) / median, median * 1e3, a.steps, ranks, ranks == 1 ? "" : "s");
   }
   auto mem = k::memory_stats(dev);
-  std::printf("peak memory: %.1f MiB\n", static_cast<double>(mem.peak) / (1 << 20));
-  std::printf("loss: first %.4f last %.4f (%.2fx)\n", first, last, last / first);
-  if (!check.empty()) {  // PyTorch's first 10 losses from the same weights, to bf16 tolerance
-    std::ifstream in(check + "/losses.txt");
+  say("peak memory: %.1f MiB\n", static_cast<double>(mem.peak) / (1 << 20));
+  say("loss: first %.4f last %.4f (%.2fx)\n", first, last, last / first);
+  if (!a.check.empty()) {  // PyTorch's first 10 losses from the same weights, to bf16 tolerance
+    std::ifstream in(a.check + "/losses.txt");
     double worst = 0;
     int n = 0;
     for (double want; n < 10 && in >> want; ++n) {
       const double rel = std::abs(losses[static_cast<std::size_t>(n)] - want) / std::abs(want);
-      std::printf("check step %d: kiln %.4f torch %.4f (%.2e)\n", n + 1, losses[static_cast<std::size_t>(n)], want,
-                  rel);
+      say("check step %d: kiln %.4f torch %.4f (%.2e)\n", n + 1, losses[static_cast<std::size_t>(n)], want, rel);
       worst = std::max(worst, rel);
     }
     const double tol = act == k::f32 ? 1e-3 : 2e-2;
-    std::printf("check: %d losses, worst relative difference %.2e (tolerance %.0e): %s\n", n, worst, tol,
-                n == 10 && worst <= tol ? "ok" : "FAILED");
+    say("check: %d losses, worst relative difference %.2e (tolerance %.0e): %s\n", n, worst, tol,
+        n == 10 && worst <= tol ? "ok" : "FAILED");
     if (n != 10 || worst > tol) return 4;
   }
-  if (tiny && steps >= 20 && !(last < 0.7 * first)) {  // CI's check that training works
+  if (a.tiny && a.steps >= 20 && !(last < 0.7 * first)) {  // CI's check that training works
     std::fprintf(stderr, "gpt2 --tiny: the loss did not fall below 0.7x the first\n");
     return 3;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s == "--tiny")
+      a.tiny = true;
+    else if (s == "--cpu")
+      a.want_cpu = true;
+    else if (s == "--f32")
+      a.want_f32 = true;
+    else if (s == "--graphs")
+      a.graphs = true;
+    else if (s == "--check" && i + 1 < argc)
+      a.check = argv[++i];
+    else if (s == "--steps" && i + 1 < argc)
+      a.steps = std::atoi(argv[++i]);
+    else if (s == "--gpus" && i + 1 < argc)
+      a.gpus = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs] [--gpus N] [--check DIR]\n");
+      return 2;
+    }
+  }
+  Config c;
+  if (a.tiny) c = Config{2, 32, 2, 32, 97, 4};
+  const bool gpu = !a.want_cpu && k::driver::available();
+  if (a.gpus < 1) return train(c, a, gpu ? k::Device(k::cuda) : k::Device(k::cpu), nullptr);
+  if (!gpu || a.gpus > k::driver::device_count() || !a.check.empty()) {
+    std::fprintf(stderr, "gpt2 --gpus %d: needs that many GPUs (this machine has %d) and no --cpu or --check\n", a.gpus,
+                 gpu ? k::driver::device_count() : 0);
+    return 2;
+  }
+  std::vector<int> rc(static_cast<std::size_t>(a.gpus), 0);
+  k::dist::spawn(a.gpus, [&](k::dist::group& g) { rc[static_cast<std::size_t>(g.rank())] = train(c, a, g.device(), &g); });
+  return *std::max_element(rc.begin(), rc.end());
 }

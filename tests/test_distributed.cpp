@@ -265,10 +265,50 @@ TEST_CASE("cuda: data_parallel on two GPUs gives the full batch's gradients of o
     for (auto& t : params) p.push_back(t.to(g.device()));
     k::Tensor xs = k::Tensor(k::slice(x, 0, r * n / 2, (r + 1) * n / 2)).to(g.device());
     k::Tensor ys = k::Tensor(k::slice(y, 0, r * n / 2, (r + 1) * n / 2)).to(g.device());
-    auto step = k::dist::data_parallel(k::value_and_grad(loss, k::wrt<2>), g, {.bucket_mb = 0.01});
-    auto [l, grads] = step(xs, ys, p);
-    std::lock_guard lock(m);
-    REQUIRE(grads.size() == want.size());
-    for (std::size_t i = 0; i < grads.size(); ++i) check_close(grads[i], want[i], 2e-5);
+    // Small buckets (several a step); the first call checks, later ones overlap the backward.
+    for (bool overlap : {true, false}) {
+      auto step =
+          k::dist::data_parallel(k::value_and_grad(loss, k::wrt<2>), g, {.bucket_mb = 0.01, .overlap = overlap});
+      for (int call = 0; call < 3; ++call) {
+        auto [l, grads] = step(xs, ys, p);
+        std::lock_guard lock(m);
+        CAPTURE(overlap);
+        CAPTURE(call);
+        CHECK(step.overlapping() == (overlap && call > 0));
+        REQUIRE(grads.size() == want.size());
+        for (std::size_t i = 0; i < grads.size(); ++i) check_close(grads[i], want[i], 2e-5);
+      }
+    }
+  });
+}
+
+TEST_CASE("cuda: data_parallel overlapping the backward: a gradient that is an argument, and graph replays" *
+          needs_two_gpus()) {
+  // d(sum(w * x))/dw is x itself: the program returns its argument, which must be copied, not
+  // averaged in place; the other gradient is averaged during the run.
+  const std::int64_t n = 37, d = 129;
+  k::Tensor x0 = k::randn({n, d}, k::f32, k::cpu, 21), x1 = k::randn({n, d}, k::f32, k::cpu, 22);
+  k::Tensor w = k::randn({n, d}, k::f32, k::cpu, 23);
+  auto f = [](auto w, auto x) { return k::sum(w * x) + k::sum(k::exp(x * 0.1f) * w); };
+  std::mutex m;
+  k::dist::spawn(2, [&](k::dist::group& g) {
+    k::Tensor x = (g.rank() == 0 ? x0 : x1).to(g.device()), x_before = x.to(k::cpu);
+    for (bool graphs : {false, true}) {
+      auto step = k::dist::data_parallel(k::grad([](auto w, auto x) { return k::sum(w * x); }, k::wrt<0>), g, {},
+                                         {.cuda_graphs = graphs});
+      auto both = k::dist::data_parallel(k::grad(f, k::wrt<0, 1>), g, {}, {.cuda_graphs = graphs});
+      for (int call = 0; call < 3; ++call) {
+        k::Tensor gw = step(w.to(g.device()), x);
+        auto [dw, dx] = both(w.to(g.device()), x);
+        std::lock_guard lock(m);
+        CAPTURE(graphs);
+        CAPTURE(call);
+        check_close(gw, k::Tensor((x0 + x1) * 0.5f));
+        check_close(x, x_before);  // the argument itself is untouched
+        check_close(dw, k::Tensor((x0 + k::exp(x0 * 0.1f) + x1 + k::exp(x1 * 0.1f)) * 0.5f));
+        check_close(dx, k::Tensor((w + k::exp(x0 * 0.1f) * w * 0.1f + w + k::exp(x1 * 0.1f) * w * 0.1f) * 0.5f), 1e-4);
+        if (call > 0) CHECK(both.overlapping() == !graphs);  // a graph replay reduces after the program
+      }
+    }
   });
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "../../codegen/kernel_writer.hpp"
@@ -27,6 +28,7 @@
 #include "cuda_module.hpp"
 #include "index_checks.hpp"
 #include "profile.hpp"
+#include "step_observer.hpp"
 
 namespace kiln::runtime {
 
@@ -292,6 +294,14 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
   allocate_outputs(args, outputs, shape_of, stream);
   for (std::size_t o = 0; o < graph.outputs.size(); ++o)
     if (arg_of_output[o] < 0) temps[graph.outputs[o]] = outputs[o];
+  // An observer (step_observer.hpp) sees top-level runs only: runs nested in this one see none.
+  StepObserver* observer = std::exchange(current_step_observer(), nullptr);
+  struct Restore {
+    StepObserver* o;
+    ~Restore() { current_step_observer() = o; }
+  } restore{observer};
+  if (probe || (device.is_cuda() && stream && driver::is_capturing(stream))) observer = nullptr;
+  if (observer) observer->begin(*this, outputs, stream);
   for (int b : buffers)
     if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
   auto buffer = [&](int node) -> const Tensor& {
@@ -384,6 +394,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     if (check_indices) check_after(static_cast<int>(&k - kernels.data()) - 1);
     if (!prof.active()) {
       run_step(k);
+      if (observer) observer->after_step(static_cast<std::size_t>(&k - kernels.data()), stream);
       continue;
     }
     std::string what = unit_name(k.src.name);
@@ -393,7 +404,9 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     prof.start(std::move(what));
     run_step(k);
     prof.stop();
+    if (observer) observer->after_step(static_cast<std::size_t>(&k - kernels.data()), stream);
   }
+  if (observer) observer->end(stream);
 }
 
 }  // namespace kiln::runtime
