@@ -23,8 +23,8 @@ wait
 g++ build-dist/main.o build-dist/dist.o -o build-dist/test_distributed $LINK || exit 1
 echo "built in $(( $(date +%s) - t0 )) s"
 export KILN_CACHE_DIR=$PWD/build-dist/kiln-cache
-echo "== test_distributed"; build-dist/test_distributed 2>&1 | tail -25
-echo "== train_mlp_dp"; build-dist/train_mlp_dp 40 2>&1 | tail -8
-echo "== dist_bench"; build-dist/dist_bench 2>&1 | tee "$OUT/dist_bench.txt"
-echo "== gpt2, one GPU"; build-dist/gpt2 --steps "$STEPS" 2>&1 | tee "$OUT/gpt2_1.txt" | tail -7
-echo "== gpt2 --gpus 2"; build-dist/gpt2 --gpus 2 --steps "$STEPS" 2>&1 | tee "$OUT/gpt2_2.txt" | tail -8
+echo "== test_distributed"; stdbuf -oL build-dist/test_distributed 2>&1 | tail -40
+echo "== train_mlp_dp"; stdbuf -oL build-dist/train_mlp_dp 40 2>&1 | tail -8
+echo "== dist_bench"; stdbuf -oL build-dist/dist_bench 2>&1 | tee "$OUT/dist_bench.txt"
+echo "== gpt2, one GPU"; stdbuf -oL build-dist/gpt2 --steps "$STEPS" 2>&1 | tee "$OUT/gpt2_1.txt" | tail -7
+echo "== gpt2 --gpus 2"; stdbuf -oL build-dist/gpt2 --gpus 2 --steps "$STEPS" 2>&1 | tee "$OUT/gpt2_2.txt" | tail -8

@@ -119,7 +119,7 @@ inline void run(const Collective& c, const Tensor& in, Tensor& out, Stream s) {
       Dims stacked;
       stacked.push_back(g.world_size);
       for (auto n : in.shape()) stacked.push_back(n);
-      Tensor tmp = empty(stacked, in.dtype(), in.device());
+      Tensor tmp = Tensor::empty(stacked, in.dtype(), in.device(), s);  // freed in order on s
       nccl::check(api.all_gather(in.data_ptr(), tmp.data_ptr(), in.numel(), dt, g.comm, s.handle()), "ncclAllGather",
                   what);
       Dims order;
@@ -143,7 +143,11 @@ inline void run(const Collective& c, const Tensor& in, Tensor& out, Stream s) {
       order.push_back(d);
       for (int i = 0; i <= rank; ++i)
         if (i != d) order.push_back(i);
-      Tensor chunks = eval(permute(view, order), s);
+      // Into a fresh contiguous buffer: eval of a bare permute would return a view.
+      Dims chunk_shape;
+      for (int i : order) chunk_shape.push_back(view.shape()[i]);
+      Tensor chunks = Tensor::empty(chunk_shape, in.dtype(), in.device(), s);
+      eval(chunks, permute(view, order), s);
       nccl::check(api.reduce_scatter(chunks.data_ptr(), out.data_ptr(), out.numel(), dt, op, g.comm, s.handle()),
                   "ncclReduceScatter", what);
       return;

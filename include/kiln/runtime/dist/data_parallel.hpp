@@ -123,7 +123,7 @@ class DataParallel {
       if (!t->is_contiguous()) *t = t->contiguous();  // a fresh buffer
       for (const Tensor* o : seen)
         if (detail::overlaps(*t, *o)) {
-          Tensor copy = empty(t->shape(), t->dtype(), t->device());
+          Tensor copy = Tensor::empty(t->shape(), t->dtype(), t->device(), s);
           memory::copy(copy.data_ptr(), copy.device(), t->data_ptr(), t->device(), copy.nbytes(), s.handle());
           *t = copy;
           break;

@@ -52,10 +52,11 @@ std::vector<int> nodes_touched(const ProgramT& p, std::size_t k) {
   std::vector<int> out;
   const auto& step = p.kernels[k];
   if (step.extern_node >= 0) {
+    const auto& n = p.graph[step.extern_node];
     out.push_back(step.extern_node);
-    for (int in : p.graph[step.extern_node].in) {
-      out.push_back(in);
-      out.push_back(schedule::detail::matmul_operand(p.graph, in));
+    for (int i = 0; i < n.n_in; ++i) {
+      out.push_back(n.in[i]);
+      out.push_back(schedule::detail::matmul_operand(p.graph, n.in[i]));
     }
     return out;
   }
