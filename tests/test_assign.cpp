@@ -77,3 +77,29 @@ TEST_CASE("eval(out): rows of a larger buffer are written in place, the padding 
   CHECK_THROWS_AS(k::eval(out, y * 2.0f), k::shape_error);
   CHECK(k::to_vector<float>(big) == after);
 }
+
+// A bare view of a tensor (a permute, a slice, the tensor itself) lowers to no kernel: eval(out, ...)
+// must still write it into out, and out must stay out's own buffer (it once aliased the source).
+TEST_CASE("eval(out): a bare tensor or view of one is copied into out") {
+  std::vector<k::Device> devices = {k::cpu};
+  if (k::driver::available()) devices.push_back(k::cuda);
+  for (k::Device dev : devices) {
+    CAPTURE(dev.str());
+    k::Tensor x = k::randn({5, 7, 3}, k::f32, dev, 41);
+    k::Tensor want = k::Tensor(k::permute(x, {1, 0, 2})).contiguous();
+    k::Tensor out = k::full({7, 5, 3}, 2.5f, k::f32, dev);
+    void* const where = out.data_ptr();
+    k::eval(out, k::permute(x, {1, 0, 2}));
+    CHECK(out.data_ptr() == where);
+    auto r = k::testing::allclose(out.to(k::cpu), want.to(k::cpu), 0, 0);
+    CHECK_MESSAGE(bool(r), r);
+    k::Tensor rows = k::full({3, 7, 3}, 2.5f, k::f32, dev);  // a slice: an offset view
+    k::eval(rows, k::slice(x, 0, 1, 4));
+    r = k::testing::allclose(rows.to(k::cpu), k::Tensor(k::slice(x, 0, 1, 4)).contiguous().to(k::cpu), 0, 0);
+    CHECK_MESSAGE(bool(r), r);
+    k::Tensor half = k::full({7, 5, 3}, 2.5f, k::bf16, dev);  // with a cast on the way
+    k::eval(half, k::permute(x, {1, 0, 2}));
+    r = k::testing::allclose(half.to(k::cpu).to(k::f32), want.to(k::bf16).to(k::cpu).to(k::f32), 0, 0);
+    CHECK_MESSAGE(bool(r), r);
+  }
+}

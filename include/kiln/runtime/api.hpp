@@ -412,8 +412,17 @@ void eval(Tensor& out, const E& e, Stream stream = {}) {
   Attrs to;
   to.dt = out.dtype();
   auto full = expr::make<Op::cast>(to, e);  // the value is stored in out's dtype
-  detail::evaluate<1>(detail::eager_cache<decltype(full)>(), detail::Identity{}, full, std::array<const Tensor*, 0>{},
-                      &out, stream.handle());
+  auto got = detail::evaluate<1>(detail::eager_cache<decltype(full)>(), detail::Identity{}, full,
+                                 std::array<const Tensor*, 0>{}, &out, stream.handle());
+  if (got[0].data_ptr() != out.data_ptr() || !(got[0].strides() == out.strides())) {
+    // The value is a tensor or a view of one (a bare permute, slice or leaf): the program returned
+    // it without running a kernel, so a copying kernel writes it into out.
+    expr::TensorLeaf x{{}, got[0]};
+    if (out.dtype() == kiln::dtype::boolean)
+      eval(out, x != 0, stream);
+    else
+      eval(out, cast(x * 1, out.dtype()), stream);
+  }
 }
 
 template <class E>

@@ -98,6 +98,7 @@ struct GroupState {
   int rank = 0, world_size = 1;
   Device device = cpu;
   runtime::nccl::Comm comm = nullptr;
+  bool aborted = false;  // spawn aborted the communicator after a rank failed
   std::mutex mu;
   std::map<std::tuple<int, int, int>, CustomOp> ops;  // (kind, reduce op, dim or root) -> op
 
@@ -105,7 +106,7 @@ struct GroupState {
   GroupState(const GroupState&) = delete;
   GroupState& operator=(const GroupState&) = delete;
   ~GroupState() {
-    if (comm) runtime::nccl::api().comm_destroy(comm);  // waits for the communicator's pending work
+    if (comm && !aborted) runtime::nccl::api().comm_destroy(comm);  // waits for the communicator's pending work
   }
 };
 
@@ -277,6 +278,7 @@ void spawn(int n, Fn&& fn) {
   }
   std::vector<std::exception_ptr> failed(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
+  std::once_flag abort_once;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
@@ -284,6 +286,21 @@ void spawn(int n, Fn&& fn) {
         fn(groups[static_cast<std::size_t>(r)]);
       } catch (...) {
         failed[static_cast<std::size_t>(r)] = std::current_exception();
+        // The other ranks would wait for this one in their next collective forever: abort every
+        // communicator, so that their collectives fail too and the first error is rethrown below.
+        if (n > 1)
+          std::call_once(abort_once, [&] {
+            try {
+              std::rethrow_exception(failed[static_cast<std::size_t>(r)]);
+            } catch (const std::exception& e) {
+              std::fprintf(stderr, "k::dist::spawn: rank %d failed (%s); aborting the communicators\n", r, e.what());
+            } catch (...) {
+            }
+            for (auto& g : groups) {
+              g.state().aborted = true;
+              runtime::nccl::api().comm_abort(g.state().comm);
+            }
+          });
       }
     });
   for (auto& t : threads) t.join();

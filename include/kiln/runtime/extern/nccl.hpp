@@ -38,6 +38,7 @@ enum DataType : int { int8 = 0, uint8 = 1, int32 = 2, int64 = 4, float16 = 6, fl
   X(comm_init_rank, ncclCommInitRank, Result(Comm*, int, UniqueId, int))                                         \
   X(comm_init_all, ncclCommInitAll, Result(Comm*, int, const int*))                                              \
   X(comm_destroy, ncclCommDestroy, Result(Comm))                                                                 \
+  X(comm_abort, ncclCommAbort, Result(Comm))                                                                     \
   X(get_error_string, ncclGetErrorString, const char*(Result))                                                   \
   X(all_reduce, ncclAllReduce, Result(const void*, void*, std::size_t, DataType, RedOp, Comm, CUstream))         \
   X(all_gather, ncclAllGather, Result(const void*, void*, std::size_t, DataType, Comm, CUstream))                \
