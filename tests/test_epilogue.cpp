@@ -175,6 +175,28 @@ TEST_CASE("epilogue: a training graph keeps gelu's pre-activation through GELU_A
   CHECK(q->sched.epilogues[0].bias >= 0);
 }
 
+// A GPT-2 block's GEMMs (examples/gpt2.cpp's make_loss, attention left out): the projection's bias
+// followed by a cast and the residual, the MLP's bias and tanh-gelu, the MLP projection's bias.
+TEST_CASE("epilogue: a GPT-2 block's training step: which GEMM takes which epilogue") {
+  auto loss = [](auto x, auto wa, auto ba, auto wf, auto bf, auto wp, auto bp) {
+    auto h = [](auto t) { return k::cast(t, k::bf16); };
+    auto a = x + k::cast(k::matmul(h(x), h(wa)) + h(ba), k::f32);
+    auto m = k::gelu(k::matmul(h(a), h(wf)) + h(bf), k::approximate::tanh);
+    return k::mean(k::square(a + k::cast(k::matmul(m, h(wp)) + h(bp), k::f32)));
+  };
+  const std::int64_t d = 64, f = 256;
+  auto x = rnd({96, d}, 30), wa = rnd({d, d}, 31), ba = rnd({d}, 32), wf = rnd({d, f}, 33), bf = rnd({f}, 34),
+       wp = rnd({f, d}, 35), bp = rnd({d}, 36);
+  auto p = plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2, 3, 4, 5, 6>)), x, wa, ba, wf,
+                    bf, wp, bp);
+  std::vector<std::string> chosen;
+  for (const auto& e : p->sched.epilogues) chosen.push_back(e.str());
+  CHECK(chosen == std::vector<std::string>{"bias", "bias_gelu_tanh_aux", "bias"});
+  int gemms = 0;
+  for (const auto& kern : p->kernels) gemms += kern.extern_node >= 0 && p->graph[kern.extern_node].op == k::Op::matmul;
+  CHECK(gemms == 3 + 5);  // the backward's five GEMMs (dx of two layers, three dW) have no epilogue yet
+}
+
 TEST_CASE("epilogue: what does not match falls back to the fused pointwise kernel") {
   auto x = rnd({37, 65}, 18), w = rnd({65, 128}, 19), b = rnd({128}, 20);
   SUBCASE("exact gelu is no cuBLASLt activation: the bias goes in, gelu stays a kernel") {
