@@ -34,6 +34,8 @@ struct Tuning {
   int partials = -1;       // 0: row kernels never compute column partial sums (KILN_TUNE_PARTIALS)
   int matmul_t = -1;       // 0: a matmul's transpose stays a copy (KILN_TUNE_MATMUL_T)
   int realize = -1;        // 0: shared pointwise values are recomputed in each kernel (KILN_TUNE_REALIZE)
+  int epilogue = -1;       // 0: a matmul's bias and activation stay pointwise kernels, not cuBLASLt
+                           // epilogues (KILN_TUNE_EPILOGUE)
 
   // A field, named through an alias (nvcc's host pass writes `int Tuning::*f[]` with parentheses
   // that g++ then warns about).
@@ -54,7 +56,7 @@ struct Tuning {
                                    {&Tuning::row_iters, "row_iters"},   {&Tuning::row_slots, "row_slots"},
                                    {&Tuning::aligned, "aligned"},       {&Tuning::prelude_loads, "prelude_loads"},
                                    {&Tuning::partials, "partials"},     {&Tuning::matmul_t, "matmul_t"},
-                                   {&Tuning::realize, "realize"}};
+                                   {&Tuning::realize, "realize"},       {&Tuning::epilogue, "epilogue"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -78,7 +80,8 @@ struct Tuning {
                                    {&Tuning::prelude_loads, "KILN_TUNE_LOADS", 0, 2},
                                    {&Tuning::partials, "KILN_TUNE_PARTIALS", 0, 1},
                                    {&Tuning::matmul_t, "KILN_TUNE_MATMUL_T", 0, 1},
-                                   {&Tuning::realize, "KILN_TUNE_REALIZE", 0, 1}};
+                                   {&Tuning::realize, "KILN_TUNE_REALIZE", 0, 1},
+                                   {&Tuning::epilogue, "KILN_TUNE_EPILOGUE", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);

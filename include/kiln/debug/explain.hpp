@@ -15,7 +15,7 @@ struct kernel_info {
   std::string name;
   std::string kind;  // "poi" "per" "red" "split" "extern"
   std::vector<std::string> fused_ops;
-  std::string source;
+  std::string source;  // the block program; for a matmul step, the library call it makes
 };
 
 struct report {
@@ -35,6 +35,7 @@ struct report {
     for (const auto& k : r.kernels) {
       os << "  " << k.name << " [" << k.kind << "]:";
       for (const auto& op : k.fused_ops) os << " " << op;
+      if (k.kind == "extern" && !k.source.empty()) os << " -- " << k.source;
       os << "\n";
     }
     os << "  guards:\n";
@@ -51,8 +52,12 @@ inline report make_report(const runtime::Entry& e, const runtime::ProgramCache& 
   report r;
   r.ops_captured = e.stats.ops_captured;
   r.ops_decomposed = e.stats.ops_decomposed;
-  for (const auto& k : e.program->kernels) {
+  const runtime::Program& p = *e.program;
+  for (const auto& k : p.kernels) {
     kernel_info ki{k.src.name, schedule::kind_name(k.src.kind), {}, k.src.source};
+    if (k.extern_node >= 0 && p.graph[k.extern_node].op == Op::matmul)
+      ki.source = runtime::describe_matmul_step(p.graph, p.env, k.extern_node,
+                                                k.epilogue >= 0 ? &p.sched.epilogues[k.epilogue] : nullptr);
     for (const auto& op : k.src.fused_ops)
       if (std::find(ki.fused_ops.begin(), ki.fused_ops.end(), op) == ki.fused_ops.end()) ki.fused_ops.push_back(op);
     r.kernels.push_back(std::move(ki));

@@ -10,6 +10,7 @@
 #include "../graph/infer.hpp"
 #include "../rewrite/decompose.hpp"
 #include "../rewrite/simplify.hpp"
+#include "../schedule/epilogue.hpp"
 #include "../schedule/partials.hpp"
 #include "../schedule/realize.hpp"
 #include "../schedule/split.hpp"
@@ -127,10 +128,13 @@ inline void check_assign_order(const graph::Graph& g, const Program& p) {
   }
 }
 
-// The schedule of a graph: fusion, column partials where allowed, buffers, names.
+// The schedule of a graph: fusion, column partials where allowed, buffers, names. epilogues: matmuls
+// may take their bias and activation as cuBLASLt epilogues (CUDA targets).
 inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, bool partials,
-                                         bool realize = true) {
-  schedule::Schedule s = schedule::fuse(g);               // group anchors into kernels
+                                         bool realize = true, bool epilogues = false) {
+  std::vector<schedule::MatmulEpilogue> chosen;
+  if (epilogues) chosen = schedule::choose_epilogues(g, env);  // bias and activation into the GEMM
+  schedule::Schedule s = schedule::fuse(g, chosen);       // group anchors into kernels
   if (realize) schedule::realize_shared(g, s);            // buffers for values kernels would recompute
   schedule::absorb_column_partials(g, s, env, partials);  // dw/db-like column sums into row kernels
   schedule::plan_buffers(g, s);                           // buffers only at fusion boundaries
@@ -154,8 +158,9 @@ inline bool partials_held(const graph::Graph& g, const schedule::Schedule& s, co
 template <class ArgAt>
 void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg) {
   p.kernels.clear();
-  p.sched = schedule_graph(g, env, p.tuning.partials != 0, p.tuning.realize != 0);
-  if (!partials_held(g, p.sched, env, target, p.tuning)) p.sched = schedule_graph(g, env, false, p.tuning.realize != 0);
+  const bool realize = p.tuning.realize != 0, epilogues = target == codegen::Target::cuda && p.tuning.epilogue != 0;
+  p.sched = schedule_graph(g, env, p.tuning.partials != 0, realize, epilogues);
+  if (!partials_held(g, p.sched, env, target, p.tuning)) p.sched = schedule_graph(g, env, false, realize, epilogues);
   if (debug::log_enabled(debug::Channel::fusion)) {
     std::string s;
     for (auto& k : p.sched.kernels) s += "  " + k.debug_str(g) + "\n";
@@ -166,12 +171,18 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
     const auto& plan = p.sched.kernels[k];
     if (plan.kind == schedule::Kind::extern_) {
       ck.extern_node = plan.domain;
+      ck.epilogue = plan.epilogue;
       ck.src.name = plan.name;
       ck.src.kind = plan.kind;
       const graph::Node& n = g[plan.domain];
       ck.src.fused_ops = {!is_custom(n.op)
                               ? std::string(name(n.op))
                               : custom_ops::name_of(n.attrs.custom) + (n.op == Op::custom_backward ? "_backward" : "")};
+      if (plan.epilogue >= 0) {  // matmul, then bias and the activation as cuBLASLt applies them
+        const schedule::MatmulEpilogue& e = p.sched.epilogues[plan.epilogue];
+        if (e.bias >= 0) ck.src.fused_ops.push_back("bias");
+        if (e.act != schedule::Activation::none) ck.src.fused_ops.push_back(schedule::activation_name(e.act));
+      }
     } else {
       ck.src = write_kernel(g, p.sched, env, k, target, arg, p.tuning).value();
     }

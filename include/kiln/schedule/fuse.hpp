@@ -2,7 +2,8 @@
 // views are inlined into their consumers; reductions over the same rows share one row kernel with
 // their pointwise prologues and epilogues (softmax and layer_norm forward become one kernel);
 // independent outputs of one shape share one pointwise kernel; matmul and custom ops are extern
-// calls (fusion barriers) that read and write buffers.
+// calls (fusion barriers) that read and write buffers. A matmul whose bias and activation were
+// chosen as a library epilogue (schedule/epilogue.hpp chooses them) is one extern step with them.
 #pragma once
 #include <algorithm>
 #include <set>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "../graph/infer.hpp"
+#include "epilogue.hpp"
 
 namespace kiln::schedule {
 
@@ -34,6 +36,7 @@ struct KernelPlan {
   // the rows each program visits (schedule/partials.hpp); their buffers hold partial_groups rows.
   std::vector<int> partials;
   std::int64_t partial_groups = 0;
+  int epilogue = -1;  // a matmul step: its epilogue in Schedule::epilogues, -1 for none
 
   std::string debug_str(const graph::Graph& g) const {
     std::ostringstream os;
@@ -51,6 +54,7 @@ struct Schedule {
   std::vector<KernelPlan> kernels;
   std::vector<int> kernel_of;  // node -> kernel computing it as a buffer, -1 for inlined/args
   std::vector<bool> realized;  // node has a buffer (args, outputs, intermediates)
+  std::vector<MatmulEpilogue> epilogues;  // the matmul steps' epilogues (schedule/epilogue.hpp)
 };
 
 namespace detail {
@@ -82,8 +86,9 @@ inline bool is_leaf(const graph::Node& n) { return info(n.op).cls == OpClass::le
 
 inline bool is_extern(Op op) { return info(op).cls == OpClass::extern_; }
 
-// Nodes whose value must live in memory: outputs, reductions, extern calls and their operands.
-inline std::vector<bool> find_anchors(const graph::Graph& g) {
+// Nodes whose value must live in memory: outputs, reductions, extern calls and their operands;
+// with a matmul epilogue, what the step stores and its bias instead of the product.
+inline std::vector<bool> find_anchors(const graph::Graph& g, const std::vector<MatmulEpilogue>& epilogues = {}) {
   std::vector<bool> anchor(g.size(), false);
   for (int o : g.outputs) anchor[o] = g[o].op != Op::arg;
   for (int i = 0; i < g.size(); ++i) {
@@ -100,6 +105,12 @@ inline std::vector<bool> find_anchors(const graph::Graph& g) {
         int src = matmul_operand(g, n.in[k]);
         if (g[src].op != Op::arg) anchor[src] = true;
       }
+  }
+  for (const auto& e : epilogues) {
+    anchor[e.matmul] = false;
+    anchor[e.out] = true;
+    if (e.aux) anchor[e.pre] = true;
+    if (e.bias >= 0 && g[e.bias].op != Op::arg) anchor[e.bias] = true;
   }
   return anchor;
 }
@@ -241,9 +252,19 @@ inline int first_possible_kernel(const graph::Graph& g, const std::vector<bool>&
 
 // Groups the graph's anchors into kernels in topological order: an anchor joins the latest kernel
 // that iterates over its domain and runs after everything it reads; otherwise it opens a kernel.
-// `anchor`: the nodes that get buffers (find_anchors' and any a later pass adds).
-inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor) {
+// `anchor`: the nodes that get buffers (find_anchors' and any a later pass adds). A matmul with an
+// epilogue opens its step at its pre-activation, the first node by which its operands and bias
+// are all computed; the activation's nodes before `out` are computed by nothing else.
+inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
+                     const std::vector<MatmulEpilogue>& epilogues = {}) {
   Schedule s;
+  s.epilogues = epilogues;
+  std::vector<int> step_at(g.size(), -1);
+  std::vector<bool> in_step(g.size(), false);
+  for (int e = 0; e < static_cast<int>(epilogues.size()); ++e) {
+    step_at[epilogues[e].pre] = e;
+    for (int v : {epilogues[e].matmul, epilogues[e].pre, epilogues[e].out}) in_step[v] = true;
+  }
   std::vector<bool> gather_source(g.size(), false);
   for (auto& n : g.nodes)
     if (n.op == Op::gather || n.op == Op::embedding) gather_source[n.in[0]] = true;
@@ -254,7 +275,19 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor) {
   for (int i = 0; i < g.size(); ++i) s.realized[i] = g[i].op == Op::arg;
 
   for (int i = 0; i < g.size(); ++i) {
-    if (!anchor[i]) continue;
+    if (step_at[i] >= 0) {
+      const MatmulEpilogue& e = epilogues[step_at[i]];
+      KernelPlan k;
+      k.kind = Kind::extern_;
+      k.domain = e.matmul;
+      k.epilogue = step_at[i];
+      k.stores = {e.out};
+      if (e.aux && e.pre != e.out) k.stores.insert(k.stores.begin(), e.pre);
+      s.kernels.push_back(k);
+      for (int v : {e.matmul, e.pre, e.out}) s.kernel_of[v] = static_cast<int>(s.kernels.size()) - 1;
+      continue;
+    }
+    if (!anchor[i] || in_step[i]) continue;
     const auto& n = g[i];
     int first = detail::first_possible_kernel(g, anchor, s.kernel_of, i);
     int chosen = -1;
@@ -283,7 +316,9 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor) {
   }
   return s;
 }
-inline Schedule fuse(const graph::Graph& g) { return fuse(g, detail::find_anchors(g)); }
+inline Schedule fuse(const graph::Graph& g, const std::vector<MatmulEpilogue>& epilogues = {}) {
+  return fuse(g, detail::find_anchors(g, epilogues), epilogues);
+}
 
 // A reduction needs a buffer only when something outside its kernel (or the caller) reads it.
 inline void plan_buffers(const graph::Graph& g, Schedule& s) {
@@ -292,6 +327,19 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
   // A node read by a kernel other than its own: walk each kernel's inlined trees.
   for (int k = 0; k < static_cast<int>(s.kernels.size()); ++k) {
     auto& plan = s.kernels[k];
+    if (plan.epilogue >= 0) {  // a matmul step and its epilogue: reads its operands and bias, writes out (and pre)
+      const MatmulEpilogue& e = s.epilogues[plan.epilogue];
+      plan.members = {e.matmul, e.pre, e.out};
+      std::sort(plan.members.begin(), plan.members.end());
+      plan.members.erase(std::unique(plan.members.begin(), plan.members.end()), plan.members.end());
+      for (int c = 0; c < 2; ++c) {
+        int src = detail::matmul_operand(g, g[e.matmul].in[c]);
+        needed[src] = needed[src] || g[src].op != Op::arg;
+      }
+      if (e.bias >= 0) needed[e.bias] = needed[e.bias] || g[e.bias].op != Op::arg;
+      for (int v : plan.stores) needed[v] = true;
+      continue;
+    }
     std::vector<int> roots = plan.stores;
     roots.insert(roots.end(), plan.reductions.begin(), plan.reductions.end());
     roots.insert(roots.end(), plan.partials.begin(), plan.partials.end());
@@ -348,6 +396,11 @@ inline void name_kernels(const graph::Graph& g, Schedule& s) {
     std::vector<Op> seen;
     const graph::Node& d = g[plan.domain];
     const bool custom = plan.kind == Kind::extern_ && is_custom(d.op);  // kiln_extern_<op name>[_backward]_<n>
+    if (plan.epilogue >= 0) {  // kiln_extern_matmul_bias_gelu_tanh_<n>
+      plan.ops = "_matmul_" + s.epilogues[plan.epilogue].str();
+      plan.name = kernel_name(plan.kind, plan.ops, k);
+      continue;
+    }
     if (custom) {
       ops = "_";
       ops += custom_ops::entry(d.attrs.custom).ident;

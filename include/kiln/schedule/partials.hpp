@@ -47,7 +47,7 @@ inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::Shap
 // split kernel left with nothing is dropped; nothing moves unless `allowed`.
 inline void absorb_column_partials(const graph::Graph& g, Schedule& s, const ir::ShapeEnv& env, bool allowed = true) {
   if (!allowed) return;
-  auto anchor = detail::find_anchors(g);
+  auto anchor = detail::find_anchors(g, s.epilogues);
   for (int k = 0; k < static_cast<int>(s.kernels.size()); ++k) {
     KernelPlan& split = s.kernels[k];
     if (split.kind != Kind::split) continue;

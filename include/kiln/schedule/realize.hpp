@@ -81,7 +81,7 @@ inline void realize_shared(const graph::Graph& g, Schedule& s) {
   for (int v = 0; v < g.size(); ++v) anchor[v] = s.kernel_of[v] >= 0;
   for (int round = 0; round < 4; ++round) {
     if (!detail::mark_shared(g, detail::inlining_count(g, s), anchor)) return;
-    s = fuse(g, anchor);
+    s = fuse(g, anchor, s.epilogues);
   }
 }
 

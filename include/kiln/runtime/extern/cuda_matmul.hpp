@@ -39,12 +39,16 @@ namespace kiln::runtime {
 
 // What cuBLASLt applies to the product before storing it. bias adds a vector of N (one value per
 // output column, broadcast over rows and batches). cuBLASLt's GELU is the tanh approximation, so
-// only k::gelu(x, k::approximate::tanh) may be fused into gelu_tanh*; exact gelu may not.
-enum class Epilogue { none, bias, relu, relu_bias, gelu_tanh, gelu_tanh_bias };
+// only k::gelu(x, k::approximate::tanh) may be fused into gelu_tanh*; exact gelu may not. The *_aux
+// forms also store the pre-activation (product + bias) in a second buffer, for readers such as
+// gelu's backward (GELU_AUX).
+enum class Epilogue { none, bias, relu, relu_bias, gelu_tanh, gelu_tanh_bias, gelu_tanh_aux, gelu_tanh_aux_bias };
 
 constexpr bool epilogue_has_bias(Epilogue e) {
-  return e == Epilogue::bias || e == Epilogue::relu_bias || e == Epilogue::gelu_tanh_bias;
+  return e == Epilogue::bias || e == Epilogue::relu_bias || e == Epilogue::gelu_tanh_bias ||
+         e == Epilogue::gelu_tanh_aux_bias;
 }
+constexpr bool epilogue_has_aux(Epilogue e) { return e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias; }
 
 namespace cuda_mm_detail {
 
@@ -89,8 +93,11 @@ inline std::uint32_t alignment(const void* p) {
 // synchronises; temporaries are freed stream-ordered on stream. out must not overlap a, b or bias.
 // autotune: the first call of a problem times cuBLASLt's best few algorithms on these operands
 // (synchronising) and keeps the fastest, instead of taking the heuristic's first answer.
+// aux (the *_aux epilogues): a contiguous tensor of out's shape in the type cuBLASLt writes (out's
+// dtype when out is written in place), N a multiple of 8, that receives the pre-activation.
 inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const Tensor* bias_in, Epilogue e,
-                                 const Tensor& out, CUstream stream, bool autotune = false) {
+                                 const Tensor& out, CUstream stream, bool autotune = false,
+                                 const Tensor* aux = nullptr) {
   using namespace cuda_mm_detail;
   MatmulGeometry g = matmul_geometry(a_in, b_in, out, "matmul");
   const Device dev = out.device();
@@ -176,6 +183,23 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
     case Epilogue::gelu_tanh_bias:
       epi = CUBLASLT_EPILOGUE_GELU_BIAS;
       break;
+    case Epilogue::gelu_tanh_aux:
+      epi = CUBLASLT_EPILOGUE_GELU_AUX;
+      break;
+    case Epilogue::gelu_tanh_aux_bias:
+      epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+      break;
+  }
+  if (epilogue_has_aux(e)) {
+    const bool usable = aux && aux->defined() && aux->shape() == out.shape() && aux->is_contiguous() &&
+                        aux->device() == dev && g.N % 8 == 0;
+    if (!usable)
+      throw shape_error("matmul: this epilogue stores the pre-activation into a contiguous tensor of " +
+                        out.shape().str() + " with a multiple of 8 columns; got " +
+                        (aux && aux->defined() ? aux->shape().str() + " on " + aux->device().str() : "none"));
+    if (aux->dtype() != dt)
+      throw dtype_error("matmul: the pre-activation is stored as " + std::string(name(dt)) + " here, not " +
+                        std::string(name(aux->dtype())));
   }
 
   // cuBLAS's D (N x M, column-major) = op(A) (N x K) * op(B) (K x M), with A from b and B from a.
@@ -190,6 +214,12 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, std::int64_t{0});
   }
+  if (epilogue_has_aux(e)) {  // contiguous like kiln's out: cuBLAS's column-major N x M, ld N
+    void* aux_ptr = aux->data_ptr();
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux_ptr);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.N);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, p.batch > 1 ? g.M * g.N : std::int64_t{0});
+  }
   const auto count = static_cast<std::int32_t>(p.batch);
   cublaslt::Layout layout_a(cuda_type(ab), p.rows_a, p.cols_a, p.lda);
   layout_a.batch(count, p.stride_a);
@@ -203,6 +233,7 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   void* pd = d.data_ptr();
   const std::uint32_t align_a = alignment(pa), align_b = alignment(pb), align_d = alignment(pd);
   const std::uint32_t align_bias = with_bias ? alignment(bias.data_ptr()) : 0;
+  const std::uint32_t align_aux = epilogue_has_aux(e) ? alignment(aux->data_ptr()) : 0;
 
   DeviceState& st = state(device);
   cublasLtHandle_t h = handle(device);
@@ -230,6 +261,7 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
                                       align_b,
                                       align_d,
                                       align_bias,
+                                      align_aux,
                                       autotune};
   cublasLtMatmulAlgo_t algo{};
   bool cached = false;

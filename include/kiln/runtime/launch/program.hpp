@@ -25,6 +25,7 @@
 #include "../extern/cuda_matmul.hpp"
 #include "../extern/custom.hpp"
 #include "../extern/embedding_backward.hpp"
+#include "../extern/matmul_step.hpp"
 #include "cuda_module.hpp"
 #include "index_checks.hpp"
 #include "profile.hpp"
@@ -35,6 +36,7 @@ namespace kiln::runtime {
 struct CompiledKernel {
   codegen::KernelSource src;
   int extern_node = -1;                         // matmul or custom op: the node
+  int epilogue = -1;                            // matmul: its epilogue in the schedule's (matmul_step.hpp)
   void (*cpu)(void**, std::int64_t) = nullptr;  // CPU entry: (args, number of programs)
   CUfunction cuda = nullptr;
   std::int64_t grid_limit = 0;  // CUDA row kernels: most blocks a launch (they loop over rows)
@@ -371,7 +373,9 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         return;
       }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);
-      if (device.is_cpu())
+      if (k.epilogue >= 0)  // bias and activation in the GEMM (schedules for CUDA only)
+        run_matmul_step(sched.epilogues[k.epilogue], a, b, buffer, stream, autotune);
+      else if (device.is_cpu())
         cpu_matmul(a, b, temps[k.extern_node]);
       else
         cuda_matmul(a, b, temps[k.extern_node], stream, autotune);

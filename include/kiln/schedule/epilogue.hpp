@@ -1,0 +1,179 @@
+// choose_epilogues: which matmuls take the bias add and activation that follow them as a library
+// epilogue (cuBLASLt's BIAS, RELU_BIAS, GELU_BIAS, GELU_AUX_BIAS, ...) instead of a fused pointwise
+// kernel: out = act(a @ b + bias) as one extern step. CUDA only; the CPU keeps its matmul and fused
+// kernels. KILN_TUNE_EPILOGUE=0 turns it off (core/tuning.hpp).
+//
+// The pattern is recognised on the primitive graph, after decomposition and differentiation, not
+// marked on the composite before it: the backward of a fused gelu needs its pre-activation, which
+// only the joint graph shows, and the CPU path, the reference evaluator and the derivative rules
+// then never see a new op. The activation is recognised by building what its decomposition rule
+// (rewrite/decompose.hpp) builds from the candidate pre-activation with the graph's own CSE Builder:
+// when every node of it is already in the graph the Builder returns the existing one, and that node
+// is the activation. The rule stays the one place the formula is written; cuBLASLt's GELU is the
+// tanh form, so exact gelu (erf) never matches and stays a fused pointwise kernel.
+//
+// A matmul qualifies when its product has no other reader; its bias is a floating vector of N
+// broadcast over the rows; the dtypes are f32/f16/bf16 with the step's output in the product's
+// dtype or f32 (cuBLASLt's D type; the bias is converted to it, as the graph's promotion does); and
+// the activation's inner values have no other reader. When the pre-activation is read elsewhere (a
+// gelu's backward reads it), gelu keeps it through GELU_AUX, which stores it beside the output; its
+// leading dimension must be a multiple of 8 (cuBLASLt's rule), so N must be a static multiple of 8.
+// Otherwise only the bias is taken (relu's AUX is a bit mask, not the value), and the activation
+// stays in the kernels that read it. Never worse than the fused kernel: the step writes what the
+// pointwise kernel would have, and its readers load one stored value instead of a product and a bias.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../ir/shape_env.hpp"
+#include "../rewrite/decompose.hpp"
+
+namespace kiln::schedule {
+
+// What a matmul step applies to its product before storing it, as cuBLASLt's epilogues do:
+// out = act(matmul + bias). The nodes are the graph's own (the pattern was recognised on the
+// primitives), so the reference evaluator and the CPU path never see anything new.
+enum class Activation : std::uint8_t { none, relu, gelu_tanh };
+inline const char* activation_name(Activation a) {
+  constexpr const char* names[] = {"none", "relu", "gelu_tanh"};
+  return names[static_cast<int>(a)];
+}
+struct MatmulEpilogue {
+  int matmul = -1;  // the matmul node (it gets no buffer: its product is never stored)
+  int bias = -1;    // the added vector of N (shape [N] or [1, ..., N]), -1 for none
+  int pre = -1;     // the pre-activation: the bias add, or the matmul when there is no bias
+  int out = -1;     // what the step stores: the activation's result, or pre
+  Activation act = Activation::none;
+  bool aux = false;  // pre is stored too (cuBLASLt's GELU_AUX): other kernels read it
+  // The step's name in kernel names and reports: "bias_gelu_tanh", "relu", "bias".
+  std::string str() const {
+    std::string s = bias >= 0 ? "bias" : "";
+    if (act != Activation::none) s += (s.empty() ? "" : "_") + std::string(activation_name(act));
+    return s + (aux ? "_aux" : "");
+  }
+};
+
+
+namespace detail {
+
+// Who reads each node, once per read (-1: the graph returns it).
+inline std::vector<std::vector<int>> readers_of(const graph::Graph& g) {
+  std::vector<std::vector<int>> r(g.size());
+  for (int i = 0; i < g.size(); ++i)
+    for (int c = 0; c < g[i].n_in; ++c) r[g[i].in[c]].push_back(i);
+  for (int o : g.outputs) r[o].push_back(-1);
+  return r;
+}
+
+constexpr bool epilogue_dtype(kiln::dtype d) { return d == kiln::dtype::f32 || d == kiln::dtype::f16 || d == kiln::dtype::bf16; }
+
+// The bias that add node u adds to matmul m: u's other operand, when it is a floating vector of N
+// broadcast over m's rows (u has m's shape). -1 otherwise.
+inline int bias_of(const graph::Graph& g, int m, int u) {
+  const graph::Node& add = g[u];
+  if (add.op != Op::add || !(add.shape == g[m].shape)) return -1;
+  const int v = add.in[0] == m ? add.in[1] : add.in[0];
+  const graph::Node& b = g[v];
+  const std::int64_t n = g[m].shape.back();
+  bool vector_of_n = b.shape.size() >= 1 && b.shape.back() == n && b.shape.product() == n;
+  return vector_of_n && is_floating(b.dt) && !b.weak ? v : -1;
+}
+
+// The node of the graph that applies `op` (relu, or the composite gelu_tanh as decomposed) to pre,
+// or -1 when the graph has none. `b` holds a copy of the graph: ids below `size` are the graph's.
+inline int activation_of(rewrite::Builder& b, int size, int pre, Op op) {
+  graph::Node n;
+  n.op = op;
+  n.in[0] = pre;
+  n.n_in = 1;
+  n.dt = b.dt(pre);
+  n.shape = b.shape(pre);
+  int id = op == Op::relu ? b.op(Op::relu, {pre}) : rewrite::detail::decompose_node(b, n, std::span<const int>(&pre, 1));
+  return id < size ? id : -1;
+}
+
+// The nodes an activation computes between pre and its result: out's tree down to pre, leaves out.
+inline std::vector<int> inner_nodes(const graph::Graph& g, int pre, int out) {
+  std::vector<int> inside, stack(g[out].in.begin(), g[out].in.begin() + g[out].n_in);
+  while (!stack.empty()) {
+    int v = stack.back();
+    stack.pop_back();
+    if (v == pre || info(g[v].op).cls == OpClass::leaf || std::find(inside.begin(), inside.end(), v) != inside.end()) continue;
+    inside.push_back(v);
+    for (int c = 0; c < g[v].n_in; ++c) stack.push_back(g[v].in[c]);
+  }
+  return inside;
+}
+
+// Whether pre or an inner node of its activation has a reader outside the activation (or is returned).
+inline bool read_elsewhere(const std::vector<std::vector<int>>& readers, int pre, const std::vector<int>& inside, int out) {
+  auto within = [&](int r) { return r == out || std::find(inside.begin(), inside.end(), r) != inside.end(); };
+  for (int v : inside)
+    for (int r : readers[v])
+      if (!within(r)) return true;
+  for (int r : readers[pre])
+    if (!within(r)) return true;
+  return false;
+}
+
+// k::assign writes node v into an argument: the step must not write there while reading its operands.
+inline bool assigned(const graph::Graph& g, int v) {
+  for (std::size_t o = 0; o < g.outputs.size() && o < g.output_into.size(); ++o)
+    if (g.outputs[o] == v && g.output_into[o] >= 0) return true;
+  return false;
+}
+
+// GELU_AUX's leading dimension (N, the stored pre-activation being contiguous) must be a multiple of
+// 8; a symbolic N may not be one at a later call.
+inline bool aux_layout_ok(const ir::ShapeEnv& env, int pre) {
+  const Sym& n = env[pre].back();
+  return n.is_constant() && n.constant_value() % 8 == 0;
+}
+
+// The epilogue of matmul m, if it has one worth a step (a bias, an activation or both).
+inline std::optional<MatmulEpilogue> match_epilogue(const graph::Graph& g, const ir::ShapeEnv& env,
+                                                    const std::vector<std::vector<int>>& readers,
+                                                    rewrite::Builder& b, int m) {
+  if (!epilogue_dtype(g[m].dt)) return std::nullopt;
+  MatmulEpilogue e;
+  e.matmul = e.pre = e.out = m;  // without a bias, the activation's readers of m are checked as pre's
+  const bool one_reader = readers[m].size() == 1 && readers[m][0] >= 0;
+  if (int bias = one_reader ? bias_of(g, m, readers[m][0]) : -1; bias >= 0) e.bias = bias, e.pre = e.out = readers[m][0];
+  const kiln::dtype dt = g[e.pre].dt;
+  if (!epilogue_dtype(dt) || !(dt == g[m].dt || dt == kiln::dtype::f32)) return std::nullopt;
+  constexpr std::pair<Op, Activation> activations[] = {{Op::relu, Activation::relu},
+                                                       {Op::gelu_tanh, Activation::gelu_tanh}};
+  for (auto [op, act] : activations) {
+    const int out = activation_of(b, g.size(), e.pre, op);
+    if (out < 0 || g[out].dt != dt || assigned(g, out)) continue;
+    const bool keep_pre = read_elsewhere(readers, e.pre, inner_nodes(g, e.pre, out), out);
+    if (keep_pre && (act != Activation::gelu_tanh || !aux_layout_ok(env, e.pre) || assigned(g, e.pre))) continue;
+    e.act = act, e.out = out, e.aux = keep_pre;
+    break;
+  }
+  if (e.out == m || (e.out == e.pre && assigned(g, e.pre))) return std::nullopt;
+  return e;
+}
+
+}  // namespace detail
+
+// The matmul steps of a graph that take an epilogue (see above), in graph order; `env` tells which
+// sizes are static.
+inline std::vector<MatmulEpilogue> choose_epilogues(const graph::Graph& g, const ir::ShapeEnv& env) {
+  std::vector<MatmulEpilogue> chosen;
+  std::optional<rewrite::Builder> b;  // a copy of the graph to build candidate activations in
+  const auto readers = detail::readers_of(g);
+  for (int m = 0; m < g.size(); ++m) {
+    if (g[m].op != Op::matmul) continue;
+    if (!b) b.emplace(g);
+    if (auto e = detail::match_epilogue(g, env, readers, *b, m)) chosen.push_back(*e);
+  }
+  return chosen;
+}
+
+}  // namespace kiln::schedule
