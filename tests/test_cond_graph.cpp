@@ -147,6 +147,23 @@ TEST_CASE("cond graph (cuda): one graph replay takes either branch, decided on t
   CHECK(r.graph_breaks.empty());
 }
 
+TEST_CASE("cond graph (cuda): two IF nodes (the path of drivers before 12.8) take either branch too" *
+          needs_gpu()) {
+  k::runtime::cond_node::two_if_nodes() = true;
+  struct Reset {
+    ~Reset() { k::runtime::cond_node::two_if_nodes() = false; }
+  } reset;
+  auto step = k::compile([](auto w, auto g) { return w * 2.0f + clip_norm2(g); }, {.cuda_graphs = true});
+  k::Tensor w = k::randn({3, 333}, k::f32, k::cuda, 517), g = k::randn({3, 333}, k::f32, k::cuda, 518);
+  for (int i = 0; i < 6; ++i) {
+    k::eval(g, g * (i % 2 == 0 ? 0.001f : 1000.0f));  // norm ~0.03, then ~30
+    double norm = std::sqrt(sum_of_squares(g)), scale = norm > 2 ? 2 / norm : 1.0;
+    CHECK((norm > 2) == (i % 2 == 1));
+    check_close(step(w, g), k::reference::eval(w * 2.0 + g * scale), 1e-5, 1e-6);
+  }
+  CHECK(replay_of(step).replays() == 6);
+}
+
 TEST_CASE("cond graph (cuda): a predicate argument, two operands, odd sizes, f16 results" *
           needs_gpu()) {
   auto f = k::compile(

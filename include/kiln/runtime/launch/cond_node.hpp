@@ -6,6 +6,7 @@
 // by nvJitLink, once per architecture (disk cache). One IF node with an ELSE body needs driver 12.8;
 // from 12.3 two IF nodes follow each other, their handles set to p and !p.
 #pragma once
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,12 @@ inline DeviceState& device_state(int device) {
   return d;
 }
 
+// Tests: record two IF nodes even where the driver has IF/ELSE (the path of drivers 12.3 to 12.7).
+inline std::atomic<bool>& two_if_nodes() {
+  static std::atomic<bool> forced{false};
+  return forced;
+}
+
 // Why conditional nodes cannot be recorded on this device, or empty. Builds and loads the set
 // kernel the first time (GraphReplay asks before its capture starts).
 inline const std::string& unavailable(int device) { return device_state(device).missing; }
@@ -157,6 +164,7 @@ template <class IfTrue, class IfFalse>
 void record(const Tensor& pred, CUstream s, IfTrue&& if_true, IfFalse&& if_false) {
   const int device = pred.device().index;
   const DeviceState& d = device_state(device);
+  const bool if_else = d.if_else && !two_if_nodes().load(std::memory_order_relaxed);
   const driver::ConditionalApi& a = driver::conditional_support().api;
   driver::make_current(device);
   CUcontext ctx = nullptr;
@@ -169,16 +177,16 @@ void record(const Tensor& pred, CUstream s, IfTrue&& if_true, IfFalse&& if_false
   driver::check(a.get_capture_info(s, &status, nullptr, &graph, &deps, &edges, &n), "cuStreamGetCaptureInfo");
   if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE) throw error("k::cond: the stream's capture is not active");
   CUgraphConditionalHandle handles[2] = {0, 0};
-  for (int i = 0; i < (d.if_else ? 1 : 2); ++i)
+  for (int i = 0; i < (if_else ? 1 : 2); ++i)
     driver::check(a.conditional_handle_create(&handles[i], graph, ctx, 0, 0), "cuGraphConditionalHandleCreate");
   void* p = pred.data_ptr();
-  unsigned two = d.if_else ? 0u : 1u;
+  unsigned two = if_else ? 0u : 1u;
   void* args[] = {&p, &handles[0], &handles[1], &two};
   launch(d.set, {1, 1, 1}, {1, 1, 1}, 0, s, args, set_kernel_name);
   driver::check(a.get_capture_info(s, &status, nullptr, nullptr, &deps, &edges, &n), "cuStreamGetCaptureInfo");
   CUgraph bodies[2] = {nullptr, nullptr};
-  CUgraphNode node = add_if_node(graph, deps, edges, n, handles[0], d.if_else ? 2 : 1, ctx, bodies);
-  if (!d.if_else) node = add_if_node(graph, &node, nullptr, 1, handles[1], 1, ctx, bodies + 1);
+  CUgraphNode node = add_if_node(graph, deps, edges, n, handles[0], if_else ? 2 : 1, ctx, bodies);
+  if (!if_else) node = add_if_node(graph, &node, nullptr, 1, handles[1], 1, ctx, bodies + 1);
   driver::check(a.update_capture_dependencies(s, &node, nullptr, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES),
                 "cuStreamUpdateCaptureDependencies");
   capture_body(bodies[0], device, if_true);
