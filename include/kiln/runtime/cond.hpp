@@ -132,7 +132,9 @@ const Function<Fn>& compiled() {
 template <class TF, class FF, int N>
 void forward(std::span<const Tensor> in, Tensor& out, Stream s) {
   auto branch = [&](const auto& f) {
-    return [&](CUstream on) { run_into(f, in.subspan(1), out, Stream(on), std::make_index_sequence<N>{}); };
+    return [&, fn = &f](CUstream on) {
+      run_into(*fn, in.subspan(1), out, Stream(on), std::make_index_sequence<N>{});
+    };
   };
   if (record_as_node(in[0], s))
     runtime::cond_node::record(in[0], s.handle(), branch(compiled<TF>()), branch(compiled<FF>()));

@@ -72,9 +72,7 @@ inline DeviceState& device_state(int device) {
     d.missing = support.missing;
     d.if_else = support.if_else;
     if (!d.missing.empty()) return;
-    try {
-      static std::mutex load;  // modules are never unloaded: the driver may be gone at exit
-      std::lock_guard lock(load);
+    try {  // the module is never unloaded: the driver may be gone at exit
       auto* module = new Module(set_kernel_cubin(driver::arch(device)), device);
       d.set = module->function(set_kernel_name);
     } catch (const error& e) {
