@@ -75,6 +75,14 @@ void* allocate_or_retry(std::size_t bytes, std::size_t size, int device, TryAllo
 
 }  // namespace detail
 
+// True while kiln records work into a CUDA graph it captures itself (relaxed mode) and hands every
+// block allocated meanwhile to that graph's keeper (runtime/launch/capture_keep.hpp): fresh blocks
+// may then come from the driver during the capture. Thread-local, like the capture.
+inline bool& capture_allocations_kept() {
+  thread_local bool kept = false;
+  return kept;
+}
+
 // The default allocator. A freed block goes back to a bin keyed by (stream, size class) and is
 // reused only on the same stream, where stream order makes reuse safe without events. Blocks go
 // back to the driver only when an allocation runs out of memory (or on release_cached).
@@ -84,8 +92,9 @@ class CachingAllocator final : public Allocator {
     if (bytes == 0) return nullptr;
     std::size_t size = size_class(bytes);
     if (void* p = take(device, stream, size)) return p;
-    // cuMemAlloc would break a capture the caller is recording on this stream.
-    if (stream && is_capturing(stream))
+    // cuMemAlloc would break a capture the caller is recording on this stream; kiln's own relaxed
+    // captures allocate where the graph keeps every block (capture_allocations_kept).
+    if (stream && !capture_allocations_kept() && is_capturing(stream))
       throw cuda_error("CUDA graph capture: kiln needs " + std::to_string(bytes) +
                        " new bytes on cuda:" + std::to_string(device) +
                        " while the stream is being captured; call the kiln function once "

@@ -40,6 +40,11 @@ struct CustomOpFunctions {
   std::function<void(std::span<const Tensor> in, Tensor& out, Stream s)> forward{};
   std::function<void(std::span<const Tensor> in, const Tensor& grad_out, std::span<Tensor> grad_in, Stream s)>
       backward{};
+  // Whether a `.cuda_graphs` program may capture the functions instead of calling them at every
+  // call: true only when they queue all their work on s, allocate nothing that the graph would
+  // outlive, and never read device values on the host while s is captured (k::cond records a
+  // conditional graph node there). Default: such programs launch plainly.
+  bool capturable = false;
 };
 
 namespace custom_ops {

@@ -3,15 +3,20 @@
 // its own, guarded and cached as any compiled function); the cond itself is one opaque node of the
 // graph, built on the custom-op machinery: shape inference checks that the branches agree, the
 // scheduler makes it an extern step and a fusion barrier, and the derivative is the taken branch's
-// vjp. At run time the predicate is read on the host (one synchronisation, reported by k::explain
-// as a graph break) and only the taken branch runs.
+// vjp. Only the taken branch runs.
 //
-// Inside a CUDA graph capture the host read is impossible: a program captured for `.cuda_graphs`
-// falls back to plain launches (its capture throws and the program is marked uncapturable), and a
-// capture the caller records gets a k::error naming k::cond.
+// Under `.cuda_graphs` on CUDA the node is a conditional graph node (launch/cond_node.hpp): a kernel
+// sets its handle from the predicate on the device, both branches are captured into its bodies, and
+// the whole step stays one graph replay with no host synchronisation. Elsewhere the predicate is
+// read on the host (one synchronisation, reported by k::explain as a graph break). Where conditional
+// nodes are unavailable (driver older than 12.3, no nvJitLink or libcudadevrt.a) a `.cuda_graphs`
+// program says why once on stderr and falls back to plain launches with the host read; a capture
+// the caller records gets a k::error naming k::cond.
 #pragma once
 #include <array>
 #include <cstddef>
+#include <cstdio>
+#include <mutex>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -22,6 +27,8 @@
 #include "../graph/infer.hpp"
 #include "api.hpp"
 #include "item.hpp"
+#include "launch/capture_keep.hpp"
+#include "launch/cond_node.hpp"
 
 namespace kiln {
 namespace detail::cond {
@@ -91,9 +98,29 @@ void run_into(const Function<F>& f, std::span<const Tensor> inputs, Tensor& out,
   Tensor got = detail::evaluate<1>(f.cache(), f.fn(), e, argv, &out, s.handle())[0];
   if (got.data_ptr() == out.data_ptr()) return;
   // A result that is one of the inputs (a branch `return x;`, a gradient that is the cotangent)
-  // comes back as that tensor: copied into the node's buffer.
-  Tensor src = got.is_contiguous() ? got : got.contiguous();
-  memory::copy(out.data_ptr(), out.device(), src.data_ptr(), src.device(), out.nbytes(), s.handle());
+  // or a view of one comes back as that tensor: copied into the node's buffer on s (a strided view
+  // by a kernel that reads it in place: no temporary, which a graph capture would have to keep).
+  if (got.is_contiguous())
+    memory::copy(out.data_ptr(), out.device(), got.data_ptr(), got.device(), out.nbytes(), s.handle());
+  else
+    kiln::eval(out, expr::TensorLeaf{{}, got} * 1, s);
+}
+
+// Whether the node is recorded as a conditional graph node: s is being captured by kiln itself
+// (GraphReplay) and the device can hold one. When it cannot, says why once.
+inline bool record_as_node(const Tensor& pred, Stream s) {
+  if (!pred.device().is_cuda() || !s.handle() || !runtime::active_capture_keep() || !driver::is_capturing(s.handle()))
+    return false;
+  const std::string& why = runtime::cond_node::unavailable(pred.device().index);
+  if (why.empty()) return true;
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    std::string line = "kiln: k::cond under .cuda_graphs runs as plain launches with a host read of the "
+                       "predicate: no conditional graph nodes here (" + why + ")";
+    std::fprintf(stderr, "%s\n", line.c_str());
+    debug::log(debug::Channel::graph_breaks, line);
+  });
+  return false;
 }
 
 template <class Fn>
@@ -104,11 +131,17 @@ const Function<Fn>& compiled() {
 
 template <class TF, class FF, int N>
 void forward(std::span<const Tensor> in, Tensor& out, Stream s) {
-  constexpr auto operands = std::make_index_sequence<N>{};
-  if (read_predicate(in[0], s))
-    run_into(compiled<TF>(), in.subspan(1), out, s, operands);
+  auto branch = [&](const auto& f) {
+    return [&, fn = &f](CUstream on) {
+      run_into(*fn, in.subspan(1), out, Stream(on), std::make_index_sequence<N>{});
+    };
+  };
+  if (record_as_node(in[0], s))
+    runtime::cond_node::record(in[0], s.handle(), branch(compiled<TF>()), branch(compiled<FF>()));
+  else if (read_predicate(in[0], s))
+    branch(compiled<TF>())(s.handle());
   else
-    run_into(compiled<FF>(), in.subspan(1), out, s, operands);
+    branch(compiled<FF>())(s.handle());
 }
 
 // The gradient of operand J: the taken branch's vjp, evaluated on the operands and the cotangent.
@@ -123,13 +156,21 @@ void backward_of(bool taken, std::span<const Tensor> vjp_in, Tensor& grad, Strea
 
 template <class TF, class FF, int N>
 void backward(std::span<const Tensor> in, const Tensor& grad_out, std::span<Tensor> grad_in, Stream s) {
-  const bool taken = read_predicate(in[0], s);
   std::array<Tensor, N + 1> vjp_in;  // the operands, then the cotangent
   for (int k = 0; k < N; ++k) vjp_in[static_cast<std::size_t>(k)] = in[static_cast<std::size_t>(k) + 1];
   vjp_in[N] = grad_out;
-  [&]<int... J>(std::integer_sequence<int, J...>) {
-    ((grad_in[J + 1].defined() ? backward_of<TF, FF, N, J>(taken, vjp_in, grad_in[J + 1], s) : void()), ...);
-  }(std::make_integer_sequence<int, N>{});
+  auto grads = [&](bool taken) {  // the requested gradients through one branch
+    return [&, taken](CUstream on) {
+      [&]<int... J>(std::integer_sequence<int, J...>) {
+        ((grad_in[J + 1].defined() ? backward_of<TF, FF, N, J>(taken, vjp_in, grad_in[J + 1], Stream(on)) : void()),
+         ...);
+      }(std::make_integer_sequence<int, N>{});
+    };
+  };
+  if (record_as_node(in[0], s))
+    runtime::cond_node::record(in[0], s.handle(), grads(true), grads(false));
+  else
+    grads(read_predicate(in[0], s))(s.handle());
 }
 
 // The node kind of one (true_fn, false_fn, operand count): registered once, so that every call of
@@ -139,7 +180,8 @@ const CustomOp& op() {
   static const CustomOp o = custom_op("k::cond", {.inputs = N + 1,
                                                  .infer = &infer<TF, FF, N>,
                                                  .forward = &forward<TF, FF, N>,
-                                                 .backward = &backward<TF, FF, N>});
+                                                 .backward = &backward<TF, FF, N>,
+                                                 .capturable = true});
   return o;
 }
 

@@ -28,7 +28,12 @@ inline void run_entry(const Entry& e, const Tensor* const* args, const double* s
   if (captured) {  // recorded into the caller's graph: its intermediates must outlive this call
     std::vector<Tensor> keep;
     p.run(args, scalars, outputs, shape_of, stream, &keep);
-    e.pins->add(std::move(keep));
+    if (CaptureKeep* k = active_capture_keep()) {  // kiln's own capture: kept as long as its graph
+      keep.insert(keep.end(), outputs, outputs + p.graph.outputs.size());
+      k->runs.push_back(std::move(keep));
+    } else {
+      e.pins->add(std::move(keep));
+    }
   } else if (e.graphs && !e.graphs->disabled()) {
     e.graphs->run(args, static_cast<int>(e.guards.args.size()), scalars, outputs, shape_of, stream);
   } else {

@@ -122,7 +122,9 @@ class ProgramCache final : public Evictable {
     if (!stream) return;  // the legacy default stream cannot be captured
     bool cuda = false;
     for (int i = 0; i < nargs; ++i) cuda = cuda || args[i]->device().is_cuda();
-    if (cuda && driver::is_capturing(stream))
+    // kiln's own capture (a k::cond branch recorded into a conditional node) may compile: it is
+    // relaxed, and what the program allocates is kept for the graph (launch/capture_keep.hpp).
+    if (cuda && !active_capture_keep() && driver::is_capturing(stream))
       throw cuda_error("k::compile: a CUDA graph capture is in progress on " + Stream(stream).str() +
                        " and this call needs a new compiled program (first call, or a guard failed); "
                        "call the function once with the same shapes and dtypes before capturing (warm it first)");
@@ -376,10 +378,13 @@ class ProgramCache final : public Evictable {
     e->program = build_program(std::move(g), std::move(env), device, arg, opt_.autotune, e->stats.tuning);
     if (opt_.check_indices) e->program->check_indices = *opt_.check_indices;
     e->tune = !e->program->candidates.empty();
-    // Custom ops are host code: a replay would not run them again, so their programs launch plainly.
+    // Custom ops are host code: a replay would not run them again, so their programs launch plainly,
+    // unless the op declares its work capturable (k::cond: a conditional graph node).
     bool custom = false;
-    for (auto& k : e->program->kernels)
-      custom = custom || (k.extern_node >= 0 && is_custom(e->program->graph[k.extern_node].op));
+    for (auto& k : e->program->kernels) {
+      const graph::Node* n = k.extern_node >= 0 ? &e->program->graph[k.extern_node] : nullptr;
+      custom = custom || (n && is_custom(n->op) && !custom_ops::entry(n->attrs.custom).fns.capturable);
+    }
     if (opt_.cuda_graphs && device.is_cuda() && !custom) e->graphs = std::make_shared<GraphReplay>(*e->program);
     if (device.is_cuda()) e->pins = std::make_shared<CapturePins>();
     e->last_used.store(lru_tick(), std::memory_order_relaxed);

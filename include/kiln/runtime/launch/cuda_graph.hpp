@@ -4,6 +4,8 @@
 // instantiated graphs keyed by those values: a training loop whose outputs alternate between two
 // buffers replays two graphs and never re-captures. Intermediates live as long as the graphs that
 // write them; replays on different streams are ordered with an event, since they share them.
+// Capturable custom ops (k::cond) are recorded too: a k::cond becomes a conditional node whose
+// bodies' buffers the graph keeps (capture_keep.hpp); such a graph is never updated in place.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -13,6 +15,8 @@
 #include <mutex>
 #include <vector>
 
+#include "capture_keep.hpp"
+#include "cond_node.hpp"
 #include "program.hpp"
 
 namespace kiln::runtime {
@@ -90,6 +94,7 @@ class GraphReplay {
     std::vector<std::uint64_t> key;
     CUgraphExec exec = nullptr;
     std::shared_ptr<Temps> temps;
+    CaptureKeep kept;  // buffers of work recorded inside the capture (k::cond bodies)
     std::uint64_t last_use = 0;
   };
 
@@ -133,6 +138,7 @@ class GraphReplay {
     if (!capture_stream_) driver::check(api.stream_create(&capture_stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     for (const auto& k : p.kernels)  // library workspaces must exist before the capture starts
       if (k.extern_node >= 0) cuda_mm_detail::workspace(p.device.index, capture_stream_);
+    if (has_capturable_custom_ops()) (void)cond_node::unavailable(p.device.index);  // loads the set kernel now
     auto temps = temps_for_sizes();
     temps->buffers.resize(std::max<std::size_t>(temps->buffers.size(), p.graph.nodes.size()));
     for (int b : p.buffers) {  // allocated outside the capture, on the stream the replays go to
@@ -142,7 +148,9 @@ class GraphReplay {
     }
     driver::check(api.stream_begin_capture(capture_stream_, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
     CUgraph graph = nullptr;
+    CaptureKeep kept;
     try {
+      KeepingCapture keeping(kept);
       p.run(args, scalars, outputs, shape_of, capture_stream_, &temps->buffers);
     } catch (...) {
       api.stream_end_capture(capture_stream_, &graph);
@@ -165,7 +173,9 @@ class GraphReplay {
       if (launched_) done_->synchronize();  // the evicted graph's temps may be freed below
       slot->key.clear();                    // no stale key if the update and instantiation fail
       CUgraphExecUpdateResultInfo info{};
-      if (api.graph_exec_update(slot->exec, graph, &info) != CUDA_SUCCESS) {
+      // Conditional nodes (their handles belong to one graph) are never updated in place.
+      bool conditional = kept.conditional_nodes > 0 || slot->kept.conditional_nodes > 0;
+      if (conditional || api.graph_exec_update(slot->exec, graph, &info) != CUDA_SUCCESS) {
         api.graph_exec_destroy(slot->exec);
         slot->exec = nullptr;
       }
@@ -173,7 +183,14 @@ class GraphReplay {
     if (!slot->exec) driver::check(api.graph_instantiate(&slot->exec, graph, 0), "cuGraphInstantiate");
     slot->key = key_;
     slot->temps = std::move(temps);
+    slot->kept = std::move(kept);  // the evicted graph's are released here, after its last replay
     return *slot;
+  }
+
+  bool has_capturable_custom_ops() const {
+    for (const auto& k : program_.kernels)
+      if (k.extern_node >= 0 && is_custom(program_.graph[k.extern_node].op)) return true;
+    return false;
   }
 
   // Replays share their intermediates: a replay on another stream first waits for the last one.
