@@ -46,7 +46,8 @@ class ObserveSteps {
 };
 
 // The graph nodes whose buffers step `k` of a program reads or writes: a kernel's pointer
-// parameters; an extern step's node and its inputs (a matmul's transposed operand: its source too).
+// parameters; an extern step's node and its inputs (a matmul's transposed operand: its source
+// too; its epilogue's bias, pre-activation and result).
 template <class ProgramT>
 std::vector<int> nodes_touched(const ProgramT& p, std::size_t k) {
   std::vector<int> out;
@@ -57,6 +58,11 @@ std::vector<int> nodes_touched(const ProgramT& p, std::size_t k) {
     for (int i = 0; i < n.n_in; ++i) {
       out.push_back(n.in[i]);
       out.push_back(schedule::detail::matmul_operand(p.graph, n.in[i]));
+    }
+    if (step.epilogue >= 0) {  // a GEMM with its cuBLASLt epilogue: reads the bias, writes out (and pre)
+      const auto& e = p.sched.epilogues[static_cast<std::size_t>(step.epilogue)];
+      for (int node : {e.bias, e.pre, e.out})
+        if (node >= 0) out.push_back(node);
     }
     return out;
   }
