@@ -34,8 +34,8 @@ struct Tuning {
   int partials = -1;       // 0: row kernels never compute column partial sums (KILN_TUNE_PARTIALS)
   int matmul_t = -1;       // 0: a matmul's transpose stays a copy (KILN_TUNE_MATMUL_T)
   int realize = -1;        // 0: shared pointwise values are recomputed in each kernel (KILN_TUNE_REALIZE)
-  int epilogue = -1;       // 0: a matmul's bias and activation stay pointwise kernels, not cuBLASLt
-                           // epilogues (KILN_TUNE_EPILOGUE)
+  int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
+                           // default until its GPU tests pass and it pays on GPT-2 (KILN_TUNE_EPILOGUE)
 
   // A field, named through an alias (nvcc's host pass writes `int Tuning::*f[]` with parentheses
   // that g++ then warns about).

@@ -158,7 +158,7 @@ inline bool partials_held(const graph::Graph& g, const schedule::Schedule& s, co
 template <class ArgAt>
 void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg) {
   p.kernels.clear();
-  const bool realize = p.tuning.realize != 0, epilogues = target == codegen::Target::cuda && p.tuning.epilogue != 0;
+  const bool realize = p.tuning.realize != 0, epilogues = target == codegen::Target::cuda && p.tuning.epilogue == 1;  // opt-in (tuning.hpp)
   p.sched = schedule_graph(g, env, p.tuning.partials != 0, realize, epilogues);
   if (!partials_held(g, p.sched, env, target, p.tuning)) p.sched = schedule_graph(g, env, false, realize, epilogues);
   if (debug::log_enabled(debug::Channel::fusion)) {
