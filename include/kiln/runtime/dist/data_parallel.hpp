@@ -99,7 +99,12 @@ class DataParallel {
     auto result = [&] {
       std::optional<runtime::ObserveSteps> observe;
       if (watch) observe.emplace(&*watch);
-      return f_(s, args...);
+      try {
+        return f_(s, args...);
+      } catch (...) {  // buckets already started still write the gradients: order the stream after them
+        if (watch) watch->join(s.handle());
+        throw;
+      }
     }();
     std::vector<Tensor*> all;
     if constexpr (std::is_same_v<decltype(result), Tensor>)
