@@ -10,7 +10,6 @@
 #pragma once
 #include <algorithm>
 #include <cstddef>
-#include <numeric>
 #include <vector>
 
 #include "../launch/cuda_module.hpp"
@@ -76,7 +75,7 @@ class GradOverlap final : public runtime::StepObserver {
   GradOverlap(GroupState& st, Streams& streams, std::size_t first_grad, double bucket_mb, bool act)
       : st_(st), streams_(streams), first_grad_(first_grad), bucket_mb_(bucket_mb), act_(act) {}
 
-  void begin(const runtime::Program& p, const Tensor* outputs, CUstream stream) override {
+  void begin(const runtime::Program& p, const Tensor* outputs, CUstream) override {
     if (runs_++ > 0) return;
     outputs_.assign(outputs, outputs + p.graph.outputs.size());
     if (!act_) return;
@@ -97,7 +96,6 @@ class GradOverlap final : public runtime::StepObserver {
       buckets_.push_back(std::move(b));
       begin = end;
     }
-    (void)stream;
   }
 
   void after_step(std::size_t step, CUstream stream) override {

@@ -302,7 +302,8 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     StepObserver* o;
     ~Restore() { current_step_observer() = o; }
   } restore{observer};
-  if (probe || (device.is_cuda() && stream && driver::is_capturing(stream))) observer = nullptr;
+  if (observer && (probe || (device.is_cuda() && stream && driver::is_capturing(stream))))
+    observer = nullptr;  // (the driver is asked only when someone observes: not on the plain hit path)
   if (observer) observer->begin(*this, outputs, stream);
   for (int b : buffers)
     if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
