@@ -13,7 +13,7 @@ the call alone; the median (sorted[n // 2]). One JSON object a line, stdout:
 
 Usage:
   python3 benchmarks/sweep_peer.py --only softmax,layer_norm [--dtypes f32,bf16] [--cols 64,1000]
-      [--mib 256] [--reps 100] [--cache-dir DIR] [--modes default,dynamic] [--list]
+      [--mib 256] [--reps 100] [--cache-dir DIR] [--modes default,dynamic] [--shard I/N] [--list]
 
 --cache-dir DIR points TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at DIR/inductor and DIR/triton
 (before torch is imported), so several processes or device calls share torch's compile cache; without
@@ -318,10 +318,19 @@ def parse_args(argv=None):
     p.add_argument("--modes", default="default,dynamic", help="default,dynamic (torch.compile modes)")
     p.add_argument("--cache-dir", default="", help="shared TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR root")
     p.add_argument("--list", action="store_true", help="print the cases (as sweep --list) and exit")
+    p.add_argument("--shard", default="", help="I/N: only every N-th case from the I-th (0-based), so that N "
+                   "processes can fill the compile cache at once (benchmarks/sweep.sh's warm-up)")
     a = p.parse_args(argv)
     bad = [f for f in a.only.split(",") if f.strip() and f.strip() not in FAMILIES]
     if bad:
         p.error(f"unknown famil{'y' if len(bad) == 1 else 'ies'} {bad}; known: {','.join(FAMILIES)}")
+    if a.shard:
+        try:
+            i, n = (int(v) for v in a.shard.split("/"))
+            assert 0 <= i < n
+        except (ValueError, AssertionError):
+            p.error("--shard takes I/N with 0 <= I < N")
+        a.shard = (i, n)
     if a.reps < 1:
         p.error("--reps must be >= 1")
     if any(m not in ("default", "dynamic") for m in a.modes.split(",")):
@@ -333,6 +342,8 @@ def main(argv=None):
     global ARGS, torch, F
     ARGS = parse_args(argv)
     todo = cases()
+    if ARGS.shard:
+        todo = todo[ARGS.shard[0]::ARGS.shard[1]]
     if ARGS.list:
         for c in todo:
             print(c.family, c.id)
