@@ -211,8 +211,13 @@ Spec spec(const std::string& family, const std::string& op, const std::string& d
 }
 
 std::uint64_t seed = 1;
+// Standard normal inputs made where they live: Box-Muller over two counter-based uniform streams
+// (k::rand_like), one kernel on the GPU (k::randn fills on the host: seconds for 256 MiB).
 k::Tensor randn(const std::vector<i64>& shape, const std::string& dt) {
-  return k::randn(k::Dims(shape.begin(), shape.end()), dtype_of(dt), dev(), seed++);
+  k::Tensor z = k::empty(k::Dims(shape.begin(), shape.end()), k::f32, dev());
+  std::uint64_t s = seed++;
+  return k::eval(k::cast(k::sqrt(-2.0f * k::log(1.0f - k::rand_like(z, s, 0))) * k::cos(6.2831853f * k::rand_like(z, s, static_cast<std::uint64_t>(z.numel()))),
+                         dtype_of(dt)));
 }
 
 // The row ops: op over the last dim of [rows, cols].
