@@ -33,7 +33,7 @@ namespace {
 using i64 = std::int64_t;
 
 struct Config {
-  std::string only, dtypes = "f32,bf16", cols;
+  std::string only, dtypes = "f32,bf16", cols, modes = "static,dynamic", impl = "kiln";
   double mib = 256;
   int reps = 100;
   bool cpu = false, list = false;
@@ -157,7 +157,8 @@ void measure(const Spec& s, Fn fn) {
     return fail(s.id, "kiln", std::string("oracle: ") + e.what());
   }
   for (auto mode : {k::shapes::static_, k::shapes::dynamic}) {
-    std::string impl = mode == k::shapes::dynamic ? "kiln-dynamic" : "kiln";
+    if (!listed(cfg.modes, mode == k::shapes::dynamic ? "dynamic" : "static")) continue;
+    std::string impl = mode == k::shapes::dynamic ? cfg.impl + "-dynamic" : cfg.impl;
     try {
       auto f = k::compile(fn, {.shapes = mode, .recompile_limit = 64});
       std::vector<k::Tensor> got = invoke<N>(f, s.in), small;
@@ -319,6 +320,10 @@ int main(int argc, char** argv) {
       cfg.dtypes = argv[++i];
     else if (a == "--cols" && more)
       cfg.cols = argv[++i];
+    else if (a == "--modes" && more)
+      cfg.modes = argv[++i];
+    else if (a == "--impl" && more)  // the name in the "impl" field (an A/B run's variant: kiln-old)
+      cfg.impl = argv[++i];
     else if (a == "--mib" && more)
       cfg.mib = std::stod(argv[++i]);
     else if (a == "--reps" && more)
@@ -332,7 +337,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--only FAMILY,...] [--dtypes f32,bf16] [--cols N,...] [--mib N] [--reps N] [--cpu] "
-                   "[--list] [--perturb]\nfamilies:",
+                   "[--modes static,dynamic] [--impl NAME] [--list] [--perturb]\nfamilies:",
                    argv[0]);
       for (auto& f : kFamilies) std::fprintf(stderr, " %s", f.c_str());
       std::fprintf(stderr, "\n");

@@ -34,6 +34,8 @@ struct Tuning {
   int partials = -1;       // 0: row kernels never compute column partial sums (KILN_TUNE_PARTIALS)
   int matmul_t = -1;       // 0: a matmul's transpose stays a copy (KILN_TUNE_MATMUL_T)
   int realize = -1;        // 0: shared pointwise values are recomputed in each kernel (KILN_TUNE_REALIZE)
+  int row_tiling = -1;     // 0: a row's threads from its length alone, never fewer than a warp (the
+                           // rule before the shape sweep; KILN_TUNE_ROW_TILING)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
                            // default until its GPU tests pass and it pays on GPT-2 (KILN_TUNE_EPILOGUE)
 
@@ -56,7 +58,8 @@ struct Tuning {
                                    {&Tuning::row_iters, "row_iters"},   {&Tuning::row_slots, "row_slots"},
                                    {&Tuning::aligned, "aligned"},       {&Tuning::prelude_loads, "prelude_loads"},
                                    {&Tuning::partials, "partials"},     {&Tuning::matmul_t, "matmul_t"},
-                                   {&Tuning::realize, "realize"},       {&Tuning::epilogue, "epilogue"}};
+                                   {&Tuning::realize, "realize"},       {&Tuning::epilogue, "epilogue"},
+                                   {&Tuning::row_tiling, "row_tiling"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -81,7 +84,8 @@ struct Tuning {
                                    {&Tuning::partials, "KILN_TUNE_PARTIALS", 0, 1},
                                    {&Tuning::matmul_t, "KILN_TUNE_MATMUL_T", 0, 1},
                                    {&Tuning::realize, "KILN_TUNE_REALIZE", 0, 1},
-                                   {&Tuning::epilogue, "KILN_TUNE_EPILOGUE", 0, 1}};
+                                   {&Tuning::epilogue, "KILN_TUNE_EPILOGUE", 0, 1},
+                                   {&Tuning::row_tiling, "KILN_TUNE_ROW_TILING", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);

@@ -38,7 +38,10 @@ inline ReductionShape describe_reduction(const graph::Graph& g, const graph::Nod
 }
 
 // The number of chunks: enough partial results to fill the machine, each chunk still long (>= 64),
-// and a power of two that divides the reduced length.
+// a power of two. The chunks cover the first S * floor(R / S) of the R reduced positions; the rest
+// (fewer than S) is reduced apart and combined (split_reductions): an odd row count (87381 rows of
+// a layer_norm's dw) would otherwise leave one thread a column walking every row. A power of two
+// that divides R, when one reaches at least half the wanted chunks, avoids that remainder.
 // hosted: a row reduction reads the same [rows, columns] domain, so a row kernel may compute the
 // first stage itself (schedule/partials.hpp), a program a chunk: then at least 256 chunks.
 inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false) {
@@ -52,9 +55,15 @@ inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false) 
   // 34% of DRAM bandwidth.
   std::int64_t target = r.prefix && !r.suffix ? std::max<std::int64_t>(262144, hosted ? 256 * r.kept : 0) : 65536;
   std::int64_t want = std::max<std::int64_t>(2, target / std::max<std::int64_t>(r.kept, 1));
-  std::int64_t s = 1;
-  while (s * 2 <= want && r.reduced % (s * 2) == 0 && r.reduced / (s * 2) >= 64) s *= 2;
-  return s;
+  std::int64_t s = 1, exact = 1;
+  while (s * 2 <= want && r.reduced / (s * 2) >= 64) s *= 2;
+  while (exact * 2 <= s && r.reduced % (exact * 2) == 0) exact *= 2;
+  return exact * 2 >= s ? exact : s;
+}
+
+// How a two-stage reduction combines two partial results (the chunks and the remainder).
+constexpr Op combine_op(Op reduction) {
+  return reduction == Op::amax ? Op::maximum : reduction == Op::amin ? Op::minimum : Op::add;
 }
 
 }  // namespace detail
@@ -79,10 +88,20 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
     std::int64_t s = detail::choose_splits(r, hosted);
     if (s == 1 || !(r.prefix || r.suffix)) return b.rebuild(n, in);
     // prefix: [S, R/S, K] reduce 1 then 0; suffix: [K, S, R/S] reduce 2 then 1.
-    Dims shape = r.prefix ? Dims{s, r.reduced / s, r.kept} : Dims{r.kept, s, r.reduced / s};
+    const std::int64_t chunk = r.reduced / s, covered = s * chunk;
+    Dims shape = r.prefix ? Dims{s, chunk, r.kept} : Dims{r.kept, s, chunk};
     // 16-bit sums keep their partial results in f32, as one accumulation would.
     bool narrow = n.dt == kiln::dtype::f16 || n.dt == kiln::dtype::bf16;
-    int x = b.reshape(narrow ? b.cast(in[0], kiln::dtype::f32) : in[0], shape);
+    int wide = narrow ? b.cast(in[0], kiln::dtype::f32) : in[0];
+    // Not a multiple of S: the input as [R, K] (or [K, R]), cut into the covered rows and the rest.
+    const int rdim = r.prefix ? 0 : 1;
+    int flat = covered == r.reduced ? wide : b.reshape(wide, r.prefix ? Dims{r.reduced, r.kept} : Dims{r.kept, r.reduced});
+    auto rows = [&](std::int64_t start, std::int64_t stop) {
+      Attrs cut;
+      cut.a = rdim, cut.b = start, cut.c = stop, cut.d = 1;
+      return b.op(Op::slice, {flat}, cut);
+    };
+    int x = b.reshape(covered == r.reduced ? wide : rows(0, covered), shape);
     Attrs first;
     first.dims = {r.prefix ? 1 : 2};
     first.c = split_stage_mark;
@@ -99,6 +118,12 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
     second.dims = {r.prefix ? 0 : 1};
     second.d = n.attrs.d;
     int total = b.op(n.op, {partial}, second);
+    if (covered != r.reduced) {  // the remaining rows, fewer than S, reduced alone
+      Attrs rest;
+      rest.dims = {rdim};
+      rest.d = n.attrs.d;
+      total = b.op(detail::combine_op(n.op), {total, b.op(n.op, {rows(covered, r.reduced)}, rest)});
+    }
     return b.reshape(narrow ? b.cast(total, n.dt) : total, n.shape);
   });
 }
