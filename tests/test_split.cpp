@@ -22,8 +22,9 @@ int count_kind(const k::report& e, const std::string& kind) {
   return n;
 }
 
+// split: whether the program must have a two-stage reduction.
 template <class F, class... A>
-void check_against_oracle(F f, double tol, A... args) {
+void check_against_oracle(F f, double tol, bool split, A... args) {
   auto g = k::compile(f);
   k::Tensor got = g(args...);
   k::Tensor want = k::reference::eval(f(args.to(k::cpu).to(k::f64)...));
@@ -31,26 +32,31 @@ void check_against_oracle(F f, double tol, A... args) {
   INFO(r.str());
   INFO(k::explain(g, args...));
   CHECK(r);
-  CHECK(count_kind(k::explain(g, args...), "split") >= 1);
+  CHECK((count_kind(k::explain(g, args...), "split") >= 1) == split);
 }
 
 void column_reductions(k::Device dev) {
   // 20001 rows (3 x 59 x 113): 256 chunks of 78 rows and 33 rows left over.
   auto x = k::randn({20001, 48}, k::f32, k::cpu, 3).to(dev);
-  check_against_oracle([](auto a) { return k::sum(a, 0); }, 1e-4, x);
-  check_against_oracle([](auto a) { return k::amax(a, 0); }, 0, x);
-  check_against_oracle([](auto a) { return k::amin(a * 2.0f, 0); }, 0, x);
+  check_against_oracle([](auto a) { return k::sum(a, 0); }, 1e-4, true, x);
+  check_against_oracle([](auto a) { return k::amax(a, 0); }, 0, true, x);
+  check_against_oracle([](auto a) { return k::amin(a * 2.0f, 0); }, 0, true, x);
   // 16-bit input summed in f32 over an odd row count.
   auto h = k::randn({4099, 96}, k::bf16, k::cpu, 4).to(dev);
-  check_against_oracle([](auto a) { return k::sum(a, 0); }, 2e-2, h);
+  check_against_oracle([](auto a) { return k::sum(a, 0); }, 2e-2, true, h);
 }
 
 void row_reductions(k::Device dev) {
-  // A full sum over 300009 elements and a sum over three long rows of a prime length.
+  // A full sum over 300009 elements is split with a remainder; sums over three long rows of a prime
+  // length stay one row kernel (a row has up to 512 threads; only a divisor splits rows).
   auto x = k::randn({3, 100003}, k::f32, k::cpu, 5).to(dev);
-  check_against_oracle([](auto a) { return k::sum(a); }, 1e-4, x);
-  check_against_oracle([](auto a) { return k::sum(a, 1); }, 1e-4, x);
-  check_against_oracle([](auto a) { return k::amax(a + 1.0f, 1); }, 0, x);
+  check_against_oracle([](auto a) { return k::sum(a); }, 1e-4, true, x);
+  check_against_oracle([](auto a) { return k::sum(a, 1); }, 1e-4, false, x);
+  check_against_oracle([](auto a) { return k::amax(a + 1.0f, 1); }, 0, false, x);
+  // ... and a mean over an even count with no larger power-of-two factor: [2, 87381] would be two
+  // chunks, a thread each; it gets many chunks and a remainder instead.
+  auto y = k::randn({174762}, k::f32, k::cpu, 10).to(dev);
+  check_against_oracle([](auto a) { return k::mean(a); }, 1e-4, true, y);
 }
 
 // dw and db of a layer_norm over an odd row count: the column sums of the backward.
@@ -73,11 +79,11 @@ void layer_norm_weight_gradients(k::Device dev) {
 }  // namespace
 
 TEST_CASE("split: column reductions over odd row counts (CPU)") { column_reductions(k::cpu); }
-TEST_CASE("split: long row reductions of prime length (CPU)") { row_reductions(k::cpu); }
+TEST_CASE("split: full reductions split, rows of prime length not (CPU)") { row_reductions(k::cpu); }
 TEST_CASE("split: layer_norm dw and db over an odd row count (CPU)") { layer_norm_weight_gradients(k::cpu); }
 
 TEST_CASE("split: column reductions over odd row counts (GPU)" * needs_gpu()) { column_reductions(k::cuda); }
-TEST_CASE("split: long row reductions of prime length (GPU)" * needs_gpu()) { row_reductions(k::cuda); }
+TEST_CASE("split: full reductions split, rows of prime length not (GPU)" * needs_gpu()) { row_reductions(k::cuda); }
 TEST_CASE("split: layer_norm dw and db over an odd row count (GPU)" * needs_gpu()) {
   layer_norm_weight_gradients(k::cuda);
 }

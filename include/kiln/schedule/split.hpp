@@ -41,7 +41,8 @@ inline ReductionShape describe_reduction(const graph::Graph& g, const graph::Nod
 // a power of two. The chunks cover the first S * floor(R / S) of the R reduced positions; the rest
 // (fewer than S) is reduced apart and combined (split_reductions): an odd row count (87381 rows of
 // a layer_norm's dw) would otherwise leave one thread a column walking every row. A power of two
-// that divides R, when one reaches at least half the wanted chunks, avoids that remainder.
+// that divides R, when one reaches at least half the wanted chunks, avoids that remainder; row
+// reductions (inner dims) take only such a divisor.
 // hosted: a row reduction reads the same [rows, columns] domain, so a row kernel may compute the
 // first stage itself (schedule/partials.hpp), a program a chunk: then at least 256 chunks.
 inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false) {
@@ -58,6 +59,10 @@ inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false) 
   std::int64_t s = 1, exact = 1;
   while (s * 2 <= want && r.reduced / (s * 2) >= 64) s *= 2;
   while (exact * 2 <= s && r.reduced % (exact * 2) == 0) exact *= 2;
+  // Rows (inner dims reduced) split only by a divisor: unsplit, a row still has up to 512 threads.
+  // Outer dims and full reductions (laid out [S, R/S, K]) give the first stage a thread per chunk
+  // and kept element: two chunks of a 174762-element mean were two threads (40 ms on an H200).
+  if (!r.prefix) return exact;
   return exact * 2 >= s ? exact : s;
 }
 
