@@ -271,7 +271,12 @@ class Function {
   // A call that also says which compiled program ran (explain).
   template <class... T>
   auto call_reporting(Stream stream, std::shared_ptr<const runtime::Entry>* used, const T&... args) const {
-    if constexpr ((std::is_same_v<T, Tensor> && ...)) {
+    static_assert((detail::CallArgument<T> && ...),
+                  "a compiled function runs on k::Tensor or std::vector<k::Tensor> arguments: evaluate an expression "
+                  "argument with k::eval first");
+    if constexpr (!(detail::CallArgument<T> && ...)) {
+      return;  // (only the sentence above, no cascade of errors)
+    } else if constexpr ((std::is_same_v<T, Tensor> && ...)) {
       if constexpr (!graph::has_vector<decltype(trace_with(args...))>::value) {
         auto e = trace_with(args...);
         using E = decltype(e);
