@@ -346,12 +346,14 @@ TEST_CASE("fusion: long rows and long full reductions") {
   INFO(res.str());
   CHECK(res);
 
-  // A full reduction of 10^6 elements (may be split in two stages) and a pointwise use of it.
+  // A full reduction of 10^6 elements and a pointwise use of it. 1000003 is prime: split.hpp sums
+  // 8192 chunks of 122 (a middle step folds them by 16) and the 579 elements left over apart, so at
+  // most first stage, middle step, second stage, remainder and the pointwise kernel.
   k::Tensor big = k::randn({1000003}, k::f32, k::cpu, 56);
   auto total = k::compile([](auto a) { return k::amax(a, 0) - k::mean(a); });
   r = k::explain(total, big);
   INFO(r);
-  CHECK(r.kernels.size() <= 3);
+  CHECK(r.kernels.size() <= 5);
   check_kernels(r);
   res = k::testing::allclose(total(big), k::reference::eval(k::amax(big, 0) - k::mean(big)), 1e-5, 1e-5);
   INFO(res.str());
