@@ -280,6 +280,7 @@ class KernelWriter {
   bool exact_tiles_ = false;               // the tiles cover the domain: no bounds tests (plan())
   bool full_rows_ = false;                 // rows: programs hold whole groups of rows
   bool full_tiles_ = false;                // rows: register tiles cover a row exactly
+  bool vector_rows_ = false;               // rows: the row length is a multiple of the vector
   std::map<std::string, Value> memo_;
   int scope_ = 0;
 };

@@ -154,6 +154,8 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   auto free = offset.free_symbols();
   bool per_tile = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == rindex_; });
   bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == xindex_; });
+  // Row-invariant arrays past the register budget (launch_config.hpp) are re-read each loop (from L1).
+  if (rows() && per_tile && !by_row && !config_.cache_invariants) return bind(code, ct);
   if (hoist_mode() && rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() &&
       target_ == Target::cuda) {
     // The same for every row (a weight): loaded once per thread, before the row loop.

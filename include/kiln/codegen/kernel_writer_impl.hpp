@@ -93,7 +93,12 @@ inline void KernelWriter::write_rows() {
     ++scope_;
     in_rloop_ = true;
     line("auto rindex = roffset + kiln::arange<RVEC>();");
-    line(full_tiles_ ? "auto rmask = kiln::full<RVEC>(xmask);" : "auto rmask = (rindex < rnumel) & xmask;");
+    if (full_tiles_ || (vector_rows_ && config_.riters == 0))  // a looped row's vectors are all in it
+      line("auto rmask = kiln::full<RVEC>(xmask);");
+    else if (vector_rows_)  // each vector wholly in the row or past it: one test a vector
+      line("auto rmask = kiln::full<RVEC>(roffset < rnumel && xmask);");
+    else
+      line("auto rmask = (rindex < rnumel) & xmask;");
   };
   auto close_loop = [&] {
     in_rloop_ = false;
@@ -225,13 +230,17 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature) co
   return pre;
 }
 
-// When the kernel's tiles cover its domain exactly (no bounds tests) and every contiguous tile
-// starts on a vector: the body twice, both without a test at each access. With 16-byte aligned
+// When the kernel's tiles cover its domain exactly (no bounds tests), or its rows are whole
+// vectors that its tiles overrun (one test a vector), and every contiguous tile starts on a vector: the body twice, both
+// without an alignment test at each access. With 16-byte aligned
 // pointers whole vectors move with no branch at all; otherwise (offset or foreign buffers) element
 // by element. Other kernels keep one body that tests each access (with bounds tests left the split
 // measured slower). A Tuning's aligned = 0 (KILN_TUNE_ALIGNED=0) keeps the tests everywhere.
 inline std::string KernelWriter::split_on_alignment(const std::string& body) const {
-  if (aligned_ptrs_.empty() || unaligned_tiles_ || !exact_tiles_ || tune_.aligned == 0) {
+  // Rows of whole vectors whose tiles do not cover them: one test a vector, and the split pays
+  // (only a row's test left, it measured 2-7% slower: NOTES item 51).
+  bool vector_tests = vector_rows_ && !full_tiles_ && tune_.vector_masks != 1;
+  if (aligned_ptrs_.empty() || unaligned_tiles_ || !(exact_tiles_ || vector_tests) || tune_.aligned == 0) {
     std::string plain = body;
     auto replace_all = [&](const std::string& mark, const std::string& by) {
       for (auto at = plain.find(mark); at != std::string::npos; at = plain.find(mark, at))
@@ -280,6 +289,40 @@ inline void KernelWriter::plan() {
           std::find(streams.begin(), streams.end(), in) == streams.end())
         streams.push_back(in);
     }
+  // What the register caches of a row kernel would cost (launch_config.hpp's RowCaches): the
+  // streams, and the row-invariant arrays (a norm's weight and bias): inputs whose shape varies
+  // along a reduced dim and along no kept one.
+  codegen::RowCaches caches;
+  auto raw_cost = [&](int v) {  // half-registers a value: a narrow one also has its widened copy
+    int bytes = static_cast<int>(itemsize(g_[v].dt));
+    return bytes >= 4 ? bytes / 2 : 3;
+  };
+  auto compute_cost = [&](int v) { return std::max(4, static_cast<int>(itemsize(compute_dtype(g_[v].dt)))); };
+  caches.streams = static_cast<int>(streams.size());
+  caches.stream_cost = 0;
+  for (int v : streams) caches.stream_cost += raw_cost(v);
+  auto is_one = [](const Sym& s) { return s.is_constant() && s.constant_value() == 1; };
+  std::vector<int> invariants;
+  for (int v : plan_.members)
+    for (int c = 0; c < g_[v].n_in && rows(); ++c) {
+      int in = g_[v].in[c];
+      bool loaded = g_[in].op == Op::arg || (s_.realized[in] && s_.kernel_of[in] != k_);
+      if (!loaded || std::find(streams.begin(), streams.end(), in) != streams.end() ||
+          std::find(invariants.begin(), invariants.end(), in) != invariants.end())
+        continue;
+      const auto& s = env_[in];
+      if (s.size() > p.size()) continue;  // read through a view: not a broadcast of the domain
+      bool along_r = false, along_x = false;
+      for (std::size_t j = 0; j < s.size(); ++j) {
+        auto d = static_cast<std::int64_t>(p.size() - s.size() + j);
+        bool reduced = std::find(plan_.rdims.begin(), plan_.rdims.end(), d) != plan_.rdims.end();
+        if (!is_one(s[j])) (reduced ? along_r : along_x) = true;
+      }
+      if (!along_r || along_x) continue;
+      invariants.push_back(in);
+      caches.invariant_cost += raw_cost(in);
+      caches.hoisted_cost += compute_cost(in);
+    }
   if (rows()) {
     std::vector<Sym> kept, red;
     for (int i = 0; i < static_cast<int>(p.size()); ++i)
@@ -297,7 +340,7 @@ inline void KernelWriter::plan() {
   bool transcendental =
       std::any_of(plan_.members.begin(), plan_.members.end(), [&](int v) { return is_transcendental(g_[v].op); });
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column,
-                                  static_cast<int>(streams.size()), tune_)
+                                  caches, tune_)
                      : pointwise_config(target_, xn, max_item, tune_);
   ks.tuning = tune_;
   ks.column = column;
@@ -320,6 +363,7 @@ inline void KernelWriter::plan() {
     full_tiles_ = config_.riters > 0 && rnumel_.is_constant() &&
                   rnumel_.constant_value() == std::int64_t{config_.riters} * config_.row_threads * config_.rvec;
     exact_tiles_ = full_rows_ && full_tiles_;
+    vector_rows_ = tune_.vector_masks != 0 && rnumel_.is_constant() && rnumel_.constant_value() % config_.rvec == 0;
   } else {
     exact_tiles_ = divides(config_.xblock, xnumel_);
   }

@@ -22,12 +22,15 @@ struct LaunchConfig {
   int riters = 0;              // rows: tiles per thread along a row when known (the row is then kept in
                                // registers across loops: the "per" kind); 0 = looped ("red")
   int runroll = 1;             // looped rows: steps of the row loop unrolled together
+  bool cache_invariants = true;  // held rows: row-invariant arrays (weights) are cached too, not
+                                 // re-read from L1 each loop
 
   std::string str() const {
     return "threads=" + std::to_string(threads) + " XVEC=" + std::to_string(xvec) +
            " XBLOCK=" + std::to_string(xblock) + " RVEC=" + std::to_string(rvec) +
            " ROW_THREADS=" + std::to_string(row_threads) + " ROWS=" + std::to_string(rows) +
-           (riters ? " RITERS=" + std::to_string(riters) : " RUNROLL=" + std::to_string(runroll));
+           (riters ? " RITERS=" + std::to_string(riters) : " RUNROLL=" + std::to_string(runroll)) +
+           (cache_invariants ? "" : " UNCACHED_WEIGHTS");
   }
 };
 
@@ -84,11 +87,29 @@ inline int row_threads_for(std::int64_t rnumel, int rvec, int wanted, std::int64
   return static_cast<int>(best);
 }
 
-// static_rnumel: the row length is a compile-time constant (then rows may stay in registers).
-// column: the innermost dim is kept (a reduction over outer dims, e.g. a bias gradient).
-// streams: how many full-size inputs the kernel reads along its rows.
+// What a row kernel's register caches cost a thread, in half-registers for each value of a
+// thread's tiles (codegen/kernel_writer_access.hpp): full-size arrays read along the rows
+// (streams) and row-invariant ones (weights), held raw; weights hoisted above the row loop in
+// blocks of several rows are held in the compute dtype.
+struct RowCaches {
+  int streams = 1;         // full-size arrays
+  int stream_cost = 2;     // their cost a value, summed: 3 for a 16-bit array, 2 for 32 bits, 4 for 64
+  int invariant_cost = 0;  // the same for the weights, held raw
+  int hoisted_cost = 0;    // the weights, hoisted: 4 for a 32-bit compute dtype, 8 for 64
+};
+// The most a thread's register caches may cost: 1.5 times the 128 registers a thread of a 512-thread
+// block has. A 16-bit value costs 1.5 registers (ptxas keeps the widened copy live across the loops
+// that reuse it beside the raw half), a hoisted weight twice its compute size (it stays live over
+// every row of the block). Measured on an H200 (benchmarks/NOTES.md item 51): the norm backward's
+// dx kernel over 32000 f32 columns ran best with x, dy and w held (3 x 64 values: 192), over 32000
+// bf16 columns with x and dy held and w re-read (2.0x faster than holding w too), and over 65536
+// bf16 columns looped (3.5x faster than spilling); a layer_norm over 5120 bf16 columns ran 1.9x
+// faster re-reading w and b than hoisting them.
+inline constexpr std::int64_t row_cache_half_registers = 384;
+
 inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnumel, int max_item, bool static_rnumel,
-                               bool column, int streams = 1, const Tuning& tune = {}) {
+                               bool column, const RowCaches& caches = {}, const Tuning& tune = {}) {
+  const int streams = caches.streams;
   LaunchConfig c;
   auto iters = [&] {
     return (rnumel + std::int64_t{c.row_threads} * c.rvec - 1) / (std::int64_t{c.row_threads} * c.rvec);
@@ -128,6 +149,18 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   c.rows = c.row_threads >= shared_block ? 1 : static_cast<int>(shared_block / c.row_threads);
   c.threads = c.row_threads * c.rows;
   if (static_rnumel && iters() <= max_iters) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
+  // Register caches past a thread's registers spill to local memory (a 16-bit norm backward over
+  // 65536 columns ran at 4% of the copy ceiling): weights are held only when they fit beside the
+  // full-size arrays, which are held only when they fit alone (else the row is looped and re-read).
+  const std::int64_t budget = tune.row_cache >= 0 ? tune.row_cache : row_cache_half_registers;
+  if (budget > 0 && c.riters > 0) {
+    const std::int64_t values = std::int64_t{c.riters} * c.rvec;
+    const int hoist = tune.hoist >= 0 ? tune.hoist : c.rows >= 2 ? 1 : 0;  // KernelWriter::hoist_mode()
+    const int weights = hoist == 2 ? 0 : hoist == 1 ? caches.hoisted_cost : caches.invariant_cost;  // 2: shared
+    const std::int64_t held = values * std::max(caches.stream_cost, 2);
+    c.cache_invariants = held + values * weights <= budget;
+    if (held > budget) c.riters = 0;
+  }
   // Looped rows unroll their vector steps by 2: 4 raised the NVRTC time of a dynamic layer_norm by
   // half, 1 made its kernel slower (NOTES item 27).
   c.runroll = tune.row_unroll > 0 ? tune.row_unroll : 2;

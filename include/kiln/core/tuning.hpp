@@ -36,6 +36,12 @@ struct Tuning {
   int realize = -1;        // 0: shared pointwise values are recomputed in each kernel (KILN_TUNE_REALIZE)
   int row_tiling = -1;     // 0: a row's threads from its length alone, never fewer than a warp (the
                            // rule before the shape sweep; KILN_TUNE_ROW_TILING)
+  int row_cache = -1;      // rows: what a thread's register caches may cost, in half-registers a
+                           // value (codegen/launch_config.hpp); 0 no limit, the rule before it
+                           // (KILN_TUNE_ROW_CACHE)
+  int vector_masks = -1;   // rows whose length is a multiple of the vector: 0 test each lane (the
+                           // rule before), 1 each vector, 2 each vector and split the body on
+                           // alignment (KILN_TUNE_VECTOR_MASKS)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
                            // default until its GPU tests pass and it pays on GPT-2 (KILN_TUNE_EPILOGUE)
 
@@ -59,7 +65,8 @@ struct Tuning {
                                    {&Tuning::aligned, "aligned"},       {&Tuning::prelude_loads, "prelude_loads"},
                                    {&Tuning::partials, "partials"},     {&Tuning::matmul_t, "matmul_t"},
                                    {&Tuning::realize, "realize"},       {&Tuning::epilogue, "epilogue"},
-                                   {&Tuning::row_tiling, "row_tiling"}};
+                                   {&Tuning::row_tiling, "row_tiling"}, {&Tuning::row_cache, "row_cache"},
+                                   {&Tuning::vector_masks, "vector_masks"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -85,7 +92,9 @@ struct Tuning {
                                    {&Tuning::matmul_t, "KILN_TUNE_MATMUL_T", 0, 1},
                                    {&Tuning::realize, "KILN_TUNE_REALIZE", 0, 1},
                                    {&Tuning::epilogue, "KILN_TUNE_EPILOGUE", 0, 1},
-                                   {&Tuning::row_tiling, "KILN_TUNE_ROW_TILING", 0, 1}};
+                                   {&Tuning::row_tiling, "KILN_TUNE_ROW_TILING", 0, 1},
+                                   {&Tuning::row_cache, "KILN_TUNE_ROW_CACHE", 0, any},
+                                   {&Tuning::vector_masks, "KILN_TUNE_VECTOR_MASKS", 0, 2}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);
