@@ -27,9 +27,16 @@ inline void run_entry(const Entry& e, const Tensor* const* args, const double* s
   bool captured = e.pins && stream && driver::is_capturing(stream);
   if (captured) {  // recorded into the caller's graph: its intermediates must outlive this call
     std::vector<Tensor> keep;
+    std::vector<bool> given(p.graph.outputs.size());  // buffers the caller passed in (a k::cond node's)
+    for (std::size_t o = 0; o < given.size(); ++o) given[o] = outputs[o].defined();
     p.run(args, scalars, outputs, shape_of, stream, &keep);
     if (CaptureKeep* k = active_capture_keep()) {  // kiln's own capture: kept as long as its graph
-      keep.insert(keep.end(), outputs, outputs + p.graph.outputs.size());
+      // Outputs allocated here are kept too; the caller's own buffers are the caller's to keep (an
+      // enclosing graph keyed on its outputs' addresses: keeping them made every call a new graph).
+      for (std::size_t o = 0; o < given.size(); ++o) {
+        bool into_arg = p.arg_of_output[o] >= 0 || (o < p.graph.output_into.size() && p.graph.output_into[o] >= 0);
+        if (!given[o] && !into_arg) keep.push_back(outputs[o]);
+      }
       k->runs.push_back(std::move(keep));
     } else {
       e.pins->add(std::move(keep));
