@@ -6,6 +6,7 @@ Prints one JSON object per line on stdout (diagnostics go to stderr):
   {"id": "env", "torch": ..., "triton": ..., "device": ..., ...}
   {"id": "copy", "gbps": ..., "ms": ...}          1 GiB device-to-device copy_, GB/s = 2*bytes/time
   {"id": "W1", "impl": "eager"|"torch.compile"|"torch.compile-max", "ms": ..., "gbps": ..., "note": ...}
+  {"id": "W5", "impl": "torch.compile-joint", ...}  W5, W7, W12: forward and backward as one graph
   {"id": "W9", "impl": "eager"|"torch.compile"|"torch.compile-ro", "us": ..., "ms": us/1000}
   {"id": "W10", "impl": "eager"|"torch.compile"(static)|"torch.compile-dynamic", "ms": total, "s": total}
   {"id": "W11", "impl": "torch.compile", "ms": ...}   cold compile+first run of W1's function, empty caches
@@ -15,8 +16,15 @@ Prints one JSON object per line on stdout (diagnostics go to stderr):
 "ms" is always milliseconds of one call (W9: host time per call, W10: total wall time of the sweep),
 so kiln's binary can print the same ids with impl "kiln" and report.py can divide.
 
+The gradient workloads (W5, W7, W12) run twice under torch.compile: through autograd, the way a
+training loop calls a compiled module (Inductor compiles a forward graph and a backward graph), and
+as "torch.compile-joint": torch.compile(fullgraph=True) over a function that takes the gradients
+with torch.func, so that forward and backward are one graph, as kiln compiles them.
+
 By default the whole process uses a fresh, empty Inductor/Triton cache (so the compile times in the
-notes and W10 are cold); pass --warm-cache to use the usual on-disk caches instead.
+notes are cold); pass --warm-cache to use the usual on-disk caches instead. W10 and W11 run in
+--procs fresh processes each, every one on empty caches, as benchmarks/run.sh runs kiln's (report.py
+keeps the median).
 
 Usage:
   PYTHONUNBUFFERED=1 python3 benchmarks/torch_peer.py > torch.jsonl
@@ -81,6 +89,9 @@ def parse_args(argv=None):
                    help="also torch.compile(mode='max-autotune-no-cudagraphs') as torch.compile-max")
     p.add_argument("--max-only", action="store_true",
                    help="only torch.compile-max, for the workloads that have one (implies --max-autotune)")
+    p.add_argument("--procs", type=int, default=None,
+                   help="fresh processes for W10 and for W11 each (default 3, 1 with --quick)")
+    p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # a W10 child
     p.add_argument("--list", action="store_true", help="print the workload ids and exit")
     a = p.parse_args(argv)
     if a.only:
@@ -96,10 +107,14 @@ def parse_args(argv=None):
         a.reps = 20 if a.quick else 100
     if a.reps < 1:
         p.error("--reps must be >= 1")
+    if a.procs is None:
+        a.procs = 1 if a.quick else 3
+    if a.procs < 1:
+        p.error("--procs must be >= 1")
     a.warmup_ms = 5 if a.quick else 25      # do_bench warm-up time (ms)
     a.rep_ms = 20 if a.quick else 100       # do_bench minimum measuring time (ms)
-    a.w9_calls = 1000 if a.quick else 5000  # back-to-back calls per W9 sample
-    a.w9_samples = 3 if a.quick else 5
+    a.w9_calls = 1000 if a.quick else 5000  # back-to-back calls per W9 sample (as kiln's bench.cpp)
+    a.w9_samples = 3 if a.quick else 5      # the median is reported
     return a
 
 
@@ -161,6 +176,10 @@ def sync():
 #   bytes  : bytes that must move (each input read once, each output written once)
 #   flops  : optional, for a TFLOP/s note
 #   tol    : (atol, rtol) for the eager vs compiled check
+#   joint  : optional (W5, W7, W12), [(how, fn)]: functions of the same inputs returning what
+#            call's step returns, their gradients taken with torch.func, so that compiled whole,
+#            forward and backward are one graph (the torch.compile-joint peer); the first that
+#            compiles is timed, the others are fallbacks
 
 
 def gen(seed=0):
@@ -252,20 +271,41 @@ def w4():
                  tol=(1e-4, 1e-4))
 
 
-def grad_workload(f, make, n_fwd_inputs, wrt_idx, bytes_fn, flops=None, tol=(1e-3, 1e-3)):
+def grad_workload(f, make, n_fwd_inputs, wrt_idx, bytes_fn, flops=None, tol=(1e-3, 1e-3),
+                  value=False):
     """Forward f(*inputs[:n_fwd_inputs]) then autograd.grad w.r.t. inputs[wrt_idx] with
-    grad_outputs = inputs[-1] (a random dy). No .grad accumulation."""
+    grad_outputs = inputs[-1] (a random dy). No .grad accumulation. value=True returns the forward's
+    output before the gradients (the forward writes it in any case).
+
+    The joint peer computes the same with torch.func.vjp: y, pullback = vjp(f, *forward inputs),
+    pullback(dy) gives every input's gradient (wrt_idx must name them all). Its fallback takes them
+    with torch.func.grad_and_value of sum(y * dy), y as the auxiliary output (one more reduction)."""
     def call(fn, inp):
         fwd = inp[:n_fwd_inputs]
         wrt = tuple(inp[i] for i in wrt_idx)
         dy = inp[-1]
         def step():
             out = fn(*fwd)
-            if dy is None:
-                return torch.autograd.grad(out, wrt)
-            return torch.autograd.grad(out, wrt, dy)
+            grads = torch.autograd.grad(out, wrt, dy)
+            return (out.detach(),) + tuple(grads) if value else grads
         return step
-    return dict(f=f, make=make, call=call, bytes_fn=bytes_fn, flops=flops, tol=tol)
+
+    assert tuple(wrt_idx) == tuple(range(n_fwd_inputs))
+
+    def by_vjp(*inp):
+        y, pullback = torch.func.vjp(f, *inp[:n_fwd_inputs])
+        grads = tuple(pullback(inp[-1]))
+        return (y,) + grads if value else grads
+
+    def by_grad(*inp):
+        def dot(*fwd):
+            y = f(*fwd)
+            return (y * inp[-1]).sum(), y
+        argnums = tuple(range(n_fwd_inputs))
+        grads, (_, y) = torch.func.grad_and_value(dot, argnums=argnums, has_aux=True)(*inp[:n_fwd_inputs])
+        return (y,) + tuple(grads) if value else tuple(grads)
+    joint = [("torch.func.vjp", by_vjp), ("torch.func.grad_and_value of sum(y * dy)", by_grad)]
+    return dict(f=f, make=make, call=call, bytes_fn=bytes_fn, flops=flops, tol=tol, joint=joint)
 
 
 def w5():
@@ -275,20 +315,21 @@ def w5():
         g = gen(8)
         return (randn((16384, 4096), g=g, grad=True), randn((4096,), g=g, grad=True),
                 randn((4096,), g=g, grad=True), randn((16384, 4096), g=g))
-    # read x, w, b, dy; write dx, dw, db
+    # y, dx, dw, db returned, as kiln's side returns them: read x, w, b, dy; write y, dx, dw, db
     return grad_workload(f, make, 3, (0, 1, 2),
-                         lambda inp: 2 * nbytes(inp[0]) + nbytes(inp[3]) + 2 * nbytes(inp[1], inp[2]),
-                         tol=(1e-2, 1e-3))
+                         lambda inp: 3 * nbytes(inp[0]) + nbytes(inp[3]) + 2 * nbytes(inp[1], inp[2]),
+                         tol=(1e-2, 1e-3), value=True)
 
 
 def w6():
+    # bf16 rows, f32 compute and an f32 weight, as kiln's side (bench.cpp's W6) takes it
     def f(x, w):
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
-        return (y * w.float()).to(torch.bfloat16)
+        return (y * w).to(torch.bfloat16)
     def make():
         g = gen(9)
-        return (randn((16384, 4096), torch.bfloat16, g), randn((4096,), torch.bfloat16, g))
+        return (randn((16384, 4096), torch.bfloat16, g), randn((4096,), g=g))
     return plain(f, make, lambda inp: 2 * nbytes(inp[0]) + nbytes(inp[1]), tol=(2e-2, 2e-2))
 
 
@@ -307,17 +348,23 @@ def w7():
             (dl,) = torch.autograd.grad(loss, (logits,))
             return loss.detach(), dl
         return step
+
+    def joint(logits, t, _):
+        dl, loss = torch.func.grad_and_value(f)(logits, t)
+        return loss, dl
     # read logits + targets; write dlogits + the scalar loss
     return dict(f=f, make=make, call=call,
                 bytes_fn=lambda inp: 2 * nbytes(inp[0]) + nbytes(inp[1]) + 4,
-                flops=None, tol=(1e-6, 1e-3))
+                flops=None, tol=(1e-6, 1e-3), joint=[("torch.func.grad_and_value", joint)])
 
 
 def w8():
     lr, b1, b2, eps, wd = 1e-3, 0.9, 0.999, 1e-8, 0.01
 
     def f(p, g, m, v, step):
-        # functional form of torch.optim.AdamW (single tensor, tensor step as in capturable mode)
+        # functional form of torch.optim.AdamW (single tensor, tensor step as in capturable mode):
+        # the step count lives on the device and each call computes the bias corrections from it,
+        # as kiln's side (bench.cpp's W8) does
         step.add_(1)
         p.mul_(1 - lr * wd)
         m.lerp_(g, 1 - b1)
@@ -334,7 +381,7 @@ def w8():
         grad = randn((n,), g=gg)
         m = randn((n,), g=gg, scale=0.1)
         v = torch.rand((n,), generator=gg, device="cuda") * 0.01 + 1e-4
-        step = torch.full((), 10.0, device="cuda")
+        step = torch.zeros((), device="cuda")  # kiln's side starts from 0 too
         return (p, grad, m, v, step)
 
     def call(fn, inp):
@@ -446,6 +493,69 @@ def run_workload(wid):
             record(impl, ms, "; ".join(notes))
         except Exception as e:  # noqa: BLE001
             emit_error(wid, impl, e)
+    if spec.get("joint") is not None and not ARGS.max_only:
+        run_joint(wid, spec, inp, record)
+
+
+def graphs_compiled(reset=False):
+    """The graphs dynamo compiled since the last reset=True ("?" where its counters are missing)."""
+    try:
+        counters = torch._dynamo.utils.counters
+        if reset:
+            counters.clear()
+        return counters["stats"]["unique_graphs"]
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def run_joint(wid, spec, inp, record):
+    """torch.compile-joint: the workload's outputs from one of spec["joint"]'s functions, which take
+    the gradients with torch.func, compiled with fullgraph=True, so that dynamo hands Inductor
+    forward and backward as one graph (a graph break raises instead of splitting it). Their inputs
+    do not require grad, so AOTAutograd compiles that graph as it is, with no backward graph of its
+    own. The first function that compiles and runs is timed; when none does, an error line."""
+    impl = "torch.compile-joint"
+
+    def detached(ts):
+        return tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in ts)
+
+    failed = []
+    for how, fn in spec["joint"]:
+        try:
+            torch._dynamo.reset()
+            graphs_compiled(reset=True)
+            cf = torch.compile(fn, fullgraph=True)
+            # first call = compile, on fresh inputs, checked against the eager autograd path
+            chk_in = detached(spec["make"]())
+            sync()
+            t0 = time.perf_counter()
+            got = cf(*chk_in)
+            sync()
+            compile_s = time.perf_counter() - t0
+            del chk_in
+        except Exception as e:  # noqa: BLE001
+            log(f"[{wid} {impl}] {how} failed: {type(e).__name__}: {e}")
+            failed.append(f"{how}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200])
+            continue
+        try:
+            notes = [f"{how}, {graphs_compiled()} graph(s)"]
+            if failed:
+                notes.append("after " + "; ".join(failed))
+            notes.append(f"first call (compile) {compile_s:.1f} s")
+            ref_in = spec["make"]()
+            ref = spec["call"](spec["f"], ref_in)()
+            d, ok, finite = compare(ref, got, *spec["tol"])
+            del ref_in, ref, got
+            notes.append(f"max|diff| vs eager {d:.2e}" + ("" if ok else " MISMATCH?"))
+            if not finite:
+                notes.append("NON-FINITE OUTPUT")
+            args = detached(inp)
+            ms = bench(lambda: cf(*args))
+            record(impl, ms, "; ".join(notes))
+        except Exception as e:  # noqa: BLE001
+            emit_error(wid, impl, e)
+        return
+    emit({"id": wid, "impl": impl, "error": " / ".join(failed)[:500]})
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,7 +569,7 @@ def run_w9():
     n, samples = ARGS.w9_calls, ARGS.w9_samples
 
     def host_us(fn):
-        for _ in range(20):
+        for _ in range(100):  # warm-up, as kiln's bench.cpp
             fn(x)
         sync()
         res = []
@@ -491,6 +601,29 @@ def run_w9():
 
 # --------------------------------------------------------------------------------------------
 # W10: layer_norm over a sweep of batch sizes, total wall time including compiles
+
+
+def run_w10_processes():
+    """W10 in ARGS.procs fresh processes, one after the other, each on empty Inductor/Triton caches
+    (the child's own fresh cache directory), as benchmarks/run.sh runs kiln's W10; report.py keeps
+    the median of each impl. Forwards the children's W10 lines."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--only", "W10", "--in-process"]
+    if ARGS.quick:
+        cmd.append("--quick")
+    if ARGS.skip_compile:
+        cmd.append("--skip-compile")
+    for _ in range(ARGS.procs):
+        try:
+            r = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True,
+                               text=True, timeout=900)
+            lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+            w10 = [d for d in lines if d.get("id") == "W10"]
+            for d in w10:
+                emit(d)
+            if not w10:
+                raise RuntimeError(f"child rc={r.returncode}: {r.stderr.strip()[-400:]}")
+        except Exception as e:  # noqa: BLE001
+            emit_error("W10", "all", e)
 
 
 def run_w10():
@@ -573,7 +706,7 @@ W11_CHILD = r"""
 import json, time, sys
 import torch
 import triton  # noqa: F401  (import cost is not part of the compile time)
-x = torch.randn(1 << 26, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+x = torch.randn(1024, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
 torch.cuda.synchronize()
 def f(x):
     return torch.relu(x * 2 + 1)
@@ -592,6 +725,14 @@ os._exit(0)  # skip interpreter / compile-worker teardown
 
 
 def run_w11():
+    """ARGS.procs rounds, each on a fresh empty cache: a cold process (W11), then a second process
+    on the cache the first one filled (W11w), as benchmarks/run.sh runs kiln's W11 and W11w on 1024
+    elements; report.py keeps the median."""
+    for _ in range(ARGS.procs):
+        run_w11_once()
+
+
+def run_w11_once():
     tmp = tempfile.mkdtemp(prefix="kiln_w11_")
     env = dict(os.environ)
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")
@@ -663,6 +804,7 @@ def main(argv=None):
 
     t_start = time.perf_counter()
     import torch as _torch
+    import torch.func as _func  # noqa: F401  (the joint peers' gradients)
     import torch.nn.functional as _F
     torch, F = _torch, _F
     try:
@@ -680,10 +822,11 @@ def main(argv=None):
           "device": torch.cuda.get_device_name(0), "cuda": torch.version.cuda,
           "sms": dev.multi_processor_count, "mem_gib": round(dev.total_memory / 2**30, 1),
           "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-          "reps": ARGS.reps, "quick": ARGS.quick,
+          "reps": ARGS.reps, "quick": ARGS.quick, "procs": ARGS.procs,
           "cache": "default" if ARGS.warm_cache else "fresh"})
 
-    run_copy()
+    if not ARGS.in_process:
+        run_copy()
     for wid in ARGS.ids:
         t0 = time.perf_counter()
         try:
@@ -694,7 +837,7 @@ def main(argv=None):
             elif wid == "W9":
                 run_w9()
             elif wid == "W10":
-                run_w10()
+                run_w10() if ARGS.in_process else run_w10_processes()
             elif wid == "W11":
                 run_w11()
         except Exception as e:  # noqa: BLE001
