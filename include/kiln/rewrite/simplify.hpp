@@ -171,6 +171,20 @@ constexpr int simplify_view(Builder& b, int id) {
   }
 }
 
+// gather(f(x), t) -> f(gather(x, t)) for a one-input pointwise f (a cross_entropy over bf16 logits
+// picks from their f32 cast): a gather's source must be a buffer, so f(x) was written whole (a
+// full-size f32 copy of the logits) only to read one element a row.
+constexpr int gather_before_pointwise(Builder& b, int id) {
+  const graph::Node n = b[id];
+  if (n.op != Op::gather) return -1;
+  const graph::Node f = b[n.in[0]];
+  if (!is_pointwise(f.op) || f.n_in != 1 || f.sym_attrs) return -1;
+  int picked = b.op(Op::gather, {f.in[0], n.in[1]}, n.attrs);
+  int in[1] = {picked};
+  graph::Node g = f;
+  return b.rebuild(g, in);
+}
+
 // numel depends only on its input's shape: one node per shape rather than one per input.
 constexpr int share_numel(Builder& b, int id) {
   if (!b.shaped()) return -1;  // which shapes are equal is known at run time only
@@ -180,8 +194,9 @@ constexpr int share_numel(Builder& b, int id) {
   return r == id ? -1 : r;
 }
 
-inline constexpr std::array<Simplification, 6> simplifications = {
-    fold_constants, drop_identity_operand, cancel_double_negation, drop_noop_cast, simplify_view, share_numel};
+inline constexpr std::array<Simplification, 7> simplifications = {
+    fold_constants, drop_identity_operand, cancel_double_negation, drop_noop_cast, simplify_view, share_numel,
+    gather_before_pointwise};
 
 // Builds node n (inputs already mapped) and applies the simplifications until none fires.
 // A node with symbolic attributes stays as it is: what it does depends on each call's values.
