@@ -264,7 +264,7 @@ class KernelWriter {
   // (one copy a block). Measured on an H200: registers for blocks of several rows (layer_norm),
   // reloaded for rows of their own block (rms_norm on bf16): benchmarks/NOTES.md items 22, 30, 33.
   // A Tuning's hoist (KILN_TUNE_HOIST, an autotuning candidate) sets the mode.
-  int hoist_mode() const { return tune_.hoist >= 0 ? tune_.hoist : config_.rows >= 2 ? 1 : 0; }
+  int hoist_mode() const { return codegen::hoist_mode(tune_, config_.rows); }
   // Whether a kernel's reductions get a shared slot each (one barrier a reduction instead of two);
   // a Tuning's row_slots = 0 (KILN_TUNE_ROW_SLOTS=0) turns it off.
   bool row_slots() const { return tune_.row_slots != 0; }

@@ -231,9 +231,9 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature) co
 }
 
 // When the kernel's tiles cover its domain exactly (no bounds tests), or its held rows are whole
-// vectors that its tiles overrun (one test a vector), and every contiguous tile starts on a vector: the body twice, both
-// without an alignment test at each access. With 16-byte aligned
-// pointers whole vectors move with no branch at all; otherwise (offset or foreign buffers) element
+// vectors that its tiles overrun (one test a vector), and every contiguous tile starts on a vector:
+// the body twice, both without an alignment test at each access. With 16-byte aligned pointers
+// whole vectors move with no branch at all; otherwise (offset or foreign buffers) element
 // by element. Other kernels keep one body that tests each access (with bounds tests left the split
 // measured slower). A Tuning's aligned = 0 (KILN_TUNE_ALIGNED=0) keeps the tests everywhere.
 inline std::string KernelWriter::split_on_alignment(const std::string& body) const {
@@ -294,36 +294,38 @@ inline void KernelWriter::plan() {
   // streams, and the row-invariant arrays (a norm's weight and bias): inputs whose shape varies
   // along a reduced dim and along no kept one.
   codegen::RowCaches caches;
-  auto raw_cost = [&](int v) {  // half-registers a value: a narrow one also has its widened copy
-    int bytes = static_cast<int>(itemsize(g_[v].dt));
-    return bytes >= 4 ? bytes / 2 : 3;
-  };
-  auto compute_cost = [&](int v) { return std::max(4, static_cast<int>(itemsize(compute_dtype(g_[v].dt)))); };
   caches.streams = static_cast<int>(streams.size());
-  caches.stream_cost = 0;
-  for (int v : streams) caches.stream_cost += raw_cost(v);
-  auto is_one = [](const Sym& s) { return s.is_constant() && s.constant_value() == 1; };
-  std::vector<int> invariants;
-  for (int v : plan_.members)
-    for (int c = 0; c < g_[v].n_in && rows(); ++c) {
-      int in = g_[v].in[c];
-      bool loaded = g_[in].op == Op::arg || (s_.realized[in] && s_.kernel_of[in] != k_);
-      if (!loaded || std::find(streams.begin(), streams.end(), in) != streams.end() ||
-          std::find(invariants.begin(), invariants.end(), in) != invariants.end())
-        continue;
-      const auto& s = env_[in];
-      if (s.size() > p.size()) continue;  // read through a view: not a broadcast of the domain
-      bool along_r = false, along_x = false;
-      for (std::size_t j = 0; j < s.size(); ++j) {
-        auto d = static_cast<std::int64_t>(p.size() - s.size() + j);
-        bool reduced = std::find(plan_.rdims.begin(), plan_.rdims.end(), d) != plan_.rdims.end();
-        if (!is_one(s[j])) (reduced ? along_r : along_x) = true;
+  if (rows()) {
+    auto raw_cost = [&](int v) {  // half-registers a value: a narrow one also has its widened copy
+      int bytes = static_cast<int>(itemsize(g_[v].dt));
+      return bytes >= 4 ? bytes / 2 : 3;
+    };
+    auto compute_cost = [&](int v) { return std::max(4, static_cast<int>(itemsize(compute_dtype(g_[v].dt)))); };
+    caches.stream_cost = 0;
+    for (int v : streams) caches.stream_cost += raw_cost(v);
+    auto is_one = [](const Sym& s) { return s.is_constant() && s.constant_value() == 1; };
+    std::vector<int> invariants;
+    for (int v : plan_.members)
+      for (int c = 0; c < g_[v].n_in; ++c) {
+        int in = g_[v].in[c];
+        bool loaded = g_[in].op == Op::arg || (s_.realized[in] && s_.kernel_of[in] != k_);
+        if (!loaded || std::find(streams.begin(), streams.end(), in) != streams.end() ||
+            std::find(invariants.begin(), invariants.end(), in) != invariants.end())
+          continue;
+        const auto& s = env_[in];
+        if (s.size() > p.size()) continue;  // read through a view: not a broadcast of the domain
+        bool along_r = false, along_x = false;
+        for (std::size_t j = 0; j < s.size(); ++j) {
+          auto d = static_cast<std::int64_t>(p.size() - s.size() + j);
+          bool reduced = std::find(plan_.rdims.begin(), plan_.rdims.end(), d) != plan_.rdims.end();
+          if (!is_one(s[j])) (reduced ? along_r : along_x) = true;
+        }
+        if (!along_r || along_x) continue;
+        invariants.push_back(in);
+        caches.invariant_cost += raw_cost(in);
+        caches.hoisted_cost += compute_cost(in);
       }
-      if (!along_r || along_x) continue;
-      invariants.push_back(in);
-      caches.invariant_cost += raw_cost(in);
-      caches.hoisted_cost += compute_cost(in);
-    }
+  }
   if (rows()) {
     std::vector<Sym> kept, red;
     for (int i = 0; i < static_cast<int>(p.size()); ++i)

@@ -107,6 +107,10 @@ struct RowCaches {
 // faster re-reading w and b than hoisting them.
 inline constexpr std::int64_t row_cache_half_registers = 384;
 
+// Where a held row's weights live: 0 reloaded each row, 1 hoisted into registers (blocks of several
+// rows, by default), 2 shared memory (KILN_TUNE_HOIST).
+inline int hoist_mode(const Tuning& tune, int rows) { return tune.hoist >= 0 ? tune.hoist : rows >= 2 ? 1 : 0; }
+
 inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnumel, int max_item, bool static_rnumel,
                                bool column, const RowCaches& caches = {}, const Tuning& tune = {}) {
   const int streams = caches.streams;
@@ -155,8 +159,8 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   const std::int64_t budget = tune.row_cache >= 0 ? tune.row_cache : row_cache_half_registers;
   if (budget > 0 && c.riters > 0) {
     const std::int64_t values = std::int64_t{c.riters} * c.rvec;
-    const int hoist = tune.hoist >= 0 ? tune.hoist : c.rows >= 2 ? 1 : 0;  // KernelWriter::hoist_mode()
-    const int weights = hoist == 2 ? 0 : hoist == 1 ? caches.hoisted_cost : caches.invariant_cost;  // 2: shared
+    const int hoist = hoist_mode(tune, c.rows);
+    const int weights = hoist == 2 ? 0 : hoist == 1 ? caches.hoisted_cost : caches.invariant_cost;
     const std::int64_t held = values * std::max(caches.stream_cost, 2);
     c.cache_invariants = held + values * weights <= budget;
     if (held > budget) c.riters = 0;
