@@ -33,7 +33,7 @@ namespace {
 using i64 = std::int64_t;
 
 struct Config {
-  std::string only, dtypes = "f32,bf16", cols, modes = "static,dynamic", impl = "kiln";
+  std::string only, dtypes = "f32,bf16", cols, modes = "static,dynamic", impl = "kiln", match;
   double mib = 256;
   int reps = 100;
   bool cpu = false, list = false;
@@ -322,6 +322,8 @@ int main(int argc, char** argv) {
       cfg.cols = argv[++i];
     else if (a == "--modes" && more)
       cfg.modes = argv[++i];
+    else if (a == "--match" && more)  // only the cases whose id contains this (an A/B run of one op)
+      cfg.match = argv[++i];
     else if (a == "--impl" && more)  // the name in the "impl" field (an A/B run's variant: kiln-old)
       cfg.impl = argv[++i];
     else if (a == "--mib" && more)
@@ -337,7 +339,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--only FAMILY,...] [--dtypes f32,bf16] [--cols N,...] [--mib N] [--reps N] [--cpu] "
-                   "[--modes static,dynamic] [--impl NAME] [--list] [--perturb]\nfamilies:",
+                   "[--modes static,dynamic] [--impl NAME] [--match TEXT] [--list] [--perturb]\nfamilies:",
                    argv[0]);
       for (auto& f : kFamilies) std::fprintf(stderr, " %s", f.c_str());
       std::fprintf(stderr, "\n");
@@ -403,7 +405,8 @@ int main(int argc, char** argv) {
   // row_case's Spec carries the family that picks the op; the case's family is what --only selects.
   std::vector<Case> chosen;
   for (auto& c : cases)
-    if (cfg.only.empty() || listed(cfg.only, c.family)) chosen.push_back(c);
+    if ((cfg.only.empty() || listed(cfg.only, c.family)) && c.id.find(cfg.match) != std::string::npos)
+      chosen.push_back(c);
   if (cfg.list) {
     for (auto& c : chosen) std::printf("%s %s\n", c.family.c_str(), c.id.c_str());
     return 0;

@@ -169,7 +169,9 @@ class KernelWriter {
   // The parts of a kernel's body, written separately and joined in this order by write(), with
   // the row-invariant loads (hoist_row_invariants) before the row loop and the row's register
   // caches (found while writing the loop's body) at its top.
-  enum class Section { before_rows, row_open, body, count };
+  // Tiled pointwise kernels (kernel_writer_tiles.hpp) use row_open for the tile loop's head and
+  // stage for the staging pass.
+  enum class Section { before_rows, row_open, stage, body, count };
 
   bool rows() const { return plan_.kind != schedule::Kind::poi; }
   void line(const std::string& s) {
@@ -232,6 +234,10 @@ class KernelWriter {
   void store(int node, const std::vector<Sym>& idx);
   void write_pointwise();
   void write_rows();
+  void choose_tiling(int max_item);
+  std::vector<Sym> tiled_index();
+  void write_tiled();
+  std::optional<Value> staged_load(int node, const Sym& offset);
   std::string reduction_identity(Op op, kiln::dtype ct);
   bool depends_on_any(int red, std::size_t i, std::size_t j);
   std::string access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt, std::string& width);
@@ -283,6 +289,15 @@ class KernelWriter {
   bool vector_rows_ = false;               // rows: the row length is a multiple of the vector
   std::map<std::string, Value> memo_;
   int scope_ = 0;
+  // Transposed tiles (kernel_writer_tiles.hpp): the dim staged beside the last one and the tiles'
+  // side (none: -1, 0); a probe's per-dim symbols and the loads it saw; the staged loads.
+  int tile_dim_ = -1, tile_ = 0;
+  bool probe_ = false;
+  std::vector<Sym> dims_;
+  std::vector<std::pair<int, Sym>> probe_loads_;
+  Sym ya_, xb_, sa_, sb_, znumel_{1};
+  std::map<std::string, std::string> staged_;  // the staging load -> its shared tile
+  std::vector<std::string> stage_decls_;
 };
 
 // ---- emission of values -----------------------------------------------------------------------
@@ -422,3 +437,4 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
 
 #include "kernel_writer_access.hpp"
 #include "kernel_writer_impl.hpp"
+#include "kernel_writer_tiles.hpp"

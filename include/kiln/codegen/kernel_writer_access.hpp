@@ -110,7 +110,7 @@ inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t ve
 inline std::string KernelWriter::access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt,
                                              std::string& width) {
   const Sym& tile = rows() ? rindex_ : xindex_;
-  if (rows() && !in_rloop_) return "";
+  if ((rows() && !in_rloop_) || tile_dim_ >= 0 || probe_) return "";  // tiled: lanes, not vectors
   std::int64_t vec = rows() ? config_.rvec : config_.xvec;
   int start_id = rows() ? 1003 : 1002;
   Sym start = Sym::symbol(rows() ? "roffset" : "xoffset", start_id, {.nonnegative = true});
@@ -131,6 +131,38 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   return index_code(*base);
 }
 
+// When the kernel's tiles cover its domain exactly (no bounds tests), or its held rows are whole
+// vectors that its tiles overrun (one test a vector), and every contiguous tile starts on a vector:
+// the body twice, both without an alignment test at each access. With 16-byte aligned pointers
+// whole vectors move with no branch at all; otherwise (offset or foreign buffers) element
+// by element. Other kernels keep one body that tests each access (with bounds tests left the split
+// measured slower). A Tuning's aligned = 0 (KILN_TUNE_ALIGNED=0) keeps the tests everywhere.
+inline std::string KernelWriter::split_on_alignment(const std::string& body) const {
+  // Held rows of whole vectors whose tiles overrun them: one test a vector, and the split pays
+  // (with only a row's test left it measured 2-7% slower, and for looped rows 3% slower over 40
+  // long rows, up to 1.9x at 1046 x 128256 bf16: NOTES item 51).
+  bool vector_tests = vector_rows_ && !full_tiles_ && config_.riters > 0 && tune_.vector_masks != 1;
+  if (aligned_ptrs_.empty() || unaligned_tiles_ || !(exact_tiles_ || vector_tests) || tune_.aligned == 0) {
+    std::string plain = body;
+    auto replace_all = [&](const std::string& mark, const std::string& by) {
+      for (auto at = plain.find(mark); at != std::string::npos; at = plain.find(mark, at))
+        plain.replace(at, mark.size(), by);
+    };
+    replace_all(", KILN_ALIGNED>", ">");
+    replace_all(", KILN_ALIGNED,", ", kiln::align::test,");
+    return plain;
+  }
+  std::string ptrs, indented;
+  for (const auto& p : aligned_ptrs_) ptrs += (ptrs.empty() ? "" : ", ") + p;
+  std::istringstream in(body);
+  for (std::string l; std::getline(in, l);) indented += (l.empty() ? "" : "  ") + l + "\n";
+  return "  auto kiln_body = [&](auto kiln_aligned) {\n"
+         "    constexpr kiln::align KILN_ALIGNED = decltype(kiln_aligned)::value ? kiln::align::vector : "
+         "kiln::align::scalar;\n" +
+         indented + "  };\n  if (kiln::aligned16(" + ptrs +
+         ")) kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
+}
+
 // A contiguous load's template arguments: the access's width and alignment, and via::plain in
 // kernels that evaluate special functions (prelude's load16).
 inline std::string KernelWriter::load_via(std::string width) const {
@@ -144,6 +176,9 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   Sym offset = ravel(idx, strides_of_(node));
   std::string m = extra_mask.empty() ? mask() : "(" + mask() + " & " + extra_mask + ")";
   kiln::dtype ct = compute_dtype(g_[node].dt);
+  if (probe_) probe_loads_.emplace_back(node, offset);
+  if (tile_dim_ >= 0 && extra_mask.empty())
+    if (auto v = staged_load(node, offset)) return *v;
   std::string code;
   if (extra_mask.empty()) {
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
@@ -163,6 +198,10 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
     std::string col = base.empty()
                           ? "kiln::load(" + ptr + ", " + index_code(offset) + ", rindex < rnumel)"
                           : "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", rindex < rnumel)";
+    // A 16-bit weight first read by the last loop is read once a row: from L1, not held widened in
+    // registers over every row of the block (bf16 forward norms ran 7-35% faster so: NOTES item 51).
+    bool narrow = g_[node].dt == kiln::dtype::f16 || g_[node].dt == kiln::dtype::bf16;
+    if (narrow && final_loop_ && !column_cache_.count(col) && tune_.hoist < 0) return bind(code, ct);
     auto [it, fresh_cache] = column_cache_.try_emplace(col, "weights" + std::to_string(column_cache_.size()));
     if (fresh_cache) {
       column_types_.push_back(ct);

@@ -7,7 +7,7 @@ namespace kiln::codegen {
 
 inline std::vector<Sym> KernelWriter::domain_index() {
   const auto& p = env_[plan_.domain];
-  if (!rows()) return unravel(xindex_, detail::nonzero(p));
+  if (!rows()) return tile_dim_ >= 0 || probe_ ? tiled_index() : unravel(xindex_, detail::nonzero(p));
   std::vector<Sym> kept, red;
   for (int i = 0; i < static_cast<int>(p.size()); ++i)
     (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? red : kept).push_back(p[i]);
@@ -230,38 +230,6 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature) co
   return pre;
 }
 
-// When the kernel's tiles cover its domain exactly (no bounds tests), or its held rows are whole
-// vectors that its tiles overrun (one test a vector), and every contiguous tile starts on a vector:
-// the body twice, both without an alignment test at each access. With 16-byte aligned pointers
-// whole vectors move with no branch at all; otherwise (offset or foreign buffers) element
-// by element. Other kernels keep one body that tests each access (with bounds tests left the split
-// measured slower). A Tuning's aligned = 0 (KILN_TUNE_ALIGNED=0) keeps the tests everywhere.
-inline std::string KernelWriter::split_on_alignment(const std::string& body) const {
-  // Held rows of whole vectors whose tiles overrun them: one test a vector, and the split pays
-  // (with only a row's test left it measured 2-7% slower, and for looped rows 3% slower over 40
-  // long rows, up to 1.9x at 1046 x 128256 bf16: NOTES item 51).
-  bool vector_tests = vector_rows_ && !full_tiles_ && config_.riters > 0 && tune_.vector_masks != 1;
-  if (aligned_ptrs_.empty() || unaligned_tiles_ || !(exact_tiles_ || vector_tests) || tune_.aligned == 0) {
-    std::string plain = body;
-    auto replace_all = [&](const std::string& mark, const std::string& by) {
-      for (auto at = plain.find(mark); at != std::string::npos; at = plain.find(mark, at))
-        plain.replace(at, mark.size(), by);
-    };
-    replace_all(", KILN_ALIGNED>", ">");
-    replace_all(", KILN_ALIGNED,", ", kiln::align::test,");
-    return plain;
-  }
-  std::string ptrs, indented;
-  for (const auto& p : aligned_ptrs_) ptrs += (ptrs.empty() ? "" : ", ") + p;
-  std::istringstream in(body);
-  for (std::string l; std::getline(in, l);) indented += (l.empty() ? "" : "  ") + l + "\n";
-  return "  auto kiln_body = [&](auto kiln_aligned) {\n"
-         "    constexpr kiln::align KILN_ALIGNED = decltype(kiln_aligned)::value ? kiln::align::vector : "
-         "kiln::align::scalar;\n" +
-         indented + "  };\n  if (kiln::aligned16(" + ptrs +
-         ")) kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
-}
-
 // Decides everything the source depends on before a line is written: the iteration sizes, the
 // launch config (from sizes, dtypes and the tuning), the kind (a row too long for registers is
 // looped: "per" becomes "red") and so the name.
@@ -368,7 +336,15 @@ inline void KernelWriter::plan() {
     exact_tiles_ = full_rows_ && full_tiles_;
     vector_rows_ = tune_.vector_masks != 0 && rnumel_.is_constant() && rnumel_.constant_value() % config_.rvec == 0;
   } else {
-    exact_tiles_ = divides(config_.xblock, xnumel_);
+    choose_tiling(max_item);
+    if (tile_dim_ >= 0) {  // a program a tile (it loops over tiles: any grid is enough)
+      ks.config.tile = config_.tile = tile_;
+      ks.config.tile_dim = config_.tile_dim = tile_dim_;
+      ks.config.threads = config_.threads = tile_threads(tile_, max_item, tune_);
+      ks.config.xvec = config_.xvec = 1;
+      ks.config.xblock = config_.xblock = std::int64_t{tile_} * tile_;
+    }
+    exact_tiles_ = tile_dim_ < 0 && divides(config_.xblock, xnumel_);
   }
   ks.name =
       ks.kind == plan_.kind ? plan_.name : schedule::kernel_name(ks.kind, plan_.ops, static_cast<std::size_t>(k_));
@@ -389,15 +365,22 @@ inline KernelSource KernelWriter::write() {
 
   if (rows())
     write_rows();
+  else if (tile_dim_ >= 0 || probe_)
+    write_tiled();
   else
     write_pointwise();
+  if (probe_) return ks;
 
   // The signature: inputs, outputs, scalars, sizes (noted while printing the sizes themselves).
   const std::string xnumel_code = index_code(xnumel_), rnumel_code = index_code(rnumel_);
   std::stable_sort(params_.begin(), params_.end(), [](const Param& a, const Param& b) { return a.kind < b.kind; });
   std::ostringstream os;
   os << "// " << ks.name << ": " << (rows() ? "rows" : "pointwise") << " over "
-     << (rows() ? "[" + xnumel_.str() + ", " + rnumel_.str() + "]" : "[" + xnumel_.str() + "]") << "\n";
+     << (rows() ? "[" + xnumel_.str() + ", " + rnumel_.str() + "]" : "[" + xnumel_.str() + "]")
+     << (tile_dim_ >= 0 ? " in " + std::to_string(tile_) + "x" + std::to_string(tile_) + " tiles of dims (" +
+                              std::to_string(tile_dim_) + ", last), transposed inputs staged in shared memory"
+                        : "")
+     << "\n";
   os << "KILN_KERNEL KILN_BOUNDS(" << ks.config.threads << ") " << ks.name << "(";
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Param& pr = params_[i];
@@ -418,9 +401,12 @@ inline KernelSource KernelWriter::write() {
        << ";\n  constexpr int ROW_THREADS = " << c.row_threads << ", RITERS = " << c.riters
        << ", RUNROLL = " << c.runroll << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code
        << ";\n";
+  else if (tile_dim_ >= 0)
+    os << "  constexpr int TILE = " << tile_ << ", TROWS = " << c.threads / tile_ << ";\n";
   else
     os << "  constexpr i64 XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ", THREADS = " << c.threads
        << ";\n  const i64 xnumel = " << xnumel_code << ";\n";
+  for (const auto& d : stage_decls_) os << "  " << d << "\n";
   std::string signature = os.str();
   ks.params = params_;
   // The body's sections in order: before the rows, the row-invariant loads, the row loop's head,
@@ -428,8 +414,9 @@ inline KernelSource KernelWriter::write() {
   std::string caches;
   for (const auto& d : cache_decls_) caches += "    " + d + "\n";
   std::string hoisted = column_loads_.empty() ? "" : hoist_row_invariants(signature);
-  std::string body =
-      section(Section::before_rows) + hoisted + section(Section::row_open) + caches + section(Section::body);
+  std::string body = section(Section::before_rows) + hoisted + section(Section::row_open) + caches +
+                     section(Section::stage) + (staged_.empty() ? "" : "    __syncthreads();\n") +
+                     section(Section::body);
   body = split_on_alignment(body);
   ks.source = signature + body + "}\n";
   ks.xnumel = xnumel_;

@@ -24,13 +24,16 @@ struct LaunchConfig {
   int runroll = 1;             // looped rows: steps of the row loop unrolled together
   bool cache_invariants = true;  // held rows: row-invariant arrays (weights) are cached too, not
                                  // re-read from L1 each loop
+  int tile = 0;                  // pointwise on the GPU: square tiles of this side over dims
+  int tile_dim = -1;             // (tile_dim, last), transposed inputs staged (kernel_writer_tiles.hpp)
 
   std::string str() const {
     return "threads=" + std::to_string(threads) + " XVEC=" + std::to_string(xvec) +
            " XBLOCK=" + std::to_string(xblock) + " RVEC=" + std::to_string(rvec) +
            " ROW_THREADS=" + std::to_string(row_threads) + " ROWS=" + std::to_string(rows) +
            (riters ? " RITERS=" + std::to_string(riters) : " RUNROLL=" + std::to_string(runroll)) +
-           (cache_invariants ? "" : " UNCACHED_WEIGHTS");
+           (cache_invariants ? "" : " UNCACHED_WEIGHTS") +
+           (tile ? " TILE=" + std::to_string(tile) + " (dims " + std::to_string(tile_dim) + ", last)" : "");
   }
 };
 
@@ -61,6 +64,14 @@ inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item
   int unroll = tune.poi_vectors > 0 ? tune.poi_vectors : xnumel >= (std::int64_t{1} << 22) ? heavy : 1;
   c.xblock = std::int64_t{c.threads} * c.xvec * unroll;
   return c;
+}
+
+// Threads of a tiled kernel: each moves 16 bytes of the narrowest element a pass (as pointwise
+// vectors do), so side^2 * item / 16, between side and side^2 (a whole column of the tile); a
+// Tuning's poi_threads (KILN_TUNE_POI_THREADS) overrides it within the same bounds.
+inline int tile_threads(int side, int max_item, const Tuning& tune) {
+  std::int64_t t = tune.poi_threads > 0 ? next_pow2(tune.poi_threads) : std::int64_t{side} * side * max_item / 16;
+  return static_cast<int>(std::clamp<std::int64_t>(t, side, std::min<std::int64_t>(1024, std::int64_t{side} * side)));
 }
 
 // The threads sharing a row of `rnumel` elements in vectors of `rvec`, from `wanted` (a power of

@@ -158,6 +158,26 @@ KILN_UNROLL
     if (lane(mask, i)) p[base + i] = store_cast<T>(lane(v, i));
 }
 
+#ifdef KILN_DEVICE_CODE
+// Transposed tiles (codegen/kernel_writer_tiles.hpp): a TILE x TILE square staged in shared memory,
+// padded by a column. The staging pass puts a thread's values at column threadIdx.x % TILE of rows
+// threadIdx.x / TILE + TROWS * k; the computing pass reads row threadIdx.x % TILE at those columns:
+// neighbouring lanes hit neighbouring banks both ways.
+template <int TILE, int TROWS, class T, int K>
+KILN_FN void stage_put(T (&s)[TILE][TILE + 1], const tile<T, K>& v) {
+  static_assert(K * TROWS == TILE, "a thread's values fill its column of the tile");
+KILN_UNROLL
+  for (int k = 0; k < K; ++k) s[threadIdx.x / TILE + TROWS * k][threadIdx.x % TILE] = v.v[k];
+}
+template <int TILE, int TROWS, class T>
+KILN_FN tile<T, TILE / TROWS> stage_get(const T (&s)[TILE][TILE + 1]) {
+  tile<T, TILE / TROWS> r;
+KILN_UNROLL
+  for (int k = 0; k < TILE / TROWS; ++k) r.v[k] = s[threadIdx.x % TILE][threadIdx.x / TILE + TROWS * k];
+  return r;
+}
+#endif
+
 // ---- reductions -----------------------------------------------------------------------------
 struct op_sum { template <class T> KILN_FN T operator()(T a, T b) const { return a + b; } };
 struct op_max { template <class T> KILN_FN T operator()(T a, T b) const { return maximum(a, b); } };
