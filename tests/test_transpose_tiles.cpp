@@ -68,6 +68,17 @@ TEST_CASE("transpose tiles: a transposed input is staged, a contiguous one is no
   auto thin = k::randn({3, 4096}, k::f32, k::cpu, 3);
   std::string narrow = exported_source([](auto a) { return k::transpose(a, 0, 1) * 3.0f; }, thin);
   CHECK_FALSE(contains(narrow, "kiln::stage_put<"));
+  // Four transposed bf16 inputs staged as f32 in 64 x 64 tiles (16.3 KiB each) would need 65 KiB of
+  // shared memory: two are staged (a third would pass a block's 48 KiB), the others read directly,
+  // and the kernel compiles (export runs NVRTC and ptxas).
+  auto h = k::randn({200, 300}, k::bf16, k::cpu, 4);
+  std::string many = exported_source(
+      [](auto a, auto b, auto c, auto d) {
+        return k::transpose(a, 0, 1) + k::transpose(b, 0, 1) * k::transpose(c, 0, 1) - k::transpose(d, 0, 1);
+      },
+      h, k::Tensor(h * 2.0f), k::Tensor(h * 3.0f), k::Tensor(h * 4.0f));
+  CHECK(contains(many, "kiln::stage_put<TILE, TROWS>(stage1"));
+  CHECK_FALSE(contains(many, "kiln::stage_put<TILE, TROWS>(stage2"));
 }
 
 TEST_CASE("transpose tiles: values against the oracle (cuda)" * needs_gpu()) {

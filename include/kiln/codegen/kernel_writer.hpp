@@ -298,6 +298,7 @@ class KernelWriter {
   Sym ya_, xb_, sa_, sb_, znumel_{1};
   std::map<std::string, std::string> staged_;  // the staging load -> its shared tile
   std::vector<std::string> stage_decls_;
+  std::int64_t stage_bytes_ = 0;
 };
 
 // ---- emission of values -----------------------------------------------------------------------

@@ -181,8 +181,13 @@ inline std::optional<KernelWriter::Value> KernelWriter::staged_load(int node, co
   m.emplace(xb_, sb_);
   std::string at = index_code(offset.substitute(m));
   kiln::dtype ct = compute_dtype(g_[node].dt);
-  auto [it, fresh_stage] = staged_.try_emplace(ptr + "[" + at + "]", "stage" + std::to_string(staged_.size()));
+  // A block's static shared memory stops at 48 KiB: inputs past it are read unstaged.
+  const std::string key = ptr + "[" + at + "]";
+  const auto bytes = static_cast<std::int64_t>(tile_) * (tile_ + 1) * static_cast<std::int64_t>(itemsize(ct));
+  if (!staged_.count(key) && stage_bytes_ + bytes > 48 * 1024) return std::nullopt;
+  auto [it, fresh_stage] = staged_.try_emplace(key, "stage" + std::to_string(staged_.size()));
   if (fresh_stage) {
+    stage_bytes_ += bytes;
     stage_decls_.push_back("__shared__ " + detail::c_type(ct) + " " + it->second + "[TILE][TILE + 1];");
     Section was = section_;
     section_ = Section::stage;
