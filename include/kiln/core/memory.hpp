@@ -1,6 +1,7 @@
-// Raw memory for tensors on any device: host memory is 64-byte aligned, device memory comes from
-// the driver's stream-ordered caching allocator (core/driver.hpp). Every block kiln allocates is
-// counted per device (k::memory_stats): bytes in use, their peak, and what the cache holds besides.
+// Raw memory for tensors on any device: host memory is 64-byte aligned, large host blocks are kept
+// for reuse (core/host_cache.hpp), device memory comes from the driver's stream-ordered caching
+// allocator (core/driver.hpp). Every block kiln allocates is counted per device (k::memory_stats):
+// bytes in use, their peak, and what the caches hold besides.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -12,6 +13,7 @@
 
 #include "device.hpp"
 #include "driver.hpp"
+#include "host_cache.hpp"
 
 namespace kiln::memory {
 
@@ -27,10 +29,10 @@ inline void require_device(Device d, const char* op) {
 
 namespace detail {
 
-// The bytes a block of `bytes` occupies: host blocks are rounded to 64 B, device blocks to the
-// caching allocator's size class.
+// The bytes a block of `bytes` occupies: host blocks are rounded to 64 B, or from a megabyte up to
+// the size classes the host cache keeps; device blocks to the caching allocator's size class.
 inline std::size_t block_bytes(std::size_t bytes, Device d) {
-  if (d.is_cpu()) return (bytes ? (bytes + 63) / 64 * 64 : 64);
+  if (d.is_cpu()) return bytes >= HostCache::min_block ? driver::size_class(bytes) : bytes ? (bytes + 63) / 64 * 64 : 64;
   return bytes ? driver::size_class(bytes) : 0;
 }
 
@@ -62,7 +64,9 @@ inline void count_freed(Device d, std::size_t n) {
 inline void* allocate(std::size_t bytes, Device d, CUstream s) {
   if (d.is_cpu()) {
     const std::size_t block = detail::block_bytes(bytes, d);
-    void* p = std::aligned_alloc(64, block);
+    void* p = block >= HostCache::min_block ? host_cache().take(block) : nullptr;
+    if (!p) p = std::aligned_alloc(64, block);
+    if (!p && host_cache().release() > 0) p = std::aligned_alloc(64, block);
     if (!p) throw std::bad_alloc();
     detail::count_allocated(d, block);
     return p;
@@ -76,8 +80,14 @@ inline void* allocate(std::size_t bytes, Device d, CUstream s) {
 
 inline void deallocate(void* p, std::size_t bytes, Device d, CUstream s) noexcept {
   if (!p) return;
-  detail::count_freed(d, detail::block_bytes(bytes, d));
-  if (d.is_cpu()) return std::free(p);
+  const std::size_t block = detail::block_bytes(bytes, d);
+  detail::count_freed(d, block);
+  if (d.is_cpu()) {
+    // Cached while the cache stays within the peak in use.
+    const detail::Counters* c = detail::counters(d);
+    if (!host_cache().keep(p, block, c ? c->peak.load(std::memory_order_relaxed) : 0)) std::free(p);
+    return;
+  }
   try {
     driver::deallocate(p, bytes, d.index, s);
   } catch (...) {  // freeing during shutdown must not throw
@@ -106,9 +116,10 @@ namespace kiln {
 
 // What k::memory_stats reports for one device, in bytes, as torch.cuda.memory_stats does:
 // `allocated` is held by live tensors and kiln's intermediates (in the blocks the allocator hands
-// out: host blocks rounded to 64 B, device blocks to the caching allocator's size classes),
-// `reserved` is that plus the blocks the caching allocator keeps for reuse (equal to `allocated` on
-// the host and under a user's allocator, which kiln cannot see into), and `peak` the most
+// out: host blocks rounded to 64 B, or to size classes from a megabyte up, device blocks to the
+// caching allocator's size classes), `reserved` is that plus the blocks the caches keep for reuse
+// (host blocks of a megabyte or more, core/host_cache.hpp; equal to `allocated` under a user's
+// device allocator, which kiln cannot see into), and `peak` the most
 // `allocated` has been since the process started or the last k::reset_peak_memory_stats. Memory
 // the caller owns (k::Tensor::wrap) is not counted; neither is cuBLASLt's workspace.
 struct memory_info {
@@ -123,6 +134,7 @@ inline memory_info memory_stats(Device d = cpu) {
     out.peak = std::max(c->peak.load(std::memory_order_relaxed), out.allocated);
   }
   out.reserved = out.allocated;
+  if (d.is_cpu()) out.reserved += memory::host_cache().cached_bytes();
   if (d.is_cuda() && &driver::current_allocator() == &driver::caching_allocator())
     out.reserved += driver::caching_allocator().cached_bytes(d.index);
   return out;
