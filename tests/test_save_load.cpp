@@ -348,6 +348,25 @@ TEST_CASE("load: malformed files are kiln errors that name the file and the faul
   check_malformed("bool", bad_bool, "holds the byte 2 at element 1", false);
 }
 
+TEST_CASE("save: names and metadata that are not UTF-8 fail and write nothing") {
+  std::string path = temp_path("not_utf8.safetensors");
+  k::Tensor x = random({3}, k::f32, 12);
+  std::string msg = error_of([&] { k::save(path, {{"bad\xff", x}}); });
+  CHECK(msg.find(path) != std::string::npos);
+  CHECK(msg.find("UTF-8") != std::string::npos);
+  msg = error_of([&] { k::save(path, {{"x", x}}, {{"note", "\xc3"}}); });
+  CHECK(msg.find("UTF-8") != std::string::npos);
+  CHECK_FALSE(fs::exists(path));
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+  // Names with quotes, control characters and non-ASCII letters round-trip.
+  const std::string odd = "a\"b\\c\n\x01 \xe2\x82\xac";
+  k::save(path, {{odd, x}}, {{odd, odd}});
+  auto loaded = k::load(path);
+  REQUIRE(loaded.count(odd) == 1);
+  CHECK(bytes_of(loaded.at(odd)) == bytes_of(x));
+  CHECK(k::load_metadata(path).at(odd) == odd);
+}
+
 TEST_CASE("cuda: save CUDA tensors, load them onto the GPU" * needs_gpu()) {
   std::vector<std::pair<std::string, k::Tensor>> tensors;
   std::uint64_t seed = 100;

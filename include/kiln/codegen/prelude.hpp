@@ -346,8 +346,13 @@ template <class I> KILN_FN auto rand_uniform(i64 seed_lo, i64 seed_hi, i64 off_l
 )KILN";
 
 // The whole prelude, as generated translation units begin.
-inline const std::string prelude =
-    std::string(prelude_core) + std::string(prelude_cpu_math) + std::string(prelude_ops) + std::string(prelude_memory) +
-    std::string(prelude_cpu_tiles);
+// Joined by a function, not a constexpr-looking initialiser: GCC would try to evaluate the
+// concatenation at compile time in every TU (about a second per TU) before giving up.
+inline std::string joined_prelude() {
+  std::string s;
+  for (std::string_view part : {prelude_core, prelude_cpu_math, prelude_ops, prelude_memory, prelude_cpu_tiles}) s += part;
+  return s;
+}
+inline const std::string prelude = joined_prelude();
 
 }  // namespace kiln::codegen
