@@ -337,12 +337,17 @@ inline void KernelWriter::plan() {
     vector_rows_ = tune_.vector_masks != 0 && rnumel_.is_constant() && rnumel_.constant_value() % config_.rvec == 0;
   } else {
     choose_tiling(max_item);
-    if (tile_dim_ >= 0) {  // a program a tile (it loops over tiles: any grid is enough)
+    if (tile_dim_ >= 0 && target_ == Target::cuda) {  // a program a tile (it loops over tiles: any grid is enough)
       ks.config.tile = config_.tile = tile_;
       ks.config.tile_dim = config_.tile_dim = tile_dim_;
       ks.config.threads = config_.threads = tile_threads(tile_, max_item, tune_);
       ks.config.xvec = config_.xvec = 1;
       ks.config.xblock = config_.xblock = std::int64_t{tile_} * tile_;
+    } else if (tile_dim_ >= 0) {  // CPU: a program exactly a tile of TILE rows by XVEC lanes
+      ks.config.tile = config_.tile = tile_;
+      ks.config.tile_dim = config_.tile_dim = tile_dim_;
+      ks.config.xvec = config_.xvec = static_cast<int>(cpu_tile_lanes);
+      ks.config.xblock = config_.xblock = std::int64_t{tile_} * cpu_tile_lanes;
     }
     exact_tiles_ = tile_dim_ < 0 && divides(config_.xblock, xnumel_);
   }
@@ -377,9 +382,12 @@ inline KernelSource KernelWriter::write() {
   std::ostringstream os;
   os << "// " << ks.name << ": " << (rows() ? "rows" : "pointwise") << " over "
      << (rows() ? "[" + xnumel_.str() + ", " + rnumel_.str() + "]" : "[" + xnumel_.str() + "]")
-     << (tile_dim_ >= 0 ? " in " + std::to_string(tile_) + "x" + std::to_string(tile_) + " tiles of dims (" +
-                              std::to_string(tile_dim_) + ", last), transposed inputs staged in shared memory"
-                        : "")
+     << (tile_dim_ < 0                ? ""
+         : target_ == Target::cuda ? " in " + std::to_string(tile_) + "x" + std::to_string(tile_) + " tiles of dims (" +
+                                         std::to_string(tile_dim_) + ", last), transposed inputs staged in shared memory"
+                                   : " in tiles of " + std::to_string(tile_) + " rows of dim " +
+                                         std::to_string(tile_dim_) + " by " + std::to_string(config_.xvec) +
+                                         " lanes of the last (transposed inputs gathered from L1)")
      << "\n";
   os << "KILN_KERNEL KILN_BOUNDS(" << ks.config.threads << ") " << ks.name << "(";
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -401,8 +409,10 @@ inline KernelSource KernelWriter::write() {
        << ";\n  constexpr int ROW_THREADS = " << c.row_threads << ", RITERS = " << c.riters
        << ", RUNROLL = " << c.runroll << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code
        << ";\n";
-  else if (tile_dim_ >= 0)
+  else if (tile_dim_ >= 0 && target_ == Target::cuda)
     os << "  constexpr int TILE = " << tile_ << ", TROWS = " << c.threads / tile_ << ";\n";
+  else if (tile_dim_ >= 0)
+    os << "  constexpr i64 TILE = " << tile_ << ", XVEC = " << c.xvec << ";\n";
   else
     os << "  constexpr i64 XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ", THREADS = " << c.threads
        << ";\n  const i64 xnumel = " << xnumel_code << ";\n";
@@ -420,6 +430,12 @@ inline KernelSource KernelWriter::write() {
   body = split_on_alignment(body);
   ks.source = signature + body + "}\n";
   ks.xnumel = xnumel_;
+  if (tile_dim_ >= 0 && target_ == Target::cpu) {  // as many programs as tiles: XBLOCK elements each
+    const auto& p = env_[plan_.domain];
+    Sym a = p[tile_dim_], b = p[p.size() - 1];
+    ks.xnumel = znumel_ * floordiv(a + Sym(tile_ - 1), Sym(tile_)) *
+                floordiv(b + Sym(config_.xvec - 1), Sym(config_.xvec)) * Sym(config_.xblock);
+  }
   ks.rnumel = rnumel_;
   for (int v : plan_.members)
     if (info(g_[v].op).cls != OpClass::leaf && !is_view(g_[v].op)) ks.fused_ops.push_back(std::string(name(g_[v].op)));

@@ -14,7 +14,15 @@
 // a stride of neither 0 nor 1 along the last dim. The kernel is tiled when the tiles' occupied
 // lanes (a tile overhangs dims that are not multiples of its side) beat the sectors the untiled
 // loads use: from the sizes and the element bytes, no size thresholds.
+//
+// On the CPU the caches do the transposing: a program takes 64 rows of dim a by 16 lanes of the
+// last dim, row after row, so the 16 lines of the transposed input that a row gathers from serve
+// the next 15 rows from L1 (the untiled walk came back to a line only after a whole row of the last
+// dim, from L2 at best: `transpose(x) + y` over 4096^2 f32 ran 11x slower than `x + y`). Tiled when
+// each lane of the untiled walk reads its own line and a row of the last dim's lines overflows L1.
 #pragma once
+#include <unistd.h>
+
 #include "kernel_writer.hpp"
 
 namespace kiln::codegen {
@@ -64,11 +72,21 @@ inline bool staged_access(const Sym& offset, const Sym& a, const Sym& b) {
   return is_const(*ca, 1) && !is_const(*cb, 0) && !is_const(*cb, 1);
 }
 
-// Decides the tiling of a GPU pointwise kernel (tile_dim_, tile_) before a line is written.
+// The host's L1 data cache in bytes (32 KiB where the C library cannot say).
+inline std::int64_t l1_data_bytes() {
+  static const std::int64_t bytes = [] {
+    long b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return b > 0 ? static_cast<std::int64_t>(b) : std::int64_t{32} << 10;
+  }();
+  return bytes;
+}
+
+// Decides the tiling of a pointwise kernel (tile_dim_, tile_) before a line is written.
 inline void KernelWriter::choose_tiling(int max_item) {
   const auto& p = env_[plan_.domain];
   const int rank = static_cast<int>(p.size());
-  if (target_ != Target::cuda || rows() || probe_ || rank < 2 || tune_.transpose == 0) return;
+  if (rows() || probe_ || rank < 2 || tune_.transpose == 0) return;
+  const bool cpu = target_ == Target::cpu;
   // Only kernels that read something through a permute or a strided argument can have one.
   bool permuted = false;
   for (int v : plan_.members) {
@@ -81,10 +99,13 @@ inline void KernelWriter::choose_tiling(int max_item) {
   KernelWriter probe(g_, s_, env_, k_, target_, strides_of_, tune_);
   probe.probe_ = true;
   probe.write();
-  // Tiles of 32 x 32 elements of 4 bytes or more, 64 x 64 of narrower ones (tile_threads has the
-  // threads); the knob's sides (16, 32, 64) override it.
-  const std::int64_t side =
-      tune_.transpose > 1 ? std::clamp<std::int64_t>(next_pow2(tune_.transpose), 16, 64) : max_item >= 4 ? 32 : 64;
+  // GPU: tiles of 32 x 32 elements of 4 bytes or more, 64 x 64 of narrower ones (tile_threads has
+  // the threads); the knob's sides (16, 32, 64) override it. CPU: 64 rows of 16 lanes.
+  const std::int64_t side = cpu                   ? cpu_tile_rows
+                            : tune_.transpose > 1 ? std::clamp<std::int64_t>(next_pow2(tune_.transpose), 16, 64)
+                            : max_item >= 4       ? 32
+                                                  : 64;
+  const std::int64_t lanes = cpu ? cpu_tile_lanes : side, line = cpu ? 64 : 32;  // the memory's unit
   const auto& example = env_.example;
   // Bytes of staged loads for each candidate dim, and the sectors' share their untiled loads use.
   std::vector<double> bytes(rank, 0), untiled(rank, 1);
@@ -96,16 +117,19 @@ inline void KernelWriter::choose_tiling(int max_item) {
       std::int64_t item = static_cast<std::int64_t>(itemsize(g_[node].dt));
       std::int64_t step = std::abs(stride->eval(example)) * item;  // bytes between neighbouring lanes
       bytes[a] += static_cast<double>(item);
-      untiled[a] = std::min(untiled[a], std::min(1.0, static_cast<double>(item) / static_cast<double>(std::min<std::int64_t>(step, 32))));
+      double share = std::min(1.0, static_cast<double>(item) / static_cast<double>(std::min(step, line)));
+      // The CPU's untiled walk finds a line again after a row of the last dim: from L1 if they fit.
+      if (cpu && (step < line || p[rank - 1].eval(example) * line <= l1_data_bytes())) share = 1;
+      untiled[a] = std::min(untiled[a], share);
     }
   }
   int best = static_cast<int>(std::max_element(bytes.begin(), bytes.end()) - bytes.begin());
   if (bytes[best] == 0) return;
-  auto occupied = [&](std::int64_t n) {  // the share of a dim's tiles inside it
-    std::int64_t tiles = (std::max<std::int64_t>(n, 1) + side - 1) / side;
-    return static_cast<double>(n) / static_cast<double>(tiles * side);
+  auto occupied = [&](std::int64_t n, std::int64_t tile) {  // the share of a dim's tiles inside it
+    std::int64_t tiles = (std::max<std::int64_t>(n, 1) + tile - 1) / tile;
+    return static_cast<double>(n) / static_cast<double>(tiles * tile);
   };
-  double tiled = occupied(p[best].eval(example)) * occupied(p[rank - 1].eval(example));
+  double tiled = occupied(p[best].eval(example), side) * occupied(p[rank - 1].eval(example), lanes);
   if (tiled <= untiled[best]) return;
   tile_dim_ = best;
   tile_ = static_cast<int>(side);
@@ -151,6 +175,22 @@ inline void KernelWriter::write_tiled() {
   section_ = Section::row_open;
   line("const i64 anumel = " + index_code(p[tile_dim_]) + ", bnumel = " + index_code(p[rank - 1]) +
        ", znumel = " + index_code(znumel_) + ";");
+  if (target_ == Target::cpu) {  // a program a tile: TILE rows of dim a, one after the other
+    line("const i64 atiles = (anumel + TILE - 1) / TILE, btiles = (bnumel + XVEC - 1) / XVEC;");
+    line("const i64 zindex = kiln_pid / (atiles * btiles);");
+    line("const i64 aoffset = kiln_pid / btiles % atiles * TILE, boffset = kiln_pid % btiles * XVEC;");
+    line("const auto xb = boffset + kiln::arange<XVEC>();");
+    line("for (i64 ya = aoffset; ya < aoffset + TILE; ++ya) {");
+    ++indent_;
+    section_ = Section::body;
+    // Tiles that cover the domain exactly need no bounds tests (a constant mask folds away).
+    const bool exact = divides(tile_, p[tile_dim_]) && divides(config_.xvec, p[rank - 1]);
+    line(exact ? "const auto xmask = kiln::full<XVEC>(true);" : "const auto xmask = (xb < bnumel) & (ya < anumel);");
+    for (int s : plan_.stores) store(s, idx);
+    --indent_;
+    line("}");
+    return;
+  }
   line("const i64 atiles = (anumel + TILE - 1) / TILE, btiles = (bnumel + TILE - 1) / TILE;");
   line("for (i64 kiln_tile = blockIdx.x; kiln_tile < znumel * atiles * btiles; kiln_tile += gridDim.x) {");
   ++indent_;
@@ -174,7 +214,7 @@ inline void KernelWriter::write_tiled() {
 // A staged load: the tile's values enter shared memory in the staging pass (lanes along dim a) and
 // come back across it; nullopt when the access is not one to stage.
 inline std::optional<KernelWriter::Value> KernelWriter::staged_load(int node, const Sym& offset) {
-  if (!staged_access(offset, ya_, xb_)) return std::nullopt;
+  if (target_ != Target::cuda || !staged_access(offset, ya_, xb_)) return std::nullopt;
   std::string ptr = param_for(node, false);
   SymMap m;
   m.emplace(ya_, sa_);

@@ -66,6 +66,9 @@ inline LaunchConfig pointwise_config(Target t, std::int64_t xnumel, int max_item
   return c;
 }
 
+// CPU tiles of transposed operands (kernel_writer_tiles.hpp): rows of dim a by lanes of the last dim.
+inline constexpr std::int64_t cpu_tile_rows = 64, cpu_tile_lanes = 16;
+
 // Threads of a tiled kernel: each moves 16 bytes of the narrowest element a pass (as pointwise
 // vectors do), so side^2 * item / 16, between side and side^2 (a whole column of the tile); a
 // Tuning's poi_threads (KILN_TUNE_POI_THREADS) overrides it within the same bounds.
