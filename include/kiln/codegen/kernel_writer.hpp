@@ -14,6 +14,7 @@
 
 #include "../ir/shape_env.hpp"
 #include "../schedule/fuse.hpp"
+#include "c_text.hpp"
 #include "launch_config.hpp"
 
 namespace kiln::codegen {
@@ -39,100 +40,6 @@ struct KernelSource {
   std::vector<std::string> fused_ops;
 };
 
-namespace detail {
-
-inline std::string c_type(kiln::dtype d) {
-  switch (compute_dtype(d)) {
-    case kiln::dtype::f64:
-      return "double";
-    case kiln::dtype::i64:
-      return "i64";
-    case kiln::dtype::i32:
-      return "int";
-    case kiln::dtype::boolean:
-      return "bool";
-    default:
-      return "float";
-  }
-}
-inline std::string storage_c_type(kiln::dtype d) {
-  switch (d) {
-    case kiln::dtype::f16:
-      return "f16";
-    case kiln::dtype::bf16:
-      return "bf16";
-    default:
-      return c_type(d);
-  }
-}
-
-inline std::string literal(double v, kiln::dtype ct) {
-  if (std::isnan(v)) return ct == kiln::dtype::f64 ? "(0.0 / 0.0)" : "(0.0f / 0.0f)";
-  if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + (ct == kiln::dtype::f64 ? "(double)KILN_INF" : "KILN_INF");
-  char buf[64];
-  switch (compute_dtype(ct)) {
-    case kiln::dtype::f64:
-      std::snprintf(buf, sizeof buf, "%.17g", v);
-      break;
-    case kiln::dtype::f32:
-      std::snprintf(buf, sizeof buf, "%.9gf", v);
-      break;
-    case kiln::dtype::boolean:
-      return v != 0 ? "true" : "false";
-    case kiln::dtype::i32:
-      std::snprintf(buf, sizeof buf, "%d", static_cast<int>(v));
-      return buf;
-    default:
-      std::snprintf(buf, sizeof buf, "%lldLL", static_cast<long long>(v));
-      return buf;
-  }
-  std::string s = buf;
-  if (s.find_first_of(".en") == std::string::npos) s.insert(s.size() - (compute_dtype(ct) == kiln::dtype::f32), ".0");
-  return s;
-}
-
-// Sizes for unravelling an index: a size-0 dim launches nothing, so any nonzero stand-in works.
-inline std::vector<Sym> nonzero(const std::vector<Sym>& sizes) {
-  std::vector<Sym> out = sizes;
-  for (auto& s : out)
-    if (s.is_constant() && s.constant_value() == 0) s = Sym(1);
-  return out;
-}
-
-// The C++ operator or prelude function of each primitive.
-inline std::string pointwise_expr(Op op, const std::vector<std::string>& a) {
-  switch (op) {
-    case Op::add:
-      return a[0] + " + " + a[1];
-    case Op::sub:
-      return a[0] + " - " + a[1];
-    case Op::mul:
-      return a[0] + " * " + a[1];
-    case Op::div:
-      return a[0] + " / " + a[1];
-    case Op::lt:
-      return a[0] + " < " + a[1];
-    case Op::le:
-      return a[0] + " <= " + a[1];
-    case Op::gt:
-      return a[0] + " > " + a[1];
-    case Op::ge:
-      return a[0] + " >= " + a[1];
-    case Op::eq:
-      return a[0] + " == " + a[1];
-    case Op::ne:
-      return a[0] + " != " + a[1];
-    case Op::where:
-      return "kiln::where(" + a[0] + ", " + a[1] + ", " + a[2] + ")";
-    default:
-      break;
-  }
-  std::string s = "kiln::" + std::string(name(op)) + "(";
-  for (std::size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + a[i];
-  return s + ")";
-}
-
-}  // namespace detail
 
 // Writes one kernel. `strides_of(node)` gives the symbolic strides of a buffer (args may be
 // strided; intermediates are contiguous).
@@ -288,6 +195,7 @@ class KernelWriter {
   bool full_tiles_ = false;                // rows: register tiles cover a row exactly
   bool vector_rows_ = false;               // rows: the row length is a multiple of the vector
   std::map<std::string, Value> memo_;
+  std::map<std::string, std::string> kept_values_;  // CPU rows: a special function's tiles kept for later loops
   int scope_ = 0;
   // Transposed tiles (kernel_writer_tiles.hpp): the dim staged beside the last one and the tiles'
   // side (none: -1, 0); a probe's per-dim symbols and the loads it saw; the staged loads.
@@ -311,8 +219,23 @@ inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& 
   }
   auto it = memo_.find(key);
   if (it != memo_.end()) return it->second;
+  // CPU rows held across loops: a special function's tiles computed by an earlier loop are kept
+  // (softmax's exp(x - max) of the sum's loop, read again by the output's), not evaluated twice.
+  const bool keep = target_ == Target::cpu && rows() && in_rloop_ && config_.riters > 0 &&
+                    is_transcendental(g_[node].op) && !(s_.realized[node] && s_.kernel_of[node] != k_) &&
+                    tune_.keep_values != 0;
+  const std::string vkey = key.substr(key.find(':') + 1);  // without the loop's scope
+  if (keep)
+    if (auto kept = kept_values_.find(vkey); kept != kept_values_.end())
+      return memo_[key] = bind(kept->second + "[kiln_it]", compute_dtype(g_[node].dt));
   Value v = emit_uncached(node, idx, extra_mask);
   memo_[key] = v;
+  if (keep && !final_loop_ && !v.literal) {
+    std::string name = "kept" + std::to_string(kept_values_.size());
+    kept_values_[vkey] = name;
+    cache_decls_.push_back("kiln::tile<" + detail::c_type(v.ct) + ", RVEC> " + name + "[RITERS];");
+    line(name + "[kiln_it] = " + v.code + ";");
+  }
   return v;
 }
 

@@ -42,6 +42,8 @@ struct Tuning {
   int vector_masks = -1;   // rows whose length is a multiple of the vector: 0 test each lane (the
                            // rule before), 1 each vector, 2 each vector and split the body on
                            // alignment (KILN_TUNE_VECTOR_MASKS)
+  int keep_values = -1;    // CPU rows held across loops: 0 evaluates special functions again in each
+                           // loop that reads them (the rule before; KILN_TUNE_KEEP_VALUES)
   int transpose = -1;      // GPU pointwise kernels with transposed inputs: 0 untiled (the rule before),
                            // 16-128 the side of their shared-memory tiles (KILN_TUNE_TRANSPOSE)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
@@ -68,7 +70,8 @@ struct Tuning {
                                    {&Tuning::partials, "partials"},     {&Tuning::matmul_t, "matmul_t"},
                                    {&Tuning::realize, "realize"},       {&Tuning::epilogue, "epilogue"},
                                    {&Tuning::row_tiling, "row_tiling"}, {&Tuning::row_cache, "row_cache"},
-                                   {&Tuning::vector_masks, "vector_masks"}, {&Tuning::transpose, "transpose"}};
+                                   {&Tuning::vector_masks, "vector_masks"}, {&Tuning::transpose, "transpose"},
+                                   {&Tuning::keep_values, "keep_values"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -97,7 +100,8 @@ struct Tuning {
                                    {&Tuning::row_tiling, "KILN_TUNE_ROW_TILING", 0, 1},
                                    {&Tuning::row_cache, "KILN_TUNE_ROW_CACHE", 0, any},
                                    {&Tuning::vector_masks, "KILN_TUNE_VECTOR_MASKS", 0, 2},
-                                   {&Tuning::transpose, "KILN_TUNE_TRANSPOSE", 0, 128}};
+                                   {&Tuning::transpose, "KILN_TUNE_TRANSPOSE", 0, 128},
+                                   {&Tuning::keep_values, "KILN_TUNE_KEEP_VALUES", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);
