@@ -224,7 +224,7 @@ inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& 
   const bool keep = target_ == Target::cpu && rows() && in_rloop_ && config_.riters > 0 &&
                     is_transcendental(g_[node].op) && !(s_.realized[node] && s_.kernel_of[node] != k_) &&
                     tune_.keep_values != 0;
-  const std::string vkey = key.substr(key.find(':') + 1);  // without the loop's scope
+  const std::string vkey = keep ? key.substr(key.find(':') + 1) : std::string();  // without the loop's scope
   if (keep)
     if (auto kept = kept_values_.find(vkey); kept != kept_values_.end())
       return memo_[key] = bind(kept->second + "[kiln_it]", compute_dtype(g_[node].dt));

@@ -337,17 +337,14 @@ inline void KernelWriter::plan() {
     vector_rows_ = tune_.vector_masks != 0 && rnumel_.is_constant() && rnumel_.constant_value() % config_.rvec == 0;
   } else {
     choose_tiling(max_item);
-    if (tile_dim_ >= 0 && target_ == Target::cuda) {  // a program a tile (it loops over tiles: any grid is enough)
-      ks.config.tile = config_.tile = tile_;
-      ks.config.tile_dim = config_.tile_dim = tile_dim_;
-      ks.config.threads = config_.threads = tile_threads(tile_, max_item, tune_);
-      ks.config.xvec = config_.xvec = 1;
-      ks.config.xblock = config_.xblock = std::int64_t{tile_} * tile_;
-    } else if (tile_dim_ >= 0) {  // CPU: a program exactly a tile of TILE rows by XVEC lanes
-      ks.config.tile = config_.tile = tile_;
-      ks.config.tile_dim = config_.tile_dim = tile_dim_;
-      ks.config.xvec = config_.xvec = static_cast<int>(cpu_tile_lanes);
-      ks.config.xblock = config_.xblock = std::int64_t{tile_} * cpu_tile_lanes;
+    if (tile_dim_ >= 0) {  // GPU: a program loops over tiles (any grid will do); CPU: a program a tile
+      const bool gpu = target_ == Target::cuda;
+      config_.tile = tile_;
+      config_.tile_dim = tile_dim_;
+      if (gpu) config_.threads = tile_threads(tile_, max_item, tune_);
+      config_.xvec = gpu ? 1 : static_cast<int>(cpu_tile_lanes);  // a thread's lanes, or the CPU tile's
+      config_.xblock = std::int64_t{tile_} * (gpu ? tile_ : config_.xvec);
+      ks.config = config_;
     }
     exact_tiles_ = tile_dim_ < 0 && divides(config_.xblock, xnumel_);
   }
