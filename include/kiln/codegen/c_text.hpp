@@ -107,4 +107,9 @@ inline std::string pointwise_expr(Op op, const std::vector<std::string>& a) {
 
 }  // namespace detail
 
+// True when n is a constant multiple of `block`.
+inline bool divides(std::int64_t block, const Sym& n) {
+  return block > 0 && n.is_constant() && n.constant_value() % block == 0;
+}
+
 }  // namespace kiln::codegen

@@ -58,11 +58,6 @@ inline std::string KernelWriter::reduction_identity(Op op, kiln::dtype ct) {
   }
 }
 
-// True when n is a constant multiple of `block`.
-inline bool divides(std::int64_t block, const Sym& n) {
-  return block > 0 && n.is_constant() && n.constant_value() % block == 0;
-}
-
 inline void KernelWriter::write_pointwise() {
   line("KILN_POINTWISE_LOOP(xoffset) {");
   ++indent_;
