@@ -1,8 +1,14 @@
 // A real BLAS for host GEMMs, found at run time as the CUDA driver is: nothing links against it,
 // and without one the blocked GEMM (cpu_matmul.hpp) does the work. KILN_BLAS chooses: a library
 // name or path (`libblis.so.4`, `/opt/OpenBLAS/lib/libopenblas.so`), or `none` for the blocked
-// GEMM; unset, kiln tries OpenBLAS, then BLIS, then MKL's single runtime. Read at each matmul, so a
-// process may switch; each library is opened once.
+// GEMM; unset, kiln tries OpenBLAS built on OpenMP, then any OpenBLAS, then BLIS, then MKL's single
+// runtime. Read at each matmul, so a process may switch; each library is opened once.
+//
+// Why OpenMP first: kiln's CPU kernels run on OpenMP (libgomp), and a GEMM's epilogue kernel follows
+// it at once. An OpenBLAS on its own pthread pool leaves its workers spinning after the GEMM while
+// the kernel's OpenMP team wants the same cores, and the kernel's team spins while the next GEMM
+// starts: `gelu(a @ b + bias)` 1024^3 f32 took 1.7x the GEMM alone on 2 cores; with OpenBLAS on the
+// same OpenMP team, 1.15x (benchmarks/NOTES.md item 56).
 //
 // Only what a BLAS computes exactly as kiln would is sent to it: f32 x f32 into f32 and f64 x f64
 // into f64 (16-bit operands and mixed dtypes stay on the blocked GEMM, which converts on packing),
@@ -51,6 +57,17 @@ inline Library open_library(const char* name) {
   return lib;
 }
 
+// The libraries tried when KILN_BLAS is unset, in order: OpenBLAS's OpenMP build where
+// distributions keep it apart (Debian and Ubuntu's multiarch directory, Fedora's libopenblaso),
+// then the default OpenBLAS, BLIS and MKL.
+inline constexpr const char* candidates[] = {
+#if defined(__x86_64__)
+    "/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0",
+#elif defined(__aarch64__)
+    "/usr/lib/aarch64-linux-gnu/openblas-openmp/libopenblas.so.0",
+#endif
+    "libopenblaso.so.0", "libopenblas.so.0", "libblis.so.4", "libmkl_rt.so.2", "libmkl_rt.so"};
+
 // The library KILN_BLAS names (or the first found), opened once per name.
 inline const Library& library() {
   static std::mutex mutex;
@@ -65,7 +82,7 @@ inline const Library& library() {
   } else if (choice) {
     lib = open_library(choice);
   } else {
-    for (const char* name : {"libopenblas.so.0", "libblis.so.4", "libmkl_rt.so.2", "libmkl_rt.so"})
+    for (const char* name : candidates)
       if ((lib = open_library(name)).sgemm) break;
   }
   return opened->emplace(key, lib).first->second;
