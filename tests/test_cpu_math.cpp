@@ -186,3 +186,36 @@ TEST_CASE("cpu math: f64 keeps libm's functions") {
     CHECK(t[i] == std::tanh(xs[i]));
   }
 }
+
+// The NaN-propagating maximum and minimum (prelude_cpu_tiles.hpp: whole vectors of the target's
+// width): row reductions and the pointwise ops, NaN and infinities at every lane position of a
+// tile and in a row's masked tail, equal to the oracle exactly (NaN where it is NaN).
+TEST_CASE("cpu math: maximum and minimum, as row reductions and pointwise, keep NaN at every lane") {
+  const std::int64_t rows = 41, cols = 1003;  // 1003: a partial tile at each row's end
+  const float quiet = std::numeric_limits<float>::quiet_NaN();
+  for (bool f64 : {false, true}) {
+    CAPTURE(f64);
+    std::vector<float> xs = uniform(static_cast<std::size_t>(rows * cols), -100.0f, 100.0f, 31);
+    std::vector<float> ys = uniform(xs.size(), -100.0f, 100.0f, 32);
+    for (std::int64_t r = 0; r < rows; ++r) {  // row r: a special value at column (r * 37) % cols
+      const std::size_t at = static_cast<std::size_t>(r * cols + (r * 37) % cols);
+      xs[at] = r % 4 == 0 ? quiet : r % 4 == 1 ? inf : r % 4 == 2 ? -inf : xs[at];
+      if (r % 5 == 0) ys[static_cast<std::size_t>(r * cols + cols - 1 - r)] = quiet;
+    }
+    k::Tensor x = k::from_vector(xs, {rows, cols}), y = k::from_vector(ys, {rows, cols});
+    if (f64) x = k::Tensor(k::cast(x, k::f64)), y = k::Tensor(k::cast(y, k::f64));
+    auto same = [](const k::Tensor& got, const k::Tensor& want) {
+      auto g = k::to_vector<double>(k::Tensor(k::cast(got, k::f64)));
+      auto w = k::to_vector<double>(want);
+      int bad = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) bad += std::isnan(w[i]) ? !std::isnan(g[i]) : g[i] != w[i];
+      return bad;
+    };
+    CHECK(same(k::amax(x, -1), k::reference::eval(k::amax(x, -1))) == 0);
+    CHECK(same(k::amin(x, -1), k::reference::eval(k::amin(x, -1))) == 0);
+    CHECK(same(k::maximum(x, y), k::reference::eval(k::maximum(x, y))) == 0);
+    CHECK(same(k::minimum(x, y), k::reference::eval(k::minimum(x, y))) == 0);
+    auto s = k::to_vector<double>(k::Tensor(k::cast(k::softmax(x, -1), k::f64)));
+    for (std::int64_t r = 0; r < rows; r += 4) CHECK(std::isnan(s[static_cast<std::size_t>(r * cols)]));
+  }
+}

@@ -3,8 +3,9 @@
 // minimum of row reductions (softmax's max, amax). Their accumulator is read three times a step
 // (two NaN tests and the comparison), which GCC's loop vectoriser does not take for a reduction
 // (without -ffinite-math-only it cannot use a plain max), so the row's max stayed scalar. As vector
-// operations the same selects are one compare-and-blend per 8 or 16 lanes. The last piece of the
-// prelude; nothing here for the device, and other compilers keep the generic loops.
+// operations the same selects are one compare-and-blend per 4, 8 or 16 f32 lanes (SSE or NEON, AVX,
+// AVX-512). The last piece of the prelude; nothing here for the device, and other compilers keep the
+// generic loops.
 #pragma once
 #include <string_view>
 
@@ -13,40 +14,51 @@ namespace kiln::codegen {
 inline constexpr std::string_view prelude_cpu_tiles = R"KILN(
 #if !defined(KILN_DEVICE_CODE) && defined(__GNUC__) && !defined(__clang__)
 namespace kiln {
-// A tile of N lanes of f32 or f64 as one GCC vector (N must be a power of two).
+// Tiles of N lanes of f32 or f64 (N a power of two) go through as GCC vectors.
 template <class T> struct vector_lane { static constexpr bool value = false; };
 template <> struct vector_lane<float> { static constexpr bool value = true; };
 template <> struct vector_lane<double> { static constexpr bool value = true; };
-// (Separate from as_vector: instantiating a vector of bool or i64 lanes to ask would be an error,
-// not a substitution failure.)
+// (A trait of its own: instantiating a vector of bool or i64 lanes to ask would be an error, not a
+// substitution failure.)
 template <class T, int N> struct vector_fits {
   static constexpr bool value = vector_lane<T>::value && N > 1 && (N & (N - 1)) == 0;
 };
-template <class T, int N> struct as_vector {
-  typedef T type __attribute__((vector_size(N * sizeof(T))));
+// The widest vector the target computes in one instruction, in bytes. A wider GCC vector is split
+// by the compiler, and its compares and selects may be split lane by lane: 16-lane f32 tiles on an
+// AVX2 machine ran softmax's max 3x slower than a scalar loop. So tiles go through in pieces of
+// this width.
+#if defined(__AVX512F__)
+#define KILN_VECTOR_BYTES 64
+#elif defined(__AVX__)
+#define KILN_VECTOR_BYTES 32
+#else
+#define KILN_VECTOR_BYTES 16
+#endif
+template <class T, int N> struct native_lanes {
+  static constexpr int value = N * (int)sizeof(T) <= KILN_VECTOR_BYTES ? N : KILN_VECTOR_BYTES / (int)sizeof(T);
 };
-template <class T, int N> KILN_FN typename as_vector<T, N>::type vector_of(const tile<T, N>& t) {
-  typename as_vector<T, N>::type v;
-  std::memcpy(&v, t.v, sizeof v);
-  return v;
-}
-template <class T, int N, class V> KILN_FN tile<T, N> tile_of(const V& v) {
-  tile<T, N> t;
-  std::memcpy(t.v, &v, sizeof v);
-  return t;
-}
 // As the generic maximum and minimum: NaN if either lane is NaN (torch.maximum / torch.minimum).
+template <bool Max, class T, int N> KILN_FN tile<T, N> nan_extremum(const tile<T, N>& a, const tile<T, N>& b) {
+  constexpr int C = native_lanes<T, N>::value;
+  typedef T V __attribute__((vector_size(C * sizeof(T))));
+  tile<T, N> r;
+  for (int i = 0; i < N; i += C) {
+    V x, y;
+    std::memcpy(&x, a.v + i, sizeof x);
+    std::memcpy(&y, b.v + i, sizeof y);
+    const V m = Max ? (x > y ? x : y) : (x < y ? x : y);
+    const V o = x != x ? x : (y != y ? y : m);
+    std::memcpy(r.v + i, &o, sizeof o);
+  }
+  return r;
+}
 template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
 KILN_FN tile<T, N> maximum(const tile<T, N>& a, const tile<T, N>& b) {
-  const auto x = vector_of(a), y = vector_of(b);
-  const auto m = x > y ? x : y;
-  return tile_of<T, N>(x != x ? x : (y != y ? y : m));
+  return nan_extremum<true>(a, b);
 }
 template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
 KILN_FN tile<T, N> minimum(const tile<T, N>& a, const tile<T, N>& b) {
-  const auto x = vector_of(a), y = vector_of(b);
-  const auto m = x < y ? x : y;
-  return tile_of<T, N>(x != x ? x : (y != y ? y : m));
+  return nan_extremum<false>(a, b);
 }
 }  // namespace kiln
 #endif
