@@ -30,6 +30,7 @@ inline constexpr std::string_view prelude_core = R"KILN(
 #define KILN_UNROLL _Pragma("unroll")
 typedef long long i64;
 #define KILN_INF __int_as_float(0x7f800000)
+#define KILN_LIBM(f) ::f
 // The 16-bit float headers are large: only kernels that move f16/bf16 include them (KILN_HALF).
 #ifdef KILN_HALF
 #include <cuda_fp16.h>
@@ -53,10 +54,10 @@ KILN_FN float to_compute(bf16) { return 0.0f; }
 }  // namespace kiln
 #endif
 #else
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
+// No standard headers on the host: <cmath> alone took 0.28 s of a 0.45 s kernel compile (a CPU
+// program's first call). GCC's and Clang's builtins stand in for what the prelude uses: the math
+// functions below (KILN_LIBM), memcpy and the special values.
+#define KILN_LIBM(f) __builtin_##f
 #define KILN_FN inline __attribute__((always_inline))
 #define KILN_KERNEL static void
 #define KILN_BOUNDS(threads)
@@ -65,10 +66,11 @@ KILN_FN float to_compute(bf16) { return 0.0f; }
 typedef long long i64;
 struct f16 { unsigned short bits; };
 struct bf16 { unsigned short bits; };
-#define KILN_INF (std::numeric_limits<float>::infinity())
+#define KILN_INF __builtin_inff()
+#define KILN_NAN __builtin_nanf("")
 namespace kiln {
-KILN_FN unsigned bits_of(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-KILN_FN float float_of(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+KILN_FN unsigned bits_of(float f) { unsigned u; __builtin_memcpy(&u, &f, 4); return u; }
+KILN_FN float float_of(unsigned u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
 inline float to_compute(f16 h) {
   unsigned sign = (h.bits & 0x8000u) << 16, exp = (h.bits >> 10) & 0x1fu, mant = h.bits & 0x3ffu;
   if (exp == 0x1fu) return float_of(sign | 0x7f800000u | (mant << 13));
@@ -202,37 +204,37 @@ inline constexpr std::string_view prelude_ops = R"KILN(
 // this), which the host compiler vectorises across a tile (a call into libm would stop it).
 #ifdef KILN_DEVICE_CODE
 KILN_FN float m_exp(float x) { return __expf(x); }  // ex2.approx, as Triton's tl.exp
-KILN_FN float m_log(float x) { return ::logf(x); }
-KILN_FN float m_tanh(float x) { return ::tanhf(x); }
-KILN_FN float m_erf(float x) { return ::erff(x); }
+KILN_FN float m_log(float x) { return KILN_LIBM(logf)(x); }
+KILN_FN float m_tanh(float x) { return KILN_LIBM(tanhf)(x); }
+KILN_FN float m_erf(float x) { return KILN_LIBM(erff)(x); }
 #endif
-KILN_FN double m_exp(double x) { return ::exp(x); }
-KILN_FN float m_exp2(float x) { return ::exp2f(x); }
-KILN_FN double m_exp2(double x) { return ::exp2(x); }
-KILN_FN double m_log(double x) { return ::log(x); }
-KILN_FN float m_log2(float x) { return ::log2f(x); }
-KILN_FN double m_log2(double x) { return ::log2(x); }
-KILN_FN float m_log1p(float x) { return ::log1pf(x); }
-KILN_FN double m_log1p(double x) { return ::log1p(x); }
-KILN_FN float m_expm1(float x) { return ::expm1f(x); }
-KILN_FN double m_expm1(double x) { return ::expm1(x); }
-KILN_FN float m_sqrt(float x) { return ::sqrtf(x); }
-KILN_FN double m_sqrt(double x) { return ::sqrt(x); }
+KILN_FN double m_exp(double x) { return KILN_LIBM(exp)(x); }
+KILN_FN float m_exp2(float x) { return KILN_LIBM(exp2f)(x); }
+KILN_FN double m_exp2(double x) { return KILN_LIBM(exp2)(x); }
+KILN_FN double m_log(double x) { return KILN_LIBM(log)(x); }
+KILN_FN float m_log2(float x) { return KILN_LIBM(log2f)(x); }
+KILN_FN double m_log2(double x) { return KILN_LIBM(log2)(x); }
+KILN_FN float m_log1p(float x) { return KILN_LIBM(log1pf)(x); }
+KILN_FN double m_log1p(double x) { return KILN_LIBM(log1p)(x); }
+KILN_FN float m_expm1(float x) { return KILN_LIBM(expm1f)(x); }
+KILN_FN double m_expm1(double x) { return KILN_LIBM(expm1)(x); }
+KILN_FN float m_sqrt(float x) { return KILN_LIBM(sqrtf)(x); }
+KILN_FN double m_sqrt(double x) { return KILN_LIBM(sqrt)(x); }
 #ifdef KILN_DEVICE_CODE
-KILN_FN float m_rsqrt(float x) { return ::rsqrtf(x); }
-KILN_FN double m_rsqrt(double x) { return ::rsqrt(x); }
+KILN_FN float m_rsqrt(float x) { return KILN_LIBM(rsqrtf)(x); }
+KILN_FN double m_rsqrt(double x) { return KILN_LIBM(rsqrt)(x); }
 #else
-KILN_FN float m_rsqrt(float x) { return 1.0f / ::sqrtf(x); }
-KILN_FN double m_rsqrt(double x) { return 1.0 / ::sqrt(x); }
+KILN_FN float m_rsqrt(float x) { return 1.0f / KILN_LIBM(sqrtf)(x); }
+KILN_FN double m_rsqrt(double x) { return 1.0 / KILN_LIBM(sqrt)(x); }
 #endif
-KILN_FN float m_sin(float x) { return ::sinf(x); }
-KILN_FN double m_sin(double x) { return ::sin(x); }
-KILN_FN float m_cos(float x) { return ::cosf(x); }
-KILN_FN double m_cos(double x) { return ::cos(x); }
-KILN_FN double m_tanh(double x) { return ::tanh(x); }
-KILN_FN double m_erf(double x) { return ::erf(x); }
-KILN_FN float m_pow(float x, float y) { return ::powf(x, y); }
-KILN_FN double m_pow(double x, double y) { return ::pow(x, y); }
+KILN_FN float m_sin(float x) { return KILN_LIBM(sinf)(x); }
+KILN_FN double m_sin(double x) { return KILN_LIBM(sin)(x); }
+KILN_FN float m_cos(float x) { return KILN_LIBM(cosf)(x); }
+KILN_FN double m_cos(double x) { return KILN_LIBM(cos)(x); }
+KILN_FN double m_tanh(double x) { return KILN_LIBM(tanh)(x); }
+KILN_FN double m_erf(double x) { return KILN_LIBM(erf)(x); }
+KILN_FN float m_pow(float x, float y) { return KILN_LIBM(powf)(x, y); }
+KILN_FN double m_pow(double x, double y) { return KILN_LIBM(pow)(x, y); }
 template <class T> KILN_FN T m_abs(T x) { return x < T(0) ? -x : x; }
 template <class T> KILN_FN T m_sign(T x) { return (T)((x > T(0)) - (x < T(0))); }
 template <class T> KILN_FN T m_relu(T x) { return (x != x) ? x : (x > T(0) ? x : T(0)); }

@@ -94,7 +94,7 @@ KILN_FN float m_log(float x) {
   const float fe = (float)e;
   const float y = (fe * -2.12194440e-4f + l1p) + fe * 0.693359375f;
   // log 0 = -inf, log inf = inf, log of a negative number NaN, NaN itself.
-  const float special = m_pick(x == 0.0f, -KILN_INF, m_pick(x == KILN_INF, x, std::numeric_limits<float>::quiet_NaN()));
+  const float special = m_pick(x == 0.0f, -KILN_INF, m_pick(x == KILN_INF, x, KILN_NAN));
   return m_pick((x > 0.0f) & (x < KILN_INF), y, m_pick(x != x, x, special));
 }
 

@@ -44,11 +44,11 @@ template <bool Max, class T, int N> KILN_FN tile<T, N> nan_extremum(const tile<T
   tile<T, N> r;
   for (int i = 0; i < N; i += C) {
     V x, y;
-    std::memcpy(&x, a.v + i, sizeof x);
-    std::memcpy(&y, b.v + i, sizeof y);
+    __builtin_memcpy(&x, a.v + i, sizeof x);
+    __builtin_memcpy(&y, b.v + i, sizeof y);
     const V m = Max ? (x > y ? x : y) : (x < y ? x : y);
     const V o = x != x ? x : (y != y ? y : m);
-    std::memcpy(r.v + i, &o, sizeof o);
+    __builtin_memcpy(r.v + i, &o, sizeof o);
   }
   return r;
 }
