@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include <kiln/kiln.hpp>
@@ -69,8 +70,8 @@ void check_close(const k::Tensor& got, const std::vector<double>& want, double t
 
 inline constexpr auto layer_norm_fn = [](auto x, auto w, auto b) { return k::layer_norm(x, w, b); };
 
-void check_layer_norm_backward(k::Device dev) {
-  const std::int64_t rows = 16384 + 256 * 3, cols = 2056;  // 256 chunks of 67 rows; odd-sized columns
+// rows: 256 chunks of 67 by default; cols: odd-sized.
+void check_layer_norm_backward(k::Device dev, std::int64_t rows = 16384 + 256 * 3, std::int64_t cols = 2056) {
   auto x = k::randn({rows, cols}, k::f32, k::cpu, 1) * 2.0f + 0.5f;
   auto dy = k::randn({rows, cols}, k::f32, k::cpu, 2);
   auto w = k::randn({cols}, k::f32, k::cpu, 3), b = k::randn({cols}, k::f32, k::cpu, 4);
@@ -100,6 +101,35 @@ void check_layer_norm_backward(k::Device dev) {
 
 TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (CPU)") {
   check_layer_norm_backward(k::cpu);
+}
+
+// A CPU program keeps its partials in arrays, so rows outside the GPU's 2048..8192 columns get
+// them too (without, the first stage read down columns, a scalar load a lane: 3x slower).
+TEST_CASE("partials: on the CPU, rows of 520 columns also get column partials") {
+  check_layer_norm_backward(k::cpu, 16384 + 256 * 3, 520);
+}
+
+// A column sum that no row kernel hosts gets a row kernel of its own on the CPU: lanes along the
+// columns, a loop over each group's rows (the split kernel read down columns: 14x slower).
+TEST_CASE("partials: on the CPU, a column sum alone runs as a row kernel with partials") {
+  for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{5000, 1003}, {4096, 1024}}) {
+    CAPTURE(rows);
+    auto x = k::randn({rows, cols}, k::f32, k::cpu, 12), y = k::randn({rows, cols}, k::f32, k::cpu, 13);
+    auto f = k::compile([](auto a, auto b) { return k::sum(a * b, 0) + k::mean(a, 0); });
+    k::Tensor got = f(x, y);
+    bool row_groups = false;
+    for (const auto& kern : k::explain(f, x, y).kernels) {
+      CHECK(kern.kind != "split");
+      row_groups = row_groups || kern.source.find("KILN_ROW_GROUP") != std::string::npos;
+    }
+    CHECK(row_groups);
+    const std::vector<float> xv = k::to_vector<float>(x), yv = k::to_vector<float>(y);
+    std::vector<double> want(static_cast<std::size_t>(cols), 0.0);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c)
+        want[c] += double(xv[r * cols + c]) * yv[r * cols + c] + double(xv[r * cols + c]) / rows;
+    check_close(got, want, 1e-4);
+  }
 }
 
 TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (GPU)" * needs_gpu()) {

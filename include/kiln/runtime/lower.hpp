@@ -129,14 +129,14 @@ inline void check_assign_order(const graph::Graph& g, const Program& p) {
 }
 
 // The schedule of a graph: fusion, column partials where allowed, buffers, names. epilogues: matmuls
-// may take their bias and activation as cuBLASLt epilogues (CUDA targets).
+// may take their bias and activation as cuBLASLt epilogues (CUDA targets). host: for the CPU.
 inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, bool partials,
-                                         bool realize = true, bool epilogues = false) {
+                                         bool realize = true, bool epilogues = false, bool host = false) {
   std::vector<schedule::MatmulEpilogue> chosen;
   if (epilogues) chosen = schedule::choose_epilogues(g, env);  // bias and activation into the GEMM
   schedule::Schedule s = schedule::fuse(g, chosen);       // group anchors into kernels
   if (realize) schedule::realize_shared(g, s);            // buffers for values kernels would recompute
-  schedule::absorb_column_partials(g, s, env, partials);  // dw/db-like column sums into row kernels
+  schedule::absorb_column_partials(g, s, env, partials, host);  // dw/db-like column sums into row kernels
   schedule::plan_buffers(g, s);                           // buffers only at fusion boundaries
   schedule::name_kernels(g, s);
   return s;
@@ -159,8 +159,10 @@ template <class ArgAt>
 void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg) {
   p.kernels.clear();
   const bool realize = p.tuning.realize != 0, epilogues = target == codegen::Target::cuda && p.tuning.epilogue == 1;  // opt-in (tuning.hpp)
-  p.sched = schedule_graph(g, env, p.tuning.partials != 0, realize, epilogues);
-  if (!partials_held(g, p.sched, env, target, p.tuning)) p.sched = schedule_graph(g, env, false, realize, epilogues);
+  const bool host = target == codegen::Target::cpu;
+  p.sched = schedule_graph(g, env, p.tuning.partials != 0, realize, epilogues, host);
+  if (!partials_held(g, p.sched, env, target, p.tuning))
+    p.sched = schedule_graph(g, env, false, realize, epilogues, host);
   if (debug::log_enabled(debug::Channel::fusion)) {
     std::string s;
     for (auto& k : p.sched.kernels) s += "  " + k.debug_str(g) + "\n";

@@ -16,21 +16,35 @@ namespace kiln::schedule {
 
 namespace detail {
 
-// The row kernel before `split` that can compute first-stage reduction r as column partials: its
-// rows are the reduction's rows and its row length the kept columns (a static 2048..8192, held in
-// registers), and everything r reads is ready by then. -1 when none.
-inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::ShapeEnv& env,
-                        const std::vector<bool>& anchor, int split, int r) {
+// The 2-D [S*R, K] input of first-stage reduction r ([S, R, K] summed over R) with static sizes,
+// or -1: what a row kernel over that input can sum as column partials.
+inline int partial_input(const graph::Graph& g, const ir::ShapeEnv& env, int r) {
   const graph::Node& red = g[r];
   const graph::Node& view = g[red.in[0]];
   if (red.op != Op::sum || view.op != Op::reshape || view.shape.size() != 3) return -1;
-  if (reduce_dims_of(red, 3) != Dims{1}) return -1;  // prefix split: [S, R, K] summed over R
+  if (reduce_dims_of(red, 3) != Dims{1}) return -1;
   int e = view.in[0];
   const Dims& full = g[e].shape;
   if (full.size() != 2 || full[0] != view.shape[0] * view.shape[1] || full[1] != view.shape[2]) return -1;
   for (const auto& d : env[e])
     if (!d.is_constant()) return -1;
-  if (full[1] < 2048 || full[1] > 8192 || view.shape[0] < 256) return -1;
+  return e;
+}
+
+// The row kernel before `split` that can compute first-stage reduction r as column partials: its
+// rows are the reduction's rows and its row length the kept columns (static), and everything r
+// reads is ready by then. -1 when none. On a GPU the row must also fit registers (2048..8192
+// columns) and the groups fill the machine (256 or more, one block each). A CPU program keeps its
+// partials in arrays over its group's consecutive rows, so any row it holds qualifies (the kernel
+// writer says, through partials_held); otherwise the first stage walks down columns, one scalar
+// load a lane (layer_norm's backward over 4096x1024: NOTES item 61).
+inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::ShapeEnv& env,
+                        const std::vector<bool>& anchor, int split, int r, bool host) {
+  const graph::Node& red = g[r];
+  int e = partial_input(g, env, r);  // prefix split: [S, R, K] summed over R
+  if (e < 0) return -1;
+  const Dims& full = g[e].shape;
+  if (!host && (full[1] < 2048 || full[1] > 8192 || red.shape[0] < 256)) return -1;
   int ready = first_possible_kernel(g, anchor, s.kernel_of, red.in[0]);
   for (int k = split - 1; k >= ready && k >= 0; --k) {
     const KernelPlan& plan = s.kernels[k];
@@ -41,11 +55,40 @@ inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::Shap
   return -1;
 }
 
+// On the CPU, a first stage no row kernel hosts becomes a row kernel of its own over the input's
+// rows, with the sums as its column partials: lanes along the contiguous columns and a loop over
+// each group's rows, where the split kernel's lanes read down a column (sum(x, 0) over 4096x1024
+// f32: NOTES item 61). Only where a row is at least a cache line: narrower rows share lines, so
+// walking down them is a walk through memory (a full sum is [S, R, 1]). The writer may still find
+// the row too long to hold; then partials_held sends the whole graph back to split kernels.
+inline constexpr std::int64_t cache_line_bytes = 64;
+inline bool own_partials(const graph::Graph& g, const ir::ShapeEnv& env, KernelPlan& split) {
+  if (split.reductions.empty() || !split.stores.empty()) return false;
+  int domain = -1;
+  for (int r : split.reductions) {
+    int e = partial_input(g, env, r);
+    if (e < 0 || (domain >= 0 && !(g[e].shape == g[domain].shape)) ||
+        g[r].shape[0] != g[split.reductions[0]].shape[0] ||
+        g[e].shape[1] * static_cast<std::int64_t>(itemsize(g[e].dt)) < cache_line_bytes)
+      return false;
+    if (domain < 0) domain = e;
+  }
+  split.kind = Kind::per;
+  split.domain = domain;
+  split.rdims = Dims{1};
+  split.partials = split.reductions;
+  split.partial_groups = g[split.reductions[0]].shape[0];
+  split.reductions.clear();
+  return true;
+}
+
 }  // namespace detail
 
 // Moves first stages of split column sums into the row kernels that hold their inputs (above); a
-// split kernel left with nothing is dropped; nothing moves unless `allowed`.
-inline void absorb_column_partials(const graph::Graph& g, Schedule& s, const ir::ShapeEnv& env, bool allowed = true) {
+// split kernel left with nothing is dropped; nothing moves unless `allowed`. host: for the CPU,
+// where a first stage left over becomes a row kernel with partials of its own (own_partials).
+inline void absorb_column_partials(const graph::Graph& g, Schedule& s, const ir::ShapeEnv& env, bool allowed = true,
+                                   bool host = false) {
   if (!allowed) return;
   auto anchor = detail::find_anchors(g, s.epilogues);
   for (int k = 0; k < static_cast<int>(s.kernels.size()); ++k) {
@@ -53,16 +96,17 @@ inline void absorb_column_partials(const graph::Graph& g, Schedule& s, const ir:
     if (split.kind != Kind::split) continue;
     std::vector<int> kept;
     for (int r : split.reductions) {
-      int host = detail::partial_host(g, s, env, anchor, k, r);
-      if (host < 0 || (s.kernels[host].partial_groups && s.kernels[host].partial_groups != g[r].shape[0])) {
+      int into = detail::partial_host(g, s, env, anchor, k, r, host);
+      if (into < 0 || (s.kernels[into].partial_groups && s.kernels[into].partial_groups != g[r].shape[0])) {
         kept.push_back(r);
         continue;
       }
-      s.kernels[host].partials.push_back(r);
-      s.kernels[host].partial_groups = g[r].shape[0];
-      s.kernel_of[r] = host;
+      s.kernels[into].partials.push_back(r);
+      s.kernels[into].partial_groups = g[r].shape[0];
+      s.kernel_of[r] = into;
     }
     split.reductions = kept;
+    if (host && detail::own_partials(g, env, split)) continue;
     if (!kept.empty() || !split.stores.empty()) continue;
     s.kernels.erase(s.kernels.begin() + k);
     for (auto& of : s.kernel_of)
