@@ -33,6 +33,7 @@
 #include "../../debug/log.hpp"
 #include "disk_cache.hpp"
 #include "hash.hpp"
+#include "host_threads.hpp"
 #include "kernel_cache.hpp"
 
 extern char** environ;
@@ -226,6 +227,7 @@ inline void* open_library_copy(const std::filesystem::path& dir, std::span<const
   }
   bool written = write_fully(fd, bytes.data(), bytes.size());
   ::close(fd);
+  settle_host_threads();  // before the kernel's libgomp is loaded
   void* handle = written ? ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
   if (!handle) {
     const char* why = written ? ::dlerror() : "cannot write the file";

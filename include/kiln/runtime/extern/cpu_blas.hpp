@@ -8,7 +8,9 @@
 // it at once. An OpenBLAS on its own pthread pool leaves its workers spinning after the GEMM while
 // the kernel's OpenMP team wants the same cores, and the kernel's team spins while the next GEMM
 // starts: `gelu(a @ b + bias)` 1024^3 f32 took 1.7x the GEMM alone on 2 cores; with OpenBLAS on the
-// same OpenMP team, 1.15x (benchmarks/NOTES.md item 56).
+// same OpenMP team, 1.15x (benchmarks/NOTES.md item 56). Where only a pthread OpenBLAS is installed,
+// both pools' spins are shortened before either library loads (compile/host_threads.hpp): on 16
+// cores, 6.2x the GEMM alone before, 1.2x after (NOTES item 62).
 //
 // Only what a BLAS computes exactly as kiln would is sent to it: f32 x f32 into f32 and f64 x f64
 // into f64 (16-bit operands and mixed dtypes stay on the blocked GEMM, which converts on packing),
@@ -26,6 +28,7 @@
 
 #include "../../core/config.hpp"
 #include "../../core/dtype.hpp"
+#include "../compile/host_threads.hpp"
 #include "matmul_geometry.hpp"
 
 namespace kiln::runtime {
@@ -45,6 +48,7 @@ struct Library {
 
 inline Library open_library(const char* name) {
   Library lib;
+  settle_host_threads();  // before the BLAS reads its thread settings
   void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
   if (!h) return lib;
   lib.sgemm = reinterpret_cast<Sgemm>(dlsym(h, "cblas_sgemm"));

@@ -1,0 +1,36 @@
+// How long idle host threads spin, set once before kiln loads its first kernel library or BLAS.
+//
+// kiln's CPU kernels run on OpenMP (libgomp); a BLAS may bring its own pthread pool (Debian's default
+// OpenBLAS does). A GEMM's epilogue kernel follows the GEMM at once, so each pool's idle workers spin
+// while the other pool wants the same cores: by default OpenBLAS's workers spin about 2^28 cycles
+// after a GEMM and libgomp's 300,000 pauses after a parallel region (milliseconds on CPUs whose pause
+// is slow). Measured on a 16-core Xeon with the pthread OpenBLAS, `gelu(a @ b + bias)` 1024^3 f32
+// took 12.0 ms against 1.9 ms for the GEMM alone, and an MLP block's forward and backward 131 ms; with
+// both spins short, 2.5 ms and 30 ms (benchmarks/NOTES.md item 62).
+//
+// So, where the user has not chosen: OPENBLAS_THREAD_TIMEOUT=4 (OpenBLAS's workers sleep 2^4 cycles
+// after their work; its OpenMP build ignores it) and GOMP_SPINCOUNT=10000 (libgomp's workers sleep
+// after 10,000 pauses instead of 300,000; not set when OMP_WAIT_POLICY is, which chooses the spin
+// itself). Both libraries read them once, when they are loaded: a process that loaded libgomp or
+// OpenBLAS before kiln keeps its own settings. KILN_HOST_SPIN=keep leaves the environment alone.
+#pragma once
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "../../core/config.hpp"
+
+namespace kiln::runtime {
+
+inline void settle_host_threads() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* keep = kiln::config::env("KILN_HOST_SPIN");
+    if (keep && std::strcmp(keep, "keep") == 0) return;
+    if (!kiln::config::env("OPENBLAS_THREAD_TIMEOUT")) ::setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
+    if (!kiln::config::env("GOMP_SPINCOUNT") && !kiln::config::env("OMP_WAIT_POLICY"))
+      ::setenv("GOMP_SPINCOUNT", "10000", 1);
+  });
+}
+
+}  // namespace kiln::runtime
