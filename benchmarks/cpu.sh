@@ -5,15 +5,19 @@
 # workload with the geometric mean. Where torch is not installed, kiln's side alone.
 # Writes $OUT (default build/cpu-bench)/{kiln,torch}-<threads>.jsonl and report.md.
 # Usage: benchmarks/cpu.sh [reps] [only-ids]      (e.g. benchmarks/cpu.sh 10 cpu-W1,cpu-W3)
+# CPU_BENCH=path uses a cpu_bench binary built already; CPU_THREADS="2 16" picks the thread counts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/cpu-bench}
 reps=${1:-10}
 only=${2:-}
 mkdir -p "$out"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j "$(nproc)" --target cpu_bench >/dev/null ||
-  { echo "cpu.sh: building cpu_bench failed" >&2; exit 1; }
-bench=build/benchmarks/cpu_bench
+bench=${CPU_BENCH:-}  # a cpu_bench built already (e.g. by hand on a lent machine), else built here
+if [[ -z $bench ]]; then
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j "$(nproc)" --target cpu_bench >/dev/null ||
+    { echo "cpu.sh: building cpu_bench failed" >&2; exit 1; }
+  bench=build/benchmarks/cpu_bench
+fi
 have_torch=0
 python3 -c "import torch" 2>/dev/null && have_torch=1
 threads=${CPU_THREADS:-"2 $(nproc)"}

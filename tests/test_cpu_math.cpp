@@ -215,6 +215,14 @@ TEST_CASE("cpu math: maximum and minimum, as row reductions and pointwise, keep 
     CHECK(same(k::amin(x, -1), k::reference::eval(k::amin(x, -1))) == 0);
     CHECK(same(k::maximum(x, y), k::reference::eval(k::maximum(x, y))) == 0);
     CHECK(same(k::minimum(x, y), k::reference::eval(k::minimum(x, y))) == 0);
+    // A scalar operand (a tile of equal lanes), on either side, finite or NaN.
+    for (double c : {0.25, -37.5, double(quiet)}) {
+      CAPTURE(c);
+      CHECK(same(k::maximum(x, c), k::reference::eval(k::maximum(x, c))) == 0);
+      CHECK(same(k::minimum(c, x), k::reference::eval(k::minimum(c, x))) == 0);
+      CHECK(same(k::maximum(c, x) * 2.0, k::reference::eval(k::maximum(c, x) * 2.0)) == 0);
+      CHECK(same(k::minimum(x, c) * 0.5, k::reference::eval(k::minimum(x, c) * 0.5)) == 0);  // exact scalings only
+    }
     auto s = k::to_vector<double>(k::Tensor(k::cast(k::softmax(x, -1), k::f64)));
     for (std::int64_t r = 0; r < rows; r += 4) CHECK(std::isnan(s[static_cast<std::size_t>(r * cols)]));
   }

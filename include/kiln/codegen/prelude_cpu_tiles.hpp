@@ -60,6 +60,15 @@ template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::
 KILN_FN tile<T, N> minimum(const tile<T, N>& a, const tile<T, N>& b) {
   return nan_extremum<false>(a, b);
 }
+// A scalar operand is a tile of equal lanes.
+template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
+KILN_FN tile<T, N> maximum(const tile<T, N>& a, T b) { return nan_extremum<true>(a, full<N>(b)); }
+template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
+KILN_FN tile<T, N> maximum(T a, const tile<T, N>& b) { return nan_extremum<true>(full<N>(a), b); }
+template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
+KILN_FN tile<T, N> minimum(const tile<T, N>& a, T b) { return nan_extremum<false>(a, full<N>(b)); }
+template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
+KILN_FN tile<T, N> minimum(T a, const tile<T, N>& b) { return nan_extremum<false>(full<N>(a), b); }
 }  // namespace kiln
 #endif
 )KILN";
