@@ -9,11 +9,17 @@
 // both spins short, 2.5 ms and 30 ms (benchmarks/NOTES.md item 62).
 //
 // So, where the user has not chosen: OPENBLAS_THREAD_TIMEOUT=4 (OpenBLAS's workers sleep 2^4 cycles
-// after their work; its OpenMP build ignores it) and GOMP_SPINCOUNT=10000 (libgomp's workers sleep
-// after 10,000 pauses instead of 300,000; not set when OMP_WAIT_POLICY is, which chooses the spin
-// itself). Both libraries read them once, when they are loaded: a process that loaded libgomp or
-// OpenBLAS before kiln keeps its own settings. KILN_HOST_SPIN=keep leaves the environment alone.
+// after their work; its OpenMP build ignores it), and GOMP_SPINCOUNT=10000 (libgomp's workers sleep
+// after 10,000 pauses instead of 300,000) only where the BLAS kiln will load may run a pool of its
+// own: KILN_BLAS names a library, or no OpenMP build of OpenBLAS is installed where kiln looks first.
+// The short libgomp spin has a price where no second pool runs: a lone pointwise kernel called back
+// to back on 16 threads wakes sleeping workers (relu 2^24: 0.47 -> 0.72 ms), hence the condition.
+// OMP_WAIT_POLICY, when set, chooses libgomp's spin itself. Both libraries read these once, when
+// loaded: a process that loaded libgomp or OpenBLAS before kiln keeps its own settings.
+// KILN_HOST_SPIN=keep leaves the environment alone.
 #pragma once
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -22,13 +28,30 @@
 
 namespace kiln::runtime {
 
+// OpenBLAS built on OpenMP where distributions keep it apart (Debian and Ubuntu's multiarch
+// directory; Fedora names it libopenblaso): the BLAS kiln tries first (extern/cpu_blas.hpp).
+inline constexpr const char* openmp_blas_candidates[] = {
+#if defined(__x86_64__)
+    "/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0",
+#elif defined(__aarch64__)
+    "/usr/lib/aarch64-linux-gnu/openblas-openmp/libopenblas.so.0",
+#endif
+    "libopenblaso.so.0"};
+
+// Whether host GEMMs may run on a thread pool of their own besides the kernels' libgomp team.
+inline bool blas_may_bring_a_pool() {
+  const char* choice = kiln::config::env("KILN_BLAS");
+  if (choice) return std::strcmp(choice, "none") != 0;
+  return ::access(openmp_blas_candidates[0], R_OK) != 0;
+}
+
 inline void settle_host_threads() {
   static std::once_flag once;
   std::call_once(once, [] {
     const char* keep = kiln::config::env("KILN_HOST_SPIN");
     if (keep && std::strcmp(keep, "keep") == 0) return;
     if (!kiln::config::env("OPENBLAS_THREAD_TIMEOUT")) ::setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
-    if (!kiln::config::env("GOMP_SPINCOUNT") && !kiln::config::env("OMP_WAIT_POLICY"))
+    if (!kiln::config::env("GOMP_SPINCOUNT") && !kiln::config::env("OMP_WAIT_POLICY") && blas_may_bring_a_pool())
       ::setenv("GOMP_SPINCOUNT", "10000", 1);
   });
 }

@@ -64,13 +64,7 @@ inline Library open_library(const char* name) {
 // The libraries tried when KILN_BLAS is unset, in order: OpenBLAS's OpenMP build where
 // distributions keep it apart (Debian and Ubuntu's multiarch directory, Fedora's libopenblaso),
 // then the default OpenBLAS, BLIS and MKL.
-inline constexpr const char* candidates[] = {
-#if defined(__x86_64__)
-    "/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0",
-#elif defined(__aarch64__)
-    "/usr/lib/aarch64-linux-gnu/openblas-openmp/libopenblas.so.0",
-#endif
-    "libopenblaso.so.0", "libopenblas.so.0", "libblis.so.4", "libmkl_rt.so.2", "libmkl_rt.so"};
+inline constexpr const char* other_candidates[] = {"libopenblas.so.0", "libblis.so.4", "libmkl_rt.so.2", "libmkl_rt.so"};
 
 // The library KILN_BLAS names (or the first found), opened once per name.
 inline const Library& library() {
@@ -86,8 +80,11 @@ inline const Library& library() {
   } else if (choice) {
     lib = open_library(choice);
   } else {
-    for (const char* name : candidates)
+    for (const char* name : openmp_blas_candidates)
       if ((lib = open_library(name)).sgemm) break;
+    if (!lib.sgemm)
+      for (const char* name : other_candidates)
+        if ((lib = open_library(name)).sgemm) break;
   }
   return opened->emplace(key, lib).first->second;
 }
