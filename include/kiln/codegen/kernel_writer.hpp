@@ -144,6 +144,9 @@ class KernelWriter {
   void choose_tiling(int max_item);
   std::vector<Sym> tiled_index();
   void write_tiled();
+  void choose_col_tiles();  // host rows by column tiles (kernel_writer_columns.hpp)
+  std::vector<Sym> col_index();
+  void write_col_tiles();
   std::optional<Value> staged_load(int node, const Sym& offset);
   std::string reduction_identity(Op op, kiln::dtype ct);
   bool depends_on_any(int red, std::size_t i, std::size_t j);
@@ -204,6 +207,8 @@ class KernelWriter {
   std::vector<Sym> dims_;
   std::vector<std::pair<int, Sym>> probe_loads_;
   Sym ya_, xb_, sa_, sb_, znumel_{1};
+  bool col_tiles_ = false;  // host: rows by column tiles (kernel_writer_columns.hpp)
+  Sym xrow_, xcol_;
   std::map<std::string, std::string> staged_;  // the staging load -> its shared tile
   std::vector<std::string> stage_decls_;
   std::int64_t stage_bytes_ = 0;
@@ -362,3 +367,4 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
 #include "kernel_writer_access.hpp"
 #include "kernel_writer_impl.hpp"
 #include "kernel_writer_tiles.hpp"
+#include "kernel_writer_columns.hpp"

@@ -112,10 +112,11 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   // GPU tiles move a lane at a time; CPU tiles have their 16 lanes along the last dim (xb).
   if ((rows() && !in_rloop_) || probe_ || (tile_dim_ >= 0 && target_ == Target::cuda)) return "";
   const bool cpu_tile = tile_dim_ >= 0;
-  const Sym& tile = rows() ? rindex_ : cpu_tile ? xb_ : xindex_;
+  const Sym& tile = rows() ? rindex_ : cpu_tile ? xb_ : col_tiles_ ? xcol_ : xindex_;
   std::int64_t vec = rows() ? config_.rvec : config_.xvec;
-  int start_id = rows() ? 1003 : cpu_tile ? 1009 : 1002;
-  Sym start = Sym::symbol(rows() ? "roffset" : cpu_tile ? "boffset" : "xoffset", start_id, {.nonnegative = true});
+  int start_id = rows() ? 1003 : cpu_tile ? 1009 : col_tiles_ ? 1013 : 1002;
+  Sym start = Sym::symbol(rows() ? "roffset" : cpu_tile ? "boffset" : col_tiles_ ? "xcoff" : "xoffset", start_id,
+                          {.nonnegative = true});
   auto base = tile_base(offset, tile, start, vec);
   if (!base) return "";
   width = rows() ? "RVEC" : "XVEC";

@@ -7,7 +7,7 @@ namespace kiln::codegen {
 
 inline std::vector<Sym> KernelWriter::domain_index() {
   const auto& p = env_[plan_.domain];
-  if (!rows()) return tile_dim_ >= 0 || probe_ ? tiled_index() : unravel(xindex_, detail::nonzero(p));
+  if (!rows()) return tile_dim_ >= 0 || probe_ ? tiled_index() : col_tiles_ ? col_index() : unravel(xindex_, detail::nonzero(p));
   std::vector<Sym> kept, red;
   for (int i = 0; i < static_cast<int>(p.size()); ++i)
     (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? red : kept).push_back(p[i]);
@@ -340,6 +340,9 @@ inline void KernelWriter::plan() {
       config_.xvec = gpu ? 1 : static_cast<int>(cpu_tile_lanes);  // a thread's lanes, or the CPU tile's
       config_.xblock = std::int64_t{tile_} * (gpu ? tile_ : config_.xvec);
       ks.config = config_;
+    } else {
+      choose_col_tiles();
+      if (col_tiles_) ks.config = config_;
     }
     exact_tiles_ = tile_dim_ < 0 && divides(config_.xblock, xnumel_);
   }
@@ -364,6 +367,8 @@ inline KernelSource KernelWriter::write() {
     write_rows();
   else if (tile_dim_ >= 0 || probe_)
     write_tiled();
+  else if (col_tiles_)
+    write_col_tiles();
   else
     write_pointwise();
   if (probe_) return ks;
@@ -374,6 +379,7 @@ inline KernelSource KernelWriter::write() {
   std::ostringstream os;
   os << "// " << ks.name << ": " << (rows() ? "rows" : "pointwise") << " over "
      << (rows() ? "[" + xnumel_.str() + ", " + rnumel_.str() + "]" : "[" + xnumel_.str() + "]")
+     << (col_tiles_ ? " as rows by column tiles" : "")
      << (tile_dim_ < 0                ? ""
          : target_ == Target::cuda ? " in " + std::to_string(tile_) + "x" + std::to_string(tile_) + " tiles of dims (" +
                                          std::to_string(tile_dim_) + ", last), transposed inputs staged in shared memory"

@@ -246,6 +246,11 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 #define KILN_POINTWISE_LOOP(xoffset)                                   \
   for (int kiln_u = 0; kiln_u < XBLOCK / XVEC; ++kiln_u)              \
     if (const i64 xoffset = kiln_pid * XBLOCK + (i64)kiln_u * XVEC; true)
+// Host pointwise kernels with a broadcast operand (codegen/kernel_writer_columns.hpp): a program's
+// whole rows, each as column tiles.
+#define KILN_COLUMN_TILES(xrow, xcoff, xrows, XROWS, COLS)                                          \
+  for (i64 xrow = kiln_pid * (XROWS); xrow < (kiln_pid + 1) * (XROWS) && xrow < (xrows); ++xrow) \
+    for (i64 xcoff = 0; xcoff < (COLS); xcoff += XVEC)
 #define KILN_ROW(xindex) for (i64 xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS; ++xindex)
 #define KILN_ROW_GROUP kiln_pid
 #define KILN_R_LOOP(roffset, rnumel) for (i64 roffset = 0; roffset < (rnumel); roffset += RVEC)
