@@ -55,18 +55,30 @@ KILN_FN float m_ldexp_small(float p, int n) {
 
 // e^x = 2^n e^r with n = round(x / ln 2) and r = x - n ln 2 in [-ln2/2, ln2/2];
 // e^r = 1 + r + r^2 P(r), P of degree 4.
-KILN_FN float m_exp(float x) {
-  // Beyond these e^x is 0 or inf in f32; clamping keeps n small (NaN passes and is returned last).
-  const float xc = m_pick(x < -104.0f, -104.0f, m_pick(x > 89.0f, 89.0f, x));
+// e^r for the reduced argument of xc (returned), with n in ni.
+KILN_FN float m_exp_reduced(float xc, int& ni) {
   // Round to nearest by adding 1.5 * 2^23: n is then in the low bits of the sum's mantissa.
   const float shifted = xc * 1.44269504f + 12582912.0f;
   const float n = shifted - 12582912.0f;
-  const int ni = (int)(bits_of(shifted) - 0x4b400000u);
+  ni = (int)(bits_of(shifted) - 0x4b400000u);
   const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;  // ln 2 = 0.693359375 - 2.12194440e-4
   const float p = 0.00139261759f;
   const float q = m_fma(m_fma(m_fma(m_fma(p, r, 0.00836317334f), r, 0.0416665561f), r, 0.166665778f), r, 0.5f);
-  const float er = 1.0f + (r + r * r * q);
+  return 1.0f + (r + r * r * q);
+}
+KILN_FN float m_exp(float x) {
+  // Beyond these e^x is 0 or inf in f32; clamping keeps n small (NaN passes and is returned last).
+  const float xc = m_pick(x < -104.0f, -104.0f, m_pick(x > 89.0f, 89.0f, x));
+  int ni;
+  const float er = m_exp_reduced(xc, ni);
   return m_pick(x != x, x, m_ldexp_small(er, ni));
+}
+// e^x where the caller knows x is finite and e^x a normal f32 (|x| < 87): no clamps, no NaN test,
+// one power-of-two factor. Both of m_exp's factors are exact there, so the results are m_exp's.
+KILN_FN float m_exp_normal(float x) {
+  int ni;
+  const float er = m_exp_reduced(x, ni);
+  return er * float_of((unsigned)(ni + 127) << 23);
 }
 
 // log x = e ln 2 + log(1 + f) with x = 2^e (1 + f), 1 + f in [sqrt(1/2), sqrt(2));
@@ -111,7 +123,7 @@ KILN_FN float m_tanh(float x) {
   t = m_fma(t, a2, -0.333333343f);
   const float small = a + a * a2 * t;
   const float ac = m_pick(a > 10.0f, 10.0f, a);  // tanh rounds to 1 from about 9.01 (NaN passes)
-  const float large = 1.0f - 2.0f / (m_exp(2.0f * ac) + 1.0f);
+  const float large = 1.0f - 2.0f / (m_exp_normal(2.0f * ac) + 1.0f);  // 2 ac in [0, 20] (a NaN stays NaN)
   const float y = m_pick(a < 0.625f, small, large);
   return float_of(bits_of(y) | (bits_of(x) & 0x80000000u));
 }
@@ -141,7 +153,7 @@ KILN_FN float m_erf(float x) {
   r = m_fma(r, t, 0.0248475205f);
   r = m_fma(r, t, 0.561214626f);
   r = m_fma(r, t, 0.00015165568f);
-  const float large = 1.0f - m_exp(-(ac * ac)) * r;
+  const float large = 1.0f - m_exp_normal(-(ac * ac)) * r;  // -(ac^2) in [-16, -1] (a NaN stays NaN)
   return m_pick(a < 1.0f, small, float_of(bits_of(large) | (bits_of(x) & 0x80000000u)));
 }
 
