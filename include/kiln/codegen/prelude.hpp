@@ -71,28 +71,35 @@ struct bf16 { unsigned short bits; };
 namespace kiln {
 KILN_FN unsigned bits_of(float f) { unsigned u; __builtin_memcpy(&u, &f, 4); return u; }
 KILN_FN float float_of(unsigned u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+// Every path computed and one picked through masks (no branch), so that a tile's lanes vectorise.
+KILN_FN unsigned m_mask(bool c) { return 0u - (unsigned)c; }
 inline float to_compute(f16 h) {
-  unsigned sign = (h.bits & 0x8000u) << 16, exp = (h.bits >> 10) & 0x1fu, mant = h.bits & 0x3ffu;
-  if (exp == 0x1fu) return float_of(sign | 0x7f800000u | (mant << 13));
-  if (exp == 0) { float v = (float)mant / 16777216.0f; return sign ? -v : v; }
-  return float_of(sign | ((exp + 112u) << 23) | (mant << 13));
+  const unsigned sign = (h.bits & 0x8000u) << 16, exp = (h.bits >> 10) & 0x1fu, mant = h.bits & 0x3ffu;
+  const unsigned special = 0x7f800000u | (mant << 13);                  // inf, NaN
+  const unsigned tiny = bits_of((float)mant * (1.0f / 16777216.0f));  // zero and subnormals: exact
+  const unsigned normal = ((exp + 112u) << 23) | (mant << 13);
+  const unsigned is_special = m_mask(exp == 0x1fu), is_tiny = m_mask(exp == 0u);
+  return float_of(sign | (special & is_special) | (tiny & is_tiny) | (normal & ~(is_special | is_tiny)));
 }
 KILN_FN float to_compute(bf16 b) { return float_of((unsigned)b.bits << 16); }
 template <class T> T from_compute(float x);
+// Round to nearest even; past the largest f16, inf; NaN stays a (quiet) NaN.
 template <> inline f16 from_compute<f16>(float f) {
-  unsigned x = bits_of(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
-  if (a >= 0x7f800000u) return f16{(unsigned short)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u))};
-  if (a >= 0x477ff000u) return f16{(unsigned short)(sign | 0x7c00u)};
-  if (a < 0x38800000u) {
-    float s = float_of(a) * 16777216.0f;
-    unsigned m = (unsigned)s;
-    float rem = s - (float)m;
-    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
-    return f16{(unsigned short)(sign | m)};
-  }
-  unsigned h = (((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13), rest = a & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
-  return f16{(unsigned short)(sign | h)};
+  const unsigned x = bits_of(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+  const unsigned special = 0x7c00u | (m_mask(a > 0x7f800000u) & 0x200u);
+  // Results below the smallest normal f16: a scaled by 2^24 is the result's integer, rounded by hand
+  // (other lanes scale a zero, so the conversion to unsigned stays in range).
+  const unsigned is_tiny = m_mask(a < 0x38800000u);
+  const float s = float_of(a & is_tiny) * 16777216.0f;
+  const unsigned m = (unsigned)(int)s;  // s < 1025: through int, which AVX2 converts in vectors
+  const float rem = s - (float)m;
+  const unsigned tiny = m + (unsigned)((rem > 0.5f) | ((rem == 0.5f) & ((m & 1u) != 0u)));  // | and &: no branches
+  const unsigned h = (((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13), rest = a & 0x1fffu;
+  const unsigned normal = h + (unsigned)((rest > 0x1000u) | ((rest == 0x1000u) & ((h & 1u) != 0u)));
+  const unsigned is_special = m_mask(a >= 0x7f800000u), is_over = m_mask(a >= 0x477ff000u) & ~is_special;
+  const unsigned rest_mask = ~(is_special | is_over | is_tiny);
+  const unsigned r = (special & is_special) | (0x7c00u & is_over) | (tiny & is_tiny) | (normal & rest_mask);
+  return f16{(unsigned short)(sign | r)};
 }
 template <> inline bf16 from_compute<bf16>(float f) {
   unsigned x = bits_of(f);
