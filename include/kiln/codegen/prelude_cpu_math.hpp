@@ -32,7 +32,7 @@ inline constexpr std::string_view prelude_cpu_math = R"KILN(
 // c ? a : b through bit masks: GCC's jump threading duplicated some code around selects written as
 // branches (the loop then has control flow and does not vectorise); masks leave nothing to thread.
 KILN_FN float m_pick(bool c, float a, float b) {
-  const unsigned m = 0u - (unsigned)c;
+  const unsigned m = m_mask(c);
   return float_of((bits_of(a) & m) | (bits_of(b) & ~m));
 }
 
