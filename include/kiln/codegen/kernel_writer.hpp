@@ -36,7 +36,7 @@ struct KernelSource {
   LaunchConfig config;
   Tuning tuning;                    // what an autotuning candidate set (default: the rules' choices)
   std::int64_t partial_groups = 0;  // row kernels with column partials: exactly this many programs
-  bool column = false;              // rows reduced over outer dims (a thread a kept element)
+  bool column = false;              // rows reduced over outer dims (a thread, or a host lane, a kept element)
   std::vector<std::string> fused_ops;
 };
 

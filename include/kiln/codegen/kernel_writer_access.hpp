@@ -109,17 +109,19 @@ inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t ve
 
 inline std::string KernelWriter::access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt,
                                              std::string& width) {
-  // GPU tiles move a lane at a time; CPU tiles have their 16 lanes along the last dim (xb).
-  if ((rows() && !in_rloop_) || probe_ || (tile_dim_ >= 0 && target_ == Target::cuda)) return "";
+  // GPU tiles move a lane at a time; CPU tiles have their 16 lanes along the last dim (xb). Rows
+  // have their lanes along the row (rindex), or along the kept elements (x_lanes: xindex).
+  const bool row_lanes = rows() && !config_.x_lanes;
+  if ((row_lanes && !in_rloop_) || probe_ || (tile_dim_ >= 0 && target_ == Target::cuda)) return "";
   const bool cpu_tile = tile_dim_ >= 0;
-  const Sym& tile = rows() ? rindex_ : cpu_tile ? xb_ : col_tiles_ ? xcol_ : xindex_;
-  std::int64_t vec = rows() ? config_.rvec : config_.xvec;
-  int start_id = rows() ? 1003 : cpu_tile ? 1009 : col_tiles_ ? 1013 : 1002;
-  Sym start = Sym::symbol(rows() ? "roffset" : cpu_tile ? "boffset" : col_tiles_ ? "xcoff" : "xoffset", start_id,
+  const Sym& tile = row_lanes ? rindex_ : cpu_tile ? xb_ : col_tiles_ ? xcol_ : xindex_;
+  std::int64_t vec = row_lanes ? config_.rvec : rows() ? config_.rows : config_.xvec;
+  int start_id = row_lanes ? 1003 : cpu_tile ? 1009 : col_tiles_ ? 1013 : 1002;
+  Sym start = Sym::symbol(row_lanes ? "roffset" : cpu_tile ? "boffset" : col_tiles_ ? "xcoff" : "xoffset", start_id,
                           {.nonnegative = true});
   auto base = tile_base(offset, tile, start, vec);
   if (!base) return "";
-  width = rows() ? "RVEC" : "XVEC";
+  width = row_lanes ? "RVEC" : "XVEC";
   // A tile that starts on a 16-byte (or, for an 8-byte tile, 8-byte) vector whenever its pointer is
   // 16-byte aligned: the kernel may test its pointers once (KILN_ALIGNED) instead of every access.
   std::int64_t bytes = vec * static_cast<std::int64_t>(itemsize(dt)), item = static_cast<std::int64_t>(itemsize(dt));
@@ -183,15 +185,19 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   if (tile_dim_ >= 0 && extra_mask.empty())
     if (auto v = staged_load(node, offset)) return *v;
   std::string code;
+  auto free = offset.free_symbols();
+  bool per_tile = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == rindex_; });
+  bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == xindex_; });
+  // Lanes along the kept elements: a value that does not depend on them (a row's mean) is one
+  // scalar, in bounds at every step of the reduced elements.
+  if (config_.x_lanes && !by_row && extra_mask.empty())
+    return bind("kiln::load(" + ptr + ", " + index_code(offset) + ", true)", ct);
   if (extra_mask.empty()) {
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
     if (!base.empty()) code = "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", " + m + ")";
   }
   if (code.empty()) code = "kiln::load(" + ptr + ", " + index_code(offset) + ", " + m + ")";
   // A persistent row: the tiles of a row read in one loop stay in registers for the next loops.
-  auto free = offset.free_symbols();
-  bool per_tile = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == rindex_; });
-  bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == xindex_; });
   // Row-invariant arrays past the register budget (launch_config.hpp) are re-read each loop (from L1).
   if (rows() && per_tile && !by_row && !config_.cache_invariants) return bind(code, ct);
   if (hoist_mode() && rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() &&

@@ -77,16 +77,31 @@ inline void KernelWriter::write_rows() {
     line("kiln::tile<" + ct + ", RVEC> " + acc + "[RITERS];");
     line("KILN_R_TILES(roffset) " + acc + "[kiln_it] = kiln::full<RVEC>(" + detail::literal(0, g_[p].dt) + ");");
   }
+  // Host reductions over outer dims (config_.x_lanes): a program's kept elements are the lanes of
+  // xindex, its reductions' accumulators a tile of them, and the reduced elements a scalar rindex.
+  const bool x_lanes = config_.x_lanes;
+  const std::string lanes = x_lanes ? "XVEC" : "RVEC";
   section_ = Section::row_open;
-  line("KILN_ROW(xindex) {");
-  ++indent_;
-  line(full_rows_ ? "const bool xmask = true;" : "const bool xmask = xindex < xnumel;");
+  if (x_lanes) {
+    line("KILN_COLUMN_PROGRAM(xoffset) {");
+    ++indent_;
+    line("auto xindex = xoffset + kiln::arange<XVEC>();");
+    line(full_rows_ ? "auto xmask = kiln::full<XVEC>(true);" : "auto xmask = xindex < xnumel;");
+  } else {
+    line("KILN_ROW(xindex) {");
+    ++indent_;
+    line(full_rows_ ? "const bool xmask = true;" : "const bool xmask = xindex < xnumel;");
+  }
   section_ = Section::body;  // the row's register caches go between the two: write() puts them there
   auto open_loop = [&] {
-    line(config_.riters > 0 ? "KILN_R_TILES(roffset) {" : "KILN_R_LOOP(roffset, rnumel) {");
+    line(x_lanes ? "KILN_R_STEPS(rindex) {" : config_.riters > 0 ? "KILN_R_TILES(roffset) {" : "KILN_R_LOOP(roffset, rnumel) {");
     ++indent_;
     ++scope_;
     in_rloop_ = true;
+    if (x_lanes) {  // a scalar step: the row's mask is the lanes'
+      line("auto rmask = xmask;");
+      return;
+    }
     line("auto rindex = roffset + kiln::arange<RVEC>();");
     if (full_tiles_ || (vector_rows_ && config_.riters == 0))  // a looped row's vectors are all in it
       line("auto rmask = kiln::full<RVEC>(xmask);");
@@ -111,7 +126,7 @@ inline void KernelWriter::write_rows() {
       int red = plan_.reductions[r];
       kiln::dtype ct = compute_dtype(g_[red].dt);
       accs.push_back("acc" + std::to_string(accumulators_++));  // in order, not by node (see scalar_param)
-      line("auto " + accs.back() + " = kiln::full<RVEC>(" + reduction_identity(g_[red].op, ct) + ");");
+      line("auto " + accs.back() + " = kiln::full<" + lanes + ">(" + reduction_identity(g_[red].op, ct) + ");");
     }
     open_loop();
     auto idx = domain_index();
@@ -139,6 +154,10 @@ inline void KernelWriter::write_rows() {
       bool slots = target_ == Target::cuda && plan_.reductions.size() >= 2 && config_.riters > 0 && config_.rows == 1 &&
                    row_slots();
       std::string slot = slots ? ", " + std::to_string(r) : "";
+      if (x_lanes) {  // each lane summed its own column
+        reduced_[red] = bind(accs[r - i], g_[red].dt);
+        continue;
+      }
       reduced_[red] = bind("kiln::" + std::string(fn) + "<ROW_THREADS" + slot + ">(" + accs[r - i] + ")", g_[red].dt);
     }
     i = j;
@@ -377,9 +396,10 @@ inline KernelSource KernelWriter::write() {
   const std::string xnumel_code = index_code(xnumel_), rnumel_code = index_code(rnumel_);
   std::stable_sort(params_.begin(), params_.end(), [](const Param& a, const Param& b) { return a.kind < b.kind; });
   std::ostringstream os;
-  os << "// " << ks.name << ": " << (rows() ? "rows" : "pointwise") << " over "
+  os << "// " << ks.name << ": " << (config_.x_lanes ? "columns" : rows() ? "rows" : "pointwise") << " over "
      << (rows() ? "[" + xnumel_.str() + ", " + rnumel_.str() + "]" : "[" + xnumel_.str() + "]")
      << (col_tiles_ ? " as rows by column tiles" : "")
+     << (config_.x_lanes ? ", lanes along the kept elements" : "")
      << (tile_dim_ < 0                ? ""
          : target_ == Target::cuda ? " in " + std::to_string(tile_) + "x" + std::to_string(tile_) + " tiles of dims (" +
                                          std::to_string(tile_dim_) + ", last), transposed inputs staged in shared memory"
@@ -402,7 +422,10 @@ inline KernelSource KernelWriter::write() {
   }
   os << " KILN_PROGRAM_PARAMS) {\n";
   const auto& c = ks.config;
-  if (rows())
+  if (rows() && c.x_lanes)
+    os << "  constexpr i64 XVEC = " << c.rows << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code
+       << ";\n";
+  else if (rows())
     os << "  constexpr i64 ROWS = " << c.rows << ", RVEC = " << c.rvec
        << ";\n  constexpr int ROW_THREADS = " << c.row_threads << ", RITERS = " << c.riters
        << ", RUNROLL = " << c.runroll << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code

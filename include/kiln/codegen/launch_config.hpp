@@ -26,6 +26,8 @@ struct LaunchConfig {
                                  // re-read from L1 each loop
   int tile = 0;                  // pointwise on the GPU: square tiles of this side over dims
   int tile_dim = -1;             // (tile_dim, last), transposed inputs staged (kernel_writer_tiles.hpp)
+  bool x_lanes = false;          // host rows reduced over outer dims: a program's ROWS kept elements
+                                 // are one tile's lanes, the reduced elements a scalar loop
 
   std::string str() const {
     return "threads=" + std::to_string(threads) + " XVEC=" + std::to_string(xvec) +
@@ -33,7 +35,7 @@ struct LaunchConfig {
            " ROW_THREADS=" + std::to_string(row_threads) + " ROWS=" + std::to_string(rows) +
            (riters ? " RITERS=" + std::to_string(riters) : " RUNROLL=" + std::to_string(runroll)) +
            (cache_invariants ? "" : " UNCACHED_WEIGHTS") +
-           (tile ? " TILE=" + std::to_string(tile) + " (dims " + std::to_string(tile_dim) + ", last)" : "");
+           (x_lanes ? " X_LANES" : "") + (tile ? " TILE=" + std::to_string(tile) + " (dims " + std::to_string(tile_dim) + ", last)" : "");
   }
 };
 
@@ -132,6 +134,16 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   auto iters = [&] {
     return (rnumel + std::int64_t{c.row_threads} * c.rvec - 1) / (std::int64_t{c.row_threads} * c.rvec);
   };
+  if (t == Target::cpu && column && tune.column_lanes != 0) {
+    // Reduced over outer dims (a column sum, a bias's gradient): lanes along the kept elements,
+    // contiguous in memory, each summing its own column down a scalar loop over the reduced ones
+    // (Inductor's outer reduction). Lanes along a column read one element a cache line, 4 KiB apart
+    // over 1024 f32 columns: benchmarks/NOTES.md item 68.
+    c.rows = static_cast<int>(cpu_tile_lanes);
+    c.rvec = 1;
+    c.x_lanes = true;
+    return c;
+  }
   if (t == Target::cpu) {
     c.rvec = 16;
     c.rows = static_cast<int>(std::clamp<std::int64_t>(4096 / std::max<std::int64_t>(rnumel, 1), 1, 64));

@@ -252,6 +252,10 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
   for (i64 xrow = kiln_pid * (XROWS); xrow < (kiln_pid + 1) * (XROWS) && xrow < (xrows); ++xrow) \
     for (i64 xcoff = 0; xcoff < (COLS); xcoff += XVEC)
 #define KILN_ROW(xindex) for (i64 xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS; ++xindex)
+// Host reductions over outer dims (launch_config.hpp's x_lanes): a program's XVEC kept elements are
+// one tile's lanes, and each step of the reduced elements is a scalar rindex.
+#define KILN_COLUMN_PROGRAM(xoffset) if (const i64 xoffset = kiln_pid * XVEC; true)
+#define KILN_R_STEPS(rindex) for (i64 rindex = 0; rindex < rnumel; ++rindex)
 #define KILN_ROW_GROUP kiln_pid
 #define KILN_R_LOOP(roffset, rnumel) for (i64 roffset = 0; roffset < (rnumel); roffset += RVEC)
 #define KILN_R_TILES(roffset) \

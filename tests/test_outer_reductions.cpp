@@ -1,0 +1,121 @@
+// Host reductions over outer dims (launch_config.hpp's x_lanes): a program's kept elements are one
+// tile's lanes and the reduced elements a scalar loop, so a column sum reads whole cache lines
+// instead of one element a line. Values against the f64 oracle: sums, means, maxima (NaN included)
+// and minima over dim 0 and over middle dims of 3-D inputs, kept dims that are and are not whole
+// tiles of 16 (the last program short of lanes), several reductions in one kernel with a full-size
+// output (softmax over dim 0), bf16 and integer inputs, and layer_norm's weight and bias gradients
+// over a few hundred rows; which kernels take the form is checked on k::explain's sources.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+namespace k = kiln;
+
+namespace {
+
+constexpr const char* marker = "KILN_COLUMN_PROGRAM(xoffset)";
+
+bool uses_lanes(const k::report& e) {
+  for (const auto& ki : e.kernels)
+    if (ki.source.find(marker) != std::string::npos) return true;
+  return false;
+}
+
+// Runs f compiled on the CPU, compares with the oracle, and says whether a kernel put its lanes
+// along the kept elements.
+template <class F, class... A>
+bool run_and_check(F f, double tol, A... args) {
+  auto g = k::compile(f);
+  k::Tensor got = g(args...);
+  k::Tensor want = k::reference::eval(f(k::Tensor(args.to(k::f64))...));
+  auto r = k::testing::allclose(got.to(k::f64), want, tol, tol);
+  k::report e = k::explain(g, args...);
+  INFO(r.str());
+  INFO(e);
+  CHECK(r);
+  return uses_lanes(e);
+}
+
+}  // namespace
+
+TEST_CASE("outer reductions on the CPU: column sums, means and extrema against the oracle") {
+  auto x = k::randn({37, 272}, k::f32, k::cpu, 1);  // 272 = 17 tiles of 16 kept elements
+  CHECK(run_and_check([](auto a) { return k::sum(a, 0); }, 1e-5, x));
+  CHECK(run_and_check([](auto a) { return k::mean(a, 0, true); }, 1e-5, x));
+  CHECK(run_and_check([](auto a) { return k::amax(a * 2.0f, 0); }, 0, x));
+  CHECK(run_and_check([](auto a) { return k::amin(k::exp(a), 0); }, 1e-6, x));
+  auto ragged = k::randn({29, 270}, k::f32, k::cpu, 2);  // the last program 14 lanes short
+  CHECK(run_and_check([](auto a) { return k::sum(a * a, 0); }, 1e-5, ragged));
+  // 3-D: the middle dim reduced, kept [5, 48] (whole tiles) and [5, 20] (a tile spans two rows).
+  auto x3 = k::randn({5, 19, 48}, k::f32, k::cpu, 3);
+  CHECK(run_and_check([](auto a) { return k::mean(a, 1); }, 1e-5, x3));
+  auto y3 = k::randn({5, 19, 20}, k::f32, k::cpu, 4);
+  CHECK(run_and_check([](auto a) { return k::sum(k::tanh(a), 1); }, 1e-5, y3));
+  // Two leading dims reduced at once.
+  auto z3 = k::randn({3, 7, 40}, k::f32, k::cpu, 5);
+  CHECK(run_and_check([](auto a) { return k::sum(a, std::vector<std::int64_t>{0, 1}); }, 1e-5, z3));
+  // A reduction over the last dim keeps its lanes along the row.
+  CHECK_FALSE(run_and_check([](auto a) { return k::sum(a, 1); }, 1e-5, x));
+}
+
+TEST_CASE("outer reductions on the CPU: NaN in a column, softmax over dim 0, bf16 and integers") {
+  std::vector<float> v(23 * 48);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * static_cast<float>(i)) * 3.0f;
+  v[5 * 48 + 7] = std::numeric_limits<float>::quiet_NaN();  // column 7's max and sum are NaN
+  auto x = k::from_vector(v, {23, 48});
+  auto g = k::compile([](auto a) { return k::amax(a, 0) + k::sum(a, 0); });
+  CHECK(uses_lanes(k::explain(g, x)));
+  std::vector<float> got = k::to_vector<float>(g(x));
+  REQUIRE(got.size() == 48);
+  for (int c = 0; c < 48; ++c) {
+    double mx = -INFINITY, sum = 0;
+    for (int r = 0; r < 23; ++r) mx = std::max(mx, double(v[r * 48 + c])), sum += v[r * 48 + c];
+    INFO("column " << c);
+    if (c == 7)
+      CHECK(std::isnan(got[c]));
+    else
+      CHECK(std::abs(got[c] - (mx + sum)) < 1e-5 * (1 + std::abs(mx + sum)));
+  }
+  // Two loops of reductions and a full-size output written in a last loop.
+  auto s = k::randn({33, 100}, k::f32, k::cpu, 6);
+  CHECK(run_and_check([](auto a) { return k::softmax(a, 0); }, 1e-5, s));
+  auto h = k::randn({41, 64}, k::bf16, k::cpu, 7);
+  CHECK(run_and_check([](auto a) { return k::sum(a, 0); }, 2e-2, h));
+  std::vector<std::int32_t> iv(31 * 32);
+  for (std::size_t i = 0; i < iv.size(); ++i) iv[i] = static_cast<std::int32_t>((i * 7919) % 201) - 100;
+  auto xi = k::from_vector(iv, {31, 32});
+  CHECK(run_and_check([](auto a) { return k::amax(a, 0); }, 0, xi));
+}
+
+TEST_CASE("outer reductions on the CPU: layer_norm's weight and bias gradients over a few hundred rows") {
+  // 300 rows: too few to split into row groups, so dw and db are column sums in a kernel of their own.
+  const std::int64_t rows = 300, cols = 272;
+  auto x = k::randn({rows, cols}, k::f32, k::cpu, 11), dy = k::randn({rows, cols}, k::f32, k::cpu, 14);
+  auto w = k::randn({cols}, k::f32, k::cpu, 12), b = k::randn({cols}, k::f32, k::cpu, 13);
+  auto f = k::compile(k::vjp([](auto a, auto g, auto be) { return k::layer_norm(a, g, be); }, k::wrt<0, 1, 2>));
+  auto [dx, dw, db] = f(x, w, b, dy);
+  CHECK(uses_lanes(k::explain(f, x, w, b, dy)));
+  const std::vector<float> xv = k::to_vector<float>(x), dyv = k::to_vector<float>(dy);
+  std::vector<double> want_dw(cols, 0.0), want_db(cols, 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    for (std::int64_t c = 0; c < cols; ++c) mean += xv[r * cols + c];
+    mean /= cols;
+    for (std::int64_t c = 0; c < cols; ++c) var += (xv[r * cols + c] - mean) * (xv[r * cols + c] - mean);
+    const double rstd = 1 / std::sqrt(var / cols + 1e-5);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      want_dw[c] += dyv[r * cols + c] * (xv[r * cols + c] - mean) * rstd;
+      want_db[c] += dyv[r * cols + c];
+    }
+  }
+  auto r_dw = k::testing::allclose(dw, k::from_vector(want_dw, {cols}), 1e-4, 1e-4);
+  auto r_db = k::testing::allclose(db, k::from_vector(want_db, {cols}), 1e-4, 1e-4);
+  CHECK_MESSAGE(bool(r_dw), r_dw);
+  CHECK_MESSAGE(bool(r_db), r_db);
+}
