@@ -4,11 +4,13 @@
 // and minima over dim 0 and over middle dims of 3-D inputs, kept dims that are and are not whole
 // tiles of 16 (the last program short of lanes), several reductions in one kernel with a full-size
 // output (softmax over dim 0), bf16 and integer inputs, and layer_norm's weight and bias gradients
-// over a few hundred rows; which kernels take the form is checked on k::explain's sources.
+// over a few hundred rows; which kernels take the form is checked on k::explain's sources, and
+// their sources also compile for a GPU.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,10 +23,22 @@ namespace {
 
 constexpr const char* marker = "KILN_COLUMN_PROGRAM(xoffset)";
 
+// One source, two targets: a kernel written for the host also compiles for a GPU (NVRTC, which
+// needs no device), once per distinct source.
+void check_compiles_for_gpu(const k::kernel_info& ki) {
+  static std::set<std::string> compiled;
+  if (!compiled.insert(ki.source).second) return;
+  INFO(ki.source);
+  std::vector<char> bin;
+  CHECK_NOTHROW(bin = k::cubin(ki, "sm_90a"));
+  CHECK(bin.size() > 4);
+}
+
 bool uses_lanes(const k::report& e) {
+  bool lanes = false;
   for (const auto& ki : e.kernels)
-    if (ki.source.find(marker) != std::string::npos) return true;
-  return false;
+    if (ki.source.find(marker) != std::string::npos) lanes = true, check_compiles_for_gpu(ki);
+  return lanes;
 }
 
 // Runs f compiled on the CPU, compares with the oracle, and says whether a kernel put its lanes

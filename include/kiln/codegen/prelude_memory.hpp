@@ -242,6 +242,14 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 #define KILN_R_TILES(roffset)                                                             \
   KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)                          \
     if (const i64 roffset = ((i64)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC; true)
+// The host's program shapes, given a meaning on the device too (one source, two targets: a host
+// kernel's source compiles with NVRTC and runs correctly on any grid, without being tuned for it).
+#define KILN_COLUMN_TILES(xrow, xcoff, xrows, XROWS, COLS)                                          \
+  for (i64 xrow = (i64)blockIdx.x * (XROWS); xrow < (i64)(blockIdx.x + 1) * (XROWS) && xrow < (xrows); ++xrow) \
+    for (i64 xcoff = (i64)threadIdx.x * XVEC; xcoff < (COLS); xcoff += (i64)blockDim.x * XVEC)
+#define KILN_COLUMN_PROGRAM(xoffset)                                                      \
+  for (i64 xoffset = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * XVEC; xoffset < xnumel; \
+       xoffset += (i64)gridDim.x * blockDim.x * XVEC)
 #else
 #define KILN_POINTWISE_LOOP(xoffset)                                   \
   for (int kiln_u = 0; kiln_u < XBLOCK / XVEC; ++kiln_u)              \
@@ -255,12 +263,12 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 // Host reductions over outer dims (launch_config.hpp's x_lanes): a program's XVEC kept elements are
 // one tile's lanes, and each step of the reduced elements is a scalar rindex.
 #define KILN_COLUMN_PROGRAM(xoffset) if (const i64 xoffset = kiln_pid * XVEC; true)
-#define KILN_R_STEPS(rindex) for (i64 rindex = 0; rindex < rnumel; ++rindex)
 #define KILN_ROW_GROUP kiln_pid
 #define KILN_R_LOOP(roffset, rnumel) for (i64 roffset = 0; roffset < (rnumel); roffset += RVEC)
 #define KILN_R_TILES(roffset) \
   for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it) if (const i64 roffset = (i64)kiln_it * RVEC; true)
 #endif
+#define KILN_R_STEPS(rindex) for (i64 rindex = 0; rindex < rnumel; ++rindex)
 )KILN";
 
 }  // namespace kiln::codegen
