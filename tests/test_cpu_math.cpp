@@ -227,3 +227,16 @@ TEST_CASE("cpu math: maximum and minimum, as row reductions and pointwise, keep 
     for (std::int64_t r = 0; r < rows; r += 4) CHECK(std::isnan(s[static_cast<std::size_t>(r * cols)]));
   }
 }
+
+TEST_CASE("cpu math: 512-bit vectors are preferred exactly where the CPU has AVX-512") {
+  using kiln::runtime::detail::cpu_tuning_flags;
+  const std::string xeon = "x86_64\nmodel name\t: Intel(R) Xeon(R)\nflags\t\t: fpu sse2 avx2 avx512f avx512dq amx_tile";
+  CHECK(cpu_tuning_flags(xeon) == std::vector<std::string>{"-mprefer-vector-width=512"});
+  CHECK(cpu_tuning_flags("x86_64\nflags\t\t: fpu avx2 avx512f") == std::vector<std::string>{"-mprefer-vector-width=512"});
+  CHECK(cpu_tuning_flags("x86_64\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 fma").empty());
+  CHECK(cpu_tuning_flags("x86_64\nflags\t\t: fpu avx512fp16x").empty());  // not the flag itself
+  CHECK(cpu_tuning_flags("aarch64\nFeatures\t: fp asimd sve").empty());
+  // This machine's flags hold exactly when its identity names the feature.
+  const std::string self = kiln::runtime::detail::cpu_identity();
+  CHECK(cpu_tuning_flags(self).empty() == (self.find("avx512f") == std::string::npos));
+}

@@ -289,12 +289,25 @@ struct HostToolchain {
   Digest key;
 };
 
+// Flags for this CPU beyond -march=native, from its identity (cpu_identity()). With AVX-512,
+// GCC's tuning for Intel's server cores still prefers 256-bit vectors; the kernels' special
+// functions ran ~2x faster on 512-bit ones (softmax, cross_entropy on a Sapphire Rapids Xeon;
+// memory-bound kernels within noise: benchmarks/NOTES.md item 69), which is also what PyTorch's
+// CPU kernels use there. Clang takes the same flag.
+inline std::vector<std::string> cpu_tuning_flags(const std::string& identity) {
+  const std::string flags = identity + "\n";
+  if (flags.find(" avx512f ") != std::string::npos || flags.find(" avx512f\n") != std::string::npos)
+    return {"-mprefer-vector-width=512"};
+  return {};
+}
+
 inline HostToolchain find_toolchain() {
   HostToolchain t;
   t.cxx = find_host_compiler();
   // No -ffast-math (results must match the f64 reference) and no FMA contraction (CPU results stay
   // the same whatever the compiler decides to fuse).
   t.flags = split_words("-O3 -march=native -std=c++17 -shared -fPIC -fno-math-errno -ffp-contract=off");
+  for (std::string& f : cpu_tuning_flags(cpu_identity())) t.flags.push_back(std::move(f));
   std::vector<std::string> version_argv = t.cxx;
   version_argv.push_back("--version");
   std::string version = run_process(version_argv).output;
