@@ -99,6 +99,14 @@ class KernelWriter {
     line("auto " + n + " = " + expr + ";");
     return {n, compute_dtype(ct)};
   }
+  // A tile held in a row's array, named without a copy on the host: GCC copied a 64-byte tile
+  // through the stack in 16-byte pieces that its vector reads then could not forward (NOTES 70).
+  Value bind_held(const std::string& element, kiln::dtype ct) {
+    if (target_ != Target::cpu) return bind(element, ct);
+    std::string n = fresh();
+    line("const auto& " + n + " = " + element + ";");
+    return {n, compute_dtype(ct)};
+  }
 
   std::string param_for(int node, bool out) {
     auto& list = out ? outs_ : ins_;
@@ -232,7 +240,7 @@ inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& 
   const std::string vkey = keep ? key.substr(key.find(':') + 1) : std::string();  // without the loop's scope
   if (keep)
     if (auto kept = kept_values_.find(vkey); kept != kept_values_.end())
-      return memo_[key] = bind(kept->second + "[kiln_it]", compute_dtype(g_[node].dt));
+      return memo_[key] = bind_held(kept->second + "[kiln_it]", compute_dtype(g_[node].dt));
   Value v = emit_uncached(node, idx, extra_mask);
   memo_[key] = v;
   if (keep && !final_loop_ && !v.literal) {

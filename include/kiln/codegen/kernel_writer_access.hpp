@@ -237,7 +237,7 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
                              it->second + "[RITERS];");
       line(it->second + "[kiln_it] = " + raw + ";");
     }
-    return bind(narrow ? "kiln::widen(" + it->second + "[kiln_it])" : it->second + "[kiln_it]", ct);
+    return narrow ? bind("kiln::widen(" + it->second + "[kiln_it])", ct) : bind_held(it->second + "[kiln_it]", ct);
   }
   return bind(code, ct);
 }

@@ -69,6 +69,38 @@ template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::
 KILN_FN tile<T, N> minimum(const tile<T, N>& a, T b) { return nan_extremum<false>(a, full<N>(b)); }
 template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
 KILN_FN tile<T, N> minimum(T a, const tile<T, N>& b) { return nan_extremum<false>(full<N>(a), b); }
+// Arithmetic on f32 and f64 tiles as whole vectors, so that a row kernel's arithmetic reaches the
+// vector units without GCC's SLP pass having to find it lane by lane (it left layer_norm's backward
+// mostly scalar: NOTES 70). The same IEEE operations, so the same results. Only in row kernels
+// (KILN_VECTOR_ARITH, runtime/compile/kernel_units.hpp): a pointwise kernel's loop is vectorised
+// across its tiles, and vector operations there broke that for special functions (W1b 2.3x slower).
+#ifdef KILN_VECTOR_ARITH
+template <int Op, class T, int N> KILN_FN tile<T, N> vector_arith(const tile<T, N>& a, const tile<T, N>& b) {
+  constexpr int C = native_lanes<T, N>::value;
+  typedef T V __attribute__((vector_size(C * sizeof(T))));
+  tile<T, N> r;
+  for (int i = 0; i < N; i += C) {
+    V x, y;
+    __builtin_memcpy(&x, a.v + i, sizeof x);
+    __builtin_memcpy(&y, b.v + i, sizeof y);
+    const V o = Op == 0 ? x + y : Op == 1 ? x - y : Op == 2 ? x * y : x / y;
+    __builtin_memcpy(r.v + i, &o, sizeof o);
+  }
+  return r;
+}
+#define KILN_VECTOR_OP(name, op)                                                              \
+  template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>          \
+  KILN_FN tile<T, N> name(const tile<T, N>& a, const tile<T, N>& b) { return vector_arith<op>(a, b); } \
+  template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>          \
+  KILN_FN tile<T, N> name(const tile<T, N>& a, T b) { return vector_arith<op>(a, full<N>(b)); } \
+  template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>          \
+  KILN_FN tile<T, N> name(T a, const tile<T, N>& b) { return vector_arith<op>(full<N>(a), b); }
+KILN_VECTOR_OP(add, 0)
+KILN_VECTOR_OP(sub, 1)
+KILN_VECTOR_OP(mul, 2)
+KILN_VECTOR_OP(div, 3)
+#undef KILN_VECTOR_OP
+#endif
 }  // namespace kiln
 #endif
 )KILN";

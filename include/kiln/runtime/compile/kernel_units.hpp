@@ -84,7 +84,11 @@ struct KernelUnit {
 inline KernelUnit kernel_unit(const codegen::KernelSource& k, bool cpu) {
   KernelUnit u{unit_name(k.name), ""};
   std::string body = std::string(sym_c_helpers) + "\n\n" + unit_source(k);
-  u.source = cpu ? std::string(codegen::prelude) + body + cpu_trampoline(k, u.name)
+  // Host row kernels do their f32/f64 arithmetic on whole vectors (prelude_cpu_tiles.hpp); pointwise
+  // ones leave it to the loop vectoriser, which takes their loop across tiles (NOTES 70).
+  const bool rows = k.kind != schedule::Kind::poi;
+  u.source = cpu ? std::string(rows ? "#define KILN_VECTOR_ARITH 1\n" : "") + std::string(codegen::prelude) + body +
+                       cpu_trampoline(k, u.name)
                  : cuda_unit(moves_half(k), body, k.tuning.prelude_loads);
   return u;
 }
