@@ -205,6 +205,11 @@ class KernelWriter {
   bool full_rows_ = false;                 // rows: programs hold whole groups of rows
   bool full_tiles_ = false;                // rows: register tiles cover a row exactly
   bool vector_rows_ = false;               // rows: the row length is a multiple of the vector
+  // Host rows whose loops' rmask is all true by construction (whole programs of rows, whole tiles).
+  bool host_rows_unmasked() const {
+    return target_ == Target::cpu && full_rows_ &&
+           (config_.x_lanes || full_tiles_ || (vector_rows_ && config_.riters == 0));
+  }
   std::map<std::string, Value> memo_;
   std::map<std::string, std::string> kept_values_;  // CPU rows: a special function's tiles kept for later loops
   int scope_ = 0;
