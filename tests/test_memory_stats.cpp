@@ -2,6 +2,8 @@
 // and the allocator's cache, per device, checked against sizes computed here.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -87,6 +89,40 @@ TEST_CASE("memory_stats (cpu): a freed large host block is cached within the pea
   CHECK((x.data_ptr() == first || y.data_ptr() == first));
   for (std::size_t i = 0; i < xs.size(); i += 997) CHECK(ys[i] == doctest::Approx(xs[i] * 3.0f - 1.0f));
   CHECK(k::memory_stats(k::cpu).reserved >= k::memory_stats(k::cpu).allocated);
+}
+
+// The cache's policy on its own: within its limit, a newly freed block displaces the blocks freed
+// longest ago (a process that moves from large tensors to smaller ones keeps its new working set
+// warm instead of faulting in fresh pages at every call).
+TEST_CASE("host cache: a freed block makes room by evicting the oldest, and is taken back newest first") {
+  kiln::memory::HostCache c;
+  const std::size_t mib = std::size_t(1) << 20, limit = 12 * mib;
+  void* a = std::malloc(8 * mib);
+  void* b = std::malloc(2 * mib);
+  void* d = std::malloc(4 * mib);
+  REQUIRE((a && b && d));
+  CHECK(c.keep(a, 8 * mib, limit));
+  CHECK(c.keep(b, 2 * mib, limit));
+  CHECK(c.cached_bytes() == 10 * mib);
+  CHECK(c.keep(d, 4 * mib, limit));  // 14 > 12: a, the oldest, goes
+  CHECK(c.cached_bytes() == 6 * mib);
+  CHECK(c.take(8 * mib) == nullptr);
+  void* b2 = std::malloc(2 * mib);
+  REQUIRE(b2);
+  CHECK(c.keep(b2, 2 * mib, limit));
+  CHECK(c.take(2 * mib) == b2);  // the newest of its size first
+  CHECK(c.take(2 * mib) == b);
+  CHECK(c.take(2 * mib) == nullptr);
+  void* big = std::malloc(16 * mib);
+  REQUIRE(big);
+  CHECK_FALSE(c.keep(big, 16 * mib, limit));  // past the limit on its own: the caller frees it
+  std::free(big);
+  CHECK_FALSE(c.keep(b, std::size_t(512) << 10, limit));  // under a megabyte: never cached
+  CHECK(c.cached_bytes() == 4 * mib);
+  CHECK(c.release() == 4 * mib);  // frees d
+  CHECK(c.cached_bytes() == 0);
+  std::free(b);
+  std::free(b2);
 }
 
 TEST_CASE("memory_stats of a CUDA device on a machine without one is a device_error" * needs_no_gpu()) {
