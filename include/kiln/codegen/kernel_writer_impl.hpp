@@ -215,38 +215,6 @@ inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) 
   return false;
 }
 
-// Loads that are the same for every row (weights, biases) are made once, before the row loop, when
-// hoist_mode() says so: into registers (blocks of several rows, by default; they cost occupancy:
-// layer_norm's w and b take 64 of a thread's 128 registers) or, with KILN_TUNE_HOIST=2, into shared
-// memory when they fit (one copy a block, read back per row with conflict-free 16-byte loads: a row
-// of the array is a thread's tiles, padded by one tile).
-inline std::string KernelWriter::hoist_row_invariants(std::string& signature) const {
-  std::int64_t bytes = 0;
-  for (kiln::dtype ct : column_types_)
-    bytes += std::int64_t{config_.row_threads} * (config_.riters + 1) * config_.rvec *
-             static_cast<std::int64_t>(itemsize(ct));
-  bool shared = hoist_mode() == 2 && bytes <= 40 * 1024;
-  std::string pre;
-  for (std::size_t i = 0; i < column_types_.size(); ++i) {
-    std::string tile = "kiln::tile<" + detail::c_type(column_types_[i]) + ", RVEC>",
-                name = "weights" + std::to_string(i);
-    if (!shared) {
-      pre += "  " + tile + " " + name + "[RITERS];\n";
-      continue;
-    }
-    // Outside the alignment split's two bodies: one array a block.
-    signature += "  __shared__ __align__(16) " + tile + " " + name + "_rows[ROW_THREADS][RITERS + 1];\n";
-    pre += "  " + tile + "* const " + name + " = " + name + "_rows[threadIdx.x % ROW_THREADS];\n";
-  }
-  std::string in = shared ? "  " : "";  // the first row's threads fill the shared arrays
-  if (shared) pre += "  if (threadIdx.x < ROW_THREADS) {\n";
-  pre += in + "  KILN_R_TILES(roffset) {\n" + in + "    auto rindex = roffset + kiln::arange<RVEC>();\n";
-  for (const auto& l : column_loads_) pre += in + "    " + l + "\n";
-  pre += in + "  }\n";
-  if (shared) pre += "  }\n  __syncthreads();\n";
-  return pre;
-}
-
 // Decides everything the source depends on before a line is written: the iteration sizes, the
 // launch config (from sizes, dtypes and the tuning), the kind (a row too long for registers is
 // looped: "per" becomes "red") and so the name.
