@@ -37,8 +37,8 @@ template <class T, int N> struct vector_fits {
 template <class T, int N> struct native_lanes {
   static constexpr int value = N * (int)sizeof(T) <= KILN_VECTOR_BYTES ? N : KILN_VECTOR_BYTES / (int)sizeof(T);
 };
-// As the generic maximum and minimum: NaN if either lane is NaN (torch.maximum / torch.minimum).
-template <bool Max, class T, int N> KILN_FN tile<T, N> nan_extremum(const tile<T, N>& a, const tile<T, N>& b) {
+// f(x, y) over two tiles, a native vector at a time.
+template <class T, int N, class F> KILN_FN tile<T, N> vector_map2(const tile<T, N>& a, const tile<T, N>& b, F f) {
   constexpr int C = native_lanes<T, N>::value;
   typedef T V __attribute__((vector_size(C * sizeof(T))));
   tile<T, N> r;
@@ -46,61 +46,44 @@ template <bool Max, class T, int N> KILN_FN tile<T, N> nan_extremum(const tile<T
     V x, y;
     __builtin_memcpy(&x, a.v + i, sizeof x);
     __builtin_memcpy(&y, b.v + i, sizeof y);
-    const V m = Max ? (x > y ? x : y) : (x < y ? x : y);
-    const V o = x != x ? x : (y != y ? y : m);
+    const V o = f(x, y);
     __builtin_memcpy(r.v + i, &o, sizeof o);
   }
   return r;
 }
-template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
-KILN_FN tile<T, N> maximum(const tile<T, N>& a, const tile<T, N>& b) {
-  return nan_extremum<true>(a, b);
-}
-template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
-KILN_FN tile<T, N> minimum(const tile<T, N>& a, const tile<T, N>& b) {
-  return nan_extremum<false>(a, b);
-}
-// A scalar operand is a tile of equal lanes.
-template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
-KILN_FN tile<T, N> maximum(const tile<T, N>& a, T b) { return nan_extremum<true>(a, full<N>(b)); }
-template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
-KILN_FN tile<T, N> maximum(T a, const tile<T, N>& b) { return nan_extremum<true>(full<N>(a), b); }
-template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
-KILN_FN tile<T, N> minimum(const tile<T, N>& a, T b) { return nan_extremum<false>(a, full<N>(b)); }
-template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>
-KILN_FN tile<T, N> minimum(T a, const tile<T, N>& b) { return nan_extremum<false>(full<N>(a), b); }
+// As the generic maximum and minimum: NaN if either lane is NaN (torch.maximum / torch.minimum).
+struct vector_max {
+  template <class V> KILN_FN V operator()(V x, V y) const { const V m = x > y ? x : y; return x != x ? x : (y != y ? y : m); }
+};
+struct vector_min {
+  template <class V> KILN_FN V operator()(V x, V y) const { const V m = x < y ? x : y; return x != x ? x : (y != y ? y : m); }
+};
+// name(a, b) for two tiles, or a tile and a scalar (a tile of equal lanes), through vector_map2.
+#define KILN_VECTOR_OP(name, fn)                                                                        \
+  template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>                    \
+  KILN_FN tile<T, N> name(const tile<T, N>& a, const tile<T, N>& b) { return vector_map2(a, b, fn()); }      \
+  template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>                    \
+  KILN_FN tile<T, N> name(const tile<T, N>& a, T b) { return vector_map2(a, full<N>(b), fn()); }             \
+  template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>                    \
+  KILN_FN tile<T, N> name(T a, const tile<T, N>& b) { return vector_map2(full<N>(a), b, fn()); }
+KILN_VECTOR_OP(maximum, vector_max)
+KILN_VECTOR_OP(minimum, vector_min)
 // Arithmetic on f32 and f64 tiles as whole vectors, so that a row kernel's arithmetic reaches the
 // vector units without GCC's SLP pass having to find it lane by lane (it left layer_norm's backward
 // mostly scalar: NOTES 70). The same IEEE operations, so the same results. Only in row kernels
 // (KILN_VECTOR_ARITH, runtime/compile/kernel_units.hpp): a pointwise kernel's loop is vectorised
 // across its tiles, and vector operations there broke that for special functions (W1b 2.3x slower).
 #ifdef KILN_VECTOR_ARITH
-template <int Op, class T, int N> KILN_FN tile<T, N> vector_arith(const tile<T, N>& a, const tile<T, N>& b) {
-  constexpr int C = native_lanes<T, N>::value;
-  typedef T V __attribute__((vector_size(C * sizeof(T))));
-  tile<T, N> r;
-  for (int i = 0; i < N; i += C) {
-    V x, y;
-    __builtin_memcpy(&x, a.v + i, sizeof x);
-    __builtin_memcpy(&y, b.v + i, sizeof y);
-    const V o = Op == 0 ? x + y : Op == 1 ? x - y : Op == 2 ? x * y : x / y;
-    __builtin_memcpy(r.v + i, &o, sizeof o);
-  }
-  return r;
-}
-#define KILN_VECTOR_OP(name, op)                                                              \
-  template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>          \
-  KILN_FN tile<T, N> name(const tile<T, N>& a, const tile<T, N>& b) { return vector_arith<op>(a, b); } \
-  template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>          \
-  KILN_FN tile<T, N> name(const tile<T, N>& a, T b) { return vector_arith<op>(a, full<N>(b)); } \
-  template <class T, int N, class = typename enable_if<vector_fits<T, N>::value>::type>          \
-  KILN_FN tile<T, N> name(T a, const tile<T, N>& b) { return vector_arith<op>(full<N>(a), b); }
-KILN_VECTOR_OP(add, 0)
-KILN_VECTOR_OP(sub, 1)
-KILN_VECTOR_OP(mul, 2)
-KILN_VECTOR_OP(div, 3)
-#undef KILN_VECTOR_OP
+struct vector_add { template <class V> KILN_FN V operator()(V x, V y) const { return x + y; } };
+struct vector_sub { template <class V> KILN_FN V operator()(V x, V y) const { return x - y; } };
+struct vector_mul { template <class V> KILN_FN V operator()(V x, V y) const { return x * y; } };
+struct vector_div { template <class V> KILN_FN V operator()(V x, V y) const { return x / y; } };
+KILN_VECTOR_OP(add, vector_add)
+KILN_VECTOR_OP(sub, vector_sub)
+KILN_VECTOR_OP(mul, vector_mul)
+KILN_VECTOR_OP(div, vector_div)
 #endif
+#undef KILN_VECTOR_OP
 }  // namespace kiln
 #endif
 )KILN";

@@ -307,13 +307,14 @@ inline HostToolchain find_toolchain() {
   // No -ffast-math (results must match the f64 reference) and no FMA contraction (CPU results stay
   // the same whatever the compiler decides to fuse).
   t.flags = split_words("-O3 -march=native -std=c++17 -shared -fPIC -fno-math-errno -ffp-contract=off");
-  for (std::string& f : cpu_tuning_flags(cpu_identity())) t.flags.push_back(std::move(f));
+  const std::string cpu = cpu_identity();
+  for (std::string& f : cpu_tuning_flags(cpu)) t.flags.push_back(std::move(f));
   std::vector<std::string> version_argv = t.cxx;
   version_argv.push_back("--version");
   std::string version = run_process(version_argv).output;
   version = version.substr(0, version.find('\n'));
   Hasher h;
-  h.update("kiln-host-so-v1").update(join_command(t.cxx)).update(version).update(cpu_identity());
+  h.update("kiln-host-so-v1").update(join_command(t.cxx)).update(version).update(cpu);
   for (const std::string& f : t.flags) h.update(f);
   std::vector<std::string> probe_argv = t.cxx;
   probe_argv.insert(probe_argv.end(), t.flags.begin(), t.flags.end());
