@@ -131,6 +131,20 @@ KILN_UNROLL
       if (lane(mask, i)) p[lane(idx, i)] = store_cast<T>(lane(v, i));
   }
 }
+#ifdef KILN_DEVICE_CODE
+// One 16- or 8-byte vector store, as 32-bit words. A vector stored through C++ (a struct of 8 bf16
+// values, or a uint4 of their bits) was split by the compiler into 2- and 4-byte stores where a
+// row's mask let it merge the vector path with the lane-by-lane one (layer_norm over rows of 1000
+// bf16 values: 7 stores a vector, 3.5x the L2 write sectors, 38% of the copy ceiling;
+// benchmarks/NOTES.md item 73). Volatile, without a memory clobber, as load16: kernels never load
+// an element after storing it.
+template <class T> KILN_FN void store_words(T* p, const unsigned (&u)[4]) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(u[0]), "r"(u[1]), "r"(u[2]), "r"(u[3]));
+}
+template <class T> KILN_FN void store_words(T* p, const unsigned (&u)[2]) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(u[0]), "r"(u[1]));
+}
+#endif
 template <int N, align A = align::test, class T, class V, class M>
 KILN_FN void store_contig(T* p, i64 base, const V& v, const M& mask) {
 #ifdef KILN_DEVICE_CODE
@@ -141,13 +155,12 @@ KILN_FN void store_contig(T* p, i64 base, const V& v, const M& mask) {
 KILN_UNROLL
     for (int i = 0; i < N; ++i) all = all && lane(mask, i);
     if (all && (A == align::vector || ((unsigned long long)(p + base) & (B - 1)) == 0)) {
-      struct alignas(B) vec { T e[L]; };
 KILN_UNROLL
       for (int c = 0; c < N / L; ++c) {
-        vec w;
+        union { T e[L]; unsigned u[B / 4]; } w;
 KILN_UNROLL
         for (int i = 0; i < L; ++i) w.e[i] = store_cast<T>(lane(v, c * L + i));
-        *reinterpret_cast<vec*>(p + base + c * L) = w;
+        store_words(p + base + c * L, w.u);
       }
       return;
     }
