@@ -180,6 +180,7 @@ class KernelWriter {
   LaunchConfig config_;
   std::map<std::string, std::string> row_cache_;  // load code -> register array holding it
   std::vector<std::string> cache_decls_;
+  std::int64_t cached_cost_ = 0;  // what a value of the register caches costs, summed (launch_config.hpp)
   bool final_loop_ = false;
   std::map<std::string, std::string> column_cache_;  // row-invariant loads hoisted before the rows
   std::vector<kiln::dtype> column_types_;            // their compute types, in order (weights0, weights1, ...)
@@ -252,6 +253,7 @@ inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& 
     std::string name = "kept" + std::to_string(kept_values_.size());
     kept_values_[vkey] = name;
     cache_decls_.push_back("kiln::tile<" + detail::c_type(v.ct) + ", RVEC> " + name + "[RITERS];");
+    cached_cost_ += std::max<std::int64_t>(2, static_cast<std::int64_t>(itemsize(v.ct)) / 2);
     line(name + "[kiln_it] = " + v.code + ";");
   }
   return v;

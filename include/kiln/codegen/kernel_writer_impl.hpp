@@ -378,7 +378,13 @@ inline KernelSource KernelWriter::write() {
                                          std::to_string(tile_dim_) + " by " + std::to_string(config_.xvec) +
                                          " lanes of the last (transposed inputs gathered from L1)")
      << "\n";
-  os << "KILN_KERNEL KILN_BOUNDS(" << ks.config.threads << ") " << ks.name << "(";
+  if (target_ == Target::cuda && rows() && config_.riters > 0)
+    ks.config.min_blocks =
+        min_blocks_for(ks.config.threads, cached_cost_ * config_.riters * config_.rvec, tune_);
+  if (ks.config.min_blocks > 0)
+    os << "KILN_KERNEL KILN_HELD_BOUNDS(" << ks.config.threads << ", " << ks.config.min_blocks << ") " << ks.name << "(";
+  else
+    os << "KILN_KERNEL KILN_BOUNDS(" << ks.config.threads << ") " << ks.name << "(";
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Param& pr = params_[i];
     os << (i ? ", " : "");

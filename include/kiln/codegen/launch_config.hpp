@@ -28,6 +28,7 @@ struct LaunchConfig {
   int tile_dim = -1;             // (tile_dim, last), transposed inputs staged (kernel_writer_tiles.hpp)
   bool x_lanes = false;          // host rows reduced over outer dims: a program's ROWS kept elements
                                  // are one tile's lanes, the reduced elements a scalar loop
+  int min_blocks = 0;            // GPU: blocks an SM the kernel asks ptxas to fit (__launch_bounds__)
 
   std::string str() const {
     return "threads=" + std::to_string(threads) + " XVEC=" + std::to_string(xvec) +
@@ -35,7 +36,8 @@ struct LaunchConfig {
            " ROW_THREADS=" + std::to_string(row_threads) + " ROWS=" + std::to_string(rows) +
            (riters ? " RITERS=" + std::to_string(riters) : " RUNROLL=" + std::to_string(runroll)) +
            (cache_invariants ? "" : " UNCACHED_WEIGHTS") +
-           (x_lanes ? " X_LANES" : "") + (tile ? " TILE=" + std::to_string(tile) + " (dims " + std::to_string(tile_dim) + ", last)" : "");
+           (x_lanes ? " X_LANES" : "") + (min_blocks ? " MIN_BLOCKS=" + std::to_string(min_blocks) : "") +
+           (tile ? " TILE=" + std::to_string(tile) + " (dims " + std::to_string(tile_dim) + ", last)" : "");
   }
 };
 
@@ -122,6 +124,23 @@ struct RowCaches {
 // bf16 columns looped (3.5x faster than spilling); a layer_norm over 5120 bf16 columns ran 1.9x
 // faster re-reading w and b than hoisting them.
 inline constexpr std::int64_t row_cache_half_registers = 384;
+
+// Blocks an SM a held-row GPU kernel may ask ptxas to fit (__launch_bounds__' second argument):
+// enough for `occupancy` threads (1024 by default: 64 registers a thread) when its register caches,
+// at RowCaches' costs (`cached`: half-registers for all of a thread's tiles), leave a quarter of
+// those registers to the rest of the kernel; else 0. The bound is taken only where ptxas, left
+// alone, used more registers (runtime/compile/nvrtc.hpp compiles such a kernel again): it sized
+// kernels for their heaviest path, the element-by-element body of unaligned pointers (an rms_norm
+// over 16384 bf16 columns: 81 registers, one 512-thread block an SM, 1.35x slower than with two),
+// while a bound on a kernel that needed fewer registers made ptxas use them all, up to 1.19x
+// slower; caches that fill the 64 registers spilled (f32 rows of 32000, layer_norm's hoisted f32
+// weights: up to 2.4x slower). Measured on an H200 over 152 row cases: benchmarks/NOTES.md item 73.
+inline int min_blocks_for(int threads, std::int64_t cached, const Tuning& tune) {
+  const std::int64_t occupancy = tune.occupancy >= 0 ? tune.occupancy : 1024;
+  if (occupancy < threads || occupancy <= 0) return 0;
+  const std::int64_t registers = std::min<std::int64_t>(65536 / occupancy, 255);
+  return cached * 4 <= registers * 2 * 3 ? static_cast<int>(occupancy / threads) : 0;
+}
 
 // Where a held row's weights live: 0 reloaded each row, 1 hoisted into registers (blocks of several
 // rows, by default), 2 shared memory (KILN_TUNE_HOIST).

@@ -26,6 +26,14 @@ inline constexpr std::string_view prelude_core = R"KILN(
 #define KILN_KERNEL extern "C" __global__ void
 #endif
 #define KILN_BOUNDS(threads) __launch_bounds__(threads)
+// A held-row kernel's bound with blocks an SM (launch_config.hpp's min_blocks_for): taken only in
+// the second compile that runtime/compile/nvrtc.hpp makes when ptxas, left alone, gave the kernel
+// more registers than that many blocks leave a thread.
+#ifdef KILN_HELD_BOUND
+#define KILN_HELD_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+#else
+#define KILN_HELD_BOUNDS(threads, blocks) __launch_bounds__(threads)
+#endif
 #define KILN_PROGRAM_PARAMS
 #define KILN_UNROLL _Pragma("unroll")
 typedef long long i64;
@@ -61,6 +69,7 @@ KILN_FN float to_compute(bf16) { return 0.0f; }
 #define KILN_FN inline __attribute__((always_inline))
 #define KILN_KERNEL static void
 #define KILN_BOUNDS(threads)
+#define KILN_HELD_BOUNDS(threads, blocks)
 #define KILN_PROGRAM_PARAMS , i64 kiln_pid
 #define KILN_UNROLL _Pragma("GCC unroll 16")
 typedef long long i64;

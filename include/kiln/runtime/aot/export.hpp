@@ -169,14 +169,16 @@ exported_kernels export_program(const Function<F>& f, const E& e, const std::arr
   out.arch = spec.arch;
   for (const auto& k : p->kernels) out.kernels.push_back(k.src.name);
   std::string tu = runtime::cuda_translation_unit(*p, runtime::program_body(*p));
-  std::vector<char> cubin = runtime::compile_cubin(tu, spec.name, spec.arch);
+  bool held_bound = false;  // the cubin took its held-row kernels' bounds: the source must too
+  std::vector<char> cubin = runtime::compile_cubin(tu, spec.name, spec.arch, {}, &held_bound);
   runtime::LauncherWriter writer(*p, spec);
   std::string source = "// " + spec.name +
                        ".cu: kernels exported ahead of time by kiln (k::export_kernels) with their launcher.\n"
                        "// Build: nvcc -std=c++17 -arch=" +
                        spec.arch + " -c " + spec.name +
                        ".cu (no kiln, no NVRTC).\n"
-                       "#define KILN_KERNEL static __global__ void\n"
+                       "#define KILN_KERNEL static __global__ void\n" +
+                       std::string(held_bound ? "#define KILN_HELD_BOUND 1  // as its cubin was compiled\n" : "") +
                        "#pragma nv_diag_suppress 177  // kernels declare all their block constants, used or not\n" +
                        tu + writer.host_source();
   std::string header = writer.header();

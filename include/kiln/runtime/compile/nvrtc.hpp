@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -157,29 +158,107 @@ inline std::string nvrtc_options_string(const std::string& arch, const std::vect
                       dump_source(source, kernel_name));
 }
 
+namespace detail {
+
+// The held-row kernels of a translation unit, declared `KILN_HELD_BOUNDS(threads, blocks) name(`
+// (codegen/prelude.hpp), each with the registers a thread has when that many blocks share an SM.
+struct HeldBound {
+  std::string kernel;
+  long registers;
+};
+inline std::vector<HeldBound> held_bounds(const std::string& source) {
+  std::vector<HeldBound> found;
+  const std::string mark = "KILN_HELD_BOUNDS(";
+  for (auto at = source.find(mark); at != std::string::npos; at = source.find(mark, at + 1)) {
+    const char* p = source.c_str() + at + mark.size();
+    char* end = nullptr;
+    long threads = std::strtol(p, &end, 10), blocks = 0;
+    if (end == p || *end != ',') continue;  // the macro's own definition
+    blocks = std::strtol(end + 1, &end, 10);
+    if (*end != ')' || threads <= 0 || blocks <= 0) continue;
+    std::size_t name = source.find_first_not_of(' ', static_cast<std::size_t>(end - source.c_str()) + 1);
+    std::size_t paren = source.find('(', name);
+    if (name == std::string::npos || paren == std::string::npos) continue;
+    found.push_back({source.substr(name, paren - name), 65536 / (threads * blocks)});
+  }
+  return found;
+}
+
+// Whether ptxas (its -v log) gave one of `held` more registers than its bound leaves a thread.
+inline bool exceeds(const std::string& log, const std::vector<HeldBound>& held) {
+  std::string entry;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    if (auto at = line.find("Compiling entry function '"); at != std::string::npos) {
+      entry = line.substr(at + 26, line.find('\'', at + 26) - (at + 26));
+    } else if (auto used = line.find("Used "); used != std::string::npos && !entry.empty()) {
+      long registers = std::strtol(line.c_str() + used + 5, nullptr, 10);
+      for (const HeldBound& h : held)
+        if (entry.find(h.kernel) != std::string::npos && registers > h.registers) return true;
+    }
+  }
+  return false;
+}
+
+// The bytes ptxas spilled (stores), over the whole unit: its -v log.
+inline long spilled(const std::string& log) {
+  long bytes = 0;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);)
+    if (auto at = line.find(" bytes spill stores"); at != std::string::npos) {
+      auto start = line.find_last_of(", .", at - 1);
+      bytes += std::strtol(line.c_str() + (start == std::string::npos ? 0 : start + 1), nullptr, 10);
+    }
+  return bytes;
+}
+
+}  // namespace detail
+
 // Compiles source (a whole translation unit defining kernel_name) to a CUBIN for arch, which must
 // be a real architecture (sm_XY or sm_XYa). Throws kiln::compile_error with NVRTC's log.
+// A unit with held-row kernels (KILN_HELD_BOUNDS) is compiled with ptxas's register report, and
+// again with their bounds on (KILN_HELD_BOUND) when one of them took more registers than its bound
+// leaves (launch_config.hpp's min_blocks_for); the bounded CUBIN is taken when ptxas fitted it
+// without spilling more than a few words beyond the first (a norm backward's f32 kernel, squeezed
+// from 125 registers to 64, ran 1.8x slower). `held_bound` says which (an export writes it into
+// its source).
 inline std::vector<char> compile_cubin(const std::string& source, const std::string& kernel_name,
-                                       const std::string& arch, const std::vector<std::string>& extra_options = {}) {
-  std::vector<std::string> options = nvrtc_options(arch, extra_options);
-  std::vector<const char*> argv;
-  for (const std::string& o : options) argv.push_back(o.c_str());
-  detail::Program program(source, detail::file_safe(kernel_name) + ".cu");
-  if (program.created() != NVRTC_SUCCESS)
-    throw_compile_error(source, kernel_name, arch, nvrtcGetErrorString(program.created()));
-  nvrtcResult r = nvrtcCompileProgram(program.get(), static_cast<int>(argv.size()), argv.data());
-  if (r != NVRTC_SUCCESS) {
-    std::string log = program.log();
-    throw_compile_error(source, kernel_name, arch, log.empty() ? nvrtcGetErrorString(r) : log);
-  }
-  std::size_t size = 0;
-  if (nvrtcGetCUBINSize(program.get(), &size) != NVRTC_SUCCESS || size == 0)
-    throw_compile_error(source, kernel_name, arch,
-                        "NVRTC produced no CUBIN: '" + arch + "' is not a real architecture (use sm_XY)");
-  std::vector<char> cubin(size);
-  if (nvrtcGetCUBIN(program.get(), cubin.data()) != NVRTC_SUCCESS)
-    throw_compile_error(source, kernel_name, arch, "nvrtcGetCUBIN failed");
-  return cubin;
+                                       const std::string& arch, const std::vector<std::string>& extra_options = {},
+                                       bool* held_bound = nullptr) {
+  std::string log;
+  auto compile = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> options = nvrtc_options(arch, extra);
+    std::vector<const char*> argv;
+    for (const std::string& o : options) argv.push_back(o.c_str());
+    detail::Program program(source, detail::file_safe(kernel_name) + ".cu");
+    if (program.created() != NVRTC_SUCCESS)
+      throw_compile_error(source, kernel_name, arch, nvrtcGetErrorString(program.created()));
+    nvrtcResult r = nvrtcCompileProgram(program.get(), static_cast<int>(argv.size()), argv.data());
+    log = program.log();
+    if (r != NVRTC_SUCCESS) throw_compile_error(source, kernel_name, arch, log.empty() ? nvrtcGetErrorString(r) : log);
+    std::size_t size = 0;
+    if (nvrtcGetCUBINSize(program.get(), &size) != NVRTC_SUCCESS || size == 0)
+      throw_compile_error(source, kernel_name, arch,
+                          "NVRTC produced no CUBIN: '" + arch + "' is not a real architecture (use sm_XY)");
+    std::vector<char> cubin(size);
+    if (nvrtcGetCUBIN(program.get(), cubin.data()) != NVRTC_SUCCESS)
+      throw_compile_error(source, kernel_name, arch, "nvrtcGetCUBIN failed");
+    return cubin;
+  };
+  if (held_bound) *held_bound = false;
+  std::vector<detail::HeldBound> held = detail::held_bounds(source);
+  if (held.empty()) return compile(extra_options);
+  std::vector<std::string> report = extra_options;
+  report.push_back("--ptxas-options=-v");
+  std::vector<char> cubin = compile(report);
+  if (!detail::exceeds(log, held)) return cubin;
+  const long spilled = detail::spilled(log);
+  std::vector<std::string> bounded = report;
+  bounded.push_back("-DKILN_HELD_BOUND=1");
+  std::vector<char> fitted = compile(bounded);
+  if (detail::spilled(log) > spilled + 16) return cubin;
+  if (held_bound) *held_bound = true;
+  return fitted;
 }
 
 }  // namespace kiln::runtime
