@@ -95,6 +95,50 @@ TEST_CASE("NVRTC compiles a kernel using __half and __nv_bfloat16 to a CUBIN wit
   CHECK(is_elf(cubin));
 }
 
+// Held-row kernels' bounds (codegen/prelude.hpp's KILN_HELD_BOUNDS): the macros as the prelude
+// defines them, and a kernel with the bound 256 threads x 8 blocks (32 registers a thread) that
+// keeps 48 values live across a barrier: left alone ptxas gives it more than 32 registers, and
+// within the bound it would spill them, so the unbounded CUBIN stays. (The bound taken: an
+// exported rms_norm in test_export.cpp.)
+const char* const held_kernel = R"(
+#ifdef KILN_HELD_BOUND
+#define KILN_HELD_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+#else
+#define KILN_HELD_BOUNDS(threads, blocks) __launch_bounds__(threads)
+#endif
+extern "C" __global__ void KILN_HELD_BOUNDS(256, 8) held(const float* x, float* y) {
+  __shared__ float f[48];
+  float v[48];
+#pragma unroll
+  for (int i = 0; i < 48; ++i) v[i] = x[threadIdx.x + i * 1024];
+  if (threadIdx.x < 48) f[threadIdx.x] = y[threadIdx.x];
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 48; ++i) y[threadIdx.x + i * 1024] = v[i] * f[i];
+}
+)";
+
+TEST_CASE("NVRTC: a held-row kernel's bound is refused where ptxas would spill within it") {
+  auto held = rt::detail::held_bounds(held_kernel);
+  REQUIRE(held.size() == 1);  // the macro's own definitions are not kernels
+  CHECK(held[0].kernel == "held");
+  CHECK(held[0].registers == 32);
+  // ptxas's -v log, as NVRTC returns it.
+  const std::string log =
+      "ptxas info    : Compiling entry function 'other' for 'sm_90a'\n"
+      "ptxas info    : Used 90 registers, used 0 barriers\n"
+      "ptxas info    : Compiling entry function 'held' for 'sm_90a'\n"
+      "ptxas         .     24 bytes stack frame, 28 bytes spill stores, 28 bytes spill loads\n"
+      "ptxas info    : Used 40 registers, used 1 barriers\n";
+  CHECK(rt::detail::exceeds(log, held));
+  CHECK_FALSE(rt::detail::exceeds(log, {{"held", 40}}));
+  CHECK_FALSE(rt::detail::exceeds(log, {{"absent", 32}}));
+  CHECK(rt::detail::spilled(log) == 28);
+  bool bound = true;
+  CHECK(is_elf(rt::compile_cubin(held_kernel, "held", "sm_90a", {}, &bound)));
+  CHECK_FALSE(bound);
+}
+
 TEST_CASE("an NVRTC syntax error is a compile_error with the log and the dumped source") {
   auto dir = std::filesystem::temp_directory_path() / "kiln-test-driver-debug";
   setenv("KILN_DEBUG_DIR", dir.c_str(), 1);

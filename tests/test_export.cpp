@@ -119,6 +119,17 @@ TEST_CASE("export: fused kernels from CPU tensors, without a GPU, build with pla
   std::string ln_source = read_file(all.back().source);
   CHECK(ln_source.find("KILN_ROW_GROUP") != std::string::npos);
   CHECK(ln_source.find("programs = 256LL;") != std::string::npos);
+  // A held-row kernel with a blocks-an-SM bound (launch_config.hpp's min_blocks_for; the shapes
+  // alone matter, so the tensors stay uninitialised): whether its
+  // cubin took it is ptxas's to say (NVRTC 13: yes, 81 registers left alone), and the exported
+  // source then defines KILN_HELD_BOUND as its cubin was compiled; nvcc builds it below.
+  auto rms_bf16 = k::compile([](auto a, auto ww) { return k::rms_norm(a, ww); });
+  all.push_back(k::export_kernels(rms_bf16, k::empty({8192, 16384}, k::bf16), k::empty({16384}, k::bf16),
+                                  fresh_dir("rms_bf16"), k::export_options{.arch = "sm_90a"}));
+  std::string rms_source = read_file(all.back().source);
+  CHECK(rms_source.find("KILN_HELD_BOUNDS(512, 2) ") != std::string::npos);
+  MESSAGE("rms_norm over 16384 bf16 columns: held-row bound "
+          << std::string(rms_source.find("#define KILN_HELD_BOUND 1") != std::string::npos ? "taken" : "not taken"));
   for (const auto& e : all) check_files(e);
 
   if (!have_nvcc()) return;
