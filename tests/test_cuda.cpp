@@ -84,6 +84,27 @@ TEST_CASE("cuda: long rows, several reductions a row" * needs_gpu()) {
   check_on_gpu([](auto& v) { return k::log_softmax(v[0], 1); }, {xs}, 1e-5, 1e-5);
 }
 
+// Rows whose length is no whole number of 16-byte vectors start their tiles on the vector before
+// the row (codegen's row shift): held and looped rows, bf16 and f32, a gradient, a 3-d input, and
+// an offset view whose pointer is off a vector (the element-by-element body).
+TEST_CASE("cuda: rows of odd length, tiles from the vector before the row" * needs_gpu()) {
+  auto h = k::randn({67, 50257}, k::bf16, k::cpu, 21);
+  check_on_gpu([](auto& v) { return k::softmax(v[0], -1); }, {h}, 2e-2, 1e-4);
+  check_on_gpu([](auto& v) { return k::log_softmax(v[0], -1); }, {h}, 2e-2, 2e-2);
+  auto x = k::randn({41, 1001}, k::f32, k::cpu, 22);
+  k::Tensor t = k::cast(k::rand({41}, k::f32, k::cpu, 23) * 1000.0f, k::i64);
+  check_on_gpu([](auto& v) { return k::cross_entropy(v[0], v[1]); }, {x, t}, 1e-5, 1e-5);
+  check_on_gpu([](auto& v) { return std::get<1>(k::value_and_grad([](auto a, auto b) { return k::cross_entropy(a, b); },
+                                                                  k::wrt<0>)(v[0], v[1])); },
+               {x, t}, 1e-4, 1e-7);
+  auto x3 = k::randn({5, 7, 197}, k::bf16, k::cpu, 24);
+  check_on_gpu([](auto& v) { return k::softmax(v[0], -1); }, {x3}, 2e-2, 1e-3);
+  auto looped = k::randn({3, 300007}, k::f32, k::cpu, 25);
+  check_on_gpu([](auto& v) { return k::softmax(v[0], -1); }, {looped}, 1e-5, 1e-9);
+  auto wide = k::randn({9, 1003}, k::f32, k::cpu, 26);
+  check_on_gpu([](auto& v) { return k::softmax(k::slice(v[0], 1, 1, 1002), -1); }, {wide}, 1e-5, 1e-8);
+}
+
 TEST_CASE("cuda: views and compiled functions with dynamic shapes" * needs_gpu()) {
   auto x = k::randn({6, 7, 9}, k::f32, k::cpu, 9);
   check_on_gpu([](auto& v) { return k::permute(v[0], {2, 0, 1}) * 2.0f; }, {x}, 1e-6, 1e-6);

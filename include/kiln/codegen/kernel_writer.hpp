@@ -206,6 +206,7 @@ class KernelWriter {
   bool full_rows_ = false;                 // rows: programs hold whole groups of rows
   bool full_tiles_ = false;                // rows: register tiles cover a row exactly
   bool vector_rows_ = false;               // rows: the row length is a multiple of the vector
+  bool row_shift_ = false;                 // GPU rows: tiles start on the vector before the row (plan())
   // Host rows whose loops' rmask is all true by construction (whole programs of rows, whole tiles).
   bool host_rows_unmasked() const {
     return target_ == Target::cpu && full_rows_ &&

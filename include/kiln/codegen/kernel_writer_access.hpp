@@ -57,12 +57,13 @@ inline Sym KernelWriter::slice_step(int node) {
   return Sym(g_[node].attrs.d);
 }
 
-// Whether e is the same for every lane of an aligned tile of `vec` consecutive values of t.
+// Whether e is the same for every lane of an aligned tile of `vec` consecutive values of t (vec 0:
+// tiles that may start anywhere, as shifted rows' do).
 inline bool tile_invariant(const Sym& e, const Sym& t, std::int64_t vec) {
   auto free = e.free_symbols();
   if (std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == t; })) return true;
   if (e.kind() == SymKind::floordiv && e.args()[0] == t && e.args()[1].is_constant())
-    return e.args()[1].constant_value() % vec == 0;
+    return vec > 0 && e.args()[1].constant_value() % vec == 0;
   if (e.kind() == SymKind::mod) return tile_invariant(e.args()[0], t, vec);
   if (e.kind() == SymKind::add || e.kind() == SymKind::mul)
     return std::all_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return tile_invariant(a, t, vec); });
@@ -77,8 +78,8 @@ inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& 
   int varying = 0;
   for (const Sym& term : terms) {
     if (tile_invariant(term, t, vec)) continue;
-    bool lane = term == t || (term.kind() == SymKind::mod && term.args()[0] == t && term.args()[1].is_constant() &&
-                              term.args()[1].constant_value() % vec == 0);
+    bool lane = term == t || (vec > 0 && term.kind() == SymKind::mod && term.args()[0] == t &&
+                              term.args()[1].is_constant() && term.args()[1].constant_value() % vec == 0);
     if (!lane) return std::nullopt;
     ++varying;
   }
@@ -119,7 +120,10 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   int start_id = row_lanes ? 1003 : cpu_tile ? 1009 : col_tiles_ ? 1013 : 1002;
   Sym start = Sym::symbol(row_lanes ? "roffset" : cpu_tile ? "boffset" : col_tiles_ ? "xcoff" : "xoffset", start_id,
                           {.nonnegative = true});
-  auto base = tile_base(offset, tile, start, vec);
+  // Shifted rows' tiles start anywhere in the row (vec 0 for the lane tests); a row-major stream's
+  // tile, at rnumel * xindex + roffset, starts on a vector wherever its pointer does.
+  const bool shifted = row_lanes && row_shift_;
+  auto base = tile_base(offset, tile, start, shifted ? 0 : vec);
   if (!base) return "";
   width = row_lanes ? "RVEC" : "XVEC";
   // A tile that starts on a 16-byte (or, for an 8-byte tile, 8-byte) vector whenever its pointer is
@@ -127,7 +131,7 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   std::int64_t bytes = vec * static_cast<std::int64_t>(itemsize(dt)), item = static_cast<std::int64_t>(itemsize(dt));
   std::int64_t vbytes = bytes % 16 == 0 ? 16 : bytes == 8 ? 8 : 0;
   if (target_ != Target::cuda || !vbytes) return index_code(*base);
-  if (!multiple_of(*base, vbytes / item, start_id, vec)) {
+  if (shifted ? !(*base - start == rnumel_ * xindex_) : !multiple_of(*base, vbytes / item, start_id, vec)) {
     unaligned_tiles_ = true;
     return index_code(*base);
   }
@@ -146,7 +150,7 @@ inline std::string KernelWriter::split_on_alignment(const std::string& body) con
   // Held rows of whole vectors whose tiles overrun them: one test a vector, and the split pays
   // (with only a row's test left it measured 2-7% slower, and for looped rows 3% slower over 40
   // long rows, up to 1.9x at 1046 x 128256 bf16: NOTES item 51).
-  bool vector_tests = vector_rows_ && !full_tiles_ && config_.riters > 0 && tune_.vector_masks != 1;
+  bool vector_tests = (vector_rows_ && !full_tiles_ && config_.riters > 0 && tune_.vector_masks != 1) || row_shift_;
   if (aligned_ptrs_.empty() || unaligned_tiles_ || !(exact_tiles_ || vector_tests) || tune_.aligned == 0) {
     std::string plain = body;
     auto replace_all = [&](const std::string& mark, const std::string& by) {

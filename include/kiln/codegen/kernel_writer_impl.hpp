@@ -91,10 +91,14 @@ inline void KernelWriter::write_rows() {
     line("KILN_ROW(xindex) {");
     ++indent_;
     line(full_rows_ ? "const bool xmask = true;" : "const bool xmask = xindex < xnumel;");
+    if (row_shift_) line("const i64 kiln_shift = (rnumel * xindex) % RVEC;  // the row's first element in its vector");
   }
   section_ = Section::body;  // the row's register caches go between the two: write() puts them there
   auto open_loop = [&] {
-    line(x_lanes ? "KILN_R_STEPS(rindex) {" : config_.riters > 0 ? "KILN_R_TILES(roffset) {" : "KILN_R_LOOP(roffset, rnumel) {");
+    line(x_lanes               ? "KILN_R_STEPS(rindex) {"
+         : config_.riters > 0 ? (row_shift_ ? "KILN_R_TILES_SHIFTED(roffset, kiln_shift) {" : "KILN_R_TILES(roffset) {")
+         : row_shift_         ? "KILN_R_LOOP_SHIFTED(roffset, rnumel, kiln_shift) {"
+                              : "KILN_R_LOOP(roffset, rnumel) {");
     ++indent_;
     ++scope_;
     in_rloop_ = true;
@@ -107,6 +111,8 @@ inline void KernelWriter::write_rows() {
       line("auto rmask = kiln::full<RVEC>(xmask);");
     else if (vector_rows_)  // each vector wholly in the row or past it: one test a vector
       line("auto rmask = kiln::full<RVEC>(roffset < rnumel && xmask);");
+    else if (row_shift_)
+      line("auto rmask = (rindex >= 0) & (rindex < rnumel) & xmask;");
     else
       line("auto rmask = (rindex < rnumel) & xmask;");
   };
@@ -248,6 +254,7 @@ inline void KernelWriter::plan() {
   // along a reduced dim and along no kept one.
   codegen::RowCaches caches;
   caches.streams = static_cast<int>(streams.size());
+  bool has_invariants = false;
   if (rows()) {
     auto raw_cost = [&](int v) {  // half-registers a value: a narrow one also has its widened copy
       int bytes = static_cast<int>(itemsize(g_[v].dt));
@@ -275,6 +282,7 @@ inline void KernelWriter::plan() {
         }
         if (!along_r || along_x) continue;
         invariants.push_back(in);
+        has_invariants = true;
         caches.invariant_cost += raw_cost(in);
         caches.hoisted_cost += compute_cost(in);
       }
@@ -295,8 +303,15 @@ inline void KernelWriter::plan() {
       std::find(plan_.rdims.begin(), plan_.rdims.end(), static_cast<std::int64_t>(p.size()) - 1) == plan_.rdims.end();
   bool transcendental =
       std::any_of(plan_.members.begin(), plan_.members.end(), [&](int v) { return is_transcendental(g_[v].op); });
+  // GPU rows of a constant length no whole number of vectors, read and written contiguously: each
+  // row's tiles start on the vector before it (prelude's KILN_R_TILES_SHIFTED), so that the row's
+  // accesses are whole aligned vectors but at its two ends. Not where a tile position must mean
+  // the same column in every row: weights (held or hoisted across rows) and column partials.
+  row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && rnumel_.is_constant() &&
+               rnumel_.constant_value() % row_vector(max_item) != 0 && !streams.empty() && !has_invariants &&
+               plan_.partials.empty();
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column,
-                                  caches, tune_)
+                                  caches, tune_, row_shift_)
                      : pointwise_config(target_, xn, max_item, tune_);
   ks.tuning = tune_;
   ks.column = column;

@@ -146,8 +146,14 @@ inline int min_blocks_for(int threads, std::int64_t cached, const Tuning& tune) 
 // rows, by default), 2 shared memory (KILN_TUNE_HOIST).
 inline int hoist_mode(const Tuning& tune, int rows) { return tune.hoist >= 0 ? tune.hoist : rows >= 2 ? 1 : 0; }
 
+// A GPU row's vector: 16 bytes of the narrowest element the kernel moves.
+inline int row_vector(int max_item) { return std::max(1, 16 / std::max(1, max_item)); }
+
+// shifted: a GPU row whose tiles start on the vector before the row (kernel_writer_impl.hpp's
+// row_shift_), so that its tiles span up to a vector less one more than the row.
 inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnumel, int max_item, bool static_rnumel,
-                               bool column, const RowCaches& caches = {}, const Tuning& tune = {}) {
+                               bool column, const RowCaches& caches = {}, const Tuning& tune = {},
+                               bool shifted = false) {
   const int streams = caches.streams;
   LaunchConfig c;
   auto iters = [&] {
@@ -177,7 +183,8 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
     c.runroll = tune.row_unroll > 0 ? tune.row_unroll : 4;  // one strided element a step: 4 loads in flight
     return c;
   }
-  c.rvec = std::max(1, 16 / std::max(1, max_item));
+  c.rvec = row_vector(max_item);
+  if (shifted) rnumel += c.rvec - 1;  // the span the tiles cover
   // About 32 elements of the row a thread (more for long rows: at most 512 threads a row, the
   // row_threads knob; 1024 measured slower for long softmax and cross_entropy rows), at most 16
   // register-cached tiles a thread (row_iters; above it the row is re-read from L2 instead: the

@@ -255,6 +255,15 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 #define KILN_R_TILES(roffset)                                                             \
   KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)                          \
     if (const i64 roffset = ((i64)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC; true)
+// Rows of a length no whole number of vectors: the tiles start `shift` elements before the row, on
+// the vector that holds its first element (rows of 50257 bf16 values start anywhere in a vector;
+// tiles from the row's start made every access element by element). Lanes before the row are
+// masked by the kernel (rindex >= 0).
+#define KILN_R_TILES_SHIFTED(roffset, shift)                                              \
+  KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)                          \
+    if (const i64 roffset = ((i64)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC - (shift); true)
+#define KILN_R_LOOP_SHIFTED(roffset, rnumel, shift)                                       \
+  _Pragma("unroll (RUNROLL)") for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC - (shift); roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
 // The host's program shapes, given a meaning on the device too (one source, two targets: a host
 // kernel's source compiles with NVRTC and runs correctly on any grid, without being tuned for it).
 #define KILN_COLUMN_TILES(xrow, xcoff, xrows, XROWS, COLS)                                          \

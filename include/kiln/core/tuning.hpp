@@ -48,6 +48,8 @@ struct Tuning {
                            // 16-128 the side of their shared-memory tiles (KILN_TUNE_TRANSPOSE)
   int column_lanes = -1;   // CPU reductions over outer dims: 0 lanes along the reduced dim (the rule
                            // before), else along the kept elements (KILN_TUNE_COLUMN_LANES)
+  int row_shift = -1;      // GPU rows of a length no whole number of vectors: 0 keeps tiles at the row's
+                           // start, unaligned (KILN_TUNE_ROW_SHIFT)
   int occupancy = -1;      // held-row GPU kernels: the threads an SM they ask ptxas to fit (the second
                            // argument of __launch_bounds__, as blocks), 0 none (KILN_TUNE_OCCUPANCY)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
@@ -76,7 +78,7 @@ struct Tuning {
                                    {&Tuning::row_tiling, "row_tiling"}, {&Tuning::row_cache, "row_cache"},
                                    {&Tuning::vector_masks, "vector_masks"}, {&Tuning::transpose, "transpose"},
                                    {&Tuning::keep_values, "keep_values"}, {&Tuning::column_lanes, "column_lanes"},
-                                   {&Tuning::occupancy, "occupancy"}};
+                                   {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -108,7 +110,8 @@ struct Tuning {
                                    {&Tuning::transpose, "KILN_TUNE_TRANSPOSE", 0, 128},
                                    {&Tuning::keep_values, "KILN_TUNE_KEEP_VALUES", 0, 1},
                                    {&Tuning::column_lanes, "KILN_TUNE_COLUMN_LANES", 0, 1},
-                                   {&Tuning::occupancy, "KILN_TUNE_OCCUPANCY", 0, 2048}};
+                                   {&Tuning::occupancy, "KILN_TUNE_OCCUPANCY", 0, 2048},
+                                   {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);
