@@ -85,8 +85,8 @@ TEST_CASE("cuda: long rows, several reductions a row" * needs_gpu()) {
 }
 
 // Rows whose length is no whole number of 16-byte vectors start their tiles on the vector before
-// the row (codegen's row shift): held and looped rows, bf16 and f32, a gradient, a 3-d input, and
-// an offset view whose pointer is off a vector (the element-by-element body).
+// the row (codegen's row shift): held and looped rows, bf16 and f32, a gradient, a 3-d input, inputs
+// the same for every row read through views, and an offset view (not shifted: tested accesses).
 TEST_CASE("cuda: rows of odd length, tiles from the vector before the row" * needs_gpu()) {
   auto h = k::randn({67, 50257}, k::bf16, k::cpu, 21);
   check_on_gpu([](auto& v) { return k::softmax(v[0], -1); }, {h}, 2e-2, 1e-4);
@@ -101,6 +101,14 @@ TEST_CASE("cuda: rows of odd length, tiles from the vector before the row" * nee
   check_on_gpu([](auto& v) { return k::softmax(v[0], -1); }, {x3}, 2e-2, 1e-3);
   auto looped = k::randn({3, 300007}, k::f32, k::cpu, 25);
   check_on_gpu([](auto& v) { return k::softmax(v[0], -1); }, {looped}, 1e-5, 1e-9);
+  // The same for every row but no weight's shape: a column read through a transpose, a row of a
+  // stacked tensor, a reshape (loaded in each row, as the shifted tiles want: not hoisted).
+  auto xr = k::randn({64, 1001}, k::f32, k::cpu, 27), wc = k::randn({1001, 1}, k::f32, k::cpu, 28);
+  auto stacked = k::randn({4, 1001}, k::f32, k::cpu, 29), w3 = k::randn({1, 1, 1001}, k::f32, k::cpu, 30);
+  check_on_gpu([](auto& v) { return k::softmax(v[0] + k::transpose(v[1], 0, 1), -1); }, {xr, wc}, 1e-5, 1e-8);
+  check_on_gpu([](auto& v) { return k::softmax(v[0] + k::squeeze(k::slice(v[1], 0, 2, 3), 0), -1); }, {xr, stacked},
+               1e-5, 1e-8);
+  check_on_gpu([](auto& v) { return k::softmax(v[0] + k::reshape(v[1], k::Dims{1001}), -1); }, {xr, w3}, 1e-5, 1e-8);
   auto wide = k::randn({9, 1003}, k::f32, k::cpu, 26);
   check_on_gpu([](auto& v) { return k::softmax(k::slice(v[0], 1, 1, 1002), -1); }, {wide}, 1e-5, 1e-8);
 }

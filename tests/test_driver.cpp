@@ -134,6 +134,12 @@ TEST_CASE("NVRTC: a held-row kernel's bound is refused where ptxas would spill w
   CHECK_FALSE(rt::detail::exceeds(log, {{"held", 40}}));
   CHECK_FALSE(rt::detail::exceeds(log, {{"absent", 32}}));
   CHECK(rt::detail::spilled(log) == 28);
+  // Entry names: exact, or mangled with their length (an export's static kernels); never a longer
+  // name that begins with the kernel's.
+  CHECK(rt::detail::names("kiln_per_1", "kiln_per_1"));
+  CHECK_FALSE(rt::detail::names("kiln_per_12", "kiln_per_1"));
+  CHECK(rt::detail::names("_Z10kiln_per_1PKfPf", "kiln_per_1"));
+  CHECK_FALSE(rt::detail::names("_Z11kiln_per_12PKfPf", "kiln_per_1"));
   bool bound = true;
   CHECK(is_elf(rt::compile_cubin(held_kernel, "held", "sm_90a", {}, &bound)));
   CHECK_FALSE(bound);

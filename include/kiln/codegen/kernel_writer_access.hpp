@@ -236,8 +236,11 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   // A persistent row: the tiles of a row read in one loop stay in registers for the next loops.
   // Row-invariant arrays past the register budget (launch_config.hpp) are re-read each loop (from L1).
   if (rows() && per_tile && !by_row && !config_.cache_invariants) return bind(code, ct);
+  // Not in shifted rows (row_shift_): their tiles hold other columns in each row. The plan keeps
+  // weights out of them, but not every load that is the same for every row is a weight's shape (a
+  // weight read through a transpose or a reshape, a broadcast argument).
   if (hoist_mode() && rows() && in_rloop_ && config_.riters > 0 && per_tile && !by_row && extra_mask.empty() &&
-      target_ == Target::cuda) {
+      target_ == Target::cuda && !row_shift_) {
     // The same for every row (a weight): loaded once per thread, before the row loop.
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
     std::string col = base.empty()

@@ -184,6 +184,13 @@ inline std::vector<HeldBound> held_bounds(const std::string& source) {
   return found;
 }
 
+// Whether a ptxas entry name is `kernel`'s: the name itself (extern "C"), or mangled at global
+// scope, _Z<length><name><parameters> (an export's static kernels); never a longer name it begins
+// (kernel_12 for kernel_1).
+inline bool names(const std::string& entry, const std::string& kernel) {
+  return entry == kernel || entry.rfind("_Z" + std::to_string(kernel.size()) + kernel, 0) == 0;
+}
+
 // Whether ptxas (its -v log) gave one of `held` more registers than its bound leaves a thread.
 inline bool exceeds(const std::string& log, const std::vector<HeldBound>& held) {
   std::string entry;
@@ -194,7 +201,7 @@ inline bool exceeds(const std::string& log, const std::vector<HeldBound>& held) 
     } else if (auto used = line.find("Used "); used != std::string::npos && !entry.empty()) {
       long registers = std::strtol(line.c_str() + used + 5, nullptr, 10);
       for (const HeldBound& h : held)
-        if (entry.find(h.kernel) != std::string::npos && registers > h.registers) return true;
+        if (names(entry, h.kernel) && registers > h.registers) return true;
     }
   }
   return false;
