@@ -254,7 +254,7 @@ inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& 
     std::string name = "kept" + std::to_string(kept_values_.size());
     kept_values_[vkey] = name;
     cache_decls_.push_back("kiln::tile<" + detail::c_type(v.ct) + ", RVEC> " + name + "[RITERS];");
-    cached_cost_ += std::max<std::int64_t>(2, static_cast<std::int64_t>(itemsize(v.ct)) / 2);
+    cached_cost_ += held_cost(static_cast<std::int64_t>(itemsize(v.ct)));
     line(name + "[kiln_it] = " + v.code + ";");
   }
   return v;

@@ -254,7 +254,7 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
     if (fresh_cache) {
       column_types_.push_back(ct);
       column_loads_.push_back(it->second + "[kiln_it] = " + col + ";");
-      if (hoist_mode() != 2) cached_cost_ += 2 * std::max<std::int64_t>(2, static_cast<std::int64_t>(itemsize(ct)) / 2);
+      if (hoist_mode() != 2) cached_cost_ += hoisted_cost(static_cast<std::int64_t>(itemsize(ct)));
     }
     return bind(it->second + "[kiln_it]", ct);
   }
@@ -275,7 +275,7 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
     if (fresh_cache) {
       cache_decls_.push_back("kiln::tile<" + (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) + ", RVEC> " +
                              it->second + "[RITERS];");
-      cached_cost_ += narrow ? 3 : std::max<std::int64_t>(2, static_cast<std::int64_t>(itemsize(st)) / 2);
+      cached_cost_ += held_cost(static_cast<std::int64_t>(itemsize(st)));
       line(it->second + "[kiln_it] = " + raw + ";");
     }
     return narrow ? bind("kiln::widen(" + it->second + "[kiln_it])", ct) : bind_held(it->second + "[kiln_it]", ct);

@@ -254,17 +254,13 @@ inline void KernelWriter::plan() {
   // along a reduced dim and along no kept one.
   codegen::RowCaches caches;
   caches.streams = static_cast<int>(streams.size());
-  bool has_invariants = false;
+  std::vector<int> invariants;
   if (rows()) {
-    auto raw_cost = [&](int v) {  // half-registers a value: a narrow one also has its widened copy
-      int bytes = static_cast<int>(itemsize(g_[v].dt));
-      return bytes >= 4 ? bytes / 2 : 3;
-    };
-    auto compute_cost = [&](int v) { return std::max(4, static_cast<int>(itemsize(compute_dtype(g_[v].dt)))); };
+    auto raw_cost = [&](int v) { return held_cost(static_cast<std::int64_t>(itemsize(g_[v].dt))); };
+    auto compute_cost = [&](int v) { return hoisted_cost(static_cast<std::int64_t>(itemsize(compute_dtype(g_[v].dt)))); };
     caches.stream_cost = 0;
     for (int v : streams) caches.stream_cost += raw_cost(v);
     auto is_one = [](const Sym& s) { return s.is_constant() && s.constant_value() == 1; };
-    std::vector<int> invariants;
     for (int v : plan_.members)
       for (int c = 0; c < g_[v].n_in; ++c) {
         int in = g_[v].in[c];
@@ -282,7 +278,6 @@ inline void KernelWriter::plan() {
         }
         if (!along_r || along_x) continue;
         invariants.push_back(in);
-        has_invariants = true;
         caches.invariant_cost += raw_cost(in);
         caches.hoisted_cost += compute_cost(in);
       }
@@ -310,7 +305,7 @@ inline void KernelWriter::plan() {
   // Opt-in (KILN_TUNE_ROW_SHIFT=1) until its GPU tests pass: a review found a hole after the GPU run
   // (loads the same for every row were hoisted unshifted; fixed, not yet run on a GPU).
   row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift == 1 && rnumel_.is_constant() &&
-               rnumel_.constant_value() % row_vector(max_item) != 0 && !streams.empty() && !has_invariants &&
+               rnumel_.constant_value() % row_vector(max_item) != 0 && !streams.empty() && invariants.empty() &&
                plan_.partials.empty();
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column,
                                   caches, tune_, row_shift_)

@@ -115,6 +115,12 @@ struct RowCaches {
   int invariant_cost = 0;  // the same for the weights, held raw
   int hoisted_cost = 0;    // the weights, hoisted: 4 for a 32-bit compute dtype, 8 for 64
 };
+// A held value's cost in half-registers, by the bytes it is held in: 16-bit and narrower values
+// also keep their widened copy (3), wider ones their size; a hoisted weight, held in its compute
+// dtype over every row of the block, twice its compute size.
+inline int held_cost(std::int64_t bytes) { return bytes >= 4 ? static_cast<int>(bytes / 2) : 3; }
+inline int hoisted_cost(std::int64_t compute_bytes) { return static_cast<int>(std::max<std::int64_t>(4, compute_bytes)); }
+
 // The most a thread's register caches may cost: 1.5 times the 128 registers a thread of a 512-thread
 // block has. A 16-bit value costs 1.5 registers (ptxas keeps the widened copy live across the loops
 // that reuse it beside the raw half), a hoisted weight twice its compute size (it stays live over
