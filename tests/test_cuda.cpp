@@ -90,10 +90,6 @@ TEST_CASE("cuda: long rows, several reductions a row" * needs_gpu()) {
 // the row (codegen's row shift): held and looped rows, bf16 and f32, a gradient, a 3-d input, inputs
 // the same for every row read through views, and an offset view (not shifted: tested accesses).
 TEST_CASE("cuda: rows of odd length, tiles from the vector before the row" * needs_gpu()) {
-  struct Shift {  // opt-in until this case has passed on a GPU (KILN_TUNE_ROW_SHIFT=1)
-    Shift() { setenv("KILN_TUNE_ROW_SHIFT", "1", 1); }
-    ~Shift() { unsetenv("KILN_TUNE_ROW_SHIFT"); }
-  } shift;
   auto h = k::randn({67, 50257}, k::bf16, k::cpu, 21);
   check_on_gpu([](auto& v) { return k::softmax(v[0], -1); }, {h}, 2e-2, 1e-4);
   check_on_gpu([](auto& v) { return k::log_softmax(v[0], -1); }, {h}, 2e-2, 2e-2);

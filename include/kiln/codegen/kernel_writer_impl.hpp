@@ -302,9 +302,9 @@ inline void KernelWriter::plan() {
   // row's tiles start on the vector before it (prelude's KILN_R_TILES_SHIFTED), so that the row's
   // accesses are whole aligned vectors but at its two ends. Not where a tile position must mean
   // the same column in every row: weights (held or hoisted across rows) and column partials.
-  // Opt-in (KILN_TUNE_ROW_SHIFT=1) until its GPU tests pass: a review found a hole after the GPU run
-  // (loads the same for every row were hoisted unshifted; fixed, not yet run on a GPU).
-  row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift == 1 && rnumel_.is_constant() &&
+  // KILN_TUNE_ROW_SHIFT=0 turns it off (loads the same for every row are not hoisted in such rows:
+  // their tiles hold other columns in each row).
+  row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && rnumel_.is_constant() &&
                rnumel_.constant_value() % row_vector(max_item) != 0 && !streams.empty() && invariants.empty() &&
                plan_.partials.empty();
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column,

@@ -48,8 +48,8 @@ struct Tuning {
                            // 16-128 the side of their shared-memory tiles (KILN_TUNE_TRANSPOSE)
   int column_lanes = -1;   // CPU reductions over outer dims: 0 lanes along the reduced dim (the rule
                            // before), else along the kept elements (KILN_TUNE_COLUMN_LANES)
-  int row_shift = -1;      // GPU rows of a length no whole number of vectors: 1 starts their tiles on the
-                           // vector before the row (opt-in until its GPU tests pass; KILN_TUNE_ROW_SHIFT)
+  int row_shift = -1;      // GPU rows of a length no whole number of vectors: start their tiles on the
+                           // vector before the row; 0 at the row's first element (KILN_TUNE_ROW_SHIFT)
   int occupancy = -1;      // held-row GPU kernels: the threads an SM they ask ptxas to fit (the second
                            // argument of __launch_bounds__, as blocks), 0 none (KILN_TUNE_OCCUPANCY)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
