@@ -53,6 +53,52 @@ TEST_CASE("attention: against the oracle (cuda)" * needs_gpu()) {
   check_values(k::cuda, k::bf16, 3e-2);
 }
 
+// 16-bit q, k, v with a head dim the fused kernel takes (a multiple of 16 up to 128) run it
+// (runtime/extern/attention.hpp); its gradients come from the rule that recomputes the
+// probabilities. Odd lengths, Tq != Tk both ways, grouped heads, a given scale, both 16-bit dtypes.
+TEST_CASE("attention: the fused kernel against the oracle, and its gradients (cuda)" * needs_gpu()) {
+  struct Case {
+    int B, H, Hkv, Tq, Tk, D;
+    bool causal;
+    k::dtype dt;
+  };
+  const Case cases[] = {{2, 4, 4, 100, 100, 64, false, k::bf16}, {2, 4, 4, 100, 100, 64, true, k::bf16},
+                        {1, 8, 2, 77, 130, 128, false, k::bf16}, {1, 8, 2, 130, 77, 128, true, k::bf16},
+                        {2, 3, 1, 65, 200, 80, true, k::f16},    {1, 2, 2, 33, 16, 32, false, k::f16},
+                        {1, 2, 1, 300, 300, 128, true, k::f16}};
+  int seed = 40;
+  for (const Case& c : cases) {
+    INFO("B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq << " Tk " << c.Tk << " D " << c.D
+              << " causal " << c.causal << " " << k::name(c.dt));
+    k::Tensor q = k::randn({c.B, c.H, c.Tq, c.D}, c.dt, k::cpu, ++seed);
+    k::Tensor kk = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
+    k::Tensor v = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
+    auto plain = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = c.causal}); };
+    auto scaled = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = c.causal, .scale = 0.11}); };
+    auto gq = q.to(k::cuda), gk = kk.to(k::cuda), gv = v.to(k::cuda);
+    auto r = k::testing::allclose(k::Tensor(plain(gq, gk, gv)), k::reference::eval(plain(q, kk, v)), 2e-2, 2e-2);
+    CHECK_MESSAGE(bool(r), r);
+    auto rs = k::testing::allclose(k::Tensor(scaled(gq, gk, gv)), k::reference::eval(scaled(q, kk, v)), 2e-2, 2e-2);
+    CHECK_MESSAGE(bool(rs), rs);
+    auto report = k::explain(k::compile(plain), gq, gk, gv);
+    bool fused = false;
+    for (const auto& kernel : report.kernels)
+      for (const auto& op : kernel.fused_ops) fused = fused || op == "attention_flash";
+    CHECK_MESSAGE(fused, report);
+    // Gradients of sum(attention * w) against the CPU's f64 decomposition (which passes gradcheck).
+    k::Tensor w = k::randn({c.B, c.H, c.Tq, c.D}, k::f32, k::cpu, ++seed);
+    auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(plain(q, k, v), k::f32) * w); };
+    auto got = k::value_and_grad(loss, k::wrt<0, 1, 2>)(gq, gk, gv, w.to(k::cuda));
+    auto want = k::value_and_grad(loss, k::wrt<0, 1, 2>)(q.to(k::f64), kk.to(k::f64), v.to(k::f64), w.to(k::f64));
+    auto dq = k::testing::allclose(std::get<1>(got).to(k::f64), std::get<1>(want), 3e-2, 3e-2);
+    CHECK_MESSAGE(bool(dq), dq);
+    auto dk = k::testing::allclose(std::get<2>(got).to(k::f64), std::get<2>(want), 3e-2, 3e-2);
+    CHECK_MESSAGE(bool(dk), dk);
+    auto dv = k::testing::allclose(std::get<3>(got).to(k::f64), std::get<3>(want), 3e-2, 3e-2);
+    CHECK_MESSAGE(bool(dv), dv);
+  }
+}
+
 TEST_CASE("attention: gradients of q, k and v pass gradcheck (causal, grouped-query heads)") {
   k::Tensor q = k::randn({1, 4, 5, 3}, k::f64, k::cpu, 7), kk = k::randn({1, 2, 6, 3}, k::f64, k::cpu, 8);
   k::Tensor v = k::randn({1, 2, 6, 2}, k::f64, k::cpu, 9);

@@ -6,6 +6,7 @@
 #include <numbers>
 
 #include "../rewrite/builder.hpp"
+#include "../rewrite/decompose.hpp"
 
 namespace kiln::autodiff {
 
@@ -189,6 +190,14 @@ constexpr Cotangents matmul(Builder& b, int y, int g) {
   return {dl, dr, -1, -1};
 }
 
+// attention_flash (the fused kernel's node): its backward from primitives, the probabilities
+// recomputed (rewrite/decompose.hpp's attention_backward); the scale gets no cotangent.
+constexpr Cotangents attention_flash(Builder& b, int y, int g) {
+  const graph::Node n = b[y];  // a copy: adding nodes below may move the table
+  const auto d = rewrite::detail::attention_backward(b, n, n.in[0], n.in[1], n.in[2], n.in[3], g);
+  return {d[0], d[1], d[2], -1};
+}
+
 // A custom op: one custom_backward node per floating input, reading the op's inputs and g and giving
 // that input's gradient through the user's backward (nodes whose gradient nobody needs are dropped as
 // dead code, so backward runs once per needed gradient). Without a backward this is the error.
@@ -264,6 +273,7 @@ inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   set(Op::embedding, rules::embedding);
   set(Op::embedding_backward, rules::embedding_backward);
   set(Op::matmul, rules::matmul);
+  set(Op::attention_flash, rules::attention_flash);
   set(Op::custom, rules::custom);
   set(Op::custom_backward, rules::custom_backward);
   return t;

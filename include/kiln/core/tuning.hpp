@@ -52,6 +52,11 @@ struct Tuning {
                            // vector before the row; 0 at the row's first element (KILN_TUNE_ROW_SHIFT)
   int occupancy = -1;      // held-row GPU kernels: the threads an SM they ask ptxas to fit (the second
                            // argument of __launch_bounds__, as blocks), 0 none (KILN_TUNE_OCCUPANCY)
+  int attention = -1;      // k::attention on a GPU: 0 decomposed into batched matmuls and a softmax (the
+                           // rule before), else the fused kernel with this many warps a block, 16 query
+                           // rows each (default 4; KILN_TUNE_ATTENTION)
+  int attention_rows = -1; // the fused attention kernel's 16-row tiles a warp (1 or 2; default by registers,
+                           // codegen/attention_kernel.hpp; KILN_TUNE_ATTENTION_ROWS)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
                            // default until its GPU tests pass and it pays on GPT-2 (KILN_TUNE_EPILOGUE)
 
@@ -78,6 +83,7 @@ struct Tuning {
                                    {&Tuning::row_tiling, "row_tiling"}, {&Tuning::row_cache, "row_cache"},
                                    {&Tuning::vector_masks, "vector_masks"}, {&Tuning::transpose, "transpose"},
                                    {&Tuning::keep_values, "keep_values"}, {&Tuning::column_lanes, "column_lanes"},
+                                   {&Tuning::attention, "attention"}, {&Tuning::attention_rows, "attention_rows"},
                                    {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
@@ -111,7 +117,9 @@ struct Tuning {
                                    {&Tuning::keep_values, "KILN_TUNE_KEEP_VALUES", 0, 1},
                                    {&Tuning::column_lanes, "KILN_TUNE_COLUMN_LANES", 0, 1},
                                    {&Tuning::occupancy, "KILN_TUNE_OCCUPANCY", 0, 2048},
-                                   {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 1}};
+                                   {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 1},
+                                   {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
+                                   {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);

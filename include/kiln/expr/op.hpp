@@ -90,6 +90,7 @@ namespace kiln {
   X(embedding_backward, "embedding_backward", extern_, 2) \
   X(rand, "rand", index, 5)                         \
   X(attention, "attention", composite, 5)           \
+  X(attention_flash, "attention_flash", extern_, 4) \
   X(score_arg, "score_arg", composite, 3)
 
 enum class Op : std::uint8_t {

@@ -262,6 +262,7 @@ inline void infer_node(Graph& g, Node& n) {
     case OpClass::extern_: {
       if (is_custom(n.op)) return infer_custom(g, n);
       if (n.op == Op::embedding_backward) return infer_index(g, n);
+      if (n.op == Op::attention_flash) return infer_attention(g, n);  // lowering made it: attrs.c is 0
       n.shape = infer_matmul(in(0).shape, in(1).shape);
       if (!is_floating(n.dt))
         throw dtype_error("matmul: integer matmul is not supported (" + std::string(name(in(0).dt)) + " x " +

@@ -116,7 +116,7 @@ constexpr void infer_dtype(const Graph& g, Node& n) {
       if (is_custom(n.op)) {
         n.weak = false;
         if (n.op == Op::custom_backward) n.dt = in(static_cast<int>(n.attrs.a)).dt;
-      } else if (n.op == Op::embedding_backward) {
+      } else if (n.op == Op::embedding_backward || n.op == Op::attention_flash) {
         n.weak = false;
         n.dt = in(0).dt;
       } else {  // matmul

@@ -333,6 +333,7 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       return out;
     }
     case Op::attention:
+    case Op::attention_flash:  // the fused kernel's node: attention without a score_mod
       eval_attention(n, in(0), in(1), in(2), in(3).data[0], n.attrs.c ? &in(4) : nullptr, out);
       return out;
     case Op::score_arg:

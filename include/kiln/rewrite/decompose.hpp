@@ -191,14 +191,53 @@ struct AttentionDims {
     int e = b.expand(b.reshape(x, Dims{B, Hkv, 1, s[2], s[3]}), Dims{B, Hkv, G, s[2], s[3]});
     return b.reshape(e, Dims{B * H, s[2], s[3]});
   }
+  // [B*H, Tk, d] -> [B, Hkv, Tk, d]: the cotangents of each group's heads summed (in dtype ct).
+  constexpr int group_sum(Builder& b, int x, kiln::dtype ct) const {
+    const Dims s = b.shape(x);
+    if (G == 1) return b.reshape(x, Dims{B, Hkv, s[1], s[2]});
+    return b.sum(b.cast(b.reshape(x, Dims{B, Hkv, G, s[1], s[2]}), ct), Dims{2}, false);
+  }
+  constexpr int scale_of(Builder& b, int scale, bool given) const {
+    return given ? scale : b.constant(1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1))));
+  }
   // q k^T * scale as [B*H, Tq, Tk], in the compute dtype (f32 for 16-bit inputs, whose product is a
   // 16-bit GEMM on tensor cores, as torch's math attention does).
   constexpr int scores(Builder& b, int q, int k, int scale, bool given) const {
     const int s = b.matmul(b.reshape(q, Dims{B * H, Tq, D}), b.permute(heads(b, k), Dims{0, 2, 1}));
-    return b.mul(b.cast(s, compute_dtype(b[q].dt)),
-                 given ? scale : b.constant(1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)))));
+    return b.mul(b.cast(s, compute_dtype(b[q].dt)), scale_of(b, scale, given));
+  }
+  // Query i sees keys j <= i.
+  static constexpr int causal_mask(Builder& b, int s) {
+    const Dims ss = b.shape(s);
+    return b.where(b.cmp(Op::le, b.iota(ss, 2), b.iota(ss, 1)), s, -inf);
   }
 };
+
+// The cotangents of q, k and v of attention without a score_mod (the fused kernel's node,
+// attention_flash) given g, its output's cotangent. The probabilities are computed again from q and
+// k and materialised ([B*H, Tq, Tk], in the compute dtype): dv = P^T g, dP = g v^T,
+// dS = P (dP - rowsum(P dP)) scale, dq = dS k, dk = dS^T q, with grouped heads' k and v
+// cotangents summed over their group. (A fused backward that never materialises P is issue 20's next
+// step.)
+constexpr std::array<int, 3> attention_backward(Builder& b, const Node& n, int q, int k, int v, int scale, int g) {
+  const AttentionDims a(b, q, k);
+  const kiln::dtype ct = compute_dtype(b[q].dt), vt = b[v].dt, qt = b[q].dt;
+  int s = a.scores(b, q, k, scale, n.attrs.b);
+  if (n.attrs.a) s = AttentionDims::causal_mask(b, s);
+  const int m = b.shift_max(s, Dims{2});
+  const int e = b.exp(b.sub(s, b.where(b.cmp(Op::eq, m, b.constant(-inf)), 0.0, m)));
+  const int l = b.sum(e, Dims{2}, true);
+  const int p = b.div(e, b.where(b.cmp(Op::eq, l, b.constant(0)), 1.0, l));
+  const std::int64_t Dv = b.shape(v)[3];
+  const int go = b.reshape(b.cast(g, vt), Dims{a.B * a.H, a.Tq, Dv});
+  const int dv = b.matmul(b.permute(b.cast(p, vt), Dims{0, 2, 1}), go);
+  const int dp = b.cast(b.matmul(go, b.permute(a.heads(b, v), Dims{0, 2, 1})), ct);
+  const int ds = b.mul(b.mul(p, b.sub(dp, b.sum(b.mul(p, dp), Dims{2}, true))), a.scale_of(b, scale, n.attrs.b));
+  const int ds16 = b.cast(ds, qt);
+  const int dq = b.reshape(b.matmul(ds16, a.heads(b, k)), b.shape(q));
+  const int dk = b.matmul(b.permute(ds16, Dims{0, 2, 1}), b.reshape(q, Dims{a.B * a.H, a.Tq, a.D}));
+  return {dq, a.group_sum(b, dk, ct), a.group_sum(b, dv, ct)};
+}
 constexpr int attention(Builder& b, const Node& n, std::span<const int> in) {
   const AttentionDims a(b, in[0], in[1]);
   const Dims ss{a.B * a.H, a.Tq, a.Tk}, full{a.B, a.H, a.Tq, a.Tk};
@@ -212,7 +251,7 @@ constexpr int attention(Builder& b, const Node& n, std::span<const int> in) {
   } else {
     s = a.scores(b, in[0], in[1], in[3], n.attrs.b);
   }
-  if (n.attrs.a) s = b.where(b.cmp(Op::le, b.iota(ss, 2), b.iota(ss, 1)), s, -inf);
+  if (n.attrs.a) s = AttentionDims::causal_mask(b, s);
   const int m = b.shift_max(s, Dims{2});
   const int p = b.exp(b.sub(s, b.where(b.cmp(Op::eq, m, b.constant(-inf)), 0.0, m)));
   const int l = b.sum(p, Dims{2}, true);

@@ -66,7 +66,9 @@ template <class ArgAt>
 graph::Graph copy_strided_custom_inputs(const graph::Graph& g, ArgAt&& arg) {
   auto strided = [&](const graph::Node& x) { return x.op == Op::arg && !arg(x.slot).is_contiguous(); };
   bool any = false;
-  auto whole = [](Op op) { return is_custom(op) || op == Op::embedding_backward; };  // read as whole buffers
+  auto whole = [](Op op) {  // read as whole buffers
+    return is_custom(op) || op == Op::embedding_backward || op == Op::attention_flash;
+  };
   for (const auto& n : g.nodes)
     for (int k = 0; whole(n.op) && k < n.n_in; ++k) any = any || strided(g[n.in[k]]);
   if (!any) return g;
@@ -83,6 +85,33 @@ graph::Graph copy_strided_custom_inputs(const graph::Graph& g, ArgAt&& arg) {
   });
 }
 
+// k::attention without a score_mod, on a CUDA device, over operands the fused kernel takes
+// (runtime/extern/attention.hpp's attention_flash_fits): the fused kernel's node, attention_flash
+// (an extern step; its derivative rule builds the backward from primitives), instead of the
+// decomposition into batched matmuls and a materialised softmax. KILN_TUNE_ATTENTION=0 keeps the
+// decomposition; its other values set the kernel's warps.
+template <class ArgAt>
+graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tuning& tuning) {
+  if (tuning.attention == 0) return g;
+  int device = -1;
+  for (const auto& n : g.nodes)
+    if (n.op == Op::arg && arg(n.slot).device().is_cuda()) device = arg(n.slot).device().index;
+  bool any = false;
+  for (const auto& n : g.nodes) any = any || (n.op == Op::attention && !n.attrs.c);
+  if (device < 0 || !any) return g;
+  const int cc = driver::compute_capability(device);
+  return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
+    if (n.op == Op::constant) return b.constant(n.value);
+    if (n.op != Op::attention || n.attrs.c || !attention_flash_fits(b.shape(in[0]), b.shape(in[1]), b.shape(in[2]), b.dt(in[0]), cc))
+      return b.rebuild(n, in);
+    Attrs at = n.attrs;
+    at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block, and row tiles a warp
+    at.dims = Dims{tuning.attention_rows > 0 ? tuning.attention_rows
+                                             : codegen::AttentionKernel::row_tiles_for(static_cast<int>(b.shape(in[0])[3]))};
+    return b.op(Op::attention_flash, {in[0], in[1], in[2], in[3]}, at);
+  });
+}
+
 // Captured graph -> primitive graph with shapes (decompose, simplify, then the function's own
 // transform such as differentiation, then simplify again).
 template <class Transform, class ArgAt>
@@ -92,7 +121,8 @@ graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, Low
   log_graph(debug::Channel::graph, "captured graph", g);
   std::vector<int> into = g.output_into;  // k::assign targets survive the rewrites
   stats.ops_captured = g.count_ops();
-  g = rewrite::decompose(g);  // composites -> primitives
+  g = choose_fused_attention(g, arg, stats.tuning);  // attention as one fused kernel where it can
+  g = rewrite::decompose(g);                         // composites -> primitives
   graph::infer_shapes(g, arg);
   g = rewrite::simplify(g);  // x*1, x+0, constant folding, CSE, dead code
   graph::infer_shapes(g, arg);
@@ -106,7 +136,7 @@ graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, Low
   graph::infer_shapes(g, arg);
   g = schedule::split_reductions(g, stats.tuning.partials != 0);  // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
-  g = copy_strided_custom_inputs(g, arg);  // custom ops and embedding_backward read contiguous buffers
+  g = copy_strided_custom_inputs(g, arg);  // custom ops, embedding_backward, attention_flash read contiguous buffers
   g.output_into = into.size() == g.outputs.size() ? into : std::vector<int>(g.outputs.size(), -1);
   write_into_arguments(g, arg);
   log_graph(debug::Channel::graph, "lowered graph", g);

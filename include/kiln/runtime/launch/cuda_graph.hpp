@@ -30,6 +30,9 @@ class GraphReplay {
     for (const auto& k : p.kernels)
       for (const auto& prm : k.src.params)
         if (prm.kind == codegen::Param::scalar) num_scalars_ = std::max(num_scalars_, prm.ref + 1);
+    for (const auto& n : p.graph.nodes)  // the fused attention kernel's scale, an argument of its launch
+      if (n.op == Op::attention_flash && p.graph[n.in[3]].op == Op::scalar)
+        num_scalars_ = std::max(num_scalars_, p.graph[n.in[3]].slot + 1);
     graphs_.reserve(max_graphs);  // slots are referred to by address
   }
   GraphReplay(const GraphReplay&) = delete;

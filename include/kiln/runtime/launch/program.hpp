@@ -17,10 +17,12 @@
 #include "../../core/config.hpp"
 #include "../../core/tensor.hpp"
 #include "../../debug/log.hpp"
+#include "../compile/cached_cubin.hpp"
 #include "../compile/host_compiler.hpp"
 #include "../compile/kernel_cache.hpp"
 #include "../compile/kernel_units.hpp"
 #include "../compile/nvrtc.hpp"
+#include "../extern/attention.hpp"
 #include "../extern/cpu_matmul.hpp"
 #include "../extern/cuda_matmul.hpp"
 #include "../extern/custom.hpp"
@@ -209,21 +211,6 @@ inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k,
   return std::int64_t{driver::sm_count(device)} * std::max(1, driver::resident_blocks(f, k.config.threads)) * waves;
 }
 
-// A CUDA translation unit's CUBIN for arch, from the disk cache or compiled by NVRTC (and stored).
-// Safe to call from several threads at once (autotuning compiles its candidates in parallel).
-inline std::vector<char> cached_cubin(const std::string& tu, const std::string& name, const std::string& arch) {
-  Hasher h;
-  h.update(tu).update(nvrtc_options_string(arch)).update(nvrtc_version());
-  std::string key = hex(h.digest());
-  if (kiln::config::env("KILN_DEBUG_DIR")) dump_source(tu, name);  // KILN_DEBUG_DIR: every generated source
-  auto cached = default_disk_cache().load(key, "cubin");
-  std::vector<char> cubin = cached ? std::move(*cached) : compile_cubin(tu, name, arch);
-  if (!cached) default_disk_cache().store(key, "cubin", cubin);
-  if (debug::log_enabled(debug::Channel::cache))
-    debug::log(debug::Channel::cache, std::string(cached ? "hit " : "miss ") + name + " cubin " + key);
-  return cubin;
-}
-
 // Compiles the generated kernels of a program for its device: one unit per distinct kernel source
 // (runtime/compile/kernel_units.hpp), the units in parallel, each from the memory or disk cache when some
 // program compiled it before.
@@ -371,6 +358,11 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
       }
       if (n.op == Op::embedding_backward) {  // a deterministic scatter-add: runtime/extern/embedding_backward.hpp
         embedding_backward(buffer(n.in[0]), buffer(n.in[1]), temps[k.extern_node], stream);
+        return;
+      }
+      if (n.op == Op::attention_flash) {  // the fused attention kernel: runtime/extern/attention.hpp
+        attention_flash(buffer(n.in[0]), buffer(n.in[1]), buffer(n.in[2]), attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
+                        static_cast<int>(n.attrs.d), static_cast<int>(n.attrs.dims[0]), temps[k.extern_node], stream);
         return;
       }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);

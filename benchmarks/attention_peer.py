@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""W13, torch's side (kiln's is benchmarks/attention.cpp): the same cases, ids and sampling.
+
+impl "sdpa-flash": torch.nn.functional.scaled_dot_product_attention under the flash backend;
+impl "flex": torch.compile'd flex_attention without a score_mod (a causal block mask where causal).
+Forward: the output. Forward + backward: out = attention(q, k, v); (out.float() * g).sum().backward(),
+the work kiln's value_and_grad of sum(cast(attention, f32) * g) does. Timing as timing.hpp: 10
+warm-up calls, then --reps repetitions each after a 256 MiB memset that clears L2, CUDA events around
+the call alone, the median. One JSON object a line on stdout.
+
+Usage: python3 benchmarks/attention_peer.py [--T 1024,4096] [--D 64,128] [--bwd-T 1024] [--reps N]
+       [--impls sdpa-flash,flex]
+"""
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def time_ms(fn, reps):
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", default="1024,4096,8192")
+    ap.add_argument("--D", default="64,128")
+    ap.add_argument("--bwd-T", default="1024")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--impls", default="sdpa-flash,flex")
+    a = ap.parse_args()
+    impls = a.impls.split(",")
+    B, H = 16, 16
+    flex = None
+    if "flex" in impls:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention)
+
+    def attend(impl, q, k, v, causal):
+        if impl == "sdpa-flash":
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        mask = None
+        if causal:
+            T = q.shape[2]
+            mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device="cuda")
+        return flex(q, k, v, block_mask=mask)
+
+    for D in [int(x) for x in a.D.split(",")]:
+        for backward, Ts in ((False, a.T), (True, a.bwd_T)):
+            for T in [int(x) for x in Ts.split(",") if x]:
+                for causal in (False, True):
+                    gen = torch.Generator(device="cuda").manual_seed(1)
+                    q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, generator=gen,
+                                           requires_grad=backward) for _ in range(3))
+                    g = torch.randn(B, H, T, D, device="cuda", dtype=torch.float32, generator=gen)
+                    flops = 4.0 * B * H * T * T * D * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
+                    ident = f"W13-{'fwdbwd' if backward else 'fwd'}{'-causal' if causal else ''}-T{T}-D{D}"
+                    for impl in impls:
+                        try:
+                            if backward:
+                                def fn():
+                                    q.grad = k.grad = v.grad = None
+                                    out = attend(impl, q, k, v, causal)
+                                    (out.float() * g).sum().backward()
+                            else:
+                                def fn():
+                                    with torch.no_grad():
+                                        attend(impl, q, k, v, causal)
+                            ms = time_ms(fn, a.reps)
+                            print(json.dumps({"id": ident, "impl": impl, "ms": round(ms, 4),
+                                              "tflops": round(flops / ms * 1e-9, 1)}), flush=True)
+                        except Exception as e:  # a backend that refuses a case is reported, not fatal
+                            print(json.dumps({"id": ident, "impl": impl, "error": str(e)[:200]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+// The fused attention forward kernel's source (k::attention on the GPU, 16-bit q/k/v): one block of
+// W warps computes 16 * W query rows of one (batch, head) against every key tile, FlashAttention-2's
+// schedule. Each warp holds its 16 rows' q as tensor-core fragments; key and value tiles of 64 rows
+// are staged in shared memory by cp.async (16-byte chunks, XOR-swizzled so that ldmatrix's eight
+// row reads hit eight bank groups), the scores q k^T come from mma.sync m16n8k16 with f32
+// accumulation, the softmax is online (running max and sum a row, in the exp2 domain), and the
+// probabilities go back into the second mma as A fragments straight from the score registers.
+// Keys past Tk and, for causal attention, keys after the query (aligned top-left, as torch's SDPA)
+// are masked; a row with no key gives zeros. The value tile's load overlaps q k^T, the next key
+// tile's load overlaps p v.
+//
+// The tile primitives (kiln_cp_async16, kiln_ldmatrix_x4, kiln_mma_16816) are what a block
+// program's `dot` is made of (issue 20); the kernel is written out once here, specialised by
+// defines: the head dim, the warps, causal, bf16 or f16.
+#pragma once
+#include <string>
+
+#include "../core/dtype.hpp"
+
+namespace kiln::codegen {
+
+struct AttentionKernel {
+  int head_dim = 64;  // D, a multiple of 16, at most 128
+  int warps = 4;      // warps a block
+  int row_tiles = 1;  // 16-row tiles of queries a warp: each key and value fragment serves them all
+  bool causal = false;
+  dtype dt = dtype::bf16;  // bf16 or f16
+
+  static constexpr int key_rows = 64;  // keys a tile
+  // The most row tiles whose values a thread holds in at most 160 of its 255 registers: per tile,
+  // o's D/2, the scores' 32 and q's D/4 (ptxas, sm_90a: D 64 with 2 tiles takes 242 registers
+  // without spilling; D 128 with 2 tiles spills 600 bytes, with 1 takes 216).
+  static int row_tiles_for(int head_dim) {
+    const int per_tile = head_dim / 2 + key_rows / 2 + head_dim / 4;
+    return 2 * per_tile <= 160 ? 2 : 1;
+  }
+  int query_rows() const { return 16 * row_tiles * warps; }
+  int shared_bytes() const { return (query_rows() + 2 * key_rows) * head_dim * 2; }
+  std::string name() const {
+    return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" + std::to_string(row_tiles) + (causal ? "_causal" : "") +
+           "_" + std::string(kiln::name(dt));
+  }
+};
+
+inline std::string attention_forward_source(const AttentionKernel& a) {
+  const std::string mma_type = a.dt == dtype::bf16 ? "bf16" : "f16";
+  std::string s = "// " + a.name() + ": fused attention forward (codegen/attention_kernel.hpp)\n";
+  s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
+  s += "#define KILN_WARPS " + std::to_string(a.warps) + "\n";
+  s += "#define KILN_ROW_TILES " + std::to_string(a.row_tiles) + "\n";
+  s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
+  s += "#define KILN_MMA(d, a, b0, b1) kiln_mma_16816_" + mma_type + "(d, a, b0, b1)\n";
+  s += "#define KILN_PACK kiln_pack_" + mma_type + "\n";
+  s += "#define KILN_NAME " + a.name() + "\n";
+  s += R"(
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+// ---- tile primitives -------------------------------------------------------------------------------
+__device__ __forceinline__ u32 kiln_shared_address(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// 16 bytes global -> shared, asynchronously; bytes < 16 fills the rest with zeros.
+__device__ __forceinline__ void kiln_cp_async16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kiln_shared_address(dst)), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void kiln_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void kiln_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// Four 8x8 16-bit matrices from shared memory: lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void kiln_ldmatrix_x4(u32 (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(kiln_shared_address(row)));
+}
+__device__ __forceinline__ void kiln_ldmatrix_x4_trans(u32 (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(kiln_shared_address(row)));
+}
+// d += a b for a 16x16 tile a (row major), a 16x8 tile b (column major), f32 d.
+__device__ __forceinline__ void kiln_mma_16816_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void kiln_mma_16816_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two f32 values as one word of two 16-bit values, x0 in the low half (the lower address).
+__device__ __forceinline__ u32 kiln_pack_bf16(float x0, float x1) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(x0), "f"(x1));
+  return r;
+}
+__device__ __forceinline__ u32 kiln_pack_f16(float x0, float x1) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(x0), "f"(x1));
+  return r;
+}
+__device__ __forceinline__ float kiln_exp2(float x) {  // 2^x, -inf -> 0
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// ---- the kernel ------------------------------------------------------------------------------------
+#define KILN_NEG_INF __int_as_float(0xff800000)
+#define MT KILN_ROW_TILES          // 16-row tiles a warp
+#define BM (16 * MT * KILN_WARPS)
+#define BN 64
+#define CH (KILN_D / 8)             // 16-byte chunks a row of a tile
+#define SWZ (CH % 8 == 0 ? 8 : (CH & (CH - 1)) == 0 ? CH : 1)  // an XOR that stays inside the row
+// Chunk `c` of tile row `r`, XOR-swizzled: the eight rows one ldmatrix reads sit in eight bank groups.
+#define TILE(t, r, c) ((t) + (r) * CH + ((c) ^ ((r) % SWZ)))
+
+// Rows [r0, r0 + ROWS) of a [T, D] operand with row stride st into a tile; rows past T read zeros.
+template <int ROWS>
+__device__ __forceinline__ void load_tile(uint4* tile, const u16* src, i64 st, int r0, int T) {
+  for (int c = threadIdx.x; c < ROWS * CH; c += KILN_WARPS * 32) {
+    const int r = c / CH, ch = c % CH;
+    const bool in = r0 + r < T;
+    kiln_cp_async16(TILE(tile, r, ch), in ? src + (i64)(r0 + r) * st + ch * 8 : src, in ? 16 : 0);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32)
+KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ o,
+          int BH, int H, int G, int Tq, int Tk, float scale_log2, i64 qb, i64 qh, i64 qt, i64 kb, i64 kh, i64 kt, i64 vb,
+          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot) {
+  extern __shared__ __align__(128) unsigned char kiln_smem[];
+  uint4* Qs = reinterpret_cast<uint4*>(kiln_smem);
+  uint4* Ks = Qs + BM * CH;
+  uint4* Vs = Ks + BN * CH;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Causal blocks near the end of the sequence have the most keys: they start first.
+  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+  const int bh = blockIdx.z * 65535 + blockIdx.y;  // more than 65535 (batch, head) pairs go on along z
+  if (bh >= BH) return;
+  const int b = bh / H, h = bh % H, hk = h / G;
+  const u16* qp = q + b * qb + h * qh;
+  const u16* kp = k + b * kb + hk * kh;
+  const u16* vp = v + b * vb + hk * vh;
+  const int n_end = KILN_CAUSAL && m0 + BM < Tk ? m0 + BM : Tk;
+  const int n_tiles = (n_end + BN - 1) / BN;
+  const int w0 = m0 + warp * 16 * MT;  // this warp's first query row
+
+  load_tile<BM>(Qs, qp, qt, m0, Tq);
+  kiln_cp_async_commit();
+  if (n_tiles > 0) load_tile<BN>(Ks, kp, kt, 0, Tk);
+  kiln_cp_async_commit();
+  kiln_cp_async_wait<1>();
+  __syncthreads();
+  // This warp's MT x 16 rows of q as A fragments, one a step of 16 dims. Each key or value fragment
+  // read from shared memory then serves MT row tiles.
+  u32 qf[MT][KILN_D / 16][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int kk = 0; kk < KILN_D / 16; ++kk)
+      kiln_ldmatrix_x4(qf[mt][kk], TILE(Qs, (warp * MT + mt) * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+
+  float acc[MT][KILN_D / 8][4];  // o, unnormalised: rows g and g + 8 (g = lane / 4), two columns each
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < KILN_D / 8; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+  float row_max[MT][2], row_sum[MT][2];  // row_sum: this thread's part of the sum
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) row_max[mt][0] = row_max[mt][1] = KILN_NEG_INF, row_sum[mt][0] = row_sum[mt][1] = 0.f;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = j * BN;
+    kiln_cp_async_wait<0>();
+    __syncthreads();  // k tile j is in; every warp is done with the last v tile
+    load_tile<BN>(Vs, vp, vt, n0, Tk);
+    kiln_cp_async_commit();
+
+    float s[MT][BN / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KILN_D / 16; ++kk)
+#pragma unroll
+      for (int n = 0; n < BN / 16; ++n) {
+        u32 kf[4];
+        kiln_ldmatrix_x4(kf, TILE(Ks, n * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          KILN_MMA(s[mt][2 * n], qf[mt][kk], kf[0], kf[1]);
+          KILN_MMA(s[mt][2 * n + 1], qf[mt][kk], kf[2], kf[3]);
+        }
+      }
+    // Scale into the exp2 domain, then mask keys past Tk and (causal) after the query.
+    const bool masked = n0 + BN > Tk || (KILN_CAUSAL && n0 + BN - 1 > w0);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[mt][i][e] *= scale_log2;
+          if (masked) {
+            const int col = n0 + i * 8 + 2 * (lane & 3) + (e & 1), r = w0 + mt * 16 + (lane >> 2) + (e >> 1) * 8;
+            if (col >= Tk || (KILN_CAUSAL && col > r)) s[mt][i][e] = KILN_NEG_INF;
+          }
+        }
+    // Online softmax: new running max, rescale what came before, exponentiate.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = row_max[mt][r];
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[mt][i][2 * r], s[mt][i][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float base = mx == KILN_NEG_INF ? 0.f : mx;
+        const float alpha = kiln_exp2(row_max[mt][r] - base);
+        row_max[mt][r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+          s[mt][i][2 * r] = kiln_exp2(s[mt][i][2 * r] - base);
+          s[mt][i][2 * r + 1] = kiln_exp2(s[mt][i][2 * r + 1] - base);
+          sum += s[mt][i][2 * r] + s[mt][i][2 * r + 1];
+        }
+        row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+        for (int i = 0; i < KILN_D / 8; ++i) acc[mt][i][2 * r] *= alpha, acc[mt][i][2 * r + 1] *= alpha;
+      }
+    kiln_cp_async_wait<0>();
+    __syncthreads();  // v tile j is in; every warp is done with k tile j
+    if (j + 1 < n_tiles) load_tile<BN>(Ks, kp, kt, n0 + BN, Tk);
+    kiln_cp_async_commit();
+    // o += p v: the score accumulators of two key columns of 8 are the A fragment of 16 keys.
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      u32 pf[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        pf[mt][0] = KILN_PACK(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pf[mt][1] = KILN_PACK(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pf[mt][2] = KILN_PACK(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pf[mt][3] = KILN_PACK(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int n = 0; n < KILN_D / 16; ++n) {
+        u32 vf[4];
+        kiln_ldmatrix_x4_trans(vf, TILE(Vs, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), n * 2 + (lane >> 4)));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          KILN_MMA(acc[mt][2 * n], pf[mt], vf[0], vf[1]);
+          KILN_MMA(acc[mt][2 * n + 1], pf[mt], vf[2], vf[3]);
+        }
+      }
+    }
+  }
+  // Normalise and store: each quad of lanes holds two rows' sums in four parts.
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = row_sum[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l == 0.f ? 0.f : 1.f / l;
+      const int t = w0 + mt * 16 + (lane >> 2) + r * 8;
+      if (t >= Tq) continue;
+      u16* out = o + b * ob + h * oh + (i64)t * ot + 2 * (lane & 3);
+#pragma unroll
+      for (int i = 0; i < KILN_D / 8; ++i)
+        *reinterpret_cast<u32*>(out + i * 8) = KILN_PACK(acc[mt][i][2 * r] * inv, acc[mt][i][2 * r + 1] * inv);
+    }
+}
+)";
+  return s;
+}
+
+}  // namespace kiln::codegen
