@@ -138,7 +138,7 @@ Vec map(const Vec& x, F f) {
 
 // The oracle has one rule per op of expr/op.hpp: a new op must be taught to reference/eval.hpp
 // (and tested here) before this count is raised.
-static_assert(k::op_table.size() == 77, "a new op: add its rule to reference/eval.hpp and a test here");
+static_assert(k::op_table.size() == 78, "a new op: add its rule to reference/eval.hpp and a test here");
 
 // ---- pointwise ---------------------------------------------------------------------------------
 
@@ -1176,6 +1176,15 @@ TEST_CASE("reference: attention is softmax(q k^T * scale) v per head, computed h
   check_result(ev(k::attention(q, kk, v)), {1, 1, 2, 1}, {row({1, 0, 2}, 2), row({2, 2, 0}, 2)}, 1e-14);
   check_result(ev(k::attention(q, kk, v, {.causal = true})), {1, 1, 2, 1}, {row({1, 0, 2}, 0), row({2, 2, 0}, 1)},
                1e-14);
+  // attention_flash, the node lowering gives the fused GPU kernel: the same values.
+  k::Attrs causal;
+  causal.a = 1;
+  check_result(ev(k::expr::make<k::Op::attention_flash>(causal, q, kk, v, 0.0)), {1, 1, 2, 1},
+               {row({1, 0, 2}, 0), row({2, 2, 0}, 1)}, 1e-14);
+  k::Attrs scaled;  // a given scale (attrs.b): 1 / sqrt(2) again, through the scalar
+  scaled.b = 1;
+  check_result(ev(k::expr::make<k::Op::attention_flash>(scaled, q, kk, v, s)), {1, 1, 2, 1},
+               {row({1, 0, 2}, 2), row({2, 2, 0}, 2)}, 1e-14);
 }
 
 TEST_CASE("reference: score_arg gives a score_mod the scaled scores and their indices") {

@@ -26,18 +26,37 @@ struct AttentionKernel {
   bool causal = false;
   dtype dt = dtype::bf16;  // bf16 or f16
 
-  static constexpr int key_rows = 64;  // keys a tile
-  // The most row tiles whose values a thread holds in at most 160 of its 255 registers: per tile,
-  // o's D/2, the scores' 32 and q's D/4 (ptxas, sm_90a: D 64 with 2 tiles takes 242 registers
-  // without spilling; D 128 with 2 tiles spills 600 bytes, with 1 takes 216).
-  static int row_tiles_for(int head_dim) {
-    const int per_tile = head_dim / 2 + key_rows / 2 + head_dim / 4;
-    return 2 * per_tile <= 160 ? 2 : 1;
+  int key_rows = 64;           // keys a tile (64 or 32)
+  bool q_in_registers = true;  // else q's fragments are read from shared memory at each key tile
+
+  // The values a thread holds, in 32-bit registers: per row tile o's D/2, the scores' key_rows/2
+  // and, in registers, q's D/4.
+  int held_registers() const { return row_tiles * (head_dim / 2 + key_rows / 2 + (q_in_registers ? head_dim / 4 : 0)); }
+  // The configuration for a head dim: the most reuse of each shared-memory fragment (two row tiles
+  // a warp, q in registers, 64 keys a tile, given up in that order) whose held values fit 160 of the
+  // 255 registers a thread may have, leaving the rest to addresses and fragments in flight (ptxas,
+  // sm_90a: D 64 with 2 tiles and q in registers, 160 held, takes 242 registers without spilling;
+  // D 128 the same, 256 held, spills 600 bytes). row_tiles > 0 forces the row tiles.
+  static AttentionKernel for_head_dim(int head_dim, int row_tiles = 0) {
+    AttentionKernel a;
+    a.head_dim = head_dim;
+    for (int t : {2, 1}) {
+      if (row_tiles > 0 && t != row_tiles) continue;
+      a.row_tiles = t;
+      for (bool in_registers : {true, false})
+        for (int keys : {64, 32}) {
+          a.q_in_registers = in_registers;
+          a.key_rows = keys;
+          if (a.held_registers() <= 160) return a;
+        }
+    }
+    return a;  // the last tried: 1 tile, q in shared memory, 32 keys
   }
   int query_rows() const { return 16 * row_tiles * warps; }
   int shared_bytes() const { return (query_rows() + 2 * key_rows) * head_dim * 2; }
   std::string name() const {
-    return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" + std::to_string(row_tiles) + (causal ? "_causal" : "") +
+    return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" + std::to_string(row_tiles) + "_k" +
+           std::to_string(key_rows) + (q_in_registers ? "" : "_qs") + (causal ? "_causal" : "") +
            "_" + std::string(kiln::name(dt));
   }
 };
@@ -48,6 +67,8 @@ inline std::string attention_forward_source(const AttentionKernel& a) {
   s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
   s += "#define KILN_WARPS " + std::to_string(a.warps) + "\n";
   s += "#define KILN_ROW_TILES " + std::to_string(a.row_tiles) + "\n";
+  s += "#define KILN_KEY_ROWS " + std::to_string(a.key_rows) + "\n";
+  s += "#define KILN_Q_IN_REGISTERS " + std::string(a.q_in_registers ? "1" : "0") + "\n";
   s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
   s += "#define KILN_MMA(d, a, b0, b1) kiln_mma_16816_" + mma_type + "(d, a, b0, b1)\n";
   s += "#define KILN_PACK kiln_pack_" + mma_type + "\n";
@@ -113,7 +134,7 @@ __device__ __forceinline__ float kiln_exp2(float x) {  // 2^x, -inf -> 0
 #define KILN_NEG_INF __int_as_float(0xff800000)
 #define MT KILN_ROW_TILES          // 16-row tiles a warp
 #define BM (16 * MT * KILN_WARPS)
-#define BN 64
+#define BN KILN_KEY_ROWS
 #define CH (KILN_D / 8)             // 16-byte chunks a row of a tile
 #define SWZ (CH % 8 == 0 ? 8 : (CH & (CH - 1)) == 0 ? CH : 1)  // an XOR that stays inside the row
 // Chunk `c` of tile row `r`, XOR-swizzled: the eight rows one ldmatrix reads sit in eight bank groups.
@@ -156,14 +177,17 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   kiln_cp_async_commit();
   kiln_cp_async_wait<1>();
   __syncthreads();
-  // This warp's MT x 16 rows of q as A fragments, one a step of 16 dims. Each key or value fragment
-  // read from shared memory then serves MT row tiles.
+  // This warp's MT x 16 rows of q as A fragments, one a step of 16 dims (kept in registers, or read
+  // again from the shared tile at each key tile). Each key or value fragment read from shared
+  // memory then serves MT row tiles.
+#define Q_FRAGMENT(f, mt, kk) kiln_ldmatrix_x4(f, TILE(Qs, (warp * MT + (mt)) * 16 + (lane & 15), (kk) * 2 + (lane >> 4)))
+#if KILN_Q_IN_REGISTERS
   u32 qf[MT][KILN_D / 16][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int kk = 0; kk < KILN_D / 16; ++kk)
-      kiln_ldmatrix_x4(qf[mt][kk], TILE(Qs, (warp * MT + mt) * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+    for (int kk = 0; kk < KILN_D / 16; ++kk) Q_FRAGMENT(qf[mt][kk], mt, kk);
+#endif
 
   float acc[MT][KILN_D / 8][4];  // o, unnormalised: rows g and g + 8 (g = lane / 4), two columns each
 #pragma unroll
@@ -187,17 +211,27 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < KILN_D / 16; ++kk)
+    for (int kk = 0; kk < KILN_D / 16; ++kk) {
+#if KILN_Q_IN_REGISTERS
+#define QF(mt) qf[mt][kk]
+#else
+      u32 qk[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) Q_FRAGMENT(qk[mt], mt, kk);
+#define QF(mt) qk[mt]
+#endif
 #pragma unroll
       for (int n = 0; n < BN / 16; ++n) {
         u32 kf[4];
         kiln_ldmatrix_x4(kf, TILE(Ks, n * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          KILN_MMA(s[mt][2 * n], qf[mt][kk], kf[0], kf[1]);
-          KILN_MMA(s[mt][2 * n + 1], qf[mt][kk], kf[2], kf[3]);
+          KILN_MMA(s[mt][2 * n], QF(mt), kf[0], kf[1]);
+          KILN_MMA(s[mt][2 * n + 1], QF(mt), kf[2], kf[3]);
         }
       }
+#undef QF
+    }
     // Scale into the exp2 domain, then mask keys past Tk and (causal) after the query.
     const bool masked = n0 + BN > Tk || (KILN_CAUSAL && n0 + BN - 1 > w0);
 #pragma unroll

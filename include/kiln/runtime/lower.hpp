@@ -105,9 +105,8 @@ graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tu
     if (n.op != Op::attention || n.attrs.c || !attention_flash_fits(b.shape(in[0]), b.shape(in[1]), b.shape(in[2]), b.dt(in[0]), cc))
       return b.rebuild(n, in);
     Attrs at = n.attrs;
-    at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block, and row tiles a warp
-    at.dims = Dims{tuning.attention_rows > 0 ? tuning.attention_rows
-                                             : codegen::AttentionKernel::row_tiles_for(static_cast<int>(b.shape(in[0])[3]))};
+    at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block
+    at.dims = Dims{std::max(tuning.attention_rows, 0)};  // row tiles a warp, 0: by registers
     return b.op(Op::attention_flash, {in[0], in[1], in[2], in[3]}, at);
   });
 }

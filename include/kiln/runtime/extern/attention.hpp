@@ -41,10 +41,9 @@ inline double attention_scale(const graph::Graph& g, const graph::Node& n, const
 
 // The kernel an attention_flash node runs, as explain shows it: its source.
 inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const graph::Node& n) {
-  codegen::AttentionKernel a;
-  a.head_dim = static_cast<int>(g[n.in[0]].shape[3]);
+  codegen::AttentionKernel a = codegen::AttentionKernel::for_head_dim(static_cast<int>(g[n.in[0]].shape[3]),
+                                                                      static_cast<int>(n.attrs.dims[0]));
   a.warps = static_cast<int>(n.attrs.d);
-  a.row_tiles = static_cast<int>(n.attrs.dims[0]);
   a.causal = n.attrs.a != 0;
   a.dt = g[n.in[0]].dt;
   return a;
@@ -56,7 +55,7 @@ inline std::string describe_attention_step(const graph::Graph& g, int node) {
 namespace attention_detail {
 
 inline CUfunction function(const codegen::AttentionKernel& a, int device) {
-  using Key = std::tuple<int, int, int, int, bool, int>;
+  using Key = std::tuple<int, std::string>;
   struct Loaded {
     std::unique_ptr<Module> module;
     CUfunction f = nullptr;
@@ -64,7 +63,7 @@ inline CUfunction function(const codegen::AttentionKernel& a, int device) {
   static std::mutex mutex;
   static auto* loaded = new std::map<Key, Loaded>();  // never unloaded
   std::lock_guard lock(mutex);
-  Loaded& l = (*loaded)[Key{device, a.head_dim, a.warps, a.row_tiles, a.causal, static_cast<int>(a.dt)}];
+  Loaded& l = (*loaded)[Key{device, a.name()}];
   if (!l.f) {
     l.module = std::make_unique<Module>(
         cached_cubin(codegen::attention_forward_source(a), a.name(), driver::arch(device)), device);
@@ -86,7 +85,7 @@ inline void check(const Tensor& t, const char* what) {
 }  // namespace attention_detail
 
 // out = softmax(q k^T * scale [causal]) v, written by the fused kernel with `warps` warps a block
-// and `row_tiles` 16-row tiles a warp.
+// and `row_tiles` 16-row tiles a warp (0: AttentionKernel::for_head_dim's choice).
 inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int warps,
                             int row_tiles, Tensor& out, CUstream stream) {
   if (!q.device().is_cuda()) throw error("attention: the fused kernel runs on CUDA devices only");
@@ -99,10 +98,8 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
     throw shape_error("attention: this program runs the fused kernel, which does not take q " + qs.str() + ", k " +
                       ks.str() + ", v " + v.shape().str() + " " + std::string(name(q.dtype())) +
                       " (sizes changed under dynamic shapes): compile it again");
-  codegen::AttentionKernel a;
-  a.head_dim = static_cast<int>(qs[3]);
+  codegen::AttentionKernel a = codegen::AttentionKernel::for_head_dim(static_cast<int>(qs[3]), row_tiles);
   a.warps = warps;
-  a.row_tiles = row_tiles;
   a.causal = causal;
   a.dt = q.dtype();
   const int device = out.device().index;
