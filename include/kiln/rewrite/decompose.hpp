@@ -175,7 +175,8 @@ constexpr int cat(Builder& b, const Node& n, std::span<const int> in) {
 // attention(q [B, H, Tq, D], k [B, Hkv, Tk, D], v, scale, modded scores): softmax(q k^T * scale
 // [causal mask]) v, with k and v repeated over each group of H / Hkv query heads, as batched matmuls
 // over B * H. With a score_mod (attrs.c) the scores are its result, built from score_arg nodes.
-// Not yet a fused kernel: the scores are materialised (one [B*H, Tq, Tk] buffer). A row that the
+// The scores are materialised (one [B*H, Tq, Tk] buffer); on a GPU, lowering gives attention without
+// a score_mod to the fused kernel before this runs (runtime/lower.hpp). A row that the
 // mask empties gives zeros (FlexAttention's choice), not NaN. Causal masks are aligned top-left, as
 // torch's scaled_dot_product_attention: query i sees keys j <= i.
 struct AttentionDims {
