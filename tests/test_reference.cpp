@@ -17,6 +17,7 @@
 #include <kiln/expr/ops.hpp>
 #include <kiln/graph/flatten.hpp>
 #include <kiln/graph/infer.hpp>
+#include <kiln/kiln.hpp>
 #include <kiln/reference/eval.hpp>
 #include <kiln/testing.hpp>
 
@@ -138,7 +139,7 @@ Vec map(const Vec& x, F f) {
 
 // The oracle has one rule per op of expr/op.hpp: a new op must be taught to reference/eval.hpp
 // (and tested here) before this count is raised.
-static_assert(k::op_table.size() == 78, "a new op: add its rule to reference/eval.hpp and a test here");
+static_assert(k::op_table.size() == 80, "a new op: add its rule to reference/eval.hpp and a test here");
 
 // ---- pointwise ---------------------------------------------------------------------------------
 
@@ -1185,6 +1186,45 @@ TEST_CASE("reference: attention is softmax(q k^T * scale) v per head, computed h
   scaled.b = 1;
   check_result(ev(k::expr::make<k::Op::attention_flash>(scaled, q, kk, v, s)), {1, 1, 2, 1},
                {row({1, 0, 2}, 2), row({2, 2, 0}, 2)}, 1e-14);
+}
+
+// The fused backward's nodes: attention_grad against kiln's CPU gradient of the f64 decomposition
+// (which passes gradcheck in test_attention), attention_stats against its definition.
+TEST_CASE("reference: attention_stats and attention_grad are the row statistics and gradients of attention") {
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    Tensor q = rnd({2, 4, 5, 3}, k::f64), kk = rnd({2, 2, 7, 3}, k::f64), v = rnd({2, 2, 7, 3}, k::f64),
+           g = rnd({2, 4, 5, 3}, k::f64);
+    auto vjp = k::vjp([causal](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = causal, .scale = 0.6}); },
+                      k::wrt<0, 1, 2>)(q, kk, v, g);
+    k::Attrs at;
+    at.a = causal;
+    at.b = 1;
+    k::Tensor o = k::attention(q, kk, v, {.causal = causal, .scale = 0.6});
+    auto stats = k::expr::make<k::Op::attention_stats>(at, q, kk, g, o, 0.6);
+    const Vec sv = ev(stats).v, qv = host(q), kv = host(kk), gv = host(g), ov = host(o);
+    for (int bh = 0; bh < 8; ++bh)
+      for (int i = 0; i < 5; ++i) {
+        double m = -Inf, l = 0, delta = 0;
+        std::vector<double> s;
+        for (int j = 0; j < 7; ++j) {
+          double dot = 0;
+          for (int d = 0; d < 3; ++d) dot += qv[(bh * 5 + i) * 3 + d] * kv[((bh / 4 * 2 + bh % 4 / 2) * 7 + j) * 3 + d];
+          s.push_back(causal && j > i ? -Inf : dot * 0.6);
+          m = std::max(m, s.back());
+        }
+        for (double x : s) l += std::exp(x - m);
+        for (int d = 0; d < 3; ++d) delta += gv[(bh * 5 + i) * 3 + d] * ov[(bh * 5 + i) * 3 + d];
+        CHECK(sv[(bh * 5 + i) * 2] == doctest::Approx(m + std::log(l)).epsilon(1e-12));
+        CHECK(sv[(bh * 5 + i) * 2 + 1] == doctest::Approx(delta).epsilon(1e-12));
+      }
+    const k::Tensor want[3] = {std::get<0>(vjp), std::get<1>(vjp), std::get<2>(vjp)};
+    for (int which = 0; which < 3; ++which) {
+      at.c = which;
+      Result r = ev(k::expr::make<k::Op::attention_grad>(at, q, kk, v, g, stats, 0.6));
+      check_result(r, want[which].shape(), host(want[which]), 1e-9);
+    }
+  }
 }
 
 TEST_CASE("reference: score_arg gives a score_mod the scaled scores and their indices") {

@@ -190,12 +190,32 @@ constexpr Cotangents matmul(Builder& b, int y, int g) {
   return {dl, dr, -1, -1};
 }
 
-// attention_flash (the fused kernel's node): its backward from primitives, the probabilities
-// recomputed (rewrite/decompose.hpp's attention_backward); the scale gets no cotangent.
+// attention_flash (the fused kernel's node). With attrs.keepdim (lowering's choice: the fused
+// backward) three kernels read q, k, v, the cotangent and the row statistics of attention_stats
+// (each row's log-sum-exp and sum(g * o)), recomputing the probabilities tile by tile; else the
+// backward is built from primitives with the probabilities materialised (rewrite/decompose.hpp's
+// attention_backward). The scale gets no cotangent.
 constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   const graph::Node n = b[y];  // a copy: adding nodes below may move the table
-  const auto d = rewrite::detail::attention_backward(b, n, n.in[0], n.in[1], n.in[2], n.in[3], g);
-  return {d[0], d[1], d[2], -1};
+  const int q = n.in[0], k = n.in[1], v = n.in[2], scale = n.in[3];
+  if (!n.attrs.keepdim) {
+    const auto d = rewrite::detail::attention_backward(b, n, q, k, v, scale, g);
+    return {d[0], d[1], d[2], -1};
+  }
+  Attrs at;
+  at.a = n.attrs.a;  // causal
+  at.b = n.attrs.b;  // the scale given
+  const int g16 = b.cast(g, n.dt);
+  const int stats = b.op(Op::attention_stats, {q, k, g16, y, scale}, at);
+  Cotangents c = no_cotangents;
+  for (int which = 0; which < 3; ++which) {
+    at.c = which;  // dq, dk, dv
+    c[which] = b.op(Op::attention_grad, {q, k, v, g16, stats, scale}, at);
+  }
+  return c;
+}
+inline Cotangents attention_backward_node(Builder&, int, int) {
+  throw error("attention: its fused backward cannot be differentiated again (no double backward)");
 }
 
 // A custom op: one custom_backward node per floating input, reading the op's inputs and g and giving
@@ -274,6 +294,8 @@ inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   set(Op::embedding_backward, rules::embedding_backward);
   set(Op::matmul, rules::matmul);
   set(Op::attention_flash, rules::attention_flash);
+  set(Op::attention_stats, rules::attention_backward_node);
+  set(Op::attention_grad, rules::attention_backward_node);
   set(Op::custom, rules::custom);
   set(Op::custom_backward, rules::custom_backward);
   return t;

@@ -61,19 +61,10 @@ struct AttentionKernel {
   }
 };
 
-inline std::string attention_forward_source(const AttentionKernel& a) {
-  const std::string mma_type = a.dt == dtype::bf16 ? "bf16" : "f16";
-  std::string s = "// " + a.name() + ": fused attention forward (codegen/attention_kernel.hpp)\n";
-  s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
-  s += "#define KILN_WARPS " + std::to_string(a.warps) + "\n";
-  s += "#define KILN_ROW_TILES " + std::to_string(a.row_tiles) + "\n";
-  s += "#define KILN_KEY_ROWS " + std::to_string(a.key_rows) + "\n";
-  s += "#define KILN_Q_IN_REGISTERS " + std::string(a.q_in_registers ? "1" : "0") + "\n";
-  s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
-  s += "#define KILN_MMA(d, a, b0, b1) kiln_mma_16816_" + mma_type + "(d, a, b0, b1)\n";
-  s += "#define KILN_PACK kiln_pack_" + mma_type + "\n";
-  s += "#define KILN_NAME " + a.name() + "\n";
-  s += R"(
+// What the attention kernels share (after their KILN_D and KILN_WARPS defines): the tile primitives
+// and the swizzled shared-memory tiles that cp.async fills.
+inline std::string attention_prelude() {
+  return R"(
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
@@ -124,17 +115,25 @@ __device__ __forceinline__ u32 kiln_pack_f16(float x0, float x1) {
   asm("cvt.rn.f16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(x0), "f"(x1));
   return r;
 }
+__device__ __forceinline__ float kiln_log2(float x) {
+  float r;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ float kiln_bf16_to_f32(u16 x) { return __uint_as_float((u32)x << 16); }
+__device__ __forceinline__ float kiln_f16_to_f32(u16 x) {
+  float r;
+  asm("cvt.f32.f16 %0, %1;\n" : "=f"(r) : "h"(x));
+  return r;
+}
 __device__ __forceinline__ float kiln_exp2(float x) {  // 2^x, -inf -> 0
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
   return r;
 }
 
-// ---- the kernel ------------------------------------------------------------------------------------
+// ---- shared-memory tiles ---------------------------------------------------------------------------
 #define KILN_NEG_INF __int_as_float(0xff800000)
-#define MT KILN_ROW_TILES          // 16-row tiles a warp
-#define BM (16 * MT * KILN_WARPS)
-#define BN KILN_KEY_ROWS
 #define CH (KILN_D / 8)             // 16-byte chunks a row of a tile
 #define SWZ (CH % 8 == 0 ? 8 : (CH & (CH - 1)) == 0 ? CH : 1)  // an XOR that stays inside the row
 // Chunk `c` of tile row `r`, XOR-swizzled: the eight rows one ldmatrix reads sit in eight bank groups.
@@ -149,6 +148,27 @@ __device__ __forceinline__ void load_tile(uint4* tile, const u16* src, i64 st, i
     kiln_cp_async16(TILE(tile, r, ch), in ? src + (i64)(r0 + r) * st + ch * 8 : src, in ? 16 : 0);
   }
 }
+)";
+}
+
+inline std::string attention_forward_source(const AttentionKernel& a) {
+  const std::string mma_type = a.dt == dtype::bf16 ? "bf16" : "f16";
+  std::string s = "// " + a.name() + ": fused attention forward (codegen/attention_kernel.hpp)\n";
+  s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
+  s += "#define KILN_WARPS " + std::to_string(a.warps) + "\n";
+  s += "#define KILN_ROW_TILES " + std::to_string(a.row_tiles) + "\n";
+  s += "#define KILN_KEY_ROWS " + std::to_string(a.key_rows) + "\n";
+  s += "#define KILN_Q_IN_REGISTERS " + std::string(a.q_in_registers ? "1" : "0") + "\n";
+  s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
+  s += "#define KILN_MMA(d, a, b0, b1) kiln_mma_16816_" + mma_type + "(d, a, b0, b1)\n";
+  s += "#define KILN_PACK kiln_pack_" + mma_type + "\n";
+  s += "#define KILN_NAME " + a.name() + "\n";
+  s += attention_prelude();
+  s += R"(
+// ---- the forward kernel ------------------------------------------------------------------------
+#define MT KILN_ROW_TILES  // 16-row tiles a warp
+#define BM (16 * MT * KILN_WARPS)
+#define BN KILN_KEY_ROWS
 
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ o,

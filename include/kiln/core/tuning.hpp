@@ -55,6 +55,9 @@ struct Tuning {
   int attention = -1;      // k::attention on a GPU: 0 decomposed into batched matmuls and a softmax (the
                            // rule before), else the fused kernel with this many warps a block, 16 query
                            // rows each (default 4; KILN_TUNE_ATTENTION)
+  int attention_backward = -1;  // the fused attention forward's backward: 0 from primitives with the
+                                // probabilities materialised (the rule before), else fused kernels
+                                // (KILN_TUNE_ATTENTION_BACKWARD)
   int attention_rows = -1; // the fused attention kernel's 16-row tiles a warp (1 or 2; default by registers,
                            // codegen/attention_kernel.hpp; KILN_TUNE_ATTENTION_ROWS)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
@@ -84,6 +87,7 @@ struct Tuning {
                                    {&Tuning::vector_masks, "vector_masks"}, {&Tuning::transpose, "transpose"},
                                    {&Tuning::keep_values, "keep_values"}, {&Tuning::column_lanes, "column_lanes"},
                                    {&Tuning::attention, "attention"}, {&Tuning::attention_rows, "attention_rows"},
+                                   {&Tuning::attention_backward, "attention_backward"},
                                    {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
@@ -119,7 +123,8 @@ struct Tuning {
                                    {&Tuning::occupancy, "KILN_TUNE_OCCUPANCY", 0, 2048},
                                    {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 1},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
-                                   {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2}};
+                                   {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
+                                   {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);

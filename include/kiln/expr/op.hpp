@@ -91,6 +91,8 @@ namespace kiln {
   X(rand, "rand", index, 5)                         \
   X(attention, "attention", composite, 5)           \
   X(attention_flash, "attention_flash", extern_, 4) \
+  X(attention_stats, "attention_stats", extern_, 5) \
+  X(attention_grad, "attention_grad", extern_, 6)   \
   X(score_arg, "score_arg", composite, 3)
 
 enum class Op : std::uint8_t {

@@ -263,6 +263,15 @@ inline void infer_node(Graph& g, Node& n) {
       if (is_custom(n.op)) return infer_custom(g, n);
       if (n.op == Op::embedding_backward) return infer_index(g, n);
       if (n.op == Op::attention_flash) return infer_attention(g, n);  // lowering made it: attrs.c is 0
+      if (n.op == Op::attention_stats) {  // [B, H, Tq, 2]: each query row's log-sum-exp and delta
+        const Dims& qs = in(0).shape;
+        n.shape = Dims{qs[0], qs[1], qs[2], 2};
+        return;
+      }
+      if (n.op == Op::attention_grad) {  // the gradient of q, k or v (attrs.c): that input's shape
+        n.shape = in(static_cast<int>(n.attrs.c)).shape;
+        return;
+      }
       n.shape = infer_matmul(in(0).shape, in(1).shape);
       if (!is_floating(n.dt))
         throw dtype_error("matmul: integer matmul is not supported (" + std::string(name(in(0).dt)) + " x " +

@@ -116,9 +116,12 @@ constexpr void infer_dtype(const Graph& g, Node& n) {
       if (is_custom(n.op)) {
         n.weak = false;
         if (n.op == Op::custom_backward) n.dt = in(static_cast<int>(n.attrs.a)).dt;
-      } else if (n.op == Op::embedding_backward || n.op == Op::attention_flash) {
+      } else if (n.op == Op::embedding_backward || n.op == Op::attention_flash || n.op == Op::attention_grad) {
         n.weak = false;
         n.dt = in(0).dt;
+      } else if (n.op == Op::attention_stats) {
+        n.weak = false;
+        n.dt = kiln::dtype::f32;
       } else {  // matmul
         n.dt = promote(in(0).dt, in(1).dt);
       }

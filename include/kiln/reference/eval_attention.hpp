@@ -82,4 +82,92 @@ inline void eval_attention(const graph::Node& n, const Value& q, const Value& k,
     }
 }
 
+// The probabilities of attention without a score_mod for one (batch, head): p[i * Tk + j], rows
+// the mask empties all zeros; lse[i] each row's log-sum-exp (+inf for an empty row).
+inline void attention_probabilities(const graph::Node& n, const Value& q, const Value& k, double given_scale,
+                                    std::int64_t b, std::int64_t h, std::vector<double>& p, std::vector<double>& lse) {
+  const std::int64_t H = q.shape[1], Tq = q.shape[2], D = q.shape[3], Hkv = k.shape[1], Tk = k.shape[2];
+  const double scale = n.attrs.b ? given_scale : 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)));
+  const double* qh = q.data.data() + (b * H + h) * Tq * D;
+  const double* kh = k.data.data() + (b * Hkv + h / (H / Hkv)) * Tk * D;
+  const double inf = std::numeric_limits<double>::infinity();
+  p.assign(static_cast<std::size_t>(Tq * Tk), 0.0);
+  lse.assign(static_cast<std::size_t>(Tq), inf);
+  for (std::int64_t i = 0; i < Tq; ++i) {
+    double m = -inf;
+    for (std::int64_t j = 0; j < Tk; ++j) {
+      double dot = 0;
+      for (std::int64_t d = 0; d < D; ++d) dot += qh[i * D + d] * kh[j * D + d];
+      p[i * Tk + j] = (n.attrs.a && j > i) ? -inf : dot * scale;
+      m = std::max(m, p[i * Tk + j]);
+    }
+    if (std::isinf(m) && m < 0) {
+      for (std::int64_t j = 0; j < Tk; ++j) p[i * Tk + j] = 0;
+      continue;
+    }
+    double l = 0;
+    for (std::int64_t j = 0; j < Tk; ++j) l += p[i * Tk + j] = std::exp(p[i * Tk + j] - m);
+    for (std::int64_t j = 0; j < Tk; ++j) p[i * Tk + j] /= l;
+    lse[i] = m + std::log(l);
+  }
+}
+
+// attention_stats(q, k, g, o, scale) -> [B, H, Tq, 2]: each row's log-sum-exp, sum(g * o).
+inline void eval_attention_stats(const graph::Node& n, const Value& q, const Value& k, const Value& g, const Value& o,
+                                 double given_scale, Value& out) {
+  const std::int64_t B = q.shape[0], H = q.shape[1], Tq = q.shape[2], Dv = o.shape[3];
+  std::vector<double> p, lse;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      attention_probabilities(n, q, k, given_scale, b, h, p, lse);
+      for (std::int64_t i = 0; i < Tq; ++i) {
+        const std::int64_t row = (b * H + h) * Tq + i;
+        double delta = 0;
+        for (std::int64_t d = 0; d < Dv; ++d) delta += g.data[row * Dv + d] * o.data[row * Dv + d];
+        out.data[row * 2] = lse[i];
+        out.data[row * 2 + 1] = delta;
+      }
+    }
+}
+
+// attention_grad(q, k, v, g, stats, scale), attrs.c = 0, 1, 2: the gradient of q, k or v of
+// attention given g, its output's cotangent (from the definition; the statistics are not read).
+inline void eval_attention_grad(const graph::Node& n, const Value& q, const Value& k, const Value& v, const Value& g,
+                                double given_scale, Value& out) {
+  const std::int64_t B = q.shape[0], H = q.shape[1], Tq = q.shape[2], D = q.shape[3];
+  const std::int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3], G = H / Hkv;
+  const double scale = n.attrs.b ? given_scale : 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)));
+  std::fill(out.data.begin(), out.data.end(), 0.0);
+  std::vector<double> p, lse, ds(static_cast<std::size_t>(Tq * Tk));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      attention_probabilities(n, q, k, given_scale, b, h, p, lse);
+      const std::int64_t hk = b * Hkv + h / G;
+      const double* gh = g.data.data() + (b * H + h) * Tq * Dv;
+      const double* vh = v.data.data() + hk * Tk * Dv;
+      for (std::int64_t i = 0; i < Tq; ++i) {  // dS = P (dP - rowsum(P dP)), dP = g v^T
+        double dot = 0;
+        for (std::int64_t j = 0; j < Tk; ++j) {
+          double dp = 0;
+          for (std::int64_t d = 0; d < Dv; ++d) dp += gh[i * Dv + d] * vh[j * Dv + d];
+          ds[i * Tk + j] = dp;
+          dot += p[i * Tk + j] * dp;
+        }
+        for (std::int64_t j = 0; j < Tk; ++j) ds[i * Tk + j] = p[i * Tk + j] * (ds[i * Tk + j] - dot) * scale;
+      }
+      const double* qh = q.data.data() + (b * H + h) * Tq * D;
+      const double* kh = k.data.data() + hk * Tk * D;
+      for (std::int64_t i = 0; i < Tq; ++i)
+        for (std::int64_t j = 0; j < Tk; ++j) {
+          const double pij = p[i * Tk + j], dsij = ds[i * Tk + j];
+          if (n.attrs.c == 0)
+            for (std::int64_t d = 0; d < D; ++d) out.data[((b * H + h) * Tq + i) * D + d] += dsij * kh[j * D + d];
+          else if (n.attrs.c == 1)
+            for (std::int64_t d = 0; d < D; ++d) out.data[(hk * Tk + j) * D + d] += dsij * qh[i * D + d];
+          else
+            for (std::int64_t d = 0; d < Dv; ++d) out.data[(hk * Tk + j) * Dv + d] += pij * gh[i * Dv + d];
+        }
+    }
+}
+
 }  // namespace kiln::reference::detail

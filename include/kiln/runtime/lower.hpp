@@ -67,7 +67,8 @@ graph::Graph copy_strided_custom_inputs(const graph::Graph& g, ArgAt&& arg) {
   auto strided = [&](const graph::Node& x) { return x.op == Op::arg && !arg(x.slot).is_contiguous(); };
   bool any = false;
   auto whole = [](Op op) {  // read as whole buffers
-    return is_custom(op) || op == Op::embedding_backward || op == Op::attention_flash;
+    return is_custom(op) || op == Op::embedding_backward || op == Op::attention_flash || op == Op::attention_stats ||
+           op == Op::attention_grad;
   };
   for (const auto& n : g.nodes)
     for (int k = 0; whole(n.op) && k < n.n_in; ++k) any = any || strided(g[n.in[k]]);
@@ -107,6 +108,7 @@ graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tu
     Attrs at = n.attrs;
     at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block
     at.dims = Dims{std::max(tuning.attention_rows, 0)};  // row tiles a warp, 0: by registers
+    at.keepdim = tuning.attention_backward != 0;         // its backward: fused kernels (autodiff/rules.hpp)
     return b.op(Op::attention_flash, {in[0], in[1], in[2], in[3]}, at);
   });
 }
@@ -135,7 +137,7 @@ graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, Low
   graph::infer_shapes(g, arg);
   g = schedule::split_reductions(g, stats.tuning.partials != 0);  // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
-  g = copy_strided_custom_inputs(g, arg);  // custom ops, embedding_backward, attention_flash read contiguous buffers
+  g = copy_strided_custom_inputs(g, arg);  // custom ops, embedding_backward, attention read contiguous buffers
   g.output_into = into.size() == g.outputs.size() ? into : std::vector<int>(g.outputs.size(), -1);
   write_into_arguments(g, arg);
   log_graph(debug::Channel::graph, "lowered graph", g);

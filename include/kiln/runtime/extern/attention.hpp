@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 
+#include "../../codegen/attention_backward_kernel.hpp"
 #include "../../codegen/attention_kernel.hpp"
 #include "../../core/driver.hpp"
 #include "../../core/error.hpp"
@@ -32,10 +33,12 @@ inline bool attention_flash_fits(const Dims& q, const Dims& k, const Dims& v, dt
   return D % 16 == 0 && D >= 16 && D <= 128 && v[3] == D && k[3] == D;
 }
 
-// The scale an attention_flash node runs with: its scalar when the user gave one, else 1/sqrt(D).
-inline double attention_scale(const graph::Graph& g, const graph::Node& n, const double* scalars, std::int64_t D) {
+// The scale a fused attention node runs with (its input `scale`): the scalar when the user gave one
+// (attrs.b), else 1/sqrt(D).
+inline double attention_scale(const graph::Graph& g, const graph::Node& n, int scale, const double* scalars,
+                              std::int64_t D) {
   if (!n.attrs.b) return 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)));
-  const graph::Node& s = g[n.in[3]];
+  const graph::Node& s = g[scale];
   return s.op == Op::scalar ? scalars[s.slot] : s.value;
 }
 
@@ -49,12 +52,21 @@ inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const
   return a;
 }
 inline std::string describe_attention_step(const graph::Graph& g, int node) {
-  return codegen::attention_forward_source(attention_kernel_of(g, g[node]));
+  const graph::Node& n = g[node];
+  if (n.op == Op::attention_flash) return codegen::attention_forward_source(attention_kernel_of(g, n));
+  codegen::AttentionBackwardKernel a;
+  a.part = n.op == Op::attention_stats ? codegen::AttentionBackwardKernel::Part::stats
+                                       : static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1);
+  a.head_dim = static_cast<int>(g[n.in[0]].shape[3]);
+  a.causal = n.attrs.a != 0;
+  a.dt = g[n.in[0]].dt;
+  return codegen::attention_backward_source(a);
 }
 
 namespace attention_detail {
 
-inline CUfunction function(const codegen::AttentionKernel& a, int device) {
+// A kernel by name, compiled from `source` once a device (through the disk cache).
+inline CUfunction function(const std::string& name, const std::string& source, int device) {
   using Key = std::tuple<int, std::string>;
   struct Loaded {
     std::unique_ptr<Module> module;
@@ -63,13 +75,34 @@ inline CUfunction function(const codegen::AttentionKernel& a, int device) {
   static std::mutex mutex;
   static auto* loaded = new std::map<Key, Loaded>();  // never unloaded
   std::lock_guard lock(mutex);
-  Loaded& l = (*loaded)[Key{device, a.name()}];
+  Loaded& l = (*loaded)[Key{device, name}];
   if (!l.f) {
-    l.module = std::make_unique<Module>(
-        cached_cubin(codegen::attention_forward_source(a), a.name(), driver::arch(device)), device);
-    l.f = l.module->function(a.name().c_str());
+    l.module = std::make_unique<Module>(cached_cubin(source, name, driver::arch(device)), device);
+    l.f = l.module->function(name.c_str());
   }
   return l.f;
+}
+inline CUfunction function(const codegen::AttentionKernel& a, int device) {
+  return function(a.name(), codegen::attention_forward_source(a), device);
+}
+
+inline void check_contiguous(const Tensor& t, const char* what) {
+  if (!t.is_contiguous() || reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 != 0)
+    throw error(std::string("attention: the fused backward reads ") + what + " " + t.shape().str() +
+                " as a contiguous, 16-byte aligned buffer (lowering copies strided arguments)");
+}
+
+// Launches one backward kernel over `blocks` row tiles of `heads` (batch, head) pairs.
+inline void launch_part(const codegen::AttentionBackwardKernel& a, int device, std::int64_t rows, std::int64_t heads,
+                        void** args, CUstream stream) {
+  CUfunction f = function(a.name(), codegen::attention_backward_source(a), device);
+  driver::make_current(device);
+  const std::int64_t most = 65535;
+  const unsigned blocks = static_cast<unsigned>((rows + a.rows - 1) / a.rows);
+  if (blocks == 0 || heads == 0) return;
+  launch(f, Dim3{blocks, static_cast<unsigned>(std::min(heads, most)), static_cast<unsigned>((heads + most - 1) / most)},
+         Dim3{static_cast<unsigned>(32 * a.warps)}, static_cast<unsigned>(a.shared_bytes()), stream, args,
+         a.name().c_str());
 }
 
 inline void check(const Tensor& t, const char* what) {
@@ -83,6 +116,58 @@ inline void check(const Tensor& t, const char* what) {
 }
 
 }  // namespace attention_detail
+
+// The fused backward's row statistics: out [B, H, Tq, 2] f32 holds each query row's log-sum-exp of
+// its scaled, masked scores and delta = sum(g * o) over the head dim (g: the output's cotangent).
+inline void attention_stats(const Tensor& q, const Tensor& k, const Tensor& g, const Tensor& o, double scale,
+                            bool causal, Tensor& out, CUstream stream) {
+  const Tensor* ts[] = {&q, &k, &g, &o, &out};
+  const char* names[] = {"q", "k", "the output's cotangent", "the output", "the statistics"};
+  for (int i = 0; i < 5; ++i) attention_detail::check_contiguous(*ts[i], names[i]);
+  codegen::AttentionBackwardKernel a;
+  a.part = codegen::AttentionBackwardKernel::Part::stats;
+  a.head_dim = static_cast<int>(q.shape()[3]);
+  a.causal = causal;
+  a.dt = q.dtype();
+  const Dims& qs = q.shape();
+  int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / k.shape()[1]),
+      Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(k.shape()[2]);
+  float scale_log2 = static_cast<float>(scale * std::numbers::log2e), sc = static_cast<float>(scale);
+  const void *qp = q.data_ptr(), *kp = k.data_ptr(), *gp = g.data_ptr(), *op = o.data_ptr(), *none = nullptr;
+  void* sp = out.data_ptr();
+  void* args[] = {&qp, &kp, &none, &gp, &op, &sp, &none, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc};
+  attention_detail::launch_part(a, out.device().index, Tq, BH, args, stream);
+}
+
+// One gradient of attention (part: dq, dk or dv) into out, from q, k, v, g (the output's cotangent)
+// and the row statistics of attention_stats.
+inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& g, const Tensor& stats, double scale, bool causal, Tensor& out,
+                           CUstream stream) {
+  const Tensor* ts[] = {&q, &k, &v, &g, &stats, &out};
+  const char* names[] = {"q", "k", "v", "the output's cotangent", "the statistics", "a gradient"};
+  for (int i = 0; i < 6; ++i) attention_detail::check_contiguous(*ts[i], names[i]);
+  codegen::AttentionBackwardKernel a;
+  a.part = part;
+  a.head_dim = static_cast<int>(q.shape()[3]);
+  a.causal = causal;
+  a.dt = q.dtype();
+  const Dims &qs = q.shape(), &ks = k.shape();
+  int BH = static_cast<int>(qs[0] * qs[1]), BHkv = static_cast<int>(ks[0] * ks[1]), H = static_cast<int>(qs[1]),
+      G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(ks[2]);
+  float scale_log2 = static_cast<float>(scale * std::numbers::log2e), sc = static_cast<float>(scale);
+  const void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr(), *gp = g.data_ptr(), *sp = stats.data_ptr();
+  const void* none = nullptr;
+  void* op = out.data_ptr();
+  const int device = out.device().index;
+  if (part == codegen::AttentionBackwardKernel::Part::dq) {
+    void* args[] = {&qp, &kp, &vp, &gp, &none, &sp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc};
+    attention_detail::launch_part(a, device, Tq, BH, args, stream);
+  } else {
+    void* args[] = {&qp, &kp, &vp, &gp, &sp, &op, &BHkv, &H, &G, &Tq, &Tk, &scale_log2, &sc};
+    attention_detail::launch_part(a, device, Tk, BHkv, args, stream);
+  }
+}
 
 // out = softmax(q k^T * scale [causal]) v, written by the fused kernel with `warps` warps a block
 // and `row_tiles` 16-row tiles a warp (0: AttentionKernel::for_head_dim's choice).
