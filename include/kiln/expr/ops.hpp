@@ -308,8 +308,8 @@ struct attention_options {
 // attention(q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv]) -> [B, H, Tq, Dv]:
 // softmax(q k^T * scale) v per head, each k/v head serving H / Hkv query heads (grouped-query
 // attention). Differentiable in q, k and v. A row that a mask empties gives zeros. The scale is a
-// run-time value. On a GPU over 16-bit operands with a head dim the kernel takes, one fused forward
-// kernel (runtime/extern/attention.hpp); else, and for the backward, batched matmuls and a softmax
+// run-time value. On a GPU over 16-bit operands with a head dim the kernels take, fused forward and
+// backward kernels (runtime/extern/attention.hpp); else batched matmuls and a softmax
 // (rewrite/decompose.hpp).
 template <TensorLike Q, TensorLike K, TensorLike V>
 auto attention(Q&& q, K&& k, V&& v, attention_options o = {}) {

@@ -218,8 +218,8 @@ struct AttentionDims {
 // attention_flash) given g, its output's cotangent. The probabilities are computed again from q and
 // k and materialised ([B*H, Tq, Tk], in the compute dtype): dv = P^T g, dP = g v^T,
 // dS = P (dP - rowsum(P dP)) scale, dq = dS k, dk = dS^T q, with grouped heads' k and v
-// cotangents summed over their group. (A fused backward that never materialises P is issue 20's next
-// step.)
+// cotangents summed over their group. (The fused kernels of autodiff/rules.hpp's attention_flash
+// never materialise P; this is their fallback under KILN_TUNE_ATTENTION_BACKWARD=0.)
 constexpr std::array<int, 3> attention_backward(Builder& b, const Node& n, int q, int k, int v, int scale, int g) {
   const AttentionDims a(b, q, k);
   const kiln::dtype ct = compute_dtype(b[q].dt), vt = b[v].dt, qt = b[q].dt;
