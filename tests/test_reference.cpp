@@ -1186,6 +1186,16 @@ TEST_CASE("reference: attention is softmax(q k^T * scale) v per head, computed h
   scaled.b = 1;
   check_result(ev(k::expr::make<k::Op::attention_flash>(scaled, q, kk, v, s)), {1, 1, 2, 1},
                {row({1, 0, 2}, 2), row({2, 2, 0}, 2)}, 1e-14);
+  // A node lowering gave the fused kernel (warps set) refuses head dims the kernel does not take
+  // (a dynamic program reached with them then compiles again), and takes those it does.
+  k::Attrs lowered;
+  lowered.d = 4;
+  Tensor q24 = rnd({1, 2, 3, 24}), k24 = rnd({1, 2, 5, 24}), v24 = rnd({1, 2, 5, 24});
+  CHECK_THROWS_WITH_AS(ev(k::expr::make<k::Op::attention_flash>(lowered, q24, k24, v24, 0.0)),
+                       doctest::Contains("fused kernel does not take head dims 24"), k::shape_error);
+  Tensor q32 = rnd({1, 2, 3, 32}), k32 = rnd({1, 2, 5, 32}), v32 = rnd({1, 2, 5, 32});
+  check_result(ev(k::expr::make<k::Op::attention_flash>(lowered, q32, k32, v32, 0.0)), {1, 2, 3, 32},
+               ev(k::attention(q32, k32, v32)).v, 1e-12);
 }
 
 // The fused backward's nodes: attention_grad against kiln's CPU gradient of the f64 decomposition

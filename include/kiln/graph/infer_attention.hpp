@@ -18,6 +18,13 @@ inline void infer_score_arg(const Graph& g, Node& n) {
   n.shape = Dims{q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
 }
 
+// The head dims the fused attention kernels take (runtime/extern/attention.hpp): q's, k's and v's
+// the same, a multiple of 16 from 16 to 128.
+inline bool fused_attention_head_dims(const Dims& q, const Dims& k, const Dims& v) {
+  const std::int64_t D = q[3];
+  return D % 16 == 0 && D >= 16 && D <= 128 && k[3] == D && v[3] == D;
+}
+
 inline void infer_attention(const Graph& g, Node& n) {
   const Node &q = g.nodes[n.in[0]], &k = g.nodes[n.in[1]], &v = g.nodes[n.in[2]];
   const Dims &qs = q.shape, &ks = k.shape, &vs = v.shape;
@@ -44,6 +51,11 @@ inline void infer_attention(const Graph& g, Node& n) {
     if (!is_floating(m.dt))
       throw dtype_error("attention: score_mod gives " + std::string(name(m.dt)) + " scores; they must be floating");
   }
+  // A node lowering gave the fused kernel (its warps set) whose program a call with other head dims
+  // reaches (dynamic shapes): an error here makes the program cache compile again for them.
+  if (n.op == Op::attention_flash && n.attrs.d > 0 && !fused_attention_head_dims(qs, ks, vs))
+    throw shape_error("attention: the fused kernel does not take head dims " + std::to_string(qs[3]) + " and " +
+                      std::to_string(vs[3]) + shapes());
   n.shape = Dims{qs[0], qs[1], qs[2], vs[3]};
 }
 

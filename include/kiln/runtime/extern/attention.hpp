@@ -18,6 +18,7 @@
 #include "../../core/error.hpp"
 #include "../../core/tensor.hpp"
 #include "../../graph/graph.hpp"
+#include "../../graph/infer_attention.hpp"
 #include "../compile/cached_cubin.hpp"
 #include "../launch/cuda_module.hpp"
 
@@ -29,8 +30,7 @@ namespace kiln::runtime {
 inline bool attention_flash_fits(const Dims& q, const Dims& k, const Dims& v, dtype dt, int compute_capability) {
   if (dt != dtype::bf16 && dt != dtype::f16) return false;
   if (q.size() != 4 || k.size() != 4 || v.size() != 4 || compute_capability < 80) return false;
-  const std::int64_t D = q[3];
-  return D % 16 == 0 && D >= 16 && D <= 128 && v[3] == D && k[3] == D;
+  return graph::detail::fused_attention_head_dims(q, k, v);
 }
 
 // The scale a fused attention node runs with (its input `scale`): the scalar when the user gave one
