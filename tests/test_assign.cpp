@@ -103,3 +103,36 @@ TEST_CASE("eval(out): a bare tensor or view of one is copied into out") {
     CHECK_MESSAGE(bool(r), r);
   }
 }
+
+// The graph stays pure: a value that reads the argument it is stored into gives what it would give
+// into a new tensor. An extern step (a GEMM) reading it writes into a copy first; a kernel reading it
+// at other positions (a transpose) is refused, as storing in place would overwrite what it still
+// reads; reading it element by element (a row kernel, a pointwise chain) stays in place.
+TEST_CASE("assign: a value reading its own argument is computed as if into a new tensor") {
+  std::vector<k::Device> devices = {k::cpu};
+  if (k::driver::available()) devices.push_back(k::cuda);
+  for (k::Device dev : devices) {
+    CAPTURE(dev.str());
+    k::Tensor b = k::randn({67, 67}, k::f32, dev, 51), c = k::randn({67, 67}, k::f32, dev, 52);
+    auto want = k::reference::eval(k::matmul(b, c));
+    auto into_c = k::compile([](auto b, auto c) { return k::assign(c, k::matmul(b, c)); });
+    into_c(b, c);
+    auto r = k::testing::allclose(c.to(k::cpu), want, 1e-4, 1e-4);
+    CHECK_MESSAGE(bool(r), r);
+    auto want_t = k::reference::eval(k::matmul(b, k::transpose(c, 0, 1)));
+    auto into_ct = k::compile([](auto b, auto c) { return k::assign(c, k::matmul(b, k::transpose(c, 0, 1))); });
+    into_ct(b, c);
+    r = k::testing::allclose(c.to(k::cpu), want_t, 1e-4, 1e-4);
+    CHECK_MESSAGE(bool(r), r);
+    auto transposed = k::compile([](auto x) { return k::assign(x, k::transpose(x, 0, 1) + 1.0f); });
+    k::Tensor before = c.to(k::cpu);
+    CHECK_THROWS_WITH_AS(transposed(c), doctest::Contains("reads that argument at other positions"), k::error);
+    CHECK(bool(k::testing::allclose(c.to(k::cpu), before, 0, 0)));  // untouched
+    k::Tensor y = k::randn({37, 301}, k::f32, dev, 53);
+    auto want_s = k::reference::eval(k::softmax(y, -1) * 2.0f + y);
+    auto rows = k::compile([](auto y) { return k::assign(y, k::softmax(y, -1) * 2.0f + y); });
+    rows(y);
+    r = k::testing::allclose(y.to(k::cpu), want_s, 1e-5, 1e-6);
+    CHECK_MESSAGE(bool(r), r);
+  }
+}

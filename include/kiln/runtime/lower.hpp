@@ -4,6 +4,7 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../debug/log.hpp"
@@ -31,7 +32,41 @@ inline void log_graph(debug::Channel ch, const std::string& title, const graph::
   if (debug::log_enabled(ch)) debug::log(ch, title + ":\n" + g.str());
 }
 
-// k::assign(a, expr): expr must have a's shape; its value is cast to a's dtype on store.
+// How node `out` reads argument `slot` when its value is stored into that argument in place:
+// 0 not at all or element by element (each element read before it is written: pointwise chains,
+// reshapes, rows reduced by the kernel that stores them); 1 by an extern step storing `out` itself
+// (a matmul or attention reading the argument while writing it); 2 at other positions in the
+// kernel that stores it (through a permute, expand, slice or index). Reductions and earlier extern
+// steps are boundaries: their values are complete before the storing kernel runs.
+inline int assigned_read(const graph::Graph& g, int out, int slot) {
+  auto moves = [](const graph::Node& n) {
+    const OpClass c = info(n.op).cls;
+    return (c == OpClass::view && n.op != Op::reshape) || c == OpClass::index;
+  };
+  std::vector<char> seen(static_cast<std::size_t>(g.size()) * 2, 0);
+  std::vector<std::pair<int, bool>> stack{{out, false}};  // a node, reached through a moving op
+  const bool extern_out = info(g[out].op).cls == OpClass::extern_;
+  while (!stack.empty()) {
+    auto [i, moved] = stack.back();
+    stack.pop_back();
+    if (std::exchange(seen[static_cast<std::size_t>(i) * 2 + moved], 1)) continue;
+    const graph::Node& n = g[i];
+    if (n.op == Op::arg) {
+      if (n.slot == slot && (extern_out || moved)) return extern_out ? 1 : 2;
+      continue;
+    }
+    if (i != out && (is_reduction(n.op) || info(n.op).cls == OpClass::extern_)) continue;
+    // An extern step reads its operands' buffers: what they were computed from is complete.
+    if (extern_out && i != out && info(n.op).cls != OpClass::view) continue;
+    for (int k = 0; k < n.n_in; ++k) stack.push_back({n.in[k], moved || moves(n)});
+  }
+  return 0;
+}
+
+// k::assign(a, expr): expr must have a's shape; its value is cast to a's dtype on store. A value an
+// extern step computes while reading a goes through a copy; one a kernel computes from a's elements
+// at other positions (a transpose of a) is an error: storing it in place would overwrite elements
+// still to be read.
 template <class ArgAt>
 void write_into_arguments(graph::Graph& g, ArgAt&& arg) {
   for (std::size_t o = 0; o < g.outputs.size(); ++o) {
@@ -43,8 +78,14 @@ void write_into_arguments(graph::Graph& g, ArgAt&& arg) {
       throw shape_error("k::assign: the value has shape " + n.shape.str() + " but argument " + std::to_string(slot) +
                         " has shape " + a.shape().str());
     if (!a.is_contiguous()) throw shape_error("k::assign: argument " + std::to_string(slot) + " must be contiguous");
-    // A custom op writes through its own pointers, maybe while reading the argument: into a copy.
-    if (n.dt != a.dtype() || n.op == Op::arg || is_custom(n.op)) {
+    const int reads = n.op == Op::arg ? 0 : assigned_read(g, g.outputs[o], slot);
+    if (reads == 2)
+      throw error("k::assign: the value written into argument " + std::to_string(slot) +
+                  " reads that argument at other positions (through a transpose, slice, broadcast or gather), so "
+                  "storing it in place would overwrite elements still to be read; return the value instead");
+    // A custom op writes through its own pointers, maybe while reading the argument; an extern step
+    // reading the argument it stores into: into a copy.
+    if (n.dt != a.dtype() || n.op == Op::arg || is_custom(n.op) || reads == 1) {
       Attrs at;
       at.dt = a.dtype();
       graph::Node c;
