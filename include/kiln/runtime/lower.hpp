@@ -186,17 +186,31 @@ graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, Low
 }
 
 // An argument updated by k::assign must not be read by a kernel that runs after the update.
+// (Generated kernels read the arguments among their parameters; extern steps, such as a GEMM,
+// their inputs' buffers, through views.)
 inline void check_assign_order(const graph::Graph& g, const Program& p) {
+  auto extern_reads = [&](int node, int slot) {
+    const graph::Node& n = g[node];
+    for (int k = 0; k < n.n_in; ++k) {
+      int x = n.in[k];
+      while (info(g[x].op).cls == OpClass::view) x = g[x].in[0];
+      if (g[x].op == Op::arg && g[x].slot == slot) return true;
+    }
+    return false;
+  };
   for (std::size_t o = 0; o < g.outputs.size(); ++o) {
     int slot = o < g.output_into.size() ? g.output_into[o] : -1;
     if (slot < 0) continue;
     int writer = p.sched.kernel_of[g.outputs[o]];
-    for (int k = writer + 1; k < static_cast<int>(p.kernels.size()); ++k)
+    for (int k = writer + 1; k < static_cast<int>(p.kernels.size()); ++k) {
+      bool reads = p.kernels[k].extern_node >= 0 && extern_reads(p.kernels[k].extern_node, slot);
       for (const auto& prm : p.kernels[k].src.params)
-        if (prm.kind == codegen::Param::in_ptr && g[prm.ref].op == Op::arg && g[prm.ref].slot == slot)
-          throw error("k::assign: argument " + std::to_string(slot) + " is updated by " + p.kernels[writer].src.name +
-                      " but read afterwards by " + p.kernels[k].src.name +
-                      "; return the new value instead of assigning it");
+        reads = reads || (prm.kind == codegen::Param::in_ptr && g[prm.ref].op == Op::arg && g[prm.ref].slot == slot);
+      if (reads)
+        throw error("k::assign: argument " + std::to_string(slot) + " is updated by " + p.kernels[writer].src.name +
+                    " but read afterwards by " + p.kernels[k].src.name +
+                    "; return the new value instead of assigning it");
+    }
   }
 }
 
