@@ -147,5 +147,14 @@ constexpr bool is_transcendental(Op op) {
 }
 // A user's op (k::custom_op) or the gradient of one of its inputs: opaque calls, never fused.
 constexpr bool is_custom(Op op) { return op == Op::custom || op == Op::custom_backward; }
+// The fused attention kernels' nodes (lowering makes them; their last input is the scale).
+constexpr bool is_fused_attention(Op op) {
+  return op == Op::attention_flash || op == Op::attention_stats || op == Op::attention_grad;
+}
+// Extern steps that read their inputs as whole contiguous buffers (no views, no strides): lowering
+// copies strided arguments for them and the scheduler gives every input a buffer.
+constexpr bool reads_whole_buffers(Op op) {
+  return is_custom(op) || op == Op::embedding_backward || is_fused_attention(op);
+}
 
 }  // namespace kiln

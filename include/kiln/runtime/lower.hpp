@@ -107,10 +107,7 @@ template <class ArgAt>
 graph::Graph copy_strided_custom_inputs(const graph::Graph& g, ArgAt&& arg) {
   auto strided = [&](const graph::Node& x) { return x.op == Op::arg && !arg(x.slot).is_contiguous(); };
   bool any = false;
-  auto whole = [](Op op) {  // read as whole buffers
-    return is_custom(op) || op == Op::embedding_backward || op == Op::attention_flash || op == Op::attention_stats ||
-           op == Op::attention_grad;
-  };
+  auto whole = reads_whole_buffers;
   for (const auto& n : g.nodes)
     for (int k = 0; whole(n.op) && k < n.n_in; ++k) any = any || strided(g[n.in[k]]);
   if (!any) return g;

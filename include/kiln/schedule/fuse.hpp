@@ -94,8 +94,7 @@ inline std::vector<bool> find_anchors(const graph::Graph& g, const std::vector<M
   for (int i = 0; i < g.size(); ++i) {
     const auto& n = g[i];
     if (is_reduction(n.op) || is_extern(n.op)) anchor[i] = true;
-    if (is_custom(n.op) || n.op == Op::embedding_backward || n.op == Op::attention_flash ||
-        n.op == Op::attention_stats || n.op == Op::attention_grad)  // reads whole buffers
+    if (reads_whole_buffers(n.op))
       for (int k = 0; k < n.n_in; ++k) anchor[n.in[k]] = anchor[n.in[k]] || g[n.in[k]].op != Op::arg;
     // A gather's or embedding's source is indexed by loaded values; an embedding's ids live in
     // memory too, so that they can be checked (runtime/launch/index_checks.hpp).

@@ -33,12 +33,13 @@ inline bool attention_flash_fits(const Dims& q, const Dims& k, const Dims& v, dt
   return graph::detail::fused_attention_head_dims(q, k, v);
 }
 
-// The scale a fused attention node runs with (its input `scale`): the scalar when the user gave one
-// (attrs.b), else 1/sqrt(D).
-inline double attention_scale(const graph::Graph& g, const graph::Node& n, int scale, const double* scalars,
-                              std::int64_t D) {
+// The node of a fused attention node's scale: its last input (attention_flash, attention_stats and
+// attention_grad alike).
+inline int attention_scale_node(const graph::Node& n) { return n.in[n.n_in - 1]; }
+// The scale it runs with: the scalar when the user gave one (attrs.b), else 1/sqrt(D).
+inline double attention_scale(const graph::Graph& g, const graph::Node& n, const double* scalars, std::int64_t D) {
   if (!n.attrs.b) return 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)));
-  const graph::Node& s = g[scale];
+  const graph::Node& s = g[attention_scale_node(n)];
   return s.op == Op::scalar ? scalars[s.slot] : s.value;
 }
 
@@ -65,8 +66,10 @@ inline std::string describe_attention_step(const graph::Graph& g, int node) {
 
 namespace attention_detail {
 
-// A kernel by name, compiled from `source` once a device (through the disk cache).
-inline CUfunction function(const std::string& name, const std::string& source, int device) {
+// A kernel by name, compiled once a device (through the disk cache) from the source `source()`
+// writes: only on that first call, not on every launch.
+template <class Source>
+CUfunction function(const std::string& name, Source&& source, int device) {
   using Key = std::tuple<int, std::string>;
   struct Loaded {
     std::unique_ptr<Module> module;
@@ -77,13 +80,13 @@ inline CUfunction function(const std::string& name, const std::string& source, i
   std::lock_guard lock(mutex);
   Loaded& l = (*loaded)[Key{device, name}];
   if (!l.f) {
-    l.module = std::make_unique<Module>(cached_cubin(source, name, driver::arch(device)), device);
+    l.module = std::make_unique<Module>(cached_cubin(source(), name, driver::arch(device)), device);
     l.f = l.module->function(name.c_str());
   }
   return l.f;
 }
 inline CUfunction function(const codegen::AttentionKernel& a, int device) {
-  return function(a.name(), codegen::attention_forward_source(a), device);
+  return function(a.name(), [&] { return codegen::attention_forward_source(a); }, device);
 }
 
 inline void check_contiguous(const Tensor& t, const char* what) {
@@ -95,7 +98,7 @@ inline void check_contiguous(const Tensor& t, const char* what) {
 // Launches one backward kernel over `blocks` row tiles of `heads` (batch, head) pairs.
 inline void launch_part(const codegen::AttentionBackwardKernel& a, int device, std::int64_t rows, std::int64_t heads,
                         void** args, CUstream stream) {
-  CUfunction f = function(a.name(), codegen::attention_backward_source(a), device);
+  CUfunction f = function(a.name(), [&] { return codegen::attention_backward_source(a); }, device);
   driver::make_current(device);
   const std::int64_t most = 65535;
   const unsigned blocks = static_cast<unsigned>((rows + a.rows - 1) / a.rows);

@@ -30,11 +30,9 @@ class GraphReplay {
     for (const auto& k : p.kernels)
       for (const auto& prm : k.src.params)
         if (prm.kind == codegen::Param::scalar) num_scalars_ = std::max(num_scalars_, prm.ref + 1);
-    for (const auto& n : p.graph.nodes) {  // the fused attention kernels' scale, an argument of their launch
-      const int scale = n.op == Op::attention_flash ? 3 : n.op == Op::attention_stats ? 4 : n.op == Op::attention_grad ? 5 : -1;
-      if (scale >= 0 && p.graph[n.in[scale]].op == Op::scalar)
-        num_scalars_ = std::max(num_scalars_, p.graph[n.in[scale]].slot + 1);
-    }
+    for (const auto& n : p.graph.nodes)  // the fused attention kernels' scale, an argument of their launch
+      if (is_fused_attention(n.op) && p.graph[attention_scale_node(n)].op == Op::scalar)
+        num_scalars_ = std::max(num_scalars_, p.graph[attention_scale_node(n)].slot + 1);
     graphs_.reserve(max_graphs);  // slots are referred to by address
   }
   GraphReplay(const GraphReplay&) = delete;

@@ -361,20 +361,21 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         return;
       }
       if (n.op == Op::attention_flash) {  // the fused attention kernel: runtime/extern/attention.hpp
-        attention_flash(buffer(n.in[0]), buffer(n.in[1]), buffer(n.in[2]), attention_scale(graph, n, n.in[3], scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
+        attention_flash(buffer(n.in[0]), buffer(n.in[1]), buffer(n.in[2]),
+                        attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
                         static_cast<int>(n.attrs.d), static_cast<int>(n.attrs.dims[0]), temps[k.extern_node], stream);
         return;
       }
       if (n.op == Op::attention_stats) {  // the fused backward's row statistics
         attention_stats(buffer(n.in[0]), buffer(n.in[1]), buffer(n.in[2]), buffer(n.in[3]),
-                        attention_scale(graph, n, n.in[4], scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
+                        attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
                         temps[k.extern_node], stream);
         return;
       }
       if (n.op == Op::attention_grad) {  // dq, dk or dv of the fused backward
         attention_grad(static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1), buffer(n.in[0]),
                        buffer(n.in[1]), buffer(n.in[2]), buffer(n.in[3]), buffer(n.in[4]),
-                       attention_scale(graph, n, n.in[5], scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
+                       attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
                        temps[k.extern_node], stream);
         return;
       }
