@@ -4,9 +4,9 @@
 impl "sdpa-flash": torch.nn.functional.scaled_dot_product_attention under the flash backend;
 impl "flex": torch.compile'd flex_attention without a score_mod (a causal block mask where causal).
 Forward: the output. Forward + backward: out = attention(q, k, v); (out.float() * g).sum().backward(),
-the work kiln's value_and_grad of sum(cast(attention, f32) * g) does. Timing as timing.hpp: 10
-warm-up calls, then --reps repetitions each after a 256 MiB memset that clears L2, CUDA events around
-the call alone, the median. One JSON object a line on stdout.
+the work kiln's value_and_grad of sum(cast(attention, f32) * g) does. Timing: sweep_peer.time_ms
+(timing.hpp's sampling: 10 warm-up calls, then --reps repetitions each after a 256 MiB memset that
+clears L2, CUDA events around the call alone, the median). One JSON object a line on stdout.
 
 Usage: python3 benchmarks/attention_peer.py [--T 1024,4096] [--D 64,128] [--bwd-T 1024] [--reps N]
        [--impls sdpa-flash,flex]
@@ -14,28 +14,18 @@ Usage: python3 benchmarks/attention_peer.py [--T 1024,4096] [--D 64,128] [--bwd-
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sweep_peer  # noqa: E402  (its time_ms: timing.hpp's sampling)
 
-def time_ms(fn, reps):
-    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+sweep_peer.torch = torch
+time_ms = sweep_peer.time_ms
 
 
 def main():
