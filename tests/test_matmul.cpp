@@ -424,12 +424,52 @@ TEST_CASE("cuda_matmul: the planned cuBLASLt layouts against values worked out b
         "A N 5x6 ld 5, B N 6x4 ld 6, D 5x4 ld 5, k 6, batch 1 strides 0/0/20, copy a, copy b, via temporary");
 }
 
+// 16-bit GEMMs with sizes off 8 run on padded copies where the product has the flops to pay for the
+// copies (matmul_layout.hpp's plan_padding): GPT-2's lm_head shapes do, a thin product does not.
+TEST_CASE("cuda_matmul: which 16-bit GEMMs are padded") {
+  // Views of one element's storage: the plan reads shapes and strides only.
+  auto view = [](const Dims& shape, const Dims& strides, k::dtype dt) {
+    return Tensor::empty({1}, dt, k::cpu).as_strided(shape, strides, 0);
+  };
+  auto padding = [&](std::int64_t m, std::int64_t kk, std::int64_t n, bool b_transposed, k::dtype out) {
+    Tensor a = view({m, kk}, {kk, 1}, k::bf16);
+    Tensor b = b_transposed ? view({kk, n}, {1, kk}, k::bf16) : view({kk, n}, {n, 1}, k::bf16);
+    Tensor o = view({m, n}, {n, 1}, out);
+    rt::GemmPlan p = rt::plan_gemm(rt::matmul_geometry(a, b, o, "matmul"), true, true, true);
+    return rt::plan_padding(p, 2, static_cast<std::int64_t>(k::itemsize(out)));
+  };
+  // logits = h @ wte^T: n (cuBLAS's m) = 50257 padded in cuBLAS's A (wte, op T) and D; h as it is.
+  rt::GemmPadding fwd = padding(8192, 768, 50257, true, k::bf16);
+  CHECK(fwd.pad);
+  CHECK((fwd.m == 50264 && fwd.n == 8192 && fwd.k == 768));
+  CHECK((fwd.a && !fwd.b && fwd.d));
+  CHECK((fwd.rows_a == 768 && fwd.cols_a == 50264));
+  // dh = dlogits @ wte: K = 50257 padded in both operands, the output as it is.
+  rt::GemmPadding dh = padding(8192, 50257, 768, false, k::bf16);
+  CHECK((dh.pad && dh.a && dh.b && !dh.d && dh.k == 50264));
+  // Aligned: nothing to pad; a thin product: not worth its copies; f32 operands: never.
+  CHECK(!padding(8192, 768, 3072, false, k::bf16).pad);
+  CHECK(!padding(8192, 768, 3072, false, k::bf16).d);
+  CHECK(!padding(37, 65, 129, false, k::bf16).pad);
+  CHECK(padding(8192, 768, 50257, true, k::f32).pad);  // 16-bit operands into f32
+  rt::GemmPlan f32_plan = rt::plan_gemm(rt::matmul_geometry(view({8192, 768}, {768, 1}, k::f32),
+                                                            view({768, 50257}, {50257, 1}, k::f32),
+                                                            view({8192, 50257}, {50257, 1}, k::f32), "matmul"),
+                                        true, true, true);
+  CHECK(!rt::plan_padding(f32_plan, 4, 4).pad);
+  rt::GemmPadding f32_out = padding(301, 1003, 517, false, k::f32);
+  CHECK((f32_out.pad && f32_out.d));
+  CHECK(padding(301, 1003, 2053, false, k::f32).pad);  // the GPU test's long columns
+}
+
 TEST_CASE("cuda_matmul: the copy kernels compile with NVRTC") {
   std::vector<char> cubin = rt::compile_cubin(rt::cuda_mm_detail::copy_kernel_source(), "kiln_mm_copy", "sm_90a");
   CHECK(cubin.size() > 0);
   std::string image(cubin.begin(), cubin.end());
   CHECK(image.find(rt::cuda_mm_detail::copy_kernel_name(k::f16, k::f32)) != std::string::npos);
   CHECK(image.find(rt::cuda_mm_detail::copy_kernel_name(k::bf16, k::f64)) != std::string::npos);
+  CHECK(image.find("kiln_mm_pad_b16") != std::string::npos);
+  CHECK(image.find("kiln_mm_pad_b32") != std::string::npos);
 }
 
 TEST_CASE("cuda_matmul: cuBLASLt loads or says why") {
@@ -517,6 +557,30 @@ TEST_CASE("cuda_matmul: against the reference on the GPU" * needs_gpu()) {
     check_cuda(random({13, 21}, k::f16), random({21, 8}, k::bf16));
     check_cuda(random({13, 21}, k::f16), random({21, 8}, k::f16), k::f32, gpu_tolerance(k::f32));
     check_cuda(random({13, 21}, k::f64), random({21, 8}, k::f16));
+  }
+  SUBCASE("16-bit sizes off 8: padded copies (plan_padding)") {
+    // Sizes whose flops pay for the copies: every padded operand and output, transposed or not,
+    // f32 and 16-bit outputs, a bias of a padded length, and a strided output.
+    for (k::dtype dt : {k::bf16, k::f16}) {
+      CAPTURE(k::name(dt));
+      check_cuda(random({301, 1003}, dt), random({1003, 517}, dt));
+      check_cuda(random({301, 1003}, dt), random({1003, 517}, dt), k::f32, {2e-3, 2e-3});
+      check_cuda(random({517, 1000}, dt), random_transposed(1000, 301, dt));
+      check_cuda(random_transposed(299, 1001, dt), random({1001, 515}, dt), k::f32, {2e-3, 2e-3});
+    }
+    // Columns longer than a copy block's 2048 elements: the padding kernel's vector path, on the
+    // columns whose addresses allow it (every eighth of an odd leading dimension).
+    check_cuda(random({301, 1003}, k::bf16), random({1003, 2053}, k::bf16), k::f32, {2e-3, 2e-3});
+    Tensor a = random({301, 1003}, k::bf16), w = random({1003, 517}, k::bf16), bias = random({517});
+    std::vector<double> want = reference(a, w);
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] += at(bias, {static_cast<std::int64_t>(i % 517)});
+    Tensor out = Tensor::empty({301, 517}, k::f32, k::cuda), bias_dev = to_cuda(bias);
+    rt::cuda_matmul_epilogue(to_cuda(a), to_cuda(w), &bias_dev, rt::Epilogue::bias, out, nullptr);
+    check_close(to_host(out), want, {2e-3, 2e-3});
+    Tensor storage = Tensor::empty({301 * 520}, k::f32, k::cuda);
+    rt::cuda_matmul(to_cuda(a), to_cuda(w), storage.as_strided({301, 517}, {520, 1}, 0), nullptr);
+    Tensor host = to_host(storage).as_strided({301, 517}, {520, 1}, 0);
+    check_close(host, reference(a, w), {2e-3, 2e-3});
   }
   SUBCASE("strided output and K = 0") {
     Tensor a = random({7, 5}), b = random({5, 6});

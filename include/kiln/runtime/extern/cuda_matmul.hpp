@@ -75,6 +75,16 @@ inline bool allow_tf32() {
   return allowed;
 }
 
+// KILN_TUNE_GEMM_PAD=0: 16-bit GEMMs with sizes or leading dimensions off 16 bytes run as they are
+// (matmul_layout.hpp's plan_padding decides otherwise).
+inline bool gemm_padding_enabled() {
+  static const bool enabled = [] {
+    const char* v = kiln::config::env("KILN_TUNE_GEMM_PAD");
+    return !(v && std::string(v) == "0");
+  }();
+  return enabled;
+}
+
 // The largest power of two (up to 256) dividing the address: what the heuristic may assume.
 inline std::uint32_t alignment(const void* p) {
   auto v = reinterpret_cast<std::uintptr_t>(p);
@@ -202,6 +212,43 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
                         std::string(name(aux->dtype())));
   }
 
+  // 16-bit sizes or leading dimensions off 16 bytes: zero-padded copies where they pay
+  // (plan_padding); q is the problem cuBLAS then runs.
+  const void* pa = b.data_ptr();  // cuBLAS's A
+  const void* pb = a.data_ptr();  // cuBLAS's B
+  void* pd = d.data_ptr();
+  GemmPlan q = p;
+  const GemmPadding pad = gemm_padding_enabled() && !epilogue_has_aux(e)
+                              ? plan_padding(p, static_cast<std::int64_t>(itemsize(ab)), static_cast<std::int64_t>(itemsize(dt)))
+                              : GemmPadding{};
+  Tensor pad_a, pad_b, pad_d, pad_bias;
+  if (pad.pad) {
+    const std::size_t ab_size = itemsize(ab), dt_size = itemsize(dt);
+    if (pad.a) {
+      pad_a = Tensor::empty({pad.cols_a, pad.rows_a}, ab, dev, s);
+      pad_copy(pa, p.rows_a, p.cols_a, p.lda, pad_a.data_ptr(), pad.rows_a, pad.cols_a, pad.rows_a, ab_size, device,
+               stream);
+      pa = pad_a.data_ptr(), q.rows_a = pad.rows_a, q.cols_a = pad.cols_a, q.lda = pad.rows_a;
+    }
+    if (pad.b) {
+      pad_b = Tensor::empty({pad.cols_b, pad.rows_b}, ab, dev, s);
+      pad_copy(pb, p.rows_b, p.cols_b, p.ldb, pad_b.data_ptr(), pad.rows_b, pad.cols_b, pad.rows_b, ab_size, device,
+               stream);
+      pb = pad_b.data_ptr(), q.rows_b = pad.rows_b, q.cols_b = pad.cols_b, q.ldb = pad.rows_b;
+    }
+    if (pad.d) {
+      pad_d = Tensor::empty({pad.n, pad.m}, dt, dev, s);
+      pd = pad_d.data_ptr(), q.ldd = pad.m;
+    }
+    if (with_bias && pad.m != p.m) {
+      pad_bias = Tensor::empty({pad.m}, dt, dev, s);
+      pad_copy(bias.data_ptr(), p.m, 1, p.m, pad_bias.data_ptr(), pad.m, 1, pad.m, dt_size, device, stream);
+      bias = pad_bias;
+    }
+    q.m = pad.m, q.n = pad.n, q.k = pad.k;
+    q.stride_a = q.rows_a * q.cols_a, q.stride_b = q.rows_b * q.cols_b, q.stride_d = q.m * q.n;  // batch 1
+  }
+
   // cuBLAS's D (N x M, column-major) = op(A) (N x K) * op(B) (K x M), with A from b and B from a.
   const cublasOperation_t op_a = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -220,17 +267,14 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.N);
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, p.batch > 1 ? g.M * g.N : std::int64_t{0});
   }
-  const auto count = static_cast<std::int32_t>(p.batch);
-  cublaslt::Layout layout_a(cuda_type(ab), p.rows_a, p.cols_a, p.lda);
-  layout_a.batch(count, p.stride_a);
-  cublaslt::Layout layout_b(cuda_type(ab), p.rows_b, p.cols_b, p.ldb);
-  layout_b.batch(count, p.stride_b);
-  cublaslt::Layout layout_d(cuda_type(dt), p.m, p.n, p.ldd);
-  layout_d.batch(count, p.stride_d);
+  const auto count = static_cast<std::int32_t>(q.batch);
+  cublaslt::Layout layout_a(cuda_type(ab), q.rows_a, q.cols_a, q.lda);
+  layout_a.batch(count, q.stride_a);
+  cublaslt::Layout layout_b(cuda_type(ab), q.rows_b, q.cols_b, q.ldb);
+  layout_b.batch(count, q.stride_b);
+  cublaslt::Layout layout_d(cuda_type(dt), q.m, q.n, q.ldd);
+  layout_d.batch(count, q.stride_d);
 
-  const void* pa = b.data_ptr();  // cuBLAS's A
-  const void* pb = a.data_ptr();  // cuBLAS's B
-  void* pd = d.data_ptr();
   const std::uint32_t align_a = alignment(pa), align_b = alignment(pb), align_d = alignment(pd);
   const std::uint32_t align_bias = with_bias ? alignment(bias.data_ptr()) : 0;
   const std::uint32_t align_aux = epilogue_has_aux(e) ? alignment(aux->data_ptr()) : 0;
@@ -247,16 +291,16 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
                                       static_cast<std::int64_t>(epi),
                                       op_a,
                                       op_b,
-                                      p.m,
-                                      p.n,
-                                      p.k,
-                                      p.lda,
-                                      p.ldb,
-                                      p.ldd,
-                                      p.batch,
-                                      p.stride_a,
-                                      p.stride_b,
-                                      p.stride_d,
+                                      q.m,
+                                      q.n,
+                                      q.k,
+                                      q.lda,
+                                      q.ldb,
+                                      q.ldd,
+                                      q.batch,
+                                      q.stride_a,
+                                      q.stride_b,
+                                      q.stride_d,
                                       align_a,
                                       align_b,
                                       align_d,
@@ -301,9 +345,9 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
       bool failed = false;
       double ms = time_calls_ms(
           [&] {
-            failed = failed || lt.matmul(h, desc.h, al, b.data_ptr(), layout_a.h, a.data_ptr(), layout_b.h, be,
-                                         d.data_ptr(), layout_d.h, d.data_ptr(), layout_d.h, &results[i].algo, ws,
-                                         workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS;
+            failed = failed || lt.matmul(h, desc.h, al, pa, layout_a.h, pb, layout_b.h, be, pd, layout_d.h, pd,
+                                         layout_d.h, &results[i].algo, ws, workspace_bytes,
+                                         stream) != CUBLAS_STATUS_SUCCESS;
           },
           stream);
       if (failed || (best > 0 && ms >= best)) continue;
@@ -327,6 +371,8 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   cublaslt::check(lt.matmul(h, desc.h, alpha, pa, layout_a.h, pb, layout_b.h, beta, pd, layout_d.h, pd, layout_d.h,
                             &algo, ws, workspace_bytes, stream),
                   "cublasLtMatmul");
+  if (pad.d)  // the product's block of the padded output back into d
+    pad_copy(pd, q.m, q.n, q.ldd, d.data_ptr(), p.m, p.n, p.ldd, itemsize(dt), device, stream);
   if (!p.direct) device_copy(d, out, stream);
 }
 

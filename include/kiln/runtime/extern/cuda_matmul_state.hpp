@@ -1,5 +1,5 @@
 // cuda_matmul's state per CUDA device: the cuBLASLt handle, a workspace per stream, the heuristic's
-// cached answers, and the module of the strided-copy kernels (loaded by strided_copy.hpp).
+// cached answers, and the module of the strided-copy and padding kernels (loaded by strided_copy.hpp).
 #pragma once
 #include <cublasLt.h>  // types and prototypes only: libcublasLt is never linked
 
@@ -36,6 +36,7 @@ struct DeviceState {
   std::once_flag copy_once;
   Module* copy_module = nullptr;  // never unloaded: the driver may be gone at exit
   CUfunction copy_fns[4][4] = {};
+  CUfunction pad_fns[2] = {};  // kiln_mm_pad_b16, kiln_mm_pad_b32
   std::mutex mutex;
   std::map<CUstream, std::unique_ptr<Workspace>> workspaces;  // never freed: captured graphs may still point at them
   std::map<std::vector<std::int64_t>, cublasLtMatmulAlgo_t> algos;

@@ -80,4 +80,46 @@ inline GemmPlan plan_gemm(MatmulGeometry g, bool a_ok, bool b_ok, bool out_ok) {
   return p;
 }
 
+// 16-bit GEMMs reach cuBLASLt's tensor-core kernels only when m, n and k are multiples of 8 and
+// every leading dimension is 16-byte aligned: GPT-2's vocabulary of 50257 as n or k ran the lm_head
+// GEMMs at 94-145 TFLOP/s on an H200, 640-750 once padded to 50264 (torch's cuBLAS alike; padding
+// only the leading dimension left n = 50257 as slow). Such a GEMM may run on zero-padded copies of
+// its operands into a padded output whose block is then copied back, as Inductor's pad_mm pads:
+// each copy costs a pass over its matrix. Worth it when the product's flops per copied byte exceed
+// what the fast kernels run per byte of bandwidth over the speedup less one: ~700 TFLOP/s over
+// ~3.5 TB/s (H100/H200 alike; A100 ~250 over 1.8) is ~150-200 flop/byte, over the measured ~5x less
+// one, 40-50 flop/byte; taken as 64 so that a doubtful case stays unpadded. GPT-2's three lm_head
+// GEMMs have 350-380.
+struct GemmPadding {
+  bool pad = false;                  // run on padded copies
+  bool a = false, b = false, d = false;  // which of cuBLAS's A, B, D go through a padded buffer
+  std::int64_t m = 0, n = 0, k = 0;  // the padded sizes (multiples of 8 where padded)
+  std::int64_t rows_a = 0, cols_a = 0, rows_b = 0, cols_b = 0;  // the padded operands as stored (ld = rows)
+};
+
+inline constexpr double gemm_pad_min_flops_per_byte = 64;
+
+// ab / d: the item sizes of the operands and of the output cuBLAS writes. Only single 16-bit GEMMs
+// (batch 1) are padded.
+inline GemmPadding plan_padding(const GemmPlan& p, std::int64_t ab, std::int64_t d) {
+  GemmPadding r;
+  if (ab != 2 || p.batch != 1 || p.m <= 0 || p.n <= 0 || p.k <= 0) return r;
+  auto up = [](std::int64_t x) { return (x + 7) / 8 * 8; };
+  auto aligned = [](std::int64_t ld, std::int64_t size) { return ld * size % 16 == 0; };
+  r.m = up(p.m), r.n = up(p.n), r.k = up(p.k);
+  r.rows_a = p.trans_a ? r.k : r.m, r.cols_a = p.trans_a ? r.m : r.k;
+  r.rows_b = p.trans_b ? r.n : r.k, r.cols_b = p.trans_b ? r.k : r.n;
+  r.a = r.rows_a != p.rows_a || r.cols_a != p.cols_a || !aligned(p.lda, ab);
+  r.b = r.rows_b != p.rows_b || r.cols_b != p.cols_b || !aligned(p.ldb, ab);
+  r.d = r.m != p.m || r.n != p.n || !aligned(p.ldd, d);
+  if (!r.a && !r.b && !r.d) return r;
+  double bytes = 0;  // each copy reads its source and writes its destination
+  if (r.a) bytes += static_cast<double>(p.rows_a * p.cols_a + r.rows_a * r.cols_a) * static_cast<double>(ab);
+  if (r.b) bytes += static_cast<double>(p.rows_b * p.cols_b + r.rows_b * r.cols_b) * static_cast<double>(ab);
+  if (r.d) bytes += 2.0 * static_cast<double>(p.m * p.n) * static_cast<double>(d);
+  const double flops = 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
+  r.pad = flops >= gemm_pad_min_flops_per_byte * bytes;
+  return r;
+}
+
 }  // namespace kiln::runtime

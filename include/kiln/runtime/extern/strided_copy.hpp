@@ -57,6 +57,57 @@ KILN_MM_COPY_TO(f64, double)
 KILN_MM_COPY_TO(f32, float)
 KILN_MM_COPY_TO(f16, __half)
 KILN_MM_COPY_TO(bf16, __nv_bfloat16)
+// A column-major rows_d x cols_d block of dst (leading dimension ldd) from src's rows_s x cols_s
+// (lds), zeros past src's edges: padded GEMM operands and their results copied back. Bits are
+// copied (no conversion). A block moves 16 bytes a thread of one column through shared memory: as
+// one vector a thread on a side whose address allows it (the padded side always does), else
+// element by element with neighbouring threads on neighbouring elements (a leading dimension off
+// 16 bytes), so that both sides' accesses coalesce. Launched with 256 threads.
+template <class T>
+__device__ __forceinline__ void kiln_pad(const T* __restrict__ src, T* __restrict__ dst, kiln_i64 rows_s,
+                                         kiln_i64 cols_s, kiln_i64 lds, kiln_i64 rows_d, kiln_i64 cols_d,
+                                         kiln_i64 ldd) {
+  constexpr int V = 16 / sizeof(T), THREADS = 256, SPAN = THREADS * V;
+  __shared__ uint4 stage[THREADS];
+  T* tile = reinterpret_cast<T*>(stage);
+  const int t = threadIdx.x;
+  for (kiln_i64 c = blockIdx.y; c < cols_d; c += gridDim.y) {
+    const T* from = src + c * lds;
+    T* to = dst + c * ldd;
+    const bool from_vectors = reinterpret_cast<unsigned long long>(from) % 16 == 0;
+    const bool to_vectors = reinterpret_cast<unsigned long long>(to) % 16 == 0;
+    for (kiln_i64 r0 = static_cast<kiln_i64>(blockIdx.x) * SPAN; r0 < rows_d;
+         r0 += static_cast<kiln_i64>(gridDim.x) * SPAN) {
+      if (c < cols_s && from_vectors && r0 + SPAN <= rows_s) {
+        stage[t] = reinterpret_cast<const uint4*>(from + r0)[t];
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const kiln_i64 r = r0 + j * THREADS + t;
+          tile[j * THREADS + t] = c < cols_s && r < rows_s ? from[r] : T(0);
+        }
+      }
+      __syncthreads();
+      if (to_vectors && r0 + SPAN <= rows_d) {
+        reinterpret_cast<uint4*>(to + r0)[t] = stage[t];
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const kiln_i64 r = r0 + j * THREADS + t;
+          if (r < rows_d) to[r] = tile[j * THREADS + t];
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+#define KILN_MM_PAD(N, T)                                                                                    \
+  extern "C" __global__ void kiln_mm_pad_##N(const T* src, T* dst, kiln_i64 rows_s, kiln_i64 cols_s,         \
+                                             kiln_i64 lds, kiln_i64 rows_d, kiln_i64 cols_d, kiln_i64 ldd) { \
+    kiln_pad<T>(src, dst, rows_s, cols_s, lds, rows_d, cols_d, ldd);                                         \
+  }
+KILN_MM_PAD(b16, unsigned short)
+KILN_MM_PAD(b32, unsigned int)
 )";
 }
 
@@ -72,6 +123,8 @@ inline CUfunction copy_function(int device, dtype src, dtype dst) {
     const dtype types[4] = {dtype::f64, dtype::f32, dtype::f16, dtype::bf16};
     for (int i = 0; i < 4; ++i)
       for (int j = 0; j < 4; ++j) s.copy_fns[i][j] = module->function(copy_kernel_name(types[i], types[j]).c_str());
+    s.pad_fns[0] = module->function("kiln_mm_pad_b16");
+    s.pad_fns[1] = module->function("kiln_mm_pad_b32");
     s.copy_module = module.release();
   });
   return s.copy_fns[static_cast<int>(src)][static_cast<int>(dst)];
@@ -98,6 +151,24 @@ inline void device_copy(const Tensor& src, const Tensor& dst, CUstream stream) {
   const std::int64_t threads = 256;
   const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
   launch(f, Dim3{blocks}, Dim3{static_cast<unsigned>(threads)}, 0, stream, args, "kiln_mm_copy");
+}
+
+// The column-major rows_d x cols_d block at dst (leading dimension ldd) from the rows_s x cols_s
+// block at src (lds), zeros where src has none; elements of 2 or 4 bytes, on stream.
+inline void pad_copy(const void* src, std::int64_t rows_s, std::int64_t cols_s, std::int64_t lds, void* dst,
+                     std::int64_t rows_d, std::int64_t cols_d, std::int64_t ldd, std::size_t item, int device,
+                     CUstream stream) {
+  if (rows_d <= 0 || cols_d <= 0) return;
+  if (item != 2 && item != 4) throw dtype_error("matmul: internal padded copy of " + std::to_string(item) + "-byte items");
+  copy_function(device, dtype::f32, dtype::f32);  // loads the module
+  CUfunction f = state(device).pad_fns[item == 2 ? 0 : 1];
+  driver::make_current(device);
+  void* args[] = {&src, &dst, &rows_s, &cols_s, &lds, &rows_d, &cols_d, &ldd};
+  const std::int64_t threads = 256;
+  const std::int64_t per_block = threads * 16 / static_cast<std::int64_t>(item);  // rows a block moves
+  const auto blocks_x = static_cast<unsigned>(std::min<std::int64_t>((rows_d + per_block - 1) / per_block, 65535));
+  const auto blocks_y = static_cast<unsigned>(std::min<std::int64_t>(cols_d, 65535));
+  launch(f, Dim3{blocks_x, blocks_y}, Dim3{static_cast<unsigned>(threads)}, 0, stream, args, "kiln_mm_pad");
 }
 
 // A contiguous copy of t in dtype d, on t's device.
