@@ -50,6 +50,7 @@ namespace kiln::driver {
   X(module_get_function, cuModuleGetFunction)                                 \
   X(module_unload, cuModuleUnload)                                            \
   X(func_set_attribute, cuFuncSetAttribute)                                   \
+  X(func_get_attribute, cuFuncGetAttribute)                                   \
   X(occupancy_max_active_blocks, cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(launch_kernel, cuLaunchKernel)                                            \
   X(stream_begin_capture, cuStreamBeginCapture_v2)                            \

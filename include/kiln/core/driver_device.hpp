@@ -88,6 +88,14 @@ inline int resident_blocks(CUfunction f, int threads) {
   return blocks;
 }
 
+// The bytes of local memory a thread of f uses: ptxas's stack frame (spilled registers, arrays it
+// could not keep in registers).
+inline int local_bytes(CUfunction f) {
+  int bytes = 0;
+  check(api().func_get_attribute(&bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f), "cuFuncGetAttribute");
+  return bytes;
+}
+
 inline std::string device_name(int device) {
   char name[256] = {};
   check(api().device_get_name(name, sizeof(name), device_handle(device)), "cuDeviceGetName");

@@ -301,6 +301,43 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   return p;
 }
 
+// Held-row GPU kernels (the "per" kind) whose row ptxas could not keep in registers, written again
+// looped (`rewrite(k, tuning)` writes kernel k under a tuning; then compile the program again).
+// Holding a row saves a looped kernel's re-reads of it, about two passes over its 16 * RITERS
+// bytes a thread (a softmax or cross_entropy reads it for the max, the sum and the output); when
+// the compiled function's local memory (spills) is larger than that, the cache costs more than it
+// saves: cross_entropy's fused kernel over 50257 bf16 columns kept 1 KB a thread in local memory
+// and ran 3x slower than looped (benchmarks/NOTES.md item 77). ptxas's answer instead of the row
+// cache rule's estimate (codegen/launch_config.hpp), which prices the caches, not the kernel around
+// them. Not where a tuning sets the tiles (KILN_TUNE_ROW_ITERS, autotuning), nor for column
+// partials (they need the held row). Returns whether a kernel changed.
+template <class Rewrite>
+bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
+  if (p.device.is_cpu() || p.autotune || p.tuning.row_iters >= 0) return false;
+  bool changed = false;
+  for (std::size_t k = 0; k < p.kernels.size(); ++k) {
+    CompiledKernel& kern = p.kernels[k];
+    if (kern.extern_node >= 0 || !kern.cuda || kern.src.kind != schedule::Kind::per || kern.src.config.riters <= 0 ||
+        kern.src.partial_groups > 0)
+      continue;
+    const std::int64_t local = driver::local_bytes(kern.cuda);
+    const std::int64_t saved = 2 * 16 * std::int64_t{kern.src.config.riters};
+    if (local <= saved) continue;
+    codegen::Tuning looped_rows;
+    looped_rows.row_iters = 0;
+    std::optional<codegen::KernelSource> looped = rewrite(static_cast<int>(k), looped_rows);
+    if (!looped || looped->config.riters != 0) continue;
+    if (debug::log_enabled(debug::Channel::fusion))
+      debug::log(debug::Channel::fusion, kern.src.name + ": " + std::to_string(local) +
+                                             " bytes of local memory a thread for a held row of " +
+                                             std::to_string(16 * kern.src.config.riters) + "; written looped as " +
+                                             looped->name);
+    kern.src = std::move(*looped);
+    changed = true;
+  }
+  return changed;
+}
+
 // Primitive graph -> compiled program for one device and shape environment. With autotune, the
 // candidates are compiled too, unless a stored choice names the winners (then only they are).
 template <class ArgAt>
@@ -312,6 +349,10 @@ std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device 
                 return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, p->tuning.merged(t));
               });
   compile_program(*p, name);               // NVRTC or the host compiler, cached
+  if (loop_spilled_rows(*p, [&](int k, const codegen::Tuning& t) {
+        return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, p->tuning.merged(t));
+      }))
+    compile_program(*p, name);             // with the spilling held rows looped
   if (tune) compile_candidates(*p, name);  // timed at the first call (tune_program)
   if (debug::log_enabled(debug::Channel::output_code)) debug::log(debug::Channel::output_code, p->source);
   return p;
