@@ -125,13 +125,14 @@ TEST_CASE("cuda: rows of odd length, tiles from the vector before the row" * nee
 static void check_cross_entropy_50257(k::Device dev) {
   k::Tensor x = k::randn({67, 50257}, k::bf16, k::cpu, 31);
   k::Tensor t = k::cast(k::rand({67}, k::f32, k::cpu, 32) * 50257.0f, k::i64);
-  auto step = k::compile(k::value_and_grad([](auto a, auto b) { return k::cross_entropy(k::cast(a, k::f32), b); },
-                                           k::wrt<0>));
+  auto step =
+      k::compile(k::value_and_grad([](auto a, auto b) { return k::cross_entropy(k::cast(a, k::f32), b); }, k::wrt<0>));
   auto [loss, dx] = step(x.to(dev), t.to(dev));
   CHECK(dx.dtype() == k::bf16);
   auto xf = k::cast(x, k::f32);
   auto want_loss = k::reference::eval(k::cross_entropy(xf, t));
-  auto want_dx = k::reference::eval((k::softmax(xf, -1) - k::cast(k::unsqueeze(t, 1) == k::arange(50257), k::f32)) / 67.0f);
+  auto want_dx =
+      k::reference::eval((k::softmax(xf, -1) - k::cast(k::unsqueeze(t, 1) == k::arange(50257), k::f32)) / 67.0f);
   auto close = k::testing::allclose(loss, want_loss, 1e-5, 1e-5);
   CHECK_MESSAGE(bool(close), close);
   close = k::testing::allclose(dx, want_dx, 1e-2, 1e-9);  // one bf16 rounding of each gradient

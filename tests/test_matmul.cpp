@@ -452,10 +452,10 @@ TEST_CASE("cuda_matmul: which 16-bit GEMMs are padded") {
   CHECK(!padding(8192, 768, 3072, false, k::bf16).d);
   CHECK(!padding(37, 65, 129, false, k::bf16).pad);
   CHECK(padding(8192, 768, 50257, true, k::f32).pad);  // 16-bit operands into f32
-  rt::GemmPlan f32_plan = rt::plan_gemm(rt::matmul_geometry(view({8192, 768}, {768, 1}, k::f32),
-                                                            view({768, 50257}, {50257, 1}, k::f32),
-                                                            view({8192, 50257}, {50257, 1}, k::f32), "matmul"),
-                                        true, true, true);
+  rt::GemmPlan f32_plan =
+      rt::plan_gemm(rt::matmul_geometry(view({8192, 768}, {768, 1}, k::f32), view({768, 50257}, {50257, 1}, k::f32),
+                                        view({8192, 50257}, {50257, 1}, k::f32), "matmul"),
+                    true, true, true);
   CHECK(!rt::plan_padding(f32_plan, 4, 4).pad);
   rt::GemmPadding f32_out = padding(301, 1003, 517, false, k::f32);
   CHECK((f32_out.pad && f32_out.d));

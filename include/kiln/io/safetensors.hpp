@@ -103,14 +103,20 @@ class Reader {
   std::FILE* file_;
 };
 
+// The JSON-handling functions here and k::save / k::load are templates over the JSON type, so that
+// a translation unit that includes kiln but never saves or loads does not instantiate nlohmann's
+// templates (about 67 MB of g++'s memory and 0.3 s a TU; benchmarks/RESULTS.md, issue 18).
+
 // A size or offset of the header: an integer in [0, 2^63).
-inline bool is_size(const nlohmann::json& x) {
-  if (x.is_number_unsigned()) return x.get<std::uint64_t>() <= std::uint64_t(std::numeric_limits<std::int64_t>::max());
-  return x.is_number_integer() && x.get<std::int64_t>() >= 0;
+template <class Json>
+bool is_size(const Json& x) {
+  if (x.is_number_unsigned())
+    return x.template get<std::uint64_t>() <= std::uint64_t(std::numeric_limits<std::int64_t>::max());
+  return x.is_number_integer() && x.template get<std::int64_t>() >= 0;
 }
 
-inline Entry parse_entry(const Reader& file, const std::string& name, const nlohmann::json& j,
-                         std::uint64_t data_size) {
+template <class Json>
+Entry parse_entry(const Reader& file, const std::string& name, const Json& j, std::uint64_t data_size) {
   const std::string what = "tensor '" + name + "'";
   if (!j.is_object()) throw file.malformed(what + " is described by " + j.dump() + ", not a JSON object");
   Entry e;
@@ -118,14 +124,14 @@ inline Entry parse_entry(const Reader& file, const std::string& name, const nloh
   auto dt = j.find("dtype");
   if (dt == j.end() || !dt->is_string()) throw file.malformed(what + " has no \"dtype\" string");
   auto known = std::find_if(std::begin(dtype_names), std::end(dtype_names),
-                            [&](const auto& n) { return n.second == dt->get_ref<const std::string&>(); });
+                            [&](const auto& n) { return n.second == dt->template get_ref<const std::string&>(); });
   if (known == std::end(dtype_names))
     throw file.malformed(what + " has dtype " + dt->dump() +
                          ", which kiln does not have (it reads F64, F32, F16, BF16, I64, I32 and BOOL)");
   e.dt = known->first;
 
   auto shape = j.find("shape");
-  if (shape == j.end() || !shape->is_array() || !std::all_of(shape->begin(), shape->end(), is_size))
+  if (shape == j.end() || !shape->is_array() || !std::all_of(shape->begin(), shape->end(), is_size<Json>))
     throw file.malformed(what + " has no \"shape\" array of non-negative integers");
   if (shape->size() > std::size_t(max_rank))
     throw file.malformed(what + " has " + std::to_string(shape->size()) + " dimensions; kiln supports at most " +
@@ -133,7 +139,7 @@ inline Entry parse_entry(const Reader& file, const std::string& name, const nloh
   // A zero size empties a tensor, but the product of the others must still fit an int64 (strides).
   std::uint64_t numel = 1, nonzero = 1;
   for (const auto& s : *shape) {
-    std::uint64_t n = s.get<std::uint64_t>();
+    std::uint64_t n = s.template get<std::uint64_t>();
     if (n != 0 && nonzero > std::uint64_t(std::numeric_limits<std::int64_t>::max()) / n)
       throw file.malformed(what + " has shape " + shape->dump() + ", too many elements for kiln");
     e.shape.push_back(static_cast<std::int64_t>(n));
@@ -142,24 +148,25 @@ inline Entry parse_entry(const Reader& file, const std::string& name, const nloh
   }
 
   auto offsets = j.find("data_offsets");
-  if (offsets == j.end() || !offsets->is_array() || offsets->size() != 2 || !is_size((*offsets)[0]) ||
-      !is_size((*offsets)[1]))
+  if (offsets == j.end() || !offsets->is_array() || offsets->size() != 2 || !is_size<Json>((*offsets)[0]) ||
+      !is_size<Json>((*offsets)[1]))
     throw file.malformed(what + " has no \"data_offsets\" pair of non-negative integers");
-  e.begin = (*offsets)[0].get<std::uint64_t>();
-  e.end = (*offsets)[1].get<std::uint64_t>();
+  e.begin = (*offsets)[0].template get<std::uint64_t>();
+  e.end = (*offsets)[1].template get<std::uint64_t>();
   if (e.begin > e.end || e.end > data_size)
     throw file.malformed(what + " has data_offsets " + offsets->dump() + ", outside the data buffer of " +
                          std::to_string(data_size) + " bytes");
   std::uint64_t item = itemsize(e.dt), have = e.end - e.begin;
   if (numel != have / item || have % item != 0)
-    throw file.malformed(what + " has shape " + shape->dump() + " of " + dt->get<std::string>() + " (" +
+    throw file.malformed(what + " has shape " + shape->dump() + " of " + dt->template get<std::string>() + " (" +
                          std::to_string(numel) + " elements of " + std::to_string(item) + " bytes), but data_offsets " +
                          offsets->dump() + " hold " + std::to_string(have) + " bytes");
   return e;
 }
 
 // Reads and checks the header of an open file (see the top of this file for what is checked).
-inline Header read_header(Reader& file) {
+template <class Json = nlohmann::json>
+Header read_header(Reader& file) {
   std::uint64_t size = file.size();
   if (size < 8)
     throw file.malformed("it is " + std::to_string(size) + " bytes long, too short to hold the 8-byte header length");
@@ -172,10 +179,10 @@ inline Header read_header(Reader& file) {
                          " bytes follow it");
   std::string text(static_cast<std::size_t>(n), '\0');
   file.read_at(8, text.data(), n);
-  nlohmann::json json;
+  Json json;
   try {
-    json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
+    json = Json::parse(text);
+  } catch (const typename Json::exception& e) {
     throw file.malformed("its header is not valid JSON (" + std::string(e.what()) + ")");
   }
   if (!json.is_object()) throw file.malformed("its header is not a JSON object");
@@ -184,7 +191,7 @@ inline Header read_header(Reader& file) {
   h.data_start = 8 + n;
   for (const auto& item : json.items()) {
     if (item.key() != "__metadata__") {
-      h.entries.push_back(parse_entry(file, item.key(), item.value(), size - h.data_start));
+      h.entries.push_back(parse_entry<Json>(file, item.key(), item.value(), size - h.data_start));
       continue;
     }
     if (!item.value().is_object()) throw file.malformed("its \"__metadata__\" is not a JSON object");
@@ -192,7 +199,7 @@ inline Header read_header(Reader& file) {
       if (!kv.value().is_string())
         throw file.malformed("its \"__metadata__\" maps '" + kv.key() + "' to " + kv.value().dump() +
                              ", not to a string");
-      h.metadata[kv.key()] = kv.value().get<std::string>();
+      h.metadata[kv.key()] = kv.value().template get<std::string>();
     }
   }
   std::sort(h.entries.begin(), h.entries.end(),
@@ -257,8 +264,9 @@ class AtomicWriter {
 
 // Writes the tensors and optional string metadata to `path` in the safetensors format, replacing
 // any file there: `k::save("model.safetensors", {{"wte", wte}, {"wpe", wpe}})`.
-inline void save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                 const std::map<std::string, std::string>& metadata = {}) {
+template <class Json = nlohmann::ordered_json>
+void save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+          const std::map<std::string, std::string>& metadata = {}) {
   namespace st = detail::safetensors;
   st::require_little_endian("k::save");
   std::vector<const std::pair<std::string, Tensor>*> order;
@@ -272,12 +280,12 @@ inline void save(const std::string& path, const std::vector<std::pair<std::strin
     if (!t.defined()) throw fail("tensor '" + name + "' is undefined");
   }
 
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  Json header = Json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
   for (const auto* named : order) {
     const Tensor& t = named->second;
-    nlohmann::ordered_json& entry = header[named->first];
+    Json& entry = header[named->first];
     entry["dtype"] = st::name_of(t.dtype());
     entry["shape"] = t.shape().vec();
     entry["data_offsets"] = {offset, offset + t.nbytes()};
@@ -286,7 +294,7 @@ inline void save(const std::string& path, const std::vector<std::pair<std::strin
   std::string text;
   try {
     text = header.dump();
-  } catch (const nlohmann::json::exception& e) {  // a name or metadata string that is not UTF-8
+  } catch (const typename Json::exception& e) {  // a name or metadata string that is not UTF-8
     throw error("k::save: cannot write " + path + ": " + e.what());
   }
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -304,11 +312,12 @@ inline void save(const std::string& path, const std::vector<std::pair<std::strin
 }
 
 // Reads every tensor of a safetensors file, onto `device` (the host by default), by name.
-inline std::map<std::string, Tensor> load(const std::string& path, Device device = cpu) {
+template <class Json = nlohmann::json>
+std::map<std::string, Tensor> load(const std::string& path, Device device = cpu) {
   namespace st = detail::safetensors;
   st::require_little_endian("k::load");
   st::Reader file(path, "k::load");
-  st::Header header = st::read_header(file);
+  st::Header header = st::read_header<Json>(file);
   std::map<std::string, Tensor> out;
   for (const st::Entry& e : header.entries) {
     Tensor t = Tensor::empty(e.shape, e.dt, cpu);
@@ -326,9 +335,10 @@ inline std::map<std::string, Tensor> load(const std::string& path, Device device
 }
 
 // The "__metadata__" strings of a safetensors file (empty if it has none); reads only the header.
-inline std::map<std::string, std::string> load_metadata(const std::string& path) {
+template <class Json = nlohmann::json>
+std::map<std::string, std::string> load_metadata(const std::string& path) {
   detail::safetensors::Reader file(path, "k::load_metadata");
-  return detail::safetensors::read_header(file).metadata;
+  return detail::safetensors::read_header<Json>(file).metadata;
 }
 
 }  // namespace kiln

@@ -141,7 +141,8 @@ graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tu
   const int cc = driver::compute_capability(device);
   return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
     if (n.op == Op::constant) return b.constant(n.value);
-    if (n.op != Op::attention || n.attrs.c || !attention_flash_fits(b.shape(in[0]), b.shape(in[1]), b.shape(in[2]), b.dt(in[0]), cc))
+    if (n.op != Op::attention || n.attrs.c ||
+        !attention_flash_fits(b.shape(in[0]), b.shape(in[1]), b.shape(in[2]), b.dt(in[0]), cc))
       return b.rebuild(n, in);
     Attrs at = n.attrs;
     at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block
@@ -216,11 +217,11 @@ inline void check_assign_order(const graph::Graph& g, const Program& p) {
 inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, bool partials,
                                          bool realize = true, bool epilogues = false, bool host = false) {
   std::vector<schedule::MatmulEpilogue> chosen;
-  if (epilogues) chosen = schedule::choose_epilogues(g, env);  // bias and activation into the GEMM
-  schedule::Schedule s = schedule::fuse(g, chosen);       // group anchors into kernels
-  if (realize) schedule::realize_shared(g, s);            // buffers for values kernels would recompute
+  if (epilogues) chosen = schedule::choose_epilogues(g, env);   // bias and activation into the GEMM
+  schedule::Schedule s = schedule::fuse(g, chosen);             // group anchors into kernels
+  if (realize) schedule::realize_shared(g, s);                  // buffers for values kernels would recompute
   schedule::absorb_column_partials(g, s, env, partials, host);  // dw/db-like column sums into row kernels
-  schedule::plan_buffers(g, s);                           // buffers only at fusion boundaries
+  schedule::plan_buffers(g, s);                                 // buffers only at fusion boundaries
   schedule::name_kernels(g, s);
   return s;
 }
@@ -241,7 +242,8 @@ inline bool partials_held(const graph::Graph& g, const schedule::Schedule& s, co
 template <class ArgAt>
 void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg) {
   p.kernels.clear();
-  const bool realize = p.tuning.realize != 0, epilogues = target == codegen::Target::cuda && p.tuning.epilogue == 1;  // opt-in (tuning.hpp)
+  const bool realize = p.tuning.realize != 0,
+             epilogues = target == codegen::Target::cuda && p.tuning.epilogue == 1;  // opt-in (tuning.hpp)
   const bool host = target == codegen::Target::cpu;
   p.sched = schedule_graph(g, env, p.tuning.partials != 0, realize, epilogues, host);
   if (!partials_held(g, p.sched, env, target, p.tuning))
@@ -334,8 +336,7 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
     if (debug::log_enabled(debug::Channel::fusion))
       debug::log(debug::Channel::fusion, kern.src.name + ": " + std::to_string(local) +
                                              " bytes of local memory a thread where holding its row saves " +
-                                             std::to_string(saved) + "; written looped as " +
-                                             looped->name);
+                                             std::to_string(saved) + "; written looped as " + looped->name);
     kern.src = std::move(*looped);
     changed = true;
   }
@@ -352,7 +353,7 @@ std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device 
   bool tune = p->autotune && !apply_stored_choice(*p, [&](int k, const codegen::Tuning& t) {
                 return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, p->tuning.merged(t));
               });
-  compile_program(*p, name);               // NVRTC or the host compiler, cached
+  compile_program(*p, name);  // NVRTC or the host compiler, cached
   if (loop_spilled_rows(*p, [&](int k, const codegen::Tuning& t) {
         return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, p->tuning.merged(t));
       }))

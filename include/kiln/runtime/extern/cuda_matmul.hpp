@@ -48,7 +48,9 @@ constexpr bool epilogue_has_bias(Epilogue e) {
   return e == Epilogue::bias || e == Epilogue::relu_bias || e == Epilogue::gelu_tanh_bias ||
          e == Epilogue::gelu_tanh_aux_bias;
 }
-constexpr bool epilogue_has_aux(Epilogue e) { return e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias; }
+constexpr bool epilogue_has_aux(Epilogue e) {
+  return e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias;
+}
 
 namespace cuda_mm_detail {
 
@@ -218,9 +220,10 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   const void* pb = a.data_ptr();  // cuBLAS's B
   void* pd = d.data_ptr();
   GemmPlan q = p;
-  const GemmPadding pad = gemm_padding_enabled() && !epilogue_has_aux(e)
-                              ? plan_padding(p, static_cast<std::int64_t>(itemsize(ab)), static_cast<std::int64_t>(itemsize(dt)))
-                              : GemmPadding{};
+  const GemmPadding pad =
+      gemm_padding_enabled() && !epilogue_has_aux(e)
+          ? plan_padding(p, static_cast<std::int64_t>(itemsize(ab)), static_cast<std::int64_t>(itemsize(dt)))
+          : GemmPadding{};
   Tensor pad_a, pad_b, pad_d, pad_bias;
   if (pad.pad) {
     const std::size_t ab_size = itemsize(ab), dt_size = itemsize(dt);
@@ -345,9 +348,9 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
       bool failed = false;
       double ms = time_calls_ms(
           [&] {
-            failed = failed || lt.matmul(h, desc.h, al, pa, layout_a.h, pb, layout_b.h, be, pd, layout_d.h, pd,
-                                         layout_d.h, &results[i].algo, ws, workspace_bytes,
-                                         stream) != CUBLAS_STATUS_SUCCESS;
+            failed =
+                failed || lt.matmul(h, desc.h, al, pa, layout_a.h, pb, layout_b.h, be, pd, layout_d.h, pd, layout_d.h,
+                                    &results[i].algo, ws, workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS;
           },
           stream);
       if (failed || (best > 0 && ms >= best)) continue;

@@ -91,9 +91,9 @@ inline GemmPlan plan_gemm(MatmulGeometry g, bool a_ok, bool b_ok, bool out_ok) {
 // one, 40-50 flop/byte; taken as 64 so that a doubtful case stays unpadded. GPT-2's three lm_head
 // GEMMs have 350-380.
 struct GemmPadding {
-  bool pad = false;                  // run on padded copies
-  bool a = false, b = false, d = false;  // which of cuBLAS's A, B, D go through a padded buffer
-  std::int64_t m = 0, n = 0, k = 0;  // the padded sizes (multiples of 8 where padded)
+  bool pad = false;                                             // run on padded copies
+  bool a = false, b = false, d = false;                         // which of cuBLAS's A, B, D go through a padded buffer
+  std::int64_t m = 0, n = 0, k = 0;                             // the padded sizes (multiples of 8 where padded)
   std::int64_t rows_a = 0, cols_a = 0, rows_b = 0, cols_b = 0;  // the padded operands as stored (ld = rows)
 };
 

@@ -159,7 +159,8 @@ inline void pad_copy(const void* src, std::int64_t rows_s, std::int64_t cols_s, 
                      std::int64_t rows_d, std::int64_t cols_d, std::int64_t ldd, std::size_t item, int device,
                      CUstream stream) {
   if (rows_d <= 0 || cols_d <= 0) return;
-  if (item != 2 && item != 4) throw dtype_error("matmul: internal padded copy of " + std::to_string(item) + "-byte items");
+  if (item != 2 && item != 4)
+    throw dtype_error("matmul: internal padded copy of " + std::to_string(item) + "-byte items");
   copy_function(device, dtype::f32, dtype::f32);  // loads the module
   CUfunction f = state(device).pad_fns[item == 2 ? 0 : 1];
   driver::make_current(device);
