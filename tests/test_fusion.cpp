@@ -501,3 +501,19 @@ TEST_CASE("fusion: a row kernel hands its reduction only to readers indexing it 
   CHECK(value(rows3, x3) == 1);  // still one kernel where the index agrees
   CHECK(value(rows2, x2) == 1);
 }
+
+// The rule by which a compiled held-row GPU kernel is written again looped (runtime/lower.hpp's
+// loop_spilled_rows): its stack frame against the two passes over its held tiles that holding
+// saves, with a floor for ptxas's own small arrays. The numbers are ptxas's for the kernels of
+// benchmarks/NOTES.md item 78 (RITERS 13: 1,008 bytes for cross_entropy, 224 for softmax).
+TEST_CASE("launch rules: a held row whose function spills more than holding saves is looped") {
+  namespace cg = k::codegen;
+  CHECK(cg::held_row_saves(13) == 416);
+  CHECK(cg::held_row_spills(1008, 13));  // cross_entropy over 50257 bf16 columns
+  CHECK(!cg::held_row_spills(224, 13));  // softmax at the same shape
+  CHECK(!cg::held_row_spills(40, 1));    // sin's argument reduction in a short f64 row
+  CHECK(!cg::held_row_spills(256, 1));   // the floor itself
+  CHECK(cg::held_row_spills(257, 1));
+  CHECK(!cg::held_row_spills(0, 13));      // nothing spilled
+  CHECK(!cg::held_row_spills(100000, 0));  // a looped row has nothing to give up
+}

@@ -131,6 +131,22 @@ inline int hoisted_cost(std::int64_t compute_bytes) { return static_cast<int>(st
 // faster re-reading w and b than hoisting them.
 inline constexpr std::int64_t row_cache_half_registers = 384;
 
+// Whether a compiled held-row GPU kernel should be written again looped (runtime/lower.hpp's
+// loop_spilled_rows), from the local memory a thread of its function uses (ptxas's stack frame:
+// spills, arrays it could not keep in registers) and its RITERS. Holding a row saves a looped
+// kernel's re-reads of it, about two passes over the 16 * RITERS bytes a thread holds (a softmax
+// or cross_entropy reads its row for the max, the sum and the output); a stack frame larger than
+// that costs more than it saves. Cross_entropy's fused kernel over 50257 bf16 columns kept 1,008
+// bytes a thread for 416 saved and ran 3x slower than looped; softmax's at the same shape keeps
+// 224 and stays held (benchmarks/NOTES.md items 77-78). Under min_spill_bytes, a stack frame is
+// ptxas's own small arrays (sin and cos keep 28-40 bytes for their argument reduction) or a few
+// spilled words, not a held row that did not fit.
+inline constexpr std::int64_t min_spill_bytes = 256;
+inline std::int64_t held_row_saves(int riters) { return 2 * 16 * std::int64_t{riters}; }
+inline bool held_row_spills(std::int64_t local_bytes, int riters) {
+  return riters > 0 && local_bytes > std::max<std::int64_t>(held_row_saves(riters), min_spill_bytes);
+}
+
 // Blocks an SM a held-row GPU kernel may ask ptxas to fit (__launch_bounds__' second argument):
 // enough for `occupancy` threads (1024 by default: 64 registers a thread) when its register caches,
 // at RowCaches' costs (`cached`: half-registers for all of a thread's tiles), leave a quarter of

@@ -304,19 +304,12 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
 }
 
 // Held-row GPU kernels (the "per" kind) whose row ptxas could not keep in registers, written again
-// looped (`rewrite(k, tuning)` writes kernel k under a tuning; then compile the program again).
-// Holding a row saves a looped kernel's re-reads of it, about two passes over its 16 * RITERS
-// bytes a thread (a softmax or cross_entropy reads it for the max, the sum and the output); when
-// the compiled function's local memory (spills) is larger than that (and than min_spill_bytes),
-// the cache costs more than it saves: cross_entropy's fused kernel over 50257 bf16 columns kept
-// 1 KB a thread in local memory and ran 3x slower than looped (benchmarks/NOTES.md items 77-78).
-// ptxas's answer instead of the row cache rule's estimate (codegen/launch_config.hpp), which
-// prices the caches, not the kernel around them. Not where a tuning sets the tiles
-// (KILN_TUNE_ROW_ITERS, autotuning), nor for column partials (they need the held row); not in
-// export_kernels, which plans without a GPU. Returns whether a kernel changed.
-// Below min_spill_bytes, a stack frame is ptxas's own small arrays (sin and cos keep 28-40 bytes
-// for their argument reduction) or a few spilled words, not a held row that did not fit.
-inline constexpr std::int64_t min_spill_bytes = 256;
+// looped (`rewrite(k, tuning)` writes kernel k under a tuning; then compile the program again): the
+// compiled function's local memory against what holding the row saves (codegen/launch_config.hpp's
+// held_row_spills) — ptxas's answer instead of the row cache rule's estimate, which prices the
+// caches, not the kernel around them. Not where a tuning sets the tiles (KILN_TUNE_ROW_ITERS,
+// autotuning), nor for column partials (they need the held row); not in export_kernels, which
+// plans without a GPU. Returns whether a kernel changed.
 template <class Rewrite>
 bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
   if (p.device.is_cpu() || p.autotune || p.tuning.row_iters >= 0) return false;
@@ -327,8 +320,7 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
         kern.src.partial_groups > 0)
       continue;
     const std::int64_t local = driver::local_bytes(kern.cuda);
-    const std::int64_t saved = 2 * 16 * std::int64_t{kern.src.config.riters};
-    if (local <= std::max<std::int64_t>(saved, min_spill_bytes)) continue;
+    if (!codegen::held_row_spills(local, kern.src.config.riters)) continue;
     codegen::Tuning looped_rows;
     looped_rows.row_iters = 0;
     std::optional<codegen::KernelSource> looped = rewrite(static_cast<int>(k), looped_rows);
@@ -336,7 +328,8 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
     if (debug::log_enabled(debug::Channel::fusion))
       debug::log(debug::Channel::fusion, kern.src.name + ": " + std::to_string(local) +
                                              " bytes of local memory a thread where holding its row saves " +
-                                             std::to_string(saved) + "; written looped as " + looped->name);
+                                             std::to_string(codegen::held_row_saves(kern.src.config.riters)) +
+                                             "; written looped as " + looped->name);
     kern.src = std::move(*looped);
     changed = true;
   }
