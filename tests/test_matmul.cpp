@@ -460,6 +460,10 @@ TEST_CASE("cuda_matmul: which 16-bit GEMMs are padded") {
   rt::GemmPadding f32_out = padding(301, 1003, 517, false, k::f32);
   CHECK((f32_out.pad && f32_out.d));
   CHECK(padding(301, 1003, 2053, false, k::f32).pad);  // the GPU test's long columns
+  // Matrix-vector products wait on memory whatever kernel runs them: never padded.
+  CHECK(!padding(65536, 4096, 1, false, k::bf16).pad);
+  CHECK(!padding(1, 4096, 65537, false, k::bf16).pad);
+  CHECK(!padding(65537, 4096, 3, true, k::bf16).pad);
 }
 
 TEST_CASE("cuda_matmul: the copy kernels compile with NVRTC") {

@@ -98,6 +98,10 @@ struct GemmPadding {
 };
 
 inline constexpr double gemm_pad_min_flops_per_byte = 64;
+// And only a product that the slow kernels leave compute-bound: below ~100 TFLOP/s over ~3.5 TB/s,
+// about 30 flops per byte of its own operands and output, it waits on memory whatever kernel runs
+// it (a matrix-vector product: 1 flop a byte), and padding could only add copies.
+inline constexpr double gemm_pad_min_intensity = 32;
 
 // ab / d: the item sizes of the operands and of the output cuBLAS writes. Only single 16-bit GEMMs
 // (batch 1) are padded.
@@ -118,7 +122,9 @@ inline GemmPadding plan_padding(const GemmPlan& p, std::int64_t ab, std::int64_t
   if (r.b) bytes += static_cast<double>(p.rows_b * p.cols_b + r.rows_b * r.cols_b) * static_cast<double>(ab);
   if (r.d) bytes += 2.0 * static_cast<double>(p.m * p.n) * static_cast<double>(d);
   const double flops = 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
-  r.pad = flops >= gemm_pad_min_flops_per_byte * bytes;
+  const double own = static_cast<double>(p.m * p.k + p.k * p.n) * static_cast<double>(ab) +
+                     static_cast<double>(p.m * p.n) * static_cast<double>(d);
+  r.pad = flops >= gemm_pad_min_flops_per_byte * bytes && flops >= gemm_pad_min_intensity * own;
   return r;
 }
 
