@@ -343,15 +343,14 @@ std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device 
                                        const Tuning& tuning) {
   auto p = plan_program(std::move(g), std::move(env), device, arg, autotune, tuning);
   std::string name = p->kernels.empty() ? "kiln_program" : p->kernels.front().src.name;
-  bool tune = p->autotune && !apply_stored_choice(*p, [&](int k, const codegen::Tuning& t) {
-                return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, p->tuning.merged(t));
-              });
-  compile_program(*p, name);  // NVRTC or the host compiler, cached
-  if (loop_spilled_rows(*p, [&](int k, const codegen::Tuning& t) {
-        return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, p->tuning.merged(t));
-      }))
-    compile_program(*p, name);             // with the spilling held rows looped
-  if (tune) compile_candidates(*p, name);  // timed at the first call (tune_program)
+  // Kernel k of the program written again for CUDA under a tuning (a stored choice, a looped row).
+  auto rewrite = [&](int k, const codegen::Tuning& t) {
+    return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, p->tuning.merged(t));
+  };
+  bool tune = p->autotune && !apply_stored_choice(*p, rewrite);
+  compile_program(*p, name);                                      // NVRTC or the host compiler, cached
+  if (loop_spilled_rows(*p, rewrite)) compile_program(*p, name);  // with the spilling held rows looped
+  if (tune) compile_candidates(*p, name);                         // timed at the first call (tune_program)
   if (debug::log_enabled(debug::Channel::output_code)) debug::log(debug::Channel::output_code, p->source);
   return p;
 }

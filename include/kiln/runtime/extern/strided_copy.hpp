@@ -115,7 +115,8 @@ inline std::string copy_kernel_name(dtype src, dtype dst) {
   return "kiln_mm_copy_" + std::string(name(src)) + "_" + std::string(name(dst));
 }
 
-inline CUfunction copy_function(int device, dtype src, dtype dst) {
+// The device's state with the copy and padding kernels loaded (compiled on first use).
+inline DeviceState& copy_kernels(int device) {
   DeviceState& s = state(device);
   std::call_once(s.copy_once, [&] {
     std::vector<char> cubin = compile_cubin(copy_kernel_source(), "kiln_mm_copy", driver::arch(device));
@@ -127,7 +128,11 @@ inline CUfunction copy_function(int device, dtype src, dtype dst) {
     s.pad_fns[1] = module->function("kiln_mm_pad_b32");
     s.copy_module = module.release();
   });
-  return s.copy_fns[static_cast<int>(src)][static_cast<int>(dst)];
+  return s;
+}
+
+inline CUfunction copy_function(int device, dtype src, dtype dst) {
+  return copy_kernels(device).copy_fns[static_cast<int>(src)][static_cast<int>(dst)];
 }
 
 // Copies src into dst (same shape, rank <= 3, any strides, floating dtypes, converting) on stream.
@@ -161,8 +166,7 @@ inline void pad_copy(const void* src, std::int64_t rows_s, std::int64_t cols_s, 
   if (rows_d <= 0 || cols_d <= 0) return;
   if (item != 2 && item != 4)
     throw dtype_error("matmul: internal padded copy of " + std::to_string(item) + "-byte items");
-  copy_function(device, dtype::f32, dtype::f32);  // loads the module
-  CUfunction f = state(device).pad_fns[item == 2 ? 0 : 1];
+  CUfunction f = copy_kernels(device).pad_fns[item == 2 ? 0 : 1];
   driver::make_current(device);
   void* args[] = {&src, &dst, &rows_s, &cols_s, &lds, &rows_d, &cols_d, &ldd};
   const std::int64_t threads = 256;
