@@ -314,3 +314,81 @@ TEST_CASE("cuda graphs: intermediates of a run recorded in the caller's capture 
   api.graph_exec_destroy(exec);
   api.graph_destroy(graph);
 }
+
+namespace {
+
+// Whether cuda_matmul pads a bf16 [m, kk] @ [kk, n] into bf16 (the plan reads shapes and strides only).
+bool padded(std::int64_t m, std::int64_t kk, std::int64_t n) {
+  auto view = [](const k::Dims& shape) {
+    return k::Tensor::empty({1}, k::bf16, k::cpu).as_strided(shape, k::contiguous_strides(shape), 0);
+  };
+  namespace rt = k::runtime;
+  rt::GemmPlan p = rt::plan_gemm(rt::matmul_geometry(view({m, kk}), view({kk, n}), view({m, n}), "matmul"), true, true,
+                                 true);
+  return rt::plan_padding(p, 2, 2).pad;
+}
+
+}  // namespace
+
+TEST_CASE("cuda graphs: padded 16-bit GEMMs are recorded with their temporaries and replayed" * needs_gpu()) {
+  // Sizes off multiples of 8: cuda_matmul copies the operands into padded temporaries, which the
+  // graph must keep (two products of one program share them in the capture).
+  REQUIRE(padded(301, 1003, 517));
+  auto body = [](auto a, auto b, auto c) { return k::matmul(a, b) + k::matmul(c, b) * 0.5f; };
+  auto graphed = k::compile(body, {.cuda_graphs = true});
+  auto plain = k::compile(body);
+  auto a = k::randn({301, 1003}, k::bf16, k::cuda, 41), b = k::randn({1003, 517}, k::bf16, k::cuda, 42),
+       c = k::randn({301, 1003}, k::bf16, k::cuda, 43);
+  k::synchronize();
+  OwnStream s;
+  for (int i = 0; i < 6; ++i) {
+    k::eval(a, a * 0.75f + 0.125f, s);  // new values each step
+    k::Tensor y = graphed(k::Stream(s), a, b, c), want = plain(k::Stream(s), a, b, c);
+    k::Tensor z = plain(k::Stream(s), c, b, a);  // allocations between replays: must not get the graph's blocks
+    k::Stream(s).synchronize();
+    CHECK(k::to_vector<float>(y) == k::to_vector<float>(want));
+    if (i == 5) {
+      auto ac = a.to(k::cpu), bc = b.to(k::cpu), cc = c.to(k::cpu);
+      // Each product is rounded to bf16 at magnitudes near 32 (half a unit: 0.125) before the sum.
+      check_close(y, k::reference::eval(body(ac, bc, cc)), 2e-2, 0.5);
+      check_close(z, k::reference::eval(body(cc, bc, ac)), 2e-2, 0.5);
+    }
+  }
+  auto e = graphed.cache().entries().at(0);
+  REQUIRE(e->graphs);
+  CHECK(!e->graphs->disabled());
+  CHECK(e->graphs->replays() == 6);
+  CHECK(e->graphs->captures() <= 3);
+}
+
+TEST_CASE("cuda graphs: a padded GEMM inside the caller's capture keeps its temporaries" * needs_gpu()) {
+  REQUIRE(padded(301, 1003, 517));
+  OwnStream s;
+  const auto& api = k::driver::api();
+  auto f = k::compile([](auto a, auto b) { return k::matmul(a, b) * 2.0f; });
+  auto a = k::randn({301, 1003}, k::bf16, k::cuda, 44), b = k::randn({1003, 517}, k::bf16, k::cuda, 45),
+       c = k::randn({301, 1003}, k::bf16, k::cuda, 46);
+  k::Tensor out = k::empty({301, 517}, k::bf16, k::cuda);
+  k::synchronize();
+  {  // warm: compiled, and its temporaries cached on this stream
+    k::Tensor y = f(k::Stream(s), a, b);
+    k::eval(out, y + 0.0f, s);
+    k::Stream(s).synchronize();
+  }
+  k::driver::check(api.stream_begin_capture(s.s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+  k::Tensor yc = f(k::Stream(s), a, b);
+  k::eval(out, yc + 0.0f, s);
+  CUgraph graph = nullptr;
+  k::driver::check(api.stream_end_capture(s.s, &graph), "cuStreamEndCapture");
+  CUgraphExec exec = nullptr;
+  k::driver::check(api.graph_instantiate(&exec, graph, 0), "cuGraphInstantiate");
+  k::Tensor z = f(k::Stream(s), c, b);  // allocates after the capture: must not get the graph's temporaries
+  k::Stream(s).synchronize();
+  auto z_before = k::to_vector<float>(z);
+  k::driver::check(api.graph_launch(exec, s.s), "cuGraphLaunch");
+  k::Stream(s).synchronize();
+  CHECK(k::to_vector<float>(z) == z_before);
+  check_close(out, k::reference::eval(k::matmul(a.to(k::cpu), b.to(k::cpu)) * 2.0f), 2e-2, 2e-1);
+  api.graph_exec_destroy(exec);
+  api.graph_destroy(graph);
+}

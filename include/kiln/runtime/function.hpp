@@ -3,6 +3,7 @@
 // it (run_entry), as a CUDA graph replay where asked.
 #pragma once
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "../autodiff/grad.hpp"
@@ -29,7 +30,13 @@ inline void run_entry(const Entry& e, const Tensor* const* args, const double* s
     std::vector<Tensor> keep;
     std::vector<bool> given(p.graph.outputs.size());  // buffers the caller passed in (a k::cond node's)
     for (std::size_t o = 0; o < given.size(); ++o) given[o] = outputs[o].defined();
-    p.run(args, scalars, outputs, shape_of, stream, &keep);
+    CaptureScratch scratch;  // library temporaries of a capture that is the caller's
+    {
+      std::optional<ScratchForCapture> scoped;
+      if (!active_capture_scratch()) scoped.emplace(scratch);
+      p.run(args, scalars, outputs, shape_of, stream, &keep);
+    }
+    for (Tensor& t : scratch.blocks) keep.push_back(std::move(t));
     if (CaptureKeep* k = active_capture_keep()) {  // kiln's own capture: kept as long as its graph
       // Outputs allocated here are kept too; the caller's own buffers are the caller's to keep (an
       // enclosing graph keyed on its outputs' addresses: keeping them made every call a new graph).

@@ -27,6 +27,7 @@
 #include "../../core/error.hpp"
 #include "../../core/tensor.hpp"
 #include "../../debug/log.hpp"
+#include "../launch/capture_keep.hpp"
 #include "../launch/cuda_module.hpp"
 #include "cpu_matmul.hpp"
 #include "cublaslt.hpp"
@@ -135,7 +136,6 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   const int device = dev.index;
   driver::make_current(device);
   const cublaslt::Api& lt = cublaslt::api();
-  const Stream s(stream);
 
   // Types: cuBLASLt multiplies two operands of one type into f32 or that type.
   const dtype ab = a_in.dtype() == dtype::f64 || b_in.dtype() == dtype::f64 ? dtype::f64
@@ -151,8 +151,8 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   // K = 0: the product is zero (plus any epilogue); multiply zero operands of K = 1 instead.
   Tensor a = a_in, b = b_in;
   if (g.K == 0) {
-    a = Tensor::empty({g.M, 1}, ab, dev, s);
-    b = Tensor::empty({1, g.N}, ab, dev, s);
+    a = capture_temporary({g.M, 1}, ab, dev, stream);
+    b = capture_temporary({1, g.N}, ab, dev, stream);
     driver::memset_async(a.data_ptr(), 0, a.nbytes(), stream);
     driver::memset_async(b.data_ptr(), 0, b.nbytes(), stream);
     g.K = 1;
@@ -165,7 +165,7 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   const GemmPlan p = plan_gemm(g, a.dtype() == ab, b.dtype() == ab, out.dtype() == dt);
   if (p.copy_a) a = contiguous_as(a, ab, stream);
   if (p.copy_b) b = contiguous_as(b, ab, stream);
-  Tensor d = p.direct ? out : Tensor::empty(out.shape(), dt, dev, s);
+  Tensor d = p.direct ? out : capture_temporary(out.shape(), dt, dev, stream);
 
   Tensor bias;
   if (with_bias) {
@@ -228,23 +228,23 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   if (pad.pad) {
     const std::size_t ab_size = itemsize(ab), dt_size = itemsize(dt);
     if (pad.a) {
-      pad_a = Tensor::empty({pad.cols_a, pad.rows_a}, ab, dev, s);
+      pad_a = capture_temporary({pad.cols_a, pad.rows_a}, ab, dev, stream);
       pad_copy(pa, p.rows_a, p.cols_a, p.lda, pad_a.data_ptr(), pad.rows_a, pad.cols_a, pad.rows_a, ab_size, device,
                stream);
       pa = pad_a.data_ptr(), q.rows_a = pad.rows_a, q.cols_a = pad.cols_a, q.lda = pad.rows_a;
     }
     if (pad.b) {
-      pad_b = Tensor::empty({pad.cols_b, pad.rows_b}, ab, dev, s);
+      pad_b = capture_temporary({pad.cols_b, pad.rows_b}, ab, dev, stream);
       pad_copy(pb, p.rows_b, p.cols_b, p.ldb, pad_b.data_ptr(), pad.rows_b, pad.cols_b, pad.rows_b, ab_size, device,
                stream);
       pb = pad_b.data_ptr(), q.rows_b = pad.rows_b, q.cols_b = pad.cols_b, q.ldb = pad.rows_b;
     }
     if (pad.d) {
-      pad_d = Tensor::empty({pad.n, pad.m}, dt, dev, s);
+      pad_d = capture_temporary({pad.n, pad.m}, dt, dev, stream);
       pd = pad_d.data_ptr(), q.ldd = pad.m;
     }
     if (with_bias && pad.m != p.m) {
-      pad_bias = Tensor::empty({pad.m}, dt, dev, s);
+      pad_bias = capture_temporary({pad.m}, dt, dev, stream);
       pad_copy(bias.data_ptr(), p.m, 1, p.m, pad_bias.data_ptr(), pad.m, 1, pad.m, dt_size, device, stream);
       bias = pad_bias;
     }

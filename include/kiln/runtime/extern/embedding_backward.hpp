@@ -20,6 +20,7 @@
 #include "../../core/error.hpp"
 #include "../../core/tensor.hpp"
 #include "../compile/nvrtc.hpp"
+#include "../launch/capture_keep.hpp"
 #include "../launch/cuda_module.hpp"
 
 namespace kiln::runtime {
@@ -191,7 +192,7 @@ inline void cuda(const Tensor& g, const Tensor& ids, Tensor& out, CUstream strea
   if (V * D == 0) return;
   std::int64_t n = 2;  // keys, padded to a power of two
   while (n < P) n *= 2;
-  Tensor keys = Tensor::empty(Dims{n}, dtype::i64, out.device(), Stream(stream));
+  Tensor keys = capture_temporary(Dims{n}, dtype::i64, out.device(), stream);
   void* kp = keys.data_ptr();
   const void* ip = ids.data_ptr();
   auto blocks_for = [](std::int64_t work, int threads) {

@@ -13,6 +13,7 @@
 #include "../../core/error.hpp"
 #include "../../core/tensor.hpp"
 #include "../compile/nvrtc.hpp"
+#include "../launch/capture_keep.hpp"
 #include "../launch/cuda_module.hpp"
 #include "cuda_matmul_state.hpp"
 
@@ -178,7 +179,7 @@ inline void pad_copy(const void* src, std::int64_t rows_s, std::int64_t cols_s, 
 
 // A contiguous copy of t in dtype d, on t's device.
 inline Tensor contiguous_as(const Tensor& t, dtype d, CUstream stream) {
-  Tensor c = Tensor::empty(t.shape(), d, t.device(), Stream(stream));
+  Tensor c = capture_temporary(t.shape(), d, t.device(), stream);
   device_copy(t, c, stream);
   return c;
 }

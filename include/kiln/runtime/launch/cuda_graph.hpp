@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "capture_keep.hpp"
@@ -56,10 +58,11 @@ class GraphReplay {
     if (!g) {
       try {
         g = &capture(args, scalars, outputs, shape_of, stream);
-      } catch (const error&) {
-        // A step that cannot be captured (a library call that allocates, say): this program runs
-        // as plain launches from now on; a real error shows up again in the plain run.
+      } catch (const error& e) {
+        // A step that cannot be captured: this program runs as plain launches from now on, said
+        // once a process; a real error shows up again in the plain run.
         disabled_ = true;
+        say_not_captured(e.what());
         p.run(args, scalars, outputs, shape_of, stream);
         return;
       }
@@ -188,6 +191,16 @@ class GraphReplay {
     slot->temps = std::move(temps);
     slot->kept = std::move(kept);  // the evicted graph's are released here, after its last replay
     return *slot;
+  }
+
+  static void say_not_captured(const char* why) {
+    static std::once_flag said;
+    std::call_once(said, [&] {
+      std::string line = std::string("kiln: .cuda_graphs: a compiled program could not be captured and runs as "
+                                     "plain launches (") + why + ")";
+      std::fprintf(stderr, "%s\n", line.c_str());
+      debug::log(debug::Channel::graph_breaks, line);
+    });
   }
 
   bool has_capturable_custom_ops() const {
