@@ -89,7 +89,14 @@ TEST_CASE("attention: the fused kernel against the oracle, and its gradients (cu
     // definition), given the cotangent the output receives, w in the output's dtype.
     k::Tensor w = k::randn({c.B, c.H, c.Tq, c.D}, k::f32, k::cpu, ++seed);
     auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(plain(q, k, v), k::f32) * w); };
-    auto got = k::value_and_grad(loss, k::wrt<0, 1, 2>)(gq, gk, gv, w.to(k::cuda));
+    auto vg = k::value_and_grad(loss, k::wrt<0, 1, 2>);
+    auto wc = w.to(k::cuda);
+    auto got = vg(gq, gk, gv, wc);
+    // dk and dv come from one kernel where both accumulators fit a thread's registers (D <= 96).
+    bool joined = false;
+    for (const auto& kernel : k::explain(vg, gq, gk, gv, wc).kernels)
+      joined = joined || kernel.source.find("kiln_attention_bwd_dkv_") != std::string::npos;
+    CHECK(joined == (c.D <= 96));
     const k::Tensor grads[3] = {std::get<1>(got), std::get<2>(got), std::get<3>(got)};
     k::Attrs at;
     at.a = c.causal;

@@ -1234,6 +1234,10 @@ TEST_CASE("reference: attention_stats and attention_grad are the row statistics 
       Result r = ev(k::expr::make<k::Op::attention_grad>(at, q, kk, v, g, stats, 0.6));
       check_result(r, want[which].shape(), host(want[which]), 1e-9);
     }
+    at.c = 3;  // dk and dv stacked, as the joined kernel writes them
+    Vec both = host(want[1]), dv = host(want[2]);
+    both.insert(both.end(), dv.begin(), dv.end());
+    check_result(ev(k::expr::make<k::Op::attention_grad>(at, q, kk, v, g, stats, 0.6)), {2, 2, 2, 7, 3}, both, 1e-9);
   }
 }
 

@@ -208,8 +208,20 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   const int g16 = b.cast(g, n.dt);
   const int stats = b.op(Op::attention_stats, {q, k, g16, y, scale}, at);
   Cotangents c = no_cotangents;
-  for (int which = 0; which < 3; ++which) {
-    at.c = which;  // dq, dk, dv
+  at.c = 0;  // dq
+  c[0] = b.op(Op::attention_grad, {q, k, v, g16, stats, scale}, at);
+  if (graph::detail::fused_attention_joins_dk_dv(b.shape(k)[3])) {
+    at.c = 3;  // dk and dv in one kernel, stacked: views of its halves
+    const int both = b.op(Op::attention_grad, {q, k, v, g16, stats, scale}, at);
+    for (int which = 1; which < 3; ++which) {
+      Attrs half;
+      half.a = 0, half.b = which - 1, half.c = which, half.d = 1;  // slice dim 0 [which - 1, which)
+      c[which] = b.reshape(b.op(Op::slice, {both}, half), b.shape(which == 1 ? k : v));
+    }
+    return c;
+  }
+  for (int which = 1; which < 3; ++which) {
+    at.c = which;  // dk, dv
     c[which] = b.op(Op::attention_grad, {q, k, v, g16, stats, scale}, at);
   }
   return c;

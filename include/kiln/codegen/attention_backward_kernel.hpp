@@ -7,6 +7,9 @@
 //          dq = scale dS k
 //   dk, dv one block a 64-key tile of one key/value head, over the query tiles of every query head
 //          of its group: s^T = k q^T, dv = p^T dO; dP^T = v dO^T, dk = scale dS^T q
+//   dkv    dk and dv in one pass (four products a tile instead of five, each q and dO tile loaded
+//          once) into [2, B, Hkv, Tk, D], where both accumulators fit the registers
+//          (graph/infer_attention.hpp's fused_attention_joins_dk_dv)
 // Four warps, 16 rows each; the block's own rows and the streamed tiles sit in swizzled shared
 // memory and every fragment is read from there (the registers hold the accumulators, the scores and
 // dP: at D 128, 128 of them). Operands are contiguous [B, H, T, D]; a loaded tile is waited for
@@ -19,7 +22,7 @@
 namespace kiln::codegen {
 
 struct AttentionBackwardKernel {
-  enum class Part { stats, dq, dk, dv };
+  enum class Part { stats, dq, dk, dv, dkv };
   Part part = Part::dq;
   int head_dim = 64;
   bool causal = false;
@@ -35,7 +38,7 @@ struct AttentionBackwardKernel {
     }
   }
   std::string name() const {
-    const char* parts[] = {"stats", "dq", "dk", "dv"};
+    const char* parts[] = {"stats", "dq", "dk", "dv", "dkv"};
     return std::string("kiln_attention_bwd_") + parts[static_cast<int>(part)] + "_d" + std::to_string(head_dim) +
            (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt));
   }
@@ -52,7 +55,8 @@ inline std::string attention_backward_source(const AttentionBackwardKernel& a) {
   s += "#define KILN_PACK kiln_pack_" + t + "\n";
   s += "#define KILN_TO_F32 kiln_" + t + "_to_f32\n";
   s += "#define KILN_NAME " + a.name() + "\n";
-  s += "#define KILN_PART_" + std::string(a.part == Part::stats ? "STATS" : a.part == Part::dq ? "DQ" : a.part == Part::dk ? "DK" : "DV") + " 1\n";
+  const char* part_macros[] = {"STATS", "DQ", "DK", "DV", "DKV"};
+  s += "#define KILN_PART_" + std::string(part_macros[static_cast<int>(a.part)]) + " 1\n";
   s += attention_prelude();
   s += R"(
 // ---- the backward kernels ----------------------------------------------------------------------
@@ -241,12 +245,16 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   if (bhk >= BHkv) return;
   const int Hkv = H / G, b = bhk / Hkv, hk = bhk % Hkv;
   load_tile<BR>(Ks, k + (i64)bhk * Tk * KILN_D, KILN_D, n0, Tk);
-#ifdef KILN_PART_DK
+#ifndef KILN_PART_DV
   load_tile<BR>(Vs, v + (i64)bhk * Tk * KILN_D, KILN_D, n0, Tk);
 #endif
   const int row = n0 + warp * 16 + (lane >> 2);  // this thread's keys: row and row + 8
-  float acc[KILN_D / 8][4];
+  float acc[KILN_D / 8][4];  // dk, or dv in the dv kernel
   ZERO_ACC(acc);
+#ifdef KILN_PART_DKV
+  float acc_v[KILN_D / 8][4];  // dv
+  ZERO_ACC(acc_v);
+#endif
   const int first = KILN_CAUSAL ? n0 / BC * BC : 0;  // earlier queries see none of these keys
   for (int hh = 0; hh < G; ++hh) {
     const i64 bh = (i64)b * H + hk * G + hh;
@@ -278,6 +286,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #ifdef KILN_PART_DV
       scores_times_tile(acc, p, Gs, lane);  // dv += p^T dO
 #else
+#ifdef KILN_PART_DKV
+      scores_times_tile(acc_v, p, Gs, lane);  // dv += p^T dO, before p becomes dS^T
+#endif
       float dp[BC / 8][4];
       rows_times_rows(dp, Vs, Gs, warp, lane);  // dP^T = v dO^T
 #pragma unroll
@@ -295,6 +306,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   store_rows(out + (i64)bhk * Tk * KILN_D, acc, 1.f, n0 + warp * 16, Tk, lane);
 #else
   store_rows(out + (i64)bhk * Tk * KILN_D, acc, scale, n0 + warp * 16, Tk, lane);
+#endif
+#ifdef KILN_PART_DKV
+  store_rows(out + ((i64)BHkv + bhk) * Tk * KILN_D, acc_v, 1.f, n0 + warp * 16, Tk, lane);  // the second half
 #endif
 }
 #endif

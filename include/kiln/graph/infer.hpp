@@ -269,6 +269,11 @@ inline void infer_node(Graph& g, Node& n) {
         return;
       }
       if (n.op == Op::attention_grad) {  // the gradient of q, k or v (attrs.c): that input's shape
+        if (n.attrs.c == 3) {              // dk and dv together: [2, B, Hkv, Tk, D]
+          n.shape = Dims{2};
+          for (auto d : in(1).shape) n.shape.push_back(d);
+          return;
+        }
         n.shape = in(static_cast<int>(n.attrs.c)).shape;
         return;
       }

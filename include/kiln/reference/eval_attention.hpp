@@ -131,13 +131,15 @@ inline void eval_attention_stats(const graph::Node& n, const Value& q, const Val
 }
 
 // attention_grad(q, k, v, g, stats, scale), attrs.c = 0, 1, 2: the gradient of q, k or v of
-// attention given g, its output's cotangent (from the definition; the statistics are not read).
+// attention given g, its output's cotangent (from the definition; the statistics are not read);
+// attrs.c = 3: k's and v's, stacked as [2, B, Hkv, Tk, D].
 inline void eval_attention_grad(const graph::Node& n, const Value& q, const Value& k, const Value& v, const Value& g,
                                 double given_scale, Value& out) {
   const std::int64_t B = q.shape[0], H = q.shape[1], Tq = q.shape[2], D = q.shape[3];
   const std::int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3], G = H / Hkv;
   const double scale = n.attrs.b ? given_scale : 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)));
   std::fill(out.data.begin(), out.data.end(), 0.0);
+  const std::int64_t dv_at = n.attrs.c == 3 ? B * Hkv * Tk * D : 0;  // where v's gradient starts
   std::vector<double> p, lse, ds(static_cast<std::size_t>(Tq * Tk));
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
@@ -162,10 +164,10 @@ inline void eval_attention_grad(const graph::Node& n, const Value& q, const Valu
           const double pij = p[i * Tk + j], dsij = ds[i * Tk + j];
           if (n.attrs.c == 0)
             for (std::int64_t d = 0; d < D; ++d) out.data[((b * H + h) * Tq + i) * D + d] += dsij * kh[j * D + d];
-          else if (n.attrs.c == 1)
+          if (n.attrs.c == 1 || n.attrs.c == 3)
             for (std::int64_t d = 0; d < D; ++d) out.data[(hk * Tk + j) * D + d] += dsij * qh[i * D + d];
-          else
-            for (std::int64_t d = 0; d < Dv; ++d) out.data[(hk * Tk + j) * Dv + d] += pij * gh[i * Dv + d];
+          if (n.attrs.c == 2 || n.attrs.c == 3)
+            for (std::int64_t d = 0; d < Dv; ++d) out.data[dv_at + (hk * Tk + j) * Dv + d] += pij * gh[i * Dv + d];
         }
     }
 }
