@@ -3,6 +3,8 @@
 // bf16; gradients by gradcheck; typed errors naming the shapes; on the CPU and the GPU.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <limits>
 #include <vector>
 
@@ -93,15 +95,27 @@ TEST_CASE("attention: the fused kernel against the oracle, and its gradients (cu
     auto wc = w.to(k::cuda);
     auto got = vg(gq, gk, gv, wc);
     // dk and dv come from one kernel where both accumulators fit a thread's registers (D <= 96).
-    bool joined = false;
-    for (const auto& kernel : k::explain(vg, gq, gk, gv, wc).kernels)
+    // The forward's kernel writes the rows' log-sum-exp the backward reads: no kernel of its own.
+    bool joined = false, lse_in_forward = false, lse_alone = false;
+    for (const auto& kernel : k::explain(vg, gq, gk, gv, wc).kernels) {
       joined = joined || kernel.source.find("kiln_attention_bwd_dkv_") != std::string::npos;
+      const auto& ops = kernel.fused_ops;
+      bool lse = std::find(ops.begin(), ops.end(), "attention_lse") != ops.end();
+      lse_in_forward = lse_in_forward || (lse && ops.front() == "attention_flash");
+      lse_alone = lse_alone || (lse && ops.front() == "attention_lse");
+    }
     CHECK(joined == (c.D <= 96));
+    CHECK(lse_in_forward);
+    CHECK(!lse_alone);
     const k::Tensor grads[3] = {std::get<1>(got), std::get<2>(got), std::get<3>(got)};
     k::Attrs at;
     at.a = c.causal;
     auto g = k::cast(w, c.dt);
-    auto stats = k::expr::make<k::Op::attention_stats>(at, q, kk, g, plain(q, kk, v), 0.0);
+    auto stats = k::expr::make<k::Op::attention_lse>(at, q, kk, 0.0);  // (the oracle's gradients do not read it)
+    // Where no forward kernel writes it, a kernel of its own computes the log-sum-exp.
+    auto lse_alone_r = k::testing::allclose(k::Tensor(k::expr::make<k::Op::attention_lse>(at, gq, gk, 0.0)),
+                                            k::reference::eval(stats), 1e-3, 1e-3);
+    CHECK_MESSAGE(bool(lse_alone_r), "attention_lse: " << lse_alone_r);
     for (int which = 0; which < 3; ++which) {  // dq, dk, dv
       at.c = which;
       auto want = k::reference::eval(k::expr::make<k::Op::attention_grad>(at, q, kk, v, g, stats, 0.0));

@@ -191,8 +191,10 @@ constexpr Cotangents matmul(Builder& b, int y, int g) {
 }
 
 // attention_flash (the fused kernel's node). With attrs.keepdim (lowering's choice: the fused
-// backward) three kernels read q, k, v, the cotangent and the row statistics of attention_stats
-// (each row's log-sum-exp and sum(g * o)), recomputing the probabilities tile by tile; else the
+// backward) two or three kernels read q, k, v, the cotangent and the row statistics [B, H, Tq, 2]
+// (each row's log-sum-exp, attention_lse, which the forward's kernel writes beside o where both
+// are in one program (schedule/fuse.hpp); and delta = sum(g * o), a reduction), recomputing the
+// probabilities tile by tile; else the
 // backward is built from primitives with the probabilities materialised (rewrite/decompose.hpp's
 // attention_backward). The scale gets no cotangent.
 constexpr Cotangents attention_flash(Builder& b, int y, int g) {
@@ -206,7 +208,12 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   at.a = n.attrs.a;  // causal
   at.b = n.attrs.b;  // the scale given
   const int g16 = b.cast(g, n.dt);
-  const int stats = b.op(Op::attention_stats, {q, k, g16, y, scale}, at);
+  const int lse = b.op(Op::attention_lse, {q, k, scale}, at);
+  const int delta = b.sum(b.mul(b.cast(g16, kiln::dtype::f32), b.cast(y, kiln::dtype::f32)), Dims{3}, true);
+  Dims pair = b.shape(y), row = b.shape(lse);
+  pair[3] = 2;
+  row.push_back(1);
+  const int stats = b.where(b.cmp(Op::eq, b.iota(pair, 3), b.constant(0)), b.reshape(lse, row), delta);
   Cotangents c = no_cotangents;
   at.c = 0;  // dq
   c[0] = b.op(Op::attention_grad, {q, k, v, g16, stats, scale}, at);
@@ -306,7 +313,7 @@ inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   set(Op::embedding_backward, rules::embedding_backward);
   set(Op::matmul, rules::matmul);
   set(Op::attention_flash, rules::attention_flash);
-  set(Op::attention_stats, rules::attention_backward_node);
+  set(Op::attention_lse, rules::attention_backward_node);
   set(Op::attention_grad, rules::attention_backward_node);
   set(Op::custom, rules::custom);
   set(Op::custom_backward, rules::custom_backward);

@@ -2,7 +2,9 @@
 // the tile primitives of attention_kernel.hpp. None materialises the scores: each recomputes its
 // tile of p = exp(s * scale - lse) from q and k and the row statistics.
 //   stats  one block a 64-query tile: each row's log-sum-exp of its scaled, masked scores (a pass
-//          over the keys, q k^T only) and delta = sum(dO * o) -> [B, H, Tq, 2] f32
+//          over the keys, q k^T only) -> [B, H, Tq] f32; only where the forward's kernel, which
+//          writes the same, is not in the program (autodiff/rules.hpp's attention_flash)
+// dq and dk/dv read the rows' statistics [B, H, Tq, 2]: the log-sum-exp and delta = sum(dO * o).
 //   dq     one block a 64-query tile, over the key tiles: dP = dO v^T, dS = p (dP - delta),
 //          dq = scale dS k
 //   dk, dv one block a 64-key tile of one key/value head, over the query tiles of every query head
@@ -53,7 +55,6 @@ inline std::string attention_backward_source(const AttentionBackwardKernel& a) {
   s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
   s += "#define KILN_MMA(d, a, b0, b1) kiln_mma_16816_" + t + "(d, a, b0, b1)\n";
   s += "#define KILN_PACK kiln_pack_" + t + "\n";
-  s += "#define KILN_TO_F32 kiln_" + t + "_to_f32\n";
   s += "#define KILN_NAME " + a.name() + "\n";
   const char* part_macros[] = {"STATS", "DQ", "DK", "DV", "DKV"};
   s += "#define KILN_PART_" + std::string(part_macros[static_cast<int>(a.part)]) + " 1\n";
@@ -117,8 +118,8 @@ __device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KILN_D /
 // One block a tile of BR queries of one (batch, head); keys in tiles of BC.
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, const u16* __restrict__ g,
-          const u16* __restrict__ o, float* __restrict__ stats, u16* __restrict__ dq, int BH, int H, int G, int Tq,
-          int Tk, float scale_log2, float scale) {
+          float* __restrict__ stats, u16* __restrict__ dq, int BH, int H, int G, int Tq, int Tk, float scale_log2,
+          float scale) {
   extern __shared__ __align__(128) unsigned char kiln_smem[];
   uint4* Qs = reinterpret_cast<uint4*>(kiln_smem);
   uint4* Ks = Qs + BR * CH;
@@ -210,19 +211,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const int t = row + r * 8;
-    if ((lane & 3) == 0 && t < Tq) stats[((i64)bh * Tq + t) * 2] = l == 0.f ? KILN_POS_INF : (row_max[r] + kiln_log2(l)) * LN2;
-  }
-  // delta = sum over d of dO * o, a warp a row.
-  const u16* gp = g + (i64)bh * Tq * KILN_D;
-  const u16* op = o + (i64)bh * Tq * KILN_D;
-  for (int r = warp; r < BR; r += KILN_WARPS) {
-    const int t = m0 + r;
-    if (t >= Tq) break;
-    float d = 0.f;
-    for (int c = lane; c < KILN_D; c += 32) d += KILN_TO_F32(gp[(i64)t * KILN_D + c]) * KILN_TO_F32(op[(i64)t * KILN_D + c]);
-#pragma unroll
-    for (int m = 16; m >= 1; m /= 2) d += __shfl_xor_sync(0xffffffffu, d, m);
-    if (lane == 0) stats[((i64)bh * Tq + t) * 2 + 1] = d;
+    if ((lane & 3) == 0 && t < Tq) stats[(i64)bh * Tq + t] = l == 0.f ? KILN_POS_INF : (row_max[r] + kiln_log2(l)) * LN2;
   }
 #endif
 }

@@ -7,7 +7,8 @@
 // probabilities go back into the second mma as A fragments straight from the score registers.
 // Keys past Tk and, for causal attention, keys after the query (aligned top-left, as torch's SDPA)
 // are masked; a row with no key gives zeros. The value tile's load overlaps q k^T, the next key
-// tile's load overlaps p v.
+// tile's load overlaps p v. Given an lse buffer [B, H, Tq] f32, each row's log-sum-exp goes there
+// too (what the fused backward reads; +inf for a row with no key).
 //
 // The tile primitives (kiln_cp_async16, kiln_ldmatrix_x4, kiln_mma_16816) are what a block
 // program's `dot` is made of (issue 20); the kernel is written out once here, specialised by
@@ -173,7 +174,7 @@ inline std::string attention_forward_source(const AttentionKernel& a) {
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ o,
           int BH, int H, int G, int Tq, int Tk, float scale_log2, i64 qb, i64 qh, i64 qt, i64 kb, i64 kh, i64 kt, i64 vb,
-          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot) {
+          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse) {
   extern __shared__ __align__(128) unsigned char kiln_smem[];
   uint4* Qs = reinterpret_cast<uint4*>(kiln_smem);
   uint4* Ks = Qs + BM * CH;
@@ -328,6 +329,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       const float inv = l == 0.f ? 0.f : 1.f / l;
       const int t = w0 + mt * 16 + (lane >> 2) + r * 8;
       if (t >= Tq) continue;
+      if (lse && (lane & 3) == 0)  // the row's log-sum-exp for the backward (+inf: no key, p = 0)
+        lse[(i64)bh * Tq + t] = l == 0.f ? __int_as_float(0x7f800000) : (row_max[mt][r] + kiln_log2(l)) * 0.6931471805599453f;
       u16* out = o + b * ob + h * oh + (i64)t * ot + 2 * (lane & 3);
 #pragma unroll
       for (int i = 0; i < KILN_D / 8; ++i)

@@ -59,7 +59,7 @@ inline report make_report(const runtime::Entry& e, const runtime::ProgramCache& 
       ki.source = runtime::describe_matmul_step(p.graph, p.env, k.extern_node,
                                                 k.epilogue >= 0 ? &p.sched.epilogues[k.epilogue] : nullptr);
     if (k.extern_node >= 0 && (p.graph[k.extern_node].op == Op::attention_flash ||
-                               p.graph[k.extern_node].op == Op::attention_stats ||
+                               p.graph[k.extern_node].op == Op::attention_lse ||
                                p.graph[k.extern_node].op == Op::attention_grad))
       ki.source = runtime::describe_attention_step(p.graph, k.extern_node);
     for (const auto& op : k.src.fused_ops)

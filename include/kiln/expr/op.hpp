@@ -91,7 +91,7 @@ namespace kiln {
   X(rand, "rand", index, 5)                         \
   X(attention, "attention", composite, 5)           \
   X(attention_flash, "attention_flash", extern_, 4) \
-  X(attention_stats, "attention_stats", extern_, 5) \
+  X(attention_lse, "attention_lse", extern_, 3)     \
   X(attention_grad, "attention_grad", extern_, 6)   \
   X(score_arg, "score_arg", composite, 3)
 
@@ -149,7 +149,7 @@ constexpr bool is_transcendental(Op op) {
 constexpr bool is_custom(Op op) { return op == Op::custom || op == Op::custom_backward; }
 // The fused attention kernels' nodes (lowering makes them; their last input is the scale).
 constexpr bool is_fused_attention(Op op) {
-  return op == Op::attention_flash || op == Op::attention_stats || op == Op::attention_grad;
+  return op == Op::attention_flash || op == Op::attention_lse || op == Op::attention_grad;
 }
 // Extern steps that read their inputs as whole contiguous buffers (no views, no strides): lowering
 // copies strided arguments for them and the scheduler gives every input a buffer.

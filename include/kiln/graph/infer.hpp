@@ -263,9 +263,9 @@ inline void infer_node(Graph& g, Node& n) {
       if (is_custom(n.op)) return infer_custom(g, n);
       if (n.op == Op::embedding_backward) return infer_index(g, n);
       if (n.op == Op::attention_flash) return infer_attention(g, n);  // lowering made it: attrs.c is 0
-      if (n.op == Op::attention_stats) {  // [B, H, Tq, 2]: each query row's log-sum-exp and delta
+      if (n.op == Op::attention_lse) {  // [B, H, Tq]: each query row's log-sum-exp
         const Dims& qs = in(0).shape;
-        n.shape = Dims{qs[0], qs[1], qs[2], 2};
+        n.shape = Dims{qs[0], qs[1], qs[2]};
         return;
       }
       if (n.op == Op::attention_grad) {  // the gradient of q, k or v (attrs.c): that input's shape

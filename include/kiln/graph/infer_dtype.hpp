@@ -119,7 +119,7 @@ constexpr void infer_dtype(const Graph& g, Node& n) {
       } else if (n.op == Op::embedding_backward || n.op == Op::attention_flash || n.op == Op::attention_grad) {
         n.weak = false;
         n.dt = in(0).dt;
-      } else if (n.op == Op::attention_stats) {
+      } else if (n.op == Op::attention_lse) {
         n.weak = false;
         n.dt = kiln::dtype::f32;
       } else {  // matmul

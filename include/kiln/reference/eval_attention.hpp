@@ -112,21 +112,15 @@ inline void attention_probabilities(const graph::Node& n, const Value& q, const 
   }
 }
 
-// attention_stats(q, k, g, o, scale) -> [B, H, Tq, 2]: each row's log-sum-exp, sum(g * o).
-inline void eval_attention_stats(const graph::Node& n, const Value& q, const Value& k, const Value& g, const Value& o,
-                                 double given_scale, Value& out) {
-  const std::int64_t B = q.shape[0], H = q.shape[1], Tq = q.shape[2], Dv = o.shape[3];
+// attention_lse(q, k, scale) -> [B, H, Tq]: each row's log-sum-exp of its scaled, masked scores
+// (+inf for a row with no key).
+inline void eval_attention_lse(const graph::Node& n, const Value& q, const Value& k, double given_scale, Value& out) {
+  const std::int64_t B = q.shape[0], H = q.shape[1], Tq = q.shape[2];
   std::vector<double> p, lse;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       attention_probabilities(n, q, k, given_scale, b, h, p, lse);
-      for (std::int64_t i = 0; i < Tq; ++i) {
-        const std::int64_t row = (b * H + h) * Tq + i;
-        double delta = 0;
-        for (std::int64_t d = 0; d < Dv; ++d) delta += g.data[row * Dv + d] * o.data[row * Dv + d];
-        out.data[row * 2] = lse[i];
-        out.data[row * 2 + 1] = delta;
-      }
+      for (std::int64_t i = 0; i < Tq; ++i) out.data[(b * H + h) * Tq + i] = lse[i];
     }
 }
 

@@ -336,8 +336,8 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
     case Op::attention_flash:  // the fused kernel's node: attention without a score_mod
       eval_attention(n, in(0), in(1), in(2), in(3).data[0], n.attrs.c ? &in(4) : nullptr, out);
       return out;
-    case Op::attention_stats:
-      eval_attention_stats(n, in(0), in(1), in(2), in(3), in(4).data[0], out);
+    case Op::attention_lse:
+      eval_attention_lse(n, in(0), in(1), in(2).data[0], out);
       return out;
     case Op::attention_grad:
       eval_attention_grad(n, in(0), in(1), in(2), in(3), in(5).data[0], out);

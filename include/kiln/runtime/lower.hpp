@@ -259,6 +259,7 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
     if (plan.kind == schedule::Kind::extern_) {
       ck.extern_node = plan.domain;
       ck.epilogue = plan.epilogue;
+      ck.attention_lse = plan.attention_lse;
       ck.src.name = plan.name;
       ck.src.kind = plan.kind;
       const graph::Node& n = g[plan.domain];
@@ -270,6 +271,7 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
         if (e.bias >= 0) ck.src.fused_ops.push_back("bias");
         if (e.act != schedule::Activation::none) ck.src.fused_ops.push_back(schedule::activation_name(e.act));
       }
+      if (plan.attention_lse >= 0) ck.src.fused_ops.push_back("attention_lse");  // the rows' log-sum-exp too
     } else {
       ck.src = write_kernel(g, p.sched, env, k, target, arg, p.tuning).value();
     }

@@ -37,6 +37,7 @@ struct KernelPlan {
   std::vector<int> partials;
   std::int64_t partial_groups = 0;
   int epilogue = -1;  // a matmul step: its epilogue in Schedule::epilogues, -1 for none
+  int attention_lse = -1;  // an attention_flash step: the attention_lse node its kernel writes too
 
   std::string debug_str(const graph::Graph& g) const {
     std::ostringstream os;
@@ -250,6 +251,29 @@ inline int first_possible_kernel(const graph::Graph& g, const std::vector<bool>&
 
 }  // namespace detail
 
+namespace detail {
+
+// attention_flash node -> the attention_lse node (the rows' log-sum-exp the fused backward reads)
+// over the same q, k, scale and mask, which the forward's kernel writes beside its output; -1.
+inline std::vector<int> lse_written_by_forward(const graph::Graph& g) {
+  std::vector<int> lse_of(g.size(), -1);
+  for (int l = 0; l < g.size(); ++l) {
+    const graph::Node& L = g[l];
+    if (L.op != Op::attention_lse) continue;
+    for (int f = 0; f < l; ++f) {
+      const graph::Node& F = g[f];
+      if (F.op == Op::attention_flash && lse_of[f] < 0 && F.in[0] == L.in[0] && F.in[1] == L.in[1] &&
+          F.in[3] == L.in[2] && F.attrs.a == L.attrs.a && F.attrs.b == L.attrs.b) {
+        lse_of[f] = l;
+        break;
+      }
+    }
+  }
+  return lse_of;
+}
+
+}  // namespace detail
+
 // Groups the graph's anchors into kernels in topological order: an anchor joins the latest kernel
 // that iterates over its domain and runs after everything it reads; otherwise it opens a kernel.
 // `anchor`: the nodes that get buffers (find_anchors' and any a later pass adds). A matmul with an
@@ -265,6 +289,9 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
     step_at[epilogues[e].pre] = e;
     for (int v : {epilogues[e].matmul, epilogues[e].pre, epilogues[e].out}) in_step[v] = true;
   }
+  const std::vector<int> lse_of = detail::lse_written_by_forward(g);
+  for (int f = 0; f < g.size(); ++f)
+    if (lse_of[f] >= 0) in_step[lse_of[f]] = true;
   std::vector<bool> gather_source(g.size(), false);
   for (auto& n : g.nodes)
     if (n.op == Op::gather || n.op == Op::embedding) gather_source[n.in[0]] = true;
@@ -312,6 +339,11 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
     KernelPlan& plan = s.kernels[chosen];
     (is_reduction(n.op) ? plan.reductions : plan.stores).push_back(i);
     s.kernel_of[i] = chosen;
+    if (lse_of[i] >= 0) {  // the forward attention kernel stores its rows' log-sum-exp too
+      plan.stores.push_back(lse_of[i]);
+      plan.attention_lse = lse_of[i];
+      s.kernel_of[lse_of[i]] = chosen;
+    }
     if (gather_source[i]) plan.closed = true;
   }
   return s;

@@ -33,7 +33,7 @@ inline bool attention_flash_fits(const Dims& q, const Dims& k, const Dims& v, dt
   return graph::detail::fused_attention_head_dims(q, k, v);
 }
 
-// The node of a fused attention node's scale: its last input (attention_flash, attention_stats and
+// The node of a fused attention node's scale: its last input (attention_flash, attention_lse and
 // attention_grad alike).
 inline int attention_scale_node(const graph::Node& n) { return n.in[n.n_in - 1]; }
 // The scale it runs with: the scalar when the user gave one (attrs.b), else 1/sqrt(D).
@@ -56,7 +56,7 @@ inline std::string describe_attention_step(const graph::Graph& g, int node) {
   const graph::Node& n = g[node];
   if (n.op == Op::attention_flash) return codegen::attention_forward_source(attention_kernel_of(g, n));
   codegen::AttentionBackwardKernel a;
-  a.part = n.op == Op::attention_stats ? codegen::AttentionBackwardKernel::Part::stats
+  a.part = n.op == Op::attention_lse ? codegen::AttentionBackwardKernel::Part::stats
                                        : static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1);
   a.head_dim = static_cast<int>(g[n.in[0]].shape[3]);
   a.causal = n.attrs.a != 0;
@@ -120,13 +120,12 @@ inline void check(const Tensor& t, const char* what) {
 
 }  // namespace attention_detail
 
-// The fused backward's row statistics: out [B, H, Tq, 2] f32 holds each query row's log-sum-exp of
-// its scaled, masked scores and delta = sum(g * o) over the head dim (g: the output's cotangent).
-inline void attention_stats(const Tensor& q, const Tensor& k, const Tensor& g, const Tensor& o, double scale,
-                            bool causal, Tensor& out, CUstream stream) {
-  const Tensor* ts[] = {&q, &k, &g, &o, &out};
-  const char* names[] = {"q", "k", "the output's cotangent", "the output", "the statistics"};
-  for (int i = 0; i < 5; ++i) attention_detail::check_contiguous(*ts[i], names[i]);
+// Each query row's log-sum-exp of its scaled, masked scores into out [B, H, Tq] f32, for the fused
+// backward: a pass over the keys, where the forward's kernel has not written it (attention_flash).
+inline void attention_lse(const Tensor& q, const Tensor& k, double scale, bool causal, Tensor& out, CUstream stream) {
+  const Tensor* ts[] = {&q, &k, &out};
+  const char* names[] = {"q", "k", "the log-sum-exp"};
+  for (int i = 0; i < 3; ++i) attention_detail::check_contiguous(*ts[i], names[i]);
   codegen::AttentionBackwardKernel a;
   a.part = codegen::AttentionBackwardKernel::Part::stats;
   a.head_dim = static_cast<int>(q.shape()[3]);
@@ -136,14 +135,14 @@ inline void attention_stats(const Tensor& q, const Tensor& k, const Tensor& g, c
   int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / k.shape()[1]),
       Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(k.shape()[2]);
   float scale_log2 = static_cast<float>(scale * std::numbers::log2e), sc = static_cast<float>(scale);
-  const void *qp = q.data_ptr(), *kp = k.data_ptr(), *gp = g.data_ptr(), *op = o.data_ptr(), *none = nullptr;
+  const void *qp = q.data_ptr(), *kp = k.data_ptr(), *none = nullptr;
   void* sp = out.data_ptr();
-  void* args[] = {&qp, &kp, &none, &gp, &op, &sp, &none, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc};
+  void* args[] = {&qp, &kp, &none, &none, &sp, &none, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc};
   attention_detail::launch_part(a, out.device().index, Tq, BH, args, stream);
 }
 
 // One gradient of attention (part: dq, dk or dv) into out, from q, k, v, g (the output's cotangent)
-// and the row statistics of attention_stats.
+// and the row statistics [B, H, Tq, 2] (each row's log-sum-exp and delta = sum(g * o)).
 inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Tensor& q, const Tensor& k,
                            const Tensor& v, const Tensor& g, const Tensor& stats, double scale, bool causal, Tensor& out,
                            CUstream stream) {
@@ -164,7 +163,7 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
   void* op = out.data_ptr();
   const int device = out.device().index;
   if (part == codegen::AttentionBackwardKernel::Part::dq) {
-    void* args[] = {&qp, &kp, &vp, &gp, &none, &sp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc};
+    void* args[] = {&qp, &kp, &vp, &gp, &sp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc};
     attention_detail::launch_part(a, device, Tq, BH, args, stream);
   } else {
     void* args[] = {&qp, &kp, &vp, &gp, &sp, &op, &BHkv, &H, &G, &Tq, &Tk, &scale_log2, &sc};
@@ -173,14 +172,16 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
 }
 
 // out = softmax(q k^T * scale [causal]) v, written by the fused kernel with `warps` warps a block
-// and `row_tiles` 16-row tiles a warp (0: AttentionKernel::for_head_dim's choice).
+// and `row_tiles` 16-row tiles a warp (0: AttentionKernel::for_head_dim's choice); given lse, each
+// row's log-sum-exp into it ([B, H, Tq] f32, attention_lse's value).
 inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int warps,
-                            int row_tiles, Tensor& out, CUstream stream) {
+                            int row_tiles, Tensor& out, Tensor* lse, CUstream stream) {
   if (!q.device().is_cuda()) throw error("attention: the fused kernel runs on CUDA devices only");
   attention_detail::check(q, "q");
   attention_detail::check(k, "k");
   attention_detail::check(v, "v");
   attention_detail::check(out, "its output");
+  if (lse) attention_detail::check_contiguous(*lse, "the log-sum-exp");
   const Dims &qs = q.shape(), &ks = k.shape();
   if (!attention_flash_fits(qs, ks, v.shape(), q.dtype(), 80) || k.dtype() != q.dtype() || v.dtype() != q.dtype())
     throw shape_error("attention: this program runs the fused kernel, which does not take q " + qs.str() + ", k " +
@@ -198,12 +199,13 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
   float scale_log2 = static_cast<float>(scale * std::numbers::log2e);
   const void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr();
   void* op = out.data_ptr();
+  void* lp = lse ? lse->data_ptr() : nullptr;
   std::int64_t st[12];
   const Tensor* ts[4] = {&q, &k, &v, &out};
   for (int t = 0; t < 4; ++t)
     for (int i = 0; i < 3; ++i) st[3 * t + i] = ts[t]->strides()[i];
   void* args[] = {&qp, &kp, &vp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &st[0], &st[1], &st[2], &st[3],
-                  &st[4], &st[5], &st[6], &st[7], &st[8], &st[9], &st[10], &st[11]};
+                  &st[4], &st[5], &st[6], &st[7], &st[8], &st[9], &st[10], &st[11], &lp};
   const unsigned blocks = static_cast<unsigned>((Tq + a.query_rows() - 1) / a.query_rows());
   const std::int64_t heads = qs[0] * qs[1], most = 65535;  // (batch, head) pairs along y, then z
   if (blocks == 0 || heads == 0) return;

@@ -39,6 +39,7 @@ struct CompiledKernel {
   codegen::KernelSource src;
   int extern_node = -1;                         // matmul or custom op: the node
   int epilogue = -1;                            // matmul: its epilogue in the schedule's (matmul_step.hpp)
+  int attention_lse = -1;                       // attention_flash: the attention_lse node it writes too
   void (*cpu)(void**, std::int64_t) = nullptr;  // CPU entry: (args, number of programs)
   CUfunction cuda = nullptr;
   std::int64_t grid_limit = 0;  // CUDA row kernels: most blocks a launch (they loop over rows)
@@ -361,15 +362,16 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         return;
       }
       if (n.op == Op::attention_flash) {  // the fused attention kernel: runtime/extern/attention.hpp
+        const int lse = k.attention_lse;
         attention_flash(buffer(n.in[0]), buffer(n.in[1]), buffer(n.in[2]),
                         attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
-                        static_cast<int>(n.attrs.d), static_cast<int>(n.attrs.dims[0]), temps[k.extern_node], stream);
+                        static_cast<int>(n.attrs.d), static_cast<int>(n.attrs.dims[0]), temps[k.extern_node],
+                        lse >= 0 ? &temps[lse] : nullptr, stream);
         return;
       }
-      if (n.op == Op::attention_stats) {  // the fused backward's row statistics
-        attention_stats(buffer(n.in[0]), buffer(n.in[1]), buffer(n.in[2]), buffer(n.in[3]),
-                        attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
-                        temps[k.extern_node], stream);
+      if (n.op == Op::attention_lse) {  // the rows' log-sum-exp where no forward kernel wrote it
+        attention_lse(buffer(n.in[0]), buffer(n.in[1]), attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]),
+                      n.attrs.a, temps[k.extern_node], stream);
         return;
       }
       if (n.op == Op::attention_grad) {  // dq, dk or dv of the fused backward

@@ -65,6 +65,7 @@ std::vector<int> nodes_touched(const ProgramT& p, std::size_t k) {
       for (int node : nodes)
         if (node >= 0) out.push_back(node);
     }
+    if (step.attention_lse >= 0) out.push_back(step.attention_lse);  // the forward's rows' log-sum-exp
     return out;
   }
   for (const auto& param : step.src.params)
