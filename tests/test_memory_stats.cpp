@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
 
 #include "have_gpu.hpp"
 
@@ -128,4 +129,55 @@ TEST_CASE("host cache: a freed block makes room by evicting the oldest, and is t
 TEST_CASE("memory_stats of a CUDA device on a machine without one is a device_error" * needs_no_gpu()) {
   CHECK_THROWS_AS(k::memory_stats(k::cuda), k::device_error);
   CHECK_THROWS_AS(k::reset_peak_memory_stats(k::cuda(1)), k::device_error);
+}
+
+namespace {
+
+template <int N>
+auto residual_chain(auto h, auto w) {
+  if constexpr (N == 0)
+    return h;
+  else {
+    auto r = residual_chain<N - 1>(h, w);
+    return k::relu(k::matmul(r, w)) * 0.5f + r;
+  }
+}
+
+// The peak of one call of a 12-block residual chain on `dev`, beyond what was allocated before it,
+// in buffers of the blocks' [97, 97] f32 shape; checks the result against the oracle.
+double chain_peak_in_buffers(k::Device dev) {
+  auto f = k::compile([](auto h, auto w) { return residual_chain<12>(h, w); });
+  k::Tensor h = k::randn({97, 97}, k::f32, k::cpu, 3), w = k::randn({97, 97}, k::f32, k::cpu, 4);
+  k::eval(w, w * 0.1f);  // keeps the chain's values moderate
+  k::Tensor hd = h.to(dev), wd = w.to(dev);
+  k::Tensor warm = f(hd, wd);  // compiled; its blocks cached
+  k::synchronize();
+  warm = k::Tensor();
+  const std::int64_t before = k::memory_stats(dev).allocated;
+  k::reset_peak_memory_stats(dev);
+  k::Tensor y = f(hd, wd);
+  k::synchronize();
+  const std::int64_t peak = k::memory_stats(dev).peak;
+  auto r = k::testing::allclose(y.to(k::cpu), k::reference::eval(residual_chain<12>(h, w)), 1e-4, 1e-4);
+  CHECK_MESSAGE(bool(r), r);
+  return static_cast<double>(peak - before) / (97.0 * 97.0 * 4.0);
+}
+
+}  // namespace
+
+TEST_CASE("memory_stats (cpu): a program's intermediates live from the step that writes them to the last that reads it") {
+  // 24 intermediates (12 products, 12 block outputs) if all lived for the whole call; a block reads
+  // only the one before it, so about three at a time, plus the output.
+  const double peak = chain_peak_in_buffers(k::cpu);
+  MESSAGE("peak of one call: " << peak << " buffers");
+  CHECK(peak >= 1.0);  // the output at least
+  CHECK(peak <= 6.0);
+}
+
+TEST_CASE("memory_stats (cuda): a program's intermediates live from the step that writes them to the last that reads it" *
+          needs_gpu()) {
+  const double peak = chain_peak_in_buffers(k::cuda);
+  MESSAGE("peak of one call: " << peak << " buffers");
+  CHECK(peak >= 1.0);
+  CHECK(peak <= 6.0);
 }

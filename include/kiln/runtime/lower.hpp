@@ -302,6 +302,7 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   check_assign_order(g, *p);
   p->graph = std::move(g);
   p->env = std::move(env);
+  p->lifetimes = plan_lifetimes(*p);
   return p;
 }
 

@@ -28,6 +28,7 @@
 #include "../extern/custom.hpp"
 #include "../extern/embedding_backward.hpp"
 #include "../extern/matmul_step.hpp"
+#include "buffer_lifetimes.hpp"
 #include "cuda_module.hpp"
 #include "index_checks.hpp"
 #include "profile.hpp"
@@ -106,6 +107,7 @@ struct Program {
   // its table as soon as they exist (index_checks.hpp).
   bool check_indices = false;
   std::vector<IndexCheck> index_checks;
+  BufferLifetimes lifetimes;  // plain runs: when each intermediate is allocated and released
   Tuning tuning;           // the environment's KILN_TUNE_* choices when it was planned (core/tuning.hpp)
   std::string tuning_key;  // the disk cache's name for the choice
 
@@ -293,8 +295,12 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
   if (observer && (probe || (device.is_cuda() && stream && driver::is_capturing(stream))))
     observer = nullptr;  // (the driver is asked only when someone observes: not on the plain hit path)
   if (observer) observer->begin(*this, outputs, stream);
-  for (int b : buffers)
-    if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
+  // Intermediates: all of them now where they must outlive the run (keep) or a tuning probe reruns
+  // steps; else each from its first step to its last (buffer_lifetimes.hpp).
+  const bool all_buffers = keep || probe || lifetimes.allocate_before.size() != kernels.size();
+  if (all_buffers)
+    for (int b : buffers)
+      if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
   auto buffer = [&](int node) -> const Tensor& {
     return graph[node].op == Op::arg ? *args[graph[node].slot] : temps[node];
   };
@@ -404,10 +410,22 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     }
   };
   for (const auto& k : kernels) {
-    if (check_indices) check_after(static_cast<int>(&k - kernels.data()) - 1);
+    const auto step = static_cast<std::size_t>(&k - kernels.data());
+    if (!all_buffers)
+      for (int b : lifetimes.allocate_before[step])
+        if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
+    struct ReleaseAfter {  // this step's last buffers go back to the allocator, in stream order
+      const std::vector<int>* nodes;
+      std::vector<Tensor>& temps;
+      ~ReleaseAfter() {
+        if (nodes)
+          for (int b : *nodes) temps[b] = Tensor();
+      }
+    } release_after{all_buffers ? nullptr : &lifetimes.release_after[step], temps};
+    if (check_indices) check_after(static_cast<int>(step) - 1);
     if (!prof.active()) {
       run_step(k);
-      if (observer) observer->after_step(static_cast<std::size_t>(&k - kernels.data()), stream);
+      if (observer) observer->after_step(step, stream);
       continue;
     }
     std::string what = unit_name(k.src.name);
@@ -417,7 +435,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     prof.start(std::move(what));
     run_step(k);
     prof.stop();
-    if (observer) observer->after_step(static_cast<std::size_t>(&k - kernels.data()), stream);
+    if (observer) observer->after_step(step, stream);
   }
   if (observer) observer->end(stream);
 }
