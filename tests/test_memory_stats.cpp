@@ -181,3 +181,21 @@ TEST_CASE("memory_stats (cuda): a program's intermediates live from the step tha
   CHECK(peak >= 1.0);
   CHECK(peak <= 6.0);
 }
+
+TEST_CASE("share_blocks: buffers never live together share a block, the smallest that fits") {
+  // Steps 0-3; buffers 1 and 2 live together, 3 after 1, 4 after both (larger than either).
+  k::runtime::BufferLifetimes life;
+  life.allocate_before = {{1, 2}, {}, {3}, {4}};
+  life.release_after = {{1}, {2}, {3}, {4}};
+  const std::size_t bytes[] = {0, 400, 100, 300, 1000};
+  auto shared = k::runtime::share_blocks(life, 5, [&](int b) { return bytes[b]; });
+  CHECK(shared.slot_of[0] == -1);
+  CHECK(shared.slot_of[1] != shared.slot_of[2]);  // live together at step 0
+  CHECK(shared.slot_of[3] == shared.slot_of[1]);  // 1's block is free after step 0; 2's until step 1
+  CHECK(shared.slot_of[4] >= 0);
+  CHECK(shared.bytes.size() == 2);  // 4 takes the larger free block and grows it
+  std::size_t total = 0;
+  for (auto b : shared.bytes) total += b;
+  CHECK(total == 1000 + 100);
+  CHECK(shared.bytes[static_cast<std::size_t>(shared.slot_of[4])] == 1000);
+}

@@ -159,7 +159,6 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
       G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(ks[2]);
   float scale_log2 = static_cast<float>(scale * std::numbers::log2e), sc = static_cast<float>(scale);
   const void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr(), *gp = g.data_ptr(), *sp = stats.data_ptr();
-  const void* none = nullptr;
   void* op = out.data_ptr();
   const int device = out.device().index;
   if (part == codegen::AttentionBackwardKernel::Part::dq) {

@@ -94,7 +94,8 @@ class GraphReplay {
   // The intermediates of one set of sizes, shared by the graphs captured with those sizes.
   struct Temps {
     std::vector<std::int64_t> sizes;
-    std::vector<Tensor> buffers;
+    std::vector<Tensor> buffers;  // views of `blocks` where the program's lifetimes are known
+    std::vector<Tensor> blocks;   // storage shared by intermediates that are never live together
   };
   struct Graph {
     std::vector<std::uint64_t> key;
@@ -147,6 +148,19 @@ class GraphReplay {
     if (has_capturable_custom_ops()) (void)cond_node::unavailable(p.device.index);  // loads the set kernel now
     auto temps = temps_for_sizes();
     temps->buffers.resize(std::max<std::size_t>(temps->buffers.size(), p.graph.nodes.size()));
+    if (temps->blocks.empty() && p.lifetimes.allocate_before.size() == p.kernels.size()) {
+      // Intermediates never live together share a block (launch/buffer_lifetimes.hpp).
+      auto bytes_of = [&](int b) { return static_cast<std::size_t>(shape_of(b).product()) * itemsize(p.graph[b].dt); };
+      const SharedBlocks shared = share_blocks(p.lifetimes, p.graph.nodes.size(), bytes_of);
+      for (std::size_t bytes : shared.bytes)
+        temps->blocks.push_back(Tensor::empty(Dims{static_cast<std::int64_t>((bytes + 3) / 4)}, dtype::f32, p.device, stream));
+      for (int b : p.buffers) {
+        const int slot = shared.slot_of[static_cast<std::size_t>(b)];
+        if (slot >= 0 && !temps->buffers[b].defined())
+          temps->buffers[b] =
+              Tensor::wrap(temps->blocks[static_cast<std::size_t>(slot)].data_ptr(), shape_of(b), p.graph[b].dt, p.device);
+      }
+    }
     for (int b : p.buffers) {  // allocated outside the capture, on the stream the replays go to
       bool output = std::find(p.graph.outputs.begin(), p.graph.outputs.end(), b) != p.graph.outputs.end();
       if (!output && !temps->buffers[b].defined())
