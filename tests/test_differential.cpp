@@ -694,7 +694,13 @@ static void differential_corpus(long default_total) {
                             << " failures from this run's fresh seed (above, with the line that "
                                "reproduces each; KILN_DIFF_STRICT=1 makes them fail the test)");
   CHECK_MESSAGE(nonfinite == 0, "the generator made non-finite values: it should guard them");
-  if (only < 0) CHECK(expressions >= std::min(total, 500L));
+  // Every planned expression was checked (a gradient program checks a tenth of its share; a failing
+  // program fails above). Comparing with `total` instead failed whenever the corpus held a gradient
+  // program and total was at most 500 (455 of 500 in the GPU case's corpus).
+  long planned = 0;
+  for (const auto& r : results) planned += r.count;
+  if (only < 0 && strict_failures == 0) CHECK(expressions == planned);
+  CHECK(planned >= std::min(total, 500L) * 9 / 10);
 }
 
 TEST_CASE("differential: random expression graphs through generated kernels agree with the f64 oracle") {

@@ -332,8 +332,10 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
                                       index_code(count * step) + ")",
                                   kiln::dtype::boolean)
                                  .code;
+        // The input's index where `inside` holds; a lane outside reads nothing (its loads are
+        // masked), so a unit step keeps the index linear (contiguous runs load as vectors).
         std::vector<Sym> in_idx = idx;
-        in_idx[d] = floordiv(max(rel, Sym(0)), step);
+        in_idx[d] = step == Sym(1) ? rel : floordiv(max(rel, Sym(0)), step);
         Value v = emit(n.in[0], in_idx, xm.empty() ? inside : "(" + xm + " & " + inside + ")");
         return bind("kiln::where(" + inside + ", " + v.code + ", " + detail::literal(0, v.ct) + ")", ct);
       }

@@ -57,33 +57,73 @@ inline Sym KernelWriter::slice_step(int node) {
   return Sym(g_[node].attrs.d);
 }
 
-// Whether e is the same for every lane of an aligned tile of `vec` consecutive values of t (vec 0:
-// tiles that may start anywhere, as shifted rows' do).
-inline bool tile_invariant(const Sym& e, const Sym& t, std::int64_t vec) {
+// How e moves along an aligned tile of `vec` consecutive values of t (t = s + i with s a multiple of
+// vec and i < vec; vec 0: tiles that may start anywhere, as shifted rows' do): e(s + i) = e(s) +
+// step * i, and whether e(s) is a multiple of vec, which keeps the tile inside one block of a later
+// floor division or remainder by a multiple of vec (a permuted head dim of 64 read through
+// reshapes, a slice's offset). nullopt: the lanes move otherwise (a gather).
+struct TileForm {
+  std::int64_t step = 0;
+  bool aligned = false;
+};
+inline std::optional<TileForm> tile_form(const Sym& e, const Sym& t, std::int64_t vec) {
   auto free = e.free_symbols();
-  if (std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == t; })) return true;
-  if (e.kind() == SymKind::floordiv && e.args()[0] == t && e.args()[1].is_constant())
-    return vec > 0 && e.args()[1].constant_value() % vec == 0;
-  if (e.kind() == SymKind::mod) return tile_invariant(e.args()[0], t, vec);
-  if (e.kind() == SymKind::add || e.kind() == SymKind::mul)
-    return std::all_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return tile_invariant(a, t, vec); });
-  return false;
+  if (std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == t; }))
+    return TileForm{0, vec > 0 && e.is_constant() && e.constant_value() % vec == 0};
+  switch (e.kind()) {
+    case SymKind::symbol:  // t itself
+      return TileForm{1, vec > 0};
+    case SymKind::add: {
+      TileForm r{0, true};
+      for (const Sym& a : e.args()) {
+        auto f = tile_form(a, t, vec);
+        if (!f) return std::nullopt;
+        r.step += f->step;
+        r.aligned = r.aligned && f->aligned;
+      }
+      return r;
+    }
+    case SymKind::mul: {  // constants times one factor that moves, or factors that do not
+      std::int64_t c = 1;
+      std::optional<TileForm> moving;
+      bool other = false, other_aligned = false;  // factors that are not constants but do not move
+      for (const Sym& a : e.args()) {
+        if (a.is_constant()) {
+          c *= a.constant_value();
+          continue;
+        }
+        auto f = tile_form(a, t, vec);
+        if (!f || (f->step != 0 && moving)) return std::nullopt;  // two moving factors
+        if (f->step != 0)
+          moving = f;
+        else
+          other = true, other_aligned = other_aligned || f->aligned;
+      }
+      const bool c_aligned = vec > 0 && c % vec == 0;
+      if (!moving) return TileForm{0, other_aligned || c_aligned};
+      if (other) return std::nullopt;  // a step that is a symbol
+      return TileForm{c * moving->step, moving->aligned || c_aligned};
+    }
+    case SymKind::floordiv:
+    case SymKind::mod: {
+      const Sym& d = e.args()[1];
+      auto f = tile_form(e.args()[0], t, vec);
+      if (!f || !d.is_constant() || d.constant_value() <= 0) return std::nullopt;
+      const bool whole = vec > 0 && d.constant_value() % vec == 0;  // blocks of whole tiles
+      if (f->step == 0) return TileForm{0, e.kind() == SymKind::mod && f->aligned && whole};
+      if (f->step != 1 || !f->aligned || !whole) return std::nullopt;
+      return e.kind() == SymKind::mod ? TileForm{1, true} : TileForm{0, false};
+    }
+    default:
+      return std::nullopt;
+  }
 }
 
 // When offset(t) = base(tile start) + lane inside every aligned tile of t, returns base with t
 // replaced by the tile start: the access is then one contiguous run (a vector load or store).
 inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& start, std::int64_t vec) {
-  std::vector<Sym> terms = offset.kind() == SymKind::add ? std::vector<Sym>(offset.args().begin(), offset.args().end())
-                                                         : std::vector<Sym>{offset};
-  int varying = 0;
-  for (const Sym& term : terms) {
-    if (tile_invariant(term, t, vec)) continue;
-    bool lane = term == t || (vec > 0 && term.kind() == SymKind::mod && term.args()[0] == t &&
-                              term.args()[1].is_constant() && term.args()[1].constant_value() % vec == 0);
-    if (!lane) return std::nullopt;
-    ++varying;
-  }
-  if (varying != 1) return std::nullopt;
+  auto f = tile_form(offset, t, vec);
+  if (!f || f->step != 1) return std::nullopt;
   SymMap m;
   m.emplace(t, start);
   return offset.substitute(m);
@@ -228,7 +268,7 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   // scalar, in bounds at every step of the reduced elements.
   if (config_.x_lanes && !by_row && extra_mask.empty())
     return bind("kiln::load(" + ptr + ", " + index_code(offset) + ", true)", ct);
-  if (extra_mask.empty()) {
+  {  // a contiguous run, masked lane by lane (a masked-off lane touches no memory)
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
     if (!base.empty()) code = "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", " + m + ")";
   }
