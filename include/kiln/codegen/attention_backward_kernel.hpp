@@ -47,7 +47,6 @@ struct AttentionBackwardKernel {
 };
 
 inline std::string attention_backward_source(const AttentionBackwardKernel& a) {
-  using Part = AttentionBackwardKernel::Part;
   const std::string t = a.dt == dtype::bf16 ? "bf16" : "f16";
   std::string s = "// " + a.name() + ": fused attention backward (codegen/attention_backward_kernel.hpp)\n";
   s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
