@@ -1,7 +1,7 @@
 // The cuBLASLt binding: its entry points found with dlopen/dlsym on first use (libcublasLt is never
 // linked, so kiln loads without it), status checks, and descriptors released however a call ends.
 #pragma once
-#include "cublaslt_header.hpp"  // types and prototypes only: libcublasLt is never linked
+#include <cublasLt.h>  // types and prototypes only: libcublasLt is never linked
 #include <dlfcn.h>
 
 #include <cstdint>

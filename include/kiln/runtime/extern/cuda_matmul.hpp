@@ -13,7 +13,7 @@
 // Parts: cublaslt.hpp (the dlopen'd binding), cuda_matmul_state.hpp (per-device state),
 // strided_copy.hpp (the copy kernel), matmul_layout.hpp (the plan); here the call itself.
 #pragma once
-#include "cublaslt_header.hpp"  // types and prototypes only: libcublasLt is never linked
+#include <cublasLt.h>  // types and prototypes only: libcublasLt is never linked
 
 #include <algorithm>
 #include <cstdint>

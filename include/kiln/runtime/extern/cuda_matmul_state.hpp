@@ -1,7 +1,7 @@
 // cuda_matmul's state per CUDA device: the cuBLASLt handle, a workspace per stream, the heuristic's
 // cached answers, and the module of the strided-copy and padding kernels (loaded by strided_copy.hpp).
 #pragma once
-#include "cublaslt_header.hpp"  // types and prototypes only: libcublasLt is never linked
+#include <cublasLt.h>  // types and prototypes only: libcublasLt is never linked
 
 #include <cstddef>
 #include <cstdint>
