@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../graph/infer.hpp"
+#include "attention_lse.hpp"
 #include "epilogue.hpp"
 
 namespace kiln::schedule {
@@ -251,28 +252,6 @@ inline int first_possible_kernel(const graph::Graph& g, const std::vector<bool>&
 
 }  // namespace detail
 
-namespace detail {
-
-// attention_flash node -> the attention_lse node (the rows' log-sum-exp the fused backward reads)
-// over the same q, k, scale and mask, which the forward's kernel writes beside its output; -1.
-inline std::vector<int> lse_written_by_forward(const graph::Graph& g) {
-  std::vector<int> lse_of(g.size(), -1);
-  for (int l = 0; l < g.size(); ++l) {
-    const graph::Node& L = g[l];
-    if (L.op != Op::attention_lse) continue;
-    for (int f = 0; f < l; ++f) {
-      const graph::Node& F = g[f];
-      if (F.op == Op::attention_flash && lse_of[f] < 0 && F.in[0] == L.in[0] && F.in[1] == L.in[1] &&
-          F.in[3] == L.in[2] && F.attrs.a == L.attrs.a && F.attrs.b == L.attrs.b) {
-        lse_of[f] = l;
-        break;
-      }
-    }
-  }
-  return lse_of;
-}
-
-}  // namespace detail
 
 // Groups the graph's anchors into kernels in topological order: an anchor joins the latest kernel
 // that iterates over its domain and runs after everything it reads; otherwise it opens a kernel.
