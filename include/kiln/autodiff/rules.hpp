@@ -193,10 +193,10 @@ constexpr Cotangents matmul(Builder& b, int y, int g) {
 // attention_flash (the fused kernel's node). With attrs.keepdim (lowering's choice: the fused
 // backward) two or three kernels read q, k, v, the cotangent and the row statistics [B, H, Tq, 2]
 // (each row's log-sum-exp, attention_lse, which the forward's kernel writes beside o where both
-// are in one program (schedule/fuse.hpp); and delta = sum(g * o), a reduction), recomputing the
-// probabilities tile by tile; else the
-// backward is built from primitives with the probabilities materialised (rewrite/decompose.hpp's
-// attention_backward). The scale gets no cotangent.
+// are in one program (schedule/attention_lse.hpp); and delta = sum(g * o), a reduction),
+// recomputing the probabilities tile by tile; else the backward is built from primitives with the
+// probabilities materialised (rewrite/decompose.hpp's attention_backward). The scale gets no
+// cotangent.
 constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   const graph::Node n = b[y];  // a copy: adding nodes below may move the table
   const int q = n.in[0], k = n.in[1], v = n.in[2], scale = n.in[3];

@@ -414,28 +414,21 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     if (!all_buffers)
       for (int b : lifetimes.allocate_before[step])
         if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
-    struct ReleaseAfter {  // this step's last buffers go back to the allocator, in stream order
-      const std::vector<int>* nodes;
-      std::vector<Tensor>& temps;
-      ~ReleaseAfter() {
-        if (nodes)
-          for (int b : *nodes) temps[b] = Tensor();
-      }
-    } release_after{all_buffers ? nullptr : &lifetimes.release_after[step], temps};
     if (check_indices) check_after(static_cast<int>(step) - 1);
-    if (!prof.active()) {
+    if (prof.active()) {
+      std::string what = unit_name(k.src.name);
+      if (k.extern_node >= 0 && graph[k.extern_node].op == Op::matmul)
+        what += " " + shape_of(graph[k.extern_node].in[0]).str() + " x " + shape_of(graph[k.extern_node].in[1]).str() +
+                " " + std::string(name(graph[k.extern_node].dt));
+      prof.start(std::move(what));
       run_step(k);
-      if (observer) observer->after_step(step, stream);
-      continue;
+      prof.stop();
+    } else {
+      run_step(k);
     }
-    std::string what = unit_name(k.src.name);
-    if (k.extern_node >= 0 && graph[k.extern_node].op == Op::matmul)
-      what += " " + shape_of(graph[k.extern_node].in[0]).str() + " x " + shape_of(graph[k.extern_node].in[1]).str() +
-              " " + std::string(name(graph[k.extern_node].dt));
-    prof.start(std::move(what));
-    run_step(k);
-    prof.stop();
     if (observer) observer->after_step(step, stream);
+    if (!all_buffers)  // this step's last buffers go back to the allocator, in stream order
+      for (int b : lifetimes.release_after[step]) temps[b] = Tensor();
   }
   if (observer) observer->end(stream);
 }
