@@ -420,6 +420,10 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
       if (k.extern_node >= 0 && graph[k.extern_node].op == Op::matmul)
         what += " " + shape_of(graph[k.extern_node].in[0]).str() + " x " + shape_of(graph[k.extern_node].in[1]).str() +
                 " " + std::string(name(graph[k.extern_node].dt));
+      else if (k.extern_node < 0)  // a generated kernel: its sizes (elements; rows x row length)
+        what += k.src.kind == schedule::Kind::poi
+                    ? " " + std::to_string(k.src.xnumel.eval(bind))
+                    : " " + std::to_string(k.src.xnumel.eval(bind)) + " x " + std::to_string(k.src.rnumel.eval(bind));
       prof.start(std::move(what));
       run_step(k);
       prof.stop();
