@@ -2,6 +2,9 @@
 // computes them, and the error when a later kernel would read the old value.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <vector>
+
 #include <kiln/kiln.hpp>
 #include <kiln/testing.hpp>
 
@@ -137,5 +140,52 @@ TEST_CASE("assign: a value reading its own argument is computed as if into a new
     rows(y);
     r = k::testing::allclose(y.to(k::cpu), want_s, 1e-5, 1e-6);
     CHECK_MESSAGE(bool(r), r);
+  }
+}
+
+TEST_CASE("assign: a small update between two kernels of one loop moves ahead of the first (W8's AdamW)") {
+  // The step count's update t = step + 1 ([1]) used to sit between the kernel writing m and v and
+  // the one reading them back for p: three kernels, nine passes over the state. It reads only
+  // arguments, so it runs first and p joins m's and v's kernel.
+  std::vector<k::Device> devices = {k::cpu};
+  if (k::driver::available()) devices.push_back(k::cuda);
+  for (k::Device dev : devices) {
+    CAPTURE(dev.str());
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    auto adamw = [=](auto p, auto g, auto m, auto v, auto step) {
+      auto t = step + 1.0f;
+      auto bc1 = 1.0f - k::exp(t * std::log(b1)), bc2 = 1.0f - k::exp(t * std::log(b2));
+      auto m2 = m * b1 + g * (1 - b1);
+      auto v2 = v * b2 + g * g * (1 - b2);
+      auto p2 = p - (m2 / bc1) / (k::sqrt(v2 / bc2) + eps) * lr;
+      return std::make_tuple(k::assign(p, p2), k::assign(m, m2), k::assign(v, v2), k::assign(step, t));
+    };
+    const std::int64_t n = 1003;
+    k::Tensor p = k::randn({n}, k::f32, dev, 61), g = k::randn({n}, k::f32, dev, 62), m = k::randn({n}, k::f32, dev, 63),
+              v = k::rand({n}, k::f32, dev, 64), step = k::zeros({1}, k::f32, dev);
+    std::vector<double> hp = k::to_vector<double>(p), hg = k::to_vector<double>(g), hm = k::to_vector<double>(m),
+                        hv = k::to_vector<double>(v);
+    auto f = k::compile(adamw);
+    for (int s = 1; s <= 3; ++s) {
+      f(p, g, m, v, step);
+      const double bc1 = 1 - std::pow(double{b1}, s), bc2 = 1 - std::pow(double{b2}, s);
+      for (std::size_t i = 0; i < hp.size(); ++i) {
+        hm[i] = b1 * hm[i] + (1 - double{b1}) * hg[i];
+        hv[i] = b2 * hv[i] + (1 - double{b2}) * hg[i] * hg[i];
+        hp[i] -= (hm[i] / bc1) / (std::sqrt(hv[i] / bc2) + eps) * lr;
+      }
+    }
+    auto close = [](const k::Tensor& got, const std::vector<double>& want) {
+      std::vector<double> x = k::to_vector<double>(got);
+      double worst = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - want[i]) / (1e-3 + std::abs(want[i])));
+      return worst;
+    };
+    CHECK(close(p, hp) < 1e-4);
+    CHECK(close(m, hm) < 1e-5);
+    CHECK(close(v, hv) < 1e-5);
+    CHECK(k::to_vector<float>(step) == std::vector<float>{3.0f});
+    const k::report r = k::explain(f, p, g, m, v, step);
+    CHECK_MESSAGE(r.kernels.size() == 2, r);
   }
 }

@@ -14,50 +14,10 @@
 #include "../graph/infer.hpp"
 #include "attention_lse.hpp"
 #include "epilogue.hpp"
+#include "plan.hpp"
+#include "reorder.hpp"
 
 namespace kiln::schedule {
-
-enum class Kind { poi, per, red, split, extern_ };
-inline const char* kind_name(Kind k) {
-  constexpr const char* names[] = {"poi", "per", "red", "split", "extern"};
-  return names[static_cast<int>(k)];
-}
-
-struct KernelPlan {
-  Kind kind = Kind::poi;
-  std::vector<int> stores;      // nodes this kernel writes to buffers
-  std::vector<int> reductions;  // row kernels: reductions computed here, in dependency order
-  std::vector<int> members;     // every node computed in this kernel (inlined ones included)
-  int domain = -1;              // poi: a node of the kernel's shape; rows: the reduction input
-  Dims rdims;                   // rows: the reduced dims of the domain
-  std::string name;             // kernel_name(kind, ops, index)
-  std::string ops;              // the ops part of the name ("_add_mul_relu")
-  bool closed = false;          // later anchors may not join (its stores are read by address)
-  // Row kernels: first stages of split column sums computed here as per-program partial sums of
-  // the rows each program visits (schedule/partials.hpp); their buffers hold partial_groups rows.
-  std::vector<int> partials;
-  std::int64_t partial_groups = 0;
-  int epilogue = -1;  // a matmul step: its epilogue in Schedule::epilogues, -1 for none
-  int attention_lse = -1;  // an attention_flash step: the attention_lse node its kernel writes too
-
-  std::string debug_str(const graph::Graph& g) const {
-    std::ostringstream os;
-    os << name << " (" << kind_name(kind) << "): domain %" << domain << " " << g[domain].shape.str();
-    if (!rdims.empty()) os << " reduce " << rdims.str();
-    os << ", stores";
-    for (int s : stores) os << " %" << s;
-    if (!partials.empty()) os << ", column partials over " << partial_groups << " row groups";
-    for (int s : partials) os << " %" << s;
-    return os.str();
-  }
-};
-
-struct Schedule {
-  std::vector<KernelPlan> kernels;
-  std::vector<int> kernel_of;  // node -> kernel computing it as a buffer, -1 for inlined/args
-  std::vector<bool> realized;  // node has a buffer (args, outputs, intermediates)
-  std::vector<MatmulEpilogue> epilogues;  // the matmul steps' epilogues (schedule/epilogue.hpp)
-};
 
 namespace detail {
 
@@ -259,8 +219,9 @@ inline int first_possible_kernel(const graph::Graph& g, const std::vector<bool>&
 // epilogue opens its step at its pre-activation, the first node by which its operands and bias
 // are all computed; the activation's nodes before `out` are computed by nothing else.
 inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
-                     const std::vector<MatmulEpilogue>& epilogues = {}) {
+                     const std::vector<MatmulEpilogue>& epilogues = {}, bool move_kernels = true) {
   Schedule s;
+  bool moved = false;
   s.epilogues = epilogues;
   std::vector<int> step_at(g.size(), -1);
   std::vector<bool> in_step(g.size(), false);
@@ -299,6 +260,23 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
     int chosen = -1;
     for (int k = static_cast<int>(s.kernels.size()) - 1; k >= first && chosen < 0; --k)
       if (detail::joins(g, anchor, s.kernel_of, s.kernels[k], k, i)) chosen = k;
+    // A kernel it could join that runs before kernels it reads: join it there when those kernels may
+    // run before that one instead (detail::may_run_before), moved in their order.
+    for (int j = first - 1; move_kernels && j >= 0 && chosen < 0 && !detail::is_extern(n.op); --j) {
+      if (!detail::joins(g, anchor, s.kernel_of, s.kernels[j], j, i)) continue;
+      std::vector<int> later;
+      for (int k : detail::kernels_read(g, anchor, s.kernel_of, {i}, -1))
+        if (k > j) later.push_back(k);
+      std::sort(later.begin(), later.end());
+      if (later.empty() || !std::all_of(later.begin(), later.end(),
+                                        [&](int k) { return detail::may_run_before(g, anchor, s, k, j); }))
+        continue;
+      for (std::size_t m = 0; m < later.size(); ++m) detail::move_kernel(s, later[m], j + static_cast<int>(m));
+      moved = true;
+      const int moved_j = j + static_cast<int>(later.size());
+      if (detail::joins(g, anchor, s.kernel_of, s.kernels[moved_j], moved_j, i)) chosen = moved_j;
+      break;  // (the order stays valid either way)
+    }
     if (chosen < 0) {
       KernelPlan k;
       if (detail::is_extern(n.op)) {
@@ -325,6 +303,9 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
     }
     if (gather_source[i]) plan.closed = true;
   }
+  // A kernel moved ahead writes an argument in place that a kernel after it reads (an anchor that
+  // joined a kernel it passed, later): the order without moves, whose reads the lowering checks.
+  if (moved && detail::reads_after_assign(g, anchor, s)) return fuse(g, anchor, epilogues, false);
   return s;
 }
 inline Schedule fuse(const graph::Graph& g, const std::vector<MatmulEpilogue>& epilogues = {}) {

@@ -257,6 +257,13 @@ inline void compile_program(Program& p, const std::string& /*name: each unit is 
     }
 }
 
+// A step reached a buffer that is not live at it: buffer_lifetimes.hpp's plan missed a read (the
+// nodes a step touches, step_observer.hpp's nodes_touched, must list every buffer it reads).
+[[noreturn]] inline void not_live(int node) {
+  throw error("internal error: a step reads the buffer of node %" + std::to_string(node) +
+              ", which its program did not allocate for that step (runtime/launch/buffer_lifetimes.hpp)");
+}
+
 inline void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of,
                          CUstream stream, std::vector<Tensor>* keep, KernelProbe* probe) const {
   // Per-call scratch: symbol values and kernel argument slots (grown once, then reused), one per
@@ -302,7 +309,9 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     for (int b : buffers)
       if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
   auto buffer = [&](int node) -> const Tensor& {
-    return graph[node].op == Op::arg ? *args[graph[node].slot] : temps[node];
+    if (graph[node].op == Op::arg) return *args[graph[node].slot];
+    if (!temps[node].defined()) not_live(node);
+    return temps[node];
   };
   // A matmul operand: its buffer, or a transposed view of one (no copy).
   auto operand = [&](int node) {
@@ -336,6 +345,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
       switch (p.kind) {
         case codegen::Param::in_ptr:
         case codegen::Param::out_ptr:
+          if (n.op != Op::arg && !(*s.temps)[p.ref].defined()) not_live(p.ref);
           (*s.ptrs)[i] = (n.op == Op::arg ? *s.args[n.slot] : (*s.temps)[p.ref]).data_ptr();
           (*s.slots)[i] = &(*s.ptrs)[i];
           break;
