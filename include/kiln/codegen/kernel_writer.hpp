@@ -63,6 +63,7 @@ class KernelWriter {
   // tuning candidates and KILN_TUNE_* knobs). The planner plans without partials where this is
   // false (runtime/lower.hpp); autotuning leaves such a candidate out.
   bool holds_partials();
+  bool narrow_indices();  // index arithmetic in int (kernel_writer_impl.hpp)
   KernelSource write();
 
  private:

@@ -57,6 +57,25 @@ inline Sym KernelWriter::slice_step(int node) {
   return Sym(g_[node].attrs.d);
 }
 
+// Whether e is a multiple of m for every tile, where the tile start (symbol id `start`) is a
+// multiple of `vec`. Sizes are unknown (false); constants and products are exact.
+inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec) {
+  switch (e.kind()) {
+    case SymKind::constant:
+      return e.constant_value() % m == 0;
+    case SymKind::symbol:
+      return e.symbol_id() == start && vec % m == 0;
+    case SymKind::add:
+      return std::all_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
+    case SymKind::mul:
+      return std::any_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
+    case SymKind::mod:  // a - c * floor(a / c): a multiple of m when a and c are
+      return multiple_of(e.args()[0], m, start, vec) && multiple_of(e.args()[1], m, start, vec);
+    default:
+      return false;
+  }
+}
+
 // How e moves along an aligned tile of `vec` consecutive values of t (t = s + i with s a multiple of
 // vec and i < vec; vec 0: tiles that may start anywhere, as shifted rows' do): e(s + i) = e(s) +
 // step * i, and whether e(s) is a multiple of vec, which keeps the tile inside one block of a later
@@ -69,7 +88,7 @@ struct TileForm {
 inline std::optional<TileForm> tile_form(const Sym& e, const Sym& t, std::int64_t vec) {
   auto free = e.free_symbols();
   if (std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == t; }))
-    return TileForm{0, vec > 0 && e.is_constant() && e.constant_value() % vec == 0};
+    return TileForm{0, vec > 0 && multiple_of(e, vec, -1, 0)};  // (768 * rindex: a whole number of tiles)
   switch (e.kind()) {
     case SymKind::symbol:  // t itself
       return TileForm{1, vec > 0};
@@ -129,24 +148,6 @@ inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& 
   return offset.substitute(m);
 }
 
-// Whether e is a multiple of m for every tile, where the tile start (symbol id `start`) is a
-// multiple of `vec`. Sizes are unknown (false); constants and products are exact.
-inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec) {
-  switch (e.kind()) {
-    case SymKind::constant:
-      return e.constant_value() % m == 0;
-    case SymKind::symbol:
-      return e.symbol_id() == start && vec % m == 0;
-    case SymKind::add:
-      return std::all_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
-    case SymKind::mul:
-      return std::any_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
-    case SymKind::mod:  // a - c * floor(a / c): a multiple of m when a and c are
-      return multiple_of(e.args()[0], m, start, vec) && multiple_of(e.args()[1], m, start, vec);
-    default:
-      return false;
-  }
-}
 
 inline std::string KernelWriter::access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt,
                                              std::string& width) {
@@ -156,7 +157,7 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   if ((row_lanes && !in_rloop_) || probe_ || (tile_dim_ >= 0 && target_ == Target::cuda)) return "";
   const bool cpu_tile = tile_dim_ >= 0;
   const Sym& tile = row_lanes ? rindex_ : cpu_tile ? xb_ : col_tiles_ ? xcol_ : xindex_;
-  std::int64_t vec = row_lanes ? config_.rvec : rows() ? config_.rows : config_.xvec;
+  std::int64_t vec = row_lanes ? config_.rvec : config_.xvec;
   int start_id = row_lanes ? 1003 : cpu_tile ? 1009 : col_tiles_ ? 1013 : 1002;
   Sym start = Sym::symbol(row_lanes ? "roffset" : cpu_tile ? "boffset" : col_tiles_ ? "xcoff" : "xoffset", start_id,
                           {.nonnegative = true});
@@ -245,7 +246,7 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature) co
   }
   std::string in = shared ? "  " : "";  // the first row's threads fill the shared arrays
   if (shared) pre += "  if (threadIdx.x < ROW_THREADS) {\n";
-  pre += in + "  KILN_R_TILES(roffset) {\n" + in + "    auto rindex = roffset + kiln::arange<RVEC>();\n";
+  pre += in + "  KILN_R_TILES(roffset) {\n" + in + "    auto rindex = roffset + kiln::arange<RVEC, ix>();\n";
   for (const auto& l : column_loads_) pre += in + "    " + l + "\n";
   pre += in + "  }\n";
   if (shared) pre += "  }\n  __syncthreads();\n";
@@ -268,6 +269,14 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   // scalar, in bounds at every step of the reduced elements.
   if (config_.x_lanes && !by_row && extra_mask.empty())
     return bind("kiln::load(" + ptr + ", " + index_code(offset) + ", true)", ct);
+  // The same for every lane of a tile (a row's mean, read by columns of one row): one scalar at the
+  // tile's first lane, which the program's loop keeps in bounds.
+  if (config_.x_lanes && extra_mask.empty())
+    if (auto f = tile_form(offset, xindex_, config_.xvec); f && f->step == 0) {
+      SymMap first;
+      first.emplace(xindex_, Sym::symbol("xoffset", 1002, {.nonnegative = true}));
+      return bind("kiln::load(" + ptr + ", " + index_code(offset.substitute(first)) + ", true)", ct);
+    }
   {  // a contiguous run, masked lane by lane (a masked-off lane touches no memory)
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
     if (!base.empty()) code = "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", " + m + ")";

@@ -62,10 +62,10 @@ inline void KernelWriter::write_col_tiles() {
   xrow_ = Sym::symbol("xrow", 1011, {.nonnegative = true, .bound = rows});
   xcol_ = Sym::symbol("xcol", 1012, {.nonnegative = true, .bound = p[p.size() - 1]});
   const std::int64_t cols = p[p.size() - 1].constant_value();
-  line("const i64 xrows = " + index_code(rows) + ";");
+  line("const ix xrows = " + index_code(rows) + ";");
   line("KILN_COLUMN_TILES(xrow, xcoff, xrows, XBLOCK / " + std::to_string(cols) + ", " + std::to_string(cols) + ") {");
   ++indent_;
-  line("auto xcol = xcoff + kiln::arange<XVEC>();");
+  line("auto xcol = xcoff + kiln::arange<XVEC, ix>();");
   line("auto xmask = kiln::full<XVEC>(true);");  // whole rows of whole tiles: the loop bounds test
   auto idx = col_index();
   for (int s : plan_.stores) store(s, idx);

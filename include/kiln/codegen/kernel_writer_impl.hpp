@@ -61,7 +61,7 @@ inline std::string KernelWriter::reduction_identity(Op op, kiln::dtype ct) {
 inline void KernelWriter::write_pointwise() {
   line("KILN_POINTWISE_LOOP(xoffset) {");
   ++indent_;
-  line("auto xindex = xoffset + kiln::arange<XVEC>();");
+  line("auto xindex = xoffset + kiln::arange<XVEC, ix>();");
   line(exact_tiles_ ? "auto xmask = kiln::full<XVEC>(true);" : "auto xmask = xindex < xnumel;");
   auto idx = domain_index();
   for (int s : plan_.stores) store(s, idx);
@@ -85,13 +85,13 @@ inline void KernelWriter::write_rows() {
   if (x_lanes) {
     line("KILN_COLUMN_PROGRAM(xoffset) {");
     ++indent_;
-    line("auto xindex = xoffset + kiln::arange<XVEC>();");
+    line("auto xindex = xoffset + kiln::arange<XVEC, ix>();");
     line(full_rows_ ? "auto xmask = kiln::full<XVEC>(true);" : "auto xmask = xindex < xnumel;");
   } else {
     line("KILN_ROW(xindex) {");
     ++indent_;
     line(full_rows_ ? "const bool xmask = true;" : "const bool xmask = xindex < xnumel;");
-    if (row_shift_) line("const i64 kiln_shift = (rnumel * xindex) % RVEC;  // the row's first element in its vector");
+    if (row_shift_) line("const ix kiln_shift = (rnumel * xindex) % RVEC;  // the row's first element in its vector");
   }
   section_ = Section::body;  // the row's register caches go between the two: write() puts them there
   auto open_loop = [&] {
@@ -106,7 +106,7 @@ inline void KernelWriter::write_rows() {
       line("auto rmask = xmask;");
       return;
     }
-    line("auto rindex = roffset + kiln::arange<RVEC>();");
+    line("auto rindex = roffset + kiln::arange<RVEC, ix>();");
     if (full_tiles_ || (vector_rows_ && config_.riters == 0))  // a looped row's vectors are all in it
       line("auto rmask = kiln::full<RVEC>(xmask);");
     else if (vector_rows_)  // each vector wholly in the row or past it: one test a vector
@@ -197,7 +197,7 @@ inline void KernelWriter::write_rows() {
   for (int p : plan_.partials) {  // each row group's partial sums, once
     std::string out = param_for(p, true);
     line("KILN_R_TILES(roffset) {");
-    line("  auto rindex = roffset + kiln::arange<RVEC>();");
+    line("  auto rindex = roffset + kiln::arange<RVEC, ix>();");
     line("  kiln::store_contig<RVEC>(" + out + ", KILN_ROW_GROUP * rnumel + roffset, part" + std::to_string(p) +
          "[kiln_it], rindex < rnumel);");
     line("}");
@@ -357,6 +357,38 @@ inline bool KernelWriter::holds_partials() {
   return plan_.partials.empty() || ks_.partial_groups > 0;
 }
 
+// Whether every index this kernel forms fits in 32 bits, so that its index arithmetic (the
+// kernel's `ix`) is int: on the GPU a 64-bit division or remainder by a constant is several 32-bit
+// multiplies, and kernels whose indices go through permuted heads, slices or pads were bound by
+// them (Inductor indexes in int32 likewise). Static sizes on the GPU, with the domain and every
+// buffer the kernel touches (a strided argument's reach, column partials' row groups) at most 2^30
+// elements: an index is a sum of terms each within one of them, and masked lanes past the end
+// stay below twice that. Otherwise i64, as on the CPU.
+inline bool KernelWriter::narrow_indices() {
+  if (target_ != Target::cuda || !sizes_.empty()) return false;
+  constexpr std::int64_t limit = std::int64_t{1} << 30;
+  auto within = [&](const std::vector<Sym>& shape, const std::vector<Sym>& strides, std::int64_t copies) {
+    std::int64_t reach = 1;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      if (!shape[d].is_constant() || !strides[d].is_constant()) return false;
+      const std::int64_t n = shape[d].constant_value(), st = strides[d].constant_value();
+      if (n == 0) return true;
+      if (st < -limit || st > limit || n > limit) return false;
+      reach += (n - 1) * (st < 0 ? -st : st);
+      if (reach > limit) return false;
+    }
+    return reach * copies <= limit;
+  };
+  if (!within(env_[plan_.domain], contiguous_strides(env_[plan_.domain]), 1)) return false;
+  for (const Param& pr : params_) {
+    if (pr.kind != Param::in_ptr && pr.kind != Param::out_ptr) continue;
+    const bool partial = std::find(plan_.partials.begin(), plan_.partials.end(), pr.ref) != plan_.partials.end();
+    if (!within(env_[pr.ref], strides_of_(pr.ref), partial ? std::max<std::int64_t>(plan_.partial_groups, 1) : 1))
+      return false;
+  }
+  return true;
+}
+
 inline KernelSource KernelWriter::write() {
   if (!holds_partials())
     throw error("codegen: internal: " + plan_.name + " was planned with column partials its rows cannot hold");
@@ -410,22 +442,23 @@ inline KernelSource KernelWriter::write() {
       os << "i64 " << pr.name;
   }
   os << " KILN_PROGRAM_PARAMS) {\n";
+  os << (narrow_indices() ? "  typedef int ix;  // every index fits in 32 bits\n" : "  typedef i64 ix;\n");
   const auto& c = ks.config;
   if (rows() && c.x_lanes)
-    os << "  constexpr i64 XVEC = " << c.rows << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code
-       << ";\n";
+    os << "  constexpr ix XVEC = " << c.xvec << (target_ == Target::cuda ? ", RUNROLL = " + std::to_string(c.runroll) : "")
+       << ";\n  const ix xnumel = " << xnumel_code << ", rnumel = " << rnumel_code << ";\n";
   else if (rows())
-    os << "  constexpr i64 ROWS = " << c.rows << ", RVEC = " << c.rvec
+    os << "  constexpr ix ROWS = " << c.rows << ", RVEC = " << c.rvec
        << ";\n  constexpr int ROW_THREADS = " << c.row_threads << ", RITERS = " << c.riters
-       << ", RUNROLL = " << c.runroll << ";\n  const i64 xnumel = " << xnumel_code << ", rnumel = " << rnumel_code
+       << ", RUNROLL = " << c.runroll << ";\n  const ix xnumel = " << xnumel_code << ", rnumel = " << rnumel_code
        << ";\n";
   else if (tile_dim_ >= 0 && target_ == Target::cuda)
     os << "  constexpr int TILE = " << tile_ << ", TROWS = " << c.threads / tile_ << ";\n";
   else if (tile_dim_ >= 0)
-    os << "  constexpr i64 TILE = " << tile_ << ", XVEC = " << c.xvec << ";\n";
+    os << "  constexpr ix TILE = " << tile_ << ", XVEC = " << c.xvec << ";\n";
   else
-    os << "  constexpr i64 XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ", THREADS = " << c.threads
-       << ";\n  const i64 xnumel = " << xnumel_code << ";\n";
+    os << "  constexpr ix XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ", THREADS = " << c.threads
+       << ";\n  const ix xnumel = " << xnumel_code << ";\n";
   for (const auto& d : stage_decls_) os << "  " << d << "\n";
   std::string signature = os.str();
   ks.params = params_;

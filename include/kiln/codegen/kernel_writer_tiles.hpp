@@ -173,14 +173,14 @@ inline void KernelWriter::write_tiled() {
   sb_ = Sym::symbol("sb", 1008, {.nonnegative = true, .bound = p[rank - 1]});
   auto idx = tiled_index();
   section_ = Section::row_open;
-  line("const i64 anumel = " + index_code(p[tile_dim_]) + ", bnumel = " + index_code(p[rank - 1]) +
+  line("const ix anumel = " + index_code(p[tile_dim_]) + ", bnumel = " + index_code(p[rank - 1]) +
        ", znumel = " + index_code(znumel_) + ";");
   if (target_ == Target::cpu) {  // a program a tile: TILE rows of dim a, one after the other
-    line("const i64 atiles = (anumel + TILE - 1) / TILE, btiles = (bnumel + XVEC - 1) / XVEC;");
-    line("const i64 zindex = kiln_pid / (atiles * btiles);");
-    line("const i64 aoffset = kiln_pid / btiles % atiles * TILE, boffset = kiln_pid % btiles * XVEC;");
-    line("const auto xb = boffset + kiln::arange<XVEC>();");
-    line("for (i64 ya = aoffset; ya < aoffset + TILE; ++ya) {");
+    line("const ix atiles = (anumel + TILE - 1) / TILE, btiles = (bnumel + XVEC - 1) / XVEC;");
+    line("const ix zindex = kiln_pid / (atiles * btiles);");
+    line("const ix aoffset = kiln_pid / btiles % atiles * TILE, boffset = kiln_pid % btiles * XVEC;");
+    line("const auto xb = boffset + kiln::arange<XVEC, ix>();");
+    line("for (ix ya = aoffset; ya < aoffset + TILE; ++ya) {");
     ++indent_;
     section_ = Section::body;
     // Tiles that cover the domain exactly need no bounds tests (a constant mask folds away).
@@ -191,19 +191,19 @@ inline void KernelWriter::write_tiled() {
     line("}");
     return;
   }
-  line("const i64 atiles = (anumel + TILE - 1) / TILE, btiles = (bnumel + TILE - 1) / TILE;");
-  line("for (i64 kiln_tile = blockIdx.x; kiln_tile < znumel * atiles * btiles; kiln_tile += gridDim.x) {");
+  line("const ix atiles = (anumel + TILE - 1) / TILE, btiles = (bnumel + TILE - 1) / TILE;");
+  line("for (ix kiln_tile = blockIdx.x; kiln_tile < znumel * atiles * btiles; kiln_tile += gridDim.x) {");
   ++indent_;
-  line("const i64 zindex = kiln_tile / (atiles * btiles);");
-  line("const i64 aoffset = kiln_tile / btiles % atiles * TILE, boffset = kiln_tile % btiles * TILE;");
+  line("const ix zindex = kiln_tile / (atiles * btiles);");
+  line("const ix aoffset = kiln_tile / btiles % atiles * TILE, boffset = kiln_tile % btiles * TILE;");
   line("// staged inputs, lanes along dim " + std::to_string(tile_dim_));
-  line("const i64 sa = aoffset + threadIdx.x % TILE;");
-  line("const auto sb = boffset + (i64)(threadIdx.x / TILE) + TROWS * kiln::arange<TILE / TROWS>();");
+  line("const ix sa = aoffset + threadIdx.x % TILE;");
+  line("const auto sb = boffset + (ix)(threadIdx.x / TILE) + TROWS * kiln::arange<TILE / TROWS, ix>();");
   line("const auto smask = (sb < bnumel) & (sa < anumel);");
   section_ = Section::body;
   line("// the rest, lanes along the last dim");
-  line("const i64 xb = boffset + threadIdx.x % TILE;");
-  line("const auto ya = aoffset + (i64)(threadIdx.x / TILE) + TROWS * kiln::arange<TILE / TROWS>();");
+  line("const ix xb = boffset + threadIdx.x % TILE;");
+  line("const auto ya = aoffset + (ix)(threadIdx.x / TILE) + TROWS * kiln::arange<TILE / TROWS, ix>();");
   line("const auto xmask = (ya < anumel) & (xb < bnumel);");
   for (int s : plan_.stores) store(s, idx);
   line("__syncthreads();  // the stage is read before the next tile fills it");

@@ -187,8 +187,20 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
     // (Inductor's outer reduction). Lanes along a column read one element a cache line, 4 KiB apart
     // over 1024 f32 columns: benchmarks/NOTES.md item 68.
     c.rows = static_cast<int>(cpu_tile_lanes);
+    c.xvec = c.rows;
     c.rvec = 1;
     c.x_lanes = true;
+    return c;
+  }
+  if (column && tune.column_lanes == 1) {
+    // The same on the GPU: a thread's lanes are 16 bytes of adjacent kept elements (one vector load
+    // a step down its columns instead of one 2- or 4-byte element), a block 256 such threads.
+    c.xvec = row_vector(max_item);
+    c.threads = 256;
+    c.rows = c.xvec * c.threads;  // kept elements a block
+    c.rvec = 1;
+    c.x_lanes = true;
+    c.runroll = tune.row_unroll > 0 ? tune.row_unroll : 4;
     return c;
   }
   if (t == Target::cpu) {

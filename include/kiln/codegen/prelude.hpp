@@ -140,8 +140,8 @@ template <class A> KILN_FN auto lane(const A& a, int i) {
 template <class A, class B> struct width_of {
   static constexpr int value = tile_traits<A>::width > tile_traits<B>::width ? tile_traits<A>::width : tile_traits<B>::width;
 };
-template <int N> KILN_FN tile<i64, N> arange() {
-  tile<i64, N> t;
+template <int N, class I = i64> KILN_FN tile<I, N> arange() {
+  tile<I, N> t;
 KILN_UNROLL
   for (int i = 0; i < N; ++i) t.v[i] = i;
   return t;
@@ -316,23 +316,24 @@ KILN_TILE_OPERATOR(!=, ne)
 KILN_TILE_OPERATOR(&, logical_and)
 #undef KILN_TILE_OPERATOR
 template <class T, int N> KILN_FN tile<T, N> operator-(const tile<T, N>& a) { return neg(a); }
-template <class T, int N> KILN_FN tile<T, N> operator%(const tile<T, N>& a, i64 b) {
-  return map1([b](T x) { return (T)(x % b); }, a);
+template <class T, int N, class B> KILN_FN auto operator%(const tile<T, N>& a, B b) {
+  return map1([b](T x) { return x % b; }, a);
 }
 // The helpers of symbolic index expressions (ir/sym.hpp: kiln_floordiv, kiln_mod, kiln_min,
 // kiln_max) on tiles of indices, lane by lane; found by argument-dependent lookup when an operand is
-// a tile (symbolic slice bounds put them into tiled index arithmetic).
+// a tile (symbolic slice bounds put them into tiled index arithmetic), in the wider of the two
+// operands' types (32-bit lanes stay 32-bit: the kernel's `ix`).
 template <class A, class B> KILN_FN auto kiln_floordiv(const A& a, const B& b) {
-  return map2([](i64 x, i64 y) { i64 q = x / y; return (x % y != 0 && ((x < 0) != (y < 0))) ? q - 1 : q; }, a, b);
+  return map2([](auto x, auto y) { auto q = x / y; return (x % y != 0 && ((x < 0) != (y < 0))) ? q - 1 : q; }, a, b);
 }
 template <class A, class B> KILN_FN auto kiln_mod(const A& a, const B& b) {
-  return map2([](i64 x, i64 y) { i64 r = x % y; return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r; }, a, b);
+  return map2([](auto x, auto y) { auto r = x % y; return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r; }, a, b);
 }
 template <class A, class B> KILN_FN auto kiln_min(const A& a, const B& b) {
-  return map2([](i64 x, i64 y) { return x < y ? x : y; }, a, b);
+  return map2([](auto x, auto y) { return x < y ? x : y; }, a, b);
 }
 template <class A, class B> KILN_FN auto kiln_max(const A& a, const B& b) {
-  return map2([](i64 x, i64 y) { return x < y ? y : x; }, a, b);
+  return map2([](auto x, auto y) { return x < y ? y : x; }, a, b);
 }
 
 // Philox 4x32-10, the counter-based generator of k::rand_like and k::dropout (core/philox.hpp has

@@ -236,61 +236,67 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 }  // namespace kiln
 
 // ---- programs: how a kernel's loops map onto the target -------------------------------------
-// Each kernel defines XBLOCK/XVEC (pointwise) or ROWS/ROW_THREADS/RVEC (rows) before its loops.
+// Each kernel defines XBLOCK/XVEC (pointwise) or ROWS/ROW_THREADS/RVEC (rows) before its loops, and
+// `ix`, the type of its index arithmetic (int where every index it forms fits in 32 bits, else i64:
+// codegen/kernel_writer_impl.hpp's narrow_indices).
 #ifdef KILN_DEVICE_CODE
 #define KILN_POINTWISE_LOOP(xoffset)                                                      \
   KILN_UNROLL for (int kiln_u = 0; kiln_u < XBLOCK / (THREADS * XVEC); ++kiln_u)          \
-    if (const i64 xoffset = (i64)blockIdx.x * XBLOCK + ((i64)kiln_u * THREADS + threadIdx.x) * XVEC; true)
+    if (const ix xoffset = (ix)blockIdx.x * XBLOCK + ((ix)kiln_u * THREADS + threadIdx.x) * XVEC; true)
 // Programs loop over rows (a grid smaller than the row count): in blocks of several rows, loads
 // that do not depend on the row (weights, biases) are made once per thread, before the loop.
 #define KILN_ROW(xindex)                                                                  \
-  for (i64 kiln_xbase = (i64)blockIdx.x * ROWS; kiln_xbase < xnumel; kiln_xbase += (i64)gridDim.x * ROWS) \
-    if (const i64 xindex = kiln_xbase + threadIdx.x / ROW_THREADS; true)
+  for (ix kiln_xbase = (ix)blockIdx.x * ROWS; kiln_xbase < xnumel; kiln_xbase += (ix)gridDim.x * ROWS) \
+    if (const ix xindex = kiln_xbase + threadIdx.x / ROW_THREADS; true)
 // The row group whose column partial sums this thread keeps (schedule/partials.hpp): one a row
 // slot of the block; the launch has exactly as many programs as groups over the rows.
-#define KILN_ROW_GROUP ((i64)blockIdx.x * ROWS + threadIdx.x / ROW_THREADS)
+#define KILN_ROW_GROUP ((ix)blockIdx.x * ROWS + threadIdx.x / ROW_THREADS)
 // Looped rows: RUNROLL steps at a time (launch_config.hpp), to keep several loads in flight.
 #define KILN_R_LOOP(roffset, rnumel)                                                      \
-  _Pragma("unroll (RUNROLL)") for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
+  _Pragma("unroll (RUNROLL)") for (ix roffset = (ix)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (ix)ROW_THREADS * RVEC)
 #define KILN_R_TILES(roffset)                                                             \
   KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)                          \
-    if (const i64 roffset = ((i64)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC; true)
+    if (const ix roffset = ((ix)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC; true)
 // Rows of a length no whole number of vectors: the tiles start `shift` elements before the row, on
 // the vector that holds its first element (rows of 50257 bf16 values start anywhere in a vector;
 // tiles from the row's start made every access element by element). Lanes before the row are
 // masked by the kernel (rindex >= 0).
 #define KILN_R_TILES_SHIFTED(roffset, shift)                                              \
   KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)                          \
-    if (const i64 roffset = ((i64)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC - (shift); true)
+    if (const ix roffset = ((ix)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC - (shift); true)
 #define KILN_R_LOOP_SHIFTED(roffset, rnumel, shift)                                       \
-  _Pragma("unroll (RUNROLL)") for (i64 roffset = (i64)(threadIdx.x % ROW_THREADS) * RVEC - (shift); roffset < (rnumel); roffset += (i64)ROW_THREADS * RVEC)
+  _Pragma("unroll (RUNROLL)") for (ix roffset = (ix)(threadIdx.x % ROW_THREADS) * RVEC - (shift); roffset < (rnumel); roffset += (ix)ROW_THREADS * RVEC)
 // The host's program shapes, given a meaning on the device too (one source, two targets: a host
 // kernel's source compiles with NVRTC and runs correctly on any grid, without being tuned for it).
 #define KILN_COLUMN_TILES(xrow, xcoff, xrows, XROWS, COLS)                                          \
-  for (i64 xrow = (i64)blockIdx.x * (XROWS); xrow < (i64)(blockIdx.x + 1) * (XROWS) && xrow < (xrows); ++xrow) \
-    for (i64 xcoff = (i64)threadIdx.x * XVEC; xcoff < (COLS); xcoff += (i64)blockDim.x * XVEC)
+  for (ix xrow = (ix)blockIdx.x * (XROWS); xrow < (ix)(blockIdx.x + 1) * (XROWS) && xrow < (xrows); ++xrow) \
+    for (ix xcoff = (ix)threadIdx.x * XVEC; xcoff < (COLS); xcoff += (ix)blockDim.x * XVEC)
 #define KILN_COLUMN_PROGRAM(xoffset)                                                      \
-  for (i64 xoffset = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * XVEC; xoffset < xnumel; \
-       xoffset += (i64)gridDim.x * blockDim.x * XVEC)
+  for (ix xoffset = ((ix)blockIdx.x * blockDim.x + threadIdx.x) * XVEC; xoffset < xnumel; \
+       xoffset += (ix)gridDim.x * blockDim.x * XVEC)
 #else
 #define KILN_POINTWISE_LOOP(xoffset)                                   \
   for (int kiln_u = 0; kiln_u < XBLOCK / XVEC; ++kiln_u)              \
-    if (const i64 xoffset = kiln_pid * XBLOCK + (i64)kiln_u * XVEC; true)
+    if (const ix xoffset = kiln_pid * XBLOCK + (ix)kiln_u * XVEC; true)
 // Host pointwise kernels with a broadcast operand (codegen/kernel_writer_columns.hpp): a program's
 // whole rows, each as column tiles.
 #define KILN_COLUMN_TILES(xrow, xcoff, xrows, XROWS, COLS)                                          \
-  for (i64 xrow = kiln_pid * (XROWS); xrow < (kiln_pid + 1) * (XROWS) && xrow < (xrows); ++xrow) \
-    for (i64 xcoff = 0; xcoff < (COLS); xcoff += XVEC)
-#define KILN_ROW(xindex) for (i64 xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS; ++xindex)
+  for (ix xrow = kiln_pid * (XROWS); xrow < (kiln_pid + 1) * (XROWS) && xrow < (xrows); ++xrow) \
+    for (ix xcoff = 0; xcoff < (COLS); xcoff += XVEC)
+#define KILN_ROW(xindex) for (ix xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS; ++xindex)
 // Host reductions over outer dims (launch_config.hpp's x_lanes): a program's XVEC kept elements are
 // one tile's lanes, and each step of the reduced elements is a scalar rindex.
-#define KILN_COLUMN_PROGRAM(xoffset) if (const i64 xoffset = kiln_pid * XVEC; true)
+#define KILN_COLUMN_PROGRAM(xoffset) if (const ix xoffset = kiln_pid * XVEC; true)
 #define KILN_ROW_GROUP kiln_pid
-#define KILN_R_LOOP(roffset, rnumel) for (i64 roffset = 0; roffset < (rnumel); roffset += RVEC)
+#define KILN_R_LOOP(roffset, rnumel) for (ix roffset = 0; roffset < (rnumel); roffset += RVEC)
 #define KILN_R_TILES(roffset) \
-  for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it) if (const i64 roffset = (i64)kiln_it * RVEC; true)
+  for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it) if (const ix roffset = (ix)kiln_it * RVEC; true)
 #endif
-#define KILN_R_STEPS(rindex) for (i64 rindex = 0; rindex < rnumel; ++rindex)
+#ifdef KILN_DEVICE_CODE
+#define KILN_R_STEPS(rindex) _Pragma("unroll (RUNROLL)") for (ix rindex = 0; rindex < rnumel; ++rindex)
+#else
+#define KILN_R_STEPS(rindex) for (ix rindex = 0; rindex < rnumel; ++rindex)
+#endif
 )KILN";
 
 }  // namespace kiln::codegen

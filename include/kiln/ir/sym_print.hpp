@@ -151,6 +151,26 @@ KILN_SYM_FN long long kiln_mod(long long a, long long b) {
 }
 KILN_SYM_FN long long kiln_min(long long a, long long b) { return a < b ? a : b; }
 KILN_SYM_FN long long kiln_max(long long a, long long b) { return a < b ? b : a; }
+// 32-bit operands stay 32-bit (kernels whose indices fit in an int, codegen's `ix`); a mix of the
+// two widths takes the 64-bit helpers above.
+KILN_SYM_FN int kiln_floordiv(int a, int b) {
+  int q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+KILN_SYM_FN int kiln_mod(int a, int b) {
+  int r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+KILN_SYM_FN int kiln_min(int a, int b) { return a < b ? a : b; }
+KILN_SYM_FN int kiln_max(int a, int b) { return a < b ? b : a; }
+KILN_SYM_FN long long kiln_floordiv(int a, long long b) { return kiln_floordiv((long long)a, b); }
+KILN_SYM_FN long long kiln_floordiv(long long a, int b) { return kiln_floordiv(a, (long long)b); }
+KILN_SYM_FN long long kiln_mod(int a, long long b) { return kiln_mod((long long)a, b); }
+KILN_SYM_FN long long kiln_mod(long long a, int b) { return kiln_mod(a, (long long)b); }
+KILN_SYM_FN long long kiln_min(int a, long long b) { return kiln_min((long long)a, b); }
+KILN_SYM_FN long long kiln_min(long long a, int b) { return kiln_min(a, (long long)b); }
+KILN_SYM_FN long long kiln_max(int a, long long b) { return kiln_max((long long)a, b); }
+KILN_SYM_FN long long kiln_max(long long a, int b) { return kiln_max(a, (long long)b); }
 #endif
 )";
 
