@@ -46,8 +46,9 @@ struct Tuning {
                            // loop that reads them (the rule before; KILN_TUNE_KEEP_VALUES)
   int transpose = -1;      // GPU pointwise kernels with transposed inputs: 0 untiled (the rule before),
                            // 16-128 the side of their shared-memory tiles (KILN_TUNE_TRANSPOSE)
-  int column_lanes = -1;   // CPU reductions over outer dims: 0 lanes along the reduced dim (the rule
-                           // before), else along the kept elements (KILN_TUNE_COLUMN_LANES)
+  int column_lanes = -1;   // reductions over outer dims: on the CPU 0 lanes along the reduced dim (the
+                           // rule before), else along the kept elements; on the GPU 1 gives threads 16
+                           // bytes of kept elements (measured slower: NOTES 85) (KILN_TUNE_COLUMN_LANES)
   int row_shift = -1;      // GPU rows of a length no whole number of vectors: start their tiles on the
                            // vector before the row; 0 at the row's first element (KILN_TUNE_ROW_SHIFT)
   int occupancy = -1;      // held-row GPU kernels: the threads an SM they ask ptxas to fit (the second
