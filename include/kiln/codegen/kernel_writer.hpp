@@ -138,6 +138,16 @@ class KernelWriter {
     }
   }
 
+  // The lanes of the code being written, where they are an aligned run of one index symbol: that
+  // symbol, its tile's first value and the run's length (kernel_writer_access.hpp).
+  struct LaneTile {
+    Sym lane, first;
+    std::int64_t vec;
+  };
+  std::optional<LaneTile> lane_tile() const;
+  bool uniform_on_lanes(const Sym& rel, const Sym& count) const;
+  std::string r_at_first_lane(const Sym& rel);
+
   Value load(int node, const std::vector<Sym>& idx, const std::string& extra_mask);
   Value emit(int node, const std::vector<Sym>& idx, const std::string& extra_mask = "");
   Value emit_uncached(int node, const std::vector<Sym>& idx, const std::string& extra_mask);
@@ -329,10 +339,15 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
         Sym start = slice_start(node, n.shape), step = slice_step(node), count = env_[n.in[0]][d];
         Sym rel = idx[d] - start;
         std::string r = "(" + index_code(rel) + ")";
-        std::string inside = bind("(" + r + " >= 0) & (" + r + " % " + index_code(step) + " == 0) & (" + r + " < " +
-                                      index_code(count * step) + ")",
-                                  kiln::dtype::boolean)
-                                 .code;
+        std::string inside =
+            step == Sym(1) && uniform_on_lanes(rel, count)
+                ? bind("(" + r_at_first_lane(rel) + " >= 0) & (" + r_at_first_lane(rel) + " < " + index_code(count) + ")",
+                       kiln::dtype::boolean)
+                      .code
+                : bind("(" + r + " >= 0) & (" + r + " % " + index_code(step) + " == 0) & (" + r + " < " +
+                           index_code(count * step) + ")",
+                       kiln::dtype::boolean)
+                      .code;
         // The input's index where `inside` holds; a lane outside reads nothing (its loads are
         // masked), so a unit step keeps the index linear (contiguous runs load as vectors).
         std::vector<Sym> in_idx = idx;

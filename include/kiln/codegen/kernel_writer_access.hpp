@@ -149,6 +149,32 @@ inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& 
 }
 
 
+inline std::optional<KernelWriter::LaneTile> KernelWriter::lane_tile() const {
+  if (probe_ || tile_dim_ >= 0 || col_tiles_) return std::nullopt;
+  if (rows() && !config_.x_lanes) {
+    if (!in_rloop_ || row_shift_) return std::nullopt;
+    return LaneTile{rindex_, Sym::symbol("roffset", 1003, {.nonnegative = true}), config_.rvec};
+  }
+  return LaneTile{xindex_, Sym::symbol("xoffset", 1002, {.nonnegative = true}), config_.xvec};
+}
+
+// Whether 0 <= rel < count (a slice's positions, a unit step) holds for all lanes of a tile or for
+// none: rel moves a lane at a time from a multiple of the tile's length, and count is one too (the
+// masks of GPT-2's dq/dk/dv assembly: a test a vector instead of three a lane), or rel does not
+// move with the lanes at all.
+inline bool KernelWriter::uniform_on_lanes(const Sym& rel, const Sym& count) const {
+  auto lt = lane_tile();
+  if (!lt || lt->vec <= 1) return false;
+  auto f = tile_form(rel, lt->lane, lt->vec);
+  return f && (f->step == 0 || (f->step == 1 && f->aligned && multiple_of(count, lt->vec, -1, 0)));
+}
+inline std::string KernelWriter::r_at_first_lane(const Sym& rel) {
+  auto lt = lane_tile();
+  SymMap first;
+  first.emplace(lt->lane, lt->first);
+  return "(" + index_code(rel.substitute(first)) + ")";
+}
+
 inline std::string KernelWriter::access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt,
                                              std::string& width) {
   // GPU tiles move a lane at a time; CPU tiles have their 16 lanes along the last dim (xb). Rows
