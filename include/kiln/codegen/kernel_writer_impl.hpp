@@ -445,7 +445,7 @@ inline KernelSource KernelWriter::write() {
   os << (narrow_indices() ? "  typedef int ix;  // every index fits in 32 bits\n" : "  typedef i64 ix;\n");
   const auto& c = ks.config;
   if (rows() && c.x_lanes)
-    os << "  constexpr ix XVEC = " << c.xvec << (target_ == Target::cuda ? ", RUNROLL = " + std::to_string(c.runroll) : "")
+    os << "  constexpr ix XVEC = " << c.xvec << ", RUNROLL = " << c.runroll  // (host kernels compile for the GPU too)
        << ";\n  const ix xnumel = " << xnumel_code << ", rnumel = " << rnumel_code << ";\n";
   else if (rows())
     os << "  constexpr ix ROWS = " << c.rows << ", RVEC = " << c.rvec
