@@ -62,10 +62,13 @@ struct MatmulEpilogue {
 namespace detail {
 
 // Who reads each node, once per read (-1: the graph returns it).
+// (A numel reads only its input's shape, which stays known when the input gets no buffer: mean's
+// divisor, numel(matmul) after CSE, took a gradient program's GEMM out of its epilogue.)
 inline std::vector<std::vector<int>> readers_of(const graph::Graph& g) {
   std::vector<std::vector<int>> r(g.size());
   for (int i = 0; i < g.size(); ++i)
-    for (int c = 0; c < g[i].n_in; ++c) r[g[i].in[c]].push_back(i);
+    if (info(g[i].op).cls != OpClass::meta)
+      for (int c = 0; c < g[i].n_in; ++c) r[g[i].in[c]].push_back(i);
   for (int o : g.outputs) r[o].push_back(-1);
   return r;
 }
