@@ -380,6 +380,10 @@ inline bool KernelWriter::narrow_indices() {
     return reach * copies <= limit;
   };
   if (!within(env_[plan_.domain], contiguous_strides(env_[plan_.domain]), 1)) return false;
+  // Every node it computes too: an iota's or a rand's positions, a view's, are indices over its own
+  // shape (a slice of a large iota is a small kernel forming large indices).
+  for (int v : plan_.members)
+    if (!within(env_[v], contiguous_strides(env_[v]), 1)) return false;
   for (const Param& pr : params_) {
     if (pr.kind != Param::in_ptr && pr.kind != Param::out_ptr) continue;
     const bool partial = std::find(plan_.partials.begin(), plan_.partials.end(), pr.ref) != plan_.partials.end();

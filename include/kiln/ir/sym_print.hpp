@@ -11,9 +11,13 @@ namespace kiln {
 
 namespace detail {
 
-inline std::string c_literal(std::int64_t v) {
+inline std::string c_literal(std::int64_t v, bool c_syntax = false) {
   // -9223372036854775808 is not a C literal: the minus applies to a number too big for long long.
-  if (v == std::numeric_limits<std::int64_t>::min()) return "(-9223372036854775807 - 1)";
+  if (v == std::numeric_limits<std::int64_t>::min()) return c_syntax ? "(-9223372036854775807LL - 1)" : "(-9223372036854775807 - 1)";
+  // In C, past int a long long by its suffix (unsuffixed it would be long, which the helpers' int
+  // and long long overloads match equally well).
+  if (c_syntax && (v > std::numeric_limits<int>::max() || v < std::numeric_limits<int>::min()))
+    return std::to_string(v) + "LL";
   return std::to_string(v);
 }
 
@@ -52,7 +56,7 @@ struct SymPrinter {
     std::int64_t k = term_coef(s) * sign;
     std::size_t i = f[0].is_constant() ? 1 : 0;
     if (k == -1) out += '-';
-    if (k != 1 && k != -1) out += c_literal(k) + "*";
+    if (k != 1 && k != -1) out += c_literal(k, c_syntax) + "*";
     for (std::size_t j = i; j < f.size(); ++j) {
       if (j > i) out += '*';
       operand(f[j], 3);
@@ -66,7 +70,7 @@ struct SymPrinter {
       if (!negative)
         operand(t, 1);
       else if (t.is_constant())
-        out += c_literal(-t.constant_value());
+        out += c_literal(-t.constant_value(), c_syntax);
       else
         product(t, -1);
     }
@@ -94,7 +98,7 @@ struct SymPrinter {
   void print(const Sym& s) {
     switch (s.kind()) {
       case SymKind::constant:
-        out += c_literal(s.constant_value());
+        out += c_literal(s.constant_value(), c_syntax);
         break;
       case SymKind::symbol:
         out += s.symbol_name();
