@@ -146,7 +146,7 @@ class KernelWriter {
   };
   std::optional<LaneTile> lane_tile() const;
   bool uniform_on_lanes(const Sym& rel, const Sym& count) const;
-  std::string r_at_first_lane(const Sym& rel);
+  std::string at_first_lane(const Sym& e);
 
   Value load(int node, const std::vector<Sym>& idx, const std::string& extra_mask);
   Value emit(int node, const std::vector<Sym>& idx, const std::string& extra_mask = "");
@@ -338,16 +338,14 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
         int d = static_cast<int>(n.attrs.a < 0 ? n.attrs.a + n.shape.size() : n.attrs.a);
         Sym start = slice_start(node, n.shape), step = slice_step(node), count = env_[n.in[0]][d];
         Sym rel = idx[d] - start;
-        std::string r = "(" + index_code(rel) + ")";
-        std::string inside =
-            step == Sym(1) && uniform_on_lanes(rel, count)
-                ? bind("(" + r_at_first_lane(rel) + " >= 0) & (" + r_at_first_lane(rel) + " < " + index_code(count) + ")",
-                       kiln::dtype::boolean)
-                      .code
-                : bind("(" + r + " >= 0) & (" + r + " % " + index_code(step) + " == 0) & (" + r + " < " +
-                           index_code(count * step) + ")",
-                       kiln::dtype::boolean)
-                      .code;
+        // (Tested once, at the first lane, where it holds for all of a tile's lanes or for none.)
+        const bool uniform = step == Sym(1) && uniform_on_lanes(rel, count);
+        std::string r = "(" + (uniform ? at_first_lane(rel) : index_code(rel)) + ")";
+        std::string inside = bind(uniform ? "(" + r + " >= 0) & (" + r + " < " + index_code(count) + ")"
+                                          : "(" + r + " >= 0) & (" + r + " % " + index_code(step) + " == 0) & (" + r +
+                                                " < " + index_code(count * step) + ")",
+                                  kiln::dtype::boolean)
+                                 .code;
         // The input's index where `inside` holds; a lane outside reads nothing (its loads are
         // masked), so a unit step keeps the index linear (contiguous runs load as vectors).
         std::vector<Sym> in_idx = idx;
@@ -400,5 +398,6 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
 
 #include "kernel_writer_access.hpp"
 #include "kernel_writer_impl.hpp"
+#include "kernel_writer_indices.hpp"
 #include "kernel_writer_tiles.hpp"
 #include "kernel_writer_columns.hpp"

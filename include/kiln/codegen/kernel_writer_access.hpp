@@ -168,11 +168,12 @@ inline bool KernelWriter::uniform_on_lanes(const Sym& rel, const Sym& count) con
   auto f = tile_form(rel, lt->lane, lt->vec);
   return f && (f->step == 0 || (f->step == 1 && f->aligned && multiple_of(count, lt->vec, -1, 0)));
 }
-inline std::string KernelWriter::r_at_first_lane(const Sym& rel) {
+// The code of e at a tile's first lane (where lane_tile() holds).
+inline std::string KernelWriter::at_first_lane(const Sym& e) {
   auto lt = lane_tile();
   SymMap first;
   first.emplace(lt->lane, lt->first);
-  return "(" + index_code(rel.substitute(first)) + ")";
+  return index_code(e.substitute(first));
 }
 
 inline std::string KernelWriter::access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt,
@@ -297,12 +298,9 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
     return bind("kiln::load(" + ptr + ", " + index_code(offset) + ", true)", ct);
   // The same for every lane of a tile (a row's mean, read by columns of one row): one scalar at the
   // tile's first lane, which the program's loop keeps in bounds.
-  if (config_.x_lanes && extra_mask.empty())
-    if (auto f = tile_form(offset, xindex_, config_.xvec); f && f->step == 0) {
-      SymMap first;
-      first.emplace(xindex_, Sym::symbol("xoffset", 1002, {.nonnegative = true}));
-      return bind("kiln::load(" + ptr + ", " + index_code(offset.substitute(first)) + ", true)", ct);
-    }
+  if (config_.x_lanes && extra_mask.empty() && lane_tile())
+    if (auto f = tile_form(offset, xindex_, config_.xvec); f && f->step == 0)
+      return bind("kiln::load(" + ptr + ", " + at_first_lane(offset) + ", true)", ct);
   {  // a contiguous run, masked lane by lane (a masked-off lane touches no memory)
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
     if (!base.empty()) code = "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", " + m + ")";

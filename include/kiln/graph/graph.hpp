@@ -186,6 +186,27 @@ class CseIndex {
   std::size_t used_ = 0;
 };
 
+// Depth-first over the nodes reachable from `stack` through inputs, each once: visit(v) says
+// whether to go on into v's inputs (false stops there: a buffer, an argument, another kernel).
+template <class Visit>
+void walk_inputs(const Graph& g, std::vector<int> stack, Visit&& visit) {
+  std::vector<bool> seen(g.size(), false);
+  while (!stack.empty()) {
+    const int v = stack.back();
+    stack.pop_back();
+    if (v < 0 || seen[v]) continue;
+    seen[v] = true;
+    if (!visit(v)) continue;
+    for (int c = 0; c < g[v].n_in; ++c) stack.push_back(g[v].in[c]);
+  }
+}
+// The inputs of the nodes `of`, the start of a walk below them.
+inline std::vector<int> inputs_of(const Graph& g, const std::vector<int>& of) {
+  std::vector<int> in;
+  for (int v : of) in.insert(in.end(), g[v].in.begin(), g[v].in.begin() + g[v].n_in);
+  return in;
+}
+
 inline std::string attrs_str(const Node& n) {
   std::ostringstream os;
   auto cls = info(n.op).cls;

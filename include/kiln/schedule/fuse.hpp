@@ -194,19 +194,10 @@ inline bool joins(const graph::Graph& g, const std::vector<bool>& anchor, const 
 inline int first_possible_kernel(const graph::Graph& g, const std::vector<bool>& anchor,
                                  const std::vector<int>& kernel_of, int i) {
   int latest = 0;
-  std::vector<int> stack(g[i].in.begin(), g[i].in.begin() + g[i].n_in);
-  std::vector<bool> seen(g.size(), false);
-  while (!stack.empty()) {
-    int v = stack.back();
-    stack.pop_back();
-    if (v < 0 || seen[v]) continue;
-    seen[v] = true;
-    if (anchor[v]) {
-      latest = std::max(latest, kernel_of[v]);
-      continue;
-    }
-    for (int c = 0; c < g[v].n_in; ++c) stack.push_back(g[v].in[c]);
-  }
+  graph::walk_inputs(g, graph::inputs_of(g, {i}), [&](int v) {
+    if (anchor[v]) latest = std::max(latest, kernel_of[v]);
+    return !anchor[v];
+  });
   return latest;
 }
 

@@ -16,21 +16,11 @@ namespace detail {
 inline std::vector<int> kernels_read(const graph::Graph& g, const std::vector<bool>& anchor,
                                      const std::vector<int>& kernel_of, const std::vector<int>& roots, int own) {
   std::vector<int> out;
-  std::vector<int> stack;
-  for (int r : roots)
-    for (int c = 0; c < g[r].n_in; ++c) stack.push_back(g[r].in[c]);
-  std::vector<bool> seen(g.size(), false);
-  while (!stack.empty()) {
-    int v = stack.back();
-    stack.pop_back();
-    if (v < 0 || seen[v]) continue;
-    seen[v] = true;
-    if (anchor[v] && kernel_of[v] >= 0 && kernel_of[v] != own) {
-      if (std::find(out.begin(), out.end(), kernel_of[v]) == out.end()) out.push_back(kernel_of[v]);
-      continue;
-    }
-    for (int c = 0; c < g[v].n_in; ++c) stack.push_back(g[v].in[c]);
-  }
+  graph::walk_inputs(g, graph::inputs_of(g, roots), [&](int v) {
+    if (!(anchor[v] && kernel_of[v] >= 0 && kernel_of[v] != own)) return true;
+    if (std::find(out.begin(), out.end(), kernel_of[v]) == out.end()) out.push_back(kernel_of[v]);
+    return false;
+  });
   return out;
 }
 
@@ -38,20 +28,10 @@ inline std::vector<int> kernels_read(const graph::Graph& g, const std::vector<bo
 inline std::vector<int> args_read(const graph::Graph& g, const std::vector<bool>& anchor, const std::vector<int>& kernel_of,
                                   const std::vector<int>& roots, int own) {
   std::vector<int> out;
-  std::vector<int> stack(roots);
-  std::vector<bool> seen(g.size(), false);
-  while (!stack.empty()) {
-    int v = stack.back();
-    stack.pop_back();
-    if (v < 0 || seen[v]) continue;
-    seen[v] = true;
-    if (g[v].op == Op::arg) {
-      out.push_back(g[v].slot);
-      continue;
-    }
-    if (anchor[v] && kernel_of[v] >= 0 && kernel_of[v] != own) continue;
-    for (int c = 0; c < g[v].n_in; ++c) stack.push_back(g[v].in[c]);
-  }
+  graph::walk_inputs(g, roots, [&](int v) {
+    if (g[v].op == Op::arg) out.push_back(g[v].slot);
+    return g[v].op != Op::arg && !(anchor[v] && kernel_of[v] >= 0 && kernel_of[v] != own);
+  });
   return out;
 }
 
