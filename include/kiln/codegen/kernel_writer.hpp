@@ -219,6 +219,8 @@ class KernelWriter {
   bool vector_rows_ = false;               // rows: the row length is a multiple of the vector
   bool row_shift_ = false;                 // GPU rows: tiles start on the vector before the row (plan())
   // Host rows whose loops' rmask is all true by construction (whole programs of rows, whole tiles).
+  // GPU column reductions split down the reduced elements too (launch_config.hpp's column blocks).
+  bool column_block() const { return target_ == Target::cuda && config_.x_lanes && config_.row_threads > 1; }
   bool host_rows_unmasked() const {
     return target_ == Target::cpu && full_rows_ &&
            (config_.x_lanes || full_tiles_ || (vector_rows_ && config_.riters == 0));

@@ -33,12 +33,14 @@ inline void KernelWriter::store(int node, const std::vector<Sym>& idx) {
   kiln::dtype ct = compute_dtype(g_[node].dt);
   std::string val = v.literal ? detail::literal(v.value, ct) : cast(v, ct).code;
   Sym offset = ravel(idx, contiguous_strides(env_[node]));
+  // A column block's per-column results are in all RT threads of the column: the first stores them.
+  const std::string m = column_block() && !in_rloop_ ? "(" + mask() + " & kiln::column_leader<XT>())" : mask();
   std::string width, base = access_base(offset, ptr, g_[node].dt, width);
   if (!base.empty()) {
-    line("kiln::store_contig<" + width + ">(" + ptr + ", " + base + ", " + val + ", " + mask() + ");");
+    line("kiln::store_contig<" + width + ">(" + ptr + ", " + base + ", " + val + ", " + m + ");");
     return;
   }
-  line("kiln::store(" + ptr + ", " + index_code(offset) + ", " + val + ", " + mask() + ");");
+  line("kiln::store(" + ptr + ", " + index_code(offset) + ", " + val + ", " + m + ");");
 }
 
 inline std::string KernelWriter::reduction_identity(Op op, kiln::dtype ct) {
@@ -83,7 +85,7 @@ inline void KernelWriter::write_rows() {
   const std::string lanes = x_lanes ? "XVEC" : "RVEC";
   section_ = Section::row_open;
   if (x_lanes) {
-    line("KILN_COLUMN_PROGRAM(xoffset) {");
+    line(column_block() ? "KILN_COLUMN_BLOCK(xoffset) {" : "KILN_COLUMN_PROGRAM(xoffset) {");
     ++indent_;
     line("auto xindex = xoffset + kiln::arange<XVEC, ix>();");
     line(full_rows_ ? "auto xmask = kiln::full<XVEC>(true);" : "auto xmask = xindex < xnumel;");
@@ -95,7 +97,7 @@ inline void KernelWriter::write_rows() {
   }
   section_ = Section::body;  // the row's register caches go between the two: write() puts them there
   auto open_loop = [&] {
-    line(x_lanes               ? "KILN_R_STEPS(rindex) {"
+    line(x_lanes               ? (column_block() ? "KILN_R_COLUMN_STEPS(rindex) {" : "KILN_R_STEPS(rindex) {")
          : config_.riters > 0 ? (row_shift_ ? "KILN_R_TILES_SHIFTED(roffset, kiln_shift) {" : "KILN_R_TILES(roffset) {")
          : row_shift_         ? "KILN_R_LOOP_SHIFTED(roffset, rnumel, kiln_shift) {"
                               : "KILN_R_LOOP(roffset, rnumel) {");
@@ -162,8 +164,14 @@ inline void KernelWriter::write_rows() {
       bool slots = target_ == Target::cuda && plan_.reductions.size() >= 2 && config_.riters > 0 && config_.rows == 1 &&
                    row_slots();
       std::string slot = slots ? ", " + std::to_string(r) : "";
-      if (x_lanes) {  // each lane summed its own column
-        reduced_[red] = bind(accs[r - i], g_[red].dt);
+      if (x_lanes) {  // each lane summed its own column (a column block: over its RT threads too)
+        reduced_[red] = column_block() ? bind("kiln::across_columns<XT, RT>(kiln::op_" +
+                                                  std::string(g_[red].op == Op::sum    ? "sum"
+                                                              : g_[red].op == Op::amax ? "max"
+                                                                                       : "min") +
+                                                  "(), " + accs[r - i] + ")",
+                                              g_[red].dt)
+                                       : bind(accs[r - i], g_[red].dt);
         continue;
       }
       reduced_[red] = bind("kiln::" + std::string(fn) + "<ROW_THREADS" + slot + ">(" + accs[r - i] + ")", g_[red].dt);
@@ -414,7 +422,11 @@ inline KernelSource KernelWriter::write() {
   const auto& c = ks.config;
   if (rows() && c.x_lanes)
     os << "  constexpr ix XVEC = " << c.xvec << ", RUNROLL = " << c.runroll  // (host kernels compile for the GPU too)
-       << ";\n  const ix xnumel = " << xnumel_code << ", rnumel = " << rnumel_code << ";\n";
+       << ";\n"
+       << (column_block() ? "  constexpr int XT = " + std::to_string(c.threads / c.row_threads) +
+                                ", RT = " + std::to_string(c.row_threads) + ";\n"
+                          : "")
+       << "  const ix xnumel = " << xnumel_code << ", rnumel = " << rnumel_code << ";\n";
   else if (rows())
     os << "  constexpr ix ROWS = " << c.rows << ", RVEC = " << c.rvec
        << ";\n  constexpr int ROW_THREADS = " << c.row_threads << ", RITERS = " << c.riters

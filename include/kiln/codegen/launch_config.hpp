@@ -192,12 +192,18 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
     c.x_lanes = true;
     return c;
   }
-  if (column && tune.column_lanes == 1) {
+  if (column && tune.column_lanes != 0) {
     // The same on the GPU: a thread's lanes are 16 bytes of adjacent kept elements (one vector load
-    // a step down its columns instead of one 2- or 4-byte element), a block 256 such threads.
+    // a step down its columns instead of one 2- or 4-byte element). Alone (column_lanes 1) that
+    // left an eighth of the threads and ran slower (NOTES item 86); by default a block is XT such
+    // threads across the columns by RT down the reduced elements (row_threads), combined through
+    // shared memory at the end (Inductor's [RBLOCK, XBLOCK] tile): as many threads as a thread a
+    // kept element, each moving 16 bytes a step, and a column's steps split RT ways.
     c.xvec = row_vector(max_item);
     c.threads = 256;
-    c.rows = c.xvec * c.threads;  // kept elements a block
+    const std::int64_t rt = tune.column_lanes == 1 ? 1 : static_cast<std::int64_t>(static_rnumel ? next_pow2(std::max<std::int64_t>(rnumel, 1)) : 8);
+    c.row_threads = static_cast<int>(std::min<std::int64_t>(rt, 8));
+    c.rows = c.xvec * (c.threads / c.row_threads);  // kept elements a block
     c.rvec = 1;
     c.x_lanes = true;
     c.runroll = tune.row_unroll > 0 ? tune.row_unroll : 4;

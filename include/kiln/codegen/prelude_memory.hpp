@@ -230,6 +230,39 @@ KILN_UNROLL
 #endif
   return v;
 }
+// GPU column blocks (reductions over outer dims): XT threads across the kept elements, each with a
+// tile of adjacent ones, by RT threads down the reduced elements. Combines each thread's tile with
+// those of the RT threads of its columns through shared memory; every thread gets the result.
+// Every thread of the block calls it equally often (the block's loop is the same for all).
+template <int XT, int RT, class Op, class T, int N> KILN_FN tile<T, N> across_columns(Op op, const tile<T, N>& a) {
+#ifdef KILN_DEVICE_CODE
+  if constexpr (RT > 1) {
+    __shared__ T part[RT * N * XT];  // [rt][lane][xt]: a warp's stores are consecutive words
+    const int xt = threadIdx.x % XT, rt = threadIdx.x / XT;
+    __syncthreads();  // an earlier combine's readers are done
+KILN_UNROLL
+    for (int i = 0; i < N; ++i) part[(rt * N + i) * XT + xt] = a.v[i];
+    __syncthreads();
+    tile<T, N> r;
+KILN_UNROLL
+    for (int i = 0; i < N; ++i) {
+      T v = part[i * XT + xt];
+      for (int k = 1; k < RT; ++k) v = op(v, part[(k * N + i) * XT + xt]);
+      r.v[i] = v;
+    }
+    return r;
+  }
+#endif
+  return a;
+}
+// The threads of a column block that store its results: the first of each column's RT.
+template <int XT> KILN_FN bool column_leader() {
+#ifdef KILN_DEVICE_CODE
+  return threadIdx.x < XT;
+#else
+  return true;
+#endif
+}
 template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_sum(const A& a) { return across_row<ROW_THREADS, SLOT>(op_sum(), fold(op_sum(), a)); }
 template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_max(const A& a) { return across_row<ROW_THREADS, SLOT>(op_max(), fold(op_max(), a)); }
 template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A& a) { return across_row<ROW_THREADS, SLOT>(op_min(), fold(op_min(), a)); }
@@ -274,6 +307,14 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 #define KILN_COLUMN_PROGRAM(xoffset)                                                      \
   for (ix xoffset = ((ix)blockIdx.x * blockDim.x + threadIdx.x) * XVEC; xoffset < xnumel; \
        xoffset += (ix)gridDim.x * blockDim.x * XVEC)
+// GPU column blocks (launch_config.hpp): a block covers XT * XVEC kept elements, looping over such
+// groups (the same number of times in every thread: across_columns' barriers), and its RT threads
+// of each column take every RT-th reduced element.
+#define KILN_COLUMN_BLOCK(xoffset)                                                                   \
+  for (ix kiln_xblock = blockIdx.x; kiln_xblock * (XT * XVEC) < xnumel; kiln_xblock += gridDim.x) \
+    if (const ix xoffset = (kiln_xblock * XT + (ix)(threadIdx.x % XT)) * XVEC; true)
+#define KILN_R_COLUMN_STEPS(rindex) \
+  _Pragma("unroll (RUNROLL)") for (ix rindex = (ix)(threadIdx.x / XT); rindex < rnumel; rindex += RT)
 #else
 #define KILN_POINTWISE_LOOP(xoffset)                                   \
   for (int kiln_u = 0; kiln_u < XBLOCK / XVEC; ++kiln_u)              \
