@@ -2,7 +2,9 @@
 // reference. Skipped, visibly, on machines without a CUDA device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include <kiln/kiln.hpp>
 #include <kiln/testing.hpp>
@@ -162,6 +164,38 @@ TEST_CASE("cuda: views and compiled functions with dynamic shapes" * needs_gpu()
     CHECK_MESSAGE(bool(r), r);
   }
   CHECK(k::explain(f, k::randn({5, 256}, k::f32, k::cuda, 1), w).recompiles == 0);
+}
+
+TEST_CASE("cuda: dynamic kernels index in int under a guard on their sizes" * needs_gpu()) {
+  // A transpose's index divides by a symbolic size: int arithmetic while the program's sizes stay
+  // within 2^30 elements, a program with i64 indices past that.
+  auto fn = [](auto a) { return k::transpose(a, 0, 1) * 2.0f; };
+  auto f = k::compile(fn, {.shapes = k::shapes::dynamic});
+  auto has = [](const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; };
+  for (auto shape : {k::Dims{37, 1000}, k::Dims{129, 65}}) {
+    auto a = k::randn(shape, k::bf16, k::cpu, 21);
+    auto r = k::testing::allclose(f(a.to(k::cuda)), k::reference::eval(fn(a)), 1e-2, 1e-2);
+    CHECK_MESSAGE(bool(r), r);
+  }
+  k::report rep = k::explain(f, k::randn({5, 7}, k::bf16, k::cuda, 22));
+  INFO(rep);
+  CHECK(rep.recompiles == 0);
+  REQUIRE_FALSE(rep.kernels.empty());
+  CHECK(has(rep.kernels[0].source, "typedef int ix"));
+  CHECK(std::any_of(rep.guards.begin(), rep.guards.end(), [&](const std::string& g) { return has(g, "32 bits"); }));
+  // [46341, 46341] bf16: past 2^31 elements (4 GiB), where int indices would wrap: past the guard.
+  const std::int64_t rows = 46341, cols = 46341;
+  auto big = k::randn({rows, cols}, k::bf16, k::cuda, 23);
+  k::Tensor out = f(big);
+  rep = k::explain(f, big);
+  CHECK(rep.recompiles == 1);
+  REQUIRE_FALSE(rep.kernels.empty());
+  CHECK(has(rep.kernels[0].source, "typedef i64 ix"));
+  // The last columns of the input are the last rows of the output, doubled.
+  k::Tensor in_tail = k::Tensor(k::slice(big, 1, cols - 3, cols)).to(k::cpu);
+  k::Tensor out_tail = k::Tensor(k::slice(out, 0, cols - 3, cols)).to(k::cpu);
+  auto r = k::testing::allclose(out_tail, k::reference::eval(fn(in_tail)), 1e-2, 1e-2);
+  CHECK_MESSAGE(bool(r), r);
 }
 
 TEST_CASE("cuda: raw device buffers and a user stream" * needs_gpu()) {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../ir/shape_env.hpp"
@@ -27,6 +28,9 @@ struct Param {
   std::string name;
 };
 
+// The elements a buffer, domain or node may hold for a kernel's index arithmetic to be int.
+inline constexpr std::int64_t index32_limit = std::int64_t{1} << 30;
+
 struct KernelSource {
   std::string name;
   schedule::Kind kind;
@@ -38,6 +42,11 @@ struct KernelSource {
   std::int64_t partial_groups = 0;  // row kernels with column partials: exactly this many programs
   bool column = false;              // rows reduced over outer dims (a thread, or a host lane, a kept element)
   std::vector<std::string> fused_ops;
+  // Int indices that hold while the sizes keep index_nodes' element counts within index32_limit and
+  // index_span's product below 2^31 (the program guards them: guards::within_index_limit).
+  bool index_bound = false;
+  std::vector<int> index_nodes;
+  std::pair<Sym, Sym> index_span{Sym(0), Sym(0)};
 };
 
 
@@ -64,6 +73,8 @@ class KernelWriter {
   // false (runtime/lower.hpp); autotuning leaves such a candidate out.
   bool holds_partials();
   bool narrow_indices();  // index arithmetic in int (kernel_writer_impl.hpp)
+  bool index_bound_ = false;  // ... at the compiling call's symbolic sizes (the program guards them)
+  void note_index_bound(KernelSource& ks) const;
   KernelSource write();
 
  private:

@@ -386,6 +386,7 @@ inline KernelSource KernelWriter::write() {
   // The signature: inputs, outputs, scalars, sizes (noted while printing the sizes themselves).
   const std::string xnumel_code = index_code(xnumel_), rnumel_code = index_code(rnumel_);
   std::stable_sort(params_.begin(), params_.end(), [](const Param& a, const Param& b) { return a.kind < b.kind; });
+  const bool narrow = narrow_indices();
   std::ostringstream os;
   os << "// " << ks.name << ": " << (config_.x_lanes ? "columns" : rows() ? "rows" : "pointwise") << " over "
      << (rows() ? "[" + xnumel_.str() + ", " + rnumel_.str() + "]" : "[" + xnumel_.str() + "]")
@@ -415,10 +416,18 @@ inline KernelSource KernelWriter::write() {
     else if (pr.kind == Param::scalar)
       os << "double " << pr.name;
     else
-      os << "i64 " << pr.name;
+      os << "i64 " << pr.name << (narrow && !sizes_.empty() ? "_arg" : "");
   }
   os << " KILN_PROGRAM_PARAMS) {\n";
-  os << (narrow_indices() ? "  typedef int ix;  // every index fits in 32 bits\n" : "  typedef i64 ix;\n");
+  os << (narrow ? "  typedef int ix;  // every index fits in 32 bits\n" : "  typedef i64 ix;\n");
+  if (index_bound_) {  // sizes in int too, at most 2^30 (the program's guard): 32-bit divisions by them
+    os << "  const ix";
+    bool first = true;
+    for (const Param& pr : params_)
+      if (pr.kind == Param::size) os << (first ? " " : ", ") << pr.name << " = (ix)" << pr.name << "_arg", first = false;
+    os << ";  // at most 2^30 (the program's guard)\n";
+  }
+  note_index_bound(ks);
   const auto& c = ks.config;
   if (rows() && c.x_lanes)
     os << "  constexpr ix XVEC = " << c.xvec << ", RUNROLL = " << c.runroll  // (host kernels compile for the GPU too)

@@ -12,18 +12,22 @@ namespace kiln::codegen {
 // Whether every index this kernel forms fits in 32 bits, so that its index arithmetic (the
 // kernel's `ix`) is int: on the GPU a 64-bit division or remainder by a constant is several 32-bit
 // multiplies, and kernels whose indices go through permuted heads, slices or pads were bound by
-// them (Inductor indexes in int32 likewise). Static sizes on the GPU, with the domain and every
-// buffer the kernel touches (a strided argument's reach, column partials' row groups) at most 2^30
-// elements: an index is a sum of terms each within one of them, and masked lanes past the end
-// stay below twice that. Otherwise i64, as on the CPU.
+// them (Inductor indexes in int32 likewise). GPU only, with the domain, every node the kernel
+// computes (an iota's or a view's positions) and every buffer it touches (a strided argument's
+// reach, column partials' row groups) at most 2^30 elements: an index is a sum of terms each within
+// one of them, and masked lanes past the end stay below twice that. Symbolic sizes are taken at the
+// compiling call's values (index_bound_: the program then guards its sizes, ProgramCache), where a
+// division by a size parameter is otherwise a 64-bit division. Otherwise i64, as on the CPU.
 inline bool KernelWriter::narrow_indices() {
-  if (target_ != Target::cuda || !sizes_.empty()) return false;
-  constexpr std::int64_t limit = std::int64_t{1} << 30;
+  index_bound_ = false;
+  if (target_ != Target::cuda || tune_.index32 == 0 || (!sizes_.empty() && tune_.index32 == 1)) return false;
+  constexpr std::int64_t limit = index32_limit;
+  const std::vector<std::int64_t>& example = env_.example;
+  auto value = [&](const Sym& s) { return s.is_constant() ? s.constant_value() : s.eval(example); };
   auto within = [&](const std::vector<Sym>& shape, const std::vector<Sym>& strides, std::int64_t copies) {
     std::int64_t reach = 1;
     for (std::size_t d = 0; d < shape.size(); ++d) {
-      if (!shape[d].is_constant() || !strides[d].is_constant()) return false;
-      const std::int64_t n = shape[d].constant_value(), st = strides[d].constant_value();
+      const std::int64_t n = value(shape[d]), st = value(strides[d]);
       if (n == 0) return true;
       if (st < -limit || st > limit || n > limit) return false;
       reach += (n - 1) * (st < 0 ? -st : st);
@@ -42,7 +46,27 @@ inline bool KernelWriter::narrow_indices() {
     if (!within(env_[pr.ref], strides_of_(pr.ref), partial ? std::max<std::int64_t>(plan_.partial_groups, 1) : 1))
       return false;
   }
+  index_bound_ = !sizes_.empty();
   return true;
+}
+
+// What a kernel's int indices rely on at other sizes (KernelSource::index_nodes, index_span): the
+// nodes it touches, and the span its programs' indices cover, rows or elements past the end
+// included (a block of ROWS rows over a row of rnumel; tiles as four times the domain).
+inline void KernelWriter::note_index_bound(KernelSource& ks) const {
+  ks.index_bound = index_bound_;
+  if (!index_bound_) return;
+  ks.index_nodes = {plan_.domain};
+  ks.index_nodes.insert(ks.index_nodes.end(), plan_.members.begin(), plan_.members.end());
+  for (const Param& pr : params_)
+    if (pr.kind == Param::in_ptr || pr.kind == Param::out_ptr) ks.index_nodes.push_back(pr.ref);
+  if (rows())
+    ks.index_span = {xnumel_ + Sym(config_.rows),
+                     rnumel_ + Sym(std::int64_t{config_.rvec} * config_.row_threads * std::max(1, config_.riters))};
+  else if (tile_dim_ >= 0 || col_tiles_)
+    ks.index_span = {xnumel_, Sym(4)};
+  else
+    ks.index_span = {xnumel_ + Sym(config_.xblock), Sym(1)};
 }
 
 }  // namespace kiln::codegen

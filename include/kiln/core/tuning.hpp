@@ -49,6 +49,9 @@ struct Tuning {
   int column_lanes = -1;   // reductions over outer dims: on the CPU 0 lanes along the reduced dim (the
                            // rule before), else along the kept elements; on the GPU 1 gives threads 16
                            // bytes of kept elements (measured slower: NOTES 85) (KILN_TUNE_COLUMN_LANES)
+  int index32 = -1;        // GPU index arithmetic in int where it fits: 0 never (the rule before), 1
+                           // static sizes only, default also symbolic sizes under a guard on the
+                           // program's sizes (codegen's narrow_indices; KILN_TUNE_INDEX32)
   int row_shift = -1;      // GPU rows of a length no whole number of vectors: start their tiles on the
                            // vector before the row; 0 at the row's first element (KILN_TUNE_ROW_SHIFT)
   int occupancy = -1;      // held-row GPU kernels: the threads an SM they ask ptxas to fit (the second
@@ -89,7 +92,8 @@ struct Tuning {
                                    {&Tuning::keep_values, "keep_values"}, {&Tuning::column_lanes, "column_lanes"},
                                    {&Tuning::attention, "attention"}, {&Tuning::attention_rows, "attention_rows"},
                                    {&Tuning::attention_backward, "attention_backward"},
-                                   {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"}};
+                                   {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"},
+                                   {&Tuning::index32, "index32"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -123,6 +127,7 @@ struct Tuning {
                                    {&Tuning::column_lanes, "KILN_TUNE_COLUMN_LANES", 0, 1},
                                    {&Tuning::occupancy, "KILN_TUNE_OCCUPANCY", 0, 2048},
                                    {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 1},
+                                   {&Tuning::index32, "KILN_TUNE_INDEX32", 0, 1},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1}};

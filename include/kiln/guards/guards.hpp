@@ -29,6 +29,13 @@ struct GuardSet {
   std::vector<std::vector<std::int64_t>> node_const;
   std::vector<std::vector<int>> node_symbol;
   bool dynamic = false;
+  // Symbolic sizes under which some kernels index in int (codegen's narrow_indices): the nodes and
+  // arguments they touch hold at most index_limit elements (an argument: its reach through its
+  // strides), and each kernel's index span, its programs' rows or elements past the end included,
+  // stays below 2^31 (index_spans: products of two sizes over the program's symbols); 0 none.
+  std::int64_t index_limit = 0;
+  std::vector<int> index_nodes, index_args;
+  std::vector<std::pair<Sym, Sym>> index_spans;
 
   std::vector<std::string> describe() const;
   std::string describe_failure(int index) const;
@@ -108,6 +115,44 @@ int check_shapes(const GuardSet& gs, ShapeOf&& shape_of, std::int64_t* symbols, 
     }
   }
   return -1;
+}
+
+// Whether a dynamic call stays within gs.index_limit (see GuardSet): `shape_of` gives the call's
+// inferred node shapes, `symbols` its symbols' values.
+template <class ShapeOf>
+bool within_index_limit(const GuardSet& gs, const Tensor* const* args, std::size_t nargs, ShapeOf&& shape_of,
+                        Bindings symbols) {
+  if (gs.index_limit <= 0) return true;
+  const std::int64_t limit = gs.index_limit;
+  auto fits = [&](const Dims& shape, const Dims* strides) {
+    std::int64_t reach = 1;
+    for (int d = 0; d < shape.size(); ++d)
+      if (shape[d] == 0) return true;
+    for (int d = 0; d < shape.size(); ++d) {
+      const std::int64_t n = shape[d], st = strides ? ((*strides)[d] < 0 ? -(*strides)[d] : (*strides)[d]) : 0;
+      if (n > limit || st > limit) return false;
+      if (strides)
+        reach += (n - 1) * st;
+      else if (n > limit / reach)  // an element count: overflow-safe
+        return false;
+      else
+        reach *= n;
+      if (reach > limit) return false;
+    }
+    return true;
+  };
+  for (int n : gs.index_nodes)
+    if (!fits(shape_of(n), nullptr)) return false;
+  for (int a : gs.index_args)
+    if (a < static_cast<int>(nargs)) {
+      const Dims strides = args[a]->strides();
+      if (!fits(args[a]->shape(), &strides)) return false;
+    }
+  for (const auto& [x, r] : gs.index_spans) {
+    const std::int64_t xs = x.eval(symbols), rs = r.eval(symbols);
+    if (xs > limit || rs > limit || (rs > 0 && xs > (std::int64_t{1} << 31) / rs)) return false;
+  }
+  return true;
 }
 
 // The compact cache key of a call: what every guard set pins exactly and cheaply (each argument's
@@ -216,6 +261,10 @@ inline std::vector<std::string> GuardSet::describe() const {
     out.push_back("symbolic attributes: the bounds or sizes of " + std::to_string(symbolic_attrs) +
                   " views are each call's values (kernel arguments)");
   out.push_back("attributes (dims, view sizes) of " + std::to_string(attrs.size()) + " nodes unchanged");
+  if (index_limit > 0)
+    out.push_back(std::to_string(index_nodes.size()) + " nodes and " + std::to_string(index_args.size()) +
+                  " arguments at most " + std::to_string(index_limit) + " elements, " +
+                  std::to_string(index_spans.size()) + " kernels' index spans below 2^31 (they index in 32 bits)");
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include <deque>
 #include <mutex>
 #include <shared_mutex>
+#include <optional>
 #include <utility>
 
 #include "../graph/flatten.hpp"
@@ -193,6 +194,44 @@ class ProgramCache final : public Evictable {
     return g;
   }
 
+  // Kernels indexing in int at this call's symbolic sizes (codegen's narrow_indices): the nodes and
+  // arguments they touch and their index spans are guarded (guards::within_index_limit). A kernel
+  // whose span already fails at these sizes would fail its own guard: the program is rebuilt with
+  // int indices for static sizes only.
+  template <class Rebuild>
+  static void guard_index_limit(Entry& e, Rebuild&& rebuild) {
+    auto fill = [&] {
+      auto& gs = e.guards;
+      gs.index_limit = 0, gs.index_nodes.clear(), gs.index_args.clear(), gs.index_spans.clear();
+      const Program& p = *e.program;
+      for (const auto& k : p.kernels) {
+        if (k.extern_node >= 0 || !k.src.index_bound) continue;
+        gs.index_limit = codegen::index32_limit;
+        for (int n : k.src.index_nodes) {
+          gs.index_nodes.push_back(n);
+          if (p.graph[n].op == Op::arg) gs.index_args.push_back(p.graph[n].slot);
+        }
+        gs.index_spans.push_back(k.src.index_span);
+      }
+      auto unique = [](std::vector<int>& v) {
+        std::sort(v.begin(), v.end());
+        v.erase(std::unique(v.begin(), v.end()), v.end());
+      };
+      unique(gs.index_nodes), unique(gs.index_args);
+    };
+    fill();
+    if (e.guards.index_limit <= 0) return;
+    const auto& ex = e.program->env.example;
+    for (const auto& [x, r] : e.guards.index_spans) {
+      const std::int64_t xs = x.eval(ex), rs = r.eval(ex);
+      if (rs > 0 && xs > (std::int64_t{1} << 31) / rs) {
+        rebuild();
+        fill();
+        return;
+      }
+    }
+  }
+
   // Whether entry e's guards hold for this call; `why` (miss path only) names the failed one.
   static bool matches(const Entry& e, const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
                       CallShapes& shapes, std::string* why) {
@@ -214,6 +253,13 @@ class ProgramCache final : public Evictable {
           e.program->env.num_symbols());
       if (node >= 0) {
         if (why) *why = "symbolic size of node %" + std::to_string(node) + " " + e.program->graph[node].shape.str();
+        return false;
+      }
+      if (!guards::within_index_limit(
+              e.guards, args, static_cast<std::size_t>(nargs),
+              [&](int n) -> const Dims& { return shapes.nodes[n].shape; },
+              Bindings(sym.data(), static_cast<std::size_t>(e.program->env.num_symbols())))) {
+        if (why) *why = "sizes past " + std::to_string(e.guards.index_limit) + " elements (kernels index in 32 bits)";
         return false;
       }
     } else {
@@ -369,13 +415,23 @@ class ProgramCache final : public Evictable {
     if (sym) e->guards.symbolic = symbolic_, e->guards.ops = slot_ops_;
     e->key = file_key(*e);
     if (ops) last_attrs_.assign(e->guards.attrs.begin(), e->guards.attrs.end());
+    remember_shapes(g);
+    // Symbolic sizes on a GPU: kernels may index in int under a guard (guard_index_limit), or be
+    // rebuilt without it from these copies.
+    const bool may_bound = device.is_cuda() && env.num_symbols() > 0;
+    std::optional<std::pair<graph::Graph, ir::ShapeEnv>> copy;
+    if (may_bound) copy.emplace(g, env);
+    e->program = build_program(std::move(g), std::move(env), device, arg, opt_.autotune, e->stats.tuning);
+    guard_index_limit(*e, [&] {
+      auto t = e->stats.tuning;
+      t.index32 = 1;
+      e->program = build_program(std::move(copy->first), std::move(copy->second), device, arg, opt_.autotune, t);
+    });
     if (debug::log_enabled(debug::Channel::guards)) {
       std::string s;
       for (auto& line : e->guards.describe()) s += "  " + line + "\n";
       debug::log(debug::Channel::guards, "guards:\n" + s);
     }
-    remember_shapes(g);
-    e->program = build_program(std::move(g), std::move(env), device, arg, opt_.autotune, e->stats.tuning);
     if (opt_.check_indices) e->program->check_indices = *opt_.check_indices;
     e->tune = !e->program->candidates.empty();
     // Custom ops are host code: a replay would not run them again, so their programs launch plainly,

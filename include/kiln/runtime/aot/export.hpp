@@ -150,7 +150,10 @@ exported_kernels export_program(const Function<F>& f, const E& e, const std::arr
   ::kiln::shapes mode = o.shapes != shapes::automatic ? o.shapes : f.cache().opts().shapes;
   ir::ShapeEnv env =
       mode == shapes::dynamic ? ir::make_shape_env(g, [](int, int) { return true; }) : ir::make_static_shape_env(g);
-  auto p = runtime::plan_program(std::move(g), std::move(env), target, arg, false, stats.tuning);
+  // Int indices only where the sizes are static: an exported launcher has no guard on its sizes.
+  auto tuning = stats.tuning;
+  if (tuning.index32 != 0) tuning.index32 = 1;
+  auto p = runtime::plan_program(std::move(g), std::move(env), target, arg, false, tuning);
   for (const auto& k : p->kernels)
     if (k.extern_node >= 0)
       throw error("k::export_kernels: the program has a matmul step (" + k.src.name +
