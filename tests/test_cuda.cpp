@@ -198,6 +198,30 @@ TEST_CASE("cuda: dynamic kernels index in int under a guard on their sizes" * ne
   CHECK_MESSAGE(bool(r), r);
 }
 
+TEST_CASE("cuda: dynamic rows held at the compiling call's length, looped at other lengths" * needs_gpu()) {
+  // The first call's rows (3000) are held in registers; lengths past the tiles, or under half of
+  // them, launch the same kernel written looped: one program, every length right.
+  auto sm = [](auto a) { return k::softmax(a, -1) * 3.0f; };
+  auto ln = [](auto a, auto w) { return k::layer_norm(a, w, w); };
+  auto f = k::compile(sm, {.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise});
+  auto g = k::compile(ln, {.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise});
+  for (std::int64_t cols : {3000, 1537, 4096, 2049, 100, 5001, 2999}) {
+    CAPTURE(cols);
+    auto a = k::randn({37, cols}, k::f32, k::cpu, 31 + static_cast<int>(cols));
+    auto w = k::randn({cols}, k::f32, k::cpu, 32);
+    auto r = k::testing::allclose(f(a.to(k::cuda)), k::reference::eval(sm(a)), 1e-5, 1e-6);
+    CHECK_MESSAGE(bool(r), r);
+    r = k::testing::allclose(g(a.to(k::cuda), w.to(k::cuda)), k::reference::eval(ln(a, w)), 1e-4, 1e-4);
+    CHECK_MESSAGE(bool(r), r);
+  }
+  k::report rep = k::explain(f, k::randn({5, 3000}, k::f32, k::cuda, 33));
+  INFO(rep);
+  CHECK(rep.recompiles == 0);
+  REQUIRE_FALSE(rep.kernels.empty());
+  CHECK(rep.kernels[0].source.find("KILN_R_TILES") != std::string::npos);
+  CHECK(k::explain(g, k::randn({5, 3000}, k::f32, k::cuda, 34), k::randn({3000}, k::f32, k::cuda, 35)).recompiles == 0);
+}
+
 TEST_CASE("cuda: raw device buffers and a user stream" * needs_gpu()) {
   auto x = k::randn({1000}, k::f32, k::cuda, 12);
   CUstream s = nullptr;

@@ -47,7 +47,21 @@ struct KernelSource {
   bool index_bound = false;
   std::vector<int> index_nodes;
   std::pair<Sym, Sym> index_span{Sym(0), Sym(0)};
+  // A GPU row of symbolic length held in registers, its tiles sized at the compiling call's length:
+  // the kernel serves calls whose held_rnumel lies in [held_min, held_max] (right up to the tiles'
+  // capacity, worth it while it fills more than half of them) and is a multiple of held_multiple
+  // (whole vectors: one mask test a vector, as at static lengths); the program launches the same
+  // kernel written looped for other lengths (runtime's CompiledKernel::looped). held_max 0: none.
+  Sym held_rnumel{Sym(0)};
+  std::int64_t held_min = 0, held_max = 0, held_multiple = 1;
 };
+
+// Whether a call with these symbol values may launch kernel s (see KernelSource::held_rnumel).
+inline bool holds_row(const KernelSource& s, Bindings sizes) {
+  if (s.held_max <= 0) return true;
+  const std::int64_t n = s.held_rnumel.eval(sizes);
+  return n >= s.held_min && n <= s.held_max && n % s.held_multiple == 0;
+}
 
 
 // Writes one kernel. `strides_of(node)` gives the symbolic strides of a buffer (args may be
@@ -228,6 +242,9 @@ class KernelWriter {
   bool full_rows_ = false;                 // rows: programs hold whole groups of rows
   bool full_tiles_ = false;                // rows: register tiles cover a row exactly
   bool vector_rows_ = false;               // rows: the row length is a multiple of the vector
+  // GPU rows of symbolic length held in registers: served only at lengths of whole vectors (the
+  // launch tests it, KernelSource::held_multiple, as Triton specialises sizes divisible by 16).
+  bool dyn_vector_rows_ = false;
   bool row_shift_ = false;                 // GPU rows: tiles start on the vector before the row (plan())
   // Host rows whose loops' rmask is all true by construction (whole programs of rows, whole tiles).
   // GPU column reductions split down the reduced elements too (launch_config.hpp's column blocks).

@@ -59,18 +59,21 @@ inline Sym KernelWriter::slice_step(int node) {
 
 // Whether e is a multiple of m for every tile, where the tile start (symbol id `start`) is a
 // multiple of `vec`. Sizes are unknown (false); constants and products are exact.
-inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec) {
+// `divides`: a symbol taken as a multiple of `by` (a size the kernel tests at run time), or none.
+inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec, const Sym* divides = nullptr,
+                        std::int64_t by = 0) {
+  auto rec = [&](const Sym& a) { return multiple_of(a, m, start, vec, divides, by); };
   switch (e.kind()) {
     case SymKind::constant:
       return e.constant_value() % m == 0;
     case SymKind::symbol:
-      return e.symbol_id() == start && vec % m == 0;
+      return (e.symbol_id() == start && vec % m == 0) || (divides && e == *divides && by % m == 0);
     case SymKind::add:
-      return std::all_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
+      return std::all_of(e.args().begin(), e.args().end(), rec);
     case SymKind::mul:
-      return std::any_of(e.args().begin(), e.args().end(), [&](const Sym& a) { return multiple_of(a, m, start, vec); });
+      return std::any_of(e.args().begin(), e.args().end(), rec);
     case SymKind::mod:  // a - c * floor(a / c): a multiple of m when a and c are
-      return multiple_of(e.args()[0], m, start, vec) && multiple_of(e.args()[1], m, start, vec);
+      return rec(e.args()[0]) && rec(e.args()[1]);
     default:
       return false;
   }
@@ -199,7 +202,9 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   std::int64_t bytes = vec * static_cast<std::int64_t>(itemsize(dt)), item = static_cast<std::int64_t>(itemsize(dt));
   std::int64_t vbytes = bytes % 16 == 0 ? 16 : bytes == 8 ? 8 : 0;
   if (target_ != Target::cuda || !vbytes) return index_code(*base);
-  if (shifted ? !(*base - start == rnumel_ * xindex_) : !multiple_of(*base, vbytes / item, start_id, vec)) {
+  const Sym* whole = dyn_vector_rows_ ? &rnumel_ : nullptr;  // rows of whole vectors (the launch tests it)
+  if (shifted ? !(*base - start == rnumel_ * xindex_)
+              : !multiple_of(*base, vbytes / item, start_id, vec, whole, config_.rvec)) {
     unaligned_tiles_ = true;
     return index_code(*base);
   }
@@ -218,7 +223,8 @@ inline std::string KernelWriter::split_on_alignment(const std::string& body) con
   // Held rows of whole vectors whose tiles overrun them: one test a vector, and the split pays
   // (with only a row's test left it measured 2-7% slower, and for looped rows 3% slower over 40
   // long rows, up to 1.9x at 1046 x 128256 bf16: NOTES item 51).
-  bool vector_tests = (vector_rows_ && !full_tiles_ && config_.riters > 0 && tune_.vector_masks != 1) || row_shift_;
+  bool vector_tests =
+      (vector_rows_ && !full_tiles_ && config_.riters > 0 && tune_.vector_masks != 1) || row_shift_;
   if (aligned_ptrs_.empty() || unaligned_tiles_ || !(exact_tiles_ || vector_tests) || tune_.aligned == 0) {
     std::string plain = body;
     auto replace_all = [&](const std::string& mark, const std::string& by) {
@@ -233,11 +239,10 @@ inline std::string KernelWriter::split_on_alignment(const std::string& body) con
   for (const auto& p : aligned_ptrs_) ptrs += (ptrs.empty() ? "" : ", ") + p;
   std::istringstream in(body);
   for (std::string l; std::getline(in, l);) indented += (l.empty() ? "" : "  ") + l + "\n";
-  return "  auto kiln_body = [&](auto kiln_aligned) {\n"
-         "    constexpr kiln::align KILN_ALIGNED = decltype(kiln_aligned)::value ? kiln::align::vector : "
-         "kiln::align::scalar;\n" +
-         indented + "  };\n  if (kiln::aligned16(" + ptrs +
-         ")) kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
+  return std::string("  auto kiln_body = [&](auto kiln_aligned) {\n"
+                     "    constexpr kiln::align KILN_ALIGNED = decltype(kiln_aligned)::value ? kiln::align::vector : "
+                     "kiln::align::scalar;\n") +
+         indented + "  };\n  if (kiln::aligned16(" + ptrs + ")) kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
 }
 
 // A contiguous load's template arguments: the access's width and alignment, and via::plain in

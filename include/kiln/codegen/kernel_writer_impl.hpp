@@ -315,9 +315,23 @@ inline void KernelWriter::plan() {
   row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && rnumel_.is_constant() &&
                rnumel_.constant_value() % row_vector(max_item) != 0 && !streams.empty() && invariants.empty() &&
                plan_.partials.empty();
-  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant(), column,
+  // GPU rows of symbolic length held as at the compiling call's length (Triton's persistent
+  // reduction, its tiles sized from the size hint): the program guards the length (held_min/max).
+  // Only lengths of whole vectors (the compiling call's too): one mask test a vector, as at static lengths.
+  const bool held_dynamic = rows() && !column && target_ == Target::cuda && !rnumel_.is_constant() &&
+                            tune_.dynamic_rows != 0 && plan_.partials.empty() && tune_.vector_masks != 0 &&
+                            rn % row_vector(max_item) == 0;
+  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant() || held_dynamic, column,
                                   caches, tune_, row_shift_)
                      : pointwise_config(target_, xn, max_item, tune_);
+  if (held_dynamic && ks.config.riters > 0) {
+    // Right up to the tiles' capacity; past half of it a smaller configuration would do (unless
+    // this one is already the smallest: a warp of threads, one tile each).
+    const std::int64_t capacity = std::int64_t{ks.config.riters} * ks.config.row_threads * ks.config.rvec;
+    ks.held_rnumel = rnumel_;
+    ks.held_max = capacity;
+    ks.held_min = ks.config.riters == 1 && ks.config.row_threads <= 32 ? 1 : std::min(capacity / 2 + 1, rn);
+  }
   ks.tuning = tune_;
   ks.column = column;
   if (!plan_.partials.empty() && ks.config.riters > 0 && xn % plan_.partial_groups == 0) {
@@ -340,6 +354,10 @@ inline void KernelWriter::plan() {
                   rnumel_.constant_value() == std::int64_t{config_.riters} * config_.row_threads * config_.rvec;
     exact_tiles_ = full_rows_ && full_tiles_;
     vector_rows_ = tune_.vector_masks != 0 && rnumel_.is_constant() && rnumel_.constant_value() % config_.rvec == 0;
+    if (held_dynamic && config_.riters > 0) {
+      dyn_vector_rows_ = vector_rows_ = true;
+      ks.held_multiple = config_.rvec;
+    }
   } else {
     choose_tiling(max_item);
     if (tile_dim_ >= 0) {  // GPU: a program loops over tiles (any grid will do); CPU: a program a tile
@@ -402,6 +420,12 @@ inline KernelSource KernelWriter::write() {
   if (target_ == Target::cuda && rows() && config_.riters > 0)
     ks.config.min_blocks =
         min_blocks_for(ks.config.threads, cached_cost_ * config_.riters * config_.rvec, tune_);
+  // A held row of symbolic length: its sizes, divisors and masks cost registers a static length's
+  // do not (a dynamic layer_norm over 4096 f32 columns: 144 against 127, one 256-thread block an SM
+  // instead of two, 1.6x its static kernel). Ask ptxas for two blocks, taken only without spilling
+  // (runtime/compile/nvrtc.hpp), as many as the same kernel at a static length fits.
+  if (dyn_vector_rows_ && ks.config.min_blocks == 0 && ks.config.threads <= 512 && tune_.occupancy != 0)
+    ks.config.min_blocks = 2;
   if (ks.config.min_blocks > 0)
     os << "KILN_KERNEL KILN_HELD_BOUNDS(" << ks.config.threads << ", " << ks.config.min_blocks << ") " << ks.name << "(";
   else

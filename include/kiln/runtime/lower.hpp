@@ -274,6 +274,12 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
       if (plan.attention_lse >= 0) ck.src.fused_ops.push_back("attention_lse");  // the rows' log-sum-exp too
     } else {
       ck.src = write_kernel(g, p.sched, env, k, target, arg, p.tuning).value();
+      if (ck.src.held_max > 0) {  // a held row of symbolic length: its looped twin for other lengths
+        Tuning looped = p.tuning;
+        looped.dynamic_rows = 0;
+        ck.looped = std::make_shared<CompiledKernel>();
+        ck.looped->src = write_kernel(g, p.sched, env, k, target, arg, looped).value();
+      }
     }
     p.kernels.push_back(std::move(ck));
   }
@@ -288,6 +294,8 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   auto p = std::make_shared<Program>();
   p->device = device;
   p->tuning = tuning;
+  // Autotuning times candidates at the compiling call's sizes only: rows of symbolic length stay looped.
+  if (autotune && p->tuning.dynamic_rows < 0) p->tuning.dynamic_rows = 0;
   codegen::Target target = device.is_cpu() ? codegen::Target::cpu : codegen::Target::cuda;
   plan_kernels(*p, g, env, target, arg);
   if (autotune && target == codegen::Target::cuda)
@@ -334,6 +342,7 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
                                              std::to_string(codegen::held_row_saves(kern.src.config.riters)) +
                                              "; written looped as " + looped->name);
     kern.src = std::move(*looped);
+    kern.looped.reset();  // the kernel is its own looped twin now
     changed = true;
   }
   return changed;

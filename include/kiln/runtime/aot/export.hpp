@@ -153,6 +153,7 @@ exported_kernels export_program(const Function<F>& f, const E& e, const std::arr
   // Int indices only where the sizes are static: an exported launcher has no guard on its sizes.
   auto tuning = stats.tuning;
   if (tuning.index32 != 0) tuning.index32 = 1;
+  tuning.dynamic_rows = 0;  // nor rows held at the example's length (their looped twins are the runtime's)
   auto p = runtime::plan_program(std::move(g), std::move(env), target, arg, false, tuning);
   for (const auto& k : p->kernels)
     if (k.extern_node >= 0)

@@ -45,6 +45,9 @@ struct CompiledKernel {
   CUfunction cuda = nullptr;
   std::int64_t grid_limit = 0;  // CUDA row kernels: most blocks a launch (they loop over rows)
   int variant = 0;              // autotuning: which of the kernel's candidate sources this is
+  // A row of symbolic length held in registers (codegen's KernelSource::held_rnumel): the same
+  // kernel written looped, launched instead when a call's row length is outside what src serves.
+  std::shared_ptr<CompiledKernel> looped;
 };
 
 // The argument slots of one kernel launch, bound for a given kernel source's parameters.
@@ -184,7 +187,10 @@ inline std::int64_t num_programs(const CompiledKernel& k, Bindings sizes) {
 inline std::string program_body(const Program& p) {
   std::string body = std::string(sym_c_helpers) + "\n";
   for (auto& k : p.kernels)
-    if (k.extern_node < 0) body += "\n" + k.src.source;
+    if (k.extern_node < 0) {
+      body += "\n" + k.src.source;
+      if (k.looped) body += "\n" + k.looped->src.source;
+    }
   return body;
 }
 
@@ -220,12 +226,18 @@ inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k,
 inline void compile_program(Program& p, const std::string& /*name: each unit is named after its kernel*/) {
   p.source = program_body(p);
   const bool cpu = p.device.is_cpu();
+  // The generated kernels, each one's looped twin after it.
+  std::vector<CompiledKernel*> kernels;
+  for (auto& k : p.kernels)
+    if (k.extern_node < 0) {
+      kernels.push_back(&k);
+      if (k.looped) kernels.push_back(k.looped.get());
+    }
   std::vector<KernelUnit> units;
-  std::vector<int> unit_of(p.kernels.size(), -1);
+  std::vector<int> unit_of(kernels.size(), -1);
   std::unordered_map<std::string, int> by_source;
-  for (std::size_t k = 0; k < p.kernels.size(); ++k) {
-    if (p.kernels[k].extern_node >= 0) continue;
-    KernelUnit u = kernel_unit(p.kernels[k].src, cpu);
+  for (std::size_t k = 0; k < kernels.size(); ++k) {
+    KernelUnit u = kernel_unit(kernels[k]->src, cpu);
     auto [it, fresh] = by_source.try_emplace(u.source, static_cast<int>(units.size()));
     if (fresh) units.push_back(std::move(u));
     unit_of[k] = it->second;
@@ -234,12 +246,11 @@ inline void compile_program(Program& p, const std::string& /*name: each unit is 
     p.objects.assign(units.size(), nullptr);
     parallel_for(units.size(),
                  [&](std::size_t i) { p.objects[i] = compile_shared_object(units[i].source, units[i].name); });
-    for (std::size_t k = 0; k < p.kernels.size(); ++k)
-      if (unit_of[k] >= 0) {
-        const KernelUnit& u = units[static_cast<std::size_t>(unit_of[k])];
-        p.kernels[k].cpu = reinterpret_cast<void (*)(void**, std::int64_t)>(
-            p.objects[static_cast<std::size_t>(unit_of[k])]->symbol((u.name + "_cpu").c_str()));
-      }
+    for (std::size_t k = 0; k < kernels.size(); ++k) {
+      const KernelUnit& u = units[static_cast<std::size_t>(unit_of[k])];
+      kernels[k]->cpu = reinterpret_cast<void (*)(void**, std::int64_t)>(
+          p.objects[static_cast<std::size_t>(unit_of[k])]->symbol((u.name + "_cpu").c_str()));
+    }
     return;
   }
   driver::make_current(p.device.index);
@@ -248,13 +259,12 @@ inline void compile_program(Program& p, const std::string& /*name: each unit is 
   parallel_for(units.size(), [&](std::size_t i) { cubins[i] = cached_cubin(units[i].source, units[i].name, arch); });
   p.modules.clear();
   for (auto& cubin : cubins) p.modules.push_back(shared_module(cubin, p.device.index));
-  for (std::size_t k = 0; k < p.kernels.size(); ++k)
-    if (unit_of[k] >= 0) {
-      auto& kern = p.kernels[k];
-      kern.cuda = p.modules[static_cast<std::size_t>(unit_of[k])]->function(
-          units[static_cast<std::size_t>(unit_of[k])].name.c_str());
-      if (kern.src.kind != schedule::Kind::poi) kern.grid_limit = row_grid_limit(kern.cuda, kern.src, p.device.index);
-    }
+  for (std::size_t k = 0; k < kernels.size(); ++k) {
+    auto& kern = *kernels[k];
+    kern.cuda = p.modules[static_cast<std::size_t>(unit_of[k])]->function(
+        units[static_cast<std::size_t>(unit_of[k])].name.c_str());
+    if (kern.src.kind != schedule::Kind::poi) kern.grid_limit = row_grid_limit(kern.cuda, kern.src, p.device.index);
+  }
 }
 
 // A step reached a buffer that is not live at it: buffer_lifetimes.hpp's plan missed a read (the
@@ -366,6 +376,16 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
       if (c.after_kernel == kernel) check_ids(buffer(c.ids), shape_of(c.table)[0], stream);
   };
   profile::Run prof(device.is_cuda(), stream);  // KILN_PROFILE: times each step (profile.hpp)
+  auto run_generated = [&](const CompiledKernel& k) {
+    const std::int64_t nprog = detail::num_programs(k, bind);
+    if (nprog == 0) return;
+    bind_params(&state, k.src);
+    if (device.is_cpu()) {
+      k.cpu(slots.data(), nprog);
+    } else {
+      launch_compiled(k, nprog, slots.data(), stream);
+    }
+  };
   auto run_step = [&](const CompiledKernel& k) {
     if (k.extern_node >= 0) {
       const auto& n = graph[k.extern_node];
@@ -406,18 +426,12 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         cuda_matmul(a, b, temps[k.extern_node], stream, autotune);
       return;
     }
-    std::int64_t nprog = detail::num_programs(k, bind);
-    if (nprog == 0) return;
     if (probe && device.is_cuda()) {
-      probe->launch(static_cast<std::size_t>(&k - kernels.data()), bind_params, &state, bind, stream);
+      if (detail::num_programs(k, bind) > 0)
+        probe->launch(static_cast<std::size_t>(&k - kernels.data()), bind_params, &state, bind, stream);
       return;
     }
-    bind_params(&state, k.src);
-    if (device.is_cpu()) {
-      k.cpu(slots.data(), nprog);
-    } else {
-      launch_compiled(k, nprog, slots.data(), stream);
-    }
+    run_generated(k.looped && !codegen::holds_row(k.src, bind) ? *k.looped : k);
   };
   for (const auto& k : kernels) {
     const auto step = static_cast<std::size_t>(&k - kernels.data());
