@@ -22,7 +22,8 @@ namespace {
 // The program of an expression over CPU tensors for a device (no GPU needed to plan a CUDA one),
 // with its autotuning candidates by default.
 template <class E>
-std::shared_ptr<rt::Program> plan_tuned(const E& e, k::Device device = k::Device(k::cuda), bool autotune = true) {
+std::shared_ptr<rt::Program> plan_tuned(const E& e, k::Device device = k::Device(k::cuda), bool autotune = true,
+                                        bool dynamic = false) {
   k::graph::Graph g = k::graph::flatten_result(0, e);
   k::graph::Captured cap;
   k::graph::gather(e, cap);
@@ -32,7 +33,8 @@ std::shared_ptr<rt::Program> plan_tuned(const E& e, k::Device device = k::Device
   rt::LoweringStats stats;
   g = rt::lower_graph(
       g, arg, [](k::graph::Graph x) { return x; }, stats);
-  k::ir::ShapeEnv env = k::ir::make_static_shape_env(g);
+  k::ir::ShapeEnv env =
+      dynamic ? k::ir::make_shape_env(g, [](int, int) { return true; }) : k::ir::make_static_shape_env(g);
   return rt::plan_program(std::move(g), std::move(env), device, arg, autotune, stats.tuning);
 }
 
@@ -240,4 +242,56 @@ TEST_CASE("autotune: CUDA graphs replay the tuned kernels" * needs_gpu()) {
     auto r = k::testing::allclose(f(x.to(k::cuda)), k::reference::eval(sm(x)), 1e-5, 1e-7);
     CHECK_MESSAGE(bool(r), r);
   }
+}
+
+TEST_CASE("autotune: a row of symbolic length is held with a looped twin by the rules, looped in every candidate") {
+  // Planned for CUDA from CPU tensors (no GPU needed). The rules hold a row of 3000 f32 values as
+  // at that length and keep the kernel written looped for the lengths the held one does not serve;
+  // candidates are timed at one length only, so none of them holds a row of symbolic length.
+  auto x = k::randn({37, 3000}, k::f32, k::cpu, 1);
+  auto e = k::softmax(x, -1) * 3.0f;
+  auto rows_kernel = [](const rt::Program& p) -> const rt::CompiledKernel* {
+    for (const auto& kern : p.kernels)
+      if (kern.extern_node < 0 && kern.src.kind != k::schedule::Kind::poi) return &kern;
+    return nullptr;
+  };
+  auto p = plan_tuned(e, k::Device(k::cuda), false, true);
+  const rt::CompiledKernel* held = rows_kernel(*p);
+  REQUIRE(held);
+  INFO(held->src.source);
+  CHECK(held->src.config.riters > 0);
+  CHECK(held->src.held_min <= 3000);
+  CHECK(held->src.held_max >= 3000);
+  CHECK(held->src.held_multiple == 4);
+  REQUIRE(held->looped);
+  CHECK(held->looped->src.config.riters == 0);
+  CHECK(held->looped->src.held_max == 0);
+  REQUIRE(held->src.held_rnumel.kind() == k::SymKind::symbol);
+  std::vector<std::int64_t> sizes = p->env.example;
+  auto served = [&](std::int64_t n) {
+    sizes.at(static_cast<std::size_t>(held->src.held_rnumel.symbol_id())) = n;
+    return k::codegen::holds_row(held->src, k::Bindings(sizes.data(), sizes.size()));
+  };
+  const std::int64_t lo = held->src.held_min, hi = held->src.held_max;
+  CHECK(served(3000));
+  CHECK(served(hi));
+  CHECK(served(lo + (4 - lo % 4) % 4));
+  CHECK_FALSE(served(hi + 4));
+  CHECK_FALSE(served(lo - 4));
+  CHECK_FALSE(served(3002));  // not whole vectors
+  CHECK_FALSE(served(100));
+
+  auto tuned = plan_tuned(e, k::Device(k::cuda), true, true);
+  REQUIRE(rows_kernel(*tuned));
+  for (const auto& kern : tuned->kernels) {
+    CHECK(kern.src.held_max == 0);
+    CHECK_FALSE(kern.looped);
+  }
+  int candidates = 0;
+  for (const auto& list : tuned->candidates)
+    for (const auto& c : list) {
+      ++candidates;
+      CHECK(c.src.held_max == 0);
+    }
+  CHECK(candidates > 1);
 }

@@ -205,7 +205,8 @@ TEST_CASE("cuda: dynamic rows held at the compiling call's length, looped at oth
   auto ln = [](auto a, auto w) { return k::layer_norm(a, w, w); };
   auto f = k::compile(sm, {.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise});
   auto g = k::compile(ln, {.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise});
-  for (std::int64_t cols : {3000, 1537, 4096, 2049, 100, 5001, 2999}) {
+  // Served by the held kernel: 3000, 2000, 1540, 3072 (its whole tiles); by the looped one: the rest.
+  for (std::int64_t cols : {3000, 1537, 4096, 2049, 100, 5001, 2999, 2000, 1540, 3072}) {
     CAPTURE(cols);
     auto a = k::randn({37, cols}, k::f32, k::cpu, 31 + static_cast<int>(cols));
     auto w = k::randn({cols}, k::f32, k::cpu, 32);
@@ -214,6 +215,12 @@ TEST_CASE("cuda: dynamic rows held at the compiling call's length, looped at oth
     r = k::testing::allclose(g(a.to(k::cuda), w.to(k::cuda)), k::reference::eval(ln(a, w)), 1e-4, 1e-4);
     CHECK_MESSAGE(bool(r), r);
   }
+  // A served length through a pointer one element past a 16-byte boundary: the unaligned body.
+  auto flat = k::randn({37 * 3000 + 1}, k::f32, k::cpu, 36);
+  auto view = flat.as_strided({37, 3000}, {3000, 1}, 1);
+  auto r = k::testing::allclose(f(flat.to(k::cuda).as_strided({37, 3000}, {3000, 1}, 1)), k::reference::eval(sm(view)),
+                                1e-5, 1e-6);
+  CHECK_MESSAGE(bool(r), r);
   k::report rep = k::explain(f, k::randn({5, 3000}, k::f32, k::cuda, 33));
   INFO(rep);
   CHECK(rep.recompiles == 0);

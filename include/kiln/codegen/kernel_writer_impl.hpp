@@ -424,7 +424,7 @@ inline KernelSource KernelWriter::write() {
   // do not (a dynamic layer_norm over 4096 f32 columns: 144 against 127, one 256-thread block an SM
   // instead of two, 1.6x its static kernel). Ask ptxas for two blocks, taken only without spilling
   // (runtime/compile/nvrtc.hpp), as many as the same kernel at a static length fits.
-  if (dyn_vector_rows_ && ks.config.min_blocks == 0 && ks.config.threads <= 512 && tune_.occupancy != 0)
+  if (dyn_vector_rows_ && ks.config.min_blocks == 0 && ks.config.threads <= 512 && tune_.occupancy < 0)
     ks.config.min_blocks = 2;
   if (ks.config.min_blocks > 0)
     os << "KILN_KERNEL KILN_HELD_BOUNDS(" << ks.config.threads << ", " << ks.config.min_blocks << ") " << ks.name << "(";

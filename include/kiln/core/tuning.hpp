@@ -52,9 +52,11 @@ struct Tuning {
   int index32 = -1;        // GPU index arithmetic in int where it fits: 0 never (the rule before), 1
                            // static sizes only, default also symbolic sizes under a guard on the
                            // program's sizes (codegen's narrow_indices; KILN_TUNE_INDEX32)
-  int dynamic_rows = -1;   // GPU rows of symbolic length: 0 looped (the rule before), default held in
-                           // registers as at the compiling call's length, under a guard on the length
-                           // (KILN_TUNE_DYNAMIC_ROWS)
+  int dynamic_rows = -1;   // GPU rows of symbolic length: 0 looped (the rule before); default (or 1)
+                           // held in registers as at the compiling call's length, the program keeping
+                           // the kernel written looped for other lengths (KILN_TUNE_DYNAMIC_ROWS). Not
+                           // a knob: merged() keeps it (autotuning's candidates stay looped) and str()
+                           // leaves it out
   int row_shift = -1;      // GPU rows of a length no whole number of vectors: start their tiles on the
                            // vector before the row; 0 at the row's first element (KILN_TUNE_ROW_SHIFT)
   int occupancy = -1;      // held-row GPU kernels: the threads an SM they ask ptxas to fit (the second
@@ -96,7 +98,7 @@ struct Tuning {
                                    {&Tuning::attention, "attention"}, {&Tuning::attention_rows, "attention_rows"},
                                    {&Tuning::attention_backward, "attention_backward"},
                                    {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"},
-                                   {&Tuning::index32, "index32"}, {&Tuning::dynamic_rows, "dynamic_rows"}};
+                                   {&Tuning::index32, "index32"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -131,7 +133,7 @@ struct Tuning {
                                    {&Tuning::occupancy, "KILN_TUNE_OCCUPANCY", 0, 2048},
                                    {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 1},
                                    {&Tuning::index32, "KILN_TUNE_INDEX32", 0, 1},
-                                   {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 0},
+                                   {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 1},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1}};

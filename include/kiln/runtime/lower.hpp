@@ -295,12 +295,12 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   p->device = device;
   p->tuning = tuning;
   // Autotuning times candidates at the compiling call's sizes only: rows of symbolic length stay looped.
-  if (autotune && p->tuning.dynamic_rows < 0) p->tuning.dynamic_rows = 0;
+  if (autotune) p->tuning.dynamic_rows = 0;
   codegen::Target target = device.is_cpu() ? codegen::Target::cpu : codegen::Target::cuda;
   plan_kernels(*p, g, env, target, arg);
   if (autotune && target == codegen::Target::cuda)
     plan_candidates(*p, [&](int k, const codegen::Tuning& t) {
-      return write_kernel(g, p->sched, env, k, target, arg, tuning.merged(t));
+      return write_kernel(g, p->sched, env, k, target, arg, p->tuning.merged(t));  // dynamic rows looped too
     });
   for (int i = 0; i < g.size(); ++i)
     if (p->sched.realized[i] && g[i].op != Op::arg) p->buffers.push_back(i);

@@ -212,6 +212,7 @@ class ProgramCache final : public Evictable {
           if (p.graph[n].op == Op::arg) gs.index_args.push_back(p.graph[n].slot);
         }
         gs.index_spans.push_back(k.src.index_span);
+        if (k.looped && k.looped->src.index_bound) gs.index_spans.push_back(k.looped->src.index_span);
       }
       auto unique = [](std::vector<int>& v) {
         std::sort(v.begin(), v.end());

@@ -274,6 +274,13 @@ inline void compile_program(Program& p, const std::string& /*name: each unit is 
               ", which its program did not allocate for that step (runtime/launch/buffer_lifetimes.hpp)");
 }
 
+// A kernel holding a row of symbolic length was called at a length it does not serve and has no
+// looped twin (runtime/lower.hpp writes one beside every such kernel).
+[[noreturn]] inline void held_row_without_twin(const std::string& kernel) {
+  throw error("internal error: " + kernel + " holds its row at the compiling call's length, was called at another " +
+              "and has no looped kernel for it (runtime/lower.hpp plan_kernels)");
+}
+
 inline void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of,
                          CUstream stream, std::vector<Tensor>* keep, KernelProbe* probe) const {
   // Per-call scratch: symbol values and kernel argument slots (grown once, then reused), one per
@@ -431,7 +438,12 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         probe->launch(static_cast<std::size_t>(&k - kernels.data()), bind_params, &state, bind, stream);
       return;
     }
-    run_generated(k.looped && !codegen::holds_row(k.src, bind) ? *k.looped : k);
+    if (!codegen::holds_row(k.src, bind)) {
+      if (!k.looped) held_row_without_twin(k.src.name);
+      run_generated(*k.looped);
+      return;
+    }
+    run_generated(k);
   };
   for (const auto& k : kernels) {
     const auto step = static_cast<std::size_t>(&k - kernels.data());
