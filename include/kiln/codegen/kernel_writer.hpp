@@ -428,6 +428,7 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
 
 #include "kernel_writer_access.hpp"
 #include "kernel_writer_impl.hpp"
+#include "kernel_writer_plan.hpp"
 #include "kernel_writer_indices.hpp"
 #include "kernel_writer_tiles.hpp"
 #include "kernel_writer_columns.hpp"

@@ -145,8 +145,7 @@ bool within_index_limit(const GuardSet& gs, const Tensor* const* args, std::size
     if (!fits(shape_of(n), nullptr)) return false;
   for (int a : gs.index_args)
     if (a < static_cast<int>(nargs)) {
-      const Dims strides = args[a]->strides();
-      if (!fits(args[a]->shape(), &strides)) return false;
+      if (!fits(args[a]->shape(), &args[a]->strides())) return false;
     }
   for (const auto& [x, r] : gs.index_spans) {
     const std::int64_t xs = x.eval(symbols), rs = r.eval(symbols);

@@ -1,0 +1,161 @@
+// Planning a kernel before a line of it is written: iteration sizes, launch config, kind and
+// name, masks, and what a kernel over symbolic sizes takes from the compiling call (held rows).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "kernel_writer.hpp"
+
+namespace kiln::codegen {
+
+// Decides everything the source depends on before a line is written: the iteration sizes, the
+// launch config (from sizes, dtypes and the tuning), the kind (a row too long for registers is
+// looped: "per" becomes "red") and so the name.
+inline void KernelWriter::plan() {
+  if (planned_) return;
+  planned_ = true;
+  KernelSource& ks = ks_;
+  ks.kind = plan_.kind;
+  const auto& p = env_[plan_.domain];
+  // Vector width from the narrowest element the kernel moves through memory (16 bytes of it).
+  int max_item = 8;
+  auto narrow = [&](int v) { max_item = std::min<int>(max_item, static_cast<int>(itemsize(g_[v].dt))); };
+  for (int v : plan_.stores) narrow(v);
+  for (int v : plan_.members)
+    for (int c = 0; c < g_[v].n_in; ++c)
+      if (g_[g_[v].in[c]].op == Op::arg || (s_.realized[g_[v].in[c]] && s_.kernel_of[g_[v].in[c]] != k_))
+        narrow(g_[v].in[c]);
+  max_item = std::max(max_item, 2);
+  // Full-size inputs read along the rows (each becomes a register cache in a row kernel).
+  std::vector<int> streams;
+  for (int v : plan_.members)
+    for (int c = 0; c < g_[v].n_in; ++c) {
+      int in = g_[v].in[c];
+      bool loaded = g_[in].op == Op::arg || (s_.realized[in] && s_.kernel_of[in] != k_);
+      if (loaded && g_[in].shape == g_[plan_.domain].shape &&
+          std::find(streams.begin(), streams.end(), in) == streams.end())
+        streams.push_back(in);
+    }
+  // What the register caches of a row kernel would cost (launch_config.hpp's RowCaches): the
+  // streams, and the row-invariant arrays (a norm's weight and bias): inputs whose shape varies
+  // along a reduced dim and along no kept one.
+  codegen::RowCaches caches;
+  caches.streams = static_cast<int>(streams.size());
+  std::vector<int> invariants;
+  if (rows()) {
+    auto raw_cost = [&](int v) { return held_cost(static_cast<std::int64_t>(itemsize(g_[v].dt))); };
+    auto compute_cost = [&](int v) { return hoisted_cost(static_cast<std::int64_t>(itemsize(compute_dtype(g_[v].dt)))); };
+    caches.stream_cost = 0;
+    for (int v : streams) caches.stream_cost += raw_cost(v);
+    auto is_one = [](const Sym& s) { return s.is_constant() && s.constant_value() == 1; };
+    for (int v : plan_.members)
+      for (int c = 0; c < g_[v].n_in; ++c) {
+        int in = g_[v].in[c];
+        bool loaded = g_[in].op == Op::arg || (s_.realized[in] && s_.kernel_of[in] != k_);
+        if (!loaded || std::find(streams.begin(), streams.end(), in) != streams.end() ||
+            std::find(invariants.begin(), invariants.end(), in) != invariants.end())
+          continue;
+        const auto& s = env_[in];
+        if (s.size() > p.size()) continue;  // read through a view: not a broadcast of the domain
+        bool along_r = false, along_x = false;
+        for (std::size_t j = 0; j < s.size(); ++j) {
+          auto d = static_cast<std::int64_t>(p.size() - s.size() + j);
+          bool reduced = std::find(plan_.rdims.begin(), plan_.rdims.end(), d) != plan_.rdims.end();
+          if (!is_one(s[j])) (reduced ? along_r : along_x) = true;
+        }
+        if (!along_r || along_x) continue;
+        invariants.push_back(in);
+        caches.invariant_cost += raw_cost(in);
+        caches.hoisted_cost += compute_cost(in);
+      }
+  }
+  if (rows()) {
+    std::vector<Sym> kept, red;
+    for (int i = 0; i < static_cast<int>(p.size()); ++i)
+      (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? red : kept).push_back(p[i]);
+    xnumel_ = product(kept);
+    rnumel_ = product(red);
+  } else {
+    xnumel_ = product(p);
+  }
+  std::vector<std::int64_t> example = env_.example;
+  std::int64_t xn = xnumel_.eval(example), rn = rnumel_.eval(example);
+  bool column =
+      rows() && !p.empty() &&
+      std::find(plan_.rdims.begin(), plan_.rdims.end(), static_cast<std::int64_t>(p.size()) - 1) == plan_.rdims.end();
+  bool transcendental =
+      std::any_of(plan_.members.begin(), plan_.members.end(), [&](int v) { return is_transcendental(g_[v].op); });
+  // GPU rows of a constant length no whole number of vectors, read and written contiguously: each
+  // row's tiles start on the vector before it (prelude's KILN_R_TILES_SHIFTED), so that the row's
+  // accesses are whole aligned vectors but at its two ends. Not where a tile position must mean
+  // the same column in every row: weights (held or hoisted across rows) and column partials.
+  // KILN_TUNE_ROW_SHIFT=0 turns it off (loads the same for every row are not hoisted in such rows:
+  // their tiles hold other columns in each row).
+  row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && rnumel_.is_constant() &&
+               rnumel_.constant_value() % row_vector(max_item) != 0 && !streams.empty() && invariants.empty() &&
+               plan_.partials.empty();
+  // GPU rows of symbolic length held as at the compiling call's length (Triton's persistent
+  // reduction, its tiles sized from the size hint): the lengths it serves are held_min..held_max;
+  // the program launches the kernel written looped at others (runtime's CompiledKernel::looped).
+  // Only lengths of whole vectors (the compiling call's too): one mask test a vector, as at static lengths.
+  const bool held_dynamic = rows() && !column && target_ == Target::cuda && !rnumel_.is_constant() &&
+                            tune_.dynamic_rows != 0 && plan_.partials.empty() && tune_.vector_masks != 0 &&
+                            rn % row_vector(max_item) == 0;
+  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant() || held_dynamic, column,
+                                  caches, tune_, row_shift_)
+                     : pointwise_config(target_, xn, max_item, tune_);
+  if (held_dynamic && ks.config.riters > 0) {
+    // Right up to the tiles' capacity; past half of it a smaller configuration would do (unless
+    // this one is already the smallest: a warp of threads, one tile each).
+    const std::int64_t capacity = std::int64_t{ks.config.riters} * ks.config.row_threads * ks.config.rvec;
+    ks.held_rnumel = rnumel_;
+    ks.held_max = capacity;
+    ks.held_min = ks.config.riters == 1 && ks.config.row_threads <= 32 ? 1 : std::min(capacity / 2 + 1, rn);
+  }
+  ks.tuning = tune_;
+  ks.column = column;
+  if (!plan_.partials.empty() && ks.config.riters > 0 && xn % plan_.partial_groups == 0) {
+    // Column partials: exactly partial_groups programs. On CUDA a block a row (its group), on the
+    // CPU a program over each group's consecutive rows; both hold the row in registers.
+    if (target_ == Target::cuda)
+      ks.config.rows = 1, ks.config.threads = ks.config.row_threads;
+    else
+      ks.config.rows = static_cast<int>(xn / plan_.partial_groups);
+    ks.partial_groups = plan_.partial_groups;
+  }
+  config_ = ks.config;
+  plain_loads_ = target_ == Target::cuda && (tune_.loads >= 0 ? tune_.loads == 1 : transcendental);
+  if (ks.kind == schedule::Kind::per && ks.config.riters == 0) ks.kind = schedule::Kind::red;  // looped, not held
+  // Programs that tile the domain exactly need no bounds tests: whole programs of rows, and
+  // register tiles that cover a row exactly (a constant mask folds away).
+  if (rows()) {
+    full_rows_ = divides(config_.rows, xnumel_);
+    full_tiles_ = config_.riters > 0 && rnumel_.is_constant() &&
+                  rnumel_.constant_value() == std::int64_t{config_.riters} * config_.row_threads * config_.rvec;
+    exact_tiles_ = full_rows_ && full_tiles_;
+    vector_rows_ = tune_.vector_masks != 0 && rnumel_.is_constant() && rnumel_.constant_value() % config_.rvec == 0;
+    if (held_dynamic && config_.riters > 0) {
+      dyn_vector_rows_ = vector_rows_ = true;
+      ks.held_multiple = config_.rvec;
+    }
+  } else {
+    choose_tiling(max_item);
+    if (tile_dim_ >= 0) {  // GPU: a program loops over tiles (any grid will do); CPU: a program a tile
+      const bool gpu = target_ == Target::cuda;
+      config_.tile = tile_;
+      config_.tile_dim = tile_dim_;
+      if (gpu) config_.threads = tile_threads(tile_, max_item, tune_);
+      config_.xvec = gpu ? 1 : static_cast<int>(cpu_tile_lanes);  // a thread's lanes, or the CPU tile's
+      config_.xblock = std::int64_t{tile_} * (gpu ? tile_ : config_.xvec);
+      ks.config = config_;
+    } else {
+      choose_col_tiles();
+      if (col_tiles_) ks.config = config_;
+    }
+    exact_tiles_ = tile_dim_ < 0 && divides(config_.xblock, xnumel_);
+  }
+  ks.name =
+      ks.kind == plan_.kind ? plan_.name : schedule::kernel_name(ks.kind, plan_.ops, static_cast<std::size_t>(k_));
+}
+
+}  // namespace kiln::codegen
