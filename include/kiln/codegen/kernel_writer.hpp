@@ -54,14 +54,40 @@ struct KernelSource {
   // kernel written looped for other lengths (runtime's CompiledKernel::looped). held_max 0: none.
   Sym held_rnumel{Sym(0)};
   std::int64_t held_min = 0, held_max = 0, held_multiple = 1;
+  // Sizes this kernel assumed multiples of assumed_by (Assumptions below); empty: none.
+  std::vector<Sym> assumed_multiples;
+  std::int64_t assumed_by = 1;
 };
 
-// Whether a call with these symbol values may launch kernel s (see KernelSource::held_rnumel).
-inline bool holds_row(const KernelSource& s, Bindings sizes) {
+// Whether a call with these symbol values may launch kernel s (KernelSource::held_rnumel,
+// assumed_multiples), else the program launches its looped, unassuming twin.
+inline bool serves(const KernelSource& s, Bindings sizes) {
+  for (const Sym& m : s.assumed_multiples)
+    if (m.eval(sizes) % s.assumed_by != 0) return false;
   if (s.held_max <= 0) return true;
   const std::int64_t n = s.held_rnumel.eval(sizes);
   return n >= s.held_min && n <= s.held_max && n % s.held_multiple == 0;
 }
+inline bool specialised(const KernelSource& s) { return s.held_max > 0 || !s.assumed_multiples.empty(); }
+
+// GPU kernels over symbolic sizes: sizes whose value at the compiling call is a multiple of the
+// kernel's vector (`by`) are taken as multiples of it where that lets a tile move whole (a
+// division or remainder by the size, an offset that stays aligned), as Triton specialises integer
+// arguments divisible by 16; `used` records those the kernel relied on (its launches test them).
+struct Assumptions {
+  const std::vector<std::int64_t>* example = nullptr;  // symbol id -> its value at the compiling call
+  std::int64_t by = 0;                                 // 0: none taken
+  mutable std::vector<Sym> used;
+  bool take(const Sym& s, std::int64_t m) const {
+    if (!example || by <= 0 || by % m != 0 || s.kind() != SymKind::symbol) return false;
+    const int id = s.symbol_id();
+    if (id < 0 || id >= static_cast<int>(example->size())) return false;
+    const std::int64_t v = (*example)[static_cast<std::size_t>(id)];
+    if (v <= 0 || v % by != 0) return false;
+    if (std::find(used.begin(), used.end(), s) == used.end()) used.push_back(s);
+    return true;
+  }
+};
 
 
 // Writes one kernel. `strides_of(node)` gives the symbolic strides of a buffer (args may be
@@ -245,6 +271,7 @@ class KernelWriter {
   // GPU rows of symbolic length held in registers: served only at lengths of whole vectors (the
   // launch tests it, KernelSource::held_multiple, as Triton specialises sizes divisible by 16).
   bool dyn_vector_rows_ = false;
+  Assumptions assumed_;  // GPU kernels over symbolic sizes (plan())
   bool row_shift_ = false;                 // GPU rows: tiles start on the vector before the row (plan())
   // Host rows whose loops' rmask is all true by construction (whole programs of rows, whole tiles).
   // GPU column reductions split down the reduced elements too (launch_config.hpp's column blocks).

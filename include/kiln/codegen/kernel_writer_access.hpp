@@ -59,15 +59,13 @@ inline Sym KernelWriter::slice_step(int node) {
 
 // Whether e is a multiple of m for every tile, where the tile start (symbol id `start`) is a
 // multiple of `vec`. Sizes are unknown (false); constants and products are exact.
-// `divides`: a symbol taken as a multiple of `by` (a size the kernel tests at run time), or none.
-inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec, const Sym* divides = nullptr,
-                        std::int64_t by = 0) {
-  auto rec = [&](const Sym& a) { return multiple_of(a, m, start, vec, divides, by); };
+inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec, const Assumptions* a = nullptr) {
+  auto rec = [&](const Sym& x) { return multiple_of(x, m, start, vec, a); };
   switch (e.kind()) {
     case SymKind::constant:
       return e.constant_value() % m == 0;
     case SymKind::symbol:
-      return (e.symbol_id() == start && vec % m == 0) || (divides && e == *divides && by % m == 0);
+      return (e.symbol_id() == start && vec % m == 0) || (a && a->take(e, m));
     case SymKind::add:
       return std::all_of(e.args().begin(), e.args().end(), rec);
     case SymKind::mul:
@@ -88,17 +86,19 @@ struct TileForm {
   std::int64_t step = 0;
   bool aligned = false;
 };
-inline std::optional<TileForm> tile_form(const Sym& e, const Sym& t, std::int64_t vec) {
+// Assumptions (a): sizes taken as multiples of the tile (a division or remainder by one keeps
+// whole tiles together, as one by a constant multiple of the tile does).
+inline std::optional<TileForm> tile_form(const Sym& e, const Sym& t, std::int64_t vec, const Assumptions* a = nullptr) {
   auto free = e.free_symbols();
   if (std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == t; }))
-    return TileForm{0, vec > 0 && multiple_of(e, vec, -1, 0)};  // (768 * rindex: a whole number of tiles)
+    return TileForm{0, vec > 0 && multiple_of(e, vec, -1, 0, a)};  // (768 * rindex: a whole number of tiles)
   switch (e.kind()) {
     case SymKind::symbol:  // t itself
       return TileForm{1, vec > 0};
     case SymKind::add: {
       TileForm r{0, true};
-      for (const Sym& a : e.args()) {
-        auto f = tile_form(a, t, vec);
+      for (const Sym& x : e.args()) {
+        auto f = tile_form(x, t, vec, a);
         if (!f) return std::nullopt;
         r.step += f->step;
         r.aligned = r.aligned && f->aligned;
@@ -109,12 +109,12 @@ inline std::optional<TileForm> tile_form(const Sym& e, const Sym& t, std::int64_
       std::int64_t c = 1;
       std::optional<TileForm> moving;
       bool other = false, other_aligned = false;  // factors that are not constants but do not move
-      for (const Sym& a : e.args()) {
-        if (a.is_constant()) {
-          c *= a.constant_value();
+      for (const Sym& x : e.args()) {
+        if (x.is_constant()) {
+          c *= x.constant_value();
           continue;
         }
-        auto f = tile_form(a, t, vec);
+        auto f = tile_form(x, t, vec, a);
         if (!f || (f->step != 0 && moving)) return std::nullopt;  // two moving factors
         if (f->step != 0)
           moving = f;
@@ -129,9 +129,11 @@ inline std::optional<TileForm> tile_form(const Sym& e, const Sym& t, std::int64_
     case SymKind::floordiv:
     case SymKind::mod: {
       const Sym& d = e.args()[1];
-      auto f = tile_form(e.args()[0], t, vec);
-      if (!f || !d.is_constant() || d.constant_value() <= 0) return std::nullopt;
-      const bool whole = vec > 0 && d.constant_value() % vec == 0;  // blocks of whole tiles
+      auto f = tile_form(e.args()[0], t, vec, a);
+      // blocks of whole tiles: a constant multiple of the tile, or a size assumed one; a numerator
+      // that does not move divides by any size alike across the tile
+      const bool whole = vec > 0 && (d.is_constant() ? d.constant_value() % vec == 0 : multiple_of(d, vec, -1, 0, a));
+      if (!f || (d.is_constant() ? d.constant_value() <= 0 : !whole && f->step != 0)) return std::nullopt;
       if (f->step == 0) return TileForm{0, e.kind() == SymKind::mod && f->aligned && whole};
       if (f->step != 1 || !f->aligned || !whole) return std::nullopt;
       return e.kind() == SymKind::mod ? TileForm{1, true} : TileForm{0, false};
@@ -143,8 +145,9 @@ inline std::optional<TileForm> tile_form(const Sym& e, const Sym& t, std::int64_
 
 // When offset(t) = base(tile start) + lane inside every aligned tile of t, returns base with t
 // replaced by the tile start: the access is then one contiguous run (a vector load or store).
-inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& start, std::int64_t vec) {
-  auto f = tile_form(offset, t, vec);
+inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& start, std::int64_t vec,
+                                    const Assumptions* a = nullptr) {
+  auto f = tile_form(offset, t, vec, a);
   if (!f || f->step != 1) return std::nullopt;
   SymMap m;
   m.emplace(t, start);
@@ -168,8 +171,8 @@ inline std::optional<KernelWriter::LaneTile> KernelWriter::lane_tile() const {
 inline bool KernelWriter::uniform_on_lanes(const Sym& rel, const Sym& count) const {
   auto lt = lane_tile();
   if (!lt || lt->vec <= 1) return false;
-  auto f = tile_form(rel, lt->lane, lt->vec);
-  return f && (f->step == 0 || (f->step == 1 && f->aligned && multiple_of(count, lt->vec, -1, 0)));
+  auto f = tile_form(rel, lt->lane, lt->vec, &assumed_);
+  return f && (f->step == 0 || (f->step == 1 && f->aligned && multiple_of(count, lt->vec, -1, 0, &assumed_)));
 }
 // The code of e at a tile's first lane (where lane_tile() holds).
 inline std::string KernelWriter::at_first_lane(const Sym& e) {
@@ -194,7 +197,7 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   // Shifted rows' tiles start anywhere in the row (vec 0 for the lane tests); a row-major stream's
   // tile, at rnumel * xindex + roffset, starts on a vector wherever its pointer does.
   const bool shifted = row_lanes && row_shift_;
-  auto base = tile_base(offset, tile, start, shifted ? 0 : vec);
+  auto base = tile_base(offset, tile, start, shifted ? 0 : vec, &assumed_);
   if (!base) return "";
   width = row_lanes ? "RVEC" : "XVEC";
   // A tile that starts on a 16-byte (or, for an 8-byte tile, 8-byte) vector whenever its pointer is
@@ -202,9 +205,7 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   std::int64_t bytes = vec * static_cast<std::int64_t>(itemsize(dt)), item = static_cast<std::int64_t>(itemsize(dt));
   std::int64_t vbytes = bytes % 16 == 0 ? 16 : bytes == 8 ? 8 : 0;
   if (target_ != Target::cuda || !vbytes) return index_code(*base);
-  const Sym* whole = dyn_vector_rows_ ? &rnumel_ : nullptr;  // rows of whole vectors (the launch tests it)
-  if (shifted ? !(*base - start == rnumel_ * xindex_)
-              : !multiple_of(*base, vbytes / item, start_id, vec, whole, config_.rvec)) {
+  if (shifted ? !(*base - start == rnumel_ * xindex_) : !multiple_of(*base, vbytes / item, start_id, vec, &assumed_)) {
     unaligned_tiles_ = true;
     return index_code(*base);
   }
@@ -304,7 +305,7 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   // The same for every lane of a tile (a row's mean, read by columns of one row): one scalar at the
   // tile's first lane, which the program's loop keeps in bounds.
   if (config_.x_lanes && extra_mask.empty() && lane_tile())
-    if (auto f = tile_form(offset, xindex_, config_.xvec); f && f->step == 0)
+    if (auto f = tile_form(offset, xindex_, config_.xvec, &assumed_); f && f->step == 0)
       return bind("kiln::load(" + ptr + ", " + at_first_lane(offset) + ", true)", ct);
   {  // a contiguous run, masked lane by lane (a masked-off lane touches no memory)
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);

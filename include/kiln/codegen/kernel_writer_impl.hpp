@@ -303,6 +303,8 @@ inline KernelSource KernelWriter::write() {
     os << ";  // at most 2^30 (the program's guard)\n";
   }
   note_index_bound(ks);
+  ks.assumed_multiples = assumed_.used;
+  ks.assumed_by = assumed_.by > 0 ? assumed_.by : 1;
   const auto& c = ks.config;
   if (rows() && c.x_lanes)
     os << "  constexpr ix XVEC = " << c.xvec << ", RUNROLL = " << c.runroll  // (host kernels compile for the GPU too)

@@ -124,6 +124,10 @@ inline void KernelWriter::plan() {
     ks.partial_groups = plan_.partial_groups;
   }
   config_ = ks.config;
+  // GPU kernels over symbolic sizes may take sizes as multiples of their vector (Assumptions); the
+  // program's looped twin (KILN_TUNE_DYNAMIC_ROWS=0) assumes nothing.
+  if (target_ == Target::cuda && tune_.dynamic_rows != 0)
+    assumed_ = Assumptions{&env_.example, rows() && !config_.x_lanes ? config_.rvec : config_.xvec, {}};
   plain_loads_ = target_ == Target::cuda && (tune_.loads >= 0 ? tune_.loads == 1 : transcendental);
   if (ks.kind == schedule::Kind::per && ks.config.riters == 0) ks.kind = schedule::Kind::red;  // looped, not held
   // Programs that tile the domain exactly need no bounds tests: whole programs of rows, and

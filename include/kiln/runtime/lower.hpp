@@ -274,7 +274,7 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
       if (plan.attention_lse >= 0) ck.src.fused_ops.push_back("attention_lse");  // the rows' log-sum-exp too
     } else {
       ck.src = write_kernel(g, p.sched, env, k, target, arg, p.tuning).value();
-      if (ck.src.held_max > 0) {  // a held row of symbolic length: its looped twin for other lengths
+      if (codegen::specialised(ck.src)) {  // on symbolic sizes: its unspecialised twin for other sizes
         Tuning looped = p.tuning;
         looped.dynamic_rows = 0;
         ck.looped = std::make_shared<CompiledKernel>();
@@ -342,7 +342,7 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
                                              std::to_string(codegen::held_row_saves(kern.src.config.riters)) +
                                              "; written looped as " + looped->name);
     kern.src = std::move(*looped);
-    kern.looped.reset();  // the kernel is its own looped twin now
+    if (!codegen::specialised(kern.src)) kern.looped.reset();  // the kernel is its own twin now
     changed = true;
   }
   return changed;

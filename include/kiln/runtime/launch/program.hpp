@@ -45,8 +45,9 @@ struct CompiledKernel {
   CUfunction cuda = nullptr;
   std::int64_t grid_limit = 0;  // CUDA row kernels: most blocks a launch (they loop over rows)
   int variant = 0;              // autotuning: which of the kernel's candidate sources this is
-  // A row of symbolic length held in registers (codegen's KernelSource::held_rnumel): the same
-  // kernel written looped, launched instead when a call's row length is outside what src serves.
+  // A kernel specialised on symbolic sizes (codegen's KernelSource::held_rnumel, assumed_multiples):
+  // the same kernel written looped and assuming nothing, launched when a call's sizes are outside
+  // what src serves.
   std::shared_ptr<CompiledKernel> looped;
 };
 
@@ -274,11 +275,11 @@ inline void compile_program(Program& p, const std::string& /*name: each unit is 
               ", which its program did not allocate for that step (runtime/launch/buffer_lifetimes.hpp)");
 }
 
-// A kernel holding a row of symbolic length was called at a length it does not serve and has no
-// looped twin (runtime/lower.hpp writes one beside every such kernel).
+// A kernel specialised on symbolic sizes was called at sizes it does not serve and has no twin
+// (runtime/lower.hpp writes one beside every such kernel).
 [[noreturn]] inline void held_row_without_twin(const std::string& kernel) {
-  throw error("internal error: " + kernel + " holds its row at the compiling call's length, was called at another " +
-              "and has no looped kernel for it (runtime/lower.hpp plan_kernels)");
+  throw error("internal error: " + kernel + " is specialised on the compiling call's sizes, was called at others " +
+              "and has no unspecialised kernel for them (runtime/lower.hpp plan_kernels)");
 }
 
 inline void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of,
@@ -438,7 +439,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         probe->launch(static_cast<std::size_t>(&k - kernels.data()), bind_params, &state, bind, stream);
       return;
     }
-    if (!codegen::holds_row(k.src, bind)) {
+    if (!codegen::serves(k.src, bind)) {
       if (!k.looped) held_row_without_twin(k.src.name);
       run_generated(*k.looped);
       return;
