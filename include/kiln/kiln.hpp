@@ -9,7 +9,11 @@
 // compiled program, not per call: GCC builds it at -O1, which cuts user compile times by a third.
 // The run time (guards, program cache, launches: the cache-hit path) is included after it, at the
 // TU's own options. Define KILN_OPTIMIZE_PIPELINE to build everything with the TU's options.
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(KILN_OPTIMIZE_PIPELINE)
+// With KILN_SEPARATE_COMPILATION (core/linkage.hpp) only <kiln/src.hpp>'s TU emits the pipeline:
+// the others skip the pragma, whose optimize attribute would also stop GCC from inlining the
+// standard library functions first declared under it into their own code.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(KILN_OPTIMIZE_PIPELINE) && \
+    (!defined(KILN_SEPARATE_COMPILATION) || defined(KILN_SOURCE))
 #pragma GCC push_options
 #pragma GCC optimize("O1")
 #define KILN_PIPELINE_O1

@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../core/linkage.hpp"
 #include "../debug/log.hpp"
 #include "rules.hpp"
 
@@ -161,5 +162,16 @@ constexpr graph::Graph differentiate(const graph::Graph& g, std::span<const int>
                                      int cotangent_arg = -1) {
   return differentiate_joint(g, wrt_args, mode, cotangent_arg).graph;
 }
+
+// differentiate called at run time: an entry point (core/linkage.hpp), so that a TU compiling a
+// gradient does not emit the derivative rules again where the runtime is compiled once.
+KILN_DECL graph::Graph differentiate_at_run_time(const graph::Graph& g, std::span<const int> wrt_args, Mode mode,
+                                                 int cotangent_arg = -1);
+#if KILN_DEFINITIONS
+KILN_DECL graph::Graph differentiate_at_run_time(const graph::Graph& g, std::span<const int> wrt_args, Mode mode,
+                                                 int cotangent_arg) {
+  return differentiate(g, wrt_args, mode, cotangent_arg);
+}
+#endif
 
 }  // namespace kiln::autodiff

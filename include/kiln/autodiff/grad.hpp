@@ -319,7 +319,8 @@ constexpr graph::Graph transform_graph(const GradFn<F, M, I...>&, graph::Graph g
     cotangent = c.slot;
   }
   g.outputs.resize(1);
-  return autodiff::differentiate(g, wrt_slots, M, cotangent);
+  if (std::is_constant_evaluated()) return autodiff::differentiate(g, wrt_slots, M, cotangent);  // k::structure
+  return autodiff::differentiate_at_run_time(g, wrt_slots, M, cotangent);
 }
 
 // Instantiates trace for NumArgs placeholders, so that the static_asserts above fire at the call.

@@ -48,7 +48,10 @@ struct report {
 };
 
 namespace detail {
-inline report make_report(const runtime::Entry& e, const runtime::ProgramCache& cache) {
+// An entry point (core/linkage.hpp).
+KILN_DECL report make_report(const runtime::Entry& e, const runtime::ProgramCache& cache);
+#if KILN_DEFINITIONS
+KILN_DECL report make_report(const runtime::Entry& e, const runtime::ProgramCache& cache) {
   report r;
   r.ops_captured = e.stats.ops_captured;
   r.ops_decomposed = e.stats.ops_decomposed;
@@ -71,6 +74,7 @@ inline report make_report(const runtime::Entry& e, const runtime::ProgramCache& 
   r.recompile_reasons = cache.recompile_reasons();
   return r;
 }
+#endif
 }  // namespace detail
 
 // Runs a compiled function on these arguments (compiling if needed) and reports on its program.

@@ -17,6 +17,7 @@
 #include "../expr/assign.hpp"
 #include "../expr/ops.hpp"
 #include "../graph/flatten.hpp"
+#include "../core/linkage.hpp"
 #include "../graph/graph.hpp"
 #include "../graph/infer.hpp"
 #include "eval_node.hpp"
@@ -51,6 +52,25 @@ inline std::vector<Value> eval_graph(const graph::Graph& g, std::span<const Tens
 
 namespace detail {
 
+// eval_values' work once the expressions are a graph and their tensors gathered (null where an
+// argument slot is unbound): an entry point (core/linkage.hpp).
+KILN_DECL std::vector<Value> infer_and_eval(graph::Graph& g, std::span<const Tensor* const> ptrs,
+                                            std::span<const double> scalars);
+#if KILN_DEFINITIONS
+KILN_DECL std::vector<Value> infer_and_eval(graph::Graph& g, std::span<const Tensor* const> ptrs,
+                                            std::span<const double> scalars) {
+  std::vector<Tensor> args(ptrs.size());
+  for (std::size_t k = 0; k < ptrs.size(); ++k)
+    if (ptrs[k]) args[k] = *ptrs[k];
+  graph::infer_shapes(g, [&](int slot) -> const Tensor& {  // only the slots the graph reads must be bound
+    if (slot < 0 || static_cast<std::size_t>(slot) >= ptrs.size() || !ptrs[static_cast<std::size_t>(slot)])
+      throw error("reference::eval: argument " + std::to_string(slot) + " of the expression is not bound to a tensor");
+    return args[static_cast<std::size_t>(slot)];
+  });
+  return eval_graph(g, args, scalars);
+}
+#endif
+
 template <class T>
 decltype(auto) as_expr(const T& x) {
   if constexpr (std::is_same_v<T, Tensor>)
@@ -72,16 +92,7 @@ requires(Expr<E>&&...) std::vector<Value> eval_values(const E&... e) {
   graph::gather(std::tuple<const E&...>(e...), cap);
   for (std::size_t k = 0; k < cap.bound.size() && k < ptrs.size(); ++k) ptrs[k] = cap.bound[k];
   for (int k = 0; k < cap.nt; ++k) ptrs[next++] = cap.tensors[static_cast<std::size_t>(k)];
-  std::vector<double> scalars(cap.scalars.begin(), cap.scalars.end());
-  std::vector<Tensor> args(ptrs.size());
-  for (std::size_t k = 0; k < ptrs.size(); ++k)
-    if (ptrs[k]) args[k] = *ptrs[k];
-  graph::infer_shapes(g, [&](int slot) -> const Tensor& {  // only the slots the graph reads must be bound
-    if (slot < 0 || static_cast<std::size_t>(slot) >= ptrs.size() || !ptrs[static_cast<std::size_t>(slot)])
-      throw error("reference::eval: argument " + std::to_string(slot) + " of the expression is not bound to a tensor");
-    return args[static_cast<std::size_t>(slot)];
-  });
-  return eval_graph(g, args, scalars);
+  return detail::infer_and_eval(g, ptrs, cap.scalars);
 }
 
 // The oracle's value of an expression: a contiguous CPU tensor of dtype f64.

@@ -14,8 +14,12 @@ namespace kiln::runtime {
 // Runs an entry's program for one call and returns its outputs.
 // With .cuda_graphs the launches replay as one CUDA graph, unless the caller is capturing the
 // stream themselves: then the plain launches become part of the caller's graph.
-inline void run_entry(const Entry& e, const Tensor* const* args, const double* scalars, Tensor* outputs,
-                      const CallShapes& shapes, CUstream stream) {
+// An entry point (core/linkage.hpp).
+KILN_DECL void run_entry(const Entry& e, const Tensor* const* args, const double* scalars, Tensor* outputs,
+                         const CallShapes& shapes, CUstream stream);
+#if KILN_DEFINITIONS
+KILN_DECL void run_entry(const Entry& e, const Tensor* const* args, const double* scalars, Tensor* outputs,
+                         const CallShapes& shapes, CUstream stream) {
   const Program& p = *e.program;
   const std::vector<graph::Node>& nodes = shapes.nodes.empty() ? p.graph.nodes : shapes.nodes;
   ShapeFn shape_of(nodes);
@@ -54,6 +58,7 @@ inline void run_entry(const Entry& e, const Tensor* const* args, const double* s
     p.run(args, scalars, outputs, shape_of, stream);
   }
 }
+#endif
 
 // Runs a hand-built graph (tests and tools that make graphs at run time, such as the random-graph
 // differential test): lowers, compiles and runs it once through a private cache.

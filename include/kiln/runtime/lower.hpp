@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "../core/linkage.hpp"
 #include "../debug/log.hpp"
 #include "../graph/infer.hpp"
 #include "../rewrite/decompose.hpp"
@@ -27,6 +28,9 @@ struct LoweringStats {
   int ops_decomposed = 0;
   Tuning tuning;
 };
+
+// An argument slot's tensor, as the entry points take it.
+using ArgRef = FunctionRef<const Tensor&(int)>;
 
 inline void log_graph(debug::Channel ch, const std::string& title, const graph::Graph& g) {
   if (debug::log_enabled(ch)) debug::log(ch, title + ":\n" + g.str());
@@ -153,9 +157,12 @@ graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tu
 }
 
 // Captured graph -> primitive graph with shapes (decompose, simplify, then the function's own
-// transform such as differentiation, then simplify again).
-template <class Transform, class ArgAt>
-graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, LoweringStats& stats) {
+// transform such as differentiation, then simplify again). An entry point (core/linkage.hpp).
+KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph::Graph(graph::Graph)> transform,
+                                   LoweringStats& stats);
+#if KILN_DEFINITIONS
+KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph::Graph(graph::Graph)> transform,
+                                   LoweringStats& stats) {
   stats.tuning = Tuning::from_environment();  // KILN_TUNE_* as they are now
   graph::infer_shapes(g, arg);                // shapes and dtypes, errors for bad inputs
   log_graph(debug::Channel::graph, "captured graph", g);
@@ -182,6 +189,7 @@ graph::Graph lower_graph(graph::Graph g, ArgAt&& arg, Transform&& transform, Low
   log_graph(debug::Channel::graph, "lowered graph", g);
   return g;
 }
+#endif
 
 // An argument updated by k::assign must not be read by a kernel that runs after the update.
 // (Generated kernels read the arguments among their parameters; extern steps, such as a GEMM,

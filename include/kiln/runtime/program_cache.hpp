@@ -46,24 +46,25 @@ class ProgramCache final : public Evictable {
   // allocation and synchronisation it needs) cannot be captured.
   // `ops` (the op of each attribute, may be null) lets attributes that change between calls become
   // symbolic: slice bounds and view sizes (automatic and dynamic shapes, or past the limit).
+  // `build` is called as build(arg, stats, symbolic) or, for a graph built at run time (no captured
+  // attributes), build(arg, stats).
   template <class Build>
   std::shared_ptr<const Entry> get(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
                                    Build&& build, CallShapes& shapes_out, CUstream stream = nullptr,
                                    const Op* ops = nullptr) {
-    {
-      std::shared_lock lock(mu_);
-      if (auto e = find(args, nargs, attrs, nattrs, shapes_out)) return touch(e);
-    }
-    std::shared_ptr<const Entry> e;
-    {
-      std::unique_lock lock(mu_);
-      if ((e = find(args, nargs, attrs, nattrs, shapes_out))) return touch(e);  // another thread compiled it
-      refuse_during_capture(args, nargs, stream);
-      e = compile(args, nargs, attrs, nattrs, ops, build, shapes_out);
-    }
-    if (eager_) ProgramBudget::eager().trim();
-    return e;
+    auto erased = [&build](ArgRef arg, LoweringStats& stats, const std::vector<std::uint8_t>* symbolic) {
+      if constexpr (std::is_invocable_v<Build&, ArgRef&, LoweringStats&, const std::vector<std::uint8_t>*>)
+        return graph::Graph(build(arg, stats, symbolic));
+      else
+        return graph::Graph(build(arg, stats));
+    };
+    return lookup(args, nargs, attrs, nattrs, erased, shapes_out, stream, ops);
   }
+  using BuildRef = FunctionRef<graph::Graph(ArgRef, LoweringStats&, const std::vector<std::uint8_t>*)>;
+  // get's work: an entry point (core/linkage.hpp), defined below.
+  KILN_DECL std::shared_ptr<const Entry> lookup(const Tensor* const* args, int nargs, const Attrs* const* attrs,
+                                                int nattrs, BuildRef build, CallShapes& shapes_out, CUstream stream,
+                                                const Op* ops);
 
   // Programs compiled after the first (evicted ones included), and why each was needed (the
   // latest 64).
@@ -381,9 +382,8 @@ class ProgramCache final : public Evictable {
     buckets_.swap(rebuilt);
   }
 
-  template <class Build>
   std::shared_ptr<const Entry> compile(const Tensor* const* args, int nargs, const Attrs* const* attrs, int nattrs,
-                                       const Op* ops, Build& build, CallShapes& shapes) {
+                                       const Op* ops, BuildRef build, CallShapes& shapes) {
     if (compiles_.load(std::memory_order_relaxed) > 0) {
       std::string reason = miss_reason(args, nargs, attrs, nattrs);
       apply_limit(attrs, nattrs, reason);
@@ -403,11 +403,7 @@ class ProgramCache final : public Evictable {
     auto e = std::make_shared<Entry>();
     bool sym = static_cast<int>(symbolic_.size()) == nattrs &&
                std::any_of(symbolic_.begin(), symbolic_.end(), [](std::uint8_t b) { return b != 0; });
-    graph::Graph g;
-    if constexpr (std::is_invocable_v<Build&, decltype(arg)&, LoweringStats&, const std::vector<std::uint8_t>*>)
-      g = build(arg, e->stats, sym ? &symbolic_ : nullptr);
-    else
-      g = build(arg, e->stats);  // a graph built at run time: no captured attributes
+    graph::Graph g = build(arg, e->stats, sym ? &symbolic_ : nullptr);
     ir::ShapeEnv env = make_env(g);
     std::vector<const Tensor*> argv(args, args + nargs);
     std::vector<Attrs> av;
@@ -508,5 +504,25 @@ class ProgramCache final : public Evictable {
   std::vector<Dims> last_shapes_;
   std::vector<unsigned> changed_;
 };
+
+#if KILN_DEFINITIONS
+KILN_DECL std::shared_ptr<const Entry> ProgramCache::lookup(const Tensor* const* args, int nargs,
+                                                            const Attrs* const* attrs, int nattrs, BuildRef build,
+                                                            CallShapes& shapes_out, CUstream stream, const Op* ops) {
+  {
+    std::shared_lock lock(mu_);
+    if (auto e = find(args, nargs, attrs, nattrs, shapes_out)) return touch(e);
+  }
+  std::shared_ptr<const Entry> e;
+  {
+    std::unique_lock lock(mu_);
+    if ((e = find(args, nargs, attrs, nattrs, shapes_out))) return touch(e);  // another thread compiled it
+    refuse_during_capture(args, nargs, stream);
+    e = compile(args, nargs, attrs, nattrs, ops, build, shapes_out);
+  }
+  if (eager_) ProgramBudget::eager().trim();
+  return e;
+}
+#endif
 
 }  // namespace kiln::runtime

@@ -103,7 +103,7 @@ inline GradcheckResult check_graph(graph::Graph g, std::vector<Tensor> bound, st
   d.num_args = cot_slot + 1;
   d.outputs.resize(1);
   graph::infer_shapes(d, at);
-  graph::Graph joint = rewrite::simplify(autodiff::differentiate(d, wrt, autodiff::Mode::vjp, cot_slot));
+  graph::Graph joint = rewrite::simplify(autodiff::differentiate_at_run_time(d, wrt, autodiff::Mode::vjp, cot_slot));
   graph::infer_shapes(joint, at);
   const std::vector<reference::Value> grads = reference::eval_graph(joint, bound, scalars);
 
