@@ -8,3 +8,4 @@
 #endif
 #define KILN_SOURCE
 #include "kiln.hpp"
+#include "testing.hpp"  // gradcheck's entry point

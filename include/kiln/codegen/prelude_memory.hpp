@@ -324,7 +324,12 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 #define KILN_COLUMN_TILES(xrow, xcoff, xrows, XROWS, COLS)                                          \
   for (ix xrow = kiln_pid * (XROWS); xrow < (kiln_pid + 1) * (XROWS) && xrow < (xrows); ++xrow) \
     for (ix xcoff = 0; xcoff < (COLS); xcoff += XVEC)
-#define KILN_ROW(xindex) for (ix xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS; ++xindex)
+// Host row kernels: a program's ROWS rows, the last program's stopping at xnumel (its rows past the
+// end would only be masked, and a dynamic kernel's ROWS, sized for rows of unknown length, may be far
+// more than a call has: 64 masked rows made a dynamic layer_norm over 2 rows take 6x its static
+// kernel, NOTES item 97).
+#define KILN_ROW(xindex) \
+  for (ix xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS && xindex < xnumel; ++xindex)
 // Host reductions over outer dims (launch_config.hpp's x_lanes): a program's XVEC kept elements are
 // one tile's lanes, and each step of the reduced elements is a scalar rindex.
 #define KILN_COLUMN_PROGRAM(xoffset) if (const ix xoffset = kiln_pid * XVEC; true)

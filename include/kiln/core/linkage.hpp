@@ -4,10 +4,13 @@
 // (inference, rewrites, fusion, codegen, launch) again, about 17 s of g++ -O2 a TU. A program that
 // defines KILN_SEPARATE_COMPILATION in every TU (the CMake target kiln::compiled does) and includes
 // <kiln/src.hpp> in exactly one .cpp file compiles the pipeline there only, as Asio's
-// ASIO_SEPARATE_COMPILATION does: the other TUs see the entry points below as declarations.
+// ASIO_SEPARATE_COMPILATION does: the other TUs see the entry points as declarations.
 //
 // An entry point is a non-template function that user-facing templates call and behind which the
-// pipeline sits (the program cache's miss and hit paths, lowering, running an entry):
+// pipeline sits: ProgramCache::lookup (the cache's hit and miss paths), lower_graph, run_entry,
+// autodiff::differentiate_at_run_time, explain's make_report, the oracle's infer_and_eval, export's
+// export_lowered and gradcheck's check_graph (<kiln/src.hpp> includes every header that has one).
+// Each is written:
 //   KILN_DECL void run_entry(...);          // the declaration every TU sees
 //   #if KILN_DEFINITIONS
 //   KILN_DECL void run_entry(...) { ... }   // the definition: header-only, or <kiln/src.hpp>

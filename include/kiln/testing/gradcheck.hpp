@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../autodiff/grad.hpp"
+#include "../core/linkage.hpp"
 #include "../graph/flatten.hpp"
 #include "../reference/eval.hpp"
 #include "../rewrite/decompose.hpp"
@@ -75,8 +76,12 @@ inline Tensor random_cotangent(const Dims& shape, unsigned seed) {
 
 // Checks graph g of fn's value (flattened from an expression over args xs) against finite differences.
 // Slots: xs first, then captured tensors, then the cotangent.
-inline GradcheckResult check_graph(graph::Graph g, std::vector<Tensor> bound, std::size_t n_args,
-                                   const std::vector<double>& scalars, const GradcheckOptions& opt) {
+// An entry point (core/linkage.hpp): gradcheck's templates only trace and flatten.
+KILN_DECL GradcheckResult check_graph(graph::Graph g, std::vector<Tensor> bound, std::size_t n_args,
+                                      const std::vector<double>& scalars, const GradcheckOptions& opt);
+#if KILN_DEFINITIONS
+KILN_DECL GradcheckResult check_graph(graph::Graph g, std::vector<Tensor> bound, std::size_t n_args,
+                                      const std::vector<double>& scalars, const GradcheckOptions& opt) {
   // Every floating argument becomes an extra output (as the runtime's trace of a GradFn does), so
   // that one the value does not use still has a node and gets a zero gradient.
   std::vector<int> wrt;
@@ -145,6 +150,7 @@ inline GradcheckResult check_graph(graph::Graph g, std::vector<Tensor> bound, st
   r.ok = worst <= 1;
   return r;
 }
+#endif
 
 template <class E>
 GradcheckResult check_expr(const E& value, std::vector<Tensor> xs, const GradcheckOptions& opt) {

@@ -130,6 +130,13 @@ inline std::vector<runtime::ExportedArg> exported_args(const runtime::Program& p
   return out;
 }
 
+// The lowered graph of export_program planned for CUDA without compiling it, and the three files
+// written: an entry point (core/linkage.hpp). args: the call's tensors, then the captured ones.
+KILN_DECL exported_kernels export_lowered(graph::Graph g, const runtime::LoweringStats& stats, ::kiln::shapes mode,
+                                          const std::vector<const Tensor*>& args, int ncall,
+                                          const std::vector<double>& scalars, const std::filesystem::path& dir,
+                                          const export_options& o);
+
 // Lowers the program for CUDA without compiling it, then writes the three files.
 template <class F, class E, std::size_t NArgs>
 exported_kernels export_program(const Function<F>& f, const E& e, const std::array<const Tensor*, NArgs>& call_args,
@@ -143,11 +150,22 @@ exported_kernels export_program(const Function<F>& f, const E& e, const std::arr
     if (!(t->device() == device))
       throw device_error("k::export_kernels: arguments on different devices: " + device.str() + " and " +
                          t->device().str());
-  Device target = device.is_cuda() ? device : Device(cuda);  // CPU tensors give shapes only
   auto arg = [&](int slot) -> const Tensor& { return *args[slot]; };
   runtime::LoweringStats stats;
   graph::Graph g = graph_builder(f.fn(), e, static_cast<int>(NArgs))(arg, stats);
   ::kiln::shapes mode = o.shapes != shapes::automatic ? o.shapes : f.cache().opts().shapes;
+  return export_lowered(std::move(g), stats, mode, args, static_cast<int>(NArgs),
+                        std::vector<double>(cap.scalars.begin(), cap.scalars.begin() + cap.ns), dir, o);
+}
+
+#if KILN_DEFINITIONS
+KILN_DECL exported_kernels export_lowered(graph::Graph g, const runtime::LoweringStats& stats, ::kiln::shapes mode,
+                                          const std::vector<const Tensor*>& args, int ncall,
+                                          const std::vector<double>& scalars, const std::filesystem::path& dir,
+                                          const export_options& o) {
+  Device device = args.empty() ? cpu : args[0]->device();
+  Device target = device.is_cuda() ? device : Device(cuda);  // CPU tensors give shapes only
+  auto arg = [&](int slot) -> const Tensor& { return *args[slot]; };
   ir::ShapeEnv env =
       mode == shapes::dynamic ? ir::make_shape_env(g, [](int, int) { return true; }) : ir::make_static_shape_env(g);
   // Int indices only where the sizes are static: an exported launcher has no guard on its sizes.
@@ -164,8 +182,8 @@ exported_kernels export_program(const Function<F>& f, const E& e, const std::arr
   runtime::LauncherSpec spec;
   spec.name = export_name(dir, o);
   spec.arch = export_arch(device, o);
-  spec.args = exported_args(*p, args.data(), static_cast<int>(args.size()), static_cast<int>(NArgs));
-  spec.scalars.assign(cap.scalars.begin(), cap.scalars.begin() + cap.ns);
+  spec.args = exported_args(*p, args.data(), static_cast<int>(args.size()), ncall);
+  spec.scalars = scalars;
   check_sizes_follow_arguments(*p, spec.args);
 
   exported_kernels out;
@@ -197,6 +215,7 @@ exported_kernels export_program(const Function<F>& f, const E& e, const std::arr
   write_file(out.cubin, cubin.data(), cubin.size());
   return out;
 }
+#endif
 
 template <class F, class... T>
 exported_kernels export_with(const Function<F>& f, const std::filesystem::path& dir, const export_options& o,
