@@ -6,6 +6,9 @@
 #ifndef KILN_SEPARATE_COMPILATION
 #error "<kiln/src.hpp> is for KILN_SEPARATE_COMPILATION builds: define it in every TU of the program, or include <kiln/kiln.hpp> alone (header-only)"
 #endif
+#ifdef KILN_DEFINITIONS
+#error "<kiln/src.hpp> must come before any other kiln header in its .cpp file (a kiln header already included there decided that this TU defines nothing)"
+#endif
 #define KILN_SOURCE
 #include "kiln.hpp"
 #include "testing.hpp"  // gradcheck's entry point

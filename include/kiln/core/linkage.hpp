@@ -44,9 +44,14 @@ class FunctionRef;
 // templates themselves. The callable must outlive the call it is passed to.
 template <class R, class... A>
 class FunctionRef<R(A...)> {
+  // A callable returning a value where R is a reference would hand back a reference to a temporary.
+  template <class F>
+  static constexpr bool binds = !std::is_reference_v<R> || std::is_reference_v<std::invoke_result_t<F&, A...>>;
+
  public:
   template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, FunctionRef> && std::is_invocable_r_v<R, F&, A...>)
+    requires(!std::is_same_v<std::remove_cvref_t<F>, FunctionRef> && std::is_object_v<std::remove_reference_t<F>> &&
+             std::is_invocable_r_v<R, F&, A...> && binds<F>)
   FunctionRef(F&& f) noexcept  // NOLINT: implicit, as a callable argument converts
       : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
         call_([](void* o, A... a) -> R {
