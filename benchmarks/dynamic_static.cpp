@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+
+#include "timing.hpp"
 namespace k = kiln;
 template <class F, class... T>
 double time_ms(F& f, const T&... a) {
@@ -31,12 +33,7 @@ void row(const char* name, Fn fn, const T&... a) {
   std::printf("%-34s static %.4f ms  dynamic %.4f ms  dyn/static %.2f  %s\n", name, s, d, d / s, bool(r) ? "equal" : "DIFFER");
 }
 int main() {
-  int devices = 0;
-  try {
-    devices = k::driver::device_count();
-  } catch (const k::error&) {  // no driver
-  }
-  if (devices == 0) {
+  if (!kiln_bench::cuda_device_present()) {
     std::printf("dynamic_static: no CUDA device\n");
     return 0;
   }

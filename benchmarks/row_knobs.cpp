@@ -17,12 +17,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: row_knobs <layer_norm|softmax|rms_norm> <row length> <f32|bf16>\n");
     return 2;
   }
-  int devices = 0;
-  try {
-    devices = k::driver::device_count();
-  } catch (const k::error&) {  // no driver
-  }
-  if (devices == 0) {
+  if (!kiln_bench::cuda_device_present()) {
     std::printf("row_knobs: no CUDA device\n");
     return 0;
   }

@@ -10,6 +10,16 @@
 
 namespace kiln_bench {
 
+// Whether a CUDA device is usable (a driver and at least one device): benchmarks that need one
+// print that they skip and exit 0 without it.
+inline bool cuda_device_present() {
+  try {
+    return kiln::driver::device_count() > 0;
+  } catch (const kiln::error&) {  // no driver
+    return false;
+  }
+}
+
 // Median milliseconds of fn() over reps, timed with events around each repetition. Like Triton's
 // do_bench, each repetition first clears the L2 cache with a 256 MiB memset, which also lets the
 // host's dispatch of fn() overlap GPU work, as it does in a real stream of kernels.
