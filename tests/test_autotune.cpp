@@ -100,7 +100,7 @@ TEST_CASE("autotune: the candidates cover block shapes, loads and where weights 
     tunings.insert(c.src.tuning.str()), threads.insert(c.src.config.row_threads);
   CHECK(tunings.count("default") == 1);
   CHECK(tunings.count("row_elems=8") == 1);
-  CHECK(tunings.count("hoist=0") == 1);  // the rules hoist w and b for blocks of two rows
+  CHECK(tunings.count("hoist=1") == 1);  // the rules reload w and b in blocks of one row
   CHECK(tunings.count("loads=1") == 1);
   CHECK(threads.size() >= 3);  // 32, 64, 128, 256 or 512 threads a row
 }

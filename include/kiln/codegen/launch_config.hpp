@@ -171,6 +171,11 @@ inline int hoist_mode(const Tuning& tune, int rows) { return tune.hoist >= 0 ? t
 // A GPU row's vector: 16 bytes of the narrowest element the kernel moves.
 inline int row_vector(int max_item) { return std::max(1, 16 / std::max(1, max_item)); }
 
+// GPU blocks of rows shorter than a block (row_config): at least this many threads, and rows that
+// span at least this many bytes of each array.
+inline constexpr std::int64_t row_min_block = 64;
+inline constexpr std::int64_t row_block_bytes = 1536;
+
 // shifted: a GPU row whose tiles start on the vector before the row (kernel_writer_impl.hpp's
 // row_shift_), so that its tiles span up to a vector less one more than the row.
 inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnumel, int max_item, bool static_rnumel,
@@ -238,11 +243,22 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   c.row_threads = static_cast<int>(std::clamp<std::int64_t>(per_row, 32, max_threads));
   if (static_rnumel && tune.row_tiling != 0 && tune.row_threads <= 0 && tune.row_elems <= 0)
     c.row_threads = row_threads_for(rnumel, c.rvec, c.row_threads, max_threads, max_iters);
-  // Rows shorter than a block share one (in lockstep: the same barriers): 256 threads; a block a
-  // row of 128 threads (four independent blocks an SM, as Triton has) measured slower
-  // (benchmarks/NOTES.md item 32).
-  const std::int64_t shared_block = tune.row_block > 0 ? tune.row_block : 256;
-  c.rows = c.row_threads >= shared_block ? 1 : static_cast<int>(shared_block / c.row_threads);
+  // Rows shorter than a block share one: the fewest rows that fill a block of 64 threads (the
+  // smallest that still fill an SM: 2048 thread slots, at most 32 resident blocks on sm_80 and
+  // sm_90) and span row_block_bytes of each array. A block frees its slots only when its last row
+  // is done, so the more rows a block, the more of the SM waits behind its slowest row (256-thread
+  // blocks ran rows of 768 bf16 at 68% of the copy ceiling, 2 rows of 32 threads at 94%); but an SM
+  // starts a block only about every 80 ns, in which it moves ~3 KB at the copy ceiling, so blocks
+  // of less traffic wait on that instead (rows of 128 f32 two to a block: 0.162 ms against 0.130
+  // in blocks of eight). benchmarks/NOTES.md item 99.
+  if (tune.row_block > 0) {
+    c.rows = c.row_threads >= tune.row_block ? 1 : static_cast<int>(tune.row_block / c.row_threads);
+  } else {
+    const std::int64_t row_bytes = std::max<std::int64_t>(rnumel * max_item, 1);
+    std::int64_t rows = std::max<std::int64_t>(row_min_block / c.row_threads, 1);
+    while (rows * row_bytes < row_block_bytes && rows * c.row_threads < 1024) rows *= 2;
+    c.rows = static_cast<int>(rows);
+  }
   c.threads = c.row_threads * c.rows;
   if (static_rnumel && iters() <= max_iters) c.riters = static_cast<int>(std::max<std::int64_t>(iters(), 1));
   // Register caches past a thread's registers spill to local memory (a 16-bit norm backward over

@@ -38,7 +38,7 @@ inline std::vector<codegen::Tuning> tuning_candidates(schedule::Kind kind, bool 
           T{.row_elems = 32},
           T{.row_elems = 64},
           T{.row_block = 128},
-          T{.row_block = 512},
+          T{.row_block = 256},
           T{.hoist = 0},
           T{.hoist = 1},
           T{.loads = 0},
