@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${ROW_KNOBS_BIN:-build/benchmarks/row_knobs}
 cases=${ROW_KNOBS_CASES:-"layer_norm 768 bf16;layer_norm 1000 bf16;softmax 1000 bf16;layer_norm 1024 bf16;layer_norm 768 f32"}
-settings=${ROW_KNOBS_SETTINGS:-"default KILN_TUNE_ROW_BLOCK=128 KILN_TUNE_ROW_BLOCK=512 KILN_TUNE_ROW_THREADS=64"}
+settings=${ROW_KNOBS_SETTINGS:-"default KILN_TUNE_ROW_BLOCK=256 KILN_TUNE_ROW_BLOCK=128 KILN_TUNE_ROW_THREADS=64"}
 IFS=';' read -r -a case_list <<< "$cases"
 for s in $settings; do
   for c in "${case_list[@]}"; do
