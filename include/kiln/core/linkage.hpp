@@ -9,7 +9,8 @@
 // An entry point is a non-template function that user-facing templates call and behind which the
 // pipeline sits: ProgramCache::lookup (the cache's hit and miss paths), lower_graph, run_entry,
 // autodiff::differentiate_at_run_time, explain's make_report, the oracle's infer_and_eval, export's
-// export_lowered and gradcheck's check_graph (<kiln/src.hpp> includes every header that has one).
+// export_lowered, gradcheck's check_graph and k::cond's branch_spec_of (<kiln/src.hpp> includes
+// every header that has one).
 // Each is written:
 //   KILN_DECL void run_entry(...);          // the declaration every TU sees
 //   #if KILN_DEFINITIONS

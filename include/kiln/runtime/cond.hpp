@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "../autodiff/grad.hpp"
+#include "../core/linkage.hpp"
 #include "../expr/custom_op.hpp"
 #include "../graph/infer.hpp"
 #include "api.hpp"
@@ -42,19 +43,27 @@ const graph::Graph& branch_graph() {
   return g;
 }
 
-// What branch Fn gives for operands of these shapes and dtypes.
-template <class Fn, int N>
-TensorSpec branch_spec(const char* which, std::span<const TensorSpec> operands) {
-  graph::Graph g = branch_graph<Fn, N>();
-  if (g.num_args > N)
+// What a branch's graph `g`, over n operand placeholders, gives for operands of these shapes and
+// dtypes. An entry point (core/linkage.hpp): shape inference is compiled where the runtime is.
+KILN_DECL TensorSpec branch_spec_of(graph::Graph g, int n, const char* which, std::span<const TensorSpec> operands);
+#if KILN_DEFINITIONS
+KILN_DECL TensorSpec branch_spec_of(graph::Graph g, int n, const char* which, std::span<const TensorSpec> operands) {
+  if (g.num_args > n)
     throw error(std::string("k::cond: the ") + which +
                 " branch reads tensors that are not its operands; pass them to k::cond as operands");
-  graph::infer_shapes_with(g, [&](graph::Node& n) {
-    n.shape = operands[static_cast<std::size_t>(n.slot)].shape;
-    n.dt = operands[static_cast<std::size_t>(n.slot)].dtype;
+  graph::infer_shapes_with(g, [&](graph::Node& node) {
+    node.shape = operands[static_cast<std::size_t>(node.slot)].shape;
+    node.dt = operands[static_cast<std::size_t>(node.slot)].dtype;
   });
   const graph::Node& out = g[g.outputs[0]];
   return {out.shape, out.dt};
+}
+#endif
+
+// What branch Fn gives for operands of these shapes and dtypes.
+template <class Fn, int N>
+TensorSpec branch_spec(const char* which, std::span<const TensorSpec> operands) {
+  return branch_spec_of(branch_graph<Fn, N>(), N, which, operands);
 }
 
 inline std::string spec_str(const TensorSpec& s) { return s.shape.str() + " " + std::string(name(s.dtype)); }
