@@ -28,8 +28,10 @@
 #include "../graph/infer.hpp"
 #include "api.hpp"
 #include "item.hpp"
+#if KILN_DEFINITIONS  // conditional graph nodes: only where the runtime is compiled (core/linkage.hpp)
 #include "launch/capture_keep.hpp"
 #include "launch/cond_node.hpp"
+#endif
 
 namespace kiln {
 namespace detail::cond {
@@ -116,8 +118,15 @@ void run_into(const Function<F>& f, std::span<const Tensor> inputs, Tensor& out,
 }
 
 // Whether the node is recorded as a conditional graph node: s is being captured by kiln itself
-// (GraphReplay) and the device can hold one. When it cannot, says why once.
-inline bool record_as_node(const Tensor& pred, Stream s) {
+// (GraphReplay) and the device can hold one. When it cannot, says why once. An entry point
+// (core/linkage.hpp), as record_node is.
+KILN_DECL bool record_as_node(const Tensor& pred, Stream s);
+// Records the conditional node on s (launch/cond_node.hpp): if_true(stream) where pred holds,
+// else if_false(stream), both captured now.
+using BranchRef = FunctionRef<void(CUstream)>;
+KILN_DECL void record_node(const Tensor& pred, CUstream s, BranchRef if_true, BranchRef if_false);
+#if KILN_DEFINITIONS
+KILN_DECL bool record_as_node(const Tensor& pred, Stream s) {
   if (!pred.device().is_cuda() || !s.handle() || !runtime::active_capture_keep() || !driver::is_capturing(s.handle()))
     return false;
   const std::string& why = runtime::cond_node::unavailable(pred.device().index);
@@ -131,6 +140,10 @@ inline bool record_as_node(const Tensor& pred, Stream s) {
   });
   return false;
 }
+KILN_DECL void record_node(const Tensor& pred, CUstream s, BranchRef if_true, BranchRef if_false) {
+  runtime::cond_node::record(pred, s, if_true, if_false);
+}
+#endif
 
 template <class Fn>
 const Function<Fn>& compiled() {
@@ -146,7 +159,7 @@ void forward(std::span<const Tensor> in, Tensor& out, Stream s) {
     };
   };
   if (record_as_node(in[0], s))
-    runtime::cond_node::record(in[0], s.handle(), branch(compiled<TF>()), branch(compiled<FF>()));
+    record_node(in[0], s.handle(), branch(compiled<TF>()), branch(compiled<FF>()));
   else if (read_predicate(in[0], s))
     branch(compiled<TF>())(s.handle());
   else
@@ -177,7 +190,7 @@ void backward(std::span<const Tensor> in, const Tensor& grad_out, std::span<Tens
     };
   };
   if (record_as_node(in[0], s))
-    runtime::cond_node::record(in[0], s.handle(), grads(true), grads(false));
+    record_node(in[0], s.handle(), grads(true), grads(false));
   else
     grads(read_predicate(in[0], s))(s.handle());
 }
