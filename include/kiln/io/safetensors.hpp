@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "../core/linkage.hpp"
 // nlohmann's JSON is parsed where the file functions are defined: every TU in header-only mode,
 // only <kiln/src.hpp>'s with KILN_SEPARATE_COMPILATION (core/linkage.hpp), where the other TUs see
 // k::save, k::load and k::load_metadata as plain functions declared below.
@@ -42,7 +43,6 @@
 #include <nlohmann/json.hpp>
 #endif
 
-#include "../core/linkage.hpp"
 #include "../runtime/api.hpp"
 
 namespace kiln {
