@@ -2,6 +2,7 @@
 // N times, each block reading its input twice (typed recursion: the type grows with N).
 #pragma once
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 
 template <int N>
 auto residual_chain(auto h, auto w, auto g, auto b) {

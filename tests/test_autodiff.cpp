@@ -6,6 +6,7 @@
 #include <kiln/autodiff/grad.hpp>
 #include <kiln/autodiff/partition.hpp>
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/testing/gradcheck.hpp>
 
 #include <random>

@@ -7,6 +7,7 @@
 #include <string>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
 #include "have_gpu.hpp"

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
 #include "have_gpu.hpp"

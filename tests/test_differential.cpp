@@ -55,6 +55,7 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
 #include "differential_graphs.hpp"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
 #include "have_gpu.hpp"

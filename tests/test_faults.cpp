@@ -22,6 +22,7 @@
 
 #include <kiln/core/faults.hpp>
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/runtime/compile/disk_cache.hpp>
 #include <kiln/runtime/compile/host_compiler.hpp>
 #include <kiln/runtime/compile/nvrtc.hpp>

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
 namespace k = kiln;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
 namespace k = kiln;

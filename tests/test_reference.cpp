@@ -18,6 +18,7 @@
 #include <kiln/graph/flatten.hpp>
 #include <kiln/graph/infer.hpp>
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/reference/eval.hpp>
 #include <kiln/testing.hpp>
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 
 #include "have_gpu.hpp"
 

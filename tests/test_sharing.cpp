@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
 #include "residual_chain.hpp"

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
 namespace k = kiln;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 
 #include <sstream>
 

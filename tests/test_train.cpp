@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 
 namespace k = kiln;
 

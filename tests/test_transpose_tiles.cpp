@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <kiln/kiln.hpp>
+#include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
 #include "have_gpu.hpp"

@@ -19,14 +19,16 @@
 #define KILN_PIPELINE_O1
 #endif
 #include "autodiff/differentiate.hpp"
-#include "codegen/kernel_writer.hpp"
 #include "graph/infer.hpp"
 #include "ir/shape_env.hpp"
 #include "reference/eval.hpp"
 #include "rewrite/decompose.hpp"
 #include "rewrite/simplify.hpp"
+#if KILN_DEFINITIONS  // fusion and codegen: only where the runtime is compiled (core/linkage.hpp)
+#include "codegen/kernel_writer.hpp"
 #include "schedule/fuse.hpp"
 #include "schedule/split.hpp"
+#endif
 #ifdef KILN_PIPELINE_O1
 #pragma GCC pop_options
 #undef KILN_PIPELINE_O1

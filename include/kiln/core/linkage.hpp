@@ -9,12 +9,17 @@
 // An entry point is a non-template function that user-facing templates call and behind which the
 // pipeline sits: ProgramCache::lookup (the cache's hit and miss paths), lower_graph, run_entry,
 // autodiff::differentiate_at_run_time, explain's make_report, the oracle's infer_and_eval, export's
-// export_lowered and gradcheck's check_graph (<kiln/src.hpp> includes every header that has one).
-// Each is written:
+// export_lowered, gradcheck's check_graph, k::cond's branch_spec_of and record_node, k::cubin,
+// k::eval(out, expr)'s check_preset_output, and in separate mode k::save / k::load (<kiln/src.hpp>
+// includes every header that has one). Each is written:
 //   KILN_DECL void run_entry(...);          // the declaration every TU sees
 //   #if KILN_DEFINITIONS
 //   KILN_DECL void run_entry(...) { ... }   // the definition: header-only, or <kiln/src.hpp>
 //   #endif
+// The headers the definitions need (fusion, codegen, the lowering driver, launches, nlohmann's
+// JSON) are included under `#if KILN_DEFINITIONS` too, and types user templates only hold (a
+// compiled Program) are declared, so a user TU in separate mode parses less than half of what a
+// header-only one does. Code that reaches into the internals includes <kiln/pipeline.hpp>.
 // Mixing the two modes in one program breaks the one-definition rule: define the macro everywhere.
 #pragma once
 #include <functional>

@@ -111,10 +111,14 @@ report explain(const E& e) {
 }
 
 // Compiles one kernel's CUDA translation unit with NVRTC and returns the binary (no GPU needed).
-inline std::vector<char> cubin(const kernel_info& k, const std::string& arch = "sm_90a") {
+// An entry point (core/linkage.hpp).
+KILN_DECL std::vector<char> cubin(const kernel_info& k, const std::string& arch = "sm_90a");
+#if KILN_DEFINITIONS
+KILN_DECL std::vector<char> cubin(const kernel_info& k, const std::string& arch) {
   if (k.kind == "extern") throw error("k::cubin: " + k.name + " is a library call (extern), not a generated kernel");
   std::string tu = "#define KILN_HALF 1\n" + std::string(codegen::prelude) + sym_c_helpers + "\n" + k.source;
   return runtime::compile_cubin(tu, k.name, arch);
 }
+#endif
 
 }  // namespace kiln

@@ -35,7 +35,13 @@
 #include <utility>
 #include <vector>
 
+#include "../core/linkage.hpp"
+// nlohmann's JSON is parsed where the file functions are defined: every TU in header-only mode,
+// only <kiln/src.hpp>'s with KILN_SEPARATE_COMPILATION (core/linkage.hpp), where the other TUs see
+// k::save, k::load and k::load_metadata as plain functions declared below.
+#if KILN_DEFINITIONS
 #include <nlohmann/json.hpp>
+#endif
 
 #include "../runtime/api.hpp"
 
@@ -108,6 +114,7 @@ class Reader {
 // templates (about 67 MB of g++'s memory and 0.3 s a TU; benchmarks/RESULTS.md, issue 18).
 
 // A size or offset of the header: an integer in [0, 2^63).
+#if KILN_DEFINITIONS
 template <class Json>
 bool is_size(const Json& x) {
   if (x.is_number_unsigned())
@@ -259,9 +266,11 @@ class AtomicWriter {
   std::string path_, temp_;
   std::FILE* file_;
 };
+#endif
 
 }  // namespace detail::safetensors
 
+#if KILN_DEFINITIONS
 // Writes the tensors and optional string metadata to `path` in the safetensors format, replacing
 // any file there: `k::save("model.safetensors", {{"wte", wte}, {"wpe", wpe}})`.
 template <class Json = nlohmann::ordered_json>
@@ -340,5 +349,38 @@ std::map<std::string, std::string> load_metadata(const std::string& path) {
   detail::safetensors::Reader file(path, "k::load_metadata");
   return detail::safetensors::read_header<Json>(file).metadata;
 }
+#endif
+
+#ifdef KILN_SEPARATE_COMPILATION
+// Separate compilation: the three functions for nlohmann's JSON, as entry points.
+namespace detail::safetensors {
+KILN_DECL void save_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                         const std::map<std::string, std::string>& metadata);
+KILN_DECL std::map<std::string, Tensor> load_file(const std::string& path, Device device);
+KILN_DECL std::map<std::string, std::string> load_file_metadata(const std::string& path);
+#if KILN_DEFINITIONS
+KILN_DECL void save_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  save(path, tensors, metadata);
+}
+KILN_DECL std::map<std::string, Tensor> load_file(const std::string& path, Device device) { return load(path, device); }
+KILN_DECL std::map<std::string, std::string> load_file_metadata(const std::string& path) {
+  return load_metadata(path);
+}
+#endif
+}  // namespace detail::safetensors
+#if !KILN_DEFINITIONS
+inline void save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                 const std::map<std::string, std::string>& metadata = {}) {
+  detail::safetensors::save_file(path, tensors, metadata);
+}
+inline std::map<std::string, Tensor> load(const std::string& path, Device device = cpu) {
+  return detail::safetensors::load_file(path, device);
+}
+inline std::map<std::string, std::string> load_metadata(const std::string& path) {
+  return detail::safetensors::load_file_metadata(path);
+}
+#endif
+#endif
 
 }  // namespace kiln

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../expr/ops.hpp"
+#include "extern/custom.hpp"
 #include "function.hpp"
 
 namespace kiln {
@@ -91,15 +92,7 @@ void evaluate_into(runtime::ProgramCache& cache, const F& f, const E& e, std::sp
                          cap.ops.data());
   if (used) *used = entry;
   if (preset) {  // k::eval(out, expr): check before anything runs, so a mismatch leaves out untouched
-    const auto& p = *entry->program;
-    int node = p.graph.outputs[0];
-    const Dims& shape = shapes.nodes.empty() ? p.graph[node].shape : shapes.nodes[node].shape;
-    if (!(shape == preset->shape()))
-      throw shape_error("k::eval(out, expr): out has shape " + preset->shape().str() + " but the expression gives " +
-                        shape.str());
-    if (!(preset->device() == p.device))
-      throw device_error("k::eval(out, expr): out is on " + preset->device().str() + " but the expression on " +
-                         p.device.str());
+    runtime::check_preset_output(*entry, shapes, *preset);
     out[0] = *preset;
   }
   runtime::run_entry(*entry, args.data(), cap.scalars.data(), out, shapes, stream);

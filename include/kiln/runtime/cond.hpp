@@ -23,12 +23,15 @@
 #include <utility>
 
 #include "../autodiff/grad.hpp"
+#include "../core/linkage.hpp"
 #include "../expr/custom_op.hpp"
 #include "../graph/infer.hpp"
 #include "api.hpp"
 #include "item.hpp"
+#if KILN_DEFINITIONS  // conditional graph nodes: only where the runtime is compiled (core/linkage.hpp)
 #include "launch/capture_keep.hpp"
 #include "launch/cond_node.hpp"
+#endif
 
 namespace kiln {
 namespace detail::cond {
@@ -42,19 +45,27 @@ const graph::Graph& branch_graph() {
   return g;
 }
 
-// What branch Fn gives for operands of these shapes and dtypes.
-template <class Fn, int N>
-TensorSpec branch_spec(const char* which, std::span<const TensorSpec> operands) {
-  graph::Graph g = branch_graph<Fn, N>();
-  if (g.num_args > N)
+// What a branch's graph `g`, over n operand placeholders, gives for operands of these shapes and
+// dtypes. An entry point (core/linkage.hpp): shape inference is compiled where the runtime is.
+KILN_DECL TensorSpec branch_spec_of(graph::Graph g, int n, const char* which, std::span<const TensorSpec> operands);
+#if KILN_DEFINITIONS
+KILN_DECL TensorSpec branch_spec_of(graph::Graph g, int n, const char* which, std::span<const TensorSpec> operands) {
+  if (g.num_args > n)
     throw error(std::string("k::cond: the ") + which +
                 " branch reads tensors that are not its operands; pass them to k::cond as operands");
-  graph::infer_shapes_with(g, [&](graph::Node& n) {
-    n.shape = operands[static_cast<std::size_t>(n.slot)].shape;
-    n.dt = operands[static_cast<std::size_t>(n.slot)].dtype;
+  graph::infer_shapes_with(g, [&](graph::Node& node) {
+    node.shape = operands[static_cast<std::size_t>(node.slot)].shape;
+    node.dt = operands[static_cast<std::size_t>(node.slot)].dtype;
   });
   const graph::Node& out = g[g.outputs[0]];
   return {out.shape, out.dt};
+}
+#endif
+
+// What branch Fn gives for operands of these shapes and dtypes.
+template <class Fn, int N>
+TensorSpec branch_spec(const char* which, std::span<const TensorSpec> operands) {
+  return branch_spec_of(branch_graph<Fn, N>(), N, which, operands);
 }
 
 inline std::string spec_str(const TensorSpec& s) { return s.shape.str() + " " + std::string(name(s.dtype)); }
@@ -107,8 +118,15 @@ void run_into(const Function<F>& f, std::span<const Tensor> inputs, Tensor& out,
 }
 
 // Whether the node is recorded as a conditional graph node: s is being captured by kiln itself
-// (GraphReplay) and the device can hold one. When it cannot, says why once.
-inline bool record_as_node(const Tensor& pred, Stream s) {
+// (GraphReplay) and the device can hold one. When it cannot, says why once. An entry point
+// (core/linkage.hpp), as record_node is.
+KILN_DECL bool record_as_node(const Tensor& pred, Stream s);
+// Records the conditional node on s (launch/cond_node.hpp): if_true(stream) where pred holds,
+// else if_false(stream), both captured now.
+using BranchRef = FunctionRef<void(CUstream)>;
+KILN_DECL void record_node(const Tensor& pred, CUstream s, BranchRef if_true, BranchRef if_false);
+#if KILN_DEFINITIONS
+KILN_DECL bool record_as_node(const Tensor& pred, Stream s) {
   if (!pred.device().is_cuda() || !s.handle() || !runtime::active_capture_keep() || !driver::is_capturing(s.handle()))
     return false;
   const std::string& why = runtime::cond_node::unavailable(pred.device().index);
@@ -122,6 +140,10 @@ inline bool record_as_node(const Tensor& pred, Stream s) {
   });
   return false;
 }
+KILN_DECL void record_node(const Tensor& pred, CUstream s, BranchRef if_true, BranchRef if_false) {
+  runtime::cond_node::record(pred, s, if_true, if_false);
+}
+#endif
 
 template <class Fn>
 const Function<Fn>& compiled() {
@@ -137,7 +159,7 @@ void forward(std::span<const Tensor> in, Tensor& out, Stream s) {
     };
   };
   if (record_as_node(in[0], s))
-    runtime::cond_node::record(in[0], s.handle(), branch(compiled<TF>()), branch(compiled<FF>()));
+    record_node(in[0], s.handle(), branch(compiled<TF>()), branch(compiled<FF>()));
   else if (read_predicate(in[0], s))
     branch(compiled<TF>())(s.handle());
   else
@@ -168,7 +190,7 @@ void backward(std::span<const Tensor> in, const Tensor& grad_out, std::span<Tens
     };
   };
   if (record_as_node(in[0], s))
-    runtime::cond_node::record(in[0], s.handle(), grads(true), grads(false));
+    record_node(in[0], s.handle(), grads(true), grads(false));
   else
     grads(read_predicate(in[0], s))(s.handle());
 }

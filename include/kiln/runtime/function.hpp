@@ -11,6 +11,23 @@
 
 namespace kiln::runtime {
 
+// k::eval(out, expr): whether `out` fits the program's first output at this call's shapes, checked
+// before anything runs, so that a mismatch leaves out untouched. An entry point (core/linkage.hpp).
+KILN_DECL void check_preset_output(const Entry& e, const CallShapes& shapes, const Tensor& preset);
+#if KILN_DEFINITIONS
+KILN_DECL void check_preset_output(const Entry& e, const CallShapes& shapes, const Tensor& preset) {
+  const Program& p = *e.program;
+  int node = p.graph.outputs[0];
+  const Dims& shape = shapes.nodes.empty() ? p.graph[node].shape : shapes.nodes[node].shape;
+  if (!(shape == preset.shape()))
+    throw shape_error("k::eval(out, expr): out has shape " + preset.shape().str() + " but the expression gives " +
+                      shape.str());
+  if (!(preset.device() == p.device))
+    throw device_error("k::eval(out, expr): out is on " + preset.device().str() + " but the expression on " +
+                       p.device.str());
+}
+#endif
+
 // Runs an entry's program for one call and returns its outputs.
 // With .cuda_graphs the launches replay as one CUDA graph, unless the caller is capturing the
 // stream themselves: then the plain launches become part of the caller's graph.

@@ -17,20 +17,10 @@
 #include "../schedule/realize.hpp"
 #include "../schedule/split.hpp"
 #include "launch/program.hpp"
+#include "lowering.hpp"
 #include "tune/autotune.hpp"
 
 namespace kiln::runtime {
-
-// What lowering recorded: op counts for k::explain, and the tuning it read from the environment
-// (core/tuning.hpp), which the program built from the graph carries.
-struct LoweringStats {
-  int ops_captured = 0;
-  int ops_decomposed = 0;
-  Tuning tuning;
-};
-
-// An argument slot's tensor, as the entry points take it.
-using ArgRef = FunctionRef<const Tensor&(int)>;
 
 inline void log_graph(debug::Channel ch, const std::string& title, const graph::Graph& g) {
   if (debug::log_enabled(ch)) debug::log(ch, title + ":\n" + g.str());
@@ -157,9 +147,8 @@ graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tu
 }
 
 // Captured graph -> primitive graph with shapes (decompose, simplify, then the function's own
-// transform such as differentiation, then simplify again). An entry point (core/linkage.hpp).
-KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph::Graph(graph::Graph)> transform,
-                                   LoweringStats& stats);
+// transform such as differentiation, then simplify again). An entry point (core/linkage.hpp),
+// declared in lowering.hpp.
 #if KILN_DEFINITIONS
 KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph::Graph(graph::Graph)> transform,
                                    LoweringStats& stats) {

@@ -10,13 +10,21 @@
 #include <utility>
 #include <vector>
 
+#include "../core/linkage.hpp"
 #include "../graph/graph.hpp"
 #include "../guards/guards.hpp"
+#include "lowering.hpp"
+// The program and its CUDA-graph replays are complete types only where the runtime is compiled
+// (core/linkage.hpp): a TU built with KILN_SEPARATE_COMPILATION holds them by pointer.
+#if KILN_DEFINITIONS
 #include "launch/cuda_graph.hpp"
 #include "launch/program.hpp"
-#include "lower.hpp"
+#endif
 
 namespace kiln::runtime {
+
+struct Program;
+class GraphReplay;
 
 // Intermediates of runs recorded into a CUDA graph the caller is capturing: the caller's graph keeps
 // their addresses, so they are never returned to the allocator (they live as long as the function).

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "../api.hpp"
+#if KILN_DEFINITIONS  // the writer: only where the runtime is compiled (core/linkage.hpp)
 #include "export_launcher.hpp"
+#endif
 
 namespace kiln {
 
@@ -35,6 +37,8 @@ struct exported_kernels {
 
 namespace detail {
 
+// The helpers of export_lowered (below), which only the TU that defines it parses.
+#if KILN_DEFINITIONS
 inline bool is_identifier(const std::string& s) {
   if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
   for (char c : s)
@@ -129,6 +133,7 @@ inline std::vector<runtime::ExportedArg> exported_args(const runtime::Program& p
     if (p.graph[n].op == Op::arg) out[p.graph[n].slot].node = n;
   return out;
 }
+#endif
 
 // The lowered graph of export_program planned for CUDA without compiling it, and the three files
 // written: an entry point (core/linkage.hpp). args: the call's tensors, then the captured ones.
