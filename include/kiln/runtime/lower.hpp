@@ -333,13 +333,27 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
     looped_rows.row_iters = 0;
     std::optional<codegen::KernelSource> looped = rewrite(static_cast<int>(k), looped_rows);
     if (!looped || looped->config.riters != 0) continue;
+    // A looped form that took a size assumption the held one did not needs, for sizes that break
+    // it, the twin that assumes nothing, as plan_kernels writes for a specialised kernel.
+    std::optional<codegen::KernelSource> twin;
+    if (codegen::specialised(*looped) && !kern.looped) {
+      codegen::Tuning unspecialised = looped_rows;
+      unspecialised.dynamic_rows = 0;
+      twin = rewrite(static_cast<int>(k), unspecialised);
+      if (!twin || codegen::specialised(*twin)) continue;  // keep the held row, which serves every size
+    }
     if (debug::log_enabled(debug::Channel::fusion))
       debug::log(debug::Channel::fusion, kern.src.name + ": " + std::to_string(local) +
                                              " bytes of local memory a thread where holding its row saves " +
                                              std::to_string(codegen::held_row_saves(kern.src.config.riters)) +
                                              "; written looped as " + looped->name);
     kern.src = std::move(*looped);
-    if (!codegen::specialised(kern.src)) kern.looped.reset();  // the kernel is its own twin now
+    if (!codegen::specialised(kern.src)) {
+      kern.looped.reset();  // the kernel is its own twin now
+    } else if (twin) {
+      kern.looped = std::make_shared<CompiledKernel>();
+      kern.looped->src = std::move(*twin);
+    }
     changed = true;
   }
   return changed;
@@ -353,8 +367,11 @@ std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device 
   auto p = plan_program(std::move(g), std::move(env), device, arg, autotune, tuning);
   std::string name = p->kernels.empty() ? "kiln_program" : p->kernels.front().src.name;
   // Kernel k of the program written again for CUDA under a tuning (a stored choice, a looped row).
+  // merged() keeps the program's dynamic_rows; a twin's rewrite sets it to 0 (loop_spilled_rows).
   auto rewrite = [&](int k, const codegen::Tuning& t) {
-    return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, p->tuning.merged(t));
+    codegen::Tuning m = p->tuning.merged(t);
+    if (t.dynamic_rows >= 0) m.dynamic_rows = t.dynamic_rows;
+    return write_kernel(p->graph, p->sched, p->env, k, codegen::Target::cuda, arg, m);
   };
   bool tune = p->autotune && !apply_stored_choice(*p, rewrite);
   compile_program(*p, name);                                      // NVRTC or the host compiler, cached
