@@ -361,6 +361,21 @@ TEST_CASE("fusion: long rows and long full reductions") {
   CHECK(res);
 }
 
+TEST_CASE("fusion: a select on a broadcast comparison in a held host row (GCC's loop if-conversion)") {
+  // g++ 12.2 at -O3 -march=native (AVX2) wrote zeros in 15 of every 16 lanes of this kernel's output
+  // until host kernels were compiled with -fno-tree-loop-if-convert (NOTES item 102). Found by
+  // test_differential (seed 1, program 13) once odd rows were vectorised too.
+  k::Tensor a = k::cast(k::randn({6, 4, 128}, k::f32, k::cpu, 62) * 100.0f, k::i64);
+  k::Tensor b = k::randn({1}, k::f32, k::cpu, 63), c = k::randn({1}, k::f32, k::cpu, 64);
+  k::Tensor h = k::full({1}, 0.5, k::bf16, k::cpu);
+  auto fn = [](auto x, auto y, auto z, auto w) {
+    auto t = (k::reshape(x, {-1}) - y) * 0.000322997;
+    return k::where(w <= -0.875, z, t - k::sum(t, 0, true)) * 1.375;
+  };
+  auto f = k::compile(fn);
+  check_values(f(a, b, c, h), k::reference::eval(fn(a, b, c, h)), k::f32);
+}
+
 TEST_CASE("fusion: independent same-shape outputs returned as a tuple share one kernel") {
   for (k::dtype d : float_types) {
     INFO("dtype " << k::name(d));
