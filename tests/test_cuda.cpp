@@ -28,6 +28,15 @@ void check_on_gpu(MakeExpr make, std::vector<k::Tensor> cpu_inputs, double rtol,
   CHECK_MESSAGE(bool(r), r);
 }
 
+// A compiled function on the GPU against the oracle of the same expression over the CPU inputs.
+template <class F, class... T>
+void check_compiled(F fn, double rtol, double atol, const T&... cpu) {
+  auto f = k::compile(fn);
+  k::Tensor got = f(cpu.to(k::cuda)...);
+  auto r = k::testing::allclose(got, k::reference::eval(fn(cpu...)), rtol, atol);
+  CHECK_MESSAGE(bool(r), r);
+}
+
 }  // namespace
 
 TEST_CASE("cuda: pointwise chains, broadcasting and dtypes" * needs_gpu()) {
@@ -87,6 +96,55 @@ TEST_CASE("cuda: long rows, several reductions a row" * needs_gpu()) {
   check_on_gpu([](auto& v) { return k::layer_norm(k::cast(v[0], k::f32), v[1], v[1]); }, {xh, wh}, 1e-4, 1e-4);
   auto xs = k::randn({3000, 4096}, k::f32, k::cpu, 14);
   check_on_gpu([](auto& v) { return k::log_softmax(v[0], 1); }, {xs}, 1e-5, 1e-5);
+}
+
+// Looped rows carry a sum that reads the row's earlier reduction through a row value in the same
+// pass (codegen's one_pass_form): Welford's lanes for sum((x - mean)^2), the online softmax for
+// sum(exp(x - max)). Rows far from zero, -inf scores (a row of one finite value), spread scores,
+// bf16, odd lengths (shifted tiles), a gradient, and the kernel written both ways.
+TEST_CASE("cuda: looped rows, two dependent reductions in one pass" * needs_gpu()) {
+  const std::int64_t n = 131101;  // longer than a held row: looped
+  k::Tensor off = k::randn({37, n}, k::f32, k::cpu, 41) + 30.0f, w = k::randn({n}, k::f32, k::cpu, 42);
+  k::Tensor far = k::randn({5, n}, k::f32, k::cpu, 43) * 0.01f + 1000.0f;
+  k::Tensor spread = k::randn({37, n}, k::f32, k::cpu, 44) * 60.0f;
+  k::Tensor cut = k::randn({6, n}, k::f32, k::cpu, 45);
+  {
+    auto v = k::to_vector<float>(cut);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (i % 7 == 3 || (i >= 5 * static_cast<std::size_t>(n) && i != 5 * static_cast<std::size_t>(n) + 11))
+        v[i] = -INFINITY;
+    cut = k::from_vector(v, {6, n}, k::cpu);
+  }
+  k::Tensor t = k::cast(k::rand({37}, k::f32, k::cpu, 46) * float(n - 1), k::i64);
+  k::Tensor h = k::cast(off, k::bf16), sh = k::cast(spread, k::bf16);
+  auto ln = [](auto x, auto ww) { return k::layer_norm(x, ww, ww); };
+  auto ln16 = [](auto x, auto ww) { return k::layer_norm(k::cast(x, k::f32), ww, ww); };
+  auto var = [](auto x) { return k::var(x, 1); };
+  auto sm = [](auto x) { return k::softmax(x, -1); };
+  auto lsm = [](auto x) { return k::log_softmax(x, 1); };
+  auto lse = [](auto x) { return k::logsumexp(x, 1); };
+  auto ce = [](auto x, auto tt) { return k::cross_entropy(x, tt); };
+  // Compiled afresh under each setting (KILN_TUNE_* are read at each compile; eager caches would
+  // keep the first setting's programs).
+  for (const char* one_pass : {"1", "0"}) {
+    CAPTURE(one_pass);
+    ::setenv("KILN_TUNE_ONE_PASS", one_pass, 1);
+    check_compiled(ln, 1e-4, 2e-4, off, w);
+    check_compiled(var, 1e-3, 1e-9, far);
+    check_compiled(sm, 1e-4, 1e-9, spread);
+    check_compiled(sm, 1e-4, 1e-9, cut);
+    check_compiled(lse, 1e-5, 1e-5, cut);
+    check_compiled(lsm, 1e-5, 1e-3, spread);
+    check_compiled(ce, 1e-5, 1e-4, spread, t);
+    check_compiled(ln16, 1e-4, 3e-4, h, w);
+    check_compiled(sm, 2e-2, 1e-6, sh);
+    auto dyn = k::compile(ln, {.shapes = k::shapes::dynamic});
+    auto close = k::testing::allclose(dyn(off.to(k::cuda), w.to(k::cuda)), k::reference::eval(ln(off, w)), 1e-4, 2e-4);
+    CHECK_MESSAGE(bool(close), close);
+    std::string src = k::explain(dyn, off.to(k::cuda), w.to(k::cuda)).kernels.at(0).source;
+    CHECK((std::string(one_pass) == "1") == (src.find("welford_step") != std::string::npos));
+  }
+  ::unsetenv("KILN_TUNE_ONE_PASS");
 }
 
 // Rows whose length is no whole number of 16-byte vectors start their tiles on the vector before

@@ -361,6 +361,66 @@ TEST_CASE("fusion: long rows and long full reductions") {
   CHECK(res);
 }
 
+TEST_CASE("fusion: looped rows carry a dependent sum in one pass (Welford's variance, online softmax)") {
+  // The GPU's rule (codegen's one_pass_form), written on the host too by KILN_TUNE_ONE_PASS=1: rows
+  // far from zero (Welford's lanes against cancellation), -inf scores that empty whole lanes, scores
+  // spread over hundreds (the running max moves), bf16 rows, and both shape modes.
+  struct OnePass {
+    OnePass() { ::setenv("KILN_TUNE_ONE_PASS", "1", 1); }
+    ~OnePass() { ::unsetenv("KILN_TUNE_ONE_PASS"); }
+  } on;
+  const std::int64_t n = 40009;  // longer than a held host row: looped
+  // var over rows 1e5 of their spread from zero (a two-pass f32 mean of them is itself off by
+  // about 1% of the spread, so layer_norm's output could not be checked there: it gets rows 30 off)
+  k::Tensor far = k::randn({3, n}, k::f32, k::cpu, 71) * 0.01f + 1000.0f;
+  k::Tensor off = k::randn({3, n}, k::f32, k::cpu, 76) + 30.0f;
+  k::Tensor w = k::randn({n}, k::f32, k::cpu, 72), b = k::randn({n}, k::f32, k::cpu, 73);
+  k::Tensor spread = k::randn({4, n}, k::f32, k::cpu, 74) * 60.0f;
+  // every 7th score -inf, and the whole last row but one value
+  k::Tensor cut = k::randn({4, n}, k::f32, k::cpu, 75);
+  {
+    auto v = k::to_vector<float>(cut);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (i % 7 == 3 || (i >= 3 * static_cast<std::size_t>(n) && i != 3 * static_cast<std::size_t>(n) + 11))
+        v[i] = -INFINITY;
+    cut = k::from_vector(v, {4, n}, k::cpu);
+  }
+  auto ln = [](auto x, auto w, auto b) { return k::layer_norm(x, w, b, 1e-5); };
+  auto var = [](auto x) { return k::var(x, 1); };
+  auto sm = [](auto x) { return k::softmax(x, 1); };
+  auto lsm = [](auto x) { return k::log_softmax(x, 1); };
+  auto lse = [](auto x) { return k::logsumexp(x, 1); };
+  for (k::shapes mode : {k::shapes::static_, k::shapes::dynamic}) {
+    CAPTURE(static_cast<int>(mode));
+    auto f = k::compile(ln, {.shapes = mode});
+    k::report r = k::explain(f, off, w, b);
+    INFO(r);
+    REQUIRE(r.kernels.size() == 1);
+    CHECK(contains(r.kernels[0].source, "welford_step"));
+    // (an f32 mean over 40009 values of 30 is off by ~4e-5 in either pass count: absolute error)
+    auto near = k::testing::allclose(f(off, w, b), k::reference::eval(ln(off, w, b)), 1e-4, 2e-4);
+    INFO(near.str());
+    CHECK(near);
+    auto fv = k::compile(var, {.shapes = mode});
+    auto got = fv(far), want = k::reference::eval(var(far));
+    auto res = k::testing::allclose(got, want, 1e-3, 1e-7);  // a variance of 1e-4 about 1000
+    INFO(res.str());
+    CHECK(res);
+    auto fs = k::compile(sm, {.shapes = mode});
+    r = k::explain(fs, spread);
+    CHECK(contains(r.kernels[0].source, "online_exp_step"));
+    check_values(fs(spread), k::reference::eval(sm(spread)), k::f32);
+    check_values(fs(cut), k::reference::eval(sm(cut)), k::f32);
+    auto fl = k::compile(lsm, {.shapes = mode});
+    check_values(fl(spread), k::reference::eval(lsm(spread)), k::f32);
+    auto fe = k::compile(lse, {.shapes = mode});
+    check_values(fe(cut), k::reference::eval(lse(cut)), k::f32);
+    k::Tensor h = k::cast(spread, k::bf16);
+    check_values(fs(h), k::reference::eval(sm(h)), k::bf16);
+    check_values(f(k::cast(off, k::bf16), w, b), k::reference::eval(ln(k::cast(off, k::bf16), w, b)), k::bf16);
+  }
+}
+
 TEST_CASE("fusion: a select on a broadcast comparison in a held host row (GCC's loop if-conversion)") {
   // g++ 12.2 at -O3 -march=native (AVX2) wrote zeros in 15 of every 16 lanes of this kernel's output
   // until host kernels were compiled with -fno-tree-loop-if-convert (NOTES item 102). Found by

@@ -220,6 +220,15 @@ class KernelWriter {
   std::optional<Value> staged_load(int node, const Sym& offset);
   std::string reduction_identity(Op op, kiln::dtype ct);
   bool depends_on_any(int red, std::size_t i, std::size_t j);
+  bool reads_any(int node, std::size_t i, std::size_t j);
+  // A sum carried in the loop of the reductions it reads (kernel_writer_impl.hpp's one_pass_form):
+  // sum(square(a - d)) or sum(exp(a - d)), `a` reading none of them, `d` a row value.
+  struct OnePass {
+    enum Kind { none, squares, exps } kind = none;
+    int a = -1, d = -1, sub = -1;
+    std::vector<std::string> accs;  // the lanes' summary (Welford's n, mean, m2; the max and sum)
+  };
+  OnePass one_pass_form(int red, std::size_t i, std::size_t j);
   std::string access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt, std::string& width);
   std::string split_on_alignment(const std::string& body) const;
   void plan();

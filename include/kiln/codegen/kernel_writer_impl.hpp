@@ -124,23 +124,57 @@ inline void KernelWriter::write_rows() {
     --indent_;
     line("}");
   };
-  // Reductions, several to a loop when none of them reads another.
+  // Reductions, several to a loop when none of them reads another, or when one reads the others
+  // only through a row value it can be summed at after the loop (one_pass_form).
   std::size_t i = 0;
   while (i < plan_.reductions.size()) {
     std::size_t j = i + 1;
-    while (j < plan_.reductions.size() && !depends_on_any(plan_.reductions[j], i, j)) ++j;
+    std::vector<OnePass> pass(1);
+    for (; j < plan_.reductions.size(); ++j) {
+      if (!depends_on_any(plan_.reductions[j], i, j)) {
+        pass.emplace_back();
+        continue;
+      }
+      OnePass p = one_pass_form(plan_.reductions[j], i, j);
+      if (p.kind == OnePass::none) break;
+      pass.push_back(p);
+    }
     std::vector<std::string> accs;
     for (std::size_t r = i; r < j; ++r) {
       int red = plan_.reductions[r];
       kiln::dtype ct = compute_dtype(g_[red].dt);
       accs.push_back("acc" + std::to_string(accumulators_++));  // in order, not by node (see scalar_param)
-      line("auto " + accs.back() + " = kiln::full<" + lanes + ">(" + reduction_identity(g_[red].op, ct) + ");");
+      OnePass& p = pass[r - i];
+      if (p.kind == OnePass::none) {
+        line("auto " + accs.back() + " = kiln::full<" + lanes + ">(" + reduction_identity(g_[red].op, ct) + ");");
+        continue;
+      }
+      const std::string zero = "kiln::full<RVEC>(" + detail::literal(0, ct) + ")";
+      if (p.kind == OnePass::squares) {
+        line("// " + accs.back() + ": a sum of squares about a row value known after the loop: Welford's lanes");
+        for (const char* part : {"_n", "_shift", "_mean", "_m2"}) p.accs.push_back(accs.back() + part);
+        line("auto " + p.accs[0] + " = " + zero + ", " + p.accs[2] + " = " + zero + ", " + p.accs[3] + " = " + zero + ";");
+        line(detail::c_type(ct) + " " + p.accs[1] + " = " + detail::literal(NAN, ct) + ";  // the thread's first value");
+      } else {
+        line("// " + accs.back() + ": a sum of exp(x - d), d a row value known after the loop, online (one exp a value)");
+        p.accs = {accs.back() + "_max", accs.back() + "_sum"};
+        line("auto " + p.accs[0] + " = kiln::full<RVEC>(-" + detail::literal(INFINITY, ct) + "), " + p.accs[1] + " = " +
+             zero + ";");
+      }
     }
     open_loop();
     auto idx = domain_index();
     for (std::size_t r = i; r < j; ++r) {
       int red = plan_.reductions[r];
       kiln::dtype ct = compute_dtype(g_[red].dt);
+      if (const OnePass& p = pass[r - i]; p.kind != OnePass::none) {
+        Value a = cast(emit(p.a, broadcast_index(p.a, p.sub, idx)), ct);
+        std::string args;
+        for (const auto& acc : p.accs) args += acc + ", ";
+        line(std::string(p.kind == OnePass::squares ? "kiln::welford_step(" : "kiln::online_exp_step(") + args + a.code +
+             ", rmask);");
+        continue;
+      }
       Value v = cast(emit(g_[red].in[0], idx), ct);
       const std::string& acc = accs[r - i];
       std::string step = g_[red].op == Op::sum
@@ -156,6 +190,7 @@ inline void KernelWriter::write_rows() {
     close_loop();
     for (std::size_t r = i; r < j; ++r) {
       int red = plan_.reductions[r];
+      if (pass[r - i].kind != OnePass::none) continue;  // after the others, which their row values read
       const char* fn = g_[red].op == Op::sum ? "row_sum" : g_[red].op == Op::amax ? "row_max" : "row_min";
       // Two or more reductions a register-cached row of its own block: each its own shared slot, one
       // barrier each (prelude's across_row). Measured on an H200: W7 -3.2% in two runs; blocks of
@@ -175,6 +210,17 @@ inline void KernelWriter::write_rows() {
         continue;
       }
       reduced_[red] = bind("kiln::" + std::string(fn) + "<ROW_THREADS" + slot + ">(" + accs[r - i] + ")", g_[red].dt);
+    }
+    for (std::size_t r = i; r < j; ++r) {  // the one-pass sums, each at its row value
+      const OnePass& p = pass[r - i];
+      if (p.kind == OnePass::none) continue;
+      int red = plan_.reductions[r];
+      kiln::dtype ct = compute_dtype(g_[red].dt);
+      Value d = cast(emit(p.d, broadcast_index(p.d, p.sub, idx)), ct);
+      std::string share = p.kind == OnePass::squares ? "kiln::squares_about(" : "kiln::exp_sum_at(";
+      for (const auto& acc : p.accs) share += acc + ", ";
+      share += d.code + ")";
+      reduced_[red] = bind("kiln::row_sum<ROW_THREADS>(" + share + ")", g_[red].dt);
     }
     i = j;
   }
@@ -213,8 +259,42 @@ inline void KernelWriter::write_rows() {
 }
 
 // Whether reduction plan_.reductions[j] reads any of plan_.reductions[i..j) inside this kernel.
-inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) {
-  std::vector<int> stack = {g_[red].in[0]};
+inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) { return reads_any(g_[red].in[0], i, j); }
+
+// Whether reduction `red`, which reads plan_.reductions[i..j), can share their loop: a sum of
+// square(a - d) or exp(a - d) in a floating type, over values of the row's whole domain, where `a`
+// reads none of them and `d` is a row value (size 1 along every reduced dim), so it is known once
+// they are reduced. Its lanes keep a summary of `a` (prelude: welford_step, online_exp_step) and
+// give their shares at d after the loop. Only for looped rows (a held row reads its registers
+// again for free), not over outer dims, on the GPU (the host's loops vectorise the two passes
+// better than the pair's selects: softmax over 256x65536 f32 took 11 ms in two, 50 ms in one).
+inline KernelWriter::OnePass KernelWriter::one_pass_form(int red, std::size_t i, std::size_t j) {
+  const bool wanted = tune_.one_pass == 1 || (tune_.one_pass < 0 && target_ == Target::cuda);
+  if (!wanted || config_.x_lanes || config_.riters > 0 || g_[red].op != Op::sum) return {};
+  kiln::dtype ct = compute_dtype(g_[red].dt);
+  if (ct != kiln::dtype::f32 && ct != kiln::dtype::f64) return {};
+  auto inline_here = [&](int v) {
+    return g_[v].op != Op::arg && !(s_.realized[v] && s_.kernel_of[v] != k_) && !reduced_.count(v);
+  };
+  const int e = g_[red].in[0];
+  const auto& domain = g_[plan_.domain].shape;
+  if (!inline_here(e) || (g_[e].op != Op::square && g_[e].op != Op::exp) || g_[e].shape != domain ||
+      compute_dtype(g_[e].dt) != ct)
+    return {};
+  const int sub = g_[e].in[0];
+  if (!inline_here(sub) || g_[sub].op != Op::sub || g_[sub].shape != domain || compute_dtype(g_[sub].dt) != ct) return {};
+  const int a = g_[sub].in[0], d = g_[sub].in[1];
+  const auto& ds = g_[d].shape;
+  const int lead = static_cast<int>(domain.size()) - static_cast<int>(ds.size());
+  for (int rd : plan_.rdims)
+    if (rd >= lead && ds[rd - lead] != 1) return {};
+  if (reads_any(a, i, j)) return {};
+  return {g_[e].op == Op::square ? OnePass::squares : OnePass::exps, a, d, sub, {}};
+}
+
+// Whether `node` reads any of plan_.reductions[i..j) inside this kernel.
+inline bool KernelWriter::reads_any(int node, std::size_t i, std::size_t j) {
+  std::vector<int> stack = {node};
   std::vector<bool> seen(g_.size(), false);
   while (!stack.empty()) {
     int v = stack.back();

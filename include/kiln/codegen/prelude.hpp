@@ -362,6 +362,59 @@ template <class I> KILN_FN auto rand_uniform(i64 seed_lo, i64 seed_hi, i64 off_l
   return map1([=](i64 i) { return m_philox_uniform(k0, k1, base + (unsigned long long)i); }, pos);
 }
 
+// One pass over a looped row for a sum that reads an earlier reduction of the row through a row
+// value D known only after the loop (codegen's one-pass pairs): each lane keeps a summary of its
+// values x, and after the loop gives its share of the sum at D exactly.
+// sum((x - D)^2): Welford's count n, mean and squared deviations m2 of x - k, k the thread's first
+// value (NaN until it has one; a mean of 1000 in f32 takes no step below 6e-5: the shift keeps the
+// running mean near zero); a lane's share is m2 + n (k - D + mean)^2, which holds for any D (every
+// term nonnegative).
+template <class T, int N, class X, class K>
+KILN_FN void welford_step(tile<T, N>& n, T& k, tile<T, N>& mean, tile<T, N>& m2, const X& x, const K& keep) {
+  if (k != k)
+    for (int i = N - 1; i >= 0; --i)
+      if (lane(keep, i)) k = (T)lane(x, i);
+KILN_UNROLL
+  for (int i = 0; i < N; ++i) {
+    const T y = (T)lane(x, i) - k, c = n.v[i] + T(1), d = y - mean.v[i], mi = mean.v[i] + m_div(d, c);
+    const bool kept = lane(keep, i);
+    m2.v[i] = kept ? m2.v[i] + d * (y - mi) : m2.v[i];
+    mean.v[i] = kept ? mi : mean.v[i];
+    n.v[i] = kept ? c : n.v[i];
+  }
+}
+template <class T, int N, class D>
+KILN_FN tile<T, N> squares_about(const tile<T, N>& n, T k, const tile<T, N>& mean, const tile<T, N>& m2, const D& d) {
+  tile<T, N> r;
+KILN_UNROLL
+  for (int i = 0; i < N; ++i) {
+    const T off = (k - (T)d) + mean.v[i];
+    r.v[i] = n.v[i] == T(0) ? T(0) : m2.v[i] + n.v[i] * off * off;
+  }
+  return r;
+}
+// sum(exp(x - D)): the running max m and s = sum(exp(x - m)), one exp a value (exp(-|x - m|) is
+// the new value's term or the old sum's scale); a lane's share is s exp(m - D), 0 for a lane that
+// kept nothing. A value equal to m (-inf on -inf included) adds 1.
+template <class T, int N, class X, class K>
+KILN_FN void online_exp_step(tile<T, N>& m, tile<T, N>& s, const X& x, const K& keep) {
+KILN_UNROLL
+  for (int i = 0; i < N; ++i) {
+    const T xi = (T)lane(x, i), mi = m.v[i];
+    const bool up = xi > mi;
+    const T e = xi == mi ? T(1) : m_exp(up ? mi - xi : xi - mi);
+    const bool k = lane(keep, i);
+    s.v[i] = k ? (up ? s.v[i] * e + T(1) : s.v[i] + e) : s.v[i];
+    m.v[i] = k && up ? xi : mi;
+  }
+}
+template <class T, int N, class D> KILN_FN tile<T, N> exp_sum_at(const tile<T, N>& m, const tile<T, N>& s, const D& d) {
+  tile<T, N> r;
+KILN_UNROLL
+  for (int i = 0; i < N; ++i) r.v[i] = s.v[i] == T(0) ? T(0) : s.v[i] * m_exp(m.v[i] - (T)d);
+  return r;
+}
+
 )KILN";
 
 // The whole prelude, as generated translation units begin.

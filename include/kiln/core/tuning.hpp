@@ -69,6 +69,10 @@ struct Tuning {
                                 // (KILN_TUNE_ATTENTION_BACKWARD)
   int attention_rows = -1; // the fused attention kernel's 16-row tiles a warp (1 or 2; default by registers,
                            // codegen/attention_kernel.hpp; KILN_TUNE_ATTENTION_ROWS)
+  int one_pass = -1;       // looped rows: a sum that reads an earlier reduction of the same row only
+                           // through a row value D (sum((x - D)^2), sum(exp(x - D))) is carried beside
+                           // it in one pass (Welford, online softmax); 0 two passes (the rule before),
+                           // 1 on the host too (default: GPU only; KILN_TUNE_ONE_PASS)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
                            // default until its GPU tests pass and it pays on GPT-2 (KILN_TUNE_EPILOGUE)
 
@@ -98,7 +102,7 @@ struct Tuning {
                                    {&Tuning::attention, "attention"}, {&Tuning::attention_rows, "attention_rows"},
                                    {&Tuning::attention_backward, "attention_backward"},
                                    {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"},
-                                   {&Tuning::index32, "index32"}};
+                                   {&Tuning::index32, "index32"}, {&Tuning::one_pass, "one_pass"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -133,6 +137,7 @@ struct Tuning {
                                    {&Tuning::occupancy, "KILN_TUNE_OCCUPANCY", 0, 2048},
                                    {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 1},
                                    {&Tuning::index32, "KILN_TUNE_INDEX32", 0, 1},
+                                   {&Tuning::one_pass, "KILN_TUNE_ONE_PASS", 0, 1},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 1},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
