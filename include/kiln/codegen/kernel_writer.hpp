@@ -229,6 +229,7 @@ class KernelWriter {
     std::vector<std::string> accs;  // the lanes' summary (Welford's n, mean, m2; the max and sum)
   };
   OnePass one_pass_form(int red, std::size_t i, std::size_t j);
+  std::int64_t row_bytes_read(int node);
   std::string access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt, std::string& width);
   std::string split_on_alignment(const std::string& body) const;
   void plan();

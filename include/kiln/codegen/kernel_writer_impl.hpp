@@ -267,7 +267,8 @@ inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) 
 // they are reduced. Its lanes keep a summary of `a` (prelude: welford_step, online_exp_step) and
 // give their shares at d after the loop. Only for looped rows (a held row reads its registers
 // again for free), not over outer dims, on the GPU (the host's loops vectorise the two passes
-// better than the pair's selects: softmax over 256x65536 f32 took 11 ms in two, 50 ms in one).
+// better than the pair's selects: softmax over 256x65536 f32 took 11 ms in two, 50 ms in one), over
+// rows of 4-byte values or wider (below). KILN_TUNE_ONE_PASS=1 writes it wherever it applies.
 inline KernelWriter::OnePass KernelWriter::one_pass_form(int red, std::size_t i, std::size_t j) {
   const bool wanted = tune_.one_pass == 1 || (tune_.one_pass < 0 && target_ == Target::cuda);
   if (!wanted || config_.x_lanes || config_.riters > 0 || g_[red].op != Op::sum) return {};
@@ -289,7 +290,38 @@ inline KernelWriter::OnePass KernelWriter::one_pass_form(int red, std::size_t i,
   for (int rd : plan_.rdims)
     if (rd >= lead && ds[rd - lead] != 1) return {};
   if (reads_any(a, i, j)) return {};
+  // The pass saved reads the row's bytes of `a` once more; the step costs about a dozen instructions
+  // a value (Welford's division, the online max's exp and selects). An H200 issues ~7 instructions a
+  // byte at its copy rate (33 T/s over 4.8 TB/s), so a pass over 4-byte values pays for the step and
+  // one over 2-byte values does not: measured on an H200 over rows of 32000-262144 (NOTES 103), one
+  // pass took 0.87x the two passes' time on f32 rows and 1.005x (0.81-1.15x) on bf16 rows.
+  if (target_ == Target::cuda && tune_.one_pass < 0 && row_bytes_read(a) < 4) return {};
   return {g_[e].op == Op::square ? OnePass::squares : OnePass::exps, a, d, sub, {}};
+}
+
+// The bytes a value of `node` reads from buffers that vary along the reduced dims (the row's own
+// data, not its weights), summed over the buffers it reads inside this kernel.
+inline std::int64_t KernelWriter::row_bytes_read(int node) {
+  std::int64_t bytes = 0;
+  std::vector<int> stack = {node};
+  std::vector<bool> seen(g_.size(), false);
+  const auto& domain = g_[plan_.domain].shape;
+  while (!stack.empty()) {
+    int v = stack.back();
+    stack.pop_back();
+    if (seen[v]) continue;
+    seen[v] = true;
+    if (g_[v].op == Op::arg || (s_.realized[v] && s_.kernel_of[v] != k_)) {
+      const auto& shape = g_[v].shape;
+      const int lead = static_cast<int>(domain.size()) - static_cast<int>(shape.size());
+      bool along = false;
+      for (int rd : plan_.rdims) along = along || (rd >= lead && shape[rd - lead] != 1);
+      if (along || shape.size() != domain.size()) bytes += static_cast<std::int64_t>(itemsize(g_[v].dt));
+      continue;
+    }
+    for (int c = 0; c < g_[v].n_in; ++c) stack.push_back(g_[v].in[c]);
+  }
+  return bytes;
 }
 
 // Whether `node` reads any of plan_.reductions[i..j) inside this kernel.

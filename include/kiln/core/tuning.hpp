@@ -72,7 +72,8 @@ struct Tuning {
   int one_pass = -1;       // looped rows: a sum that reads an earlier reduction of the same row only
                            // through a row value D (sum((x - D)^2), sum(exp(x - D))) is carried beside
                            // it in one pass (Welford, online softmax); 0 two passes (the rule before),
-                           // 1 on the host too (default: GPU only; KILN_TUNE_ONE_PASS)
+                           // 1 wherever it applies (default: GPU rows of 4-byte values or wider;
+                           // KILN_TUNE_ONE_PASS)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
                            // default until its GPU tests pass and it pays on GPT-2 (KILN_TUNE_EPILOGUE)
 
