@@ -293,7 +293,7 @@ inline KernelWriter::OnePass KernelWriter::one_pass_form(int red, std::size_t i,
   // The pass saved reads the row's bytes of `a` once more; the step costs about a dozen instructions
   // a value (Welford's division, the online max's exp and selects). An H200 issues ~7 instructions a
   // byte at its copy rate (33 T/s over 4.8 TB/s), so a pass over 4-byte values pays for the step and
-  // one over 2-byte values does not: measured on an H200 over rows of 32000-262144 (NOTES 103), one
+  // one over 2-byte values does not: measured on an H200 over rows of 32000-262144 (NOTES 101), one
   // pass took 0.87x the two passes' time on f32 rows and 1.005x (0.81-1.15x) on bf16 rows.
   if (target_ == Target::cuda && tune_.one_pass < 0 && row_bytes_read(a) < 4) return {};
   return {g_[e].op == Op::square ? OnePass::squares : OnePass::exps, a, d, sub, {}};
