@@ -361,6 +361,45 @@ TEST_CASE("fusion: long rows and long full reductions") {
   CHECK(res);
 }
 
+TEST_CASE("fusion: host rows of odd length take their whole vectors unmasked, then the end") {
+  // A masked host access is a branch a lane (3-5x on rows of 1000 against 1008: NOTES 102); such rows
+  // are written as their whole vectors and the vector holding their end. Held and looped rows,
+  // rows shorter than a vector, a gradient (column partials), a bias (column tiles), both modes.
+  for (std::int64_t cols : {7, 1000, 5003, 40009}) {
+    CAPTURE(cols);
+    k::Tensor x = k::randn({37, cols}, k::f32, k::cpu, 81), w = k::randn({cols}, k::f32, k::cpu, 82);
+    auto ln = [](auto a, auto ww) { return k::layer_norm(a, ww, ww); };
+    auto sm = [](auto a) { return k::softmax(a * 3.0f, 1); };
+    auto bias = [](auto a, auto ww) { return k::gelu(a * 2.0f + ww); };
+    for (k::shapes mode : {k::shapes::static_, k::shapes::dynamic}) {
+      CAPTURE(static_cast<int>(mode));
+      auto f = k::compile(ln, {.shapes = mode});
+      if (cols > 16) {
+        std::string src = k::explain(f, x, w).kernels.at(0).source;
+        CHECK((contains(src, "KILN_R_LOOP_FULL") || contains(src, "KILN_R_TILES_FULL")));
+      }
+      check_values(f(x, w), k::reference::eval(ln(x, w)), k::f32);
+      check_values(k::compile(sm, {.shapes = mode})(x), k::reference::eval(sm(x)), k::f32);
+      auto fb = k::compile(bias, {.shapes = mode});
+      if (cols >= 1000 && mode == k::shapes::static_)
+        CHECK(contains(k::explain(fb, x, w).kernels.at(0).source, "KILN_COLUMNS_FULL"));
+      check_values(fb(x, w), k::reference::eval(bias(x, w)), k::f32);
+      auto g = k::compile(k::value_and_grad([](auto a, auto ww) { return k::sum(k::layer_norm(a, ww, ww) * a); },
+                                            k::wrt<0, 1>), {.shapes = mode});
+      auto [v, dx, dw] = g(x, w);
+      auto want = k::reference::eval(k::layer_norm(x, w, w) * x);
+      auto close = k::testing::allclose(v, k::reference::eval(k::sum(want)), 1e-4, 1e-3);
+      CHECK_MESSAGE(bool(close), close);
+      // d/dw of sum((xhat w + w) x) = the column sums of xhat x + x (column partials)
+      k::Tensor ones = k::full({cols}, 1.0, k::f32, k::cpu), zeros = k::full({cols}, 0.0, k::f32, k::cpu);
+      auto want_dw = k::reference::eval(k::sum(k::layer_norm(x, ones, zeros) * x + x, 0));
+      close = k::testing::allclose(dw, want_dw, 1e-4, 1e-3);
+      CHECK_MESSAGE(bool(close), close);
+      CHECK(dx.shape() == x.shape());
+    }
+  }
+}
+
 TEST_CASE("fusion: looped rows carry a dependent sum in one pass (Welford's variance, online softmax)") {
   // The GPU's rule (codegen's one_pass_form), written on the host too by KILN_TUNE_ONE_PASS=1: rows
   // far from zero (Welford's lanes against cancellation), -inf scores that empty whole lanes, scores

@@ -287,9 +287,15 @@ class KernelWriter {
   // GPU column reductions split down the reduced elements too (launch_config.hpp's column blocks).
   bool column_block() const { return target_ == Target::cuda && config_.x_lanes && config_.row_threads > 1; }
   bool host_rows_unmasked() const {
-    return target_ == Target::cpu && full_rows_ &&
-           (config_.x_lanes || full_tiles_ || (vector_rows_ && config_.riters == 0));
+    return target_ == Target::cpu && (unmasked_part_ || (full_rows_ && (config_.x_lanes || full_tiles_ ||
+                                                                          (vector_rows_ && config_.riters == 0))));
   }
+  bool unmasked_part_ = false;  // host rows: writing the whole vectors of a split row (write_rows)
+  // Host rows: the loop over a row being written, its halves one loop (a split row's register
+  // caches and kept values are stored in both halves, read in later loops).
+  int loop_id_ = 0;
+  std::map<std::string, std::pair<int, int>> cache_written_;  // register cache -> loop and scope that stored it
+  std::map<std::string, int> kept_loop_;
   std::map<std::string, Value> memo_;
   std::map<std::string, std::string> kept_values_;  // CPU rows: a special function's tiles kept for later loops
   int scope_ = 0;
@@ -323,14 +329,17 @@ inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& 
                     is_transcendental(g_[node].op) && !(s_.realized[node] && s_.kernel_of[node] != k_) &&
                     tune_.keep_values != 0;
   const std::string vkey = keep ? key.substr(key.find(':') + 1) : std::string();  // without the loop's scope
-  if (keep)
-    if (auto kept = kept_values_.find(vkey); kept != kept_values_.end())
-      return memo_[key] = bind_held(kept->second + "[kiln_it]", compute_dtype(g_[node].dt));
+  auto kept = keep ? kept_values_.find(vkey) : kept_values_.end();
+  if (kept != kept_values_.end() && kept_loop_[vkey] != loop_id_)
+    return memo_[key] = bind_held(kept->second + "[kiln_it]", compute_dtype(g_[node].dt));
   Value v = emit_uncached(node, idx, extra_mask);
   memo_[key] = v;
-  if (keep && !final_loop_ && !v.literal) {
+  if (kept != kept_values_.end() && !v.literal) {  // the other half of the loop that keeps it
+    line(kept->second + "[kiln_it] = " + v.code + ";");
+  } else if (keep && !final_loop_ && !v.literal) {
     std::string name = "kept" + std::to_string(kept_values_.size());
     kept_values_[vkey] = name;
+    kept_loop_[vkey] = loop_id_;
     cache_decls_.push_back("kiln::tile<" + detail::c_type(v.ct) + ", RVEC> " + name + "[RITERS];");
     cached_cost_ += held_cost(static_cast<std::int64_t>(itemsize(v.ct)));
     line(name + "[kiln_it] = " + v.code + ";");

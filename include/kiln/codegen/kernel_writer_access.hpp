@@ -351,6 +351,12 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
         raw.replace(0, gather.size(), "kiln::load_raw(");
     }
     auto [it, fresh_cache] = row_cache_.try_emplace(code, "cache" + std::to_string(row_cache_.size()));
+    auto& written = cache_written_[code];  // in which loop and scope its tiles were stored
+    if (fresh_cache) written = {loop_id_, scope_};
+    if (!fresh_cache && written.first == loop_id_ && written.second != scope_) {  // the other half of a split loop
+      line(it->second + "[kiln_it] = " + raw + ";");
+      written.second = scope_;
+    }
     if (fresh_cache) {
       cache_decls_.push_back("kiln::tile<" + (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) + ", RVEC> " +
                              it->second + "[RITERS];");

@@ -96,20 +96,32 @@ inline void KernelWriter::write_rows() {
     if (row_shift_) line("const ix kiln_shift = (rnumel * xindex) % RVEC;  // the row's first element in its vector");
   }
   section_ = Section::body;  // the row's register caches go between the two: write() puts them there
-  auto open_loop = [&] {
-    line(x_lanes               ? (column_block() ? "KILN_R_COLUMN_STEPS(rindex) {" : "KILN_R_STEPS(rindex) {")
-         : config_.riters > 0 ? (row_shift_ ? "KILN_R_TILES_SHIFTED(roffset, kiln_shift) {" : "KILN_R_TILES(roffset) {")
-         : row_shift_         ? "KILN_R_LOOP_SHIFTED(roffset, rnumel, kiln_shift) {"
-                              : "KILN_R_LOOP(roffset, rnumel) {");
+  // Host rows of a length no whole number of vectors: each loop is written twice, over the row's
+  // whole vectors with no mask and over the vector that holds its end, masked (a masked host access
+  // is a branch a lane, which the compiler does not vectorise: 3-5x, NOTES 102). Both halves are one
+  // loop to the register caches (loop_id_).
+  enum class Part { whole, full, tail };
+  const bool split = target_ == Target::cpu && !x_lanes && !full_tiles_ && !vector_rows_ && !row_shift_;
+  auto open_loop = [&](Part part) {
+    const bool held = config_.riters > 0;
+    line(x_lanes                ? (column_block() ? "KILN_R_COLUMN_STEPS(rindex) {" : "KILN_R_STEPS(rindex) {")
+         : part == Part::full   ? (held ? "KILN_R_TILES_FULL(roffset) {" : "KILN_R_LOOP_FULL(roffset, rnumel) {")
+         : part == Part::tail   ? (held ? "KILN_R_TILES_TAIL(roffset) {" : "KILN_R_LOOP_TAIL(roffset, rnumel) {")
+         : held                 ? (row_shift_ ? "KILN_R_TILES_SHIFTED(roffset, kiln_shift) {" : "KILN_R_TILES(roffset) {")
+         : row_shift_           ? "KILN_R_LOOP_SHIFTED(roffset, rnumel, kiln_shift) {"
+                                : "KILN_R_LOOP(roffset, rnumel) {");
     ++indent_;
     ++scope_;
     in_rloop_ = true;
+    unmasked_part_ = part == Part::full;
     if (x_lanes) {  // a scalar step: the row's mask is the lanes'
       line("auto rmask = xmask;");
       return;
     }
     line("auto rindex = roffset + kiln::arange<RVEC, ix>();");
-    if (full_tiles_ || (vector_rows_ && config_.riters == 0))  // a looped row's vectors are all in it
+    if (part == Part::full)  // (a host row program's rows are all in the domain: KILN_ROW stops at xnumel)
+      line("auto rmask = kiln::full<RVEC>(true);");
+    else if (full_tiles_ || (vector_rows_ && config_.riters == 0))  // a looped row's vectors are all in it
       line("auto rmask = kiln::full<RVEC>(xmask);");
     else if (vector_rows_)  // each vector wholly in the row or past it: one test a vector
       line("auto rmask = kiln::full<RVEC>(roffset < rnumel && xmask);");
@@ -120,9 +132,19 @@ inline void KernelWriter::write_rows() {
   };
   auto close_loop = [&] {
     in_rloop_ = false;
+    unmasked_part_ = false;
     ++scope_;
     --indent_;
     line("}");
+  };
+  // One loop over the row: body() once, or once for each half of a split row.
+  auto loop = [&](const std::function<void()>& body) {
+    for (Part part : split ? std::vector<Part>{Part::full, Part::tail} : std::vector<Part>{Part::whole}) {
+      open_loop(part);
+      body();
+      close_loop();
+    }
+    ++loop_id_;
   };
   // Reductions, several to a loop when none of them reads another, or when one reads the others
   // only through a row value it can be summed at after the loop (one_pass_form).
@@ -162,8 +184,8 @@ inline void KernelWriter::write_rows() {
              zero + ";");
       }
     }
-    open_loop();
     auto idx = domain_index();
+    loop([&] {
     for (std::size_t r = i; r < j; ++r) {
       int red = plan_.reductions[r];
       kiln::dtype ct = compute_dtype(g_[red].dt);
@@ -187,7 +209,7 @@ inline void KernelWriter::write_rows() {
       // holding a 512-bit accumulator in a register (a store and a load a step: NOTES 71).
       line(acc + " = " + (host_rows_unmasked() ? step : "kiln::where(rmask, " + step + ", " + acc + ")") + ";");
     }
-    close_loop();
+    });
     for (std::size_t r = i; r < j; ++r) {
       int red = plan_.reductions[r];
       if (pass[r - i].kind != OnePass::none) continue;  // after the others, which their row values read
@@ -234,8 +256,8 @@ inline void KernelWriter::write_rows() {
   }
   if (!full.empty() || !plan_.partials.empty()) {
     final_loop_ = true;
-    open_loop();
     auto idx = domain_index();
+    loop([&] {
     for (int s : full) store(s, idx);
     for (int p : plan_.partials) {  // the value summed, at this row's tile (below the [S, R, K] view)
       kiln::dtype ct = compute_dtype(g_[p].dt);
@@ -244,7 +266,7 @@ inline void KernelWriter::write_rows() {
       line(acc + " = " + acc + " + " +
            (host_rows_unmasked() ? v.code : "kiln::where(rmask, " + v.code + ", " + detail::literal(0, ct) + ")") + ";");
     }
-    close_loop();
+    });
   }
   --indent_;
   line("}");

@@ -299,11 +299,29 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
     if (const ix roffset = ((ix)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC - (shift); true)
 #define KILN_R_LOOP_SHIFTED(roffset, rnumel, shift)                                       \
   _Pragma("unroll (RUNROLL)") for (ix roffset = (ix)(threadIdx.x % ROW_THREADS) * RVEC - (shift); roffset < (rnumel); roffset += (ix)ROW_THREADS * RVEC)
+// Host rows split at their last whole vector (codegen's write_rows), given a meaning here too: the
+// whole vectors as above, the vector with the row's end by the first thread of the row.
+#define KILN_R_LOOP_FULL(roffset, rnumel)                                                 \
+  for (ix roffset = (ix)(threadIdx.x % ROW_THREADS) * RVEC; roffset + RVEC <= (rnumel); roffset += (ix)ROW_THREADS * RVEC)
+#define KILN_R_LOOP_TAIL(roffset, rnumel)                                                 \
+  for (ix roffset = (rnumel) - (rnumel) % RVEC; threadIdx.x % ROW_THREADS == 0 && roffset < (rnumel); roffset += RVEC)
+#define KILN_R_TILES_FULL(roffset)                                                        \
+  KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)                          \
+    if (const ix roffset = ((ix)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC; roffset + RVEC <= rnumel)
+#define KILN_R_TILES_TAIL(roffset)                                                        \
+  KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)                          \
+    if (const ix roffset = ((ix)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC; roffset < rnumel && roffset + RVEC > rnumel)
 // The host's program shapes, given a meaning on the device too (one source, two targets: a host
 // kernel's source compiles with NVRTC and runs correctly on any grid, without being tuned for it).
 #define KILN_COLUMN_TILES(xrow, xcoff, xrows, XROWS, COLS)                                          \
   for (ix xrow = (ix)blockIdx.x * (XROWS); xrow < (ix)(blockIdx.x + 1) * (XROWS) && xrow < (xrows); ++xrow) \
     for (ix xcoff = (ix)threadIdx.x * XVEC; xcoff < (COLS); xcoff += (ix)blockDim.x * XVEC)
+#define KILN_COLUMN_ROWS(xrow, xrows, XROWS) \
+  for (ix xrow = (ix)blockIdx.x * (XROWS); xrow < (ix)(blockIdx.x + 1) * (XROWS) && xrow < (xrows); ++xrow)
+#define KILN_COLUMNS_FULL(xcoff, COLS) \
+  for (ix xcoff = (ix)threadIdx.x * XVEC; xcoff + XVEC <= (COLS); xcoff += (ix)blockDim.x * XVEC)
+#define KILN_COLUMNS_TAIL(xcoff, COLS) \
+  for (ix xcoff = (COLS) - (COLS) % XVEC; threadIdx.x == 0 && xcoff < (COLS); xcoff += XVEC)
 #define KILN_COLUMN_PROGRAM(xoffset)                                                      \
   for (ix xoffset = ((ix)blockIdx.x * blockDim.x + threadIdx.x) * XVEC; xoffset < xnumel; \
        xoffset += (ix)gridDim.x * blockDim.x * XVEC)
@@ -324,6 +342,11 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 #define KILN_COLUMN_TILES(xrow, xcoff, xrows, XROWS, COLS)                                          \
   for (ix xrow = kiln_pid * (XROWS); xrow < (kiln_pid + 1) * (XROWS) && xrow < (xrows); ++xrow) \
     for (ix xcoff = 0; xcoff < (COLS); xcoff += XVEC)
+// ... and rows of a length no whole number of tiles: the whole tiles, then the one with the row's end.
+#define KILN_COLUMN_ROWS(xrow, xrows, XROWS) \
+  for (ix xrow = kiln_pid * (XROWS); xrow < (kiln_pid + 1) * (XROWS) && xrow < (xrows); ++xrow)
+#define KILN_COLUMNS_FULL(xcoff, COLS) for (ix xcoff = 0; xcoff + XVEC <= (COLS); xcoff += XVEC)
+#define KILN_COLUMNS_TAIL(xcoff, COLS) for (ix xcoff = (COLS) - (COLS) % XVEC; xcoff < (COLS); xcoff += XVEC)
 // Host row kernels: a program's ROWS rows, the last program's stopping at xnumel (its rows past the
 // end would only be masked, and a dynamic kernel's ROWS, sized for rows of unknown length, may be far
 // more than a call has: 64 masked rows made a dynamic layer_norm over 2 rows take 6x its static
@@ -337,6 +360,17 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 #define KILN_R_LOOP(roffset, rnumel) for (ix roffset = 0; roffset < (rnumel); roffset += RVEC)
 #define KILN_R_TILES(roffset) \
   for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it) if (const ix roffset = (ix)kiln_it * RVEC; true)
+// A row of a length no whole number of vectors (codegen's write_rows): its whole vectors, unmasked,
+// then the vector that holds its end (none past it: their lanes would all be masked).
+#define KILN_R_LOOP_FULL(roffset, rnumel) for (ix roffset = 0; roffset + RVEC <= (rnumel); roffset += RVEC)
+#define KILN_R_LOOP_TAIL(roffset, rnumel) \
+  for (ix roffset = (rnumel) - (rnumel) % RVEC; roffset < (rnumel); roffset += RVEC)
+#define KILN_R_TILES_FULL(roffset)                                                                  \
+  for (int kiln_it = 0, kiln_whole = (int)(rnumel / RVEC < RITERS ? rnumel / RVEC : RITERS); kiln_it < kiln_whole; ++kiln_it) \
+    if (const ix roffset = (ix)kiln_it * RVEC; true)
+#define KILN_R_TILES_TAIL(roffset)                                                                  \
+  for (int kiln_it = (int)(rnumel / RVEC); kiln_it < RITERS && (ix)kiln_it * RVEC < rnumel; ++kiln_it) \
+    if (const ix roffset = (ix)kiln_it * RVEC; true)
 #endif
 #ifdef KILN_DEVICE_CODE
 #define KILN_R_STEPS(rindex) _Pragma("unroll (RUNROLL)") for (ix rindex = 0; rindex < rnumel; ++rindex)
