@@ -381,8 +381,12 @@ TEST_CASE("fusion: host rows of odd length take their whole vectors unmasked, th
       check_values(f(x, w), k::reference::eval(ln(x, w)), k::f32);
       check_values(k::compile(sm, {.shapes = mode})(x), k::reference::eval(sm(x)), k::f32);
       auto fb = k::compile(bias, {.shapes = mode});
-      if (cols >= 1000 && mode == k::shapes::static_)
-        CHECK(contains(k::explain(fb, x, w).kernels.at(0).source, "KILN_COLUMNS_FULL"));
+      if (cols >= 1000 && mode == k::shapes::static_) {
+        k::report r = k::explain(fb, x, w);
+        CHECK(contains(r.kernels.at(0).source, "KILN_COLUMNS_FULL"));
+        CHECK(is_elf(k::cubin(r.kernels.at(0), "sm_90a")));  // (host sources compile for the GPU too)
+        check_kernels(k::explain(f, x, w));
+      }
       check_values(fb(x, w), k::reference::eval(bias(x, w)), k::f32);
       auto g = k::compile(k::value_and_grad([](auto a, auto ww) { return k::sum(k::layer_norm(a, ww, ww) * a); },
                                             k::wrt<0, 1>), {.shapes = mode});
