@@ -96,12 +96,14 @@ inline void KernelWriter::write_rows() {
     if (row_shift_) line("const ix kiln_shift = (rnumel * xindex) % RVEC;  // the row's first element in its vector");
   }
   section_ = Section::body;  // the row's register caches go between the two: write() puts them there
-  // Host rows of a length no whole number of vectors: each loop is written twice, over the row's
-  // whole vectors with no mask and over the vector that holds its end, masked (a masked host access
-  // is a branch a lane, which the compiler does not vectorise: 3-5x, NOTES 102). Both halves are one
-  // loop to the register caches (loop_id_).
+  // Rows of a length no whole number of vectors: each loop is written twice, over the row's whole
+  // vectors with no mask and over the vector that holds its end, masked. On the host a masked access
+  // is a branch a lane, which the compiler does not vectorise (3-5x, NOTES 102); on the GPU, rows of
+  // symbolic length (where no row shift applies) test one mask a vector instead of one a lane
+  // (NOTES 103). Both halves are one loop to the register caches (loop_id_).
   enum class Part { whole, full, tail };
-  const bool split = target_ == Target::cpu && !x_lanes && !full_tiles_ && !vector_rows_ && !row_shift_;
+  const bool split = tune_.row_split != 0 && !x_lanes && !full_tiles_ && !vector_rows_ && !row_shift_ &&
+                     (target_ == Target::cpu || (tune_.vector_masks != 0 && !rnumel_.is_constant()));
   auto open_loop = [&](Part part) {
     const bool held = config_.riters > 0;
     line(x_lanes                ? (column_block() ? "KILN_R_COLUMN_STEPS(rindex) {" : "KILN_R_STEPS(rindex) {")
@@ -120,7 +122,7 @@ inline void KernelWriter::write_rows() {
     }
     line("auto rindex = roffset + kiln::arange<RVEC, ix>();");
     if (part == Part::full)  // (a host row program's rows are all in the domain: KILN_ROW stops at xnumel)
-      line("auto rmask = kiln::full<RVEC>(true);");
+      line(target_ == Target::cpu ? "auto rmask = kiln::full<RVEC>(true);" : "auto rmask = kiln::full<RVEC>(xmask);");
     else if (full_tiles_ || (vector_rows_ && config_.riters == 0))  // a looped row's vectors are all in it
       line("auto rmask = kiln::full<RVEC>(xmask);");
     else if (vector_rows_)  // each vector wholly in the row or past it: one test a vector

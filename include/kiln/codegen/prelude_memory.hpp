@@ -299,10 +299,10 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
     if (const ix roffset = ((ix)kiln_it * ROW_THREADS + threadIdx.x % ROW_THREADS) * RVEC - (shift); true)
 #define KILN_R_LOOP_SHIFTED(roffset, rnumel, shift)                                       \
   _Pragma("unroll (RUNROLL)") for (ix roffset = (ix)(threadIdx.x % ROW_THREADS) * RVEC - (shift); roffset < (rnumel); roffset += (ix)ROW_THREADS * RVEC)
-// Host rows split at their last whole vector (codegen's write_rows), given a meaning here too: the
-// whole vectors as above, the vector with the row's end by the first thread of the row.
+// Rows split at their last whole vector (codegen's write_rows: host rows, GPU rows of symbolic
+// length): the whole vectors as above, the vector with the row's end by the first thread of the row.
 #define KILN_R_LOOP_FULL(roffset, rnumel)                                                 \
-  for (ix roffset = (ix)(threadIdx.x % ROW_THREADS) * RVEC; roffset + RVEC <= (rnumel); roffset += (ix)ROW_THREADS * RVEC)
+  _Pragma("unroll (RUNROLL)") for (ix roffset = (ix)(threadIdx.x % ROW_THREADS) * RVEC; roffset + RVEC <= (rnumel); roffset += (ix)ROW_THREADS * RVEC)
 #define KILN_R_LOOP_TAIL(roffset, rnumel)                                                 \
   for (ix roffset = (rnumel) - (rnumel) % RVEC; threadIdx.x % ROW_THREADS == 0 && roffset < (rnumel); roffset += RVEC)
 #define KILN_R_TILES_FULL(roffset)                                                        \

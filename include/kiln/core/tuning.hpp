@@ -74,6 +74,10 @@ struct Tuning {
                            // it in one pass (Welford, online softmax); 0 two passes (the rule before),
                            // 1 wherever it applies (default: GPU rows of 4-byte values or wider;
                            // KILN_TUNE_ONE_PASS)
+  int row_split = -1;      // rows of a length no whole number of vectors (host rows, GPU rows of symbolic
+                           // length): 0 tests every lane of every step (the rule before); default
+                           // loops over the whole vectors unmasked, then the vector with the end
+                           // (KILN_TUNE_ROW_SPLIT)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
                            // default until its GPU tests pass and it pays on GPT-2 (KILN_TUNE_EPILOGUE)
 
@@ -103,7 +107,8 @@ struct Tuning {
                                    {&Tuning::attention, "attention"}, {&Tuning::attention_rows, "attention_rows"},
                                    {&Tuning::attention_backward, "attention_backward"},
                                    {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"},
-                                   {&Tuning::index32, "index32"}, {&Tuning::one_pass, "one_pass"}};
+                                   {&Tuning::index32, "index32"}, {&Tuning::one_pass, "one_pass"},
+                                   {&Tuning::row_split, "row_split"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -139,6 +144,7 @@ struct Tuning {
                                    {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 1},
                                    {&Tuning::index32, "KILN_TUNE_INDEX32", 0, 1},
                                    {&Tuning::one_pass, "KILN_TUNE_ONE_PASS", 0, 1},
+                                   {&Tuning::row_split, "KILN_TUNE_ROW_SPLIT", 0, 1},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 1},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
