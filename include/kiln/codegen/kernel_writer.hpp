@@ -228,8 +228,11 @@ class KernelWriter {
     int a = -1, d = -1, sub = -1;
     std::vector<std::string> accs;  // the lanes' summary (Welford's n, mean, m2; the max and sum)
   };
-  OnePass one_pass_form(int red, std::size_t i, std::size_t j);
+  OnePass one_pass_form(int red, std::size_t i, std::size_t j);  // (kernel_writer_one_pass.hpp)
   std::int64_t row_bytes_read(int node);
+  void declare_one_pass(OnePass& p, const std::string& acc, kiln::dtype ct);
+  void step_one_pass(const OnePass& p, const std::vector<Sym>& idx, kiln::dtype ct);
+  Value reduce_one_pass(const OnePass& p, const std::vector<Sym>& idx, int red);
   std::string access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt, std::string& width);
   std::string split_on_alignment(const std::string& body) const;
   void plan();
@@ -474,6 +477,7 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
 
 #include "kernel_writer_access.hpp"
 #include "kernel_writer_impl.hpp"
+#include "kernel_writer_one_pass.hpp"
 #include "kernel_writer_plan.hpp"
 #include "kernel_writer_indices.hpp"
 #include "kernel_writer_tiles.hpp"

@@ -173,18 +173,7 @@ inline void KernelWriter::write_rows() {
         line("auto " + accs.back() + " = kiln::full<" + lanes + ">(" + reduction_identity(g_[red].op, ct) + ");");
         continue;
       }
-      const std::string zero = "kiln::full<RVEC>(" + detail::literal(0, ct) + ")";
-      if (p.kind == OnePass::squares) {
-        line("// " + accs.back() + ": a sum of squares about a row value known after the loop: Welford's lanes");
-        for (const char* part : {"_n", "_shift", "_mean", "_m2"}) p.accs.push_back(accs.back() + part);
-        line("auto " + p.accs[0] + " = " + zero + ", " + p.accs[2] + " = " + zero + ", " + p.accs[3] + " = " + zero + ";");
-        line(detail::c_type(ct) + " " + p.accs[1] + " = " + detail::literal(NAN, ct) + ";  // the thread's first value");
-      } else {
-        line("// " + accs.back() + ": a sum of exp(x - d), d a row value known after the loop, online (one exp a value)");
-        p.accs = {accs.back() + "_max", accs.back() + "_sum"};
-        line("auto " + p.accs[0] + " = kiln::full<RVEC>(-" + detail::literal(INFINITY, ct) + "), " + p.accs[1] + " = " +
-             zero + ";");
-      }
+      declare_one_pass(p, accs.back(), ct);
     }
     auto idx = domain_index();
     // A GPU loop carrying Welford's lanes is not split: its body twice held them longer (a dynamic
@@ -193,29 +182,25 @@ inline void KernelWriter::write_rows() {
     const bool carries_pair =
         std::any_of(pass.begin(), pass.end(), [](const OnePass& p) { return p.kind == OnePass::squares; });
     loop([&] {
-    for (std::size_t r = i; r < j; ++r) {
-      int red = plan_.reductions[r];
-      kiln::dtype ct = compute_dtype(g_[red].dt);
-      if (const OnePass& p = pass[r - i]; p.kind != OnePass::none) {
-        Value a = cast(emit(p.a, broadcast_index(p.a, p.sub, idx)), ct);
-        std::string args;
-        for (const auto& acc : p.accs) args += acc + ", ";
-        line(std::string(p.kind == OnePass::squares ? "kiln::welford_step(" : "kiln::online_exp_step(") + args + a.code +
-             ", rmask);");
-        continue;
+      for (std::size_t r = i; r < j; ++r) {
+        int red = plan_.reductions[r];
+        kiln::dtype ct = compute_dtype(g_[red].dt);
+        if (const OnePass& p = pass[r - i]; p.kind != OnePass::none) {
+          step_one_pass(p, idx, ct);
+          continue;
+        }
+        Value v = cast(emit(g_[red].in[0], idx), ct);
+        const std::string& acc = accs[r - i];
+        std::string step = g_[red].op == Op::sum
+                               ? acc + " + " + v.code
+                               : "kiln::" + std::string(g_[red].op == Op::amax ? "maximum" : "minimum") + "(" + acc +
+                                     ", " + v.code + ")";
+        // A boolean step can come out an int tile (a literal 1 or 0 among its operands): back to bool.
+        if (ct == kiln::dtype::boolean) step = "kiln::cast<" + detail::c_type(ct) + ">(" + step + ")";
+        // A host step under a mask known to be all true is the step itself: the select kept GCC from
+        // holding a 512-bit accumulator in a register (a store and a load a step: NOTES 71).
+        line(acc + " = " + (host_rows_unmasked() ? step : "kiln::where(rmask, " + step + ", " + acc + ")") + ";");
       }
-      Value v = cast(emit(g_[red].in[0], idx), ct);
-      const std::string& acc = accs[r - i];
-      std::string step = g_[red].op == Op::sum
-                             ? acc + " + " + v.code
-                             : "kiln::" + std::string(g_[red].op == Op::amax ? "maximum" : "minimum") + "(" + acc +
-                                   ", " + v.code + ")";
-      // A boolean step can come out an int tile (a literal 1 or 0 among its operands): back to bool.
-      if (ct == kiln::dtype::boolean) step = "kiln::cast<" + detail::c_type(ct) + ">(" + step + ")";
-      // A host step under a mask known to be all true is the step itself: the select kept GCC from
-      // holding a 512-bit accumulator in a register (a store and a load a step: NOTES 71).
-      line(acc + " = " + (host_rows_unmasked() ? step : "kiln::where(rmask, " + step + ", " + acc + ")") + ";");
-    }
     }, /*may_split=*/!carries_pair || target_ == Target::cpu);
     for (std::size_t r = i; r < j; ++r) {
       int red = plan_.reductions[r];
@@ -240,17 +225,8 @@ inline void KernelWriter::write_rows() {
       }
       reduced_[red] = bind("kiln::" + std::string(fn) + "<ROW_THREADS" + slot + ">(" + accs[r - i] + ")", g_[red].dt);
     }
-    for (std::size_t r = i; r < j; ++r) {  // the one-pass sums, each at its row value
-      const OnePass& p = pass[r - i];
-      if (p.kind == OnePass::none) continue;
-      int red = plan_.reductions[r];
-      kiln::dtype ct = compute_dtype(g_[red].dt);
-      Value d = cast(emit(p.d, broadcast_index(p.d, p.sub, idx)), ct);
-      std::string share = p.kind == OnePass::squares ? "kiln::squares_about(" : "kiln::exp_sum_at(";
-      for (const auto& acc : p.accs) share += acc + ", ";
-      share += d.code + ")";
-      reduced_[red] = bind("kiln::row_sum<ROW_THREADS>(" + share + ")", g_[red].dt);
-    }
+    for (std::size_t r = i; r < j; ++r)  // the one-pass sums, each at its row value
+      if (pass[r - i].kind != OnePass::none) reduced_[plan_.reductions[r]] = reduce_one_pass(pass[r - i], idx, plan_.reductions[r]);
     i = j;
   }
   // Row-level stores (reductions others read, per-row epilogues), then full-row stores.
@@ -265,14 +241,14 @@ inline void KernelWriter::write_rows() {
     final_loop_ = true;
     auto idx = domain_index();
     loop([&] {
-    for (int s : full) store(s, idx);
-    for (int p : plan_.partials) {  // the value summed, at this row's tile (below the [S, R, K] view)
-      kiln::dtype ct = compute_dtype(g_[p].dt);
-      Value v = cast(emit(g_[g_[p].in[0]].in[0], idx), ct);
-      std::string acc = "part" + std::to_string(p) + "[kiln_it]";
-      line(acc + " = " + acc + " + " +
-           (host_rows_unmasked() ? v.code : "kiln::where(rmask, " + v.code + ", " + detail::literal(0, ct) + ")") + ";");
-    }
+      for (int s : full) store(s, idx);
+      for (int p : plan_.partials) {  // the value summed, at this row's tile (below the [S, R, K] view)
+        kiln::dtype ct = compute_dtype(g_[p].dt);
+        Value v = cast(emit(g_[g_[p].in[0]].in[0], idx), ct);
+        std::string acc = "part" + std::to_string(p) + "[kiln_it]";
+        line(acc + " = " + acc + " + " +
+             (host_rows_unmasked() ? v.code : "kiln::where(rmask, " + v.code + ", " + detail::literal(0, ct) + ")") + ";");
+      }
     });
   }
   --indent_;
@@ -289,69 +265,6 @@ inline void KernelWriter::write_rows() {
 
 // Whether reduction plan_.reductions[j] reads any of plan_.reductions[i..j) inside this kernel.
 inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) { return reads_any(g_[red].in[0], i, j); }
-
-// Whether reduction `red`, which reads plan_.reductions[i..j), can share their loop: a sum of
-// square(a - d) or exp(a - d) in a floating type, over values of the row's whole domain, where `a`
-// reads none of them and `d` is a row value (size 1 along every reduced dim), so it is known once
-// they are reduced. Its lanes keep a summary of `a` (prelude: welford_step, online_exp_step) and
-// give their shares at d after the loop. Only for looped rows (a held row reads its registers
-// again for free), not over outer dims, on the GPU (the host's loops vectorise the two passes
-// better than the pair's selects: softmax over 256x65536 f32 took 11 ms in two, 50 ms in one), over
-// rows of 4-byte values or wider (below). KILN_TUNE_ONE_PASS=1 writes it wherever it applies.
-inline KernelWriter::OnePass KernelWriter::one_pass_form(int red, std::size_t i, std::size_t j) {
-  const bool wanted = tune_.one_pass == 1 || (tune_.one_pass < 0 && target_ == Target::cuda);
-  if (!wanted || config_.x_lanes || config_.riters > 0 || g_[red].op != Op::sum) return {};
-  kiln::dtype ct = compute_dtype(g_[red].dt);
-  if (ct != kiln::dtype::f32 && ct != kiln::dtype::f64) return {};
-  auto inline_here = [&](int v) {
-    return g_[v].op != Op::arg && !(s_.realized[v] && s_.kernel_of[v] != k_) && !reduced_.count(v);
-  };
-  const int e = g_[red].in[0];
-  const auto& domain = g_[plan_.domain].shape;
-  if (!inline_here(e) || (g_[e].op != Op::square && g_[e].op != Op::exp) || g_[e].shape != domain ||
-      compute_dtype(g_[e].dt) != ct)
-    return {};
-  const int sub = g_[e].in[0];
-  if (!inline_here(sub) || g_[sub].op != Op::sub || g_[sub].shape != domain || compute_dtype(g_[sub].dt) != ct) return {};
-  const int a = g_[sub].in[0], d = g_[sub].in[1];
-  const auto& ds = g_[d].shape;
-  const int lead = static_cast<int>(domain.size()) - static_cast<int>(ds.size());
-  for (int rd : plan_.rdims)
-    if (rd >= lead && ds[rd - lead] != 1) return {};
-  if (reads_any(a, i, j)) return {};
-  // The pass saved reads the row's bytes of `a` once more; the step costs about a dozen instructions
-  // a value (Welford's division, the online max's exp and selects). An H200 issues ~7 instructions a
-  // byte at its copy rate (33 T/s over 4.8 TB/s), so a pass over 4-byte values pays for the step and
-  // one over 2-byte values does not: measured on an H200 over rows of 32000-262144 (NOTES 101), one
-  // pass took 0.87x the two passes' time on f32 rows and 1.005x (0.81-1.15x) on bf16 rows.
-  if (target_ == Target::cuda && tune_.one_pass < 0 && row_bytes_read(a) < 4) return {};
-  return {g_[e].op == Op::square ? OnePass::squares : OnePass::exps, a, d, sub, {}};
-}
-
-// The bytes a value of `node` reads from buffers that vary along the reduced dims (the row's own
-// data, not its weights), summed over the buffers it reads inside this kernel.
-inline std::int64_t KernelWriter::row_bytes_read(int node) {
-  std::int64_t bytes = 0;
-  std::vector<int> stack = {node};
-  std::vector<bool> seen(g_.size(), false);
-  const auto& domain = g_[plan_.domain].shape;
-  while (!stack.empty()) {
-    int v = stack.back();
-    stack.pop_back();
-    if (seen[v]) continue;
-    seen[v] = true;
-    if (g_[v].op == Op::arg || (s_.realized[v] && s_.kernel_of[v] != k_)) {
-      const auto& shape = g_[v].shape;
-      const int lead = static_cast<int>(domain.size()) - static_cast<int>(shape.size());
-      bool along = false;
-      for (int rd : plan_.rdims) along = along || (rd >= lead && shape[rd - lead] != 1);
-      if (along || shape.size() != domain.size()) bytes += static_cast<std::int64_t>(itemsize(g_[v].dt));
-      continue;
-    }
-    for (int c = 0; c < g_[v].n_in; ++c) stack.push_back(g_[v].in[c]);
-  }
-  return bytes;
-}
 
 // Whether `node` reads any of plan_.reductions[i..j) inside this kernel.
 inline bool KernelWriter::reads_any(int node, std::size_t i, std::size_t j) {
