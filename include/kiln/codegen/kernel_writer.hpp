@@ -230,6 +230,7 @@ class KernelWriter {
   };
   OnePass one_pass_form(int red, std::size_t i, std::size_t j);  // (kernel_writer_one_pass.hpp)
   std::int64_t row_bytes_read(int node);
+  bool reads_reduction_of(int node, Op op, int a, std::size_t i, std::size_t j);
   void declare_one_pass(OnePass& p, const std::string& acc, kiln::dtype ct);
   void step_one_pass(const OnePass& p, const std::vector<Sym>& idx, kiln::dtype ct);
   Value reduce_one_pass(const OnePass& p, const std::vector<Sym>& idx, int red);

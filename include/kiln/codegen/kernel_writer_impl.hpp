@@ -92,7 +92,11 @@ inline void KernelWriter::write_rows() {
   } else {
     line("KILN_ROW(xindex) {");
     ++indent_;
-    line(full_rows_ ? "const bool xmask = true;" : "const bool xmask = xindex < xnumel;");
+    // (A host row program stops at xnumel: its test is KILN_HOST_ROWS_IN, true on the host and the
+    // test itself where the source runs on a GPU's grid.)
+    line(full_rows_                   ? "const bool xmask = true;"
+         : target_ == Target::cpu     ? "const bool xmask = KILN_HOST_ROWS_IN(xindex < xnumel);"
+                                      : "const bool xmask = xindex < xnumel;");
     if (row_shift_) line("const ix kiln_shift = (rnumel * xindex) % RVEC;  // the row's first element in its vector");
   }
   section_ = Section::body;  // the row's register caches go between the two: write() puts them there
@@ -121,8 +125,8 @@ inline void KernelWriter::write_rows() {
       return;
     }
     line("auto rindex = roffset + kiln::arange<RVEC, ix>();");
-    if (part == Part::full)  // (a host row program's rows are all in the domain: KILN_ROW stops at xnumel)
-      line(target_ == Target::cpu ? "auto rmask = kiln::full<RVEC>(true);" : "auto rmask = kiln::full<RVEC>(xmask);");
+    if (part == Part::full)
+      line("auto rmask = kiln::full<RVEC>(xmask);");
     else if (full_tiles_ || (vector_rows_ && config_.riters == 0))  // a looped row's vectors are all in it
       line("auto rmask = kiln::full<RVEC>(xmask);");
     else if (vector_rows_)  // each vector wholly in the row or past it: one test a vector

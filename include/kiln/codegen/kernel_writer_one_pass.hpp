@@ -36,13 +36,37 @@ inline KernelWriter::OnePass KernelWriter::one_pass_form(int red, std::size_t i,
   for (int rd : plan_.rdims)
     if (rd >= lead && ds[rd - lead] != 1) return {};
   if (reads_any(a, i, j)) return {};
+  // d must come from the group's sum of `a` (a mean: squares) or its max (exps), so that a row
+  // holding an infinity gives what two passes give: the lanes fold an infinite value into NaN
+  // (Welford's inf - inf) or drop a -inf behind a larger one (the online max), which two passes
+  // match only where d is itself infinite or NaN whenever `a` holds an infinity (the mean), or
+  // never below the row's max (the max).
+  const bool squares = g_[e].op == Op::square;
+  if (!reads_reduction_of(d, squares ? Op::sum : Op::amax, a, i, j)) return {};
   // The pass saved reads the row's bytes of `a` once more; the step costs about a dozen instructions
   // a value (Welford's division, the online max's exp and selects). An H200 issues ~7 instructions a
   // byte at its copy rate (33 T/s over 4.8 TB/s), so a pass over 4-byte values pays for the step and
   // one over 2-byte values does not: measured on an H200 over rows of 32000-262144 (NOTES 101), one
   // pass took 0.87x the two passes' time on f32 rows and 1.005x (0.81-1.15x) on bf16 rows.
   if (target_ == Target::cuda && tune_.one_pass < 0 && row_bytes_read(a) < 4) return {};
-  return {g_[e].op == Op::square ? OnePass::squares : OnePass::exps, a, d, sub, {}};
+  return {squares ? OnePass::squares : OnePass::exps, a, d, sub, {}};
+}
+
+// Whether `node` reads, inside this kernel, a reduction `op` of `a` among plan_.reductions[i..j).
+inline bool KernelWriter::reads_reduction_of(int node, Op op, int a, std::size_t i, std::size_t j) {
+  std::vector<int> stack = {node};
+  std::vector<bool> seen(g_.size(), false);
+  while (!stack.empty()) {
+    int v = stack.back();
+    stack.pop_back();
+    if (seen[v]) continue;
+    seen[v] = true;
+    for (std::size_t r = i; r < j; ++r)
+      if (plan_.reductions[r] == v && g_[v].op == op && g_[v].in[0] == a) return true;
+    if (g_[v].op == Op::arg || (s_.realized[v] && s_.kernel_of[v] != k_)) continue;
+    for (int c = 0; c < g_[v].n_in; ++c) stack.push_back(g_[v].in[c]);
+  }
+  return false;
 }
 
 // The bytes a value of `node` reads from buffers that vary along the reduced dims (the row's own

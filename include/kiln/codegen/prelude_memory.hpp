@@ -278,6 +278,7 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
     if (const ix xoffset = (ix)blockIdx.x * XBLOCK + ((ix)kiln_u * THREADS + threadIdx.x) * XVEC; true)
 // Programs loop over rows (a grid smaller than the row count): in blocks of several rows, loads
 // that do not depend on the row (weights, biases) are made once per thread, before the loop.
+#define KILN_HOST_ROWS_IN(test) (test)  // a host row program's rows, on a GPU's grid: tested
 #define KILN_ROW(xindex)                                                                  \
   for (ix kiln_xbase = (ix)blockIdx.x * ROWS; kiln_xbase < xnumel; kiln_xbase += (ix)gridDim.x * ROWS) \
     if (const ix xindex = kiln_xbase + threadIdx.x / ROW_THREADS; true)
@@ -351,6 +352,7 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 // end would only be masked, and a dynamic kernel's ROWS, sized for rows of unknown length, may be far
 // more than a call has: 64 masked rows made a dynamic layer_norm over 2 rows take 6x its static
 // kernel, NOTES item 97).
+#define KILN_HOST_ROWS_IN(test) true  // KILN_ROW below stops at xnumel
 #define KILN_ROW(xindex) \
   for (ix xindex = kiln_pid * ROWS; xindex < (kiln_pid + 1) * ROWS && xindex < xnumel; ++xindex)
 // Host reductions over outer dims (launch_config.hpp's x_lanes): a program's XVEC kept elements are
