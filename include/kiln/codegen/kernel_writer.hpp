@@ -295,6 +295,7 @@ class KernelWriter {
                                                                           (vector_rows_ && config_.riters == 0))));
   }
   bool unmasked_part_ = false;  // host rows: writing the whole vectors of a split row (write_rows)
+  bool tail_part_ = false;      // writing the vector with a split row's end (its caches: stored before)
   // Host rows: the loop over a row being written, its halves one loop (a split row's register
   // caches and kept values are stored in both halves, read in later loops).
   int loop_id_ = 0;

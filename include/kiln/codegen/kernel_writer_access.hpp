@@ -352,6 +352,9 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
     }
     auto [it, fresh_cache] = row_cache_.try_emplace(code, "cache" + std::to_string(row_cache_.size()));
     auto& written = cache_written_[code];  // in which loop and scope its tiles were stored
+    // Both halves of a split loop read the same loads: a cache is made in the first, not the tail.
+    if (fresh_cache && tail_part_)
+      throw error("codegen: internal: " + plan_.name + "'s split row made a register cache in its tail");
     if (fresh_cache) written = {loop_id_, scope_};
     if (!fresh_cache && written.first == loop_id_ && written.second != scope_) {  // the other half of a split loop
       line(it->second + "[kiln_it] = " + raw + ";");

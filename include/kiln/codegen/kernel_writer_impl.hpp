@@ -120,6 +120,7 @@ inline void KernelWriter::write_rows() {
     ++scope_;
     in_rloop_ = true;
     unmasked_part_ = part == Part::full;
+    tail_part_ = part == Part::tail;
     if (x_lanes) {  // a scalar step: the row's mask is the lanes'
       line("auto rmask = xmask;");
       return;
@@ -139,6 +140,7 @@ inline void KernelWriter::write_rows() {
   auto close_loop = [&] {
     in_rloop_ = false;
     unmasked_part_ = false;
+    tail_part_ = false;
     ++scope_;
     --indent_;
     line("}");
