@@ -221,6 +221,22 @@ class KernelWriter {
   std::string reduction_identity(Op op, kiln::dtype ct);
   bool depends_on_any(int red, std::size_t i, std::size_t j);
   bool reads_any(int node, std::size_t i, std::size_t j);
+  // Whether a walk up from `node` through the values this kernel computes (stopping at arguments and
+  // other kernels' buffers, which it visits) meets a node for which hit(v) holds.
+  template <class Hit> bool reaches(int node, Hit hit) {
+    std::vector<int> stack = {node};
+    std::vector<bool> seen(g_.size(), false);
+    while (!stack.empty()) {
+      int v = stack.back();
+      stack.pop_back();
+      if (seen[v]) continue;
+      seen[v] = true;
+      if (hit(v)) return true;
+      if (g_[v].op == Op::arg || (s_.realized[v] && s_.kernel_of[v] != k_)) continue;
+      for (int c = 0; c < g_[v].n_in; ++c) stack.push_back(g_[v].in[c]);
+    }
+    return false;
+  }
   // A sum carried in the loop of the reductions it reads (kernel_writer_impl.hpp's one_pass_form):
   // sum(square(a - d)) or sum(exp(a - d)), `a` reading none of them, `d` a row value.
   struct OnePass {

@@ -274,19 +274,9 @@ inline bool KernelWriter::depends_on_any(int red, std::size_t i, std::size_t j) 
 
 // Whether `node` reads any of plan_.reductions[i..j) inside this kernel.
 inline bool KernelWriter::reads_any(int node, std::size_t i, std::size_t j) {
-  std::vector<int> stack = {node};
-  std::vector<bool> seen(g_.size(), false);
-  while (!stack.empty()) {
-    int v = stack.back();
-    stack.pop_back();
-    if (seen[v]) continue;
-    seen[v] = true;
-    for (std::size_t r = i; r < j; ++r)
-      if (plan_.reductions[r] == v) return true;
-    if (g_[v].op == Op::arg || (s_.realized[v] && s_.kernel_of[v] != k_)) continue;
-    for (int c = 0; c < g_[v].n_in; ++c) stack.push_back(g_[v].in[c]);
-  }
-  return false;
+  return reaches(node, [&](int v) {
+    return std::find(plan_.reductions.begin() + i, plan_.reductions.begin() + j, v) != plan_.reductions.begin() + j;
+  });
 }
 
 inline bool KernelWriter::holds_partials() {

@@ -54,43 +54,26 @@ inline KernelWriter::OnePass KernelWriter::one_pass_form(int red, std::size_t i,
 
 // Whether `node` reads, inside this kernel, a reduction `op` of `a` among plan_.reductions[i..j).
 inline bool KernelWriter::reads_reduction_of(int node, Op op, int a, std::size_t i, std::size_t j) {
-  std::vector<int> stack = {node};
-  std::vector<bool> seen(g_.size(), false);
-  while (!stack.empty()) {
-    int v = stack.back();
-    stack.pop_back();
-    if (seen[v]) continue;
-    seen[v] = true;
-    for (std::size_t r = i; r < j; ++r)
-      if (plan_.reductions[r] == v && g_[v].op == op && g_[v].in[0] == a) return true;
-    if (g_[v].op == Op::arg || (s_.realized[v] && s_.kernel_of[v] != k_)) continue;
-    for (int c = 0; c < g_[v].n_in; ++c) stack.push_back(g_[v].in[c]);
-  }
-  return false;
+  return reaches(node, [&](int v) {
+    return g_[v].op == op && g_[v].in[0] == a &&
+           std::find(plan_.reductions.begin() + i, plan_.reductions.begin() + j, v) != plan_.reductions.begin() + j;
+  });
 }
 
 // The bytes a value of `node` reads from buffers that vary along the reduced dims (the row's own
 // data, not its weights), summed over the buffers it reads inside this kernel.
 inline std::int64_t KernelWriter::row_bytes_read(int node) {
   std::int64_t bytes = 0;
-  std::vector<int> stack = {node};
-  std::vector<bool> seen(g_.size(), false);
   const auto& domain = g_[plan_.domain].shape;
-  while (!stack.empty()) {
-    int v = stack.back();
-    stack.pop_back();
-    if (seen[v]) continue;
-    seen[v] = true;
-    if (g_[v].op == Op::arg || (s_.realized[v] && s_.kernel_of[v] != k_)) {
-      const auto& shape = g_[v].shape;
-      const int lead = static_cast<int>(domain.size()) - static_cast<int>(shape.size());
-      bool along = false;
-      for (int rd : plan_.rdims) along = along || (rd >= lead && shape[rd - lead] != 1);
-      if (along || shape.size() != domain.size()) bytes += static_cast<std::int64_t>(itemsize(g_[v].dt));
-      continue;
-    }
-    for (int c = 0; c < g_[v].n_in; ++c) stack.push_back(g_[v].in[c]);
-  }
+  reaches(node, [&](int v) {
+    if (g_[v].op != Op::arg && !(s_.realized[v] && s_.kernel_of[v] != k_)) return false;
+    const auto& shape = g_[v].shape;
+    const int lead = static_cast<int>(domain.size()) - static_cast<int>(shape.size());
+    bool along = false;
+    for (int rd : plan_.rdims) along = along || (rd >= lead && shape[rd - lead] != 1);
+    if (along || shape.size() != domain.size()) bytes += static_cast<std::int64_t>(itemsize(g_[v].dt));
+    return false;  // every buffer it reads
+  });
   return bytes;
 }
 
