@@ -200,6 +200,7 @@ class KernelWriter {
   std::string at_first_lane(const Sym& e);
 
   Value load(int node, const std::vector<Sym>& idx, const std::string& extra_mask);
+  std::optional<Value> kept_row_load(int node, const std::string& code, kiln::dtype ct);
   Value emit(int node, const std::vector<Sym>& idx, const std::string& extra_mask = "");
   Value emit_uncached(int node, const std::vector<Sym>& idx, const std::string& extra_mask);
   std::vector<Sym> broadcast_index(int child, int parent, const std::vector<Sym>& idx);
@@ -272,6 +273,10 @@ class KernelWriter {
   LaunchConfig config_;
   std::map<std::string, std::string> row_cache_;  // load code -> register array holding it
   std::vector<std::string> cache_decls_;
+  // Looped GPU rows read by several loops: load code -> the row's tiles in shared memory, and the
+  // bytes a block keeps (kernel_writer_access.hpp's kept_row_load).
+  std::map<std::string, std::string> kept_rows_;
+  std::int64_t kept_row_bytes_ = 0;
   std::int64_t cached_cost_ = 0;  // what a value of the register caches costs, summed (launch_config.hpp)
   bool final_loop_ = false;
   std::map<std::string, std::string> column_cache_;  // row-invariant loads hoisted before the rows

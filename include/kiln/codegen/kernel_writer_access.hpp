@@ -286,6 +286,53 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature) co
   return pre;
 }
 
+namespace detail {
+// A load's call without the widening of 16-bit values (a cache keeps them 16-bit, widened on use).
+inline std::string unwidened(std::string code) {
+  const std::string contig = "kiln::load_contig<", gather = "kiln::load(";
+  if (code.rfind(contig, 0) == 0)
+    code.replace(0, contig.size(), "kiln::load_contig_raw<");
+  else if (code.rfind(gather, 0) == 0)
+    code.replace(0, gather.size(), "kiln::load_raw(");
+  return code;
+}
+}  // namespace detail
+
+// A looped GPU row of static length that later loops read again (layer_norm's x after its
+// statistics, softmax's after its max and sum): the first loop keeps its tiles in shared memory,
+// the later ones read them there instead of from memory, so the row crosses the memory bus once,
+// as a row held in registers does (issue 19 item 3; benchmarks/NOTES.md item 105). Each thread
+// reads back only the tiles it stored (the loops step alike), so no barrier is needed. Up to
+// Tuning::row_smem bytes a block (the device's limit by default), 16-bit values kept 16-bit.
+inline std::optional<KernelWriter::Value> KernelWriter::kept_row_load(int node, const std::string& code,
+                                                                      kiln::dtype ct) {
+  if (target_ != Target::cuda || !rows() || !in_rloop_ || config_.riters > 0 || config_.x_lanes ||
+      tune_.row_smem <= 0 || !rnumel_.is_constant())
+    return std::nullopt;
+  const kiln::dtype st = g_[node].dt;
+  const bool narrow = st == kiln::dtype::f16 || st == kiln::dtype::bf16;
+  const std::string at = std::string("[(unsigned)(roffset") + (row_shift_ ? " + kiln_shift" : "") + ") / RVEC]";
+  if (auto it = kept_rows_.find(code); it != kept_rows_.end())
+    return bind(std::string(narrow ? "kiln::widen(" : "(") + "kiln::kept_tile(" + it->second + at + "))", ct);
+  if (final_loop_) return std::nullopt;  // read by the last loop alone: once
+  // A row's tiles: its length rounded up to whole vectors, one more where tiles start before the row.
+  const std::int64_t vec = config_.rvec;
+  const std::int64_t cells = (rnumel_.constant_value() + vec - 1) / vec + (row_shift_ ? 1 : 0);
+  const std::int64_t cell_bytes = vec * static_cast<std::int64_t>(itemsize(narrow ? st : compute_dtype(st)));
+  const std::int64_t bytes = (config_.rows * cells * cell_bytes + 15) / 16 * 16;
+  if (kept_row_bytes_ + bytes > tune_.row_smem) return std::nullopt;
+  std::string name = "kept_row" + std::to_string(kept_rows_.size());
+  kept_rows_[code] = name;
+  cache_decls_.push_back("auto* " + name + " = reinterpret_cast<kiln::tile<" +
+                         (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) + ", RVEC>*>(kiln_smem + " +
+                         std::to_string(kept_row_bytes_) + ") + (threadIdx.x / ROW_THREADS) * " +
+                         std::to_string(cells) + ";  // this row's tiles, kept for later loops");
+  kept_row_bytes_ += bytes;
+  Value raw = bind(narrow ? detail::unwidened(code) : code, narrow ? st : ct);
+  line("kiln::keep_tile(" + name + at + ", " + raw.code + ");");
+  return narrow ? bind("kiln::widen(" + raw.code + ")", ct) : raw;
+}
+
 inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& idx, const std::string& extra_mask) {
   std::string ptr = param_for(node, false);
   Sym offset = ravel(idx, strides_of_(node));
@@ -337,19 +384,14 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
     }
     return bind(it->second + "[kiln_it]", ct);
   }
+  if (by_row && per_tile)
+    if (auto kept = kept_row_load(node, code, ct)) return *kept;
   bool reused = !final_loop_ || row_cache_.count(code);  // a tile first read by the last loop is read once
   if (rows() && in_rloop_ && config_.riters > 0 && per_tile && reused) {
     // 16-bit inputs stay 16-bit in the register cache (half the registers) and widen on use.
     kiln::dtype st = g_[node].dt;
     bool narrow = st == kiln::dtype::f16 || st == kiln::dtype::bf16;
-    std::string raw = code;
-    if (narrow) {  // the same call without widening
-      const std::string contig = "kiln::load_contig<", gather = "kiln::load(";
-      if (raw.rfind(contig, 0) == 0)
-        raw.replace(0, contig.size(), "kiln::load_contig_raw<");
-      else if (raw.rfind(gather, 0) == 0)
-        raw.replace(0, gather.size(), "kiln::load_raw(");
-    }
+    std::string raw = narrow ? detail::unwidened(code) : code;
     auto [it, fresh_cache] = row_cache_.try_emplace(code, "cache" + std::to_string(row_cache_.size()));
     auto& written = cache_written_[code];  // in which loop and scope its tiles were stored
     // Both halves of a split loop read the same loads: a cache is made in the first, not the tail.

@@ -376,6 +376,10 @@ inline KernelSource KernelWriter::write() {
     os << "  constexpr ix XBLOCK = " << c.xblock << ", XVEC = " << c.xvec << ", THREADS = " << c.threads
        << ";\n  const ix xnumel = " << xnumel_code << ";\n";
   for (const auto& d : stage_decls_) os << "  " << d << "\n";
+  if (kept_row_bytes_ > 0) {  // looped rows kept in shared memory (kept_row_load)
+    os << "  extern __shared__ __align__(16) unsigned char kiln_smem[];  // " << kept_row_bytes_ << " bytes\n";
+    ks.config.shared_bytes = kept_row_bytes_;
+  }
   std::string signature = os.str();
   ks.params = params_;
   // The body's sections in order: before the rows, the row-invariant loads, the row loop's head,

@@ -29,6 +29,7 @@ struct LaunchConfig {
   bool x_lanes = false;          // host rows reduced over outer dims: a program's ROWS kept elements
                                  // are one tile's lanes, the reduced elements a scalar loop
   int min_blocks = 0;            // GPU: blocks an SM the kernel asks ptxas to fit (__launch_bounds__)
+  std::int64_t shared_bytes = 0;  // GPU: dynamic shared memory a block (looped rows kept there)
 
   std::string str() const {
     return "threads=" + std::to_string(threads) + " XVEC=" + std::to_string(xvec) +
@@ -36,7 +37,7 @@ struct LaunchConfig {
            " ROW_THREADS=" + std::to_string(row_threads) + " ROWS=" + std::to_string(rows) +
            (riters ? " RITERS=" + std::to_string(riters) : " RUNROLL=" + std::to_string(runroll)) +
            (cache_invariants ? "" : " UNCACHED_WEIGHTS") +
-           (x_lanes ? " X_LANES" : "") + (min_blocks ? " MIN_BLOCKS=" + std::to_string(min_blocks) : "") +
+           (x_lanes ? " X_LANES" : "") + (shared_bytes ? " SMEM=" + std::to_string(shared_bytes) : "") + (min_blocks ? " MIN_BLOCKS=" + std::to_string(min_blocks) : "") +
            (tile ? " TILE=" + std::to_string(tile) + " (dims " + std::to_string(tile_dim) + ", last)" : "");
   }
 };

@@ -172,6 +172,31 @@ KILN_UNROLL
 }
 
 #ifdef KILN_DEVICE_CODE
+// A looped row's tile kept in shared memory for the row's later loops (codegen's kept_row_load),
+// and read back: whole 16-byte words where the tile spans them (a struct copy went element by
+// element), the thread's own cells only.
+template <class T, int N> KILN_FN void keep_tile(tile<T, N>& cell, const tile<T, N>& t) {
+  if constexpr ((sizeof(T) * N) % 16 == 0) {
+    struct alignas(16) word { unsigned u[4]; };
+    union { tile<T, N> t; word w[sizeof(T) * N / 16]; } v;
+    v.t = t;
+KILN_UNROLL
+    for (int c = 0; c < (int)(sizeof(T) * N / 16); ++c) reinterpret_cast<word*>(&cell)[c] = v.w[c];
+  } else {
+    cell = t;
+  }
+}
+template <class T, int N> KILN_FN tile<T, N> kept_tile(const tile<T, N>& cell) {
+  if constexpr ((sizeof(T) * N) % 16 == 0) {
+    struct alignas(16) word { unsigned u[4]; };
+    union { tile<T, N> t; word w[sizeof(T) * N / 16]; } v;
+KILN_UNROLL
+    for (int c = 0; c < (int)(sizeof(T) * N / 16); ++c) v.w[c] = reinterpret_cast<const word*>(&cell)[c];
+    return v.t;
+  } else {
+    return cell;
+  }
+}
 // Transposed tiles (codegen/kernel_writer_tiles.hpp): a TILE x TILE square staged in shared memory,
 // padded by a column. The staging pass puts a thread's values at column threadIdx.x % TILE of rows
 // threadIdx.x / TILE + TROWS * k; the computing pass reads row threadIdx.x % TILE at those columns:

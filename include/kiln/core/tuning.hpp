@@ -78,6 +78,12 @@ struct Tuning {
                            // length): 0 tests every lane of every step (the rule before); default
                            // loops over the whole vectors unmasked, then the vector with the end
                            // (KILN_TUNE_ROW_SPLIT)
+  int row_smem = -1;       // looped GPU rows of static length read by several loops: the shared memory a
+                           // block may keep their tiles in (the first loop stores them, later loops
+                           // read them there, not from memory again); 1 the device's limit a block,
+                           // more: at most that many bytes; default 0, none (one block an SM measured
+                           // slower than two passes over memory: benchmarks/NOTES.md item 105;
+                           // KILN_TUNE_ROW_SMEM)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
                            // default until its GPU tests pass and it pays on GPT-2 (KILN_TUNE_EPILOGUE)
 
@@ -108,7 +114,7 @@ struct Tuning {
                                    {&Tuning::attention_backward, "attention_backward"},
                                    {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"}, {&Tuning::one_pass, "one_pass"},
-                                   {&Tuning::row_split, "row_split"}};
+                                   {&Tuning::row_split, "row_split"}, {&Tuning::row_smem, "row_smem"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -145,6 +151,7 @@ struct Tuning {
                                    {&Tuning::index32, "KILN_TUNE_INDEX32", 0, 1},
                                    {&Tuning::one_pass, "KILN_TUNE_ONE_PASS", 0, 1},
                                    {&Tuning::row_split, "KILN_TUNE_ROW_SPLIT", 0, 1},
+                                   {&Tuning::row_smem, "KILN_TUNE_ROW_SMEM", 0, any},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 1},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},

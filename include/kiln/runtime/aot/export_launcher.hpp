@@ -311,8 +311,13 @@ inline std::string LauncherWriter::launch_kernel(const CompiledKernel& k) const 
          std::to_string(row_grid_limit(1, c.threads)) + "LL;\n";
   s += "    if (programs > 2147483647LL) return fail(kiln_export_invalid_argument, \"" + name() + ": " + k.src.name +
        " needs %lld blocks, more than a grid holds\", programs);\n";
-  s += "    if (programs > 0) {\n      " + k.src.name + "<<<(unsigned)programs, " + std::to_string(c.threads) +
-       ", 0, stream>>>(";
+  const std::string shared = std::to_string(c.shared_bytes);
+  if (c.shared_bytes > 48 * 1024)  // above 48 KiB the kernel's limit is raised first
+    s += "    if (cudaError_t e = cudaFuncSetAttribute(" + k.src.name + ", cudaFuncAttributeMaxDynamicSharedMemorySize, " +
+         shared + "))\n      return fail(kiln_export_cuda_error, \"" + name() + ": " + k.src.name +
+         " asks for " + shared + " bytes of shared memory: %s\", cudaGetErrorString(e));\n";
+  s += "    if (programs > 0) {\n      " + k.src.name + "<<<(unsigned)programs, " + std::to_string(c.threads) + ", " +
+       shared + ", stream>>>(";
   for (std::size_t i = 0; i < k.src.params.size(); ++i)
     s += (i ? ",\n          " : "\n          ") + kernel_arg(k.src.params[i]);
   s += ");\n      if (cudaError_t e = cudaGetLastError())\n        return fail(kiln_export_cuda_error, \"" + name() +

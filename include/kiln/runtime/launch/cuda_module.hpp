@@ -63,18 +63,22 @@ namespace detail {
 
 }  // namespace detail
 
+// Lets f ask for `shared_bytes` of dynamic shared memory: above 48 KiB the driver wants the
+// kernel's limit raised first.
+inline void allow_shared(CUfunction f, unsigned shared_bytes, const char* kernel_name, Dim3 grid = {}, Dim3 block = {}) {
+  constexpr unsigned default_shared_limit = 48 * 1024;
+  if (shared_bytes <= default_shared_limit) return;
+  CUresult r = driver::api().func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                static_cast<int>(shared_bytes));
+  if (r != CUDA_SUCCESS) detail::launch_failed(r, kernel_name, grid, block, shared_bytes);
+}
+
 // Queues f on stream s; args points at each kernel argument in order. The function's device must
-// be current on this thread (driver::make_current). Above 48 KiB of dynamic shared memory the
-// kernel's limit is raised first, as the driver requires.
+// be current on this thread (driver::make_current).
 inline void launch(CUfunction f, Dim3 grid, Dim3 block, unsigned shared_bytes, CUstream s, void** args,
                    const char* kernel_name) {
   const driver::Api& api = driver::api();
-  constexpr unsigned default_shared_limit = 48 * 1024;
-  if (shared_bytes > default_shared_limit) {
-    CUresult r =
-        api.func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(shared_bytes));
-    if (r != CUDA_SUCCESS) detail::launch_failed(r, kernel_name, grid, block, shared_bytes);
-  }
+  allow_shared(f, shared_bytes, kernel_name, grid, block);
   CUresult r = api.launch_kernel(f, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, s, args, nullptr);
   if (r != CUDA_SUCCESS) [[unlikely]]
     detail::launch_failed(r, kernel_name, grid, block, shared_bytes);

@@ -169,8 +169,8 @@ std::optional<codegen::KernelSource> write_kernel(const graph::Graph& g, const s
 // stops at the kernel's grid_limit (row_grid_limit).
 inline void launch_compiled(const CompiledKernel& k, std::int64_t nprog, void** slots, CUstream stream) {
   if (k.grid_limit > 0) nprog = std::min<std::int64_t>(nprog, k.grid_limit);
-  launch(k.cuda, {static_cast<unsigned>(nprog), 1, 1}, {static_cast<unsigned>(k.src.config.threads), 1, 1}, 0, stream,
-         slots, k.src.name.c_str());
+  launch(k.cuda, {static_cast<unsigned>(nprog), 1, 1}, {static_cast<unsigned>(k.src.config.threads), 1, 1},
+         static_cast<unsigned>(k.src.config.shared_bytes), stream, slots, k.src.name.c_str());
 }
 
 namespace detail {
@@ -218,7 +218,10 @@ inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k,
   bool several_rows = k.kind == schedule::Kind::per && k.config.rows >= 2 && k.config.row_threads > 1;  // not columns
   int waves = k.tuning.waves >= 0 ? k.tuning.waves : several_rows ? 64 : 16;
   if (waves == 0) return row_grid_limit(driver::sm_count(device), k.config.threads);
-  return std::int64_t{driver::sm_count(device)} * std::max(1, driver::resident_blocks(f, k.config.threads)) * waves;
+  const auto shared = static_cast<unsigned>(k.config.shared_bytes);
+  if (shared > 0) allow_shared(f, shared, k.name.c_str());  // the occupancy query counts only what the kernel may ask for
+  return std::int64_t{driver::sm_count(device)} * std::max(1, driver::resident_blocks(f, k.config.threads, shared)) *
+         waves;
 }
 
 // Compiles the generated kernels of a program for its device: one unit per distinct kernel source
