@@ -634,11 +634,38 @@ TEST_CASE("fusion: a row kernel hands its reduction only to readers indexing it 
 TEST_CASE("launch rules: a held row whose function spills more than holding saves is looped") {
   namespace cg = k::codegen;
   CHECK(cg::held_row_saves(13) == 416);
-  CHECK(cg::held_row_spills(1008, 13));  // cross_entropy over 50257 bf16 columns
-  CHECK(!cg::held_row_spills(224, 13));  // softmax at the same shape
-  CHECK(!cg::held_row_spills(40, 1));    // sin's argument reduction in a short f64 row
-  CHECK(!cg::held_row_spills(256, 1));   // the floor itself
-  CHECK(cg::held_row_spills(257, 1));
-  CHECK(!cg::held_row_spills(0, 13));      // nothing spilled
-  CHECK(!cg::held_row_spills(100000, 0));  // a looped row has nothing to give up
+  CHECK(cg::held_row_spills(1008, 13, 512));  // cross_entropy over 50257 bf16 columns
+  CHECK(!cg::held_row_spills(224, 13, 512));  // softmax at the same shape
+  CHECK(!cg::held_row_spills(40, 1, 256));    // sin's argument reduction in a short f64 row
+  CHECK(!cg::held_row_spills(256, 1, 256));   // the floor itself
+  CHECK(cg::held_row_spills(257, 1, 256));
+  CHECK(!cg::held_row_spills(0, 13, 512));      // nothing spilled
+  CHECK(!cg::held_row_spills(100000, 0, 512));  // a looped row has nothing to give up
+  // 1024 threads a row over 50257 f32 columns (NOTES item 106): softmax's 376 bytes a thread are
+  // under what holding saves, but 385 KB a block leave the L1; layer_norm's 88 stay.
+  CHECK(cg::held_row_spills(376, 13, 1024));
+  CHECK(!cg::held_row_spills(88, 13, 1024));
+}
+
+// With KILN_TUNE_WIDE_ROWS=1, static rows too long for 512 threads to hold are held by 1024 when
+// their tiles fit 56 of 64 registers a thread (codegen's wide_rows), never under the knobs that set
+// a row's threads or tiles.
+TEST_CASE("launch rules: long static rows held by 1024 threads") {
+  namespace cg = k::codegen;
+  cg::RowCaches one;  // one streamed array (softmax's x)
+  CHECK(!cg::wide_rows(1335, 50257, 4, one, {}, true).has_value());  // off by default
+  k::Tuning on;
+  on.wide_rows = 1;
+  auto w = cg::wide_rows(1335, 50257, 4, one, on, true);
+  REQUIRE(w.has_value());
+  CHECK(w->row_threads == 1024);
+  CHECK(w->threads == 1024);
+  CHECK(w->riters == 13);
+  CHECK(!cg::wide_rows(1335, 262144, 4, one, on, false).has_value());  // 64 tiles a thread: looped
+  k::Tuning knob = on;
+  knob.row_threads = 512;
+  CHECK(!cg::wide_rows(1335, 50257, 4, one, knob, true).has_value());
+  knob = on;
+  knob.row_iters = 0;  // loop_spilled_rows' looped form
+  CHECK(!cg::wide_rows(1335, 50257, 4, one, knob, true).has_value());
 }

@@ -104,6 +104,10 @@ inline void KernelWriter::plan() {
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant() || held_dynamic, column,
                                   caches, tune_, row_shift_)
                      : pointwise_config(target_, xn, max_item, tune_);
+  // A static row that 512 threads cannot hold: 1024 threads may (launch_config.hpp's wide_rows).
+  if (rows() && !column && target_ == Target::cuda && rnumel_.is_constant() && ks.config.riters == 0 &&
+      ks.config.rows == 1 && plan_.partials.empty())
+    if (auto wide = wide_rows(xn, rn, max_item, caches, tune_, row_shift_)) ks.config = *wide;
   if (held_dynamic && ks.config.riters > 0) {
     // Right up to the tiles' capacity; past half of it a smaller configuration would do (unless
     // this one is already the smallest: a warp of threads, one tile each).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
+#include <optional>
 #include <string>
 #include "../core/tuning.hpp"
 
@@ -142,10 +143,15 @@ inline constexpr std::int64_t row_cache_half_registers = 384;
 // 224 and stays held (benchmarks/NOTES.md items 77-78). Under min_spill_bytes, a stack frame is
 // ptxas's own small arrays (sin and cos keep 28-40 bytes for their argument reduction) or a few
 // spilled words, not a held row that did not fit.
+// A block's stack frames past held_row_l1_bytes (three quarters of an sm_90 SM's 256 KB of L1 and
+// shared memory) leave the L1 for L2: softmax held by 1024 threads over 50257 f32 columns kept 376
+// bytes a thread (385 KB a block, under the 416 its row saves) and ran 1.7x slower than looped.
 inline constexpr std::int64_t min_spill_bytes = 256;
+inline constexpr std::int64_t held_row_l1_bytes = 192 * 1024;
 inline std::int64_t held_row_saves(int riters) { return 2 * 16 * std::int64_t{riters}; }
-inline bool held_row_spills(std::int64_t local_bytes, int riters) {
-  return riters > 0 && local_bytes > std::max<std::int64_t>(held_row_saves(riters), min_spill_bytes);
+inline bool held_row_spills(std::int64_t local_bytes, int riters, int threads) {
+  return riters > 0 && local_bytes > min_spill_bytes &&
+         (local_bytes > held_row_saves(riters) || local_bytes * threads > held_row_l1_bytes);
 }
 
 // Blocks an SM a held-row GPU kernel may ask ptxas to fit (__launch_bounds__' second argument):
@@ -278,6 +284,28 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
   // half, 1 made its kernel slower (NOTES item 27).
   c.runroll = tune.row_unroll > 0 ? tune.row_unroll : 2;
   (void)xnumel;
+  return c;
+}
+
+// With KILN_TUNE_WIDE_ROWS=1 (off by default: cross_entropy's value and gradient over 50257 f32
+// columns ran 1.28x slower held so, unexplained yet; NOTES item 106), a static GPU row too long
+// for 512 threads to hold (row_config loops it) held by 1024, when its
+// tiles fit 56 of the 64 registers such a thread has (wide_row_cache_half_registers) and the rule's
+// other choices are its own (no KILN_TUNE_ROW_THREADS, ROW_ELEMS or ROW_ITERS; loop_spilled_rows
+// asks for the looped form with ROW_ITERS=0). Measured on an H200 at 1335x50257 f32 (NOTES item
+// 106): rms_norm 0.2626 -> 0.1817 ms, layer_norm 0.2770 -> 0.2230; softmax and log_softmax
+// spilled 368-376 bytes a thread, 385 KB a block, past the L1 (held_row_spills loops them again).
+// At 64 registers a thread the kernel's own values take a larger share than at 128: ptxas held
+// 52 f32 values a thread with 8-88 bytes of stack (rms_norm, layer_norm over 50257 columns).
+inline constexpr std::int64_t wide_row_cache_half_registers = 112;
+inline std::optional<LaunchConfig> wide_rows(std::int64_t xnumel, std::int64_t rnumel, int max_item,
+                                             const RowCaches& caches, const Tuning& tune, bool shifted) {
+  if (tune.wide_rows != 1 || tune.row_threads > 0 || tune.row_elems > 0 || tune.row_iters >= 0) return std::nullopt;
+  Tuning wide = tune;
+  wide.row_threads = 1024;
+  if (wide.row_cache < 0) wide.row_cache = wide_row_cache_half_registers;
+  LaunchConfig c = row_config(Target::cuda, xnumel, rnumel, max_item, true, false, caches, wide, shifted);
+  if (c.riters == 0 || c.rows != 1) return std::nullopt;
   return c;
 }
 

@@ -84,6 +84,11 @@ struct Tuning {
                            // more: at most that many bytes; default 0, none (one block an SM measured
                            // slower than two passes over memory: benchmarks/NOTES.md item 105;
                            // KILN_TUNE_ROW_SMEM)
+  int wide_rows = -1;      // 1: static GPU rows too long for 512 threads to hold are held by 1024
+                           // (codegen's wide_rows); off by default: layer_norm and rms_norm over
+                           // 50257 f32 columns ran 1.24x and 1.45x faster, cross_entropy's value
+                           // and gradient 1.28x slower (benchmarks/NOTES.md item 106;
+                           // KILN_TUNE_WIDE_ROWS)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
                            // default until its GPU tests pass and it pays on GPT-2 (KILN_TUNE_EPILOGUE)
 
@@ -114,7 +119,8 @@ struct Tuning {
                                    {&Tuning::attention_backward, "attention_backward"},
                                    {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"}, {&Tuning::one_pass, "one_pass"},
-                                   {&Tuning::row_split, "row_split"}, {&Tuning::row_smem, "row_smem"}};
+                                   {&Tuning::row_split, "row_split"}, {&Tuning::row_smem, "row_smem"},
+                                   {&Tuning::wide_rows, "wide_rows"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -152,6 +158,7 @@ struct Tuning {
                                    {&Tuning::one_pass, "KILN_TUNE_ONE_PASS", 0, 1},
                                    {&Tuning::row_split, "KILN_TUNE_ROW_SPLIT", 0, 1},
                                    {&Tuning::row_smem, "KILN_TUNE_ROW_SMEM", 0, any},
+                                   {&Tuning::wide_rows, "KILN_TUNE_WIDE_ROWS", 0, 1},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 1},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},

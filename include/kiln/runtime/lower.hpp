@@ -334,7 +334,7 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
         kern.src.partial_groups > 0)
       continue;
     const std::int64_t local = driver::local_bytes(kern.cuda);
-    if (!codegen::held_row_spills(local, kern.src.config.riters)) continue;
+    if (!codegen::held_row_spills(local, kern.src.config.riters, kern.src.config.threads)) continue;
     codegen::Tuning looped_rows;
     looped_rows.row_iters = 0;
     std::optional<codegen::KernelSource> looped = rewrite(static_cast<int>(k), looped_rows);
