@@ -303,7 +303,8 @@ inline std::string unwidened(std::string code) {
 // the later ones read them there instead of from memory, so the row crosses the memory bus once,
 // as a row held in registers does (issue 19 item 3; benchmarks/NOTES.md item 105). Each thread
 // reads back only the tiles it stored (the loops step alike), so no barrier is needed. Up to
-// Tuning::row_smem bytes a block (the device's limit by default), 16-bit values kept 16-bit.
+// Tuning::row_smem bytes a block (KILN_TUNE_ROW_SMEM=1: the device's limit; off by default), 16-bit
+// values kept 16-bit.
 inline std::optional<KernelWriter::Value> KernelWriter::kept_row_load(int node, const std::string& code,
                                                                       kiln::dtype ct) {
   if (target_ != Target::cuda || !rows() || !in_rloop_ || config_.riters > 0 || config_.x_lanes ||

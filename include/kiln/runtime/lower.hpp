@@ -297,8 +297,7 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   // Looped rows kept in shared memory (KILN_TUNE_ROW_SMEM, off by default): 1 is up to the device's
   // limit a block, less what a row kernel declares itself (its reductions' slots); none where no
   // driver answers (planning without a GPU).
-  if (p->tuning.row_smem < 0 || target != codegen::Target::cuda) p->tuning.row_smem = 0;
-  if (p->tuning.row_smem == 1)
+  if (target == codegen::Target::cuda && p->tuning.row_smem == 1)
     p->tuning.row_smem = driver::available() ? std::max(0, driver::shared_optin(device.index) - 2048) : 0;
   plan_kernels(*p, g, env, target, arg);
   if (autotune && target == codegen::Target::cuda)
