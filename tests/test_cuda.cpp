@@ -195,6 +195,34 @@ TEST_CASE("cuda: looped rows kept in shared memory" * needs_gpu()) {
   }
 }
 
+// Row-uniform loads as one scalar a row (KILN_TUNE_ROW_SCALARS=1, off by default; not yet run on
+// a GPU when written): cross_entropy's gradient reads its target class in the row's loop; a per-row scale
+// inside a softmax; held rows (1000 columns) and looped ones (70001).
+TEST_CASE("cuda: row-uniform loads as one scalar a row" * needs_gpu()) {
+  auto ce_grad = k::value_and_grad([](auto l, auto tt) { return k::cross_entropy(l, tt); }, k::wrt<0>);
+  auto scaled = [](auto a, auto r) { return k::softmax(a * r, -1) + k::exp(r); };
+  for (std::int64_t n : {1000, 70001}) {
+    CAPTURE(n);
+    k::Tensor x = k::randn({37, n}, k::f32, k::cpu, 71), s = k::rand({37, 1}, k::f32, k::cpu, 72) + 0.5f;
+    k::Tensor t = k::cast(k::rand({37}, k::f32, k::cpu, 73) * float(n - 1), k::i64);
+    for (const char* knob : {"1", "0"}) {
+      CAPTURE(knob);
+      ::setenv("KILN_TUNE_ROW_SCALARS", knob, 1);
+      auto f = k::compile(ce_grad);
+      auto [loss, dx] = f(x.to(k::cuda), t.to(k::cuda));
+      auto want = k::reference::eval((k::softmax(x, -1) - k::cast(k::unsqueeze(t, 1) == k::arange(n), k::f32)) / 37.0f);
+      auto close = k::testing::allclose(dx, want, 1e-4, 1e-7);
+      CHECK_MESSAGE(bool(close), close);
+      close = k::testing::allclose(loss, k::reference::eval(k::cross_entropy(x, t)), 1e-5, 1e-5);
+      CHECK_MESSAGE(bool(close), close);
+      std::string src = k::explain(f, x.to(k::cuda), t.to(k::cuda)).kernels.at(0).source;
+      CHECK((src.find(", xindex, xmask)") != std::string::npos) == (std::string(knob) == "1"));
+      check_compiled(scaled, 1e-4, 1e-6, x, s);
+    }
+  }
+  ::unsetenv("KILN_TUNE_ROW_SCALARS");
+}
+
 // Rows whose length is no whole number of 16-byte vectors start their tiles on the vector before
 // the row (codegen's row shift): held and looped rows, bf16 and f32, a gradient, a 3-d input, inputs
 // the same for every row read through views, and an offset view (not shifted: tested accesses).

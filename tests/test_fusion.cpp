@@ -627,6 +627,36 @@ TEST_CASE("fusion: a row kernel hands its reduction only to readers indexing it 
   CHECK(value(rows2, x2) == 1);
 }
 
+// A load the same for every lane of a row's tile (cross_entropy's target class in its gradient, a
+// per-row scale) is one scalar under the row's mask with KILN_TUNE_ROW_SCALARS=1 (off by default),
+// also where a special function of it is kept across the row's loops (the host's kept values take
+// it broadcast; the differential test's random graphs found that case). Rows of 1000 (a split row)
+// and 1024, the knob 1 and 0.
+TEST_CASE("fusion: row-uniform loads are one scalar a row") {
+  k::Tensor x = k::randn({37, 1000}, k::f32, k::cpu, 61), s = k::rand({37, 1}, k::f32, k::cpu, 62) + 0.5f;
+  auto y = k::randn({29, 1024}, k::f32, k::cpu, 63);
+  k::Tensor t = k::cast(k::rand({37}, k::f32, k::cpu, 64) * 999.0f, k::i64);
+  auto ce_grad = k::value_and_grad([](auto l, auto tt) { return k::cross_entropy(l, tt); }, k::wrt<0>);
+  auto scaled = [](auto a, auto r) { return k::softmax(a * r, -1) + k::exp(r); };
+  for (const char* knob : {"1", "0"}) {
+    CAPTURE(knob);
+    ::setenv("KILN_TUNE_ROW_SCALARS", knob, 1);
+    auto f = k::compile(ce_grad);
+    auto [loss, dx] = f(x, t);
+    check_values(dx, k::reference::eval((k::softmax(x, -1) - k::cast(k::unsqueeze(t, 1) == k::arange(1000), k::f32)) /
+                                        37.0f),
+                 k::f32);
+    check_values(loss, k::reference::eval(k::cross_entropy(x, t)), k::f32);
+    const std::string src = k::explain(f, x, t).kernels.at(0).source;
+    CHECK(contains(src, ", xindex, xmask)") == (std::string(knob) == "1"));
+    auto g = k::compile(scaled);
+    check_values(g(x, s), k::reference::eval(scaled(x, s)), k::f32);
+    k::Tensor sy = k::rand({29, 1}, k::f32, k::cpu, 65) + 0.5f;
+    check_values(g(y, sy), k::reference::eval(scaled(y, sy)), k::f32);
+  }
+  ::unsetenv("KILN_TUNE_ROW_SCALARS");
+}
+
 // The rule by which a compiled held-row GPU kernel is written again looped (runtime/lower.hpp's
 // loop_spilled_rows): its stack frame against the two passes over its held tiles that holding
 // saves, with a floor for ptxas's own small arrays. The numbers are ptxas's for the kernels of

@@ -290,6 +290,9 @@ class KernelWriter {
   // Whether a kernel's reductions get a shared slot each (one barrier a reduction instead of two);
   // a Tuning's row_slots = 0 (KILN_TUNE_ROW_SLOTS=0) turns it off.
   bool row_slots() const { return tune_.row_slots != 0; }
+  // Whether a row-uniform load in a row's loop is one scalar (KILN_TUNE_ROW_SCALARS=1; off by
+  // default: no change measured on the host, not yet run on a GPU; benchmarks/NOTES.md item 107).
+  bool row_scalars() const { return tune_.row_scalars == 1; }
   std::string hoist_row_invariants(std::string& signature) const;
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)

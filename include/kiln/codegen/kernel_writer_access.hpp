@@ -355,6 +355,12 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   if (config_.x_lanes && extra_mask.empty() && lane_tile())
     if (auto f = tile_form(offset, xindex_, config_.xvec, &assumed_); f && f->step == 0)
       return bind("kiln::load(" + ptr + ", " + at_first_lane(offset) + ", true)", ct);
+  // The same for every lane of a row's tile (a row's target class, mean or rstd read in the row's
+  // loop): one scalar under the row's mask, not a gather of the same element lane by lane under the
+  // tile's (KILN_TUNE_ROW_SCALARS=1). Lanes past the row get the row's value instead of 0, which
+  // nothing reads: reductions, partials and stores take only the row's lanes.
+  if (rows() && !config_.x_lanes && in_rloop_ && !per_tile && extra_mask.empty() && row_scalars())
+    return bind("kiln::load(" + ptr + ", " + index_code(offset) + ", xmask)", ct);
   {  // a contiguous run, masked lane by lane (a masked-off lane touches no memory)
     std::string width, base = access_base(offset, ptr, g_[node].dt, width);
     if (!base.empty()) code = "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", " + m + ")";

@@ -25,15 +25,17 @@ inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& 
     return memo_[key] = bind_held(kept->second + "[kiln_it]", compute_dtype(g_[node].dt));
   Value v = emit_uncached(node, idx, extra_mask);
   memo_[key] = v;
+  // A kept value may be a row's scalar (a special function of a row-uniform load: row_scalars()).
+  const std::string kept_code = row_scalars() ? "kiln::as_tile<RVEC>(" + v.code + ")" : v.code;
   if (kept != kept_values_.end() && !v.literal) {  // the other half of the loop that keeps it
-    line(kept->second + "[kiln_it] = " + v.code + ";");
+    line(kept->second + "[kiln_it] = " + kept_code + ";");
   } else if (keep && !final_loop_ && !v.literal) {
     std::string name = "kept" + std::to_string(kept_values_.size());
     kept_values_[vkey] = name;
     kept_loop_[vkey] = loop_id_;
     cache_decls_.push_back("kiln::tile<" + detail::c_type(v.ct) + ", RVEC> " + name + "[RITERS];");
     cached_cost_ += held_cost(static_cast<std::int64_t>(itemsize(v.ct)));
-    line(name + "[kiln_it] = " + v.code + ";");
+    line(name + "[kiln_it] = " + kept_code + ";");
   }
   return v;
 }

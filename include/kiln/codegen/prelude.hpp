@@ -152,6 +152,10 @@ KILN_UNROLL
   for (int i = 0; i < N; ++i) t.v[i] = x;
   return t;
 }
+// A value as a tile of N lanes: a tile as it is, a scalar (a row's value) broadcast; for arrays of
+// tiles that may hold either (the host's kept values).
+template <int N, class T> KILN_FN const tile<T, N>& as_tile(const tile<T, N>& t) { return t; }
+template <int N, class T> KILN_FN tile<T, N> as_tile(T x) { return full<N>(x); }
 
 // Element-wise application over scalars and tiles (a scalar broadcasts against a tile).
 template <class F, class A> KILN_FN auto map1(F f, const A& a) {

@@ -89,6 +89,11 @@ struct Tuning {
                            // 50257 f32 columns ran 1.24x and 1.45x faster, cross_entropy's value
                            // and gradient 1.28x slower (benchmarks/NOTES.md item 106;
                            // KILN_TUNE_WIDE_ROWS)
+  int row_scalars = -1;    // rows: a load the same for every lane of a row's tile (cross_entropy's target,
+                           // a norm backward's mean and rstd) read as one scalar under the row's
+                           // mask, not lane by lane (1); default lane by lane: the host's cross_entropy
+                           // did not move, the GPU's is to be measured (benchmarks/NOTES.md item 107;
+                           // KILN_TUNE_ROW_SCALARS)
   int epilogue = -1;       // 1: a matmul's bias and activation become cuBLASLt epilogues; off by
                            // default until its GPU tests pass and it pays on GPT-2 (KILN_TUNE_EPILOGUE)
 
@@ -120,7 +125,7 @@ struct Tuning {
                                    {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"}, {&Tuning::one_pass, "one_pass"},
                                    {&Tuning::row_split, "row_split"}, {&Tuning::row_smem, "row_smem"},
-                                   {&Tuning::wide_rows, "wide_rows"}};
+                                   {&Tuning::wide_rows, "wide_rows"}, {&Tuning::row_scalars, "row_scalars"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -159,6 +164,7 @@ struct Tuning {
                                    {&Tuning::row_split, "KILN_TUNE_ROW_SPLIT", 0, 1},
                                    {&Tuning::row_smem, "KILN_TUNE_ROW_SMEM", 0, any},
                                    {&Tuning::wide_rows, "KILN_TUNE_WIDE_ROWS", 0, 1},
+                                   {&Tuning::row_scalars, "KILN_TUNE_ROW_SCALARS", 0, 1},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 1},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
