@@ -148,11 +148,13 @@ TEST_CASE("cuda: looped rows, two dependent reductions in one pass" * needs_gpu(
 }
 
 // Looped rows of static length that later loops read again keep their tiles in shared memory
-// (codegen's kept_row_load): the first loop stores them, later loops read them there. f32 rows of
-// 50257 (201 KB a row, tiles shifted or not: layer_norm's weight keeps them unshifted), bf16 rows
-// of 99991 kept 16-bit, two arrays a row (a layer_norm backward), a row past the budget (read
-// again), several rows a block's loop (KILN_TUNE_ROW_WAVES=1); KILN_TUNE_ROW_SMEM=1 (the device's
-// limit; off by default) and 0.
+// (codegen's kept_row_load): the first loop stores them, later loops read them there; a row past
+// the budget keeps its first tiles and reads the rest again. f32 rows of 50257 (201 KB a row, tiles
+// shifted or not: layer_norm's weight keeps them unshifted), bf16 rows of 99991 kept 16-bit, two
+// arrays a row (a layer_norm backward), a row of 603 KB, a cross_entropy over 50257 bf16 columns
+// (looped because its held kernel spills; 100 KB, kept whole), several rows a block's loop
+// (KILN_TUNE_ROW_WAVES=1); KILN_TUNE_ROW_SMEM=1 (half an SM's; off by default), 150000 bytes (one
+// block an SM; within an A100's limit too) and 0.
 TEST_CASE("cuda: looped rows kept in shared memory" * needs_gpu()) {
   const std::int64_t n = 50257;
   k::Tensor x = k::randn({37, n}, k::f32, k::cpu, 51) * 3.0f + 2.0f, w = k::randn({n}, k::f32, k::cpu, 52);
@@ -160,15 +162,17 @@ TEST_CASE("cuda: looped rows kept in shared memory" * needs_gpu()) {
   k::Tensor h = k::cast(k::randn({23, 99991}, k::f32, k::cpu, 54) * 4.0f, k::bf16);
   k::Tensor t = k::cast(k::rand({37}, k::f32, k::cpu, 55) * float(n - 1), k::i64);
   k::Tensor past = k::randn({5, 3 * n}, k::f32, k::cpu, 56);  // 603 KB a row: past any device's budget
+  k::Tensor xh = k::cast(x, k::bf16);
   auto ln = [](auto a, auto ww) { return k::layer_norm(a, ww, ww); };
   auto sm = [](auto a) { return k::softmax(a, -1); };
   auto lsm = [](auto a) { return k::log_softmax(a, 1); };
   auto ce = [](auto a, auto tt) { return k::cross_entropy(a, tt); };
+  auto ce16 = [](auto a, auto tt) { return k::cross_entropy(k::cast(a, k::f32), tt); };
   auto ln_vjp = [](auto a, auto ww, auto g) {
     return k::sum(k::layer_norm(a, ww, ww) * g);
   };
   for (const char* waves : {"", "1"}) {
-    for (const char* smem : {"1", "0"}) {
+    for (const char* smem : {"1", "150000", "0"}) {
       CAPTURE(waves);
       CAPTURE(smem);
       if (*waves) ::setenv("KILN_TUNE_ROW_WAVES", waves, 1);
@@ -177,6 +181,7 @@ TEST_CASE("cuda: looped rows kept in shared memory" * needs_gpu()) {
       check_compiled(sm, 1e-4, 1e-9, x);
       check_compiled(lsm, 1e-5, 1e-4, x);
       check_compiled(ce, 1e-5, 1e-5, x, t);
+      check_compiled(ce16, 1e-5, 1e-5, xh, t);
       check_compiled(sm, 2e-2, 1e-6, h);
       check_compiled(sm, 1e-4, 1e-9, past);
       // A backward whose row kernel reads x and dy in several loops; its dx against the host's.
@@ -185,10 +190,11 @@ TEST_CASE("cuda: looped rows kept in shared memory" * needs_gpu()) {
       auto close = k::testing::allclose(dx, want, 1e-3, 1e-3);
       CHECK_MESSAGE(bool(close), close);
       auto f = k::compile(sm);
+      const bool on = std::string(smem) != "0";
       std::string src = k::explain(f, x.to(k::cuda)).kernels.at(0).source;
-      CHECK((std::string(smem) == "1") == (src.find("kiln::keep_tile") != std::string::npos));
-      std::string far = k::explain(f, past.to(k::cuda)).kernels.at(0).source;
-      CHECK(far.find("kiln::keep_tile") == std::string::npos);
+      CHECK(on == (src.find("kiln::keep_tile") != std::string::npos));
+      std::string far = k::explain(f, past.to(k::cuda)).kernels.at(0).source;  // its first tiles kept
+      CHECK(on == (far.find("kiln::keep_tile") != std::string::npos));
       ::unsetenv("KILN_TUNE_ROW_SMEM");
       ::unsetenv("KILN_TUNE_ROW_WAVES");
     }

@@ -273,9 +273,15 @@ class KernelWriter {
   LaunchConfig config_;
   std::map<std::string, std::string> row_cache_;  // load code -> register array holding it
   std::vector<std::string> cache_decls_;
-  // Looped GPU rows read by several loops: load code -> the row's tiles in shared memory, and the
-  // bytes a block keeps (kernel_writer_access.hpp's kept_row_load).
-  std::map<std::string, std::string> kept_rows_;
+  // Looped GPU rows read by several loops: load code -> the row's tiles in shared memory (the
+  // array, how many of the row's tiles it keeps, whether all), and the bytes a block keeps
+  // (kernel_writer_access.hpp's kept_row_load).
+  struct KeptRow {
+    std::string name;
+    std::int64_t cells;
+    bool whole;
+  };
+  std::map<std::string, KeptRow> kept_rows_;
   std::int64_t kept_row_bytes_ = 0;
   std::int64_t cached_cost_ = 0;  // what a value of the register caches costs, summed (launch_config.hpp)
   bool final_loop_ = false;

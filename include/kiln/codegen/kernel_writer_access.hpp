@@ -300,11 +300,11 @@ inline std::string unwidened(std::string code) {
 
 // A looped GPU row of static length that later loops read again (layer_norm's x after its
 // statistics, softmax's after its max and sum): the first loop keeps its tiles in shared memory,
-// the later ones read them there instead of from memory, so the row crosses the memory bus once,
-// as a row held in registers does (issue 19 item 3; benchmarks/NOTES.md item 105). Each thread
-// reads back only the tiles it stored (the loops step alike), so no barrier is needed. Up to
-// Tuning::row_smem bytes a block (KILN_TUNE_ROW_SMEM=1: the device's limit; off by default), 16-bit
-// values kept 16-bit.
+// the later ones read them there instead of from memory (issue 19 item 3; benchmarks/NOTES.md
+// items 105 and 108). Each thread reads back only the tiles it stored (the loops step alike), so no
+// barrier is needed. Up to Tuning::row_smem bytes a block (KILN_TUNE_ROW_SMEM=1: half an SM's, so
+// that two blocks share it; off by default), 16-bit values kept 16-bit; a row longer than that
+// keeps its first tiles and reads the rest again from memory.
 inline std::optional<KernelWriter::Value> KernelWriter::kept_row_load(int node, const std::string& code,
                                                                       kiln::dtype ct) {
   if (target_ != Target::cuda || !rows() || !in_rloop_ || config_.riters > 0 || config_.x_lanes ||
@@ -312,25 +312,36 @@ inline std::optional<KernelWriter::Value> KernelWriter::kept_row_load(int node, 
     return std::nullopt;
   const kiln::dtype st = g_[node].dt;
   const bool narrow = st == kiln::dtype::f16 || st == kiln::dtype::bf16;
-  const std::string at = std::string("[(unsigned)(roffset") + (row_shift_ ? " + kiln_shift" : "") + ") / RVEC]";
-  if (auto it = kept_rows_.find(code); it != kept_rows_.end())
-    return bind(std::string(narrow ? "kiln::widen(" : "(") + "kiln::kept_tile(" + it->second + at + "))", ct);
+  const std::string raw_code = narrow ? detail::unwidened(code) : code;
+  const std::string cell = std::string("(unsigned)(roffset") + (row_shift_ ? " + kiln_shift" : "") + ") / RVEC";
+  if (auto it = kept_rows_.find(code); it != kept_rows_.end()) {
+    const KeptRow& k = it->second;
+    std::string kept = "kiln::kept_tile(" + k.name + "[" + cell + "])";
+    if (!k.whole) kept = "(" + cell + " < " + std::to_string(k.cells) + "u ? " + kept + " : " + raw_code + ")";
+    return bind(narrow ? "kiln::widen(" + kept + ")" : kept, ct);
+  }
   if (final_loop_) return std::nullopt;  // read by the last loop alone: once
   // A row's tiles: its length rounded up to whole vectors, one more where tiles start before the row.
   const std::int64_t vec = config_.rvec;
   const std::int64_t cells = (rnumel_.constant_value() + vec - 1) / vec + (row_shift_ ? 1 : 0);
   const std::int64_t cell_bytes = vec * static_cast<std::int64_t>(itemsize(narrow ? st : compute_dtype(st)));
-  const std::int64_t bytes = (config_.rows * cells * cell_bytes + 15) / 16 * 16;
-  if (kept_row_bytes_ + bytes > tune_.row_smem) return std::nullopt;
+  const std::int64_t room = (tune_.row_smem - kept_row_bytes_) / (config_.rows * cell_bytes);
+  const std::int64_t kept_cells = std::min(cells, room);
+  if (kept_cells < 1) return std::nullopt;
+  const bool whole = kept_cells == cells;
   std::string name = "kept_row" + std::to_string(kept_rows_.size());
-  kept_rows_[code] = name;
+  kept_rows_[code] = {name, kept_cells, whole};
   cache_decls_.push_back("auto* " + name + " = reinterpret_cast<kiln::tile<" +
                          (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) + ", RVEC>*>(kiln_smem + " +
                          std::to_string(kept_row_bytes_) + ") + (threadIdx.x / ROW_THREADS) * " +
-                         std::to_string(cells) + ";  // this row's tiles, kept for later loops");
-  kept_row_bytes_ += bytes;
-  Value raw = bind(narrow ? detail::unwidened(code) : code, narrow ? st : ct);
-  line("kiln::keep_tile(" + name + at + ", " + raw.code + ");");
+                         std::to_string(kept_cells) + ";  // " +
+                         (whole ? "this row's tiles" : "the first " + std::to_string(kept_cells) + " of this row's " +
+                                                           std::to_string(cells) + " tiles") +
+                         ", kept for later loops");
+  kept_row_bytes_ += (config_.rows * kept_cells * cell_bytes + 15) / 16 * 16;
+  Value raw = bind(raw_code, narrow ? st : ct);
+  line(std::string(whole ? "" : "if (" + cell + " < " + std::to_string(kept_cells) + "u) ") + "kiln::keep_tile(" +
+       name + "[" + cell + "], " + raw.code + ");");
   return narrow ? bind("kiln::widen(" + raw.code + ")", ct) : raw;
 }
 

@@ -82,6 +82,8 @@ inline std::string arch(int device) {
 inline int sm_count(int device) { return attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device); }
 // The shared memory a block may have once it asks for it (cuFuncSetAttribute): 227 KiB on sm_90.
 inline int shared_optin(int device) { return attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device); }
+// The shared memory of one SM, all of its blocks together: 228 KiB on sm_90.
+inline int shared_per_sm(int device) { return attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, device); }
 
 // How many blocks of `threads` threads (and their static shared memory) of f one SM holds at once.
 inline int resident_blocks(CUfunction f, int threads, std::size_t shared_bytes = 0) {

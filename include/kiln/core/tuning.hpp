@@ -80,9 +80,10 @@ struct Tuning {
                            // (KILN_TUNE_ROW_SPLIT)
   int row_smem = -1;       // looped GPU rows of static length read by several loops: the shared memory a
                            // block may keep their tiles in (the first loop stores them, later loops
-                           // read them there, not from memory again); 1 the device's limit a block,
-                           // more: at most that many bytes; default 0, none (one block an SM measured
-                           // slower than two passes over memory: benchmarks/NOTES.md item 105;
+                           // read them there, not from memory again; a longer row keeps its first
+                           // tiles); 1 half an SM's (two blocks an SM), more: at most that many
+                           // bytes; default none (a whole 201 KB row, one block an SM, measured
+                           // slower than two passes over memory: benchmarks/NOTES.md items 105, 108;
                            // KILN_TUNE_ROW_SMEM)
   int wide_rows = -1;      // 1: static GPU rows too long for 512 threads to hold are held by 1024
                            // (codegen's wide_rows); off by default: layer_norm and rms_norm over

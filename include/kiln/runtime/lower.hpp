@@ -294,11 +294,15 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   // Autotuning times candidates at the compiling call's sizes only: rows of symbolic length stay looped.
   if (autotune) p->tuning.dynamic_rows = 0;
   codegen::Target target = device.is_cpu() ? codegen::Target::cpu : codegen::Target::cuda;
-  // Looped rows kept in shared memory (KILN_TUNE_ROW_SMEM, off by default): 1 is up to the device's
-  // limit a block, less what a row kernel declares itself (its reductions' slots); none where no
-  // driver answers (planning without a GPU).
+  // Looped rows kept in shared memory (KILN_TUNE_ROW_SMEM, off by default): 1 is half an SM's, so
+  // that two blocks share one (a row kernel alone on its SM measured slower: NOTES item 105), less
+  // what a row kernel declares itself (its reductions' slots); none where no driver answers
+  // (planning without a GPU).
   if (target == codegen::Target::cuda && p->tuning.row_smem == 1)
-    p->tuning.row_smem = driver::available() ? std::max(0, driver::shared_optin(device.index) - 2048) : 0;
+    p->tuning.row_smem = driver::available() ? std::max(0, std::min(driver::shared_optin(device.index),
+                                                                    driver::shared_per_sm(device.index) / 2) -
+                                                               2048)
+                                             : 0;
   plan_kernels(*p, g, env, target, arg);
   if (autotune && target == codegen::Target::cuda)
     plan_candidates(*p, [&](int k, const codegen::Tuning& t) {
