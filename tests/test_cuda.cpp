@@ -193,12 +193,31 @@ TEST_CASE("cuda: looped rows kept in shared memory" * needs_gpu()) {
       const bool on = std::string(smem) != "0";
       std::string src = k::explain(f, x.to(k::cuda)).kernels.at(0).source;
       CHECK(on == (src.find("kiln::keep_tile") != std::string::npos));
+      CHECK(on == (src.find("kiln::kept_tile") != std::string::npos));
+      // cross_entropy's forward is one loop (online max and sum): nothing to keep.
+      std::string one = k::explain(k::compile(ce), x.to(k::cuda), t.to(k::cuda)).kernels.at(0).source;
+      CHECK(one.find("kiln::keep_tile") == std::string::npos);
       std::string far = k::explain(f, past.to(k::cuda)).kernels.at(0).source;  // its first tiles kept
       CHECK(on == (far.find("kiln::keep_tile") != std::string::npos));
       ::unsetenv("KILN_TUNE_ROW_SMEM");
       ::unsetenv("KILN_TUNE_ROW_WAVES");
     }
   }
+  // Looped rows several to a block (rows of 1000 looped by KILN_TUNE_ROW_ITERS=0: two 32-thread
+  // rows a block), each row its own cells.
+  ::setenv("KILN_TUNE_ROW_SMEM", "1", 1);
+  ::setenv("KILN_TUNE_ROW_ITERS", "0", 1);
+  k::Tensor r = k::randn({4095, 1000}, k::f32, k::cpu, 57);
+  check_compiled(sm, 1e-4, 1e-9, r);
+  k::Tensor rw = k::randn({1000}, k::f32, k::cpu, 58);
+  check_compiled(ln, 1e-4, 2e-4, r, rw);
+  k::Tensor rh = k::cast(r, k::bf16);
+  check_compiled(sm, 2e-2, 1e-6, rh);
+  std::string several = k::explain(k::compile(sm), r.to(k::cuda)).kernels.at(0).source;
+  CHECK(several.find("kiln::kept_tile") != std::string::npos);
+  CHECK(several.find("ROWS = 1,") == std::string::npos);
+  ::unsetenv("KILN_TUNE_ROW_ITERS");
+  ::unsetenv("KILN_TUNE_ROW_SMEM");
 }
 
 // Row-uniform loads as one scalar a row (KILN_TUNE_ROW_SCALARS=1, off by default; not yet run on

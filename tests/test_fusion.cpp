@@ -674,7 +674,9 @@ TEST_CASE("launch rules: a held row whose function spills more than holding save
   // 1024 threads a row over 50257 f32 columns (NOTES item 106): softmax's 376 bytes a thread are
   // under what holding saves, but 385 KB a block leave the L1; layer_norm's 88 stay.
   CHECK(cg::held_row_spills(376, 13, 1024));
-  CHECK(!cg::held_row_spills(88, 13, 1024));
+  CHECK(!cg::held_row_spills(88, 13, 1024));  // (under the floor)
+  CHECK(!cg::held_row_spills(300, 13, 512));  // 150 KB a block: in the L1
+  CHECK(cg::held_row_spills(300, 13, 1024));  // 300 KB: past it
 }
 
 // With KILN_TUNE_WIDE_ROWS=1, static rows too long for 512 threads to hold are held by 1024 when

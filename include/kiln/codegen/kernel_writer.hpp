@@ -282,6 +282,7 @@ class KernelWriter {
     bool whole;
   };
   std::map<std::string, KeptRow> kept_rows_;
+  std::vector<int> later_reads_;  // the values the loops after the one being written read (write_rows)
   std::int64_t kept_row_bytes_ = 0;
   std::int64_t cached_cost_ = 0;  // what a value of the register caches costs, summed (launch_config.hpp)
   bool final_loop_ = false;

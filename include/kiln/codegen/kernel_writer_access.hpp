@@ -307,8 +307,10 @@ inline std::string unwidened(std::string code) {
 // keeps its first tiles and reads the rest again from memory.
 inline std::optional<KernelWriter::Value> KernelWriter::kept_row_load(int node, const std::string& code,
                                                                       kiln::dtype ct) {
+  // (Not column kernels of one thread a row: each thread's cells would be consecutive, a warp's
+  // accesses on one bank.)
   if (target_ != Target::cuda || !rows() || !in_rloop_ || config_.riters > 0 || config_.x_lanes ||
-      tune_.row_smem <= 0 || !rnumel_.is_constant())
+      config_.row_threads < 32 || tune_.row_smem <= 0 || !rnumel_.is_constant())
     return std::nullopt;
   const kiln::dtype st = g_[node].dt;
   const bool narrow = st == kiln::dtype::f16 || st == kiln::dtype::bf16;
@@ -320,7 +322,10 @@ inline std::optional<KernelWriter::Value> KernelWriter::kept_row_load(int node, 
     if (!k.whole) kept = "(" + cell + " < " + std::to_string(k.cells) + "u ? " + kept + " : " + raw_code + ")";
     return bind(narrow ? "kiln::widen(" + kept + ")" : kept, ct);
   }
-  if (final_loop_) return std::nullopt;  // read by the last loop alone: once
+  // Only what a later loop reads again (a one-loop kernel, the last loop: read once).
+  if (final_loop_ || std::none_of(later_reads_.begin(), later_reads_.end(),
+                                  [&](int r) { return reaches(r, [&](int v) { return v == node; }); }))
+    return std::nullopt;
   // A row's tiles: its length rounded up to whole vectors, one more where tiles start before the row.
   const std::int64_t vec = config_.rvec;
   const std::int64_t cells = (rnumel_.constant_value() + vec - 1) / vec + (row_shift_ ? 1 : 0);

@@ -182,6 +182,12 @@ inline void KernelWriter::write_rows() {
       declare_one_pass(p, accs.back(), ct);
     }
     auto idx = domain_index();
+    // What the loops after this one read (kept_row_load keeps only tiles they read again): the
+    // later reductions, the full-row stores and the column partials of the last loop.
+    later_reads_.assign(plan_.reductions.begin() + static_cast<std::ptrdiff_t>(j), plan_.reductions.end());
+    for (int s : plan_.stores)
+      if (g_[s].shape == g_[plan_.domain].shape && !is_reduction(g_[s].op)) later_reads_.push_back(s);
+    for (int p : plan_.partials) later_reads_.push_back(p);
     // A GPU loop carrying Welford's lanes is not split: its body twice held them longer (a dynamic
     // f32 layer_norm: 40 -> 52 registers, 3 -> 2 blocks an SM, 8% slower; the online softmax's
     // loop went 39 -> 35 registers split, and faster).

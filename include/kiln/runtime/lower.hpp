@@ -298,11 +298,17 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   // that two blocks share one (a row kernel alone on its SM measured slower: NOTES item 105), less
   // what a row kernel declares itself (its reductions' slots); none where no driver answers
   // (planning without a GPU).
-  if (target == codegen::Target::cuda && p->tuning.row_smem == 1)
-    p->tuning.row_smem = driver::available() ? std::max(0, std::min(driver::shared_optin(device.index),
-                                                                    driver::shared_per_sm(device.index) / 2) -
-                                                               2048)
-                                             : 0;
+  // More than 1: at most that many bytes, and at most what the device allows a block (as given
+  // where no driver answers: k::export_kernels for a GPU elsewhere).
+  if (target == codegen::Target::cuda && p->tuning.row_smem >= 1) {
+    if (!driver::available()) {
+      if (p->tuning.row_smem == 1) p->tuning.row_smem = 0;
+    } else {
+      const int optin = driver::shared_optin(device.index) - 2048;
+      const int half_sm = driver::shared_per_sm(device.index) / 2 - 2048;
+      p->tuning.row_smem = std::max(0, std::min(optin, p->tuning.row_smem == 1 ? half_sm : p->tuning.row_smem));
+    }
+  }
   plan_kernels(*p, g, env, target, arg);
   if (autotune && target == codegen::Target::cuda)
     plan_candidates(*p, [&](int k, const codegen::Tuning& t) {

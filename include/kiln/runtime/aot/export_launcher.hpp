@@ -312,7 +312,7 @@ inline std::string LauncherWriter::launch_kernel(const CompiledKernel& k) const 
   s += "    if (programs > 2147483647LL) return fail(kiln_export_invalid_argument, \"" + name() + ": " + k.src.name +
        " needs %lld blocks, more than a grid holds\", programs);\n";
   const std::string shared = std::to_string(c.shared_bytes);
-  if (c.shared_bytes > 48 * 1024)  // above 48 KiB the kernel's limit is raised first
+  if (c.shared_bytes > 0)  // the default limit is 48 KiB less the kernel's static shared memory
     s += "    if (cudaError_t e = cudaFuncSetAttribute(" + k.src.name + ", cudaFuncAttributeMaxDynamicSharedMemorySize, " +
          shared + "))\n      return fail(kiln_export_cuda_error, \"" + name() + ": " + k.src.name +
          " asks for " + shared + " bytes of shared memory: %s\", cudaGetErrorString(e));\n";

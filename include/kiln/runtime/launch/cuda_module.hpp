@@ -63,11 +63,10 @@ namespace detail {
 
 }  // namespace detail
 
-// Lets f ask for `shared_bytes` of dynamic shared memory: above 48 KiB the driver wants the
-// kernel's limit raised first.
+// Lets f ask for `shared_bytes` of dynamic shared memory. The driver's default is 48 KiB less the
+// kernel's static shared memory (a row reduction's slots), so any dynamic amount raises the limit.
 inline void allow_shared(CUfunction f, unsigned shared_bytes, const char* kernel_name, Dim3 grid = {}, Dim3 block = {}) {
-  constexpr unsigned default_shared_limit = 48 * 1024;
-  if (shared_bytes <= default_shared_limit) return;
+  if (shared_bytes == 0) return;
   CUresult r = driver::api().func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                 static_cast<int>(shared_bytes));
   if (r != CUDA_SUCCESS) detail::launch_failed(r, kernel_name, grid, block, shared_bytes);
