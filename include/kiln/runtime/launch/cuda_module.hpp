@@ -73,11 +73,13 @@ inline void allow_shared(CUfunction f, unsigned shared_bytes, const char* kernel
 }
 
 // Queues f on stream s; args points at each kernel argument in order. The function's device must
-// be current on this thread (driver::make_current).
+// be current on this thread (driver::make_current). Above 48 KiB of dynamic shared memory the
+// limit is raised here; generated row kernels have theirs raised once, when loaded (row_grid_limit),
+// so that their launches make no extra driver call.
 inline void launch(CUfunction f, Dim3 grid, Dim3 block, unsigned shared_bytes, CUstream s, void** args,
                    const char* kernel_name) {
   const driver::Api& api = driver::api();
-  allow_shared(f, shared_bytes, kernel_name, grid, block);
+  if (shared_bytes > 48 * 1024) allow_shared(f, shared_bytes, kernel_name, grid, block);
   CUresult r = api.launch_kernel(f, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, s, args, nullptr);
   if (r != CUDA_SUCCESS) [[unlikely]]
     detail::launch_failed(r, kernel_name, grid, block, shared_bytes);

@@ -213,13 +213,15 @@ inline std::int64_t row_grid_limit(int sms, int threads) {
 // waves (benchmarks/NOTES.md item 23). Register-cached kernels holding several rows a block take
 // 64 times, about a block per row group (rows of 256 threads or more lost with it: NOTES item 30).
 // A Tuning's waves (KILN_TUNE_ROW_WAVES, an autotuning candidate) sets the multiple (0: the formula).
+// Called once as the kernel is loaded, it also raises the kernel's limit to the dynamic shared
+// memory it asks for (the launches and the occupancy query below count on it).
 inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k, int device) {
+  const auto shared = static_cast<unsigned>(k.config.shared_bytes);
+  allow_shared(f, shared, k.name.c_str());
   if (k.partial_groups > 0) return k.partial_groups / k.config.rows;  // a program a row group, exactly
   bool several_rows = k.kind == schedule::Kind::per && k.config.rows >= 2 && k.config.row_threads > 1;  // not columns
   int waves = k.tuning.waves >= 0 ? k.tuning.waves : several_rows ? 64 : 16;
   if (waves == 0) return row_grid_limit(driver::sm_count(device), k.config.threads);
-  const auto shared = static_cast<unsigned>(k.config.shared_bytes);
-  if (shared > 0) allow_shared(f, shared, k.name.c_str());  // the occupancy query counts only what the kernel may ask for
   return std::int64_t{driver::sm_count(device)} * std::max(1, driver::resident_blocks(f, k.config.threads, shared)) *
          waves;
 }
