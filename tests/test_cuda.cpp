@@ -153,8 +153,8 @@ TEST_CASE("cuda: looped rows, two dependent reductions in one pass" * needs_gpu(
 // shifted or not: layer_norm's weight keeps them unshifted), bf16 rows of 99991 kept 16-bit, two
 // arrays a row (a layer_norm backward), a row of 603 KB, a cross_entropy over 50257 bf16 columns
 // (looped because its held kernel spills; 100 KB, kept whole), several rows a block's loop
-// (KILN_TUNE_ROW_WAVES=1); KILN_TUNE_ROW_SMEM=1 (half an SM's; off by default), 150000 bytes (one
-// block an SM; within an A100's limit too) and 0.
+// (KILN_TUNE_ROW_WAVES=1); KILN_TUNE_ROW_SMEM=1 (half an SM's, rows kept in part too), 150000 bytes
+// (one block an SM; within an A100's limit too), 0 and the default (whole rows of half an SM's).
 TEST_CASE("cuda: looped rows kept in shared memory" * needs_gpu()) {
   const std::int64_t n = 50257;
   k::Tensor x = k::randn({37, n}, k::f32, k::cpu, 51) * 3.0f + 2.0f, w = k::randn({n}, k::f32, k::cpu, 52);
@@ -171,12 +171,12 @@ TEST_CASE("cuda: looped rows kept in shared memory" * needs_gpu()) {
   auto ln_vjp = [](auto a, auto ww, auto g) {
     return k::sum(k::layer_norm(a, ww, ww) * g);
   };
-  for (const char* waves : {"", "1"}) {
-    for (const char* smem : {"1", "150000", "0"}) {
+  for (std::string waves : {"", "1"}) {
+    for (std::string smem : {"1", "150000", "0", ""}) {  // "": the default, whole rows of half an SM
       CAPTURE(waves);
       CAPTURE(smem);
-      if (*waves) ::setenv("KILN_TUNE_ROW_WAVES", waves, 1);
-      ::setenv("KILN_TUNE_ROW_SMEM", smem, 1);
+      if (!waves.empty()) ::setenv("KILN_TUNE_ROW_WAVES", waves.c_str(), 1);
+      if (!smem.empty()) ::setenv("KILN_TUNE_ROW_SMEM", smem.c_str(), 1);
       check_compiled(ln, 1e-4, 2e-4, x, w);
       check_compiled(sm, 1e-4, 1e-9, x);
       check_compiled(lsm, 1e-5, 1e-4, x);
@@ -194,15 +194,18 @@ TEST_CASE("cuda: looped rows kept in shared memory" * needs_gpu()) {
       auto want = k::reference::eval(rstd * (gw - k::mean(gw, {1}, true) - xhat * k::mean(gw * xhat, {1}, true)));
       auto close = k::testing::allclose(dx, want, 1e-3, 1e-3);
       CHECK_MESSAGE(bool(close), close);
-      auto f = k::compile(sm);
-      const bool on = std::string(smem) != "0";
-      std::string src = k::explain(f, x.to(k::cuda)).kernels.at(0).source;
+      // (A function of its own for each shape: a second shape would make its sizes symbolic.)
+      const bool on = smem != "0" && !smem.empty();  // 201 KB rows: kept whole or in part
+      std::string src = k::explain(k::compile(sm), x.to(k::cuda)).kernels.at(0).source;
       CHECK(on == (src.find("kiln::keep_tile") != std::string::npos));
       CHECK(on == (src.find("kiln::kept_tile") != std::string::npos));
+      // 100 KB rows (50257 bf16) fit half an SM's: kept whole by default too.
+      std::string half = k::explain(k::compile(sm), xh.to(k::cuda)).kernels.at(0).source;
+      CHECK((smem != "0") == (half.find("kiln::kept_tile") != std::string::npos));
       // cross_entropy's forward is one loop (online max and sum): nothing to keep.
       std::string one = k::explain(k::compile(ce), x.to(k::cuda), t.to(k::cuda)).kernels.at(0).source;
       CHECK(one.find("kiln::keep_tile") == std::string::npos);
-      std::string far = k::explain(f, past.to(k::cuda)).kernels.at(0).source;  // its first tiles kept
+      std::string far = k::explain(k::compile(sm), past.to(k::cuda)).kernels.at(0).source;  // its first tiles kept
       CHECK(on == (far.find("kiln::keep_tile") != std::string::npos));
       ::unsetenv("KILN_TUNE_ROW_SMEM");
       ::unsetenv("KILN_TUNE_ROW_WAVES");

@@ -302,16 +302,20 @@ inline std::string unwidened(std::string code) {
 // statistics, softmax's after its max and sum): the first loop keeps its tiles in shared memory,
 // the later ones read them there instead of from memory (issue 19 item 3; benchmarks/NOTES.md
 // items 105 and 108). Each thread reads back only the tiles it stored (the loops step alike), so no
-// barrier is needed. Up to Tuning::row_smem bytes a block (KILN_TUNE_ROW_SMEM=1: half an SM's, so
-// that two blocks share it; off by default), 16-bit values kept 16-bit; a row longer than that
-// keeps its first tiles and reads the rest again from memory.
+// barrier is needed. By default only rows whose tiles all fit Tuning::row_smem_whole bytes a block
+// (half an SM's, so that two blocks share it); KILN_TUNE_ROW_SMEM's bytes (1: half an SM's) keep a
+// longer row's first tiles too, reading the rest again from memory. 16-bit values are kept 16-bit.
 inline std::optional<KernelWriter::Value> KernelWriter::kept_row_load(int node, const std::string& code,
                                                                       kiln::dtype ct) {
   // (Not column kernels of one thread a row: each thread's cells would be consecutive, a warp's
   // accesses on one bank.)
   if (target_ != Target::cuda || !rows() || !in_rloop_ || config_.riters > 0 || config_.x_lanes ||
-      config_.row_threads < 32 || tune_.row_smem <= 0 || !rnumel_.is_constant())
+      config_.row_threads < 32 || !rnumel_.is_constant())
     return std::nullopt;
+  // The bytes a block may keep: KILN_TUNE_ROW_SMEM's, rows kept in part; by default, whole rows only.
+  const bool whole_only = tune_.row_smem < 0;
+  const std::int64_t budget = whole_only ? tune_.row_smem_whole : tune_.row_smem;
+  if (budget <= 0) return std::nullopt;
   const kiln::dtype st = g_[node].dt;
   const bool narrow = st == kiln::dtype::f16 || st == kiln::dtype::bf16;
   const std::string raw_code = narrow ? detail::unwidened(code) : code;
@@ -330,9 +334,9 @@ inline std::optional<KernelWriter::Value> KernelWriter::kept_row_load(int node, 
   const std::int64_t vec = config_.rvec;
   const std::int64_t cells = (rnumel_.constant_value() + vec - 1) / vec + (row_shift_ ? 1 : 0);
   const std::int64_t cell_bytes = vec * static_cast<std::int64_t>(itemsize(narrow ? st : compute_dtype(st)));
-  const std::int64_t room = (tune_.row_smem - kept_row_bytes_) / (config_.rows * cell_bytes);
+  const std::int64_t room = (budget - kept_row_bytes_) / (config_.rows * cell_bytes);
   const std::int64_t kept_cells = std::min(cells, room);
-  if (kept_cells < 1) return std::nullopt;
+  if (kept_cells < 1 || (whole_only && kept_cells < cells)) return std::nullopt;
   const bool whole = kept_cells == cells;
   std::string name = "kept_row" + std::to_string(kept_rows_.size());
   kept_rows_[code] = {name, kept_cells, whole};

@@ -82,9 +82,13 @@ struct Tuning {
                            // block may keep their tiles in (the first loop stores them, later loops
                            // read them there, not from memory again; a longer row keeps its first
                            // tiles); 1 half an SM's (two blocks an SM), more: at most that many
-                           // bytes; default none (a whole 201 KB row, one block an SM, measured
-                           // slower than two passes over memory: benchmarks/NOTES.md items 105, 108;
-                           // KILN_TUNE_ROW_SMEM)
+                           // bytes, 0 none; default: only rows whose tiles all fit half an SM's
+                           // (row_smem_whole; rows kept in part measured slower, and a whole 201 KB
+                           // row, one block an SM, slower than two passes over memory:
+                           // benchmarks/NOTES.md items 105, 108, 109; KILN_TUNE_ROW_SMEM)
+  int row_smem_whole = 0;  // where row_smem is the default: the bytes a block may keep whole rows in,
+                           // resolved by planning from the device (half an SM's less 2 KiB; 0 where no
+                           // driver answers). Not a knob: merged() keeps it and str() leaves it out
   int wide_rows = -1;      // 1: static GPU rows too long for 512 threads to hold are held by 1024
                            // (codegen's wide_rows); off by default: layer_norm and rms_norm over
                            // 50257 f32 columns ran 1.24x and 1.45x faster, cross_entropy's value

@@ -294,20 +294,22 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
   // Autotuning times candidates at the compiling call's sizes only: rows of symbolic length stay looped.
   if (autotune) p->tuning.dynamic_rows = 0;
   codegen::Target target = device.is_cpu() ? codegen::Target::cpu : codegen::Target::cuda;
-  // Looped rows kept in shared memory (KILN_TUNE_ROW_SMEM, off by default): 1 is half an SM's, so
-  // that two blocks share one (a row kernel alone on its SM measured slower: NOTES item 105), less
-  // what a row kernel declares itself (its reductions' slots); none where no driver answers
+  // Looped rows kept in shared memory (KILN_TUNE_ROW_SMEM). By default only rows whose tiles all
+  // fit half an SM's shared memory, less 2 KiB for what a row kernel declares itself (its
+  // reductions' slots), so that two blocks share an SM: rows kept in part, or one block an SM,
+  // measured slower (NOTES items 105, 108, 109). 1: half an SM's, rows kept in part too. More
+  // than 1: at most that many bytes, and at most what the device allows a block (as given where no
+  // driver answers: k::export_kernels for a GPU elsewhere). None where no driver answers otherwise
   // (planning without a GPU).
-  // More than 1: at most that many bytes, and at most what the device allows a block (as given
-  // where no driver answers: k::export_kernels for a GPU elsewhere).
-  if (target == codegen::Target::cuda && p->tuning.row_smem >= 1) {
-    if (!driver::available()) {
-      if (p->tuning.row_smem == 1) p->tuning.row_smem = 0;
-    } else {
-      const int optin = driver::shared_optin(device.index) - 2048;
-      const int half_sm = driver::shared_per_sm(device.index) / 2 - 2048;
+  if (target == codegen::Target::cuda && p->tuning.row_smem != 0 && driver::available()) {
+    const int optin = driver::shared_optin(device.index) - 2048;
+    const int half_sm = std::max(0, std::min(optin, driver::shared_per_sm(device.index) / 2 - 2048));
+    if (p->tuning.row_smem < 0)
+      p->tuning.row_smem_whole = half_sm;
+    else
       p->tuning.row_smem = std::max(0, std::min(optin, p->tuning.row_smem == 1 ? half_sm : p->tuning.row_smem));
-    }
+  } else if (target == codegen::Target::cuda && p->tuning.row_smem == 1) {
+    p->tuning.row_smem = 0;
   }
   plan_kernels(*p, g, env, target, arg);
   if (autotune && target == codegen::Target::cuda)

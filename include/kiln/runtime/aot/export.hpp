@@ -178,8 +178,8 @@ KILN_DECL exported_kernels export_lowered(graph::Graph g, const runtime::Lowerin
   if (tuning.index32 != 0) tuning.index32 = 1;
   tuning.dynamic_rows = 0;  // nor rows held at the example's length (their looped twins are the runtime's)
   // Looped rows kept in shared memory only where KILN_TUNE_ROW_SMEM gives the bytes (more than 1):
-  // the exporting machine need not have the target's GPU, whose limit "1" would ask.
-  if (tuning.row_smem == 1) tuning.row_smem = -1;
+  // the exporting machine need not have the target's GPU, whose limit "1" or the default would ask.
+  if (tuning.row_smem <= 1) tuning.row_smem = 0;
   auto p = runtime::plan_program(std::move(g), std::move(env), target, arg, false, tuning);
   for (const auto& k : p->kernels)
     if (k.extern_node >= 0)
