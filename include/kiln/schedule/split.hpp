@@ -45,16 +45,21 @@ inline ReductionShape describe_reduction(const graph::Graph& g, const graph::Nod
 // reductions (inner dims) take only such a divisor.
 // hosted: a row reduction reads the same [rows, columns] domain, so a row kernel may compute the
 // first stage itself (schedule/partials.hpp), a program a chunk: then at least 256 chunks.
+// Column partials: a thread per (chunk, kept element) walks its chunk with strided loads, so
+// ~256K threads (an H200 holds 270K) keep enough loads in flight; 64K left W5's dw/db stage at
+// 34% of DRAM bandwidth.
+inline constexpr std::int64_t column_threads = 262144;
+
 inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false) {
   if (r.dims.empty()) return 1;
-  // Outer dims reduced: one thread a kept element, so fewer than ~32K of them leave SMs idle.
+  // Outer dims reduced: one thread a kept element, so fewer than column_threads of them leave
+  // loads out of flight (a layer_norm backward's dw over 2670x50257 bf16: 197 blocks, 0.5 waves,
+  // 1.37 ms of its 1.59; NOTES item 110), when there are rows enough for two chunks.
   // Inner dims reduced: up to 512 threads share a row, so only a handful of rows is too few.
-  bool few = r.prefix && !r.suffix ? r.kept < 32768 && r.reduced >= 1024 : r.kept < 128 && r.reduced >= 16384;
+  bool few =
+      r.prefix && !r.suffix ? r.kept < column_threads && r.reduced >= 1024 : r.kept < 128 && r.reduced >= 16384;
   if (!few) return 1;
-  // Column partials: a thread per (chunk, kept element) walks its chunk with strided loads, so
-  // ~256K threads (an H200 holds 270K) keep enough loads in flight; 64K left W5's dw/db stage at
-  // 34% of DRAM bandwidth.
-  std::int64_t target = r.prefix && !r.suffix ? std::max<std::int64_t>(262144, hosted ? 256 * r.kept : 0) : 65536;
+  std::int64_t target = r.prefix && !r.suffix ? std::max(column_threads, hosted ? 256 * r.kept : 0) : 65536;
   std::int64_t want = std::max<std::int64_t>(2, target / std::max<std::int64_t>(r.kept, 1));
   std::int64_t s = 1, exact = 1;
   while (s * 2 <= want && r.reduced / (s * 2) >= 64) s *= 2;
