@@ -170,7 +170,9 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
   stats.ops_decomposed = g.count_ops();
   if (stats.tuning.matmul_t != 0) g = rewrite::fold_matmul_transposes(g);  // (A @ B)^T written as B^T @ A^T
   graph::infer_shapes(g, arg);
-  g = schedule::split_reductions(g, stats.tuning.partials != 0);  // long reductions with few outputs in two stages
+  bool gpu = false;  // the program's device, as its arguments give it
+  for (const auto& n : g.nodes) gpu = gpu || (n.op == Op::arg && arg(n.slot).device().is_cuda());
+  g = schedule::split_reductions(g, stats.tuning.partials != 0, gpu);  // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
   g = copy_strided_custom_inputs(g, arg);  // custom ops, embedding_backward, attention read contiguous buffers
   g.output_into = into.size() == g.outputs.size() ? into : std::vector<int>(g.outputs.size(), -1);

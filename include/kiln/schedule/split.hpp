@@ -50,14 +50,18 @@ inline ReductionShape describe_reduction(const graph::Graph& g, const graph::Nod
 // 34% of DRAM bandwidth.
 inline constexpr std::int64_t column_threads = 262144;
 
-inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false) {
+// gpu: the program runs on a GPU (else the host, whose first stages walk down columns a scalar a
+// lane unless a row kernel hosts them: there wide column sums stay one stage, as before).
+inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false, bool gpu = true) {
   if (r.dims.empty()) return 1;
   // Outer dims reduced: one thread a kept element, so fewer than column_threads of them leave
-  // loads out of flight (a layer_norm backward's dw over 2670x50257 bf16: 197 blocks, 0.5 waves,
-  // 1.37 ms of its 1.59; NOTES item 110), when there are rows enough for two chunks.
+  // loads out of flight on a GPU (a layer_norm backward's dw over 2670x50257 bf16: 197 blocks,
+  // 0.5 waves, 1.37 ms of its 1.59; NOTES item 110), when there are rows enough for two chunks.
+  // On the host, fewer than 32768 (a column sum over 1031x50021 f32 split ran 1.5x slower on two
+  // cores).
   // Inner dims reduced: up to 512 threads share a row, so only a handful of rows is too few.
-  bool few =
-      r.prefix && !r.suffix ? r.kept < column_threads && r.reduced >= 1024 : r.kept < 128 && r.reduced >= 16384;
+  const std::int64_t wide = gpu ? column_threads : 32768;
+  bool few = r.prefix && !r.suffix ? r.kept < wide && r.reduced >= 1024 : r.kept < 128 && r.reduced >= 16384;
   if (!few) return 1;
   std::int64_t target = r.prefix && !r.suffix ? std::max(column_threads, hosted ? 256 * r.kept : 0) : 65536;
   std::int64_t want = std::max<std::int64_t>(2, target / std::max<std::int64_t>(r.kept, 1));
@@ -80,8 +84,9 @@ constexpr Op combine_op(Op reduction) {
 
 // Rewrites reductions as described above; other nodes are copied unchanged. partials: row kernels
 // may compute the first stage of column sums over their own rows (partials.hpp; a Tuning's
-// `partials` knob turns that off), which also sets how many chunks such sums get.
-inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true) {
+// `partials` knob turns that off), which also sets how many chunks such sums get. gpu: the
+// program's device is a GPU (choose_splits).
+inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true, bool gpu = true) {
   std::vector<Dims> row_domains;  // inputs of reductions over their last dim, 2-D
   for (const auto& n : g.nodes) {
     if (!is_reduction(n.op)) continue;
@@ -95,7 +100,7 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
     if (r.reduced == 1 && r.in.product() > 0) return b.cast(b.reshape(in[0], n.shape), n.dt);
     bool hosted =
         partials && n.op == Op::sum && std::find(row_domains.begin(), row_domains.end(), r.in) != row_domains.end();
-    std::int64_t s = detail::choose_splits(r, hosted);
+    std::int64_t s = detail::choose_splits(r, hosted, gpu);
     if (s == 1 || !(r.prefix || r.suffix)) return b.rebuild(n, in);
     // prefix: [S, R/S, K] reduce 1 then 0; suffix: [K, S, R/S] reduce 2 then 1.
     const std::int64_t chunk = r.reduced / s, covered = s * chunk;
