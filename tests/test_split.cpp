@@ -108,7 +108,33 @@ void wide_layer_norm_weight_gradients(k::Device dev) {
   CHECK(rb);
 }
 
+// A split program reused at other row counts (shapes::dynamic, and automatic after a change): its
+// chunks cover the compiling call's first S * floor(R / S) rows and the rest slice runs to the end
+// of the rows, so more rows go to the rest and fewer recompile; never a sum that skips rows (the
+// rest slice once ended at the compiling call's R: later rows were dropped). cols: on the host
+// split below 32768 columns, on a GPU below ~256K.
+void changing_row_counts(k::Device dev, std::int64_t cols) {
+  for (k::shapes mode : {k::shapes::dynamic, k::shapes::automatic}) {
+    auto fn = [](auto a) { return k::sum(a, 0); };
+    auto f = k::compile(fn, {.shapes = mode});
+    for (std::int64_t rows : {1025, 1030, 2049, 3000, 1500, 1025, 1024}) {
+      CAPTURE(rows);
+      auto x = k::randn({rows, cols}, k::f32, k::cpu, 20 + static_cast<std::uint64_t>(rows));
+      k::Tensor got = f(x.to(dev));
+      auto r = k::testing::allclose(got.to(k::cpu), k::reference::eval(fn(x.to(k::f64))), 1e-4, 1e-3);
+      INFO(r.str());
+      CHECK(r);
+    }
+  }
+}
+
 }  // namespace
+
+TEST_CASE("split: split column sums at changing row counts (CPU)") { changing_row_counts(k::cpu, 1000); }
+TEST_CASE("split: split column sums at changing row counts (GPU)" * needs_gpu()) {
+  changing_row_counts(k::cuda, 1000);
+  changing_row_counts(k::cuda, 40009);
+}
 
 TEST_CASE("split: column sums over wide columns, two stages on a GPU only (CPU)") { wide_columns(k::cpu); }
 TEST_CASE("split: column sums over wide columns, two stages on a GPU only (GPU)" * needs_gpu()) {

@@ -170,7 +170,7 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
   stats.ops_decomposed = g.count_ops();
   if (stats.tuning.matmul_t != 0) g = rewrite::fold_matmul_transposes(g);  // (A @ B)^T written as B^T @ A^T
   graph::infer_shapes(g, arg);
-  bool gpu = false;  // the program's device, as its arguments give it
+  bool gpu = stats.for_gpu;  // the program's device, as its arguments give it
   for (const auto& n : g.nodes) gpu = gpu || (n.op == Op::arg && arg(n.slot).device().is_cuda());
   g = schedule::split_reductions(g, stats.tuning.partials != 0, gpu);  // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);

@@ -15,6 +15,8 @@ struct LoweringStats {
   int ops_captured = 0;
   int ops_decomposed = 0;
   Tuning tuning;
+  bool for_gpu = false;  // set by the caller: lower for a GPU whatever the arguments' devices
+                         // (k::export_kernels plans CUDA programs from CPU tensors)
 };
 
 // An argument slot's tensor, as the entry points take it.

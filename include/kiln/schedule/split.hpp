@@ -4,6 +4,7 @@
 // programs run at once. The first stage is a kernel of kind "split".
 #pragma once
 #include <algorithm>
+#include <limits>
 
 #include "../rewrite/builder.hpp"
 
@@ -137,7 +138,10 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
       Attrs rest;
       rest.dims = {rdim};
       rest.d = n.attrs.d;
-      total = b.op(detail::combine_op(n.op), {total, b.op(n.op, {rows(covered, r.reduced)}, rest)});
+      // The rest runs to the end of the rows, not to this call's R: a program reused at more rows
+      // (symbolic sizes) sums them there, one at fewer fails inference and recompiles; a rest
+      // ending at R dropped every later row.
+      total = b.op(detail::combine_op(n.op), {total, b.op(n.op, {rows(covered, std::numeric_limits<std::int64_t>::max())}, rest)});
     }
     return b.reshape(narrow ? b.cast(total, n.dt) : total, n.shape);
   });

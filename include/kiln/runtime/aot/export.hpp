@@ -157,6 +157,7 @@ exported_kernels export_program(const Function<F>& f, const E& e, const std::arr
                          t->device().str());
   auto arg = [&](int slot) -> const Tensor& { return *args[slot]; };
   runtime::LoweringStats stats;
+  stats.for_gpu = true;  // a CUDA program, from CPU tensors too
   graph::Graph g = graph_builder(f.fn(), e, static_cast<int>(NArgs))(arg, stats);
   ::kiln::shapes mode = o.shapes != shapes::automatic ? o.shapes : f.cache().opts().shapes;
   return export_lowered(std::move(g), stats, mode, args, static_cast<int>(NArgs),
