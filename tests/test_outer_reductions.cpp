@@ -67,6 +67,14 @@ TEST_CASE("outer reductions on the CPU: column sums, means and extrema against t
   CHECK(run_and_check([](auto a) { return k::amin(k::exp(a), 0); }, 1e-6, x));
   auto ragged = k::randn({29, 270}, k::f32, k::cpu, 2);  // the last program 14 lanes short
   CHECK(run_and_check([](auto a) { return k::sum(a * a, 0); }, 1e-5, ragged));
+  // ... written twice: whole tiles unmasked (vectorised), the tile with the end masked (NOTES 111).
+  auto split = k::compile([](auto a) { return k::sum(a * a, 0); });
+  const std::string src = k::explain(split, ragged).kernels.at(0).source;
+  CHECK(src.find("if (xoffset + XVEC <= xnumel) {") != std::string::npos);
+  CHECK(src.find("auto xmask = xindex < xnumel;") != std::string::npos);
+  // (A function of its own: a second shape would make the first's sizes symbolic.)
+  const std::string whole = k::explain(k::compile([](auto a) { return k::sum(a * a, 0); }), x).kernels.at(0).source;
+  CHECK(whole.find("if (xoffset + XVEC <= xnumel)") == std::string::npos);
   // 3-D: the middle dim reduced, kept [5, 48] (whole tiles) and [5, 20] (a tile spans two rows).
   auto x3 = k::randn({5, 19, 48}, k::f32, k::cpu, 3);
   CHECK(run_and_check([](auto a) { return k::mean(a, 1); }, 1e-5, x3));
@@ -97,11 +105,29 @@ TEST_CASE("outer reductions on the CPU: NaN in a column, softmax over dim 0, bf1
     else
       CHECK(std::abs(got[c] - (mx + sum)) < 1e-5 * (1 + std::abs(mx + sum)));
   }
+  // The same over a ragged width: NaN in a whole tile (column 7) and in the last, short one (49).
+  std::vector<float> w(23 * 50);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::cos(0.29f * static_cast<float>(i)) * 2.0f;
+  w[3 * 50 + 7] = w[11 * 50 + 49] = std::numeric_limits<float>::quiet_NaN();
+  auto xr = k::from_vector(w, {23, 50});
+  std::vector<float> gr = k::to_vector<float>(g(xr));
+  REQUIRE(gr.size() == 50);
+  for (int c = 0; c < 50; ++c) {
+    double mx = -INFINITY, sum = 0;
+    for (int r = 0; r < 23; ++r) mx = std::max(mx, double(w[r * 50 + c])), sum += w[r * 50 + c];
+    INFO("column " << c);
+    if (c == 7 || c == 49)
+      CHECK(std::isnan(gr[c]));
+    else
+      CHECK(std::abs(gr[c] - (mx + sum)) < 1e-5 * (1 + std::abs(mx + sum)));
+  }
   // Two loops of reductions and a full-size output written in a last loop.
   auto s = k::randn({33, 100}, k::f32, k::cpu, 6);
   CHECK(run_and_check([](auto a) { return k::softmax(a, 0); }, 1e-5, s));
   auto h = k::randn({41, 64}, k::bf16, k::cpu, 7);
   CHECK(run_and_check([](auto a) { return k::sum(a, 0); }, 2e-2, h));
+  auto hr = k::randn({41, 77}, k::bf16, k::cpu, 8);  // 16-bit, ragged
+  CHECK(run_and_check([](auto a) { return k::sum(a, 0); }, 2e-2, hr));
   std::vector<std::int32_t> iv(31 * 32);
   for (std::size_t i = 0; i < iv.size(); ++i) iv[i] = static_cast<std::int32_t>((i * 7919) % 201) - 100;
   auto xi = k::from_vector(iv, {31, 32});

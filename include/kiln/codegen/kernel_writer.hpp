@@ -322,9 +322,11 @@ class KernelWriter {
   // GPU column reductions split down the reduced elements too (launch_config.hpp's column blocks).
   bool column_block() const { return target_ == Target::cuda && config_.x_lanes && config_.row_threads > 1; }
   bool host_rows_unmasked() const {
-    return target_ == Target::cpu && (unmasked_part_ || (full_rows_ && (config_.x_lanes || full_tiles_ ||
-                                                                          (vector_rows_ && config_.riters == 0))));
+    return target_ == Target::cpu && (unmasked_part_ || whole_lanes_ ||
+                                      (full_rows_ && (config_.x_lanes || full_tiles_ ||
+                                                      (vector_rows_ && config_.riters == 0))));
   }
+  bool whole_lanes_ = false;  // host column programs: writing the body of a program of whole tiles (write_rows)
   bool unmasked_part_ = false;  // host rows: writing the whole vectors of a split row (write_rows)
   bool tail_part_ = false;      // writing the vector with a split row's end (its caches: stored before)
   // Host rows: the loop over a row being written, its halves one loop (a split row's register
