@@ -62,18 +62,22 @@ void row_reductions(k::Device dev) {
   check_against_oracle([](auto a) { return k::mean(a); }, 1e-4, true, y);
 }
 
-// dw and db of a layer_norm over an odd row count: the column sums of the backward.
-void layer_norm_weight_gradients(k::Device dev) {
-  const std::int64_t rows = 6003, cols = 80;
-  auto x = k::randn({rows, cols}, k::f32, k::cpu, 6), dy = k::randn({rows, cols}, k::f32, k::cpu, 7);
-  auto w = k::randn({cols}, k::f32, k::cpu, 8), b = k::randn({cols}, k::f32, k::cpu, 9);
+// dw and db of a layer_norm (the column sums of its backward) over inputs of dtype dt, against the
+// f64 oracle of the same rounded inputs; split: whether they must reduce in two stages.
+void layer_norm_weight_gradients(k::Device dev, std::int64_t rows, std::int64_t cols, k::dtype dt, double tol,
+                                 bool split, std::uint64_t seed) {
+  auto x = k::randn({rows, cols}, k::f32, k::cpu, seed), dy = k::randn({rows, cols}, k::f32, k::cpu, seed + 1);
+  auto w = k::randn({cols}, k::f32, k::cpu, seed + 2), b = k::randn({cols}, k::f32, k::cpu, seed + 3);
   auto ln = [](auto a, auto ww, auto bb) { return k::layer_norm(a, ww, bb); };
   auto f = k::compile(k::vjp(ln, k::wrt<1, 2>));
-  auto [dw, db] = f(x.to(dev), w.to(dev), b.to(dev), dy.to(dev));
-  CHECK(two_stage(k::explain(f, x.to(dev), w.to(dev), b.to(dev), dy.to(dev))));
+  auto in = [&](const k::Tensor& t) { return k::Tensor(k::cast(t, dt)).to(dev); };
+  auto [dw, db] = f(in(x), in(w), in(b), in(dy));
+  CHECK(two_stage(k::explain(f, in(x), in(w), in(b), in(dy))) == split);
+  auto wide = [&](const k::Tensor& t) { return k::Tensor(k::cast(k::cast(t, dt), k::f64)); };
   auto oracle = k::compile(k::vjp(ln, k::wrt<1, 2>));
-  auto [ow, ob] = oracle(x.to(k::f64), w.to(k::f64), b.to(k::f64), dy.to(k::f64));
-  auto rw = k::testing::allclose(dw.to(k::cpu), ow, 1e-4, 1e-3), rb = k::testing::allclose(db.to(k::cpu), ob, 1e-4, 1e-3);
+  auto [ow, ob] = oracle(wide(x), wide(w), wide(b), wide(dy));
+  auto rw = k::testing::allclose(dw.to(k::cpu), ow, tol, tol * (dt == k::f32 ? 10 : 1)),
+       rb = k::testing::allclose(db.to(k::cpu), ob, tol, tol * (dt == k::f32 ? 10 : 1));
   INFO(rw.str() << "\n" << rb.str());
   CHECK(rw);
   CHECK(rb);
@@ -85,27 +89,6 @@ void layer_norm_weight_gradients(k::Device dev) {
 void wide_columns(k::Device dev) {
   auto x = k::randn({1025, 40009}, k::f32, k::cpu, 11).to(dev);  // 1025 rows: chunks and a remainder
   check_against_oracle([](auto a) { return k::sum(a, 0); }, 1e-4, dev.is_cuda(), x);
-}
-
-// A bf16 layer_norm's dw and db over wide rows: the column sums split on a GPU (1.60 -> 1.04 ms at
-// 2670x50257 on an H200), against the f64 oracle.
-void wide_layer_norm_weight_gradients(k::Device dev) {
-  const std::int64_t rows = 1029, cols = 33001;
-  auto x = k::randn({rows, cols}, k::f32, k::cpu, 12), dy = k::randn({rows, cols}, k::f32, k::cpu, 13);
-  auto w = k::randn({cols}, k::f32, k::cpu, 14), b = k::randn({cols}, k::f32, k::cpu, 15);
-  auto ln = [](auto a, auto ww, auto bb) { return k::layer_norm(a, ww, bb); };
-  auto f = k::compile(k::vjp(ln, k::wrt<1, 2>));
-  auto h = [&](const k::Tensor& t) { return k::Tensor(k::cast(t, k::bf16)).to(dev); };
-  auto [dw, db] = f(h(x), h(w), h(b), h(dy));
-  CHECK(two_stage(k::explain(f, h(x), h(w), h(b), h(dy))) == dev.is_cuda());
-  auto wide = [&](const k::Tensor& t) { return k::Tensor(k::cast(k::cast(t, k::bf16), k::f64)); };  // the same rounded inputs
-  auto oracle = k::compile(k::vjp(ln, k::wrt<1, 2>));
-  auto [ow, ob] = oracle(wide(x), wide(w), wide(b), wide(dy));
-  // Sums of 1029 products rounded to bf16 at the end: a few bf16 ulps.
-  auto rw = k::testing::allclose(dw.to(k::cpu), ow, 2e-2, 2e-2), rb = k::testing::allclose(db.to(k::cpu), ob, 2e-2, 2e-2);
-  INFO(rw.str() << "\n" << rb.str());
-  CHECK(rw);
-  CHECK(rb);
 }
 
 // A split program reused at other row counts (shapes::dynamic, and automatic after a change): its
@@ -140,16 +123,20 @@ TEST_CASE("split: column sums over wide columns, two stages on a GPU only (CPU)"
 TEST_CASE("split: column sums over wide columns, two stages on a GPU only (GPU)" * needs_gpu()) {
   wide_columns(k::cuda);
 }
+// A bf16 layer_norm's dw and db over wide rows: the column sums split on a GPU (1.60 -> 1.04 ms at
+// 2670x50257 on an H200); sums of 1029 products rounded to bf16 at the end: a few bf16 ulps.
 TEST_CASE("split: a bf16 layer_norm's dw and db over wide rows (GPU)" * needs_gpu()) {
-  wide_layer_norm_weight_gradients(k::cuda);
+  layer_norm_weight_gradients(k::cuda, 1029, 33001, k::bf16, 2e-2, true, 12);
 }
 
 TEST_CASE("split: column reductions over odd row counts (CPU)") { column_reductions(k::cpu); }
 TEST_CASE("split: full reductions split, rows of prime length not (CPU)") { row_reductions(k::cpu); }
-TEST_CASE("split: layer_norm dw and db over an odd row count (CPU)") { layer_norm_weight_gradients(k::cpu); }
+TEST_CASE("split: layer_norm dw and db over an odd row count (CPU)") {
+  layer_norm_weight_gradients(k::cpu, 6003, 80, k::f32, 1e-4, true, 6);
+}
 
 TEST_CASE("split: column reductions over odd row counts (GPU)" * needs_gpu()) { column_reductions(k::cuda); }
 TEST_CASE("split: full reductions split, rows of prime length not (GPU)" * needs_gpu()) { row_reductions(k::cuda); }
 TEST_CASE("split: layer_norm dw and db over an odd row count (GPU)" * needs_gpu()) {
-  layer_norm_weight_gradients(k::cuda);
+  layer_norm_weight_gradients(k::cuda, 6003, 80, k::f32, 1e-4, true, 6);
 }

@@ -123,12 +123,19 @@ graph::Graph copy_strided_custom_inputs(const graph::Graph& g, ArgAt&& arg) {
 // (an extern step; its derivative rule builds the backward from primitives), instead of the
 // decomposition into batched matmuls and a materialised softmax. KILN_TUNE_ATTENTION=0 keeps the
 // decomposition; its other values set the kernel's warps.
+// The CUDA device of a graph's arguments, or -1 where none is on a GPU.
 template <class ArgAt>
-graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tuning& tuning) {
-  if (tuning.attention == 0) return g;
+int cuda_device_of(const graph::Graph& g, ArgAt&& arg) {
   int device = -1;
   for (const auto& n : g.nodes)
     if (n.op == Op::arg && arg(n.slot).device().is_cuda()) device = arg(n.slot).device().index;
+  return device;
+}
+
+template <class ArgAt>
+graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tuning& tuning) {
+  if (tuning.attention == 0) return g;
+  const int device = cuda_device_of(g, arg);
   bool any = false;
   for (const auto& n : g.nodes) any = any || (n.op == Op::attention && !n.attrs.c);
   if (device < 0 || !any) return g;
@@ -170,8 +177,7 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
   stats.ops_decomposed = g.count_ops();
   if (stats.tuning.matmul_t != 0) g = rewrite::fold_matmul_transposes(g);  // (A @ B)^T written as B^T @ A^T
   graph::infer_shapes(g, arg);
-  bool gpu = stats.for_gpu;  // the program's device, as its arguments give it
-  for (const auto& n : g.nodes) gpu = gpu || (n.op == Op::arg && arg(n.slot).device().is_cuda());
+  const bool gpu = stats.for_gpu || cuda_device_of(g, arg) >= 0;  // the program's device
   g = schedule::split_reductions(g, stats.tuning.partials != 0, gpu);  // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
   g = copy_strided_custom_inputs(g, arg);  // custom ops, embedding_backward, attention read contiguous buffers

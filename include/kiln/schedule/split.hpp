@@ -141,7 +141,8 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
       // The rest runs to the end of the rows, not to this call's R: a program reused at more rows
       // (symbolic sizes) sums them there, one at fewer fails inference and recompiles; a rest
       // ending at R dropped every later row.
-      total = b.op(detail::combine_op(n.op), {total, b.op(n.op, {rows(covered, std::numeric_limits<std::int64_t>::max())}, rest)});
+      const int rest_rows = rows(covered, std::numeric_limits<std::int64_t>::max());
+      total = b.op(detail::combine_op(n.op), {total, b.op(n.op, {rest_rows}, rest)});
     }
     return b.reshape(narrow ? b.cast(total, n.dt) : total, n.shape);
   });
