@@ -430,8 +430,8 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
       written.second = scope_;
     }
     if (fresh_cache) {
-      cache_decls_.push_back("kiln::tile<" + (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) + ", RVEC> " +
-                             it->second + "[RITERS];");
+      cache_decls_.push_back("kiln::tile<" + (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) +
+                             (config_.x_lanes ? ", XVEC> " : ", RVEC> ") + it->second + "[RITERS];");
       cached_cost_ += held_cost(static_cast<std::int64_t>(itemsize(st)));
       line(it->second + "[kiln_it] = " + raw + ";");
     }

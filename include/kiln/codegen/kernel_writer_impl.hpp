@@ -117,7 +117,9 @@ inline void KernelWriter::write_rows() {
                      (target_ == Target::cpu || (tune_.vector_masks != 0 && !rnumel_.is_constant()));
   auto open_loop = [&](Part part) {
     const bool held = config_.riters > 0;
-    line(x_lanes                ? (column_block() ? "KILN_R_COLUMN_STEPS(rindex) {" : "KILN_R_STEPS(rindex) {")
+    line(x_lanes                ? (!column_block() ? "KILN_R_STEPS(rindex) {"
+                                   : held          ? "KILN_R_COLUMN_TILES(rindex) {"
+                                                   : "KILN_R_COLUMN_STEPS(rindex) {")
          : part == Part::full   ? (held ? "KILN_R_TILES_FULL(roffset) {" : "KILN_R_LOOP_FULL(roffset, rnumel) {")
          : part == Part::tail   ? (held ? "KILN_R_TILES_TAIL(roffset) {" : "KILN_R_LOOP_TAIL(roffset, rnumel) {")
          : held                 ? (row_shift_ ? "KILN_R_TILES_SHIFTED(roffset, kiln_shift) {" : "KILN_R_TILES(roffset) {")
@@ -349,7 +351,7 @@ inline KernelSource KernelWriter::write() {
                                          std::to_string(tile_dim_) + " by " + std::to_string(config_.xvec) +
                                          " lanes of the last (transposed inputs gathered from L1)")
      << "\n";
-  if (target_ == Target::cuda && rows() && config_.riters > 0)
+  if (target_ == Target::cuda && rows() && config_.riters > 0 && !config_.x_lanes)
     ks.config.min_blocks =
         min_blocks_for(ks.config.threads, cached_cost_ * config_.riters * config_.rvec, tune_);
   // A held row of symbolic length: its sizes, divisors and masks cost registers a static length's
@@ -391,7 +393,8 @@ inline KernelSource KernelWriter::write() {
     os << "  constexpr ix XVEC = " << c.xvec << ", RUNROLL = " << c.runroll  // (host kernels compile for the GPU too)
        << ";\n"
        << (column_block() ? "  constexpr int XT = " + std::to_string(c.threads / c.row_threads) +
-                                ", RT = " + std::to_string(c.row_threads) + ";\n"
+                                ", RT = " + std::to_string(c.row_threads) +
+                                (c.riters > 0 ? ", RITERS = " + std::to_string(c.riters) : "") + ";\n"
                           : "")
        << "  const ix xnumel = " << xnumel_code << ", rnumel = " << rnumel_code << ";\n";
   else if (rows())

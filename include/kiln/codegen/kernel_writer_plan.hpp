@@ -70,6 +70,16 @@ inline void KernelWriter::plan() {
       }
   }
   if (rows()) {
+    // The walks down a row: one a group of reductions that do not read each other (as write_rows
+    // groups them, one-pass forms apart), one more for full-size stores and column partials.
+    const std::size_t n = plan_.reductions.size();
+    caches.loops = 0;
+    for (std::size_t i = 0, j; i < n; i = j, ++caches.loops)
+      for (j = i + 1; j < n && !depends_on_any(plan_.reductions[j], i, j);) ++j;
+    const bool full_stores = std::any_of(plan_.stores.begin(), plan_.stores.end(), [&](int s) {
+      return g_[s].shape == g_[plan_.domain].shape && !is_reduction(g_[s].op);
+    });
+    if (full_stores || !plan_.partials.empty()) ++caches.loops;
     std::vector<Sym> kept, red;
     for (int i = 0; i < static_cast<int>(p.size()); ++i)
       (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? red : kept).push_back(p[i]);
@@ -138,10 +148,11 @@ inline void KernelWriter::plan() {
   // register tiles that cover a row exactly (a constant mask folds away).
   if (rows()) {
     full_rows_ = divides(config_.rows, xnumel_);
-    full_tiles_ = config_.riters > 0 && rnumel_.is_constant() &&
+    full_tiles_ = config_.riters > 0 && !config_.x_lanes && rnumel_.is_constant() &&
                   rnumel_.constant_value() == std::int64_t{config_.riters} * config_.row_threads * config_.rvec;
     exact_tiles_ = full_rows_ && full_tiles_;
-    vector_rows_ = tune_.vector_masks != 0 && rnumel_.is_constant() && rnumel_.constant_value() % config_.rvec == 0;
+    vector_rows_ = tune_.vector_masks != 0 && !config_.x_lanes && rnumel_.is_constant() &&
+                   rnumel_.constant_value() % config_.rvec == 0;  // (columns' lanes run across rows)
     if (held_dynamic && config_.riters > 0) {
       dyn_vector_rows_ = vector_rows_ = true;
       ks.held_multiple = config_.rvec;

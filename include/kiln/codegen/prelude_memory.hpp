@@ -359,6 +359,11 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
     if (const ix xoffset = (kiln_xblock * XT + (ix)(threadIdx.x % XT)) * XVEC; true)
 #define KILN_R_COLUMN_STEPS(rindex) \
   _Pragma("unroll (RUNROLL)") for (ix rindex = (ix)(threadIdx.x / XT); rindex < rnumel; rindex += RT)
+// ... and columns held in registers (RITERS steps a thread, the last ones past the column skipped):
+// kiln_it indexes a thread's register tiles, as KILN_R_TILES' does a row's.
+#define KILN_R_COLUMN_TILES(rindex)                                   \
+  KILN_UNROLL for (int kiln_it = 0; kiln_it < RITERS; ++kiln_it)      \
+    if (const ix rindex = (ix)(threadIdx.x / XT) + (ix)kiln_it * RT; rindex < rnumel)
 #else
 #define KILN_POINTWISE_LOOP(xoffset)                                   \
   for (int kiln_u = 0; kiln_u < XBLOCK / XVEC; ++kiln_u)              \

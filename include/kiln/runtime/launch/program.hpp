@@ -219,7 +219,8 @@ inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k,
   const auto shared = static_cast<unsigned>(k.config.shared_bytes);
   allow_shared(f, shared, k.name.c_str());
   if (k.partial_groups > 0) return k.partial_groups / k.config.rows;  // a program a row group, exactly
-  bool several_rows = k.kind == schedule::Kind::per && k.config.rows >= 2 && k.config.row_threads > 1;  // not columns
+  bool several_rows = k.kind == schedule::Kind::per && k.config.rows >= 2 && k.config.row_threads > 1 &&
+                      !k.config.x_lanes;  // not columns (held or not)
   int waves = k.tuning.waves >= 0 ? k.tuning.waves : several_rows ? 64 : 16;
   if (waves == 0) return row_grid_limit(driver::sm_count(device), k.config.threads);
   return std::int64_t{driver::sm_count(device)} * std::max(1, driver::resident_blocks(f, k.config.threads, shared)) *
