@@ -156,3 +156,43 @@ TEST_CASE("outer reductions on the CPU: layer_norm's weight and bias gradients o
   CHECK_MESSAGE(bool(r_dw), r_dw);
   CHECK_MESSAGE(bool(r_db), r_db);
 }
+
+// Kept elements over two or more dims whose last one is no whole number of tiles: a program is a
+// column tile of one kept row (plan's col_tiles_), never straddling two rows. The first stage of a
+// split column sum over 1024x4099 ([16, 4099] kept), softmax and a max over dim 1 of [5, 12, 37]
+// (kept [5, 37]), a variance over dim 1 of [3, 40, 1001], bf16; and kept rows of whole tiles (a
+// split sum over 1024x4096) or a single kept dim (sum over dim 0 of 33x1001), which keep the flat walk.
+TEST_CASE("outer reductions on the CPU: kept rows of odd width walked by column tiles") {
+  auto by_cols = [](auto f, auto... args) {
+    k::report e = k::explain(k::compile(f), args...);
+    bool any = false;
+    for (const auto& ki : e.kernels)
+      if (ki.source.find("as rows by column tiles, lanes along the kept elements") != std::string::npos) {
+        any = true;
+        check_compiles_for_gpu(ki);
+      }
+    return any;
+  };
+  auto sum0 = [](auto a) { return k::sum(a, 0); };
+  auto x = k::randn({1024, 4099}, k::f32, k::cpu, 71);
+  CHECK(run_and_check(sum0, 1e-4, x));
+  CHECK(by_cols(sum0, x));
+  auto sm1 = [](auto a) { return k::softmax(a, 1); };
+  auto mx1 = [](auto a) { return k::amax(a, 1); };
+  k::Tensor t = k::randn({5, 12, 37}, k::f32, k::cpu, 72) * 3.0f;
+  CHECK(run_and_check(sm1, 1e-5, t));
+  CHECK(run_and_check(mx1, 0.0, t));
+  CHECK(by_cols(sm1, t));
+  auto var1 = [](auto a) { return k::var(a, 1); };
+  k::Tensor v = k::randn({3, 40, 1001}, k::f32, k::cpu, 73) + 2.0f;
+  CHECK(run_and_check(var1, 1e-4, v));
+  CHECK(by_cols(var1, v));
+  CHECK(run_and_check(sm1, 2e-2, t.to(k::bf16)));
+  // Whole tiles, or one kept dim: the flat walk.
+  auto whole = k::randn({1024, 4096}, k::f32, k::cpu, 74);
+  CHECK(run_and_check(sum0, 1e-4, whole));
+  CHECK_FALSE(by_cols(sum0, whole));
+  auto one = k::randn({33, 1001}, k::f32, k::cpu, 75);
+  CHECK(run_and_check(sum0, 1e-5, one));
+  CHECK_FALSE(by_cols(sum0, one));
+}

@@ -323,7 +323,7 @@ class KernelWriter {
   bool column_block() const { return target_ == Target::cuda && config_.x_lanes && config_.row_threads > 1; }
   bool host_rows_unmasked() const {
     return target_ == Target::cpu && (unmasked_part_ || whole_lanes_ ||
-                                      (full_rows_ && (config_.x_lanes || full_tiles_ ||
+                                      (full_rows_ && !col_tiles_ && (config_.x_lanes || full_tiles_ ||
                                                       (vector_rows_ && config_.riters == 0))));
   }
   bool whole_lanes_ = false;  // host column programs: writing the body of a program of whole tiles (write_rows)
@@ -346,6 +346,16 @@ class KernelWriter {
   Sym ya_, xb_, sa_, sb_, znumel_{1};
   bool col_tiles_ = false;  // host: rows by column tiles (kernel_writer_columns.hpp)
   Sym xrow_, xcol_;
+  std::int64_t kept_cols_ = 0;  // host column programs by rows (col_tiles_ with rows()): the last kept dim
+  // The kept elements' flat index: xindex, or a host column program's row and column tile.
+  Sym kept_flat() const { return rows() && col_tiles_ ? xrow_ * Sym(kept_cols_) + xcol_ : xindex_; }
+  bool is_kept_symbol(const Sym& f) const { return f == xindex_ || (rows() && col_tiles_ && (f == xrow_ || f == xcol_)); }
+  // Host column programs by rows: a row's column tiles, and the programs' kept elements (every row's
+  // tiles, the last one overhanging the row) as the kernel's xnumel: a program a tile.
+  std::int64_t col_tiles_a_row() const { return (kept_cols_ + config_.xvec - 1) / config_.xvec; }
+  Sym kept_tiles_xnumel() const {
+    return rows() && col_tiles_ ? floordiv(xnumel_, Sym(kept_cols_)) * Sym(col_tiles_a_row() * config_.xvec) : xnumel_;
+  }
   std::map<std::string, std::string> staged_;  // the staging load -> its shared tile
   std::vector<std::string> stage_decls_;
   std::int64_t stage_bytes_ = 0;

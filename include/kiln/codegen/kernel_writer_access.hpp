@@ -365,7 +365,7 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   std::string code;
   auto free = offset.free_symbols();
   bool per_tile = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == rindex_; });
-  bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == xindex_; });
+  bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return is_kept_symbol(f); });
   // Lanes along the kept elements: a value that does not depend on them (a row's mean) is one
   // scalar, in bounds at every step of the reduced elements.
   if (config_.x_lanes && !by_row && extra_mask.empty())

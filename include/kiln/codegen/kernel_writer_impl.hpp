@@ -11,7 +11,7 @@ inline std::vector<Sym> KernelWriter::domain_index() {
   std::vector<Sym> kept, red;
   for (int i = 0; i < static_cast<int>(p.size()); ++i)
     (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? red : kept).push_back(p[i]);
-  auto xi = unravel(xindex_, detail::nonzero(kept)), ri = unravel(rindex_, detail::nonzero(red));
+  auto xi = unravel(kept_flat(), detail::nonzero(kept)), ri = unravel(rindex_, detail::nonzero(red));
   std::vector<Sym> idx;
   std::size_t a = 0, b = 0;
   for (int i = 0; i < static_cast<int>(p.size()); ++i)
@@ -20,7 +20,7 @@ inline std::vector<Sym> KernelWriter::domain_index() {
 }
 
 // The index of a row-level node (shape = the kept dims, with or without keepdim's 1s).
-inline std::vector<Sym> KernelWriter::row_index(int node) { return unravel(xindex_, detail::nonzero(env_[node])); }
+inline std::vector<Sym> KernelWriter::row_index(int node) { return unravel(kept_flat(), detail::nonzero(env_[node])); }
 
 inline void KernelWriter::store(int node, const std::vector<Sym>& idx) {
   std::string ptr = param_for(node, true);
@@ -88,8 +88,16 @@ inline void KernelWriter::write_rows() {
   // for whole tiles unmasked and for the tile with the end, masked (whole_lanes_). Under a mask, a
   // host load is a branch a lane that GCC does not vectorise: a column sum over 1031x50021 f32 ran
   // at 8 GB/s, over 1031x50016 at 32 (NOTES item 111).
-  const bool lane_split = x_lanes && target_ == Target::cpu && !full_rows_;
-  if (x_lanes) {
+  const bool by_cols = x_lanes && col_tiles_;  // host: a kept row by column tiles (plan())
+  const bool lane_split = x_lanes && target_ == Target::cpu && (!full_rows_ || by_cols);
+  if (by_cols) {  // a program a column tile of a kept row: xnumel counts the rows' tiles (write())
+    const std::string row = std::to_string(col_tiles_a_row() * config_.xvec);
+    xrow_ = Sym::symbol("xrow", 1011, {.nonnegative = true, .bound = floordiv(xnumel_, Sym(kept_cols_))});
+    xcol_ = Sym::symbol("xcol", 1012, {.nonnegative = true, .bound = Sym(kept_cols_)});
+    line("KILN_COLUMN_PROGRAM(xoffset) {");
+    ++indent_;
+    line("const ix xrow = xoffset / " + row + ", xcoff = xoffset % " + row + ";");
+  } else if (x_lanes) {
     line(column_block() ? "KILN_COLUMN_BLOCK(xoffset) {" : "KILN_COLUMN_PROGRAM(xoffset) {");
     ++indent_;
     line("auto xindex = xoffset + kiln::arange<XVEC, ix>();");
@@ -274,14 +282,19 @@ inline void KernelWriter::write_rows() {
   }
   };  // program_body
   if (lane_split) {
+    const std::string k = std::to_string(kept_cols_);
     for (bool whole : {true, false}) {
-      line(whole ? "if (xoffset + XVEC <= xnumel) {" : "} else {");
+      line(whole     ? "if (" + std::string(by_cols ? "xcoff + XVEC <= " + k : "xoffset + XVEC <= xnumel") + ") {"
+                     : "} else {");
       ++indent_;
       ++scope_;
       whole_lanes_ = whole;
       final_loop_ = false;
       reduced_ = reduced_before;
-      line(whole ? "auto xmask = kiln::full<XVEC>(true);" : "auto xmask = xindex < xnumel;");
+      if (by_cols) line("auto xcol = xcoff + kiln::arange<XVEC, ix>();");
+      line(whole     ? "auto xmask = kiln::full<XVEC>(true);"
+           : by_cols ? "auto xmask = xcol < " + k + ";"
+                     : "auto xmask = xindex < xnumel;");
       program_body();
       --indent_;
     }
@@ -336,7 +349,7 @@ inline KernelSource KernelWriter::write() {
   if (probe_) return ks;
 
   // The signature: inputs, outputs, scalars, sizes (noted while printing the sizes themselves).
-  const std::string xnumel_code = index_code(xnumel_), rnumel_code = index_code(rnumel_);
+  const std::string xnumel_code = index_code(kept_tiles_xnumel()), rnumel_code = index_code(rnumel_);
   std::stable_sort(params_.begin(), params_.end(), [](const Param& a, const Param& b) { return a.kind < b.kind; });
   const bool narrow = narrow_indices();
   std::ostringstream os;
@@ -426,7 +439,7 @@ inline KernelSource KernelWriter::write() {
                      section(Section::body);
   body = split_on_alignment(body);
   ks.source = signature + body + "}\n";
-  ks.xnumel = xnumel_;
+  ks.xnumel = kept_tiles_xnumel();
   if (tile_dim_ >= 0 && target_ == Target::cpu) {  // as many programs as tiles: XBLOCK elements each
     const auto& p = env_[plan_.domain];
     Sym a = p[tile_dim_], b = p[p.size() - 1];
