@@ -188,6 +188,11 @@ TEST_CASE("outer reductions on the CPU: kept rows of odd width walked by column 
   CHECK(run_and_check(var1, 1e-4, v));
   CHECK(by_cols(var1, v));
   CHECK(run_and_check(sm1, 2e-2, t.to(k::bf16)));
+  // A value that varies along the kept row's leading dims only (s: [5, 12, 1]), read as one scalar.
+  auto scaled = [](auto a, auto sc) { return k::sum(a * sc, 1); };
+  k::Tensor s = k::randn({5, 12, 1}, k::f32, k::cpu, 76);
+  CHECK(run_and_check(scaled, 1e-5, t, s));
+  CHECK(by_cols(scaled, t, s));
   // Whole tiles, or one kept dim: the flat walk.
   auto whole = k::randn({1024, 4096}, k::f32, k::cpu, 74);
   CHECK(run_and_check(sum0, 1e-4, whole));

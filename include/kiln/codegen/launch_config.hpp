@@ -223,12 +223,13 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
     // Columns of a static length that a thread's steps cover in a few tiles, walked more than once,
     // are held in registers, as rows are: a softmax over dim 1 of [28387, 12, 197] read its input
     // three times without (0.317 ms, 2.3x torch.compile's 0.138; NOTES item 112). Same budget as
-    // rows' caches. (A column sum walks once: its loop stays as it was.)
+    // rows' caches (0: no limit). Column blocks only: KILN_TUNE_COLUMN_LANES=1's single threads down
+    // a column stay looped. (A column sum walks once: its loop stays as it was.)
     const std::int64_t max_iters = tune.row_iters >= 0 ? tune.row_iters : 16;
     const std::int64_t steps = (rnumel + c.row_threads - 1) / c.row_threads;
     const std::int64_t budget = tune.row_cache >= 0 ? tune.row_cache : row_cache_half_registers;
-    if (static_rnumel && rnumel > 0 && caches.loops >= 2 && steps <= max_iters &&
-        steps * c.xvec * std::max(caches.stream_cost, 2) <= budget)
+    if (static_rnumel && rnumel > 0 && c.row_threads > 1 && caches.loops >= 2 && steps <= max_iters &&
+        (budget <= 0 || steps * c.xvec * std::max(caches.stream_cost, 2) <= budget))
       c.riters = static_cast<int>(steps);
     return c;
   }
