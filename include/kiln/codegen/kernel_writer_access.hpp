@@ -366,14 +366,12 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
   auto free = offset.free_symbols();
   bool per_tile = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return f == rindex_; });
   bool by_row = std::any_of(free.begin(), free.end(), [&](const Sym& f) { return is_kept_symbol(f); });
-  // Lanes along the kept elements: a value that does not depend on them (a row's mean) is one
-  // scalar, in bounds at every step of the reduced elements.
-  if (config_.x_lanes && !by_row && extra_mask.empty())
-    return bind("kiln::load(" + ptr + ", " + index_code(offset) + ", true)", ct);
-  // A host program of one kept row's column tile (col_tiles_): a value that varies along the row's
-  // leading dims only (a per-row scale) is one scalar too, the program's row always in bounds.
-  if (config_.x_lanes && col_tiles_ && extra_mask.empty() &&
-      std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == xcol_; }))
+  // Lanes along the kept elements: a value that does not vary with the lanes (a row's mean; in a
+  // host program of one kept row's column tile, also a per-row scale) is one scalar, in bounds at
+  // every step of the reduced elements (the program's row always is).
+  const Sym& lanes = col_tiles_ ? xcol_ : xindex_;
+  if (config_.x_lanes && extra_mask.empty() &&
+      std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == lanes; }))
     return bind("kiln::load(" + ptr + ", " + index_code(offset) + ", true)", ct);
   // The same for every lane of a tile (a row's mean, read by columns of one row): one scalar at the
   // tile's first lane, which the program's loop keeps in bounds.

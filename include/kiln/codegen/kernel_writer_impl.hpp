@@ -5,23 +5,6 @@
 
 namespace kiln::codegen {
 
-inline std::vector<Sym> KernelWriter::domain_index() {
-  const auto& p = env_[plan_.domain];
-  if (!rows()) return tile_dim_ >= 0 || probe_ ? tiled_index() : col_tiles_ ? col_index() : unravel(xindex_, detail::nonzero(p));
-  std::vector<Sym> kept, red;
-  for (int i = 0; i < static_cast<int>(p.size()); ++i)
-    (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? red : kept).push_back(p[i]);
-  auto xi = unravel(kept_flat(), detail::nonzero(kept)), ri = unravel(rindex_, detail::nonzero(red));
-  std::vector<Sym> idx;
-  std::size_t a = 0, b = 0;
-  for (int i = 0; i < static_cast<int>(p.size()); ++i)
-    idx.push_back(std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? ri[b++] : xi[a++]);
-  return idx;
-}
-
-// The index of a row-level node (shape = the kept dims, with or without keepdim's 1s).
-inline std::vector<Sym> KernelWriter::row_index(int node) { return unravel(kept_flat(), detail::nonzero(env_[node])); }
-
 inline void KernelWriter::store(int node, const std::vector<Sym>& idx) {
   std::string ptr = param_for(node, true);
   // A cast to the buffer's own 16-bit dtype is the store's rounding: store the value before it.

@@ -1,4 +1,5 @@
-// The width of a kernel's index arithmetic: int where every index it forms fits in 32 bits
+// A kernel's indices: the domain's and a row value's, in the kernel's tile symbols, and the width
+// of its index arithmetic: int where every index it forms fits in 32 bits
 // (KernelWriter::narrow_indices), else i64.
 #pragma once
 #include <algorithm>
@@ -8,6 +9,23 @@
 #include "kernel_writer.hpp"
 
 namespace kiln::codegen {
+
+inline std::vector<Sym> KernelWriter::domain_index() {
+  const auto& p = env_[plan_.domain];
+  if (!rows()) return tile_dim_ >= 0 || probe_ ? tiled_index() : col_tiles_ ? col_index() : unravel(xindex_, detail::nonzero(p));
+  std::vector<Sym> kept, red;
+  for (int i = 0; i < static_cast<int>(p.size()); ++i)
+    (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? red : kept).push_back(p[i]);
+  auto xi = unravel(kept_flat(), detail::nonzero(kept)), ri = unravel(rindex_, detail::nonzero(red));
+  std::vector<Sym> idx;
+  std::size_t a = 0, b = 0;
+  for (int i = 0; i < static_cast<int>(p.size()); ++i)
+    idx.push_back(std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? ri[b++] : xi[a++]);
+  return idx;
+}
+
+// The index of a row-level node (shape = the kept dims, with or without keepdim's 1s).
+inline std::vector<Sym> KernelWriter::row_index(int node) { return unravel(kept_flat(), detail::nonzero(env_[node])); }
 
 // Whether every index this kernel forms fits in 32 bits, so that its index arithmetic (the
 // kernel's `ix`) is int: on the GPU a 64-bit division or remainder by a constant is several 32-bit
