@@ -228,10 +228,10 @@ TEST_CASE("cuda: looped rows kept in shared memory" * needs_gpu()) {
   ::unsetenv("KILN_TUNE_ROW_SMEM");
 }
 
-// GPU column reductions held in registers (a thread's few steps down its columns, read once) and
-// looped ones, against the oracle: softmax and log_softmax over a middle dim of 12 (two steps a
-// thread, the second for half of them), 16 (whole steps), 130 (past 16 steps: looped); a column
-// variance (two loops) over 7 rows; bf16; and KILN_TUNE_ROW_ITERS=0 (looped).
+// GPU column reductions held in registers (read once) and looped ones, against the oracle: softmax
+// and log_softmax over a middle dim of 12 and 16 (a thread holds its whole column), 32 (a column
+// block's threads hold four steps each), 130 (past 16 steps: looped); a column variance (two loops)
+// over 7 rows; bf16; and KILN_TUNE_ROW_ITERS=0 (looped).
 TEST_CASE("cuda: short columns held in registers" * needs_gpu()) {
   auto sm1 = [](auto a) { return k::softmax(a, 1); };
   auto lsm1 = [](auto a) { return k::log_softmax(a, 1); };
@@ -239,7 +239,7 @@ TEST_CASE("cuda: short columns held in registers" * needs_gpu()) {
   for (std::string iters : {"", "0"}) {
     CAPTURE(iters);
     if (!iters.empty()) ::setenv("KILN_TUNE_ROW_ITERS", iters.c_str(), 1);
-    for (auto shape : {k::Dims{29, 12, 197}, k::Dims{33, 16, 64}, k::Dims{3, 130, 33}}) {
+    for (auto shape : {k::Dims{29, 12, 197}, k::Dims{33, 16, 64}, k::Dims{31, 32, 65}, k::Dims{3, 130, 33}}) {
       CAPTURE(shape);
       k::Tensor x = k::randn(shape, k::f32, k::cpu, 61) * 3.0f;
       check_compiled(sm1, 1e-5, 1e-7, x);
@@ -248,9 +248,13 @@ TEST_CASE("cuda: short columns held in registers" * needs_gpu()) {
     }
     k::Tensor y = k::randn({7, 1001}, k::f32, k::cpu, 62) + 5.0f;
     check_compiled(var0, 1e-4, 1e-5, y);
-    // (A function of its own for each shape: a second shape would make its sizes symbolic.)
+    // (A function of its own for each shape: a second shape would make its sizes symbolic.) Columns
+    // of 12 are held by a thread alone, columns of 32 by a column block's threads.
     k::Tensor x = k::randn({29, 12, 197}, k::f32, k::cuda, 63);
     std::string src = k::explain(k::compile(sm1), x).kernels.at(0).source;
+    CHECK((iters != "0") == (src.find("ROW_THREADS = 1, RITERS = 12,") != std::string::npos));
+    x = k::randn({29, 32, 197}, k::f32, k::cuda, 64);
+    src = k::explain(k::compile(sm1), x).kernels.at(0).source;
     CHECK((iters != "0") == (src.find("KILN_R_COLUMN_TILES") != std::string::npos));
     ::unsetenv("KILN_TUNE_ROW_ITERS");
   }

@@ -171,8 +171,9 @@ TEST_CASE("export: kernels whose tiles all start on a vector test their pointers
 }
 
 // GPU column reductions whose threads cover their reduced elements in a few steps hold them in
-// registers (launch_config.hpp's column blocks): a softmax over dim 1 of [29, 12, 197] reads its
-// input once, not once a loop; a long column sum is looped. NVRTC compiles both on the way.
+// registers: a softmax over dim 1 of [29, 12, 197] reads its input once, not once a loop, a thread
+// holding a whole column; over [29, 32, 197] a column block's 8 threads hold 4 steps each
+// (launch_config.hpp); a long column sum is looped. NVRTC compiles them on the way.
 TEST_CASE("export: short columns held in registers, long ones looped") {
   const k::export_options sm90{.arch = "sm_90"};
   auto count = [](const std::string& s, const std::string& what) {
@@ -183,10 +184,14 @@ TEST_CASE("export: short columns held in registers, long ones looped") {
   for (auto dt : {k::f32, k::bf16}) {
     CAPTURE(dt);
     auto dim1 = k::compile([](auto x) { return k::softmax(x, 1); });
-    std::string held = read_file(k::export_kernels(dim1, k::randn({29, 12, 197}, dt), fresh_dir("held_cols"), sm90).source);
+    std::string alone = read_file(k::export_kernels(dim1, k::randn({29, 12, 197}, dt), fresh_dir("held_alone"), sm90).source);
+    CHECK(alone.find("ROW_THREADS = 1, RITERS = 12,") != std::string::npos);
+    CHECK(count(alone, "(in_ptr0, ") == 1);  // a load, or a raw one (bf16: kept 16-bit)
+    auto dim1b = k::compile([](auto x) { return k::softmax(x, 1); });
+    std::string held = read_file(k::export_kernels(dim1b, k::randn({29, 32, 197}, dt), fresh_dir("held_cols"), sm90).source);
     CHECK(held.find("KILN_R_COLUMN_TILES(rindex)") != std::string::npos);
-    CHECK(held.find("RT = 8, RITERS = 2;") != std::string::npos);
-    CHECK(count(held, "(in_ptr0, ") == 1);  // a load, or a raw one (bf16: kept 16-bit)
+    CHECK(held.find("RT = 8, RITERS = 4;") != std::string::npos);
+    CHECK(count(held, "(in_ptr0, ") == 1);
     auto sum0 = k::compile([](auto x) { return k::sum(x, 0); });
     std::string looped = read_file(k::export_kernels(sum0, k::randn({4000, 64}, dt), fresh_dir("long_cols"), sm90).source);
     CHECK(looped.find("KILN_R_COLUMN_STEPS(rindex)") != std::string::npos);

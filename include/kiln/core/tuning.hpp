@@ -47,8 +47,10 @@ struct Tuning {
   int transpose = -1;      // GPU pointwise kernels with transposed inputs: 0 untiled (the rule before),
                            // 16-128 the side of their shared-memory tiles (KILN_TUNE_TRANSPOSE)
   int column_lanes = -1;   // reductions over outer dims: on the CPU 0 lanes along the reduced dim (the
-                           // rule before), else along the kept elements; on the GPU 1 gives threads 16
-                           // bytes of kept elements (measured slower: NOTES 85) (KILN_TUNE_COLUMN_LANES)
+                           // rule before), else along the kept elements; on the GPU 0 a thread a kept
+                           // element (the default for columns walked more than once that a thread
+                           // holds), 1 gives threads 16 bytes of kept elements (measured slower: NOTES
+                           // 85), default else column blocks (KILN_TUNE_COLUMN_LANES)
   int index32 = -1;        // GPU index arithmetic in int where it fits: 0 never (the rule before), 1
                            // static sizes only, default also symbolic sizes under a guard on the
                            // program's sizes (codegen's narrow_indices; KILN_TUNE_INDEX32)
