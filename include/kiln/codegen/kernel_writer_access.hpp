@@ -30,8 +30,9 @@ inline std::vector<Sym> KernelWriter::view_index(int node, const std::vector<Sym
     }
     case Op::reshape: {
       if (g_[in].shape == n.shape && in_shape == env_[node]) return idx;
+      // The same elements: an index inside the output is a flat position inside the input.
       Sym flat = ravel(idx, contiguous_strides(env_[node]));
-      return unravel(flat, detail::nonzero(in_shape));
+      return unravel(flat, detail::nonzero(in_shape), true);
     }
     case Op::expand:
       return broadcast_index(in, node, idx);

@@ -340,12 +340,15 @@ inline std::vector<Sym> contiguous_strides(std::span<const Sym> sizes) {
 
 // Row-major coordinates of a flat index: flat -> (i0, ..., in-1). Each is (flat // inner) % size;
 // the simplifier drops the last floordiv and, when flat is known < product(sizes), the first mod.
-// Sizes must be nonzero (size-0 tensors launch no kernels).
-inline std::vector<Sym> unravel(const Sym& flat, std::span<const Sym> sizes) {
+// in_bounds: the caller knows 0 <= flat < product(sizes) where the simplifier may not (a reshape's
+// flat index over symbolic sizes whose products agree: [s0, s1] as [s2, s3, s1] with s2*s3 == s0),
+// so the first coordinate is flat // inner with no remainder. Sizes must be nonzero (size-0
+// tensors launch no kernels).
+inline std::vector<Sym> unravel(const Sym& flat, std::span<const Sym> sizes, bool in_bounds = false) {
   std::vector<Sym> idx(sizes.size());
   Sym inner = 1;
   for (std::size_t d = sizes.size(); d-- > 0;) {
-    idx[d] = mod(floordiv(flat, inner), sizes[d]);
+    idx[d] = in_bounds && d == 0 ? floordiv(flat, inner) : mod(floordiv(flat, inner), sizes[d]);
     inner = inner * sizes[d];
   }
   return idx;

@@ -103,15 +103,23 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
         partials && n.op == Op::sum && std::find(row_domains.begin(), row_domains.end(), r.in) != row_domains.end();
     std::int64_t s = detail::choose_splits(r, hosted, gpu);
     if (s == 1 || !(r.prefix || r.suffix)) return b.rebuild(n, in);
-    // prefix: [S, R/S, K] reduce 1 then 0; suffix: [K, S, R/S] reduce 2 then 1.
+    // prefix: [S, R/S, K] reduce 1 then 0; suffix: [K, S, R/S] reduce 2 then 1. A full reduction
+    // (K = 1) is [S, R/S]: its chunks are rows, contiguous, read by a row kernel's threads side by
+    // side, where [S, R/S, 1] made them columns, a thread's lanes R/S apart (cross_entropy's mean
+    // over 32768 rows: a gather a lane).
     const std::int64_t chunk = r.reduced / s, covered = s * chunk;
-    Dims shape = r.prefix ? Dims{s, chunk, r.kept} : Dims{r.kept, s, chunk};
+    const bool full = r.prefix && r.kept == 1;
+    auto kept_last = [&](Dims d) {
+      if (!full) d.push_back(r.kept);
+      return d;
+    };
+    Dims shape = r.prefix ? kept_last(Dims{s, chunk}) : Dims{r.kept, s, chunk};
     // 16-bit sums keep their partial results in f32, as one accumulation would.
     bool narrow = n.dt == kiln::dtype::f16 || n.dt == kiln::dtype::bf16;
     int wide = narrow ? b.cast(in[0], kiln::dtype::f32) : in[0];
     // Not a multiple of S: the input as [R, K] (or [K, R]), cut into the covered rows and the rest.
     const int rdim = r.prefix ? 0 : 1;
-    int flat = covered == r.reduced ? wide : b.reshape(wide, r.prefix ? Dims{r.reduced, r.kept} : Dims{r.kept, r.reduced});
+    int flat = covered == r.reduced ? wide : b.reshape(wide, r.prefix ? kept_last(Dims{r.reduced}) : Dims{r.kept, r.reduced});
     auto rows = [&](std::int64_t start, std::int64_t stop) {
       Attrs cut;
       cut.a = rdim, cut.b = start, cut.c = stop, cut.d = 1;
@@ -128,7 +136,7 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
       // each step still has a thread a (step, kept element); one step of 256 left 16 SMs busy.
       Attrs mid = first;
       mid.d = 0;
-      partial = b.op(n.op, {b.reshape(partial, Dims{16, s / 16, r.kept})}, mid);
+      partial = b.op(n.op, {b.reshape(partial, kept_last(Dims{16, s / 16}))}, mid);
     }
     Attrs second;
     second.dims = {r.prefix ? 0 : 1};
