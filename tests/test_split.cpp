@@ -60,6 +60,20 @@ void row_reductions(k::Device dev) {
   // chunks, a thread each; it gets many chunks and a remainder instead.
   auto y = k::randn({174762}, k::f32, k::cpu, 10).to(dev);
   check_against_oracle([](auto a) { return k::mean(a); }, 1e-4, true, y);
+  // A split 1-D sum with symbolic sizes at another length recompiles (its first stage covers the
+  // compiling call's elements: reused, one program would have summed all the others), and both
+  // lengths' results hold.
+  auto total = k::compile([](auto a) { return k::sum(a); }, {.shapes = k::shapes::dynamic});
+  int call = 0;
+  for (std::int64_t n : {174762, 1000003, 174762}) {
+    CAPTURE(n);
+    auto z = k::randn({n}, k::f32, k::cpu, 11);
+    const int before = total.cache().compiles();
+    auto close = k::testing::allclose(total(z.to(dev)).to(k::cpu), k::reference::eval(k::sum(k::cast(z, k::f64))),
+                                      1e-6, 1e-2);
+    CHECK_MESSAGE(bool(close), close);
+    CHECK(total.cache().compiles() - before == (call++ < 2 ? 1 : 0));  // the third finds the first
+  }
 }
 
 // dw and db of a layer_norm (the column sums of its backward) over inputs of dtype dt, against the

@@ -59,8 +59,8 @@ inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::Shap
 // rows, with the sums as its column partials: lanes along the contiguous columns and a loop over
 // each group's rows, where the split kernel's lanes read down a column (sum(x, 0) over 4096x1024
 // f32: NOTES item 61). Only where a row is at least a cache line: narrower rows share lines, so
-// walking down them is a walk through memory (a full sum is [S, R, 1]). The writer may still find
-// the row too long to hold; then partials_held sends the whole graph back to split kernels.
+// walking down them is a walk through memory. The writer may still find the row too long to hold;
+// then partials_held sends the whole graph back to split kernels.
 inline constexpr std::int64_t cache_line_bytes = 64;
 inline bool own_partials(const graph::Graph& g, const ir::ShapeEnv& env, KernelPlan& split) {
   if (split.reductions.empty() || !split.stores.empty()) return false;

@@ -70,8 +70,8 @@ inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false, 
   while (s * 2 <= want && r.reduced / (s * 2) >= 64) s *= 2;
   while (exact * 2 <= s && r.reduced % (exact * 2) == 0) exact *= 2;
   // Rows (inner dims reduced) split only by a divisor: unsplit, a row still has up to 512 threads.
-  // Outer dims and full reductions (laid out [S, R/S, K]) give the first stage a thread per chunk
-  // and kept element: two chunks of a 174762-element mean were two threads (40 ms on an H200).
+  // Outer dims (laid out [S, R/S, K]) and full reductions ([S, R/S]) take any S, the rest reduced
+  // apart: two chunks of a 174762-element mean were two threads (40 ms on an H200).
   if (!r.prefix) return exact;
   return exact * 2 >= s ? exact : s;
 }
@@ -118,8 +118,12 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
     bool narrow = n.dt == kiln::dtype::f16 || n.dt == kiln::dtype::bf16;
     int wide = narrow ? b.cast(in[0], kiln::dtype::f32) : in[0];
     // Not a multiple of S: the input as [R, K] (or [K, R]), cut into the covered rows and the rest.
+    // A full reduction's is [R, 1] (the rest summed over both dims), not [R]: a reshape of a 1-D input
+    // into its own shape is no reshape, and without it the program ran at any length, its first
+    // stage covering the compiling call's rows and one program the rest (symbolic sizes); [R, 1]
+    // fails inference at another R and recompiles, as a full reduction of a 2-D input does.
     const int rdim = r.prefix ? 0 : 1;
-    int flat = covered == r.reduced ? wide : b.reshape(wide, r.prefix ? kept_last(Dims{r.reduced}) : Dims{r.kept, r.reduced});
+    int flat = covered == r.reduced ? wide : b.reshape(wide, r.prefix ? Dims{r.reduced, r.kept} : Dims{r.kept, r.reduced});
     auto rows = [&](std::int64_t start, std::int64_t stop) {
       Attrs cut;
       cut.a = rdim, cut.b = start, cut.c = stop, cut.d = 1;
@@ -144,7 +148,7 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
     int total = b.op(n.op, {partial}, second);
     if (covered != r.reduced) {  // the remaining rows, fewer than S, reduced alone
       Attrs rest;
-      rest.dims = {rdim};
+      rest.dims = full ? Dims{0, 1} : Dims{rdim};
       rest.d = n.attrs.d;
       // The rest runs to the end of the rows, not to this call's R: a program reused at more rows
       // (symbolic sizes) sums them there, one at fewer fails inference and recompiles; a rest
