@@ -1,0 +1,84 @@
+// Prints the CUDA kernels kiln's runtime would compile for a function, with static or dynamic
+// shapes, on a machine without a GPU: the runtime's own planner (runtime::plan_program, with the
+// specialisations of dynamic kernels on the compiling call's sizes, each beside its looped twin),
+// not k::export_kernels, which plans dynamic kernels without them and refuses split programs. For
+// reading what a device run will launch before spending device time on it (benchmarks/NOTES.md
+// item 116 found a modulo by the row count a step this way).
+//
+// Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic]
+//   OP: colsum (sum over dim 0), softmax (last dim), softmax3d (dim 1 of [ROWS, COLS, DIM]),
+//       layer_norm_bwd (vjp of layer_norm: dx, dw, db), cross_entropy (loss and dlogits)
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+
+namespace k = kiln;
+
+template <class F, class... T>
+void print_kernels(const F& fn, bool dynamic, const T&... a) {
+  auto f = k::compile(fn);
+  auto e = f.trace_with(a...);
+  std::vector<const k::Tensor*> args{&a...};
+  k::graph::Captured cap;
+  k::graph::gather(e, cap, true);
+  for (int i = 0; i < cap.nt; ++i) args.push_back(cap.tensors[i]);
+  auto arg = [&](int slot) -> const k::Tensor& { return *args[static_cast<std::size_t>(slot)]; };
+  k::runtime::LoweringStats stats;
+  stats.for_gpu = true;  // a CUDA program from CPU tensors, as export_kernels plans one
+  k::graph::Graph g = k::detail::graph_builder(f.fn(), e, static_cast<int>(sizeof...(T)))(arg, stats);
+  k::ir::ShapeEnv env =
+      dynamic ? k::ir::make_shape_env(g, [](int, int) { return true; }) : k::ir::make_static_shape_env(g);
+  auto p = k::runtime::plan_program(std::move(g), std::move(env), k::Device(k::cuda), arg, false, stats.tuning);
+  std::string body = k::runtime::program_body(*p);
+  std::fputs(body.substr(body.find("\n// kiln_") + 1).c_str(), stdout);  // past the size helpers
+}
+
+int main(int argc, char** argv) {
+  std::vector<std::string> pos;
+  bool bf16 = false, dynamic = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s == "--bf16")
+      bf16 = true;
+    else if (s == "--dynamic")
+      dynamic = true;
+    else
+      pos.push_back(s);
+  }
+  if (pos.size() < 3) {
+    std::fprintf(stderr,
+                 "usage: %s OP ROWS COLS [DIM] [--bf16] [--dynamic]\n"
+                 "OP: colsum, softmax, softmax3d, layer_norm_bwd, cross_entropy\n",
+                 argv[0]);
+    return 2;
+  }
+  const std::string op = pos[0];
+  const std::int64_t rows = std::atoll(pos[1].c_str()), cols = std::atoll(pos[2].c_str());
+  const k::dtype dt = bf16 ? k::bf16 : k::f32;
+  auto randn = [&](k::Dims shape) { return k::Tensor(k::cast(k::randn(shape), dt)); };
+  try {
+    if (op == "colsum") {
+      print_kernels([](auto x) { return k::sum(x, 0); }, dynamic, randn({rows, cols}));
+    } else if (op == "softmax") {
+      print_kernels([](auto x) { return k::softmax(x, -1); }, dynamic, randn({rows, cols}));
+    } else if (op == "softmax3d" && pos.size() >= 4) {
+      print_kernels([](auto x) { return k::softmax(x, 1); }, dynamic, randn({rows, cols, std::atoll(pos[3].c_str())}));
+    } else if (op == "layer_norm_bwd") {
+      auto f = k::vjp([](auto x, auto w, auto b) { return k::layer_norm(x, w, b); }, k::wrt<0, 1, 2>);
+      print_kernels(f, dynamic, randn({rows, cols}), randn({cols}), randn({cols}), randn({rows, cols}));
+    } else if (op == "cross_entropy") {
+      auto f = k::value_and_grad([](auto l, auto t) { return k::cross_entropy(l, t); }, k::wrt<0>);
+      k::Tensor t = k::cast(k::rand({rows}) * static_cast<float>(cols - 1), k::i64);
+      print_kernels(f, dynamic, randn({rows, cols}), t);
+    } else {
+      std::fprintf(stderr, "%s: unknown op or missing DIM: %s\n", argv[0], op.c_str());
+      return 2;
+    }
+  } catch (const k::error& e) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    return 1;
+  }
+}
