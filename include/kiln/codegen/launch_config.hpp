@@ -185,7 +185,8 @@ inline constexpr std::int64_t row_min_block = 64;
 inline constexpr std::int64_t row_block_bytes = 1536;
 
 // GPU columns of at most this many values are held in registers by a thread alone (row_config's
-// thread-a-column form; KILN_TUNE_ROW_ITERS sets it as it does rows' tiles).
+// thread-a-column form), and a column block's threads hold at most this many steps each;
+// KILN_TUNE_ROW_ITERS sets it as it does rows' tiles.
 inline constexpr std::int64_t column_thread_values = 16;
 
 // shifted: a GPU row whose tiles start on the vector before the row (kernel_writer_impl.hpp's
@@ -237,10 +238,9 @@ inline LaunchConfig row_config(Target t, std::int64_t xnumel, std::int64_t rnume
     // three times without (0.317 ms, 2.3x torch.compile's 0.138; NOTES item 112). Same budget as
     // rows' caches (0: no limit). Column blocks only: KILN_TUNE_COLUMN_LANES=1's single threads down
     // a column stay looped. (A column sum walks once: its loop stays as it was.)
-    const std::int64_t max_iters = tune.row_iters >= 0 ? tune.row_iters : 16;
     const std::int64_t steps = (rnumel + c.row_threads - 1) / c.row_threads;
     const std::int64_t budget = tune.row_cache >= 0 ? tune.row_cache : row_cache_half_registers;
-    if (static_rnumel && rnumel > 0 && c.row_threads > 1 && caches.loops >= 2 && steps <= max_iters &&
+    if (static_rnumel && rnumel > 0 && c.row_threads > 1 && caches.loops >= 2 && steps <= thread_values &&
         (budget <= 0 || steps * c.xvec * std::max(caches.stream_cost, 2) <= budget))
       c.riters = static_cast<int>(steps);
     return c;
