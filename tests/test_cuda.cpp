@@ -258,6 +258,18 @@ TEST_CASE("cuda: short columns held in registers" * needs_gpu()) {
     CHECK((iters != "0") == (src.find("KILN_R_COLUMN_TILES") != std::string::npos));
     ::unsetenv("KILN_TUNE_ROW_ITERS");
   }
+  // A scalar a thread's tile (s, one a group of 64 columns) in the last column block, whose threads
+  // past the kept elements loop too (its load is tested there: compute-sanitizer saw s[5] read), and
+  // columns of 12 forced into blocks (KILN_TUNE_COLUMN_LANES=2, autotuning's alternative).
+  auto scaled0 = [](auto a, auto sc) { return k::softmax(a * sc, 0); };
+  k::Tensor xs = k::randn({50, 5, 64}, k::f32, k::cpu, 65), s = k::rand({1, 5, 1}, k::f32, k::cpu, 66) + 0.5f;
+  check_compiled(scaled0, 1e-5, 1e-7, xs, s);
+  ::setenv("KILN_TUNE_COLUMN_LANES", "2", 1);
+  k::Tensor x = k::randn({29, 12, 197}, k::f32, k::cpu, 67) * 3.0f;
+  check_compiled(sm1, 1e-5, 1e-7, x);
+  check_compiled(sm1, 2e-2, 1e-4, x.to(k::bf16));
+  CHECK(k::explain(k::compile(sm1), x.to(k::cuda)).kernels.at(0).source.find("KILN_R_COLUMN_TILES") != std::string::npos);
+  ::unsetenv("KILN_TUNE_COLUMN_LANES");
 }
 
 // Row-uniform loads as one scalar a row (KILN_TUNE_ROW_SCALARS=1, off by default; not yet run on

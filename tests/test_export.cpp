@@ -199,6 +199,27 @@ TEST_CASE("export: short columns held in registers, long ones looped") {
   }
 }
 
+// A GPU column block's last block loops in all its threads (across_columns' barriers), those past
+// the kept elements too: a value the same for every lane of a thread's tile (s below, one a group
+// of 64 columns) is one scalar load, tested against the kept elements there; unmasked, the last
+// block read s[5], past s's 5 elements (NOTES item 116). KILN_TUNE_COLUMN_LANES=2 forces blocks on
+// columns a thread would hold alone.
+TEST_CASE("export: a column block's scalar loads stay inside the kept elements") {
+  const k::export_options sm90{.arch = "sm_90"};
+  auto f = k::compile([](auto x, auto s) { return k::softmax(x * s, 0); });
+  std::string src = read_file(
+      k::export_kernels(f, k::randn({50, 5, 64}), k::randn({1, 5, 1}), fresh_dir("column_scalar"), sm90).source);
+  INFO(src);
+  CHECK(src.find("KILN_COLUMN_BLOCK(xoffset)") != std::string::npos);
+  CHECK(src.find("kiln::load(in_ptr1, xoffset / 64, xoffset < xnumel)") != std::string::npos);
+  CHECK(src.find("kiln::load(in_ptr1, xoffset / 64, true)") == std::string::npos);
+  ::setenv("KILN_TUNE_COLUMN_LANES", "2", 1);
+  auto g = k::compile([](auto x) { return k::softmax(x, 1); });
+  std::string blocks = read_file(k::export_kernels(g, k::randn({29, 12, 197}), fresh_dir("forced_blocks"), sm90).source);
+  ::unsetenv("KILN_TUNE_COLUMN_LANES");
+  CHECK(blocks.find("KILN_R_COLUMN_TILES(rindex)") != std::string::npos);
+}
+
 TEST_CASE("export: an exported launcher called with the wrong sizes returns an error code and a message") {
   if (!have_nvcc()) return;
   const k::export_options sm90{.arch = "sm_90"};

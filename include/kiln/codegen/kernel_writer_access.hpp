@@ -375,10 +375,13 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
       std::none_of(free.begin(), free.end(), [&](const Sym& f) { return f == lanes; }))
     return bind("kiln::load(" + ptr + ", " + index_code(offset) + ", true)", ct);
   // The same for every lane of a tile (a row's mean, read by columns of one row): one scalar at the
-  // tile's first lane, which the program's loop keeps in bounds.
+  // tile's first lane, which a program's loop keeps in bounds; a GPU column block's is not (every
+  // thread of the last block loops, for across_columns' barriers), so there it is tested.
   if (config_.x_lanes && extra_mask.empty() && lane_tile())
     if (auto f = tile_form(offset, xindex_, config_.xvec, &assumed_); f && f->step == 0)
-      return bind("kiln::load(" + ptr + ", " + at_first_lane(offset) + ", true)", ct);
+      return bind("kiln::load(" + ptr + ", " + at_first_lane(offset) + ", " +
+                      (column_block() && !full_rows_ ? "xoffset < xnumel" : "true") + ")",
+                  ct);
   // The same for every lane of a row's tile (a row's target class, mean or rstd read in the row's
   // loop): one scalar under the row's mask, not a gather of the same element lane by lane under the
   // tile's (KILN_TUNE_ROW_SCALARS=1). Lanes past the row get the row's value instead of 0, which

@@ -50,7 +50,8 @@ struct Tuning {
                            // rule before), else along the kept elements; on the GPU 0 a thread a kept
                            // element (the default for columns walked more than once that a thread
                            // holds), 1 gives threads 16 bytes of kept elements (measured slower: NOTES
-                           // 85), default else column blocks (KILN_TUNE_COLUMN_LANES)
+                           // 85), 2 column blocks always (autotuning's other side of that rule),
+                           // default else column blocks (KILN_TUNE_COLUMN_LANES)
   int index32 = -1;        // GPU index arithmetic in int where it fits: 0 never (the rule before), 1
                            // static sizes only, default also symbolic sizes under a guard on the
                            // program's sizes (codegen's narrow_indices; KILN_TUNE_INDEX32)
@@ -163,7 +164,7 @@ struct Tuning {
                                    {&Tuning::vector_masks, "KILN_TUNE_VECTOR_MASKS", 0, 2},
                                    {&Tuning::transpose, "KILN_TUNE_TRANSPOSE", 0, 128},
                                    {&Tuning::keep_values, "KILN_TUNE_KEEP_VALUES", 0, 1},
-                                   {&Tuning::column_lanes, "KILN_TUNE_COLUMN_LANES", 0, 1},
+                                   {&Tuning::column_lanes, "KILN_TUNE_COLUMN_LANES", 0, 2},
                                    {&Tuning::occupancy, "KILN_TUNE_OCCUPANCY", 0, 2048},
                                    {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 1},
                                    {&Tuning::index32, "KILN_TUNE_INDEX32", 0, 1},

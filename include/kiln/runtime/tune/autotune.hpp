@@ -31,7 +31,13 @@ inline std::vector<codegen::Tuning> tuning_candidates(schedule::Kind kind, bool 
             T{.loads = 0},
             T{.loads = 1},
             T{.poi_vectors = 4, .loads = 1}};
-  if (column) return {T{}, T{.row_unroll = 2}, T{.row_unroll = 8}, T{.column_lanes = 0}, T{.row_unroll = 8, .column_lanes = 0}};
+  if (column)  // the thread-a-column form (0) and column blocks (2), whichever the rules chose
+    return {T{},
+            T{.row_unroll = 2},
+            T{.row_unroll = 8},
+            T{.column_lanes = 0},
+            T{.row_unroll = 8, .column_lanes = 0},
+            T{.column_lanes = 2}};
   return {T{},
           T{.row_elems = 8},
           T{.row_elems = 16},
