@@ -9,6 +9,7 @@
 //    "bytes": ..., "pct_copy": ..., "family": ..., "op": ..., "shape": ..., "dtype": ..., "note": ...}
 // benchmarks/sweep_peer.py prints the same ids for torch.compile; benchmarks/sweep_report.py divides.
 // Usage: sweep [--only FAMILY,...] [--dtypes f32,bf16] [--cols 64,1000] [--mib N] [--reps N] [--list]
+//   (--cols: the row families' lengths, any, in place of the list below)
 //        sweep --cpu --mib 1 ...   (CPU tensors, wall clock: a smoke test where there is no GPU)
 #include <algorithm>
 #include <cmath>
@@ -50,6 +51,17 @@ const std::vector<i64> kRowLengths = {64,   128,  256,   512,   768,   1000,  10
 
 bool listed(const std::string& list, const std::string& x) {
   return ("," + list + ",").find("," + x + ",") != std::string::npos;
+}
+// The row families' lengths: --cols's, any (odd ones off the list too: 197, 1001, 3073), or the list.
+std::vector<i64> row_lengths() {
+  if (cfg.cols.empty()) return kRowLengths;
+  std::vector<i64> out;
+  for (std::size_t at = 0; at <= cfg.cols.size();) {
+    std::size_t end = std::min(cfg.cols.find(',', at), cfg.cols.size());
+    if (end > at) out.push_back(std::stoll(cfg.cols.substr(at, end - at)));
+    at = end + 1;
+  }
+  return out;
 }
 k::Device dev() { return cfg.cpu ? k::cpu : k::Device(k::cuda); }
 k::dtype dtype_of(const std::string& s) { return s == "bf16" ? k::bf16 : k::f32; }
@@ -365,8 +377,7 @@ int main(int argc, char** argv) {
     const i64 es = esize(dt);
     for (const std::string fam :
          {"softmax", "log_softmax", "layer_norm", "layer_norm_bwd", "rms_norm", "rms_norm_bwd", "cross_entropy"})
-      for (i64 c : kRowLengths)
-        if (cfg.cols.empty() || listed(cfg.cols, std::to_string(c))) row_case(cases, fam, dt, rows_for(c, es), c, fam);
+      for (i64 c : row_lengths()) row_case(cases, fam, dt, rows_for(c, es), c, fam);
     pointwise_cases(cases, dt);
     for (i64 c : {i64{32}, i64{768}, i64{4096}, i64{32000}}) {  // column sums of [R, C]
       i64 r = rows_for(c, es);

@@ -89,9 +89,9 @@ def cases():
             continue
         es = ESIZE[dt]
         for fam in ROW_FAMILIES:
-            for c in ROW_LENGTHS:
-                if not ARGS.cols or listed(ARGS.cols, str(c)):
-                    out.append(Case(fam, fam, dt, (rows_for(c, es), c), kind=fam))
+            # --cols: any lengths (odd ones off the list too), as sweep.cpp's
+            for c in ([int(x) for x in ARGS.cols.split(",") if x] if ARGS.cols else ROW_LENGTHS):
+                out.append(Case(fam, fam, dt, (rows_for(c, es), c), kind=fam))
         n = side_for(es)
         for op in ("add_contig", "add_transposed", "add_strided", "add_offset", "add_bcast_row",
                    "add_bcast_col"):
@@ -312,7 +312,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default="", help="comma-separated families: " + ",".join(FAMILIES))
     p.add_argument("--dtypes", default="f32,bf16")
-    p.add_argument("--cols", default="", help="only these row lengths of the row families")
+    p.add_argument("--cols", default="", help="the row families' lengths, any (default: the list)")
     p.add_argument("--mib", type=float, default=256, help="input size of a case (default 256 MiB)")
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--modes", default="default,dynamic", help="default,dynamic (torch.compile modes)")
