@@ -330,6 +330,29 @@ TEST_CASE("cuda: rows of odd length, tiles from the vector before the row" * nee
   check_on_gpu([](auto& v) { return k::softmax(v[0] + k::reshape(v[1], k::Dims{1001}), -1); }, {xr, w3}, 1e-5, 1e-8);
   auto wide = k::randn({9, 1003}, k::f32, k::cpu, 26);
   check_on_gpu([](auto& v) { return k::softmax(k::slice(v[0], 1, 1, 1002), -1); }, {wide}, 1e-5, 1e-8);
+  // Rows with weights: rms_norm's held 16-bit rows are shifted too (NOTES 118), the weight's tiles
+  // then starting anywhere (tested accesses, not hoisted across rows); held rows several to a block
+  // and one a block, a looped row, both dtypes, layer_norm (unshifted) beside it;
+  // KILN_TUNE_ROW_SHIFT=1 keeps every row with weights unshifted (the rule before).
+  auto ln = [](auto a, auto w, auto b) { return k::layer_norm(a, w, b); };
+  auto rms = [](auto a, auto w) { return k::rms_norm(a, w); };
+  for (const char* shift : {"", "1"}) {
+    CAPTURE(shift);
+    if (*shift) ::setenv("KILN_TUNE_ROW_SHIFT", shift, 1);
+    for (std::int64_t n : {197, 1001, 30011}) {
+      CAPTURE(n);
+      k::Tensor a = k::randn({37, n}, k::f32, k::cpu, 36), w = k::randn({n}, k::f32, k::cpu, 37) + 1.0f,
+                b = k::randn({n}, k::f32, k::cpu, 38);
+      check_compiled(ln, 1e-4, 1e-5, a, w, b);
+      check_compiled(rms, 1e-4, 1e-5, a, w);
+      check_compiled(ln, 2e-2, 2e-2, a.to(k::bf16), w.to(k::bf16), b.to(k::bf16));
+      check_compiled(rms, 2e-2, 2e-2, a.to(k::bf16), w.to(k::bf16));
+    }
+    k::Tensor a = k::randn({37, 197}, k::bf16, k::cuda, 39), w = k::randn({197}, k::bf16, k::cuda, 40);
+    std::string src = k::explain(k::compile(rms), a, w).kernels.at(0).source;
+    CHECK((*shift == 0) == (src.find("KILN_R_TILES_SHIFTED(roffset, kiln_shift)") != std::string::npos));
+    ::unsetenv("KILN_TUNE_ROW_SHIFT");
+  }
 }
 
 // cross_entropy's fused forward and backward over GPT-2's vocabulary in bf16: the held row spilled

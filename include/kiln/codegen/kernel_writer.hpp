@@ -318,6 +318,7 @@ class KernelWriter {
   bool dyn_vector_rows_ = false;
   Assumptions assumed_;  // GPU kernels over symbolic sizes (plan())
   bool row_shift_ = false;                 // GPU rows: tiles start on the vector before the row (plan())
+  bool shifted_weights_ = false;           // ... and the row reads weights (plan())
   // Host rows whose loops' rmask is all true by construction (whole programs of rows, whole tiles).
   // GPU column reductions split down the reduced elements too (launch_config.hpp's column blocks).
   bool column_block() const { return target_ == Target::cuda && config_.x_lanes && config_.row_threads > 1; }

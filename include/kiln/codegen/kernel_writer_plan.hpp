@@ -98,11 +98,25 @@ inline void KernelWriter::plan() {
   // GPU rows of a constant length no whole number of vectors, read and written contiguously: each
   // row's tiles start on the vector before it (prelude's KILN_R_TILES_SHIFTED), so that the row's
   // accesses are whole aligned vectors but at its two ends. Not where a tile position must mean
-  // the same column in every row: weights (held or hoisted across rows) and column partials.
-  // KILN_TUNE_ROW_SHIFT=0 turns it off (loads the same for every row are not hoisted in such rows:
-  // their tiles hold other columns in each row).
+  // the same column in every row: column partials. Loads the same for every row are not hoisted in
+  // such rows (their tiles hold other columns in each row), and weights' tiles then start anywhere
+  // (a tested access, element by element in most rows, from L1), which cost registers. So rows
+  // with weights are shifted only where that trade measured a gain: 16-bit rows (unshifted, their
+  // full-size arrays move element by element, 2 bytes an access), held in registers (checked
+  // below), of one full-size array read in two walks (its reduction, then its output), whose
+  // full-size arrays outnumber the weights: rms_norm over 197-50257 bf16 columns ran 1.1-2.2x
+  // faster so. Elsewhere it measured slower: f32 rows up to 1.3x, layer_norm (as many weights as
+  // full-size arrays) up to 1.4x, norm backwards (two arrays read) and cross_entropy's gradient
+  // (three walks) up to 2.3x (NOTES 118). KILN_TUNE_ROW_SHIFT=0 turns it off, 1 keeps rows with
+  // weights unshifted (the rule before).
+  const std::size_t full_size =
+      streams.size() + static_cast<std::size_t>(std::count_if(plan_.stores.begin(), plan_.stores.end(), [&](int v) {
+        return g_[v].shape == g_[plan_.domain].shape && !is_reduction(g_[v].op);
+      }));
   row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && rnumel_.is_constant() &&
-               rnumel_.constant_value() % row_vector(max_item) != 0 && !streams.empty() && invariants.empty() &&
+               rnumel_.constant_value() % row_vector(max_item) != 0 && !streams.empty() &&
+               (invariants.empty() || (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 &&
+                                       caches.loops <= 2 && full_size > invariants.size())) &&
                plan_.partials.empty();
   // GPU rows of symbolic length held as at the compiling call's length (Triton's persistent
   // reduction, its tiles sized from the size hint): the lengths it serves are held_min..held_max;
@@ -114,6 +128,11 @@ inline void KernelWriter::plan() {
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant() || held_dynamic, column,
                                   caches, tune_, row_shift_)
                      : pointwise_config(target_, xn, max_item, tune_);
+  if (row_shift_ && !invariants.empty() && ks.config.riters == 0) {  // a looped row with weights: unshifted
+    row_shift_ = false;
+    ks.config = row_config(target_, xn, rn, max_item, true, column, caches, tune_, false);
+  }
+  shifted_weights_ = row_shift_ && !invariants.empty();
   // A static row that 512 threads cannot hold: 1024 threads may (launch_config.hpp's wide_rows).
   if (rows() && !column && target_ == Target::cuda && rnumel_.is_constant() && ks.config.riters == 0 &&
       ks.config.rows == 1 && plan_.partials.empty())

@@ -61,7 +61,8 @@ struct Tuning {
                            // a knob: merged() keeps it (autotuning's candidates stay looped) and str()
                            // leaves it out
   int row_shift = -1;      // GPU rows of a length no whole number of vectors: start their tiles on the
-                           // vector before the row; 0 at the row's first element (KILN_TUNE_ROW_SHIFT)
+                           // vector before the row; 0 at the row's first element, 1 only rows without
+                           // weights (the rule before; KILN_TUNE_ROW_SHIFT)
   int occupancy = -1;      // held-row GPU kernels: the threads an SM they ask ptxas to fit (the second
                            // argument of __launch_bounds__, as blocks), 0 none (KILN_TUNE_OCCUPANCY)
   int attention = -1;      // k::attention on a GPU: 0 decomposed into batched matmuls and a softmax (the
@@ -166,7 +167,7 @@ struct Tuning {
                                    {&Tuning::keep_values, "KILN_TUNE_KEEP_VALUES", 0, 1},
                                    {&Tuning::column_lanes, "KILN_TUNE_COLUMN_LANES", 0, 2},
                                    {&Tuning::occupancy, "KILN_TUNE_OCCUPANCY", 0, 2048},
-                                   {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 1},
+                                   {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 2},
                                    {&Tuning::index32, "KILN_TUNE_INDEX32", 0, 1},
                                    {&Tuning::one_pass, "KILN_TUNE_ONE_PASS", 0, 1},
                                    {&Tuning::row_split, "KILN_TUNE_ROW_SPLIT", 0, 1},
