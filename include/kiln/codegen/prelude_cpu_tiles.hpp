@@ -52,11 +52,13 @@ template <class T, int N, class F> KILN_FN tile<T, N> vector_map2(const tile<T, 
   return r;
 }
 // As the generic maximum and minimum: NaN if either lane is NaN (torch.maximum / torch.minimum).
+// x where x > y or x is NaN, else y (NaN when y is): two compares and one blend a vector, not
+// three of each.
 struct vector_max {
-  template <class V> KILN_FN V operator()(V x, V y) const { const V m = x > y ? x : y; return x != x ? x : (y != y ? y : m); }
+  template <class V> KILN_FN V operator()(V x, V y) const { return ((x > y) | (x != x)) ? x : y; }
 };
 struct vector_min {
-  template <class V> KILN_FN V operator()(V x, V y) const { const V m = x < y ? x : y; return x != x ? x : (y != y ? y : m); }
+  template <class V> KILN_FN V operator()(V x, V y) const { return ((x < y) | (x != x)) ? x : y; }
 };
 // name(a, b) for two tiles, or a tile and a scalar (a tile of equal lanes), through vector_map2.
 #define KILN_VECTOR_OP(name, fn)                                                                        \
