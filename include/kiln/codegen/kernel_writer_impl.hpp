@@ -182,6 +182,10 @@ inline void KernelWriter::write_rows() {
       OnePass& p = pass[r - i];
       if (p.kind == OnePass::none) {
         line("auto " + accs.back() + " = kiln::full<" + lanes + ">(" + reduction_identity(g_[red].op, ct) + ");");
+        if (two_chains(red)) {
+          two_chain_reds_.push_back(red);
+          line("auto " + accs.back() + "_odd = " + accs.back() + ";");
+        }
         continue;
       }
       declare_one_pass(p, accs.back(), ct);
@@ -216,6 +220,13 @@ inline void KernelWriter::write_rows() {
         if (ct == kiln::dtype::boolean) step = "kiln::cast<" + detail::c_type(ct) + ">(" + step + ")";
         // A host step under a mask known to be all true is the step itself: the select kept GCC from
         // holding a 512-bit accumulator in a register (a store and a load a step: NOTES 71).
+        const bool two = std::find(two_chain_reds_.begin(), two_chain_reds_.end(), red) != two_chain_reds_.end();
+        if (two && host_rows_unmasked()) {  // (a split row's tail steps the even chain, masked)
+          std::string odd = acc + "_odd";
+          line("if (kiln_it & 1) " + odd + " = kiln::" + (g_[red].op == Op::amax ? "maximum" : "minimum") + "(" + odd +
+               ", " + v.code + "); else " + acc + " = " + step + ";");
+          continue;
+        }
         line(acc + " = " + (host_rows_unmasked() ? step : "kiln::where(rmask, " + step + ", " + acc + ")") + ";");
       }
     }, /*may_split=*/!carries_pair || target_ == Target::cpu);
@@ -223,6 +234,8 @@ inline void KernelWriter::write_rows() {
       int red = plan_.reductions[r];
       if (pass[r - i].kind != OnePass::none) continue;  // after the others, which their row values read
       const char* fn = g_[red].op == Op::sum ? "row_sum" : g_[red].op == Op::amax ? "row_max" : "row_min";
+      if (std::find(two_chain_reds_.begin(), two_chain_reds_.end(), red) != two_chain_reds_.end())
+        line(accs[r - i] + " = kiln::" + (g_[red].op == Op::amax ? "maximum" : "minimum") + "(" + accs[r - i] + ", " + accs[r - i] + "_odd);");
       // Two or more reductions a register-cached row of its own block: each its own shared slot, one
       // barrier each (prelude's across_row). Measured on an H200: W7 -3.2% in two runs; blocks of
       // several rows (W3, W4) +0.4%; looped rows +13% (ptxas gave the dynamic layer_norm 58
