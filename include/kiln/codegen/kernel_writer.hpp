@@ -335,7 +335,6 @@ class KernelWriter {
     return target_ == Target::cpu && rows() && !config_.x_lanes && config_.riters >= 2 && host_rows_unmasked() &&
            (g_[red].op == Op::amax || g_[red].op == Op::amin);
   }
-  std::vector<int> two_chain_reds_;  // the reductions written so (write_rows)
   bool whole_lanes_ = false;  // host column programs: writing the body of a program of whole tiles (write_rows)
   bool unmasked_part_ = false;  // host rows: writing the whole vectors of a split row (write_rows)
   bool tail_part_ = false;      // writing the vector with a split row's end (its caches: stored before)

@@ -97,8 +97,9 @@ inline void KernelWriter::write_rows() {
     // row fold away, and with them most of the registers the weights' tested loads took (rms_norm
     // over 3073 f32 columns: 158 -> 120); without weights that measured slower (NOTES 118).
     if (row_shift_)
-      line(shifted_weights_ ? "const ix kiln_shift = (ix)((unsigned)(rnumel * xindex) % RVEC);  // the row's first element in its vector"
-                            : "const ix kiln_shift = (rnumel * xindex) % RVEC;  // the row's first element in its vector");
+      line(std::string("const ix kiln_shift = ") +
+           (shifted_weights_ ? "(ix)((unsigned)(rnumel * xindex) % RVEC)" : "(rnumel * xindex) % RVEC") +
+           ";  // the row's first element in its vector");
   }
   section_ = Section::body;  // the row's register caches go between the two: write() puts them there
   const auto reduced_before = reduced_;
@@ -175,6 +176,7 @@ inline void KernelWriter::write_rows() {
       pass.push_back(p);
     }
     std::vector<std::string> accs;
+    std::vector<char> two(j - i);  // a maximum or minimum in two chains (two_chains)
     for (std::size_t r = i; r < j; ++r) {
       int red = plan_.reductions[r];
       kiln::dtype ct = compute_dtype(g_[red].dt);
@@ -182,10 +184,7 @@ inline void KernelWriter::write_rows() {
       OnePass& p = pass[r - i];
       if (p.kind == OnePass::none) {
         line("auto " + accs.back() + " = kiln::full<" + lanes + ">(" + reduction_identity(g_[red].op, ct) + ");");
-        if (two_chains(red)) {
-          two_chain_reds_.push_back(red);
-          line("auto " + accs.back() + "_odd = " + accs.back() + ";");
-        }
+        if ((two[r - i] = two_chains(red))) line("auto " + accs.back() + "_odd = " + accs.back() + ";");
         continue;
       }
       declare_one_pass(p, accs.back(), ct);
@@ -212,19 +211,14 @@ inline void KernelWriter::write_rows() {
         }
         Value v = cast(emit(g_[red].in[0], idx), ct);
         const std::string& acc = accs[r - i];
-        std::string step = g_[red].op == Op::sum
-                               ? acc + " + " + v.code
-                               : "kiln::" + std::string(g_[red].op == Op::amax ? "maximum" : "minimum") + "(" + acc +
-                                     ", " + v.code + ")";
+        const std::string fn = g_[red].op == Op::amax ? "kiln::maximum" : "kiln::minimum";
+        std::string step = g_[red].op == Op::sum ? acc + " + " + v.code : fn + "(" + acc + ", " + v.code + ")";
         // A boolean step can come out an int tile (a literal 1 or 0 among its operands): back to bool.
         if (ct == kiln::dtype::boolean) step = "kiln::cast<" + detail::c_type(ct) + ">(" + step + ")";
         // A host step under a mask known to be all true is the step itself: the select kept GCC from
         // holding a 512-bit accumulator in a register (a store and a load a step: NOTES 71).
-        const bool two = std::find(two_chain_reds_.begin(), two_chain_reds_.end(), red) != two_chain_reds_.end();
-        if (two && host_rows_unmasked()) {  // (a split row's tail steps the even chain, masked)
-          std::string odd = acc + "_odd";
-          line("if (kiln_it & 1) " + odd + " = kiln::" + (g_[red].op == Op::amax ? "maximum" : "minimum") + "(" + odd +
-               ", " + v.code + "); else " + acc + " = " + step + ";");
+        if (two[r - i] && host_rows_unmasked()) {
+          line("if (kiln_it & 1) " + acc + "_odd = " + fn + "(" + acc + "_odd, " + v.code + "); else " + acc + " = " + step + ";");
           continue;
         }
         line(acc + " = " + (host_rows_unmasked() ? step : "kiln::where(rmask, " + step + ", " + acc + ")") + ";");
@@ -234,7 +228,7 @@ inline void KernelWriter::write_rows() {
       int red = plan_.reductions[r];
       if (pass[r - i].kind != OnePass::none) continue;  // after the others, which their row values read
       const char* fn = g_[red].op == Op::sum ? "row_sum" : g_[red].op == Op::amax ? "row_max" : "row_min";
-      if (std::find(two_chain_reds_.begin(), two_chain_reds_.end(), red) != two_chain_reds_.end())
+      if (two[r - i])
         line(accs[r - i] + " = kiln::" + (g_[red].op == Op::amax ? "maximum" : "minimum") + "(" + accs[r - i] + ", " + accs[r - i] + "_odd);");
       // Two or more reductions a register-cached row of its own block: each its own shared slot, one
       // barrier each (prelude's across_row). Measured on an H200: W7 -3.2% in two runs; blocks of

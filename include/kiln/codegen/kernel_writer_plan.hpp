@@ -69,6 +69,10 @@ inline void KernelWriter::plan() {
         caches.hoisted_cost += compute_cost(in);
       }
   }
+  // Full-size stores (a row kernel's output rows).
+  const auto full_stores = static_cast<std::size_t>(std::count_if(plan_.stores.begin(), plan_.stores.end(), [&](int s) {
+    return g_[s].shape == g_[plan_.domain].shape && !is_reduction(g_[s].op);
+  }));
   if (rows()) {
     // The walks down a row: one a group of reductions that do not read each other (as write_rows
     // groups them, one-pass forms apart), one more for full-size stores and column partials.
@@ -76,10 +80,7 @@ inline void KernelWriter::plan() {
     caches.loops = 0;
     for (std::size_t i = 0, j; i < n; i = j, ++caches.loops)
       for (j = i + 1; j < n && !depends_on_any(plan_.reductions[j], i, j);) ++j;
-    const bool full_stores = std::any_of(plan_.stores.begin(), plan_.stores.end(), [&](int s) {
-      return g_[s].shape == g_[plan_.domain].shape && !is_reduction(g_[s].op);
-    });
-    if (full_stores || !plan_.partials.empty()) ++caches.loops;
+    if (full_stores > 0 || !plan_.partials.empty()) ++caches.loops;
     std::vector<Sym> kept, red;
     for (int i = 0; i < static_cast<int>(p.size()); ++i)
       (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) != plan_.rdims.end() ? red : kept).push_back(p[i]);
@@ -109,14 +110,10 @@ inline void KernelWriter::plan() {
   // full-size arrays) up to 1.4x, norm backwards (two arrays read) and cross_entropy's gradient
   // (three walks) up to 2.3x (NOTES 118). KILN_TUNE_ROW_SHIFT=0 turns it off, 1 keeps rows with
   // weights unshifted (the rule before).
-  const std::size_t full_size =
-      streams.size() + static_cast<std::size_t>(std::count_if(plan_.stores.begin(), plan_.stores.end(), [&](int v) {
-        return g_[v].shape == g_[plan_.domain].shape && !is_reduction(g_[v].op);
-      }));
   row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && rnumel_.is_constant() &&
                rnumel_.constant_value() % row_vector(max_item) != 0 && !streams.empty() &&
                (invariants.empty() || (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 &&
-                                       caches.loops <= 2 && full_size > invariants.size())) &&
+                                       caches.loops <= 2 && streams.size() + full_stores > invariants.size())) &&
                plan_.partials.empty();
   // GPU rows of symbolic length held as at the compiling call's length (Triton's persistent
   // reduction, its tiles sized from the size hint): the lengths it serves are held_min..held_max;
