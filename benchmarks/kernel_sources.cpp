@@ -5,9 +5,13 @@
 // reading what a device run will launch before spending device time on it (benchmarks/NOTES.md
 // item 116 found a modulo by the row count a step this way).
 //
-// Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic]
+// Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic]
+//   --dynamic: every size symbolic (k::shapes::dynamic); --rows-dynamic: only sizes equal to ROWS
+//   (with the split sums' chunk lengths: the sizes that change with ROWS), as the automatic mode
+//   makes them after a call with another row count
 //   OP: colsum (sum over dim 0), softmax (last dim), softmax3d (dim 1 of [ROWS, COLS, DIM]),
-//       layer_norm_bwd (vjp of layer_norm: dx, dw, db), cross_entropy (loss and dlogits)
+//       layer_norm_bwd (vjp of layer_norm: dx, dw, db), cross_entropy (loss and dlogits), block
+//       (the vjp of W12's MLP block over [ROWS, COLS], hidden 4 * COLS)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -17,8 +21,10 @@
 
 namespace k = kiln;
 
+enum class Sizes { static_, dynamic, rows };
+
 template <class F, class... T>
-void print_kernels(const F& fn, bool dynamic, const T&... a) {
+void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
   auto f = k::compile(fn);
   auto e = f.trace_with(a...);
   std::vector<const k::Tensor*> args{&a...};
@@ -27,10 +33,15 @@ void print_kernels(const F& fn, bool dynamic, const T&... a) {
   for (int i = 0; i < cap.nt; ++i) args.push_back(cap.tensors[i]);
   auto arg = [&](int slot) -> const k::Tensor& { return *args[static_cast<std::size_t>(slot)]; };
   k::runtime::LoweringStats stats;
-  stats.for_gpu = true;  // a CUDA program from CPU tensors, as export_kernels plans one
+  stats.for_gpu = true;                      // a CUDA program from CPU tensors, as export_kernels plans one
+  stats.symbolic = sizes != Sizes::static_;  // as the program cache lowers for symbolic sizes
   k::graph::Graph g = k::detail::graph_builder(f.fn(), e, static_cast<int>(sizeof...(T)))(arg, stats);
-  k::ir::ShapeEnv env =
-      dynamic ? k::ir::make_shape_env(g, [](int, int) { return true; }) : k::ir::make_static_shape_env(g);
+  const std::vector<std::uint32_t> chunks = k::schedule::chunk_count_dims(g);  // never symbols (ProgramCache::make_env)
+  auto symbolic = [&](int n, int d) {
+    const bool chunk_length = g[n].op == k::Op::reshape && g[n].attrs.keepdim && d == 1;  // of a padded split
+    return !(chunks[n] >> d & 1u) && (sizes == Sizes::dynamic || g[n].shape[d] == rows || chunk_length);
+  };
+  k::ir::ShapeEnv env = sizes == Sizes::static_ ? k::ir::make_static_shape_env(g) : k::ir::make_shape_env(g, symbolic);
   auto p = k::runtime::plan_program(std::move(g), std::move(env), k::Device(k::cuda), arg, false, stats.tuning);
   std::string body = k::runtime::program_body(*p);
   std::fputs(body.substr(body.find("\n// kiln_") + 1).c_str(), stdout);  // past the size helpers
@@ -38,20 +49,23 @@ void print_kernels(const F& fn, bool dynamic, const T&... a) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> pos;
-  bool bf16 = false, dynamic = false;
+  bool bf16 = false;
+  Sizes sizes = Sizes::static_;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
     if (s == "--bf16")
       bf16 = true;
     else if (s == "--dynamic")
-      dynamic = true;
+      sizes = Sizes::dynamic;
+    else if (s == "--rows-dynamic")
+      sizes = Sizes::rows;
     else
       pos.push_back(s);
   }
   if (pos.size() < 3) {
     std::fprintf(stderr,
-                 "usage: %s OP ROWS COLS [DIM] [--bf16] [--dynamic]\n"
-                 "OP: colsum, softmax, softmax3d, layer_norm_bwd, cross_entropy\n",
+                 "usage: %s OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic]\n"
+                 "OP: colsum, softmax, softmax3d, layer_norm_bwd, cross_entropy, block\n",
                  argv[0]);
     return 2;
   }
@@ -61,18 +75,26 @@ int main(int argc, char** argv) {
   auto randn = [&](k::Dims shape) { return k::Tensor(k::cast(k::randn(shape), dt)); };
   try {
     if (op == "colsum") {
-      print_kernels([](auto x) { return k::sum(x, 0); }, dynamic, randn({rows, cols}));
+      print_kernels([](auto x) { return k::sum(x, 0); }, sizes, rows, randn({rows, cols}));
     } else if (op == "softmax") {
-      print_kernels([](auto x) { return k::softmax(x, -1); }, dynamic, randn({rows, cols}));
+      print_kernels([](auto x) { return k::softmax(x, -1); }, sizes, rows, randn({rows, cols}));
     } else if (op == "softmax3d" && pos.size() >= 4) {
-      print_kernels([](auto x) { return k::softmax(x, 1); }, dynamic, randn({rows, cols, std::atoll(pos[3].c_str())}));
+      print_kernels([](auto x) { return k::softmax(x, 1); }, sizes, rows,
+                    randn({rows, cols, std::atoll(pos[3].c_str())}));
     } else if (op == "layer_norm_bwd") {
       auto f = k::vjp([](auto x, auto w, auto b) { return k::layer_norm(x, w, b); }, k::wrt<0, 1, 2>);
-      print_kernels(f, dynamic, randn({rows, cols}), randn({cols}), randn({cols}), randn({rows, cols}));
+      print_kernels(f, sizes, rows, randn({rows, cols}), randn({cols}), randn({cols}), randn({rows, cols}));
+    } else if (op == "block") {  // W12's block: vjp of layer_norm(x + linear(gelu(linear(x, w1, b1)), w2, b2))
+      auto block = [](auto x, auto w1, auto b1, auto w2, auto b2, auto g, auto be) {
+        return k::layer_norm(x + k::linear(k::gelu(k::linear(x, w1, b1)), w2, b2), g, be);
+      };
+      auto f = k::vjp(block, k::wrt<0, 1, 2, 3, 4, 5, 6>);
+      print_kernels(f, sizes, rows, randn({rows, cols}), randn({4 * cols, cols}), randn({4 * cols}),
+                    randn({cols, 4 * cols}), randn({cols}), randn({cols}), randn({cols}), randn({rows, cols}));
     } else if (op == "cross_entropy") {
       auto f = k::value_and_grad([](auto l, auto t) { return k::cross_entropy(l, t); }, k::wrt<0>);
       k::Tensor t = k::cast(k::rand({rows}) * static_cast<float>(cols - 1), k::i64);
-      print_kernels(f, dynamic, randn({rows, cols}), t);
+      print_kernels(f, sizes, rows, randn({rows, cols}), t);
     } else {
       std::fprintf(stderr, "%s: unknown op or missing DIM: %s\n", argv[0], op.c_str());
       return 2;

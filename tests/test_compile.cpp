@@ -144,6 +144,36 @@ TEST_CASE("compile: shapes::dynamic reductions: changing rows and changing row l
   }
 }
 
+// Gradients as a training loop meets them, the batch changing: a mean's derivative broadcast to
+// the input's shape, a cross_entropy's [N, 1] views and one-hot, the split sums of a bias's
+// gradient. Each once named the compiling call's batch, so every new batch compiled again.
+TEST_CASE("compile: shapes::dynamic gradients compile once as the batch changes") {
+  auto mlp = [](auto x, auto w, auto b) { return k::mean(k::gelu(k::matmul(x, w) + b)); };
+  auto ce = [](auto logits, auto t) { return k::cross_entropy(logits, t); };
+  auto g = k::compile(k::grad(mlp, k::wrt<1, 2>), {.shapes = k::shapes::dynamic});
+  auto h = k::compile(k::value_and_grad(ce, k::wrt<0>), {.shapes = k::shapes::dynamic});
+  auto g64 = k::compile(k::grad(mlp, k::wrt<1, 2>));
+  auto h64 = k::compile(k::value_and_grad(ce, k::wrt<0>));
+  auto wide = [](const k::Tensor& t) { return k::Tensor(k::cast(t, k::f64)); };
+  k::Tensor w = k::randn({24, 40}, k::f32, k::cpu, 5), b = k::randn({40}, k::f32, k::cpu, 6);
+  for (std::int64_t n : {3000, 37, 5001, 2048, 9}) {
+    CAPTURE(n);
+    k::Tensor x = k::randn({n, 24}, k::f32, k::cpu, 400 + static_cast<std::uint64_t>(n));
+    k::Tensor logits = k::randn({n, 77}, k::f32, k::cpu, 500 + static_cast<std::uint64_t>(n));
+    k::Tensor t = k::cast(k::rand({n}, k::f32, k::cpu, 600 + static_cast<std::uint64_t>(n)) * 76.0f, k::i64);
+    auto [dw, db] = g(x, w, b);
+    auto [ow, ob] = g64(wide(x), wide(w), wide(b));
+    check_close(dw, ow, 1e-4, 1e-5);
+    check_close(db, ob, 1e-4, 1e-5);
+    auto [loss, dl] = h(logits, t);
+    auto [oloss, odl] = h64(wide(logits), t);
+    check_close(loss, oloss, 1e-4, 1e-5);
+    check_close(dl, odl, 1e-4, 1e-6);
+  }
+  CHECK(g.cache().compiles() == 1);
+  CHECK(h.cache().compiles() == 1);
+}
+
 TEST_CASE("compile: shapes::automatic recompiles once at the second shape, then never") {
   auto fn = [](auto x, auto b) { return k::gelu(x + b) * 0.5f; };
   auto f = k::compile(fn);  // automatic is the default

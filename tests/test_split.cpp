@@ -60,19 +60,74 @@ void row_reductions(k::Device dev) {
   // chunks, a thread each; it gets many chunks and a remainder instead.
   auto y = k::randn({174762}, k::f32, k::cpu, 10).to(dev);
   check_against_oracle([](auto a) { return k::mean(a); }, 1e-4, true, y);
-  // A split 1-D sum with symbolic sizes at another length recompiles (its first stage covers the
-  // compiling call's elements: reused, one program would have summed all the others), and both
-  // lengths' results hold.
+  // A split 1-D sum with symbolic sizes serves every length: its chunks are zero-padded past the
+  // input's end (a program whose chunks covered the compiling call's elements would have summed
+  // the others wrong, or compiled again at each length).
   auto total = k::compile([](auto a) { return k::sum(a); }, {.shapes = k::shapes::dynamic});
   int call = 0;
-  for (std::int64_t n : {174762, 1000003, 174762}) {
+  for (std::int64_t n : {174762, 1000003, 174762, 4096, 5003}) {
     CAPTURE(n);
     auto z = k::randn({n}, k::f32, k::cpu, 11);
     const int before = total.cache().compiles();
-    auto close = k::testing::allclose(total(z.to(dev)).to(k::cpu), k::reference::eval(k::sum(k::cast(z, k::f64))),
-                                      1e-6, 1e-2);
+    auto close =
+        k::testing::allclose(total(z.to(dev)).to(k::cpu), k::reference::eval(k::sum(k::cast(z, k::f64))), 1e-6, 1e-2);
     CHECK_MESSAGE(bool(close), close);
-    CHECK(total.cache().compiles() - before == (call++ < 2 ? 1 : 0));  // the third finds the first
+    CHECK(total.cache().compiles() - before == (call++ == 0 ? 1 : 0));
+  }
+}
+
+// A layer_norm backward (dx, and dw and db: split column sums) at changing row counts, which a
+// model meets as its batch or sequence length changes: with shapes::dynamic one program serves
+// them all, in the automatic mode the second (its row count symbolic) serves the rest. Before,
+// every new row count compiled again: the chunks of the split sums, and the expand in the mean's
+// derivative, named the compiling call's row count. cols: the row length; hosted: whether a GPU
+// row kernel must compute dw and db as column partials at a symbolic row count (the automatic mode,
+// its row length static).
+void norm_backward_at_changing_rows(k::Device dev, std::int64_t cols, std::vector<std::int64_t> row_counts,
+                                    bool hosted = false) {
+  auto ln = [](auto a, auto ww, auto bb) { return k::layer_norm(a, ww, bb); };
+  // The oracle, written out from layer_norm's definition (eps 1e-5) and interpreted in f64: no
+  // program compiled a row count (a compiled oracle made the GPU case run minutes on a fresh cache).
+  auto oracle = [](const k::Tensor& x32, const k::Tensor& w32, const k::Tensor& dy32) {
+    k::Tensor x = k::cast(x32, k::f64), w = k::cast(w32, k::f64), dy = k::cast(dy32, k::f64);
+    k::Tensor mu = k::reference::eval(k::mean(x, 1, true));
+    k::Tensor rstd = k::reference::eval(k::rsqrt(k::mean(k::square(x - mu), 1, true) + 1e-5));
+    k::Tensor xhat = k::reference::eval((x - mu) * rstd), g = k::reference::eval(dy * w);
+    k::Tensor dx = k::reference::eval(rstd * (g - k::mean(g, 1, true) - xhat * k::mean(g * xhat, 1, true)));
+    return std::tuple{dx, k::reference::eval(k::sum(dy * xhat, 0)), k::reference::eval(k::sum(dy, 0))};
+  };
+  for (k::shapes mode : {k::shapes::dynamic, k::shapes::automatic}) {
+    CAPTURE(static_cast<int>(mode));
+    auto f = k::compile(k::vjp(ln, k::wrt<0, 1, 2>), {.shapes = mode});
+    auto w = k::randn({cols}, k::f32, k::cpu, 30), b = k::randn({cols}, k::f32, k::cpu, 31);
+    int call = 0;
+    for (std::int64_t rows : row_counts) {
+      CAPTURE(rows);
+      auto x = k::randn({rows, cols}, k::f32, k::cpu, 32 + static_cast<std::uint64_t>(rows));
+      auto dy = k::randn({rows, cols}, k::f32, k::cpu, 33 + static_cast<std::uint64_t>(rows));
+      const int before = f.cache().compiles();
+      auto [dx, dw, db] = f(x.to(dev), w.to(dev), b.to(dev), dy.to(dev));
+      auto [ox, ow, ob] = oracle(x, w, dy);
+      auto rx = k::testing::allclose(dx.to(k::cpu), ox, 1e-4, 1e-3),
+           rw = k::testing::allclose(dw.to(k::cpu), ow, 1e-4, 1e-2),
+           rb = k::testing::allclose(db.to(k::cpu), ob, 1e-4, 1e-2);
+      INFO(rx.str() << "\n" << rw.str() << "\n" << rb.str());
+      CHECK(rx);
+      CHECK(rw);
+      CHECK(rb);
+      // Sizes 1 stay specialised (a row count of 1 compiles its own program, as in torch.compile;
+      // so does one below the split's chunk count, its chunks one row long).
+      const int want = rows == 1 ? 1 : mode == k::shapes::dynamic ? (call == 0) : (call <= 1);
+      CHECK(f.cache().compiles() - before == want);
+      if (hosted && mode == k::shapes::automatic && call >= 1 && rows > 1) {
+        auto rep = k::explain(f, x.to(dev), w.to(dev), b.to(dev), dy.to(dev));
+        bool partials = false;
+        for (const auto& ki : rep.kernels) partials = partials || ki.source.find("KILN_ROW_GROUP") != std::string::npos;
+        INFO(rep);
+        CHECK(partials);
+      }
+      ++call;
+    }
   }
 }
 
@@ -141,6 +196,16 @@ TEST_CASE("split: column sums over wide columns, two stages on a GPU only (GPU)"
 // 2670x50257 on an H200); sums of 1029 products rounded to bf16 at the end: a few bf16 ulps.
 TEST_CASE("split: a bf16 layer_norm's dw and db over wide rows (GPU)" * needs_gpu()) {
   layer_norm_weight_gradients(k::cuda, 1029, 33001, k::bf16, 2e-2, true, 12);
+}
+
+TEST_CASE("split: a layer_norm backward at changing row counts compiles once (CPU)") {
+  norm_backward_at_changing_rows(k::cpu, 256, {4096, 3001, 500, 16384, 20001, 4096, 1});
+}
+TEST_CASE("split: a layer_norm backward at changing row counts compiles once (GPU)" * needs_gpu()) {
+  norm_backward_at_changing_rows(k::cuda, 256, {4096, 3001, 500, 16384, 20001, 4096, 1});
+  // dw and db as column partials of the dx kernel (256 groups from 16384 rows on), also at fewer
+  // rows than groups
+  norm_backward_at_changing_rows(k::cuda, 2048, {16384, 20001, 3001, 200, 1}, true);
 }
 
 TEST_CASE("split: column reductions over odd row counts (CPU)") { column_reductions(k::cpu); }

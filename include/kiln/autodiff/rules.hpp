@@ -158,7 +158,7 @@ constexpr Cotangents gather(Builder& b, int y, int g) {
   Dims col = is, onehot = is;
   col.push_back(1);
   onehot.push_back(b.shaped() ? b.shape(x).back() : 0);
-  int hit = b.cmp(Op::eq, b.reshape(idx, col), b.iota(onehot, onehot.size() - 1));
+  int hit = b.cmp(Op::eq, b.reshape(idx, col), b.index_along(onehot, onehot.size() - 1));
   int spread = b.where(hit, b.reshape(g, col), 0.0);
   return {b.sum(spread, Dims{onehot.size() - 2}, false), -1, -1, -1};
 }

@@ -30,7 +30,8 @@ inline std::vector<Sym> KernelWriter::view_index(int node, const std::vector<Sym
     }
     case Op::reshape: {
       if (g_[in].shape == n.shape && in_shape == env_[node]) return idx;
-      // The same elements: an index inside the output is a flat position inside the input.
+      // The same elements: an index inside the output is a flat position inside the input (of a
+      // zero-padded reshape, one past its end where the emitter masks the access).
       Sym flat = ravel(idx, contiguous_strides(env_[node]));
       return unravel(flat, detail::nonzero(in_shape), true);
     }
@@ -139,6 +140,12 @@ inline std::optional<TileForm> tile_form(const Sym& e, const Sym& t, std::int64_
       if (f->step != 1 || !f->aligned || !whole) return std::nullopt;
       return e.kind() == SymKind::mod ? TileForm{1, true} : TileForm{0, false};
     }
+    case SymKind::min:
+    case SymKind::max: {  // the same for every lane when both sides are (a padded split's clamped row)
+      auto f0 = tile_form(e.args()[0], t, vec, a), f1 = tile_form(e.args()[1], t, vec, a);
+      if (!f0 || !f1 || f0->step != 0 || f1->step != 0) return std::nullopt;
+      return TileForm{0, f0->aligned && f1->aligned};
+    }
     default:
       return std::nullopt;
   }
@@ -154,7 +161,6 @@ inline std::optional<Sym> tile_base(const Sym& offset, const Sym& t, const Sym& 
   m.emplace(t, start);
   return offset.substitute(m);
 }
-
 
 inline std::optional<KernelWriter::LaneTile> KernelWriter::lane_tile() const {
   if (probe_ || tile_dim_ >= 0 || col_tiles_) return std::nullopt;
@@ -193,8 +199,11 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   const Sym& tile = row_lanes ? rindex_ : cpu_tile ? xb_ : col_tiles_ ? xcol_ : xindex_;
   std::int64_t vec = row_lanes ? config_.rvec : config_.xvec;
   int start_id = row_lanes ? 1003 : cpu_tile ? 1009 : col_tiles_ ? 1013 : 1002;
-  Sym start = Sym::symbol(row_lanes ? "roffset" : cpu_tile ? "boffset" : col_tiles_ ? "xcoff" : "xoffset", start_id,
-                          {.nonnegative = true});
+  Sym start = Sym::symbol(row_lanes    ? "roffset"
+                          : cpu_tile   ? "boffset"
+                          : col_tiles_ ? "xcoff"
+                                       : "xoffset",
+                          start_id, {.nonnegative = true});
   // Shifted rows' tiles start anywhere in the row (vec 0 for the lane tests); a row-major stream's
   // tile, at rnumel * xindex + roffset, starts on a vector wherever its pointer does.
   const bool shifted = row_lanes && row_shift_;
@@ -225,8 +234,7 @@ inline std::string KernelWriter::split_on_alignment(const std::string& body) con
   // Held rows of whole vectors whose tiles overrun them: one test a vector, and the split pays
   // (with only a row's test left it measured 2-7% slower, and for looped rows 3% slower over 40
   // long rows, up to 1.9x at 1046 x 128256 bf16: NOTES item 51).
-  bool vector_tests =
-      (vector_rows_ && !full_tiles_ && config_.riters > 0 && tune_.vector_masks != 1) || row_shift_;
+  bool vector_tests = (vector_rows_ && !full_tiles_ && config_.riters > 0 && tune_.vector_masks != 1) || row_shift_;
   if (aligned_ptrs_.empty() || unaligned_tiles_ || !(exact_tiles_ || vector_tests) || tune_.aligned == 0) {
     std::string plain = body;
     auto replace_all = [&](const std::string& mark, const std::string& by) {
@@ -241,10 +249,12 @@ inline std::string KernelWriter::split_on_alignment(const std::string& body) con
   for (const auto& p : aligned_ptrs_) ptrs += (ptrs.empty() ? "" : ", ") + p;
   std::istringstream in(body);
   for (std::string l; std::getline(in, l);) indented += (l.empty() ? "" : "  ") + l + "\n";
-  return std::string("  auto kiln_body = [&](auto kiln_aligned) {\n"
-                     "    constexpr kiln::align KILN_ALIGNED = decltype(kiln_aligned)::value ? kiln::align::vector : "
-                     "kiln::align::scalar;\n") +
-         indented + "  };\n  if (kiln::aligned16(" + ptrs + ")) kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
+  return std::string(
+             "  auto kiln_body = [&](auto kiln_aligned) {\n"
+             "    constexpr kiln::align KILN_ALIGNED = decltype(kiln_aligned)::value ? kiln::align::vector : "
+             "kiln::align::scalar;\n") +
+         indented + "  };\n  if (kiln::aligned16(" + ptrs +
+         ")) kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
 }
 
 // A contiguous load's template arguments: the access's width and alignment, and via::plain in
@@ -341,13 +351,13 @@ inline std::optional<KernelWriter::Value> KernelWriter::kept_row_load(int node, 
   const bool whole = kept_cells == cells;
   std::string name = "kept_row" + std::to_string(kept_rows_.size());
   kept_rows_[code] = {name, kept_cells, whole};
-  cache_decls_.push_back("auto* " + name + " = reinterpret_cast<kiln::tile<" +
-                         (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) + ", RVEC>*>(kiln_smem + " +
-                         std::to_string(kept_row_bytes_) + ") + (threadIdx.x / ROW_THREADS) * " +
-                         std::to_string(kept_cells) + ";  // " +
-                         (whole ? "this row's tiles" : "the first " + std::to_string(kept_cells) + " of this row's " +
-                                                           std::to_string(cells) + " tiles") +
-                         ", kept for later loops");
+  cache_decls_.push_back(
+      "auto* " + name + " = reinterpret_cast<kiln::tile<" + (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) +
+      ", RVEC>*>(kiln_smem + " + std::to_string(kept_row_bytes_) + ") + (threadIdx.x / ROW_THREADS) * " +
+      std::to_string(kept_cells) + ";  // " +
+      (whole ? "this row's tiles"
+             : "the first " + std::to_string(kept_cells) + " of this row's " + std::to_string(cells) + " tiles") +
+      ", kept for later loops");
   kept_row_bytes_ += (config_.rows * kept_cells * cell_bytes + 15) / 16 * 16;
   Value raw = bind(raw_code, narrow ? st : ct);
   line(std::string(whole ? "" : "if (" + cell + " < " + std::to_string(kept_cells) + "u) ") + "kiln::keep_tile(" +

@@ -122,6 +122,36 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
         Value v = emit(n.in[0], in_idx, xm.empty() ? inside : "(" + xm + " & " + inside + ")");
         return bind("kiln::where(" + inside + ", " + v.code + ", " + detail::literal(0, v.ct) + ")", ct);
       }
+      if (n.op == Op::reshape && n.attrs.keepdim) {  // zero-padded [S, C, t...]: chunk positions past the input read 0
+        const std::vector<Sym>& out = env_[node];
+        Sym trailing(1), numel(1);
+        for (std::size_t d = 2; d < out.size(); ++d) trailing = trailing * out[d];
+        for (const Sym& d : env_[n.in[0]]) numel = numel * d;
+        const Sym count = floordiv(numel, trailing);                                    // the input's chunk positions
+        if (count == out[0] * out[1]) return emit(n.in[0], view_index(node, idx), xm);  // no padding at these sizes
+        // Positions past the input give 0. Where a tile's lanes run along t... the test is the same
+        // for all of them (made once, at the first lane) and those positions read the input's last
+        // chunk position (clamped: in bounds, and loads stay vectors and row scalars); where the
+        // lanes run along the chunk (a full sum's [S, C]), its loads are masked lane by lane.
+        // The test is idx1 < count - idx0 * C: its right side does not change along the chunk
+        // (a column program's loop over it keeps it out of the loop). (Not bound to a temporary:
+        // the test is part of the load's text, the same in both halves of a host row split at its
+        // last whole vector, whose register caches are keyed by it.)
+        const Sym lead = idx[0] * out[1] + idx[1], left = count - idx[0] * out[1];
+        const bool uniform = uniform_on_lanes(lead, count);
+        const std::string inside = "(" +
+                                   (uniform ? at_first_lane(idx[1]) + " < " + at_first_lane(left)
+                                            : index_code(idx[1]) + " < " + index_code(left)) +
+                                   ")";
+        std::vector<Sym> at(idx.begin() + 2, idx.end());
+        const Sym flat = (uniform ? min(lead, count - Sym(1)) : lead) * trailing +
+                         ravel(at, contiguous_strides(std::vector<Sym>(out.begin() + 2, out.end())));
+        Value v = emit(n.in[0], unravel(flat, detail::nonzero(env_[n.in[0]]), true),
+                       uniform      ? xm
+                       : xm.empty() ? inside
+                                    : "(" + xm + " & " + inside + ")");
+        return bind("kiln::where(" + inside + ", " + v.code + ", " + detail::literal(0, v.ct) + ")", ct);
+      }
       return emit(n.in[0], view_index(node, idx), xm);
     case OpClass::index: {
       if (n.op == Op::rand) {  // Philox of the element's row-major position; x gives only the shape
@@ -138,9 +168,9 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
         int src = n.in[0];
         std::vector<Sym> strides = strides_of_(src);
         std::string ptr = param_for(src, false);
-        std::string inb = bind("(" + id.code + " >= 0) & (" + id.code + " < " + index_code(env_[src][0]) + ")",
-                               kiln::dtype::boolean)
-                              .code;
+        std::string inb =
+            bind("(" + id.code + " >= 0) & (" + id.code + " < " + index_code(env_[src][0]) + ")", kiln::dtype::boolean)
+                .code;
         std::string off = id.code + " * " + index_code(strides[0]) + " + " + index_code(idx.back() * strides[1]);
         return bind("kiln::load(" + ptr + ", " + off + ", " + mask() + " & " + inb + ")", ct);
       }

@@ -44,7 +44,9 @@ inline void KernelWriter::plan() {
   std::vector<int> invariants;
   if (rows()) {
     auto raw_cost = [&](int v) { return held_cost(static_cast<std::int64_t>(itemsize(g_[v].dt))); };
-    auto compute_cost = [&](int v) { return hoisted_cost(static_cast<std::int64_t>(itemsize(compute_dtype(g_[v].dt)))); };
+    auto compute_cost = [&](int v) {
+      return hoisted_cost(static_cast<std::int64_t>(itemsize(compute_dtype(g_[v].dt))));
+    };
     caches.stream_cost = 0;
     for (int v : streams) caches.stream_cost += raw_cost(v);
     auto is_one = [](const Sym& s) { return s.is_constant() && s.constant_value() == 1; };
@@ -122,8 +124,8 @@ inline void KernelWriter::plan() {
   const bool held_dynamic = rows() && !column && target_ == Target::cuda && !rnumel_.is_constant() &&
                             tune_.dynamic_rows != 0 && plan_.partials.empty() && tune_.vector_masks != 0 &&
                             rn % row_vector(max_item) == 0;
-  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant() || held_dynamic, column,
-                                  caches, tune_, row_shift_)
+  ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant() || held_dynamic, column, caches,
+                                  tune_, row_shift_)
                      : pointwise_config(target_, xn, max_item, tune_);
   if (row_shift_ && !invariants.empty() && ks.config.riters == 0) {  // a looped row with weights: unshifted
     row_shift_ = false;
@@ -144,13 +146,15 @@ inline void KernelWriter::plan() {
   }
   ks.tuning = tune_;
   ks.column = column;
-  if (!plan_.partials.empty() && ks.config.riters > 0 && xn % plan_.partial_groups == 0) {
-    // Column partials: exactly partial_groups programs. On CUDA a block a row (its group), on the
-    // CPU a program over each group's consecutive rows; both hold the row in registers.
+  if (!plan_.partials.empty() && ks.config.riters > 0) {
+    // Column partials: exactly partial_groups programs. On CUDA a block a group, which visits the
+    // rows in turn, any number of them (symbolic too); on the CPU a program over each group's
+    // ceil(rows / groups) consecutive rows (static: schedule/partials.hpp). Both hold the row in
+    // registers.
     if (target_ == Target::cuda)
       ks.config.rows = 1, ks.config.threads = ks.config.row_threads;
     else
-      ks.config.rows = static_cast<int>(xn / plan_.partial_groups);
+      ks.config.rows = static_cast<int>((xn + plan_.partial_groups - 1) / plan_.partial_groups);
     ks.partial_groups = plan_.partial_groups;
   }
   // Host column programs whose last kept dim K is a constant no whole number of tiles (the first

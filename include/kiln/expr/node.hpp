@@ -25,8 +25,8 @@ struct Attrs {
                                             // keepdim = fused backward (runtime/lower.hpp)
   std::int32_t custom = -1;                 // custom ops: the registry id (expr/custom_op.hpp)
   kiln::dtype dt = kiln::dtype::f32;        // cast: target; iota: dtype
-  bool keepdim = false;
-  bool all = false;  // reduce over every dim
+  bool keepdim = false;  // reductions; on a reshape: zero-padded (graph/infer.hpp's infer_padded_reshape)
+  bool all = false;      // reduce over every dim
   friend constexpr bool operator==(const Attrs&, const Attrs&) = default;
   // attrs.d of an amax that only shifts values for a stable exp (softmax, logsumexp): it carries no
   // gradient, and over a dim of size 0 it is allowed (its -inf is never read: the row is empty).

@@ -214,7 +214,7 @@ inline std::string attrs_str(const Node& n) {
       n.op == Op::logsumexp || n.op == Op::numel)
     os << ", dims=" << (n.attrs.all ? std::string("all") : n.attrs.dims.str()) << (n.attrs.keepdim ? ", keepdim" : "");
   else if (n.op == Op::reshape || n.op == Op::expand || n.op == Op::permute || n.op == Op::iota)
-    os << ", " << n.attrs.dims.str();
+    os << ", " << n.attrs.dims.str() << (n.op == Op::reshape && n.attrs.keepdim ? ", zero-padded" : "");
   else if (n.op == Op::slice || n.op == Op::slice_backward)
     os << ", dim=" << n.attrs.a << ", " << n.attrs.b << ":" << n.attrs.c << ":" << n.attrs.d;
   else if (n.op == Op::transpose)

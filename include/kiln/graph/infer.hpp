@@ -47,6 +47,21 @@ inline Dims reduced_shape(const Dims& in, const Dims& dims, bool keepdim) {
   return out;
 }
 
+// A zero-padded reshape (attrs.keepdim; only schedule/split.hpp makes one, for the first stage of
+// a split sum): [S, -1, t...] whose -1 rounds up, so that S chunks cover any number of leading
+// positions; the output's elements past the input's are 0. The input's element count must be a
+// multiple of the trailing t... (the kept elements), so that each chunk position is whole or absent.
+inline Dims infer_padded_reshape(const Dims& in, const Dims& want) {
+  std::int64_t trailing = 1;
+  for (int i = 2; i < want.size(); ++i) trailing *= want[i];
+  if (want.size() < 2 || want[0] <= 0 || want[1] != -1 || trailing <= 0 || in.product() % trailing != 0)
+    throw shape_error("reshape (padded): cannot pad a tensor of shape " + in.str() + " to " + want.str());
+  Dims out = want;
+  const std::int64_t lead = in.product() / trailing;
+  out[1] = (lead + want[0] - 1) / want[0];
+  return out;
+}
+
 inline Dims infer_reshape(const Dims& in, const Dims& want, Op op) {
   Dims out = want;
   int infer = -1;
@@ -88,7 +103,7 @@ inline Dims view_shape(Op op, const Dims& xs, Attrs& at) {
   Dims out;
   switch (op) {
     case Op::reshape:
-      return infer_reshape(xs, at.dims, op);
+      return at.keepdim ? infer_padded_reshape(xs, at.dims) : infer_reshape(xs, at.dims, op);
     case Op::permute: {
       if (at.dims.size() != rank)
         throw shape_error("permute: order " + at.dims.str() + " does not match a tensor of shape " + xs.str());
@@ -263,13 +278,13 @@ inline void infer_node(Graph& g, Node& n) {
       if (is_custom(n.op)) return infer_custom(g, n);
       if (n.op == Op::embedding_backward) return infer_index(g, n);
       if (n.op == Op::attention_flash) return infer_attention(g, n);  // lowering made it: attrs.c is 0
-      if (n.op == Op::attention_lse) {  // [B, H, Tq]: each query row's log-sum-exp
+      if (n.op == Op::attention_lse) {                                // [B, H, Tq]: each query row's log-sum-exp
         const Dims& qs = in(0).shape;
         n.shape = Dims{qs[0], qs[1], qs[2]};
         return;
       }
       if (n.op == Op::attention_grad) {  // the gradient of q, k or v (attrs.c): that input's shape
-        if (n.attrs.c == 3) {              // dk and dv together: [2, B, Hkv, Tk, D]
+        if (n.attrs.c == 3) {            // dk and dv together: [2, B, Hkv, Tk, D]
           n.shape = Dims{2};
           for (auto d : in(1).shape) n.shape.push_back(d);
           return;

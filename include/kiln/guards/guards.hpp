@@ -66,8 +66,10 @@ inline GuardSet make_guards(const graph::Graph& g, const ir::ShapeEnv& env, cons
     gs.node_symbol.resize(g.size());
     for (int n = 0; n < g.size(); ++n)
       for (const Sym& d : env[n]) {
-        gs.node_const[n].push_back(d.is_constant() ? d.constant_value() : -1);
-        gs.node_symbol[n].push_back(d.is_constant() ? -1 : d.symbol_id());
+        // A size that follows from others (an expression: a padded split's chunk length) is
+        // inference's to check: -2.
+        gs.node_const[n].push_back(d.is_constant() ? d.constant_value() : d.is_symbol() ? -1 : -2);
+        gs.node_symbol[n].push_back(d.is_symbol() ? d.symbol_id() : -1);
       }
     for (int n = 0; n < g.size(); ++n)
       if (g[n].op == Op::arg)
@@ -109,6 +111,7 @@ int check_shapes(const GuardSet& gs, ShapeOf&& shape_of, std::int64_t* symbols, 
         if (v != gs.node_const[n][k]) return static_cast<int>(n);
         continue;
       }
+      if (gs.node_const[n][k] == -2) continue;
       std::int64_t& bound = symbols[gs.node_symbol[n][k]];
       if (v <= 1 || (bound >= 0 && bound != v)) return static_cast<int>(n);
       bound = v;

@@ -66,10 +66,17 @@ ShapeEnv make_shape_env(const graph::Graph& g, Symbolic&& symbolic) {
   ShapeEnv env;
   std::map<std::int64_t, Sym> by_value;  // duck sizing: one symbol per distinct size
   env.shapes.resize(g.size());
+  // A zero-padded reshape's chunk length (graph/infer.hpp) follows from its input: never a symbol
+  // of its own (as one it would share a symbol with any equal size, and fail at the next length).
+  auto chunk_length = [&](int i, int k) { return g[i].op == Op::reshape && g[i].attrs.keepdim && k == 1; };
   for (int i = 0; i < g.size(); ++i) {
     const Dims& d = g[i].shape;
     for (int k = 0; k < d.size(); ++k) {
       std::int64_t v = d[k];
+      if (chunk_length(i, k)) {  // set below, from the node's other dims
+        env.shapes[i].push_back(Sym(v));
+        continue;
+      }
       if (v <= 1 || !symbolic(i, k)) {
         env.shapes[i].push_back(Sym(v));
         continue;
@@ -82,6 +89,13 @@ ShapeEnv make_shape_env(const graph::Graph& g, Symbolic&& symbolic) {
         env.example.push_back(v);
       }
       env.shapes[i].push_back(it->second);
+    }
+    if (d.size() >= 2 && chunk_length(i, 1)) {  // ceil(leading positions / chunks)
+      std::vector<Sym>& out = env.shapes[i];
+      Sym numel(1), trailing(1);
+      for (const Sym& x : env.shapes[g[i].in[0]]) numel = numel * x;
+      for (std::size_t t = 2; t < out.size(); ++t) trailing = trailing * out[t];
+      out[1] = floordiv(floordiv(numel, trailing) + out[0] - Sym(1), out[0]);
     }
   }
   // Symbolic slice bounds: a kernel argument o<k> (start, >= 0) and t<k> (step, > 0) each.

@@ -199,6 +199,7 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
     case Op::unsqueeze:
     case Op::squeeze:
       out.data = in(0).data;
+      if (n.op == Op::reshape && n.attrs.keepdim) out.data.resize(static_cast<std::size_t>(n.shape.product()), 0.0);
       return out;
     case Op::expand: {
       const Value* ins[] = {&in(0)};

@@ -7,6 +7,7 @@
 // are, marked unsized and tagged with the node they come from (set_origin), and the size-dependent
 // no-op checks are left to the run time.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -164,16 +165,27 @@ class Builder {
   // ---- views and indexing ----------------------------------------------------------------------
   constexpr int reshape(int x, const Dims& shape) {
     if (shaped() && g_[x].shape == shape) return x;
-    if (g_[x].op == Op::reshape) x = g_[x].in[0];  // reshape(reshape(x)) = reshape(x)
+    if (g_[x].op == Op::reshape && !g_[x].attrs.keepdim) x = g_[x].in[0];  // reshape(reshape(x)) = reshape(x)
     if (shaped() && g_[x].shape == shape) return x;
     Attrs at;
     at.dims = shape;
+    // A leading size kept from the input follows the element count (-1): a program with symbolic
+    // sizes then serves other row counts (the [N, 1] views of a cross_entropy's derivative named
+    // the compiling call's N).
+    if (shaped() && shape.size() > 0 && rank(x) > 0 && shape[0] == g_[x].shape[0] && shape[0] > 1 &&
+        std::find(shape.begin(), shape.end(), -1) == shape.end())
+      at.dims[0] = -1;
     return op(Op::reshape, {x}, at);
   }
   constexpr int expand(int x, const Dims& shape) {
     if (shaped() && g_[x].shape == shape) return x;
     Attrs at;
     at.dims = shape;
+    // A dim the input already has keeps its size (-1): a program with symbolic sizes then serves
+    // other sizes there (the expand of a norm's backward named the compiling call's row count).
+    if (shaped())
+      for (int i = 0, lead = shape.size() - rank(x); i < rank(x); ++i)
+        if (g_[x].shape[i] == shape[lead + i]) at.dims[lead + i] = -1;
     return op(Op::expand, {x}, at);
   }
   // order: normalised dims; permute(permute(x, p), q) = permute(x, p[q[i]]).
@@ -206,6 +218,14 @@ class Builder {
     int i = iota(shape.empty() ? Dims{1} : shape, 0);  // a rank-0 shape goes through [1]
     int ones = reshape(cast(cmp(Op::eq, i, i), d), shape);
     return v == 1 ? ones : mul(ones, v);
+  }
+  // The index along `dim` of a tensor of `shape`, as a broadcastable iota (1 in every other dim):
+  // its value does not depend on the other dims, and it names no size but its own.
+  constexpr int index_along(const Dims& shape, int dim) {
+    if (!shaped()) return iota(shape, dim);
+    Dims one;
+    for (int i = 0; i < shape.size(); ++i) one.push_back(i == dim ? shape[i] : 1);
+    return iota(one, dim);
   }
   constexpr int iota(const Dims& shape, int dim) {
     Attrs at;

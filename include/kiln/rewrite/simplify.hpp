@@ -194,9 +194,29 @@ constexpr int share_numel(Builder& b, int id) {
   return r == id ? -1 : r;
 }
 
-inline constexpr std::array<Simplification, 7> simplifications = {
-    fold_constants, drop_identity_operand, cancel_double_negation, drop_noop_cast, simplify_view, share_numel,
-    gather_before_pointwise};
+// f(expand(x)) -> expand(f(x)) for a one-input pointwise f, and reshape(expand(x)) -> expand(x
+// reshaped to ones) for a one-element x: a broadcast moves towards its readers, where
+// drop_broadcast_expands leaves it to their own broadcasting (a mean's gradient, negated and
+// viewed as [N, 1, 1] in a cross_entropy's derivative, named the compiling call's N).
+constexpr int sink_expand(Builder& b, int id) {
+  if (!b.shaped()) return -1;
+  const graph::Node n = b[id];
+  if (n.n_in != 1 || n.sym_attrs) return -1;
+  const graph::Node e = b[n.in[0]];
+  if (e.op != Op::expand || e.sym_attrs) return -1;
+  if (is_pointwise(n.op)) {
+    int in[1] = {e.in[0]};
+    return b.expand(b.rebuild(n, in), n.shape);
+  }
+  if (n.op != Op::reshape || b.shape(e.in[0]).product() != 1 || n.attrs.keepdim) return -1;
+  Dims ones;
+  for (int i = 0; i < n.shape.size(); ++i) ones.push_back(1);
+  return b.expand(b.reshape(e.in[0], ones), n.shape);
+}
+
+inline constexpr std::array<Simplification, 8> simplifications = {
+    fold_constants, drop_identity_operand, cancel_double_negation,  drop_noop_cast,
+    simplify_view,  share_numel,           gather_before_pointwise, sink_expand};
 
 // Builds node n (inputs already mapped) and applies the simplifications until none fires.
 // A node with symbolic attributes stays as it is: what it does depends on each call's values.
@@ -213,13 +233,53 @@ constexpr int simplify_node(Builder& b, const graph::Node& n, const int* in) {
   return id;
 }
 
+// An expand whose every reader is a pointwise op that has the same shape when it broadcasts the
+// expand's input with its other operands is that op's own broadcasting: the input is read instead.
+// A derivative broadcasts a reduction's cotangent to its input's shape (a mean's gradient: [1, 1]
+// to [N, C]); as an expand it named the compiling call's N, and a program with symbolic sizes
+// failed at every other N.
+constexpr graph::Graph drop_broadcast_expands(const graph::Graph& g) {
+  if (g.structural) return g;
+  std::vector<char> keep(static_cast<std::size_t>(g.size()), 0);
+  for (int o : g.outputs) keep[o] = 1;
+  for (const graph::Node& u : g.nodes)
+    for (int k = 0; k < u.n_in; ++k) {
+      const int e = u.in[k];
+      if (g[e].op != Op::expand || keep[e]) continue;
+      bool same = is_pointwise(u.op) && u.n_in >= 2;
+      Dims shape = g[g[e].in[0]].shape;
+      for (int j = 0; same && j < u.n_in; ++j)
+        if (u.in[j] != e) {
+          const Dims& o = g[u.in[j]].shape;
+          Dims wide;  // the two shapes broadcast, or a mismatch (then the expand stays)
+          for (int d = std::max(shape.size(), o.size()) - 1, i = 0; d >= 0; --d, ++i) {
+            const std::int64_t a = i < shape.size() ? shape[shape.size() - 1 - i] : 1,
+                               c = i < o.size() ? o[o.size() - 1 - i] : 1;
+            same = same && (a == c || a == 1 || c == 1);
+            wide.push_back(a == 1 ? c : a);
+          }
+          Dims rev;
+          for (int d = wide.size() - 1; d >= 0; --d) rev.push_back(wide[d]);
+          shape = rev;
+        }
+      if (!same || !(shape == u.shape)) keep[e] = 1;
+    }
+  bool any = false;
+  for (int i = 0; i < g.size(); ++i) any = any || (g[i].op == Op::expand && !keep[i] && !g[i].sym_attrs);
+  if (!any) return g;
+  return remove_dead(rebuild_graph(g, [&](Builder& b, const graph::Node& n, const int* in) {
+    const bool dropped = n.op == Op::expand && !keep[static_cast<std::size_t>(&n - g.nodes.data())] && !n.sym_attrs;
+    return dropped ? in[0] : b.rebuild(n, in);
+  }));
+}
+
 }  // namespace detail
 
 // Simplifies g (with shapes); outputs keep their order and point at the simplified nodes.
 constexpr graph::Graph simplify(const graph::Graph& g) {
   graph::Graph built =
       rebuild_graph(g, [](Builder& b, const graph::Node& n, const int* in) { return detail::simplify_node(b, n, in); });
-  graph::Graph out = remove_dead(built);
+  graph::Graph out = detail::drop_broadcast_expands(remove_dead(built));
   if (!std::is_constant_evaluated())
     debug::log_lazy(debug::Channel::decomp, [&] {
       return "after simplify (" + std::to_string(g.count_ops()) + " ops -> " + std::to_string(out.count_ops()) +

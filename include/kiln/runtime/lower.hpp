@@ -178,7 +178,8 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
   if (stats.tuning.matmul_t != 0) g = rewrite::fold_matmul_transposes(g);  // (A @ B)^T written as B^T @ A^T
   graph::infer_shapes(g, arg);
   const bool gpu = stats.for_gpu || cuda_device_of(g, arg) >= 0;  // the program's device
-  g = schedule::split_reductions(g, stats.tuning.partials != 0, gpu);  // long reductions with few outputs in two stages
+  g = schedule::split_reductions(g, stats.tuning.partials != 0, gpu,
+                                 stats.symbolic);  // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
   g = copy_strided_custom_inputs(g, arg);  // custom ops, embedding_backward, attention read contiguous buffers
   g.output_into = into.size() == g.outputs.size() ? into : std::vector<int>(g.outputs.size(), -1);

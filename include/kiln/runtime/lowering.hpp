@@ -15,8 +15,10 @@ struct LoweringStats {
   int ops_captured = 0;
   int ops_decomposed = 0;
   Tuning tuning;
-  bool for_gpu = false;  // set by the caller: lower for a GPU whatever the arguments' devices
-                         // (k::export_kernels plans CUDA programs from CPU tensors)
+  bool for_gpu = false;   // set by the caller: lower for a GPU whatever the arguments' devices
+                          // (k::export_kernels plans CUDA programs from CPU tensors)
+  bool symbolic = false;  // set by the caller: the program will have symbolic sizes (split sums
+                          // then read through zero-padded chunks at any length: schedule/split.hpp)
 };
 
 // An argument slot's tensor, as the entry points take it.

@@ -238,6 +238,7 @@ class ProgramCache final : public Evictable {
   // Static: constants. Dynamic, or past the recompile limit: every size a symbol. Automatic: exact
   // first, then the dims that changed since the last compile become symbols.
   ir::ShapeEnv make_env(const graph::Graph& g) const;
+  bool may_be_symbolic() const;
 
   // Remembers this compile's shapes and which dims have ever changed (automatic mode).
   void remember_shapes(const graph::Graph& g);
@@ -470,6 +471,7 @@ KILN_DECL std::shared_ptr<const Entry> ProgramCache::compile(const Tensor* const
   auto e = std::make_shared<Entry>();
   bool sym = static_cast<int>(symbolic_.size()) == nattrs &&
              std::any_of(symbolic_.begin(), symbolic_.end(), [](std::uint8_t b) { return b != 0; });
+  e->stats.symbolic = may_be_symbolic();
   graph::Graph g = build(arg, e->stats, sym ? &symbolic_ : nullptr);
   ir::ShapeEnv env = make_env(g);
   std::vector<const Tensor*> argv(args, args + nargs);
@@ -523,8 +525,15 @@ KILN_DECL std::shared_ptr<const Entry> ProgramCache::compile(const Tensor* const
   return e;
 }
 
+// Whether make_env may give the next program symbolic sizes (before its graph is lowered).
+KILN_DECL bool ProgramCache::may_be_symbolic() const {
+  return generalized_ || opt_.shapes == shapes::dynamic ||
+         (opt_.shapes == shapes::automatic && compiles_.load(std::memory_order_relaxed) > 0);
+}
+
 KILN_DECL ir::ShapeEnv ProgramCache::make_env(const graph::Graph& g) const {
-  auto all = [](int, int) { return true; };
+  const std::vector<std::uint32_t> chunks = schedule::chunk_count_dims(g);  // constants of the schedule
+  auto all = [&](int n, int k) { return !(chunks[n] >> k & 1u); };
   if (generalized_) return ir::make_shape_env(g, all);
   switch (opt_.shapes) {
     case shapes::static_:
@@ -537,6 +546,7 @@ KILN_DECL ir::ShapeEnv ProgramCache::make_env(const graph::Graph& g) const {
   if (compiles_.load(std::memory_order_relaxed) == 0 || last_shapes_.size() != static_cast<std::size_t>(g.size()))
     return ir::make_static_shape_env(g);
   return ir::make_shape_env(g, [&](int n, int k) {
+    if (chunks[n] >> k & 1u) return false;
     const Dims& before = last_shapes_[n];
     return before.size() != g[n].shape.size() || before[k] != g[n].shape[k] || changed_[n] & (1u << k);
   });

@@ -16,18 +16,22 @@ namespace kiln::schedule {
 
 namespace detail {
 
-// The 2-D [S*R, K] input of first-stage reduction r ([S, R, K] summed over R) with static sizes,
-// or -1: what a row kernel over that input can sum as column partials.
-inline int partial_input(const graph::Graph& g, const ir::ShapeEnv& env, int r) {
+// The 2-D [N, K] input of first-stage reduction r ([S, R, K] summed over R, S * R = N, or
+// zero-padded: S * R >= N), or -1: what a row kernel over that input can sum as column partials.
+// K must be static; N may be symbolic where `any_rows` (a GPU's row kernel: its S programs visit
+// the rows in turn, whatever their number), else static (the host's programs take R consecutive
+// rows each).
+inline int partial_input(const graph::Graph& g, const ir::ShapeEnv& env, int r, bool any_rows = false) {
   const graph::Node& red = g[r];
   const graph::Node& view = g[red.in[0]];
   if (red.op != Op::sum || view.op != Op::reshape || view.shape.size() != 3) return -1;
   if (reduce_dims_of(red, 3) != Dims{1}) return -1;
   int e = view.in[0];
   const Dims& full = g[e].shape;
-  if (full.size() != 2 || full[0] != view.shape[0] * view.shape[1] || full[1] != view.shape[2]) return -1;
-  for (const auto& d : env[e])
-    if (!d.is_constant()) return -1;
+  if (full.size() != 2 || full[1] != view.shape[2] || !env[e][1].is_constant()) return -1;
+  const bool padded = view.attrs.keepdim;
+  if (!any_rows && !env[e][0].is_constant()) return -1;
+  if (padded ? full[0] > view.shape[0] * view.shape[1] : full[0] != view.shape[0] * view.shape[1]) return -1;
   return e;
 }
 
@@ -41,7 +45,7 @@ inline int partial_input(const graph::Graph& g, const ir::ShapeEnv& env, int r) 
 inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::ShapeEnv& env,
                         const std::vector<bool>& anchor, int split, int r, bool host) {
   const graph::Node& red = g[r];
-  int e = partial_input(g, env, r);  // prefix split: [S, R, K] summed over R
+  int e = partial_input(g, env, r, !host);  // prefix split: [S, R, K] summed over R
   if (e < 0) return -1;
   const Dims& full = g[e].shape;
   if (!host && (full[1] < 2048 || full[1] > 8192 || red.shape[0] < 256)) return -1;

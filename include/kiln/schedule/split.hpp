@@ -83,11 +83,30 @@ constexpr Op combine_op(Op reduction) {
 
 }  // namespace detail
 
+// The dims of g that are a split's chunk counts (S, and 16 and S/16 of its middle step) as bits a
+// node: constants of the schedule, never symbols. As a symbol such a size would share one with any
+// equal size at the compiling call (duck sizing), say a chunk length of 64 beside 64 chunks, and
+// fail at the next length.
+inline std::vector<std::uint32_t> chunk_count_dims(const graph::Graph& g) {
+  std::vector<std::uint32_t> bits(static_cast<std::size_t>(g.size()), 0);
+  for (int i = 0; i < g.size(); ++i) {
+    const graph::Node& n = g[i];
+    if (!is_reduction(n.op) || n.attrs.c != split_stage_mark || n.attrs.dims.size() != 1) continue;
+    const int d = static_cast<int>(n.attrs.dims[0]), in = n.in[0];  // 1: outer dims reduced; 2: inner
+    const bool middle = is_reduction(g[g[in].in[0]].op) && g[g[in].in[0]].attrs.c == split_stage_mark;
+    bits[i] |= 1u << (d - 1);
+    if (g[in].op == Op::reshape) bits[in] |= middle ? (1u << (g[in].shape.size() - 1)) - 1 : 1u << (d - 1);
+  }
+  return bits;
+}
+
 // Rewrites reductions as described above; other nodes are copied unchanged. partials: row kernels
 // may compute the first stage of column sums over their own rows (partials.hpp; a Tuning's
 // `partials` knob turns that off), which also sets how many chunks such sums get. gpu: the
-// program's device is a GPU (choose_splits).
-inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true, bool gpu = true) {
+// program's device is a GPU (choose_splits). symbolic: the program will have symbolic sizes, so
+// split sums over outer dims read zero-padded chunks (any length).
+inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true, bool gpu = true,
+                                     bool symbolic = false) {
   std::vector<Dims> row_domains;  // inputs of reductions over their last dim, 2-D
   for (const auto& n : g.nodes) {
     if (!is_reduction(n.op)) continue;
@@ -117,13 +136,44 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
     // 16-bit sums keep their partial results in f32, as one accumulation would.
     bool narrow = n.dt == kiln::dtype::f16 || n.dt == kiln::dtype::bf16;
     int wide = narrow ? b.cast(in[0], kiln::dtype::f32) : in[0];
-    // Not a multiple of S: the input as [R, K] (or [K, R]), cut into the covered rows and the rest.
-    // A full reduction's is [R, 1] (the rest summed over both dims), not [R]: a reshape of a 1-D input
+    // Outer dims reduced: the chunk length is left to inference ([S, -1, K]). A sum in a program
+    // with symbolic sizes reads its input through a zero-padded reshape (graph/infer.hpp): the last
+    // chunks run past the input's end and read 0, so one program serves every length (a
+    // layer_norm backward with shapes::dynamic was compiled again at every new row count: its
+    // chunks and a rest covered exactly the first call's rows). With static sizes a length that is
+    // no multiple of S keeps the rest below (the padded chunks' tests measured up to 1.16x slower
+    // there: a column sum over 4194x32000 bf16, NOTES item 121).
+    if (r.prefix && (covered == r.reduced || (symbolic && n.op == Op::sum))) {
+      Attrs view;
+      view.dims = kept_last(Dims{s, -1});
+      view.keepdim = symbolic && n.op == Op::sum;  // zero-padded
+      Attrs first;
+      first.dims = {1};
+      first.c = split_stage_mark;
+      first.d = n.attrs.d;
+      int partial = b.op(n.op, {b.op(Op::reshape, {wide}, view)}, first);
+      if (s >= 256) {
+        // Many chunks (256 for a layer_norm's dw over 16384 rows): summed in two steps of 16, so
+        // that each step still has a thread a (step, kept element); one step of 256 left 16 SMs busy.
+        Attrs mid = first;
+        mid.d = 0;
+        partial = b.op(n.op, {b.reshape(partial, kept_last(Dims{16, s / 16}))}, mid);
+      }
+      Attrs second;
+      second.dims = {0};
+      second.d = n.attrs.d;
+      const int total = b.op(n.op, {partial}, second);
+      return b.reshape(narrow ? b.cast(total, n.dt) : total, n.shape);
+    }
+    // Otherwise (static sizes, or a maximum or minimum, over a length no multiple of S; inner dims,
+    // split only by a divisor) the input as [R, K] (or [K, R]), cut into the covered rows and the rest. A full
+    // reduction's is [R, 1] (the rest summed over both dims), not [R]: a reshape of a 1-D input
     // into its own shape is no reshape, and without it the program ran at any length, its first
     // stage covering the compiling call's rows and one program the rest (symbolic sizes); [R, 1]
     // fails inference at another R and recompiles, as a full reduction of a 2-D input does.
     const int rdim = r.prefix ? 0 : 1;
-    int flat = covered == r.reduced ? wide : b.reshape(wide, r.prefix ? Dims{r.reduced, r.kept} : Dims{r.kept, r.reduced});
+    int flat =
+        covered == r.reduced ? wide : b.reshape(wide, r.prefix ? Dims{r.reduced, r.kept} : Dims{r.kept, r.reduced});
     auto rows = [&](std::int64_t start, std::int64_t stop) {
       Attrs cut;
       cut.a = rdim, cut.b = start, cut.c = stop, cut.d = 1;

@@ -112,8 +112,8 @@ struct Program {
   bool check_indices = false;
   std::vector<IndexCheck> index_checks;
   BufferLifetimes lifetimes;  // plain runs: when each intermediate is allocated and released
-  Tuning tuning;           // the environment's KILN_TUNE_* choices when it was planned (core/tuning.hpp)
-  std::string tuning_key;  // the disk cache's name for the choice
+  Tuning tuning;              // the environment's KILN_TUNE_* choices when it was planned (core/tuning.hpp)
+  std::string tuning_key;     // the disk cache's name for the choice
 
   // Runs the program. args are indexed by arg slot; outputs are filled (pre-set entries are used
   // as destinations: eval(out, expr)). shape_of(node) gives the node's concrete shape this call.
@@ -176,6 +176,10 @@ inline void launch_compiled(const CompiledKernel& k, std::int64_t nprog, void** 
 namespace detail {
 
 inline std::int64_t num_programs(const CompiledKernel& k, Bindings sizes) {
+  // Column partials: a program a group, each writing its sums, also where some have no rows (a GPU's
+  // blocks visit the rows in turn, fewer than the groups at symbolic sizes; a host program takes
+  // ceil(rows / groups) rows, the last ones none when they do not divide).
+  if (k.src.partial_groups > 0) return k.src.partial_groups;
   std::int64_t xn = k.src.xnumel.eval(sizes);
   if (xn == 0) return 0;
   if (k.src.kind == schedule::Kind::poi) return (xn + k.src.config.xblock - 1) / k.src.config.xblock;
@@ -427,8 +431,8 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
       if (n.op == Op::attention_grad) {  // dq, dk or dv of the fused backward
         attention_grad(static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1), buffer(n.in[0]),
                        buffer(n.in[1]), buffer(n.in[2]), buffer(n.in[3]), buffer(n.in[4]),
-                       attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
-                       temps[k.extern_node], stream);
+                       attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a, temps[k.extern_node],
+                       stream);
         return;
       }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);
