@@ -144,16 +144,19 @@ TEST_CASE("compile: shapes::dynamic reductions: changing rows and changing row l
   }
 }
 
-// Gradients as a training loop meets them, the batch changing: a mean's derivative broadcast to
-// the input's shape, a cross_entropy's [N, 1] views and one-hot, the split sums of a bias's
-// gradient. Each once named the compiling call's batch, so every new batch compiled again.
+// Gradients as a training loop meets them, the batch changing: a mean's or a sum's derivative
+// broadcast to the input's shape, a cross_entropy's [N, 1] views and one-hot, the split sums of a
+// bias's gradient. Each once named the compiling call's batch, so every new batch compiled again.
 TEST_CASE("compile: shapes::dynamic gradients compile once as the batch changes") {
   auto mlp = [](auto x, auto w, auto b) { return k::mean(k::gelu(k::matmul(x, w) + b)); };
   auto ce = [](auto logits, auto t) { return k::cross_entropy(logits, t); };
   auto g = k::compile(k::grad(mlp, k::wrt<1, 2>), {.shapes = k::shapes::dynamic});
   auto h = k::compile(k::value_and_grad(ce, k::wrt<0>), {.shapes = k::shapes::dynamic});
+  auto sm = [](auto x) { return k::softmax(x, -1); };
+  auto v = k::compile(k::vjp(sm, k::wrt<0>), {.shapes = k::shapes::dynamic});  // a sum's expand in its derivative
   auto g64 = k::compile(k::grad(mlp, k::wrt<1, 2>));
   auto h64 = k::compile(k::value_and_grad(ce, k::wrt<0>));
+  auto v64 = k::compile(k::vjp(sm, k::wrt<0>));
   auto wide = [](const k::Tensor& t) { return k::Tensor(k::cast(t, k::f64)); };
   k::Tensor w = k::randn({24, 40}, k::f32, k::cpu, 5), b = k::randn({40}, k::f32, k::cpu, 6);
   for (std::int64_t n : {3000, 37, 5001, 2048, 9}) {
@@ -169,9 +172,12 @@ TEST_CASE("compile: shapes::dynamic gradients compile once as the batch changes"
     auto [oloss, odl] = h64(wide(logits), t);
     check_close(loss, oloss, 1e-4, 1e-5);
     check_close(dl, odl, 1e-4, 1e-6);
+    k::Tensor dy = k::randn({n, 77}, k::f32, k::cpu, 700 + static_cast<std::uint64_t>(n));
+    check_close(v(logits, dy), v64(wide(logits), wide(dy)), 1e-4, 1e-6);
   }
   CHECK(g.cache().compiles() == 1);
   CHECK(h.cache().compiles() == 1);
+  CHECK(v.cache().compiles() == 1);
 }
 
 TEST_CASE("compile: shapes::automatic recompiles once at the second shape, then never") {
