@@ -180,6 +180,42 @@ TEST_CASE("compile: shapes::dynamic gradients compile once as the batch changes"
   CHECK(v.cache().compiles() == 1);
 }
 
+// What the run time's clean-up of those sizes must leave alone (rewrite/simplify.hpp, builder.hpp):
+// two expands read by one op (each is the other's broadcast), a gradient that adds two broadcast
+// cotangents, views of tensors with a zero-sized dim, and an automatic-mode program whose first
+// row count is no multiple of its split's chunks.
+TEST_CASE("compile: broadcasts kept where an op needs them, zero-sized views, odd first row counts") {
+  k::Tensor a = k::randn({4, 1}, k::f32, k::cpu, 7), b = k::randn({4, 1}, k::f32, k::cpu, 8);
+  auto two = [](auto p, auto q) { return k::expand(p, {4, 5}) + k::expand(q, {4, 5}); };
+  k::Tensor y = k::compile(two)(a, b);
+  CHECK(y.shape() == std::vector<std::int64_t>{4, 5});
+  check_close(y, k::reference::eval(two(a, b)));
+  k::Tensor x = k::randn({8, 5}, k::f32, k::cpu, 9);
+  for (auto grad : {k::Tensor(k::compile(k::grad([](auto v) { return k::mean(v) + k::sum(v) * 0.5f; }, k::wrt<0>))(x)),
+                    k::Tensor(k::compile(k::grad([](auto v) { return k::sum(v) * k::mean(v); }, k::wrt<0>))(x))})
+    CHECK(grad.shape() == std::vector<std::int64_t>{8, 5});
+  k::Tensor g1 = k::compile(k::grad([](auto v) { return k::sum(v) * k::mean(v); }, k::wrt<0>))(x);
+  const double s = k::to_vector<double>(k::Tensor(k::sum(k::cast(x, k::f64))))[0];
+  for (double v : k::to_vector<double>(g1)) CHECK(v == doctest::Approx(2 * s / 40).epsilon(1e-5));
+  k::Tensor z = k::randn({4, 0, 3}, k::f32, k::cpu, 10);
+  CHECK(k::Tensor(k::compile([](auto v) {
+          return k::reshape(v, {4, 0});
+        })(z))
+            .shape() == std::vector<std::int64_t>{4, 0});
+  CHECK(k::Tensor(k::compile([](auto v) {
+          return k::unsqueeze(k::reshape(v, {4, 0}), 1);
+        })(z))
+            .shape() == std::vector<std::int64_t>{4, 1, 0});
+  auto colsum = [](auto v) { return k::sum(v, 0); };
+  auto f = k::compile(colsum);  // automatic: static, then the row count symbolic
+  for (std::int64_t n : {3001, 5000, 6007, 9000}) {
+    CAPTURE(n);
+    k::Tensor r = k::randn({n, 40}, k::f32, k::cpu, 11 + static_cast<std::uint64_t>(n));
+    check_close(f(r), k::reference::eval(colsum(k::cast(r, k::f64))), 1e-4, 1e-3);
+  }
+  CHECK(f.cache().compiles() == 2);
+}
+
 TEST_CASE("compile: shapes::automatic recompiles once at the second shape, then never") {
   auto fn = [](auto x, auto b) { return k::gelu(x + b) * 0.5f; };
   auto f = k::compile(fn);  // automatic is the default

@@ -169,12 +169,17 @@ class Builder {
     if (shaped() && g_[x].shape == shape) return x;
     Attrs at;
     at.dims = shape;
-    // A leading size kept from the input follows the element count (-1): a program with symbolic
-    // sizes then serves other row counts (the [N, 1] views of a cross_entropy's derivative named
-    // the compiling call's N).
-    if (shaped() && shape.size() > 0 && rank(x) > 0 && shape[0] == g_[x].shape[0] && shape[0] > 1 &&
-        std::find(shape.begin(), shape.end(), -1) == shape.end())
-      at.dims[0] = -1;
+    // A leading size kept from the input, or one that flattens the input's leading dims before the
+    // same trailing ones, follows the element count (-1): a program with symbolic sizes then serves
+    // other row counts (the [N, 1] views of a cross_entropy's derivative, the [B * T, D] of a
+    // linear's, named the compiling call's N).
+    if (shaped() && shape.size() > 0 && rank(x) > 0 && shape[0] > 1 && shape.product() > 0 &&
+        std::find(shape.begin(), shape.end(), -1) == shape.end()) {
+      const Dims& in = g_[x].shape;
+      bool same_tail = shape.size() <= in.size();
+      for (int i = 1; same_tail && i < shape.size(); ++i) same_tail = shape[i] == in[in.size() - shape.size() + i];
+      if (shape[0] == in[0] || same_tail) at.dims[0] = -1;
+    }
     return op(Op::reshape, {x}, at);
   }
   constexpr int expand(int x, const Dims& shape) {

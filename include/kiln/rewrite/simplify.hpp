@@ -233,8 +233,9 @@ constexpr int simplify_node(Builder& b, const graph::Node& n, const int* in) {
   return id;
 }
 
-// An expand whose every reader is a pointwise op that has the same shape when it broadcasts the
+// An expand whose every reader is a pointwise op that keeps its shape when it broadcasts the
 // expand's input with its other operands is that op's own broadcasting: the input is read instead.
+// The other operands count as their inputs where they are expands too (they may be dropped alike).
 // A derivative broadcasts a reduction's cotangent to its input's shape (a mean's gradient: [1, 1]
 // to [N, C]); as an expand it named the compiling call's N, and a program with symbolic sizes
 // failed at every other N.
@@ -242,26 +243,26 @@ constexpr graph::Graph drop_broadcast_expands(const graph::Graph& g) {
   if (g.structural) return g;
   std::vector<char> keep(static_cast<std::size_t>(g.size()), 0);
   for (int o : g.outputs) keep[o] = 1;
+  auto below = [&](int x) -> const Dims& { return g[x].op == Op::expand ? g[g[x].in[0]].shape : g[x].shape; };
   for (const graph::Node& u : g.nodes)
     for (int k = 0; k < u.n_in; ++k) {
       const int e = u.in[k];
       if (g[e].op != Op::expand || keep[e]) continue;
       bool same = is_pointwise(u.op) && u.n_in >= 2;
       Dims shape = g[g[e].in[0]].shape;
-      for (int j = 0; same && j < u.n_in; ++j)
-        if (u.in[j] != e) {
-          const Dims& o = g[u.in[j]].shape;
-          Dims wide;  // the two shapes broadcast, or a mismatch (then the expand stays)
-          for (int d = std::max(shape.size(), o.size()) - 1, i = 0; d >= 0; --d, ++i) {
-            const std::int64_t a = i < shape.size() ? shape[shape.size() - 1 - i] : 1,
-                               c = i < o.size() ? o[o.size() - 1 - i] : 1;
-            same = same && (a == c || a == 1 || c == 1);
-            wide.push_back(a == 1 ? c : a);
-          }
-          Dims rev;
-          for (int d = wide.size() - 1; d >= 0; --d) rev.push_back(wide[d]);
-          shape = rev;
+      for (int j = 0; same && j < u.n_in; ++j) {
+        if (j == k) continue;
+        const Dims& o = below(u.in[j]);
+        const int rank = std::max(shape.size(), o.size());
+        Dims wide;  // the two shapes broadcast (a mismatch keeps the expand)
+        for (int d = 0; d < rank; ++d) {
+          const int i = d - (rank - shape.size()), m = d - (rank - o.size());
+          const std::int64_t a = i >= 0 ? shape[i] : 1, c = m >= 0 ? o[m] : 1;
+          same = same && (a == c || a == 1 || c == 1);
+          wide.push_back(a == 1 ? c : a);
         }
+        shape = wide;
+      }
       if (!same || !(shape == u.shape)) keep[e] = 1;
     }
   bool any = false;

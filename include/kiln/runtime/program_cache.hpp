@@ -238,7 +238,7 @@ class ProgramCache final : public Evictable {
   // Static: constants. Dynamic, or past the recompile limit: every size a symbol. Automatic: exact
   // first, then the dims that changed since the last compile become symbols.
   ir::ShapeEnv make_env(const graph::Graph& g) const;
-  bool may_be_symbolic() const;
+  bool may_be_symbolic(const Tensor* const* args, int nargs) const;
 
   // Remembers this compile's shapes and which dims have ever changed (automatic mode).
   void remember_shapes(const graph::Graph& g);
@@ -258,6 +258,8 @@ class ProgramCache final : public Evictable {
   std::deque<std::string> reasons_;
   std::vector<Dims> last_shapes_;
   std::vector<unsigned> changed_;
+  std::vector<Dims> last_args_;          // argument shapes of the last compile, by slot (automatic mode)
+  std::vector<unsigned> args_changed_;  // argument dims that have changed between compiles, by slot
 };
 
 #if KILN_DEFINITIONS
@@ -471,7 +473,7 @@ KILN_DECL std::shared_ptr<const Entry> ProgramCache::compile(const Tensor* const
   auto e = std::make_shared<Entry>();
   bool sym = static_cast<int>(symbolic_.size()) == nattrs &&
              std::any_of(symbolic_.begin(), symbolic_.end(), [](std::uint8_t b) { return b != 0; });
-  e->stats.symbolic = may_be_symbolic();
+  e->stats.symbolic = may_be_symbolic(args, nargs);
   graph::Graph g = build(arg, e->stats, sym ? &symbolic_ : nullptr);
   ir::ShapeEnv env = make_env(g);
   std::vector<const Tensor*> argv(args, args + nargs);
@@ -525,10 +527,17 @@ KILN_DECL std::shared_ptr<const Entry> ProgramCache::compile(const Tensor* const
   return e;
 }
 
-// Whether make_env may give the next program symbolic sizes (before its graph is lowered).
-KILN_DECL bool ProgramCache::may_be_symbolic() const {
-  return generalized_ || opt_.shapes == shapes::dynamic ||
-         (opt_.shapes == shapes::automatic && compiles_.load(std::memory_order_relaxed) > 0);
+// Whether make_env may give the next program symbolic sizes (before its graph is lowered): in the
+// automatic mode, once an argument's size has changed between compiles or changes now (a dtype
+// change alone keeps static sizes, and static lowering).
+KILN_DECL bool ProgramCache::may_be_symbolic(const Tensor* const* args, int nargs) const {
+  if (generalized_ || opt_.shapes == shapes::dynamic) return true;
+  if (opt_.shapes != shapes::automatic || compiles_.load(std::memory_order_relaxed) == 0) return false;
+  for (int i = 0; i < nargs && i < static_cast<int>(last_args_.size()); ++i) {
+    const Dims& now = args[i]->shape();
+    if (args_changed_[i] || !(now == last_args_[i])) return true;
+  }
+  return false;
 }
 
 KILN_DECL ir::ShapeEnv ProgramCache::make_env(const graph::Graph& g) const {
@@ -543,8 +552,22 @@ KILN_DECL ir::ShapeEnv ProgramCache::make_env(const graph::Graph& g) const {
     case shapes::automatic:
       break;
   }
-  if (compiles_.load(std::memory_order_relaxed) == 0 || last_shapes_.size() != static_cast<std::size_t>(g.size()))
-    return ir::make_static_shape_env(g);
+  if (compiles_.load(std::memory_order_relaxed) == 0) return ir::make_static_shape_env(g);
+  if (last_shapes_.size() != static_cast<std::size_t>(g.size())) {
+    // Another graph than the last compile's (lowered for symbolic sizes, or split otherwise): the
+    // sizes of the arguments' dims that changed are symbolic wherever they occur.
+    std::vector<std::int64_t> sizes;
+    for (const auto& n : g.nodes) {
+      if (n.op != Op::arg || n.slot < 0 || n.slot >= static_cast<int>(last_args_.size())) continue;
+      const Dims& before = last_args_[static_cast<std::size_t>(n.slot)];
+      for (int k = 0; k < n.shape.size(); ++k)
+        if (before.size() != n.shape.size() || before[k] != n.shape[k] || args_changed_[n.slot] & (1u << k))
+          sizes.push_back(n.shape[k]);
+    }
+    return ir::make_shape_env(g, [&](int n, int k) {
+      return !(chunks[n] >> k & 1u) && std::find(sizes.begin(), sizes.end(), g[n].shape[k]) != sizes.end();
+    });
+  }
   return ir::make_shape_env(g, [&](int n, int k) {
     if (chunks[n] >> k & 1u) return false;
     const Dims& before = last_shapes_[n];
@@ -560,6 +583,15 @@ KILN_DECL void ProgramCache::remember_shapes(const graph::Graph& g) {
       if (last_shapes_[n].size() != g[n].shape.size() || last_shapes_[n][k] != g[n].shape[k]) changed_[n] |= 1u << k;
   last_shapes_.clear();
   for (auto& n : g.nodes) last_shapes_.push_back(n.shape);
+  for (const auto& n : g.nodes) {  // the arguments' shapes, by slot
+    if (n.op != Op::arg || n.slot < 0) continue;
+    const auto slot = static_cast<std::size_t>(n.slot);
+    if (slot >= last_args_.size()) last_args_.resize(slot + 1), args_changed_.resize(slot + 1, 0);
+    const Dims& before = last_args_[slot];
+    for (int k = 0; k < n.shape.size() && before.size() == n.shape.size(); ++k)
+      if (before[k] != n.shape[k]) args_changed_[slot] |= 1u << k;
+    last_args_[slot] = n.shape;
+  }
 }
 
 KILN_DECL std::shared_ptr<const Entry> ProgramCache::lookup(const Tensor* const* args, int nargs,
