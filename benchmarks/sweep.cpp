@@ -2,10 +2,12 @@
 // layer_norm and rms_norm forward and forward+backward, cross_entropy forward+backward) over row
 // lengths 64 ... 262,144 in f32 and bf16, with rows for about --mib MiB of input; pointwise `x + y`
 // over transposed, strided, offset and broadcast operands; column sums; 3-D softmax; small sizes.
-// Every case runs in k::shapes::static_ and k::shapes::dynamic, each on a function of its own,
-// checked once against the f64 oracle (k::reference::eval, on the first rows) before it is timed with
-// CUDA events (benchmarks/timing.hpp, the sampling of bench.cpp). One JSON object a line:
-//   {"id": "sweep-softmax-4096x8192-f32", "impl": "kiln" | "kiln-dynamic", "ms": ..., "gbps": ...,
+// Every case runs in k::shapes::static_ and k::shapes::dynamic (and, with --modes ...,auto, in
+// k::shapes::automatic after a call at the checked rows' count, as a model meets a new batch), each
+// on a function of its own, checked once against the f64 oracle (k::reference::eval, on the first
+// rows) before it is timed with CUDA events (benchmarks/timing.hpp, the sampling of bench.cpp). One
+// JSON object a line:
+//   {"id": "sweep-softmax-4096x8192-f32", "impl": "kiln" | "kiln-dynamic" | "kiln-auto", "ms": ..., "gbps": ...,
 //    "bytes": ..., "pct_copy": ..., "family": ..., "op": ..., "shape": ..., "dtype": ..., "note": ...}
 // benchmarks/sweep_peer.py prints the same ids for torch.compile; benchmarks/sweep_report.py divides.
 // Usage: sweep [--only FAMILY,...] [--dtypes f32,bf16] [--cols 64,1000] [--mib N] [--reps N] [--list]
