@@ -124,10 +124,9 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
       }
       if (n.op == Op::reshape && n.attrs.keepdim) {  // zero-padded [S, C, t...]: chunk positions past the input read 0
         const std::vector<Sym>& out = env_[node];
-        Sym trailing(1), numel(1);
+        const Sym count = ir::padded_positions(env_[n.in[0]], out);  // the input's chunk positions
+        Sym trailing(1);
         for (std::size_t d = 2; d < out.size(); ++d) trailing = trailing * out[d];
-        for (const Sym& d : env_[n.in[0]]) numel = numel * d;
-        const Sym count = floordiv(numel, trailing);                                    // the input's chunk positions
         if (count == out[0] * out[1]) return emit(n.in[0], view_index(node, idx), xm);  // no padding at these sizes
         // Positions past the input give 0. Where a tile's lanes run along t... the test is the same
         // for all of them (made once, at the first lane) and those positions read the input's last

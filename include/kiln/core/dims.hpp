@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -110,19 +111,22 @@ inline int normalize_dim(std::int64_t dim, int rank, const char* op) {
   return static_cast<int>(dim < 0 ? dim + r : dim);
 }
 
-// NumPy broadcasting of two shapes.
-inline Dims broadcast_shapes(const Dims& a, const Dims& b, const char* op) {
+// NumPy broadcasting of two shapes; nullopt where they cannot be broadcast together.
+constexpr std::optional<Dims> try_broadcast_shapes(const Dims& a, const Dims& b) {
   int n = std::max(a.size(), b.size());
   Dims out;
   out.resize(n);
   for (int i = 0; i < n; ++i) {
     std::int64_t x = i < n - a.size() ? 1 : a[i - (n - a.size())];
     std::int64_t y = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    if (x != y && x != 1 && y != 1)
-      throw shape_error(std::string(op) + ": shapes " + a.str() + " and " + b.str() + " cannot be broadcast together");
+    if (x != y && x != 1 && y != 1) return std::nullopt;
     out[i] = x == 1 ? y : x;
   }
   return out;
+}
+inline Dims broadcast_shapes(const Dims& a, const Dims& b, const char* op) {
+  if (auto out = try_broadcast_shapes(a, b)) return *out;
+  throw shape_error(std::string(op) + ": shapes " + a.str() + " and " + b.str() + " cannot be broadcast together");
 }
 
 }  // namespace kiln

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "../graph/graph.hpp"
@@ -59,6 +60,15 @@ struct ShapeEnv {
   }
 };
 
+// A zero-padded reshape's leading positions (graph/infer.hpp's infer_padded_reshape): the input's
+// elements over the output's trailing dims (out[2:]).
+inline Sym padded_positions(std::span<const Sym> in, std::span<const Sym> out) {
+  Sym numel(1), trailing(1);
+  for (const Sym& x : in) numel = numel * x;
+  for (std::size_t t = 2; t < out.size(); ++t) trailing = trailing * out[t];
+  return floordiv(numel, trailing);
+}
+
 // Symbolises the node shapes of g. `symbolic(node, dim)` says whether a dimension may become a
 // symbol (all of them in dynamic mode, the changed ones in automatic mode).
 template <class Symbolic>
@@ -92,10 +102,7 @@ ShapeEnv make_shape_env(const graph::Graph& g, Symbolic&& symbolic) {
     }
     if (d.size() >= 2 && chunk_length(i, 1)) {  // ceil(leading positions / chunks)
       std::vector<Sym>& out = env.shapes[i];
-      Sym numel(1), trailing(1);
-      for (const Sym& x : env.shapes[g[i].in[0]]) numel = numel * x;
-      for (std::size_t t = 2; t < out.size(); ++t) trailing = trailing * out[t];
-      out[1] = floordiv(floordiv(numel, trailing) + out[0] - Sym(1), out[0]);
+      out[1] = floordiv(padded_positions(env.shapes[g[i].in[0]], out) + out[0] - Sym(1), out[0]);
     }
   }
   // Symbolic slice bounds: a kernel argument o<k> (start, >= 0) and t<k> (step, > 0) each.

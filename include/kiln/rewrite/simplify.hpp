@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <numbers>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -248,22 +249,11 @@ constexpr graph::Graph drop_broadcast_expands(const graph::Graph& g) {
     for (int k = 0; k < u.n_in; ++k) {
       const int e = u.in[k];
       if (g[e].op != Op::expand || keep[e]) continue;
-      bool same = is_pointwise(u.op) && u.n_in >= 2;
-      Dims shape = g[g[e].in[0]].shape;
-      for (int j = 0; same && j < u.n_in; ++j) {
-        if (j == k) continue;
-        const Dims& o = below(u.in[j]);
-        const int rank = std::max(shape.size(), o.size());
-        Dims wide;  // the two shapes broadcast (a mismatch keeps the expand)
-        for (int d = 0; d < rank; ++d) {
-          const int i = d - (rank - shape.size()), m = d - (rank - o.size());
-          const std::int64_t a = i >= 0 ? shape[i] : 1, c = m >= 0 ? o[m] : 1;
-          same = same && (a == c || a == 1 || c == 1);
-          wide.push_back(a == 1 ? c : a);
-        }
-        shape = wide;
-      }
-      if (!same || !(shape == u.shape)) keep[e] = 1;
+      std::optional<Dims> shape = g[g[e].in[0]].shape;
+      if (!is_pointwise(u.op) || u.n_in < 2) shape.reset();
+      for (int j = 0; shape && j < u.n_in; ++j)
+        if (j != k) shape = try_broadcast_shapes(*shape, below(u.in[j]));
+      if (!shape || !(*shape == u.shape)) keep[e] = 1;
     }
   bool any = false;
   for (int i = 0; i < g.size(); ++i) any = any || (g[i].op == Op::expand && !keep[i] && !g[i].sym_attrs);
