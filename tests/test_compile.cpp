@@ -150,30 +150,41 @@ TEST_CASE("compile: shapes::dynamic reductions: changing rows and changing row l
 TEST_CASE("compile: shapes::dynamic gradients compile once as the batch changes") {
   auto mlp = [](auto x, auto w, auto b) { return k::mean(k::gelu(k::matmul(x, w) + b)); };
   auto ce = [](auto logits, auto t) { return k::cross_entropy(logits, t); };
+  auto sm = [](auto x) { return k::softmax(x, -1); };
   auto g = k::compile(k::grad(mlp, k::wrt<1, 2>), {.shapes = k::shapes::dynamic});
   auto h = k::compile(k::value_and_grad(ce, k::wrt<0>), {.shapes = k::shapes::dynamic});
-  auto sm = [](auto x) { return k::softmax(x, -1); };
   auto v = k::compile(k::vjp(sm, k::wrt<0>), {.shapes = k::shapes::dynamic});  // a sum's expand in its derivative
-  auto g64 = k::compile(k::grad(mlp, k::wrt<1, 2>));
-  auto h64 = k::compile(k::value_and_grad(ce, k::wrt<0>));
-  auto v64 = k::compile(k::vjp(sm, k::wrt<0>));
-  auto wide = [](const k::Tensor& t) { return k::Tensor(k::cast(t, k::f64)); };
+  // The oracles: each derivative written out by hand, interpreted in f64.
+  auto f64 = [](const k::Tensor& t) { return k::Tensor(k::cast(t, k::f64)); };
+  auto ev = [](const auto& e) { return k::reference::eval(e); };
   k::Tensor w = k::randn({24, 40}, k::f32, k::cpu, 5), b = k::randn({40}, k::f32, k::cpu, 6);
   for (std::int64_t n : {3000, 37, 5001, 2048, 9}) {
     CAPTURE(n);
     k::Tensor x = k::randn({n, 24}, k::f32, k::cpu, 400 + static_cast<std::uint64_t>(n));
     k::Tensor logits = k::randn({n, 77}, k::f32, k::cpu, 500 + static_cast<std::uint64_t>(n));
     k::Tensor t = k::cast(k::rand({n}, k::f32, k::cpu, 600 + static_cast<std::uint64_t>(n)) * 76.0f, k::i64);
+    // mean(gelu(z)), z = x w + b: dz = gelu'(z) / (n * 40), gelu'(z) = Phi(z) + z phi(z).
+    k::Tensor z = ev(k::matmul(f64(x), f64(w)) + f64(b));
+    k::Tensor dz =
+        ev((0.5 * (1.0 + k::erf(z * M_SQRT1_2)) + z * k::exp(-0.5 * z * z) * (0.5 * M_2_SQRTPI * M_SQRT1_2)) /
+           static_cast<double>(n * 40));
     auto [dw, db] = g(x, w, b);
-    auto [ow, ob] = g64(wide(x), wide(w), wide(b));
-    check_close(dw, ow, 1e-4, 1e-5);
-    check_close(db, ob, 1e-4, 1e-5);
+    check_close(dw, ev(k::matmul(k::transpose(f64(x), 0, 1), dz)), 1e-4, 1e-5);
+    check_close(db, ev(k::sum(dz, 0)), 1e-4, 1e-5);
+    // cross_entropy: the mean of logsumexp - the target's logit; d logits = (softmax - one-hot) / n.
+    std::vector<double> hot(static_cast<std::size_t>(n * 77), 0.0), picked;
+    auto tv = k::to_vector<std::int64_t>(t);
+    auto lv = k::to_vector<double>(f64(logits));
+    for (std::int64_t r = 0; r < n; ++r)
+      hot[static_cast<std::size_t>(r * 77 + tv[r])] = 1, picked.push_back(lv[r * 77 + tv[r]]);
+    k::Tensor l64 = f64(logits), onehot = k::from_vector(hot, {n, 77});
     auto [loss, dl] = h(logits, t);
-    auto [oloss, odl] = h64(wide(logits), t);
-    check_close(loss, oloss, 1e-4, 1e-5);
-    check_close(dl, odl, 1e-4, 1e-6);
+    check_close(loss, ev(k::mean(k::logsumexp(l64, 1) - k::from_vector(picked, {n}))), 1e-4, 1e-5);
+    check_close(dl, ev((k::softmax(l64, 1) - onehot) / static_cast<double>(n)), 1e-4, 1e-6);
+    // softmax's vjp: y (dy - sum(dy y)).
     k::Tensor dy = k::randn({n, 77}, k::f32, k::cpu, 700 + static_cast<std::uint64_t>(n));
-    check_close(v(logits, dy), v64(wide(logits), wide(dy)), 1e-4, 1e-6);
+    k::Tensor y = ev(k::softmax(l64, 1));
+    check_close(v(logits, dy), ev(y * (f64(dy) - k::sum(f64(dy) * y, 1, true))), 1e-4, 1e-6);
   }
   CHECK(g.cache().compiles() == 1);
   CHECK(h.cache().compiles() == 1);
