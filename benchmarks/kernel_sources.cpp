@@ -5,11 +5,13 @@
 // reading what a device run will launch before spending device time on it (benchmarks/NOTES.md
 // item 116 found a modulo by the row count a step this way).
 //
-// Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic]
+// Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas sm_90]
+//   --ptxas ARCH: also compiles the unit with NVRTC for ARCH and prints ptxas's registers and spills
 //   --dynamic: every size symbolic (k::shapes::dynamic); --rows-dynamic: only sizes equal to ROWS
 //   (with the split sums' chunk lengths: the sizes that change with ROWS), as the automatic mode
 //   makes them after a call with another row count
-//   OP: colsum (sum over dim 0), softmax (last dim), softmax3d (dim 1 of [ROWS, COLS, DIM]),
+//   OP: colsum (sum over dim 0), softmax (last dim), layer_norm and rms_norm (forward, with a weight
+//       and layer_norm's bias), softmax3d (dim 1 of [ROWS, COLS, DIM]),
 //       layer_norm_bwd (vjp of layer_norm: dx, dw, db), cross_entropy (loss and dlogits), block
 //       (the vjp of W12's MLP block over [ROWS, COLS], hidden 4 * COLS)
 #include <cstdio>
@@ -22,6 +24,7 @@
 namespace k = kiln;
 
 enum class Sizes { static_, dynamic, rows };
+std::string ptxas_arch;  // --ptxas ARCH: also compile the unit and print ptxas's report
 
 template <class F, class... T>
 void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
@@ -45,6 +48,20 @@ void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
   auto p = k::runtime::plan_program(std::move(g), std::move(env), k::Device(k::cuda), arg, false, stats.tuning);
   std::string body = k::runtime::program_body(*p);
   std::fputs(body.substr(body.find("\n// kiln_") + 1).c_str(), stdout);  // past the size helpers
+  if (ptxas_arch.empty()) return;
+  // NVRTC on the whole unit, as the runtime compiles it, with ptxas's register and spill report.
+  std::string unit = k::runtime::cuda_translation_unit(*p, body);
+  if (const char* dump = std::getenv("KERNEL_SOURCES_UNIT")) {  // the whole unit, prelude included
+    std::FILE* f = std::fopen(dump, "w");
+    if (f) std::fputs(unit.c_str(), f), std::fclose(f);
+  }
+  std::vector<std::string> options = k::runtime::nvrtc_options(ptxas_arch, {"--ptxas-options=-v"});
+  std::vector<const char*> argv;
+  for (const std::string& o : options) argv.push_back(o.c_str());
+  k::runtime::detail::Program program(unit, "kernel_sources.cu");
+  nvrtcResult r = nvrtcCompileProgram(program.get(), static_cast<int>(argv.size()), argv.data());
+  std::printf("// NVRTC %s (%s):\n%s\n", ptxas_arch.c_str(), r == NVRTC_SUCCESS ? "compiled" : "FAILED",
+              program.log().c_str());
 }
 
 int main(int argc, char** argv) {
@@ -59,13 +76,15 @@ int main(int argc, char** argv) {
       sizes = Sizes::dynamic;
     else if (s == "--rows-dynamic")
       sizes = Sizes::rows;
+    else if (s == "--ptxas" && i + 1 < argc)
+      ptxas_arch = argv[++i];
     else
       pos.push_back(s);
   }
   if (pos.size() < 3) {
     std::fprintf(stderr,
-                 "usage: %s OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic]\n"
-                 "OP: colsum, softmax, softmax3d, layer_norm_bwd, cross_entropy, block\n",
+                 "usage: %s OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas ARCH]\n"
+                 "OP: colsum, softmax, layer_norm, rms_norm, softmax3d, layer_norm_bwd, cross_entropy, block\n",
                  argv[0]);
     return 2;
   }
@@ -78,6 +97,12 @@ int main(int argc, char** argv) {
       print_kernels([](auto x) { return k::sum(x, 0); }, sizes, rows, randn({rows, cols}));
     } else if (op == "softmax") {
       print_kernels([](auto x) { return k::softmax(x, -1); }, sizes, rows, randn({rows, cols}));
+    } else if (op == "layer_norm") {
+      print_kernels([](auto x, auto w, auto b) { return k::layer_norm(x, w, b); }, sizes, rows, randn({rows, cols}),
+                    randn({cols}), randn({cols}));
+    } else if (op == "rms_norm") {
+      print_kernels([](auto x, auto w) { return k::rms_norm(x, w, 1e-6); }, sizes, rows, randn({rows, cols}),
+                    randn({cols}));
     } else if (op == "softmax3d" && pos.size() >= 4) {
       print_kernels([](auto x) { return k::softmax(x, 1); }, sizes, rows,
                     randn({rows, cols, std::atoll(pos[3].c_str())}));

@@ -168,9 +168,7 @@ TEST_CASE("cuda: looped rows kept in shared memory" * needs_gpu()) {
   auto lsm = [](auto a) { return k::log_softmax(a, 1); };
   auto ce = [](auto a, auto tt) { return k::cross_entropy(a, tt); };
   auto ce16 = [](auto a, auto tt) { return k::cross_entropy(k::cast(a, k::f32), tt); };
-  auto ln_vjp = [](auto a, auto ww, auto g) {
-    return k::sum(k::layer_norm(a, ww, ww) * g);
-  };
+  auto ln_vjp = [](auto a, auto ww, auto g) { return k::sum(k::layer_norm(a, ww, ww) * g); };
   for (std::string waves : {"", "1"}) {
     for (std::string smem : {"1", "150000", "0", ""}) {  // "": the default, whole rows of half an SM
       CAPTURE(waves);
@@ -268,7 +266,8 @@ TEST_CASE("cuda: short columns held in registers" * needs_gpu()) {
   k::Tensor x = k::randn({29, 12, 197}, k::f32, k::cpu, 67) * 3.0f;
   check_compiled(sm1, 1e-5, 1e-7, x);
   check_compiled(sm1, 2e-2, 1e-4, x.to(k::bf16));
-  CHECK(k::explain(k::compile(sm1), x.to(k::cuda)).kernels.at(0).source.find("KILN_R_COLUMN_TILES") != std::string::npos);
+  CHECK(k::explain(k::compile(sm1), x.to(k::cuda)).kernels.at(0).source.find("KILN_R_COLUMN_TILES") !=
+        std::string::npos);
   ::unsetenv("KILN_TUNE_COLUMN_LANES");
 }
 
@@ -332,11 +331,16 @@ TEST_CASE("cuda: rows of odd length, tiles from the vector before the row" * nee
   check_on_gpu([](auto& v) { return k::softmax(k::slice(v[0], 1, 1, 1002), -1); }, {wide}, 1e-5, 1e-8);
   // Rows with weights: rms_norm's held 16-bit rows are shifted too (NOTES 118), the weight's tiles
   // then starting anywhere (tested accesses, not hoisted across rows); held rows several to a block
-  // and one a block, a looped row, both dtypes, layer_norm (unshifted) beside it;
-  // KILN_TUNE_ROW_SHIFT=1 keeps every row with weights unshifted (the rule before).
+  // and one a block, a looped row, both dtypes, layer_norm (unshifted) beside it, its backward;
+  // KILN_TUNE_ROW_SHIFT=1 keeps every row with weights unshifted (the rule before), 2 shifts every
+  // held row with weights (layer_norm and the norm backwards too); weights sliced at an offset of a
+  // whole vector and of less.
   auto ln = [](auto a, auto w, auto b) { return k::layer_norm(a, w, b); };
   auto rms = [](auto a, auto w) { return k::rms_norm(a, w); };
-  for (const char* shift : {"", "1"}) {
+  auto rms_at3 = [](auto a, auto w) { return k::rms_norm(a, k::slice(w, 0, 3, 200)); };
+  auto ln_at8 = [](auto a, auto w, auto b) { return k::layer_norm(a, k::slice(w, 0, 8, 205), k::slice(b, 0, 3, 200)); };
+  auto ln_bwd = k::vjp([](auto a, auto w, auto b) { return k::layer_norm(a, w, b); }, k::wrt<0, 1, 2>);
+  for (const char* shift : {"", "1", "2"}) {
     CAPTURE(shift);
     if (*shift) ::setenv("KILN_TUNE_ROW_SHIFT", shift, 1);
     for (std::int64_t n : {197, 1001, 30011}) {
@@ -347,10 +351,27 @@ TEST_CASE("cuda: rows of odd length, tiles from the vector before the row" * nee
       check_compiled(rms, 1e-4, 1e-5, a, w);
       check_compiled(ln, 2e-2, 2e-2, a.to(k::bf16), w.to(k::bf16), b.to(k::bf16));
       check_compiled(rms, 2e-2, 2e-2, a.to(k::bf16), w.to(k::bf16));
+      // The backward's dw and db sum over rows: tolerances of a sum of 37 products.
+      k::Tensor dy = k::randn({37, n}, k::f32, k::cpu, 41);
+      auto got = ln_bwd(a.to(k::cuda), w.to(k::cuda), b.to(k::cuda), dy.to(k::cuda));
+      auto want = ln_bwd(a.to(k::f64), w.to(k::f64), b.to(k::f64), dy.to(k::f64));
+      auto [dx, dw, db] = got;
+      auto [ex, ew, eb] = want;
+      for (auto [g, e] : {std::pair{dx, ex}, std::pair{dw, ew}, std::pair{db, eb}}) {
+        auto close = k::testing::allclose(g, e, 1e-3, 1e-4);
+        CHECK_MESSAGE(bool(close), close);
+      }
     }
+    k::Tensor wide_w = k::randn({211}, k::f32, k::cpu, 42) + 1.0f, wide_b = k::randn({211}, k::f32, k::cpu, 43);
+    k::Tensor a197 = k::randn({37, 197}, k::f32, k::cpu, 44);
+    check_compiled(rms_at3, 1e-4, 1e-5, a197, wide_w);
+    check_compiled(ln_at8, 1e-4, 1e-5, a197, wide_w, wide_b);
+    check_compiled(rms_at3, 2e-2, 2e-2, a197.to(k::bf16), wide_w.to(k::bf16));
+    check_compiled(ln_at8, 2e-2, 2e-2, a197.to(k::bf16), wide_w.to(k::bf16), wide_b.to(k::bf16));
     k::Tensor a = k::randn({37, 197}, k::bf16, k::cuda, 39), w = k::randn({197}, k::bf16, k::cuda, 40);
     std::string src = k::explain(k::compile(rms), a, w).kernels.at(0).source;
-    CHECK((*shift == 0) == (src.find("KILN_R_TILES_SHIFTED(roffset, kiln_shift)") != std::string::npos));
+    const bool shifted = std::string(shift) != "1";
+    CHECK(shifted == (src.find("KILN_R_TILES_SHIFTED(roffset, kiln_shift)") != std::string::npos));
     ::unsetenv("KILN_TUNE_ROW_SHIFT");
   }
 }

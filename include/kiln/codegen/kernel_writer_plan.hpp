@@ -111,11 +111,13 @@ inline void KernelWriter::plan() {
   // faster so. Elsewhere it measured slower: f32 rows up to 1.3x, layer_norm (as many weights as
   // full-size arrays) up to 1.4x, norm backwards (two arrays read) and cross_entropy's gradient
   // (three walks) up to 2.3x (NOTES 118). KILN_TUNE_ROW_SHIFT=0 turns it off, 1 keeps rows with
-  // weights unshifted (the rule before).
+  // weights unshifted (the rule before), 2 shifts every row with weights (for A/Bs: NOTES 122
+  // measured it, and weights read as two whole vectors and a funnel shift, slower still).
   row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && rnumel_.is_constant() &&
                rnumel_.constant_value() % row_vector(max_item) != 0 && !streams.empty() &&
-               (invariants.empty() || (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 &&
-                                       caches.loops <= 2 && streams.size() + full_stores > invariants.size())) &&
+               (invariants.empty() || tune_.row_shift == 2 ||
+                (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 && caches.loops <= 2 &&
+                 streams.size() + full_stores > invariants.size())) &&
                plan_.partials.empty();
   // GPU rows of symbolic length held as at the compiling call's length (Triton's persistent
   // reduction, its tiles sized from the size hint): the lengths it serves are held_min..held_max;

@@ -62,7 +62,7 @@ struct Tuning {
                            // leaves it out
   int row_shift = -1;      // GPU rows of a length no whole number of vectors: start their tiles on the
                            // vector before the row; 0 at the row's first element, 1 only rows without
-                           // weights (the rule before; KILN_TUNE_ROW_SHIFT)
+                           // weights (the rule before), 2 every row, weights too (KILN_TUNE_ROW_SHIFT)
   int occupancy = -1;      // held-row GPU kernels: the threads an SM they ask ptxas to fit (the second
                            // argument of __launch_bounds__, as blocks), 0 none (KILN_TUNE_OCCUPANCY)
   int attention = -1;      // k::attention on a GPU: 0 decomposed into batched matmuls and a softmax (the
