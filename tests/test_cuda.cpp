@@ -485,6 +485,51 @@ TEST_CASE("cuda: dynamic rows held at the compiling call's length, looped at oth
   CHECK(k::explain(g, k::randn({5, 3000}, k::f32, k::cuda, 34), k::randn({3000}, k::f32, k::cuda, 35)).recompiles == 0);
 }
 
+TEST_CASE("cuda: dynamic rows of odd length, shifted to whole vectors" * needs_gpu()) {
+  // Rows of symbolic length whose first call's length is no whole number of vectors: each row's
+  // tiles start on the vector before it (its shift computed as the row starts), held at the first
+  // length and serving any length the tiles hold, looped (shifted too) past them; an attention
+  // softmax whose sequence length changes, both dtypes, one program throughout. (cross_entropy's
+  // value_and_grad is not here: a new class count compiles it again, its one-hot's iota names the
+  // count: NOTES 123.)
+  auto sm = [](auto a) { return k::softmax(a, -1); };
+  auto lsm = [](auto a) { return k::log_softmax(a, -1) * 0.5f; };
+  const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
+  for (k::dtype dt : {k::bf16, k::f32}) {
+    CAPTURE(dt);
+    const double tol = dt == k::bf16 ? 2e-2 : 1e-5;
+    auto f = k::compile(sm, dyn);
+    auto g = k::compile(lsm, dyn);
+    for (std::int64_t cols : {197, 251, 8, 64, 256, 249, 250, 1001, 3073, 200, 5}) {
+      CAPTURE(cols);
+      auto a = k::randn({37, cols}, k::f32, k::cpu, 50 + static_cast<int>(cols)).to(dt);
+      auto r = k::testing::allclose(f(a.to(k::cuda)), k::reference::eval(sm(a)), tol, tol * 0.1);
+      CHECK_MESSAGE(bool(r), r);
+      r = k::testing::allclose(g(a.to(k::cuda)), k::reference::eval(lsm(a)), tol, tol);
+      CHECK_MESSAGE(bool(r), r);
+    }
+    // A length served by the held kernel through a pointer one element past a 16-byte boundary.
+    auto flat = k::randn({37 * 197 + 1}, k::f32, k::cpu, 52).to(dt);
+    auto r = k::testing::allclose(f(flat.to(k::cuda).as_strided({37, 197}, {197, 1}, 1)),
+                                  k::reference::eval(sm(flat.as_strided({37, 197}, {197, 1}, 1))), tol, tol * 0.1);
+    CHECK_MESSAGE(bool(r), r);
+    k::report rep = k::explain(f, k::randn({5, 199}, k::f32, k::cuda, 53).to(dt));
+    INFO(rep);
+    CHECK(rep.recompiles == 0);
+    REQUIRE_FALSE(rep.kernels.empty());
+    CHECK(rep.kernels[0].source.find("KILN_R_TILES_SHIFTED(roffset, kiln_shift)") != std::string::npos);
+    // Scores [B, H, T, T] over a changing sequence length.
+    auto att = k::compile(sm, dyn);
+    for (std::int64_t T : {37, 45, 64, 129, 8}) {
+      CAPTURE(T);
+      auto s4 = k::randn({2, 3, T, T}, k::f32, k::cpu, 54 + static_cast<int>(T)).to(dt);
+      r = k::testing::allclose(att(s4.to(k::cuda)), k::reference::eval(sm(s4)), tol, tol * 0.1);
+      CHECK_MESSAGE(bool(r), r);
+    }
+    CHECK(k::explain(att, k::randn({2, 3, 51, 51}, k::f32, k::cuda, 55).to(dt)).recompiles == 0);
+  }
+}
+
 TEST_CASE("cuda: raw device buffers and a user stream" * needs_gpu()) {
   auto x = k::randn({1000}, k::f32, k::cuda, 12);
   CUstream s = nullptr;

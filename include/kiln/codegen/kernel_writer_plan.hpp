@@ -113,19 +113,31 @@ inline void KernelWriter::plan() {
   // (three walks) up to 2.3x (NOTES 118). KILN_TUNE_ROW_SHIFT=0 turns it off, 1 keeps rows with
   // weights unshifted (the rule before), 2 shifts every row with weights (for A/Bs: NOTES 122
   // measured it, and weights read as two whole vectors and a funnel shift, slower still).
-  row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && rnumel_.is_constant() &&
-               rnumel_.constant_value() % row_vector(max_item) != 0 && !streams.empty() &&
-               (invariants.empty() || tune_.row_shift == 2 ||
-                (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 && caches.loops <= 2 &&
-                 streams.size() + full_stores > invariants.size())) &&
-               plan_.partials.empty();
+  // Rows of symbolic length (a sequence length that changes) without weights are shifted too, each
+  // row's shift computed as it starts: where the compiling call's length is no whole number of
+  // vectors (the row held at it, serving any length its tiles hold) and in the looped twin, which
+  // serves every length; held rows of a length of whole vectors keep their one test a vector. Not
+  // a single row (a full reduction: its shift is 0, and the split loop's unmasked vectors measured
+  // 6% faster on cross_entropy's loss over 1335 rows, NOTES 123).
+  const std::int64_t vec = row_vector(max_item);
+  const bool one_row = xnumel_.is_constant() && xnumel_.constant_value() == 1;
+  const bool shift_symbolic = !rnumel_.is_constant() && invariants.empty() && !one_row &&
+                              (rn % vec != 0 || tune_.dynamic_rows == 0);
+  row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && !streams.empty() &&
+               plan_.partials.empty() &&
+               (shift_symbolic ||
+                (rnumel_.is_constant() && rnumel_.constant_value() % vec != 0 &&
+                 (invariants.empty() || tune_.row_shift == 2 ||
+                  (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 && caches.loops <= 2 &&
+                   streams.size() + full_stores > invariants.size()))));
   // GPU rows of symbolic length held as at the compiling call's length (Triton's persistent
   // reduction, its tiles sized from the size hint): the lengths it serves are held_min..held_max;
   // the program launches the kernel written looped at others (runtime's CompiledKernel::looped).
-  // Only lengths of whole vectors (the compiling call's too): one mask test a vector, as at static lengths.
+  // Only lengths of whole vectors (the compiling call's too): one mask test a vector, as at static
+  // lengths; or shifted rows (above), any length that the tiles hold with the row's shift.
   const bool held_dynamic = rows() && !column && target_ == Target::cuda && !rnumel_.is_constant() &&
                             tune_.dynamic_rows != 0 && plan_.partials.empty() && tune_.vector_masks != 0 &&
-                            rn % row_vector(max_item) == 0;
+                            (rn % vec == 0 || row_shift_);
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant() || held_dynamic, column, caches,
                                   tune_, row_shift_)
                      : pointwise_config(target_, xn, max_item, tune_);
@@ -143,7 +155,7 @@ inline void KernelWriter::plan() {
     // this one is already the smallest: a warp of threads, one tile each).
     const std::int64_t capacity = std::int64_t{ks.config.riters} * ks.config.row_threads * ks.config.rvec;
     ks.held_rnumel = rnumel_;
-    ks.held_max = capacity;
+    ks.held_max = row_shift_ ? capacity - (ks.config.rvec - 1) : capacity;  // a shifted row spans up to rvec - 1 more
     ks.held_min = ks.config.riters == 1 && ks.config.row_threads <= 32 ? 1 : std::min(capacity / 2 + 1, rn);
   }
   ks.tuning = tune_;
@@ -194,7 +206,7 @@ inline void KernelWriter::plan() {
     exact_tiles_ = full_rows_ && full_tiles_;
     vector_rows_ = tune_.vector_masks != 0 && !config_.x_lanes && rnumel_.is_constant() &&
                    rnumel_.constant_value() % config_.rvec == 0;  // (columns' lanes run across rows)
-    if (held_dynamic && config_.riters > 0) {
+    if (held_dynamic && config_.riters > 0 && !row_shift_) {
       dyn_vector_rows_ = vector_rows_ = true;
       ks.held_multiple = config_.rvec;
     }
