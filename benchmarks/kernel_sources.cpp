@@ -6,7 +6,7 @@
 // item 116 found a modulo by the row count a step this way).
 //
 // Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas sm_90]
-//   --ptxas ARCH: also compiles the unit with NVRTC for ARCH and prints ptxas's registers and spills
+//   --ptxas ARCH: also compiles the unit with NVRTC for ARCH and prints ptxas's registers, spills and stack
 //   --dynamic: every size symbolic (k::shapes::dynamic); --rows-dynamic: only sizes equal to ROWS
 //   (with the split sums' chunk lengths: the sizes that change with ROWS), as the automatic mode
 //   makes them after a call with another row count
@@ -51,10 +51,6 @@ void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
   if (ptxas_arch.empty()) return;
   // NVRTC on the whole unit, as the runtime compiles it, with ptxas's register and spill report.
   std::string unit = k::runtime::cuda_translation_unit(*p, body);
-  if (const char* dump = std::getenv("KERNEL_SOURCES_UNIT")) {  // the whole unit, prelude included
-    std::FILE* f = std::fopen(dump, "w");
-    if (f) std::fputs(unit.c_str(), f), std::fclose(f);
-  }
   std::vector<std::string> options = k::runtime::nvrtc_options(ptxas_arch, {"--ptxas-options=-v"});
   std::vector<const char*> argv;
   for (const std::string& o : options) argv.push_back(o.c_str());
