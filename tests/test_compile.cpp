@@ -191,6 +191,64 @@ TEST_CASE("compile: shapes::dynamic gradients compile once as the batch changes"
   CHECK(v.cache().compiles() == 1);
 }
 
+// The other sizes a gradient or a decomposition names: a cross_entropy's one-hot compares each
+// target with the classes' indices, and an argmax takes the least index of a row's maximum; both
+// named the compiling call's class count (an iota of it, and the [N, C] view of the summed one-hot),
+// so each new vocabulary compiled again and a ninth hit the recompile limit; a var's gradient named
+// its row count likewise.
+TEST_CASE("compile: shapes::dynamic gradients and argmax compile once as the class count changes") {
+  auto ce = [](auto logits, auto t) { return k::cross_entropy(logits, t); };
+  auto am = [](auto x) { return k::argmax(x, 1); };
+  auto h = k::compile(k::value_and_grad(ce, k::wrt<0>), {.shapes = k::shapes::dynamic});
+  auto a = k::compile(am, {.shapes = k::shapes::dynamic});
+  auto ev = [](const auto& e) { return k::reference::eval(e); };
+  for (std::int64_t c : {77, 13, 1000, 250, 3, 4099, 2, 50}) {
+    const std::int64_t n = 5 + c % 17;
+    CAPTURE(c);
+    CAPTURE(n);
+    k::Tensor logits = k::randn({n, c}, k::f32, k::cpu, 800 + static_cast<std::uint64_t>(c));
+    k::Tensor t =
+        k::cast(k::rand({n}, k::f32, k::cpu, 900 + static_cast<std::uint64_t>(c)) * static_cast<float>(c - 1), k::i64);
+    // d logits = (softmax - one-hot) / n; the loss is the mean of logsumexp - the target's logit.
+    std::vector<double> hot(static_cast<std::size_t>(n * c), 0.0), picked;
+    auto tv = k::to_vector<std::int64_t>(t);
+    auto lv = k::to_vector<double>(k::Tensor(k::cast(logits, k::f64)));
+    for (std::int64_t r = 0; r < n; ++r)
+      hot[static_cast<std::size_t>(r * c + tv[r])] = 1, picked.push_back(lv[r * c + tv[r]]);
+    k::Tensor l64 = k::cast(logits, k::f64);
+    auto [loss, dl] = h(logits, t);
+    check_close(loss, ev(k::mean(k::logsumexp(l64, 1) - k::from_vector(picked, {n}))), 1e-4, 1e-5);
+    check_close(dl, ev((k::softmax(l64, 1) - k::from_vector(hot, {n, c})) / static_cast<double>(n)), 1e-4, 1e-6);
+    // argmax: the first index of each row's largest value, found by hand.
+    std::vector<std::int64_t> want;
+    for (std::int64_t r = 0; r < n; ++r) {
+      std::int64_t best = 0;
+      for (std::int64_t j = 1; j < c; ++j)
+        if (lv[r * c + j] > lv[r * c + best]) best = j;
+      want.push_back(best);
+    }
+    CHECK(k::to_vector<std::int64_t>(a(logits)) == want);
+  }
+  CHECK(h.cache().compiles() == 1);
+  CHECK(a.cache().compiles() == 1);
+  // A var's gradient broadcast the sum's cotangent to [N] through a division by the degrees of
+  // freedom and a view: d/dx sum(var(x, 1)) = 2 (x - mean) / (C - 1), at changing N and C.
+  auto v = k::compile(k::grad([](auto x) { return k::sum(k::var(x, 1)); }, k::wrt<0>), {.shapes = k::shapes::dynamic});
+  for (auto [n, c] : std::vector<std::pair<std::int64_t, std::int64_t>>{{37, 11}, {5, 18}, {130, 301}, {2, 7}}) {
+    CAPTURE(n);
+    CAPTURE(c);
+    k::Tensor x = k::randn({n, c}, k::f32, k::cpu, 40 + static_cast<std::uint64_t>(n));
+    k::Tensor x64 = k::cast(x, k::f64);
+    check_close(v(x), ev(2.0 * (x64 - k::mean(x64, 1, true)) / static_cast<double>(c - 1)), 1e-4, 1e-6);
+  }
+  CHECK(v.cache().compiles() == 1);
+  // The pipeline's reshapes that take a size from their input (Attrs::input_dim) are negative
+  // numbers below -1: a user's reshape may not name one.
+  k::Tensor x = k::randn({4, 6}, k::f32, k::cpu, 12);
+  CHECK_THROWS_AS(k::reshape(x, {-2, 6}), k::shape_error);
+  CHECK_THROWS_WITH(k::reshape(x, {4, -3}), doctest::Contains("reshape: invalid size -3 in [4, -3]"));
+}
+
 // What the run time's clean-up of those sizes must leave alone (rewrite/simplify.hpp, builder.hpp):
 // two expands read by one op (each is the other's broadcast), a gradient that adds two broadcast
 // cotangents, views of tensors with a zero-sized dim, and an automatic-mode program whose first

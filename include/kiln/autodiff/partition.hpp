@@ -126,7 +126,7 @@ inline PartitionReport partition(const graph::Graph& joint, int n_forward) {
     }
   };
   for (int i = n_forward; i < joint.size(); ++i)
-    for (int k = 0; k < joint[i].n_in; ++k)
+    for (int k = 0; k < joint[i].n_in && info(joint[i].op).cls != OpClass::meta; ++k)  // meta: a shape, not a value
       if (joint[i].in[k] < n_forward) visit(visit, joint[i].in[k]);
   auto by_id = [](const auto& a, const auto& b) { return a.id < b.id; };
   std::sort(report.saved.begin(), report.saved.end(), by_id);

@@ -151,16 +151,16 @@ constexpr Cotangents slice_backward(Builder& b, int y, int g) {
 constexpr Cotangents expand(Builder& b, int y, int g) { return {back(b, y, 0, g), -1, -1, -1}; }
 
 // gather(x, idx) along the last dim: dx[..., c] = sum_j g[..., j] * (idx[..., j] == c), through a
-// one-hot [..., J, C] built from iota (no scatter needed).
+// one-hot [..., J, C] built from x's classes' indices (no scatter needed).
 constexpr Cotangents gather(Builder& b, int y, int g) {
   const int x = x0(b, y), idx = in(b, y, 1);
   const Dims is = b.shape(idx);
-  Dims col = is, onehot = is;
+  Dims col = is;
   col.push_back(1);
-  onehot.push_back(b.shaped() ? b.shape(x).back() : 0);
-  int hit = b.cmp(Op::eq, b.reshape(idx, col), b.index_along(onehot, onehot.size() - 1));
+  const int classes = b.iota_of(x, std::max(b.rank(x) - 1, 0), col.size(), col.size() - 1);  // [1, .., 1, C]
+  int hit = b.cmp(Op::eq, b.reshape(idx, col), classes);
   int spread = b.where(hit, b.reshape(g, col), 0.0);
-  return {b.sum(spread, Dims{onehot.size() - 2}, false), -1, -1, -1};
+  return {b.sum(spread, Dims{col.size() - 2}, false), -1, -1, -1};
 }
 
 // embedding(table, ids): the table's cotangent sums g's rows at each id (embedding_backward, an
@@ -270,7 +270,7 @@ inline Cotangents custom_backward(Builder& b, int y, int) {
 inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   std::array<Rule, rewrite::op_count> t{};
   auto set = [&](Op op, Rule r) { t[static_cast<int>(op)] = r; };
-  for (Op op : {Op::arg, Op::scalar, Op::constant, Op::iota, Op::numel, Op::sign, Op::logical_not, Op::lt, Op::le,
+  for (Op op : {Op::arg, Op::scalar, Op::constant, Op::iota, Op::numel, Op::iota_of, Op::sign, Op::logical_not, Op::lt, Op::le,
                 Op::gt, Op::ge, Op::eq, Op::ne, Op::rand})
     set(op, rules::none);
   set(Op::neg, rules::neg);

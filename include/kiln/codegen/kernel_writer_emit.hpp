@@ -56,7 +56,8 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
       if (n.op == Op::constant) return {detail::literal(n.value, kiln::dtype::f64), kiln::dtype::f64, true, n.value};
       if (n.op == Op::iota) return bind("kiln::cast<i64>(" + index_code(idx[n.attrs.a]) + ")", kiln::dtype::i64);
       break;
-    case OpClass::meta: {  // numel of the reduced dims of its input
+    case OpClass::meta: {  // iota_of: an index, as iota's; numel of the reduced dims of its input
+      if (n.op == Op::iota_of) return bind("kiln::cast<i64>(" + index_code(idx[n.attrs.a]) + ")", kiln::dtype::i64);
       const auto& in = g_[n.in[0]];
       Sym count(1);
       for (int d = 0; d < in.shape.size(); ++d) {

@@ -31,6 +31,12 @@ struct Attrs {
   // attrs.d of an amax that only shifts values for a stable exp (softmax, logsumexp): it carries no
   // gradient, and over a dim of size 0 it is allowed (its -inf is never read: the row is empty).
   static constexpr std::int64_t shift_flag = 1;
+  // A size of a reshape that the pipeline made (never a user's: k::reshape takes sizes >= -1): the
+  // input's size along dim d, whatever it is at a call, so that a program with symbolic sizes
+  // serves every value of it (graph/infer.hpp's infer_reshape).
+  static constexpr std::int64_t input_dim(int d) { return -2 - d; }
+  static constexpr bool is_input_dim(std::int64_t size) { return size <= -2; }
+  static constexpr int input_dim_of(std::int64_t size) { return static_cast<int>(-2 - size); }
 };
 
 // The base of every expression node. It lives in namespace kiln so that argument-dependent

@@ -238,6 +238,8 @@ auto linear(X&& x, W&& w) {
 // ---- views ----------------------------------------------------------------------------------------
 template <TensorLike X>
 auto reshape(X&& x, const Dims& shape) {
+  for (auto s : shape)  // below -1 are the pipeline's own sizes (Attrs::input_dim)
+    if (s < -1) throw shape_error("reshape: invalid size " + std::to_string(s) + " in " + shape.str());
   Attrs at;
   at.dims = shape;
   return expr::make<Op::reshape>(at, std::forward<X>(x));

@@ -213,8 +213,19 @@ inline std::string attrs_str(const Node& n) {
   if (cls == OpClass::reduce || n.op == Op::softmax || n.op == Op::log_softmax || n.op == Op::mean || n.op == Op::var ||
       n.op == Op::logsumexp || n.op == Op::numel)
     os << ", dims=" << (n.attrs.all ? std::string("all") : n.attrs.dims.str()) << (n.attrs.keepdim ? ", keepdim" : "");
-  else if (n.op == Op::reshape || n.op == Op::expand || n.op == Op::permute || n.op == Op::iota)
-    os << ", " << n.attrs.dims.str() << (n.op == Op::reshape && n.attrs.keepdim ? ", zero-padded" : "");
+  else if (n.op == Op::reshape) {  // a size that is the input's along dim d prints as in<d>
+    os << ", [";
+    for (int i = 0; i < n.attrs.dims.size(); ++i) {
+      const std::int64_t s = n.attrs.dims[i];
+      os << (i ? ", " : "");
+      if (Attrs::is_input_dim(s))
+        os << "in" << Attrs::input_dim_of(s);
+      else
+        os << s;
+    }
+    os << "]" << (n.attrs.keepdim ? ", zero-padded" : "");
+  } else if (n.op == Op::expand || n.op == Op::permute || n.op == Op::iota)
+    os << ", " << n.attrs.dims.str();
   else if (n.op == Op::slice || n.op == Op::slice_backward)
     os << ", dim=" << n.attrs.a << ", " << n.attrs.b << ":" << n.attrs.c << ":" << n.attrs.d;
   else if (n.op == Op::transpose)
@@ -222,6 +233,7 @@ inline std::string attrs_str(const Node& n) {
   else if (n.op == Op::cast)
     os << ", " << name(n.attrs.dt);
   if (n.op == Op::iota) os << ", dim=" << n.attrs.a;
+  if (n.op == Op::iota_of) os << ", " << n.attrs.dims.str() << ", dim=" << n.attrs.a << ", of dim " << n.attrs.b;
   if (n.op == Op::gelu && n.attrs.a) os << ", approximate=tanh";
   if (is_custom(n.op)) os << ", " << custom_ops::name_of(n.attrs.custom);
   if (n.sym_attrs) os << ", symbolic attrs of capture " << n.capture;

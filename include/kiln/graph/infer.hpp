@@ -66,6 +66,12 @@ inline Dims infer_reshape(const Dims& in, const Dims& want, Op op) {
   Dims out = want;
   int infer = -1;
   std::int64_t known = 1;
+  for (int i = 0; i < out.size(); ++i)  // a size that is the input's along a dim (the pipeline's own)
+    if (Attrs::is_input_dim(out[i])) {
+      const int d = Attrs::input_dim_of(out[i]);
+      if (d >= in.size()) throw shape_error(op_str(op) + ": no dimension " + std::to_string(d) + " in " + in.str());
+      out[i] = in[d];
+    }
   for (int i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
       if (infer >= 0) throw shape_error(op_str(op) + ": only one dimension of " + want.str() + " may be -1");
@@ -265,7 +271,17 @@ inline void infer_node(Graph& g, Node& n) {
                             in(0).shape.str());
       return;
     }
-    case OpClass::meta: {  // numel(x, dims): the element count of the reduced dims, as a number
+    case OpClass::meta: {
+      if (n.op == Op::iota_of) {  // x's size along attrs.b, at attrs.a of the shape attrs.dims
+        const int rank = n.attrs.dims.size(), from = in(0).shape.size();
+        if (n.attrs.a < 0 || n.attrs.a >= rank || n.attrs.b < 0 || n.attrs.b >= from)
+          throw shape_error("iota_of: dim " + std::to_string(n.attrs.a) + " of rank " + std::to_string(rank) +
+                            ", sized from dim " + std::to_string(n.attrs.b) + " of shape " + in(0).shape.str());
+        n.shape = n.attrs.dims;
+        n.shape[static_cast<int>(n.attrs.a)] = in(0).shape[static_cast<int>(n.attrs.b)];
+        return;
+      }
+      // numel(x, dims): the element count of the reduced dims, as a number
       reduced_dims(n.attrs, in(0).shape.size(), n.op);  // validates the dims
       n.shape = {};
       return;

@@ -101,9 +101,9 @@ constexpr void infer_dtype(const Graph& g, Node& n) {
     case OpClass::reduce:
       n.dt = n.op == Op::sum && !is_floating(in(0).dt) ? kiln::dtype::i64 : in(0).dt;
       return;
-    case OpClass::meta:  // numel: an element count, as a number
-      n.dt = kiln::dtype::f64;
-      n.weak = true;
+    case OpClass::meta:  // numel: an element count, as a number; iota_of: indices
+      n.dt = n.op == Op::iota_of ? kiln::dtype::i64 : kiln::dtype::f64;
+      n.weak = n.op == Op::numel;
       return;
     case OpClass::view:
       n.dt = in(0).dt;

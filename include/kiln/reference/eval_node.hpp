@@ -116,6 +116,11 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       });
       return out;
     }
+    case Op::iota_of: {
+      const int d = static_cast<int>(n.attrs.a);
+      for_each_index(out.shape, [&](std::int64_t lin, const Dims& idx) { out.data[lin] = static_cast<double>(idx[d]); });
+      return out;
+    }
     case Op::numel: {
       Dims rd = reduce_dims(n, in(0).shape.size());
       double c = 1;

@@ -153,13 +153,7 @@ class Builder {
     return op(Op::amax, {x}, at);
   }
   // The element count of x's dims `dims`, a weak f64 scalar that stays symbolic in the graph.
-  // Only x's shape matters, so x is walked back through same-shape pointwise ops to share one node.
-  constexpr int numel(int x, const Dims& dims) {
-    while (is_pointwise(g_[x].op) &&
-           (shaped() ? g_[g_[x].in[0]].shape == g_[x].shape : info(g_[x].op).cls == OpClass::unary))
-      x = g_[x].in[0];
-    return reduce(Op::numel, x, dims, false);
-  }
+  constexpr int numel(int x, const Dims& dims) { return reduce(Op::numel, shape_source(x), dims, false); }
   constexpr int mean(int x, const Dims& dims, bool keepdim) { return div(sum(x, dims, keepdim), numel(x, dims)); }
 
   // ---- views and indexing ----------------------------------------------------------------------
@@ -169,10 +163,13 @@ class Builder {
     if (shaped() && g_[x].shape == shape) return x;
     Attrs at;
     at.dims = shape;
-    // A leading size kept from the input, or one that flattens the input's leading dims before the
-    // same trailing ones, follows the element count (-1): a program with symbolic sizes then serves
-    // other row counts (the [N, 1] views of a cross_entropy's derivative, the [B * T, D] of a
-    // linear's, named the compiling call's N).
+    // Sizes follow the input where they can, so that a program with symbolic sizes serves other
+    // sizes too: a reshape that only adds or drops 1s takes each other size from the input's dim
+    // (the [N, C] of a one-hot summed over its [N, 1, C] named the class count); else a leading
+    // size kept from the input, or one that flattens the input's leading dims before the same
+    // trailing ones, follows the element count (-1: the [N, 1] views of a cross_entropy's
+    // derivative, the [B * T, D] of a linear's, named the compiling call's N).
+    if (shaped() && keep_input_sizes(g_[x].shape, at.dims)) return op(Op::reshape, {x}, at);
     if (shaped() && shape.size() > 0 && rank(x) > 0 && shape[0] > 1 && shape.product() > 0 &&
         std::find(shape.begin(), shape.end(), -1) == shape.end()) {
       const Dims& in = g_[x].shape;
@@ -183,6 +180,8 @@ class Builder {
     return op(Op::reshape, {x}, at);
   }
   constexpr int expand(int x, const Dims& shape) {
+    if (shaped() && g_[x].shape == shape) return x;
+    if (g_[x].op == Op::expand && !g_[x].sym_attrs) x = g_[x].in[0];  // expand(expand(x)) = expand(x)
     if (shaped() && g_[x].shape == shape) return x;
     Attrs at;
     at.dims = shape;
@@ -224,13 +223,15 @@ class Builder {
     int ones = reshape(cast(cmp(Op::eq, i, i), d), shape);
     return v == 1 ? ones : mul(ones, v);
   }
-  // The index along `dim` of a tensor of `shape`, as a broadcastable iota (1 in every other dim):
-  // its value does not depend on the other dims, and it names no size but its own.
-  constexpr int index_along(const Dims& shape, int dim) {
-    if (!shaped()) return iota(shape, dim);
-    Dims one;
-    for (int i = 0; i < shape.size(); ++i) one.push_back(i == dim ? shape[i] : 1);
-    return iota(one, dim);
+  // The index along dim d of x, as a broadcastable tensor of `rank` dims: 1 in each but `at`, which
+  // has x's size along d. It is sized from x, not named: a program with symbolic sizes then serves
+  // every length of that dim (a one-hot's iota named the class count, an argmax's the row length).
+  constexpr int iota_of(int x, int d, int rank, int at) {
+    Attrs a;
+    for (int i = 0; i < rank; ++i) a.dims.push_back(1);
+    a.a = at;
+    a.b = d;
+    return op(Op::iota_of, {shape_source(x)}, a);
   }
   constexpr int iota(const Dims& shape, int dim) {
     Attrs at;
@@ -241,6 +242,29 @@ class Builder {
 
  private:
   // Ops whose attributes a structural graph cannot know (they hold or depend on sizes).
+  // A node of x's shape that computes less: only the shape of what numel and iota_of read matters,
+  // so x is walked back through same-shape pointwise ops, and one node serves them all.
+  constexpr int shape_source(int x) const {
+    while (is_pointwise(g_[x].op) &&
+           (shaped() ? g_[g_[x].in[0]].shape == g_[x].shape : info(g_[x].op).cls == OpClass::unary))
+      x = g_[x].in[0];
+    return x;
+  }
+  // When `out` has in's sizes other than 1, in order (a reshape that only adds or drops 1s), writes
+  // each of them as the input's dim it is (Attrs::input_dim) and says so.
+  static constexpr bool keep_input_sizes(const Dims& in, Dims& out) {
+    Dims from;
+    for (int j = 0; j < in.size(); ++j)
+      if (in[j] != 1) from.push_back(j);
+    int k = 0;
+    for (int i = 0; i < out.size(); ++i)
+      if (out[i] != 1 && (k >= from.size() || in[static_cast<int>(from[k++])] != out[i])) return false;
+    if (k != from.size()) return false;
+    k = 0;
+    for (int i = 0; i < out.size(); ++i)
+      if (out[i] != 1) out[i] = Attrs::input_dim(static_cast<int>(from[k++]));
+    return true;
+  }
   static constexpr bool sized_attrs(Op o) {
     const OpClass c = info(o).cls;
     return c == OpClass::reduce || c == OpClass::view || c == OpClass::meta || o == Op::iota ||

@@ -149,7 +149,7 @@ constexpr int arg_extremum(Builder& b, const Node& n, std::span<const int> in) {
   const Dims rd = scalar ? Dims{0} : reduce_dims_of(b, n, x);
   const int d = static_cast<int>(rd[0]);
   const int m = b.reduce(n.op == Op::argmax ? Op::amax : Op::amin, x, rd, true);
-  const int index = b.iota(b.shape(x), d);
+  const int index = b.iota_of(x, d, b.rank(x), d);  // broadcast along the other dims
   const int miss = b.cast(b.numel(x, Dims{d}), kiln::dtype::i64);  // weak: the where stays i64
   const int nan_index = b.where(b.cmp(Op::ne, x, x), index, miss);
   return b.reduce(Op::amin, b.where(b.cmp(Op::eq, x, m), index, nan_index), rd, n.attrs.keepdim && !scalar);

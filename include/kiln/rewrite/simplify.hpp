@@ -145,7 +145,7 @@ constexpr int drop_noop_cast(Builder& b, int id) {
 }
 
 // Views that change nothing (same shape; permute identity; a full slice with step 1) are their
-// input; chains of reshapes and of permutes become one view (the Builder merges them).
+// input; chains of reshapes, of expands and of permutes become one view (the Builder merges them).
 constexpr int simplify_view(Builder& b, int id) {
   if (!b.shaped()) return -1;  // what a view does depends on sizes
   const graph::Node n = b[id];
@@ -155,8 +155,10 @@ constexpr int simplify_view(Builder& b, int id) {
       int r = b.reshape(x, n.shape);
       return r == id ? -1 : r;
     }
-    case Op::expand:
-      return b.shape(x) == n.shape ? x : -1;
+    case Op::expand: {  // chains become one expand
+      int r = b.expand(x, n.shape);
+      return r == id ? -1 : r;
+    }
     case Op::permute: {
       int r = b.permute(x, n.attrs.dims);
       return r == id ? -1 : r;
@@ -195,20 +197,31 @@ constexpr int share_numel(Builder& b, int id) {
   return r == id ? -1 : r;
 }
 
-// f(expand(x)) -> expand(f(x)) for a one-input pointwise f, and reshape(expand(x)) -> expand(x
-// reshaped to ones) for a one-element x: a broadcast moves towards its readers, where
-// drop_broadcast_expands leaves it to their own broadcasting (a mean's gradient, negated and
-// viewed as [N, 1, 1] in a cross_entropy's derivative, named the compiling call's N).
+// f(expand(x), s...) -> expand(f(x, s...)) for a pointwise f whose other operands are rank-0 (a
+// one-input f, or a division by a count), and reshape(expand(x)) -> expand(x reshaped to ones) for
+// a one-element x: a broadcast moves towards its readers, where drop_broadcast_expands leaves it to
+// their own broadcasting (a mean's gradient, negated and viewed as [N, 1, 1] in a cross_entropy's
+// derivative, and a var's, divided by its degrees of freedom, named the compiling call's N).
 constexpr int sink_expand(Builder& b, int id) {
   if (!b.shaped()) return -1;
   const graph::Node n = b[id];
-  if (n.n_in != 1 || n.sym_attrs) return -1;
-  const graph::Node e = b[n.in[0]];
-  if (e.op != Op::expand || e.sym_attrs) return -1;
+  if (n.n_in < 1 || n.sym_attrs) return -1;
   if (is_pointwise(n.op)) {
-    int in[1] = {e.in[0]};
+    int in[3] = {-1, -1, -1}, expanded = -1;
+    for (int k = 0; k < n.n_in; ++k) {
+      const graph::Node& e = b[n.in[k]];
+      in[k] = n.in[k];
+      if (e.op == Op::expand && !e.sym_attrs && expanded < 0)
+        expanded = k, in[k] = e.in[0];
+      else if (b.rank(n.in[k]) != 0)
+        return -1;
+    }
+    if (expanded < 0) return -1;
     return b.expand(b.rebuild(n, in), n.shape);
   }
+  if (n.n_in != 1) return -1;
+  const graph::Node e = b[n.in[0]];
+  if (e.op != Op::expand || e.sym_attrs) return -1;
   if (n.op != Op::reshape || b.shape(e.in[0]).product() != 1 || n.attrs.keepdim) return -1;
   Dims ones;
   for (int i = 0; i < n.shape.size(); ++i) ones.push_back(1);

@@ -44,7 +44,8 @@ inline int matmul_operand(const graph::Graph& g, int node) {
                                                                                                               : node;
 }
 
-inline bool is_leaf(const graph::Node& n) { return info(n.op).cls == OpClass::leaf || n.op == Op::numel; }
+// Leaves, and the values computed from a shape alone (numel, iota_of): nothing they read is loaded.
+inline bool is_leaf(const graph::Node& n) { return info(n.op).cls == OpClass::leaf || info(n.op).cls == OpClass::meta; }
 
 inline bool is_extern(Op op) { return info(op).cls == OpClass::extern_; }
 
@@ -346,6 +347,7 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
         }
         continue;
       }
+      if (info(g[v].op).cls == OpClass::meta) continue;  // reads only its input's shape: no buffer
       for (int c = 0; c < g[v].n_in; ++c) roots.push_back(g[v].in[c]);
     }
     std::sort(plan.members.begin(), plan.members.end());

@@ -56,7 +56,8 @@ inline bool mark_shared(const graph::Graph& g, const std::vector<int>& count, st
       leaves[v] = {v};
       continue;
     }
-    if (cls == OpClass::leaf) continue;  // constants and scalars: kernel arguments, no load
+    // Constants and scalars: kernel arguments; numel and iota_of: computed from a shape. No load.
+    if (cls == OpClass::leaf || cls == OpClass::meta) continue;
     std::vector<int>& mine = leaves[v];
     for (int c = 0; c < n.n_in && mine.size() < cap; ++c)
       for (int l : leaves[n.in[c]])
