@@ -242,11 +242,54 @@ TEST_CASE("compile: shapes::dynamic gradients and argmax compile once as the cla
     check_close(v(x), ev(2.0 * (x64 - k::mean(x64, 1, true)) / static_cast<double>(c - 1)), 1e-4, 1e-6);
   }
   CHECK(v.cache().compiles() == 1);
+  // A cat's padded views and a slice's gradient take the sizes of the dims not joined or sliced from
+  // their input: a changing batch serves one program (a changing joined or sliced dim compiles again).
+  auto cat = [](auto p, auto q) { return k::cat(1, p, q) * 2.0f; };
+  auto c = k::compile(cat, {.shapes = k::shapes::dynamic});
+  auto cg = k::compile(k::grad([](auto p, auto q) { return k::sum(k::exp(k::cat(1, p, q))); }, k::wrt<0, 1>),
+                       {.shapes = k::shapes::dynamic});
+  auto sg = k::compile(k::grad([](auto p) { return k::sum(k::exp(k::slice(p, 1, 1, 9, 2))); }, k::wrt<0>),
+                       {.shapes = k::shapes::dynamic});
+  for (std::int64_t n : {37, 5, 130, 64}) {
+    CAPTURE(n);
+    k::Tensor p = k::randn({n, 11}, k::f32, k::cpu, 50 + static_cast<std::uint64_t>(n));
+    k::Tensor q = k::randn({n, 4}, k::f32, k::cpu, 60 + static_cast<std::uint64_t>(n));
+    check_close(c(p, q), ev(k::cat(1, k::cast(p, k::f64), k::cast(q, k::f64)) * 2.0), 1e-6, 1e-6);
+    auto [dp, dq] = cg(p, q);
+    check_close(dp, ev(k::exp(k::cast(p, k::f64))), 1e-5, 1e-6);
+    check_close(dq, ev(k::exp(k::cast(q, k::f64))), 1e-5, 1e-6);
+    // d/dp sum(exp(p[:, 1:9:2])): exp(p) at columns 1, 3, 5, 7, zero elsewhere.
+    std::vector<double> want = k::to_vector<double>(ev(k::exp(k::cast(p, k::f64))));
+    for (std::int64_t i = 0; i < n * 11; ++i)
+      if (i % 11 < 1 || i % 11 > 7 || i % 11 % 2 == 0) want[static_cast<std::size_t>(i)] = 0;
+    check_close(sg(p), k::from_vector(want, {n, 11}), 1e-5, 1e-6);
+  }
+  CHECK(c.cache().compiles() == 1);
+  CHECK(cg.cache().compiles() == 1);
+  CHECK(sg.cache().compiles() == 1);
   // The pipeline's reshapes that take a size from their input (Attrs::input_dim) are negative
   // numbers below -1: a user's reshape may not name one.
   k::Tensor x = k::randn({4, 6}, k::f32, k::cpu, 12);
   CHECK_THROWS_AS(k::reshape(x, {-2, 6}), k::shape_error);
   CHECK_THROWS_WITH(k::reshape(x, {4, -3}), doctest::Contains("reshape: invalid size -3 in [4, -3]"));
+}
+
+// numel and iota_of read only their input's shape, so the fuser gives their input no buffer for
+// them; a library step (a matmul) writes its result all the same, and needs one. The gradient of a
+// mean of a product reads the product only for its count.
+TEST_CASE("compile: a gradient that reads a matmul only for its size") {
+  auto f = [](auto h, auto w) { return k::mean(k::matmul(h, w)); };
+  k::Tensor h = k::randn({6, 5}, k::f32, k::cpu, 1), w = k::randn({5, 7}, k::f32, k::cpu, 2);
+  // d/dh mean(h w) = (1 / 42) 1 w^T: each row is w's row sums over 42.
+  std::vector<double> want;
+  auto wv = k::to_vector<double>(k::Tensor(k::cast(w, k::f64)));
+  for (int i = 0; i < 6; ++i)
+    for (int r = 0; r < 5; ++r) {
+      double s = 0;
+      for (int c = 0; c < 7; ++c) s += wv[static_cast<std::size_t>(r * 7 + c)];
+      want.push_back(s / 42);
+    }
+  check_close(k::compile(k::grad(f, k::wrt<0>))(h, w), k::from_vector(want, {6, 5}), 1e-5, 1e-6);
 }
 
 // What the run time's clean-up of those sizes must leave alone (rewrite/simplify.hpp, builder.hpp):

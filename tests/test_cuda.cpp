@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <kiln/kiln.hpp>
 #include <kiln/pipeline.hpp>
@@ -495,9 +496,7 @@ TEST_CASE("cuda: dynamic rows of odd length, shifted to whole vectors" * needs_g
   // Rows of symbolic length whose first call's length is no whole number of vectors: each row's
   // tiles start on the vector before it (its shift computed as the row starts), held at the first
   // length and serving any length the tiles hold, looped (shifted too) past them; an attention
-  // softmax whose sequence length changes, both dtypes, one program throughout. (cross_entropy's
-  // value_and_grad is not here: a new class count compiles it again, its one-hot's iota names the
-  // count: NOTES 123.)
+  // softmax whose sequence length changes, both dtypes, one program throughout.
   auto sm = [](auto a) { return k::softmax(a, -1); };
   auto lsm = [](auto a) { return k::log_softmax(a, -1) * 0.5f; };
   const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
@@ -533,6 +532,41 @@ TEST_CASE("cuda: dynamic rows of odd length, shifted to whole vectors" * needs_g
       CHECK_MESSAGE(bool(r), r);
     }
     CHECK(k::explain(att, k::randn({2, 3, 51, 51}, k::f32, k::cuda, 55).to(dt)).recompiles == 0);
+  }
+}
+
+// A training loss whose vocabulary changes (its one-hot's indices and views are sized from the
+// logits, not named: NOTES 124): one program serves every class count, rows of odd length and
+// whole vectors, both dtypes.
+TEST_CASE("cuda: a cross_entropy's gradient at changing class counts, one program" * needs_gpu()) {
+  auto ce = [](auto logits, auto t) { return k::cross_entropy(logits, t); };
+  const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
+  for (k::dtype dt : {k::bf16, k::f32}) {
+    CAPTURE(dt);
+    const double tol = dt == k::bf16 ? 2e-2 : 1e-5;
+    auto h = k::compile(k::value_and_grad(ce, k::wrt<0>), dyn);
+    for (std::int64_t c : {197, 1001, 8, 64, 50257, 13, 4096, 3, 250, 2}) {
+      const std::int64_t n = 3 + c % 29;
+      CAPTURE(c);
+      CAPTURE(n);
+      k::Tensor logits = k::randn({n, c}, k::f32, k::cpu, 60 + static_cast<int>(c)).to(dt);
+      k::Tensor t = k::cast(k::rand({n}, k::f32, k::cpu, 61 + static_cast<int>(c)) * static_cast<float>(c - 1), k::i64);
+      // The loss is the mean of logsumexp - the target's logit; d logits = (softmax - one-hot) / n.
+      std::vector<double> hot(static_cast<std::size_t>(n * c), 0.0), picked;
+      auto tv = k::to_vector<std::int64_t>(t);
+      auto lv = k::to_vector<double>(k::Tensor(k::cast(logits, k::f64)));
+      for (std::int64_t r = 0; r < n; ++r)
+        hot[static_cast<std::size_t>(r * c + tv[r])] = 1, picked.push_back(lv[r * c + tv[r]]);
+      k::Tensor l64 = k::cast(logits, k::f64);
+      auto [loss, dl] = h(logits.to(k::cuda), t.to(k::cuda));
+      auto r = k::testing::allclose(loss, k::reference::eval(k::mean(k::logsumexp(l64, 1) - k::from_vector(picked, {n}))),
+                                    tol, tol);
+      CHECK_MESSAGE(bool(r), r);
+      r = k::testing::allclose(dl, k::reference::eval((k::softmax(l64, 1) - k::from_vector(hot, {n, c})) / double(n)),
+                               tol, tol / static_cast<double>(n));
+      CHECK_MESSAGE(bool(r), r);
+    }
+    CHECK(h.cache().compiles() == 1);
   }
 }
 

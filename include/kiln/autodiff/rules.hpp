@@ -137,10 +137,13 @@ constexpr Cotangents permute(Builder& b, int y, int g) {
   for (int i = 0; i < order.size(); ++i) inverse[static_cast<int>(order[i])] = i;
   return {b.permute(g, inverse), -1, -1, -1};
 }
-// A slice's gradient scatters into zeros of the input's shape, at the same (maybe symbolic) bounds.
+// A slice's gradient scatters into zeros of the input's shape, at the same (maybe symbolic) bounds;
+// the dims not sliced take g's sizes (Attrs::input_dim), which a program with symbolic sizes serves
+// at any size.
 constexpr Cotangents slice(Builder& b, int y, int g) {
   Attrs at = b[y].attrs;
   at.dims = b.shape(x0(b, y));
+  if (b.shaped()) at.dims = rewrite::input_sizes_but(at.dims, normalize_dim(at.a, at.dims.size(), "slice"));
   return {b.op_like(b[y], Op::slice_backward, {g}, at), -1, -1, -1};
 }
 constexpr Cotangents slice_backward(Builder& b, int y, int g) {

@@ -141,13 +141,22 @@ inline Dims view_shape(Op op, const Dims& xs, Attrs& at) {
       return out;
     }
     case Op::slice_backward: {  // the gradient of a slice: attrs as slice's, dims = the sliced input's shape
-      // xs must be that slice of dims: a program lowered for other sizes (a cat's padding) then fails.
+      // Sizes of dims = Attrs::input_dim(i) are the input's own (the dims not sliced, which a
+      // program with symbolic sizes then serves at any size); xs must be that slice of the rest: a
+      // program lowered for another size of the sliced dim then fails.
+      Dims full = at.dims;
+      for (int i = 0; i < full.size(); ++i)
+        if (Attrs::is_input_dim(full[i])) {
+          const int d = Attrs::input_dim_of(full[i]);
+          if (d >= rank) throw shape_error("slice_backward: no dimension " + std::to_string(d) + " in " + xs.str());
+          full[i] = xs[d];
+        }
       Attrs sliced = at;
-      Dims part = at.dims.size() ? view_shape(Op::slice, at.dims, sliced) : at.dims;
+      Dims part = full.size() ? view_shape(Op::slice, full, sliced) : full;
       if (!(part == xs))
         throw shape_error("slice_backward: gradient of shape " + xs.str() + " does not match the slice " + part.str() +
-                          " of " + at.dims.str());
-      return at.dims;
+                          " of " + full.str());
+      return full;
     }
     case Op::expand: {
       const Dims& want = at.dims;

@@ -235,7 +235,7 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
     case Op::slice_backward: {
       // slice: out[..., j, ...] = x[..., start + j*step, ...]; slice_backward scatters the other way
       // into zeros of shape attrs.dims. Bounds are normalised and clamped exactly as infer.hpp does.
-      const Dims& full = n.op == Op::slice ? in(0).shape : n.attrs.dims;
+      const Dims& full = n.op == Op::slice ? in(0).shape : n.shape;  // slice_backward's, inferred
       const int rank = full.size();
       const int d = normalize_dim(n.attrs.a, rank, name(n.op).data());
       const std::int64_t step = n.attrs.d;

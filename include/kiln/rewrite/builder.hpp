@@ -22,6 +22,14 @@
 namespace kiln::rewrite {
 
 inline constexpr int op_count = static_cast<int>(op_table.size());
+
+// The sizes of a view whose dims other than d are its input's (a slice_backward's, the input's
+// slice of it along d): those as Attrs::input_dim, d's as in `shape`.
+constexpr Dims input_sizes_but(const Dims& shape, int d) {
+  Dims out;
+  for (int i = 0; i < shape.size(); ++i) out.push_back(i == d ? shape[i] : Attrs::input_dim(i));
+  return out;
+}
 inline constexpr double inf = std::numeric_limits<double>::infinity();
 
 class Builder {
@@ -241,7 +249,6 @@ class Builder {
   }
 
  private:
-  // Ops whose attributes a structural graph cannot know (they hold or depend on sizes).
   // A node of x's shape that computes less: only the shape of what numel and iota_of read matters,
   // so x is walked back through same-shape pointwise ops, and one node serves them all.
   constexpr int shape_source(int x) const {
@@ -265,6 +272,7 @@ class Builder {
       if (out[i] != 1) out[i] = Attrs::input_dim(static_cast<int>(from[k++]));
     return true;
   }
+  // Ops whose attributes a structural graph cannot know (they hold or depend on sizes).
   static constexpr bool sized_attrs(Op o) {
     const OpClass c = info(o).cls;
     return c == OpClass::reduce || c == OpClass::view || c == OpClass::meta || o == Op::iota ||

@@ -161,15 +161,16 @@ constexpr int cat(Builder& b, const Node& n, std::span<const int> in) {
   const std::int64_t na = b.shape(in[0])[d];
   auto padded = [&](int x, std::int64_t start, std::int64_t stop) {
     Attrs at;
-    at.dims = n.shape;
+    at.dims = b.shaped() ? input_sizes_but(n.shape, d) : n.shape;  // the dims not joined: x's own
     at.a = d;
     at.b = start;
     at.c = stop;
     at.d = 1;
     return b.op(Op::slice_backward, {b.cast(x, n.dt)}, at);
   };
-  const int first = b.cmp(Op::lt, b.iota(n.shape, d), b.numel(in[0], Dims{d}));
-  return b.where(first, padded(in[0], 0, na), padded(in[1], na, n.shape[d]));
+  const int a = padded(in[0], 0, na);
+  const int first = b.cmp(Op::lt, b.iota_of(a, d, n.shape.size(), d), b.numel(in[0], Dims{d}));
+  return b.where(first, a, padded(in[1], na, n.shape[d]));
 }
 
 // attention(q [B, H, Tq, D], k [B, Hkv, Tk, D], v, scale, modded scores): softmax(q k^T * scale

@@ -347,7 +347,11 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
         }
         continue;
       }
-      if (info(g[v].op).cls == OpClass::meta) continue;  // reads only its input's shape: no buffer
+      if (info(g[v].op).cls == OpClass::meta) {  // reads only its input's shape: no buffer for it,
+        const int src = g[v].in[0];             // but an extern step writes its result wherever it
+        if (detail::is_extern(g[src].op)) needed[src] = true;  // is read from (a mean's count of a matmul)
+        continue;
+      }
       for (int c = 0; c < g[v].n_in; ++c) roots.push_back(g[v].in[c]);
     }
     std::sort(plan.members.begin(), plan.members.end());
