@@ -196,7 +196,7 @@ TEST_CASE("compile: shapes::dynamic gradients compile once as the batch changes"
 // named the compiling call's class count (an iota of it, and the [N, C] view of the summed one-hot),
 // so each new vocabulary compiled again and a ninth hit the recompile limit; a var's gradient named
 // its row count likewise.
-TEST_CASE("compile: shapes::dynamic gradients and argmax compile once as the class count changes") {
+TEST_CASE("compile: shapes::dynamic gradients, argmax, cat and attention compile once as sizes change") {
   auto ce = [](auto logits, auto t) { return k::cross_entropy(logits, t); };
   auto am = [](auto x) { return k::argmax(x, 1); };
   auto h = k::compile(k::value_and_grad(ce, k::wrt<0>), {.shapes = k::shapes::dynamic});
@@ -267,6 +267,18 @@ TEST_CASE("compile: shapes::dynamic gradients and argmax compile once as the cla
   CHECK(c.cache().compiles() == 1);
   CHECK(cg.cache().compiles() == 1);
   CHECK(sg.cache().compiles() == 1);
+  // Attention over a changing sequence length (decomposed on the CPU): its [B * H, T, D] views and
+  // the causal mask's indices follow the inputs.
+  auto att = [](auto q, auto kk, auto vv) { return k::attention(q, kk, vv, {.causal = true}); };
+  auto at = k::compile(att, {.shapes = k::shapes::dynamic});
+  for (std::int64_t t : {17, 9, 33, 24}) {
+    CAPTURE(t);
+    auto q = k::randn({2, 3, t, 8}, k::f32, k::cpu, 70 + static_cast<std::uint64_t>(t));
+    auto kk = k::randn({2, 3, t, 8}, k::f32, k::cpu, 71 + static_cast<std::uint64_t>(t));
+    auto vv = k::randn({2, 3, t, 8}, k::f32, k::cpu, 72 + static_cast<std::uint64_t>(t));
+    check_close(at(q, kk, vv), ev(att(q, kk, vv)), 1e-4, 1e-5);
+  }
+  CHECK(at.cache().compiles() == 1);
   // The pipeline's reshapes that take a size from their input (Attrs::input_dim) are negative
   // numbers below -1: a user's reshape may not name one.
   k::Tensor x = k::randn({4, 6}, k::f32, k::cpu, 12);

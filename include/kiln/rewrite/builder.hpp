@@ -173,17 +173,20 @@ class Builder {
     at.dims = shape;
     // Sizes follow the input where they can, so that a program with symbolic sizes serves other
     // sizes too: a reshape that only adds or drops 1s takes each other size from the input's dim
-    // (the [N, C] of a one-hot summed over its [N, 1, C] named the class count); else a leading
-    // size kept from the input, or one that flattens the input's leading dims before the same
-    // trailing ones, follows the element count (-1: the [N, 1] views of a cross_entropy's
-    // derivative, the [B * T, D] of a linear's, named the compiling call's N).
+    // (the [N, C] of a one-hot summed over its [N, 1, C] named the class count); else the trailing
+    // dims both shapes have are the input's (a reshape keeps the order of elements), and a leading
+    // size kept from the input, or one before such dims, follows the element count (-1: the
+    // [N, 1] views of a cross_entropy's derivative, the [B * T, D] of a linear's and attention's
+    // [B * H, T, D] and back named the compiling call's N and T).
     if (shaped() && keep_input_sizes(g_[x].shape, at.dims)) return op(Op::reshape, {x}, at);
     if (shaped() && shape.size() > 0 && rank(x) > 0 && shape[0] > 1 && shape.product() > 0 &&
         std::find(shape.begin(), shape.end(), -1) == shape.end()) {
       const Dims& in = g_[x].shape;
-      bool same_tail = shape.size() <= in.size();
-      for (int i = 1; same_tail && i < shape.size(); ++i) same_tail = shape[i] == in[in.size() - shape.size() + i];
-      if (shape[0] == in[0] || same_tail) at.dims[0] = -1;
+      int t = 0;  // trailing dims equal in both, the first of `shape` aside
+      while (t + 1 < shape.size() && t < in.size() && shape[shape.size() - 1 - t] == in[in.size() - 1 - t]) ++t;
+      for (int i = shape.size() - t; i < shape.size(); ++i)
+        if (shape[i] != 1) at.dims[i] = Attrs::input_dim(in.size() - shape.size() + i);
+      if (shape[0] == in[0] || shape.size() == 1 || t > 0) at.dims[0] = -1;
     }
     return op(Op::reshape, {x}, at);
   }

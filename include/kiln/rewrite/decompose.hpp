@@ -210,8 +210,7 @@ struct AttentionDims {
   }
   // Query i sees keys j <= i.
   static constexpr int causal_mask(Builder& b, int s) {
-    const Dims ss = b.shape(s);
-    return b.where(b.cmp(Op::le, b.iota(ss, 2), b.iota(ss, 1)), s, -inf);
+    return b.where(b.cmp(Op::le, b.iota_of(s, 2, 3, 2), b.iota_of(s, 1, 3, 1)), s, -inf);
   }
 };
 
