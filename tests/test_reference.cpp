@@ -140,7 +140,7 @@ Vec map(const Vec& x, F f) {
 
 // The oracle has one rule per op of expr/op.hpp: a new op must be taught to reference/eval.hpp
 // (and tested here) before this count is raised.
-static_assert(k::op_table.size() == 80, "a new op: add its rule to reference/eval.hpp and a test here");
+static_assert(k::op_table.size() == 81, "a new op: add its rule to reference/eval.hpp and a test here");
 
 // ---- pointwise ---------------------------------------------------------------------------------
 
@@ -723,6 +723,20 @@ TEST_CASE("reference: numel, iota and constants") {
   Tensor t = from({2, 0, 3}, {3, 1}, k::i64);
   io.attrs.a = 1;
   check_result(ev(k::cast(io == t, k::f32)), {3, 4}, {0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 1}, 0);
+  // iota_of: the index along dim a of a broadcastable shape, sized from x's dim b (x's values unread).
+  k::Attrs of;
+  of.dims = {1, 1, 1};
+  of.a = 2;
+  of.b = 1;
+  Result ix = ev(k::expr::make<k::Op::iota_of>(of, x));
+  CHECK(ix.dt == k::i64);
+  check_result(ix, {1, 1, 5}, {0, 1, 2, 3, 4}, 0);
+  of.a = 3;  // past the shape's rank
+  CHECK_THROWS_AS(ev(k::expr::make<k::Op::iota_of>(of, x)), k::shape_error);
+  // A reshape's size that is the input's along a dim (k::Attrs::input_dim: the pipeline's own).
+  k::Attrs rs;
+  rs.dims = {k::Attrs::input_dim(2), -1};
+  check_result(ev(k::expr::make<k::Op::reshape>(rs, x)), {7, 15}, host(x), 0);
 
   // Constants only come from rewrite rules: build the graph by hand, and drive eval_graph directly.
   k::graph::Graph g;
