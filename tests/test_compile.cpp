@@ -235,31 +235,44 @@ TEST_CASE("compile: shapes::dynamic gradients, argmax, cat and attention compile
     check_close(v(x), ev(2.0 * (x64 - k::mean(x64, 1, true)) / static_cast<double>(c - 1)), 1e-4, 1e-6);
   }
   CHECK(v.cache().compiles() == 1);
-  // A cat's padded views and a slice's gradient take the sizes of the dims not joined or sliced from
-  // their input: a changing batch serves one program (a changing joined or sliced dim compiles again).
+  // A cat's padded parts and a slice's gradient are views sized from shape_of nodes: the batch, the
+  // joined dim (a growing cache) and the sliced dim all change and one program serves them.
   auto cat = [](auto p, auto q) { return k::cat(1, p, q) * 2.0f; };
   auto c = k::compile(cat, {.shapes = k::shapes::dynamic});
-  auto cg = k::compile(k::grad([](auto p, auto q) { return k::sum(k::exp(k::cat(1, p, q))); }, k::wrt<0, 1>),
-                       {.shapes = k::shapes::dynamic});
+  auto cg = k::compile(
+      k::grad([](auto p, auto q) { return k::sum(k::exp(k::cat(1, p, q)) * k::cat(1, p, q)); }, k::wrt<0, 1>),
+      {.shapes = k::shapes::dynamic});
   auto sg = k::compile(k::grad([](auto p) { return k::sum(k::exp(k::slice(p, 1, 1, 9, 2))); }, k::wrt<0>),
                        {.shapes = k::shapes::dynamic});
-  for (std::int64_t n : {37, 5, 130, 64}) {
+  auto tail = k::compile(k::grad([](auto p) { return k::sum(k::exp(k::slice(p, 1, -4, 1000))); }, k::wrt<0>),
+                         {.shapes = k::shapes::dynamic});
+  using Sizes = std::tuple<std::int64_t, std::int64_t, std::int64_t>;
+  for (auto [n, cp, cq] : std::vector<Sizes>{{37, 11, 4}, {5, 12, 7}, {130, 20, 3}, {64, 9, 30}}) {
     CAPTURE(n);
-    k::Tensor p = k::randn({n, 11}, k::f32, k::cpu, 50 + static_cast<std::uint64_t>(n));
-    k::Tensor q = k::randn({n, 4}, k::f32, k::cpu, 60 + static_cast<std::uint64_t>(n));
-    check_close(c(p, q), ev(k::cat(1, k::cast(p, k::f64), k::cast(q, k::f64)) * 2.0), 1e-6, 1e-6);
-    auto [dp, dq] = cg(p, q);
-    check_close(dp, ev(k::exp(k::cast(p, k::f64))), 1e-5, 1e-6);
-    check_close(dq, ev(k::exp(k::cast(q, k::f64))), 1e-5, 1e-6);
-    // d/dp sum(exp(p[:, 1:9:2])): exp(p) at columns 1, 3, 5, 7, zero elsewhere.
-    std::vector<double> want = k::to_vector<double>(ev(k::exp(k::cast(p, k::f64))));
-    for (std::int64_t i = 0; i < n * 11; ++i)
-      if (i % 11 < 1 || i % 11 > 7 || i % 11 % 2 == 0) want[static_cast<std::size_t>(i)] = 0;
-    check_close(sg(p), k::from_vector(want, {n, 11}), 1e-5, 1e-6);
+    CAPTURE(cp);
+    CAPTURE(cq);
+    k::Tensor p = k::randn({n, cp}, k::f32, k::cpu, 50 + static_cast<std::uint64_t>(n));
+    k::Tensor q = k::randn({n, cq}, k::f32, k::cpu, 60 + static_cast<std::uint64_t>(n));
+    k::Tensor p64 = k::cast(p, k::f64), q64 = k::cast(q, k::f64);
+    check_close(c(p, q), ev(k::cat(1, p64, q64) * 2.0), 1e-6, 1e-6);
+    auto [dp, dq] = cg(p, q);  // d/dx sum(exp(x) x) = exp(x) (x + 1)
+    check_close(dp, ev(k::exp(p64) * (p64 + 1.0)), 1e-5, 1e-6);
+    check_close(dq, ev(k::exp(q64) * (q64 + 1.0)), 1e-5, 1e-6);
+    // d/dp sum(exp(p[:, 1:9:2])): exp(p) at columns 1, 3, 5, 7, zero elsewhere; of p[:, -4:], at the
+    // last four columns.
+    std::vector<double> want = k::to_vector<double>(ev(k::exp(p64))), want_tail = want;
+    for (std::int64_t i = 0; i < n * cp; ++i) {
+      const std::int64_t j = i % cp;
+      if (j < 1 || j > 7 || j % 2 == 0) want[static_cast<std::size_t>(i)] = 0;
+      if (j < cp - 4) want_tail[static_cast<std::size_t>(i)] = 0;
+    }
+    check_close(sg(p), k::from_vector(want, {n, cp}), 1e-5, 1e-6);
+    check_close(tail(p), k::from_vector(want_tail, {n, cp}), 1e-5, 1e-6);
   }
   CHECK(c.cache().compiles() == 1);
   CHECK(cg.cache().compiles() == 1);
   CHECK(sg.cache().compiles() == 1);
+  CHECK(tail.cache().compiles() == 1);
   // Attention over a changing sequence length (decomposed on the CPU): its [B * H, T, D] views and
   // the causal mask's indices follow the inputs.
   auto att = [](auto q, auto kk, auto vv) { return k::attention(q, kk, vv, {.causal = true}); };
@@ -272,6 +285,26 @@ TEST_CASE("compile: shapes::dynamic gradients, argmax, cat and attention compile
     check_close(at(q, kk, vv), ev(att(q, kk, vv)), 1e-4, 1e-5);
   }
   CHECK(at.cache().compiles() == 1);
+  // Its gradient: a full sum's cotangent spread over the [B * H, T, D] products is an expand sized
+  // from them. Oracle: the same gradient at f64, compiled for each length.
+  auto loss = [](auto q, auto kk, auto vv) {
+    auto o = k::attention(q, kk, vv, {.causal = true});
+    return k::sum(o * o);
+  };
+  auto lg = k::compile(k::grad(loss, k::wrt<0, 1, 2>), {.shapes = k::shapes::dynamic});
+  for (std::int64_t t : {17, 9, 33}) {
+    CAPTURE(t);
+    auto q = k::randn({2, 3, t, 8}, k::f32, k::cpu, 73 + static_cast<std::uint64_t>(t));
+    auto kk = k::randn({2, 3, t, 8}, k::f32, k::cpu, 74 + static_cast<std::uint64_t>(t));
+    auto vv = k::randn({2, 3, t, 8}, k::f32, k::cpu, 75 + static_cast<std::uint64_t>(t));
+    auto [dq, dk, dv] = lg(q, kk, vv);
+    auto f64 = [](const k::Tensor& x) { return k::Tensor(k::cast(x, k::f64)); };
+    auto [wq, wk, wv] = k::compile(k::grad(loss, k::wrt<0, 1, 2>))(f64(q), f64(kk), f64(vv));
+    check_close(dq, wq, 1e-4, 1e-5);
+    check_close(dk, wk, 1e-4, 1e-5);
+    check_close(dv, wv, 1e-4, 1e-5);
+  }
+  CHECK(lg.cache().compiles() == 1);
   // The pipeline's reshapes that take a size from their input (Attrs::input_dim) are negative
   // numbers below -1: a user's reshape may not name one.
   k::Tensor x = k::randn({4, 6}, k::f32, k::cpu, 12);
@@ -425,6 +458,25 @@ TEST_CASE("compile: shapes::dynamic with views, broadcasting and reductions over
   k::report r = k::explain(f, x, w);
   INFO(r);
   CHECK(r.recompiles == 0);
+}
+
+// A start counted from the end (x[:, -3:]) moves with the row's length: with that length symbolic
+// it is a kernel argument of each call, not the compiling call's position.
+TEST_CASE("compile: a slice from the end serves rows of every length") {
+  auto fn = [](auto x) { return k::slice(x, 1, -3, 1000) * 2.0f + k::slice(x, 1, 0, 3); };
+  for (auto mode : {k::shapes::dynamic, k::shapes::automatic}) {
+    auto f = k::compile(fn, {.shapes = mode});
+    for (std::int64_t n : {7, 11, 20, 6}) {
+      CAPTURE(n);
+      k::Tensor x = k::randn({3, n}, k::f32, k::cpu, 30 + static_cast<std::uint64_t>(n));
+      std::vector<double> xv = k::to_vector<double>(k::Tensor(k::cast(x, k::f64))), want;
+      for (std::int64_t i = 0; i < 3; ++i)
+        for (std::int64_t j = 0; j < 3; ++j)
+          want.push_back(2 * xv[static_cast<std::size_t>(i * n + n - 3 + j)] + xv[static_cast<std::size_t>(i * n + j)]);
+      check_close(f(x), k::from_vector(want, {3, 3}), 1e-6, 1e-6);
+    }
+    CHECK(f.cache().compiles() == (mode == k::shapes::dynamic ? 1 : 2));
+  }
 }
 
 TEST_CASE("compile: shapes::dynamic specialises size 1 with its own program, and comes back") {

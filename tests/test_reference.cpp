@@ -140,7 +140,7 @@ Vec map(const Vec& x, F f) {
 
 // The oracle has one rule per op of expr/op.hpp: a new op must be taught to reference/eval.hpp
 // (and tested here) before this count is raised.
-static_assert(k::op_table.size() == 81, "a new op: add its rule to reference/eval.hpp and a test here");
+static_assert(k::op_table.size() == 82, "a new op: add its rule to reference/eval.hpp and a test here");
 
 // ---- pointwise ---------------------------------------------------------------------------------
 
@@ -651,6 +651,43 @@ TEST_CASE("reference: slice_backward scatters into zeros") {
   check_result(ev(k::slice(k::expr::make<k::Op::slice_backward>(at, g), 1, 1, 120, 3)), {37, 40}, gv, 0);
   // A gradient whose shape is not that of the slice is an error.
   CHECK_THROWS_AS(ev(k::expr::make<k::Op::slice_backward>(at, rnd({37, 41}))), k::shape_error);
+}
+
+// Views sized from a second input, a shape_of node (graph/infer.hpp's sized_view_shape): the
+// pipeline's own, so that nothing in them names a size (a cat's padded parts, a slice's gradient).
+TEST_CASE("reference: views sized from a shape_of node") {
+  using k::expr::make;
+  Tensor a = rnd({3, 4}), b = rnd({3, 5}), x = rnd({3, 9}), r = rnd({3, 1});
+  const Vec av = host(a), bv = host(b), xv = host(x), rv = host(r);
+  k::Attrs along;
+  along.a = 1;
+  auto joined = make<k::Op::shape_of>(along, a, b);  // [3, 9]: a and b joined along dim 1
+  k::Attrs front;
+  front.a = 1;
+  front.d = 1;
+  k::Attrs back = front;
+  back.keepdim = true;
+  Vec want_a(27, 0.0), want_b(27, 0.0), first, last, spread;
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 4; ++j) want_a[i * 9 + j] = av[i * 4 + j];
+    for (int j = 0; j < 5; ++j) want_b[i * 9 + 4 + j] = bv[i * 5 + j];
+    for (int j = 0; j < 5; ++j) first.push_back(xv[i * 9 + j]), last.push_back(xv[i * 9 + 4 + j]);
+    for (int j = 0; j < 9; ++j) spread.push_back(rv[i]);
+  }
+  // slice_backward(x, s): x placed into zeros of s's shape, at the start or against the end.
+  check_result(ev(make<k::Op::slice_backward>(front, a, joined)), {3, 9}, want_a, 0);
+  check_result(ev(make<k::Op::slice_backward>(back, b, joined)), {3, 9}, want_b, 0);
+  // slice(x, s): the part of x of s's size, from the start or the last ones.
+  auto five = make<k::Op::shape_of>(k::Attrs{}, b);
+  check_result(ev(make<k::Op::slice>(front, x, five)), {3, 5}, first, 0);
+  check_result(ev(make<k::Op::slice>(back, x, five)), {3, 5}, last, 0);
+  // expand(x, s): x broadcast to s's shape.
+  check_result(ev(make<k::Op::expand>(k::Attrs{}, r, make<k::Op::shape_of>(k::Attrs{}, x))), {3, 9}, spread, 0);
+  // Sizes that do not fit are shape errors naming both shapes.
+  CHECK_THROWS_WITH_AS(ev(make<k::Op::slice>(front, b, make<k::Op::shape_of>(k::Attrs{}, x))),
+                       doctest::Contains("cannot view shape [3, 5] as sized by [3, 9]"), k::shape_error);
+  CHECK_THROWS_AS(ev(make<k::Op::shape_of>(along, a, rnd({4, 5}))), k::shape_error);
+  CHECK_THROWS_AS(ev(make<k::Op::expand>(k::Attrs{}, x, make<k::Op::shape_of>(k::Attrs{}, r))), k::shape_error);
 }
 
 TEST_CASE("reference: gather along the last dim") {

@@ -117,7 +117,7 @@ constexpr Dims kept_shape(const Builder& b, int y, Dims& rd) {
 constexpr Cotangents sum(Builder& b, int y, int g) {
   Dims rd;
   const Dims kept = kept_shape(b, y, rd);
-  return {b.expand(b.reshape(g, kept), b.shape(x0(b, y))), -1, -1, -1};
+  return {b.expand(b.reshape(g, kept), b.shape(x0(b, y)), x0(b, y)), -1, -1, -1};
 }
 // amax/amin: the cotangent goes to the elements equal to the result, split evenly among ties.
 constexpr Cotangents extremum(Builder& b, int y, int g) {
@@ -137,19 +137,23 @@ constexpr Cotangents permute(Builder& b, int y, int g) {
   for (int i = 0; i < order.size(); ++i) inverse[static_cast<int>(order[i])] = i;
   return {b.permute(g, inverse), -1, -1, -1};
 }
-// A slice's gradient scatters into zeros of the input's shape, at the same (maybe symbolic) bounds;
-// the dims not sliced take g's sizes (Attrs::input_dim), which a program with symbolic sizes serves
-// at any size.
+// A slice's gradient scatters into zeros of the input's shape, at the same (maybe symbolic) bounds,
+// and the other way: each view sized from x (graph/infer.hpp's sized_view_shape), which a program
+// with symbolic sizes serves at every size of x.
 constexpr Cotangents slice(Builder& b, int y, int g) {
-  Attrs at = b[y].attrs;
-  at.dims = b.shape(x0(b, y));
-  if (b.shaped()) at.dims = rewrite::input_sizes_but(at.dims, normalize_dim(at.a, at.dims.size(), "slice"));
-  return {b.op_like(b[y], Op::slice_backward, {g}, at), -1, -1, -1};
+  const graph::Node n = b[y];  // a copy: adding nodes may move the table
+  const int like = b.shape_of(n.in[0]);
+  Attrs at = n.attrs;
+  at.dims = {};
+  return {b.op_like(n, Op::slice_backward, {g, like}, at), -1, -1, -1};
 }
 constexpr Cotangents slice_backward(Builder& b, int y, int g) {
-  Attrs at = b[y].attrs;
+  const graph::Node n = b[y];
+  Attrs at = n.attrs;
   at.dims = {};
-  return {b.op_like(b[y], Op::slice, {g}, at), -1, -1, -1};
+  if (n.n_in == 1) return {b.op_like(n, Op::slice, {g}, at), -1, -1, -1};
+  const int like = b.shape_of(n.in[0]);
+  return {b.op_like(n, Op::slice, {g, like}, at), -1, -1, -1};
 }
 constexpr Cotangents expand(Builder& b, int y, int g) { return {back(b, y, 0, g), -1, -1, -1}; }
 
@@ -273,7 +277,7 @@ inline Cotangents custom_backward(Builder& b, int y, int) {
 inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   std::array<Rule, rewrite::op_count> t{};
   auto set = [&](Op op, Rule r) { t[static_cast<int>(op)] = r; };
-  for (Op op : {Op::arg, Op::scalar, Op::constant, Op::iota, Op::numel, Op::iota_of, Op::sign, Op::logical_not, Op::lt, Op::le,
+  for (Op op : {Op::arg, Op::scalar, Op::constant, Op::iota, Op::numel, Op::iota_of, Op::shape_of, Op::sign, Op::logical_not, Op::lt, Op::le,
                 Op::gt, Op::ge, Op::eq, Op::ne, Op::rand})
     set(op, rules::none);
   set(Op::neg, rules::neg);

@@ -49,8 +49,16 @@ inline std::vector<Sym> KernelWriter::view_index(int node, const std::vector<Sym
 }
 
 // A slice's (or slice_backward's) start, clamped into the sliced dim of shape `sliced`, and its step:
-// constants, or the program's symbols for them when they change between calls.
+// constants, or the program's symbols for them when they change between calls. A view sized from a
+// second input and aligned to the end (graph/infer.hpp's sized_view_shape) starts at the whole's
+// size less the part's.
 inline Sym KernelWriter::slice_start(int node, const Dims& sliced) {
+  const auto& n = g_[node];
+  if (n.n_in == 2 && n.attrs.keepdim) {
+    const int whole = n.op == Op::slice ? n.in[0] : node, part = n.op == Op::slice ? node : n.in[0];
+    const int d = static_cast<int>(n.attrs.a < 0 ? n.attrs.a + n.shape.size() : n.attrs.a);
+    return env_[whole][d] - env_[part][d];
+  }
   if (auto s = env_.attr_symbol(node, ir::AttrField::start)) return *s;
   return Sym(ir::ShapeEnv::attr_value(ir::AttrField::start, g_[node].attrs, sliced));
 }

@@ -57,6 +57,7 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
       if (n.op == Op::iota) return bind("kiln::cast<i64>(" + index_code(idx[n.attrs.a]) + ")", kiln::dtype::i64);
       break;
     case OpClass::meta: {  // iota_of: an index, as iota's; numel of the reduced dims of its input
+      if (n.op == Op::shape_of) throw error("codegen: shape_of has no value (only views sized from it read it)");
       if (n.op == Op::iota_of) return bind("kiln::cast<i64>(" + index_code(idx[n.attrs.a]) + ")", kiln::dtype::i64);
       const auto& in = g_[n.in[0]];
       Sym count(1);

@@ -10,8 +10,9 @@ namespace kiln {
 // X(enum name, printed name, class, arity). Classes: leaf, unary, binary, ternary, reduce, view,
 // index (a value read or computed at a position known only at run time: gather, embedding, and
 // rand, a counter-based random number of the element's position; their first operand is not read
-// pointwise), meta (a value computed from a shape: numel, iota_of), extern (library calls and users'
-// custom ops, whose arity is a maximum), composite (lowered to primitives by rewrite/decompose.hpp
+// pointwise), meta (a value computed from a shape: numel, iota_of; shape_of is a shape and no value,
+// the second input of a view sized from other nodes: graph/infer.hpp), extern (library calls and
+// users' custom ops, whose arity is a maximum), composite (lowered to primitives by rewrite/decompose.hpp
 // before fusion).
 #define KILN_OPS(X)                                 \
   X(arg, "arg", leaf, 0)                            \
@@ -20,6 +21,7 @@ namespace kiln {
   X(iota, "iota", leaf, 0)                          \
   X(numel, "numel", meta, 1)                        \
   X(iota_of, "iota_of", meta, 1)                    \
+  X(shape_of, "shape_of", meta, 2)                  \
   X(neg, "neg", unary, 1)                           \
   X(abs, "abs", unary, 1)                           \
   X(sign, "sign", unary, 1)                         \

@@ -224,10 +224,15 @@ inline std::string attrs_str(const Node& n) {
         os << s;
     }
     os << "]" << (n.attrs.keepdim ? ", zero-padded" : "");
-  } else if (n.op == Op::expand || n.op == Op::permute || n.op == Op::iota)
+  } else if ((n.op == Op::expand && n.n_in == 1) || n.op == Op::permute || n.op == Op::iota)
     os << ", " << n.attrs.dims.str();
+  else if ((n.op == Op::slice || n.op == Op::slice_backward) && n.n_in == 2)  // sized from its second input
+    os << ", dim=" << n.attrs.a << (n.attrs.keepdim ? ", at the end" : ", from " + std::to_string(n.attrs.b)) << ":"
+       << n.attrs.d;
   else if (n.op == Op::slice || n.op == Op::slice_backward)
     os << ", dim=" << n.attrs.a << ", " << n.attrs.b << ":" << n.attrs.c << ":" << n.attrs.d;
+  else if (n.op == Op::shape_of && n.n_in == 2)
+    os << ", joined along " << n.attrs.a;
   else if (n.op == Op::transpose)
     os << ", " << n.attrs.a << ", " << n.attrs.b;
   else if (n.op == Op::cast)

@@ -197,6 +197,46 @@ inline Dims view_shape(Op op, const Dims& xs, Attrs& at) {
   }
 }
 
+// A view sized from another node: its second input, a shape_of node of shape `s` (read for that
+// alone), gives the sizes that its attributes would otherwise name, so that a program with symbolic
+// sizes serves every value of them (a cat's joined dim, a slice's input, a reduction's broadcast
+// cotangent). expand(x, s): x broadcast to s. slice_backward(x, s): x placed into zeros of shape s
+// along attrs.a, from the start attrs.b (clamped, as a slice's) with step attrs.d, or with
+// attrs.keepdim against the end (a cat's second part). slice(x, s): the part of x of s's size along
+// attrs.a, from the start attrs.b with step attrs.d, or with attrs.keepdim the last ones.
+inline Dims sized_view_shape(Op op, const Dims& xs, const Dims& s, const Attrs& at) {
+  auto dim = [&](int rank) { return normalize_dim(at.a, rank, std::string(name(op)).c_str()); };
+  auto fail = [&](const std::string& why) {
+    throw shape_error(op_str(op) + ": cannot view shape " + xs.str() + " as sized by " + s.str() + ": " + why);
+  };
+  switch (op) {
+    case Op::expand: {
+      if (xs.size() > s.size()) fail("fewer dimensions");
+      for (int i = 0; i < xs.size(); ++i)
+        if (xs[i] != 1 && xs[i] != s[s.size() - xs.size() + i]) fail("a dimension neither 1 nor the size");
+      return s;
+    }
+    case Op::slice:
+    case Op::slice_backward: {
+      const Dims& full = op == Op::slice ? xs : s;
+      const Dims& part = op == Op::slice ? s : xs;
+      if (full.size() != part.size() || full.size() == 0) fail("ranks differ");
+      const int d = dim(full.size());
+      for (int i = 0; i < full.size(); ++i)
+        if (i != d && full[i] != part[i]) fail("sizes differ off dim " + std::to_string(d));
+      if (at.d <= 0 || (at.keepdim && at.d != 1)) fail("step " + std::to_string(at.d));
+      const std::int64_t size = full[d];
+      const std::int64_t start = at.keepdim ? size - part[d] : std::clamp<std::int64_t>(at.b < 0 ? at.b + size : at.b, 0, size);
+      if (start < 0 || (part[d] > 0 && start + (part[d] - 1) * at.d >= size)) fail("the part runs past the end");
+      Dims out = full;
+      out[d] = part[d];
+      return op == Op::slice ? out : full;
+    }
+    default:
+      throw error("view_shape: " + op_str(op) + " takes no size source");
+  }
+}
+
 void infer_node(Graph& g, Node& n);
 
 // A custom op: the user's shape rule. Its backward node (inputs x0..xn-1, the output's cotangent)
@@ -290,6 +330,19 @@ inline void infer_node(Graph& g, Node& n) {
         n.shape[static_cast<int>(n.attrs.a)] = in(0).shape[static_cast<int>(n.attrs.b)];
         return;
       }
+      if (n.op == Op::shape_of) {  // x's shape, or x and y joined along attrs.a (a cat's)
+        n.shape = in(0).shape;
+        if (n.n_in < 2) return;
+        const Dims& ys = in(1).shape;
+        const int d = static_cast<int>(n.attrs.a);
+        bool ok = ys.size() == n.shape.size() && d >= 0 && d < n.shape.size();
+        for (int i = 0; ok && i < ys.size(); ++i) ok = i == d || ys[i] == n.shape[i];
+        if (!ok)
+          throw shape_error("shape_of: shapes " + n.shape.str() + " and " + ys.str() + " do not join along dim " +
+                            std::to_string(d));
+        n.shape[d] += ys[d];
+        return;
+      }
       // numel(x, dims): the element count of the reduced dims, as a number
       reduced_dims(n.attrs, in(0).shape.size(), n.op);  // validates the dims
       n.shape = {};
@@ -340,7 +393,7 @@ inline void infer_node(Graph& g, Node& n) {
     case Op::expand:
     case Op::unsqueeze:
     case Op::squeeze:
-      n.shape = view_shape(n.op, xs, n.attrs);
+      n.shape = n.n_in == 2 ? sized_view_shape(n.op, xs, in(1).shape, n.attrs) : view_shape(n.op, xs, n.attrs);
       break;
     case Op::silu:
     case Op::gelu:

@@ -101,8 +101,8 @@ constexpr void infer_dtype(const Graph& g, Node& n) {
     case OpClass::reduce:
       n.dt = n.op == Op::sum && !is_floating(in(0).dt) ? kiln::dtype::i64 : in(0).dt;
       return;
-    case OpClass::meta:  // numel: an element count, as a number; iota_of: indices
-      n.dt = n.op == Op::iota_of ? kiln::dtype::i64 : kiln::dtype::f64;
+    case OpClass::meta:  // numel: an element count, as a number; iota_of: indices; shape_of: no value
+      n.dt = n.op == Op::iota_of ? kiln::dtype::i64 : n.op == Op::shape_of ? in(0).dt : kiln::dtype::f64;
       n.weak = n.op == Op::numel;
       return;
     case OpClass::view:

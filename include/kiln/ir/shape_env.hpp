@@ -105,20 +105,26 @@ ShapeEnv make_shape_env(const graph::Graph& g, Symbolic&& symbolic) {
       out[1] = floordiv(padded_positions(env.shapes[g[i].in[0]], out) + out[0] - Sym(1), out[0]);
     }
   }
-  // Symbolic slice bounds: a kernel argument o<k> (start, >= 0) and t<k> (step, > 0) each.
+  // Symbolic slice bounds: a kernel argument o<k> (start, >= 0) and t<k> (step, > 0) each. A start
+  // that the sliced dim's size decides (counted from the end, or clamped to the size) is one too when
+  // that size is a symbol: x[:, -3:] of a row of changing length starts elsewhere at each call.
   for (int i = 0; i < g.size(); ++i) {
     const graph::Node& n = g[i];
-    if (!(n.sym_attrs & (graph::sym_bits::start | graph::sym_bits::step)) ||
-        (n.op != Op::slice && n.op != Op::slice_backward))
-      continue;
+    if (n.op != Op::slice && n.op != Op::slice_backward) continue;
     int sliced = n.op == Op::slice ? n.in[0] : i;
+    const Dims& full = g[sliced].shape;
+    const int d = static_cast<int>(n.attrs.a < 0 ? n.attrs.a + full.size() : n.attrs.a);
+    const bool from_end = n.n_in == 2 && n.attrs.keepdim;  // the whole's size less the part's (codegen)
+    const bool sized_start = !from_end && d >= 0 && d < full.size() && (n.attrs.b < 0 || n.attrs.b >= full[d]) &&
+                             !env.shapes[sliced][static_cast<std::size_t>(d)].is_constant();
+    if (!(n.sym_attrs & (graph::sym_bits::start | graph::sym_bits::step)) && !sized_start) continue;
     auto add = [&](AttrField f, const char* prefix, const SymFacts& facts) {
       env.table.new_symbol(prefix + std::to_string(env.num_symbols()), facts);
       env.source.emplace_back(i, sliced);
       env.field.push_back(f);
       env.example.push_back(ShapeEnv::attr_value(f, n.attrs, g[sliced].shape));
     };
-    if (n.sym_attrs & graph::sym_bits::start) add(AttrField::start, "o", {.nonnegative = true});
+    if ((n.sym_attrs & graph::sym_bits::start) || sized_start) add(AttrField::start, "o", {.nonnegative = true});
     if (n.sym_attrs & graph::sym_bits::step) add(AttrField::step, "t", {.positive = true});
   }
   return env;

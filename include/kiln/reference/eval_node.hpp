@@ -121,6 +121,9 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       for_each_index(out.shape, [&](std::int64_t lin, const Dims& idx) { out.data[lin] = static_cast<double>(idx[d]); });
       return out;
     }
+    case Op::shape_of:  // a shape and no value: only views sized from it read it, for its shape
+      out.data.clear();
+      return out;
     case Op::numel: {
       Dims rd = reduce_dims(n, in(0).shape.size());
       double c = 1;
@@ -243,9 +246,16 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
         throw shape_error(std::string(name(n.op)) + ": step must be positive, got " + std::to_string(step));
       const std::int64_t size = rank ? full[d] : 1;
       auto clampi = [&](std::int64_t v) { return std::clamp<std::int64_t>(v < 0 ? v + size : v, 0, size); };
-      const std::int64_t start = clampi(n.attrs.b), stop = clampi(n.attrs.c);
+      // A view sized from a second input (graph/infer.hpp's sized_view_shape): the part is that
+      // size, at the end with attrs.keepdim.
+      const Dims sized_part = n.n_in == 2 ? (n.op == Op::slice ? n.shape : in(0).shape) : Dims{};
+      const std::int64_t start = n.n_in == 2 && n.attrs.keepdim ? size - sized_part[d] : clampi(n.attrs.b),
+                         stop = clampi(n.attrs.c);
       Dims part = full;
-      if (rank) part[d] = stop > start ? (stop - start + step - 1) / step : 0;
+      if (n.n_in == 2)
+        part = sized_part;
+      else if (rank)
+        part[d] = stop > start ? (stop - start + step - 1) / step : 0;
       Dims fs = contiguous_strides(full), ps = fs;
       std::int64_t base = 0;
       if (rank) {

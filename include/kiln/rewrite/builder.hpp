@@ -23,13 +23,6 @@ namespace kiln::rewrite {
 
 inline constexpr int op_count = static_cast<int>(op_table.size());
 
-// The sizes of a view whose dims other than d are its input's (a slice_backward's, the input's
-// slice of it along d): those as Attrs::input_dim, d's as in `shape`.
-constexpr Dims input_sizes_but(const Dims& shape, int d) {
-  Dims out;
-  for (int i = 0; i < shape.size(); ++i) out.push_back(i == d ? shape[i] : Attrs::input_dim(i));
-  return out;
-}
 inline constexpr double inf = std::numeric_limits<double>::infinity();
 
 class Builder {
@@ -190,10 +183,15 @@ class Builder {
     }
     return op(Op::reshape, {x}, at);
   }
-  constexpr int expand(int x, const Dims& shape) {
+  // x broadcast to `shape`; with `like` (a node of that shape), sized from it where x has a 1 that
+  // `shape` does not (a second input, shape_of(like): graph/infer.hpp's sized_view_shape), so that a
+  // program with symbolic sizes serves every size there (a full sum's cotangent spread over
+  // attention's [B * H, T, D] named the compiling call's T).
+  constexpr int expand(int x, const Dims& shape, int like = -1) {
     if (shaped() && g_[x].shape == shape) return x;
     if (g_[x].op == Op::expand && !g_[x].sym_attrs) x = g_[x].in[0];  // expand(expand(x)) = expand(x)
     if (shaped() && g_[x].shape == shape) return x;
+    if (shaped() && like >= 0 && names_a_size(g_[x].shape, shape)) return op(Op::expand, {x, shape_of(like)});
     Attrs at;
     at.dims = shape;
     // A dim the input already has keeps its size (-1): a program with symbolic sizes then serves
@@ -202,6 +200,17 @@ class Builder {
       for (int i = 0, lead = shape.size() - rank(x); i < rank(x); ++i)
         if (g_[x].shape[i] == shape[lead + i]) at.dims[lead + i] = -1;
     return op(Op::expand, {x}, at);
+  }
+  // A node of x's shape and no value, which views sized from x read (graph/infer.hpp); with y, of x
+  // and y joined along dim d (a cat's shape).
+  constexpr int shape_of(int x) {
+    if (g_[x].op == Op::shape_of) return x;
+    return op(Op::shape_of, {shape_source(x)});
+  }
+  constexpr int shape_of(int x, int y, int d) {
+    Attrs at;
+    at.a = d;
+    return op(Op::shape_of, {shape_source(x), shape_source(y)}, at);
   }
   // order: normalised dims; permute(permute(x, p), q) = permute(x, p[q[i]]).
   constexpr int permute(int x, Dims order) {
@@ -274,6 +283,14 @@ class Builder {
     for (int i = 0; i < out.size(); ++i)
       if (out[i] != 1) out[i] = Attrs::input_dim(static_cast<int>(from[k++]));
     return true;
+  }
+  // Whether broadcasting `in` to `out` gives a dim a size that `in` does not have (a 1 spread out).
+  static constexpr bool names_a_size(const Dims& in, const Dims& out) {
+    for (int i = 0; i < out.size(); ++i) {
+      const int j = i - (out.size() - in.size());
+      if (out[i] != 1 && (j < 0 || in[j] != out[i])) return true;
+    }
+    return false;
   }
   // Ops whose attributes a structural graph cannot know (they hold or depend on sizes).
   static constexpr bool sized_attrs(Op o) {

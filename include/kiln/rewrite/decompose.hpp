@@ -155,22 +155,23 @@ constexpr int arg_extremum(Builder& b, const Node& n, std::span<const int> in) {
   return b.reduce(Op::amin, b.where(b.cmp(Op::eq, x, m), index, nan_index), rd, n.attrs.keepdim && !scalar);
 }
 // cat(a, b) along d: where(index < a's size, a zero-padded to the joined shape, b likewise); the
-// padded views are slice_backward nodes, read in place by the consumer's kernel.
+// padded views are slice_backward nodes sized from the joined shape (a at its start, b against its
+// end: graph/infer.hpp's sized_view_shape), read in place by the consumer's kernel. Nothing names a
+// size, so a program with symbolic sizes serves every size of a and b (a growing cache).
 constexpr int cat(Builder& b, const Node& n, std::span<const int> in) {
   const int d = b.shaped() ? normalize_dim(n.attrs.a, n.shape.size(), "cat") : 0;
-  const std::int64_t na = b.shape(in[0])[d];
-  auto padded = [&](int x, std::int64_t start, std::int64_t stop) {
+  const int x = b.cast(in[0], n.dt), y = b.cast(in[1], n.dt);
+  const int joined = b.shape_of(x, y, d);
+  auto padded = [&](int part, bool at_end) {
     Attrs at;
-    at.dims = b.shaped() ? input_sizes_but(n.shape, d) : n.shape;  // the dims not joined: x's own
     at.a = d;
-    at.b = start;
-    at.c = stop;
     at.d = 1;
-    return b.op(Op::slice_backward, {b.cast(x, n.dt)}, at);
+    at.keepdim = at_end;
+    return b.op(Op::slice_backward, {part, joined}, at);
   };
-  const int a = padded(in[0], 0, na);
+  const int a = padded(x, false);
   const int first = b.cmp(Op::lt, b.iota_of(a, d, n.shape.size(), d), b.numel(in[0], Dims{d}));
-  return b.where(first, a, padded(in[1], na, n.shape[d]));
+  return b.where(first, a, padded(y, true));
 }
 
 // attention(q [B, H, Tq, D], k [B, Hkv, Tk, D], v, scale, modded scores): softmax(q k^T * scale

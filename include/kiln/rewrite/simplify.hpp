@@ -156,7 +156,7 @@ constexpr int simplify_view(Builder& b, int id) {
       return r == id ? -1 : r;
     }
     case Op::expand: {  // chains become one expand
-      int r = b.expand(x, n.shape);
+      int r = b.expand(x, n.shape, n.n_in == 2 ? n.in[1] : -1);
       return r == id ? -1 : r;
     }
     case Op::permute: {
@@ -217,7 +217,8 @@ constexpr int sink_expand(Builder& b, int id) {
         return -1;
     }
     if (expanded < 0) return -1;
-    return b.expand(b.rebuild(n, in), n.shape);
+    const int like = b[n.in[expanded]].n_in == 2 ? b[n.in[expanded]].in[1] : -1;
+    return b.expand(b.rebuild(n, in), n.shape, like);
   }
   if (n.n_in != 1) return -1;
   const graph::Node e = b[n.in[0]];

@@ -50,6 +50,7 @@ inline int assigned_read(const graph::Graph& g, int out, int slot) {
       continue;
     }
     if (i != out && (is_reduction(n.op) || info(n.op).cls == OpClass::extern_)) continue;
+    if (info(n.op).cls == OpClass::meta) continue;  // reads a shape, not the values
     // An extern step reads its operands' buffers: what they were computed from is complete.
     if (extern_out && i != out && info(n.op).cls != OpClass::view) continue;
     for (int k = 0; k < n.n_in; ++k) stack.push_back({n.in[k], moved || moves(n)});

@@ -347,10 +347,10 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
         }
         continue;
       }
-      if (info(g[v].op).cls == OpClass::meta) {  // reads only its input's shape: no buffer for it,
-        const int src = g[v].in[0];             // but an extern step writes its result wherever it
-        if (detail::is_extern(g[src].op)) needed[src] = true;  // is read from (a mean's count of a matmul)
-        continue;
+      if (info(g[v].op).cls == OpClass::meta) {  // reads only its inputs' shapes: no buffer for them,
+        for (int c = 0; c < g[v].n_in; ++c)      // but an extern step writes its result wherever it
+          if (detail::is_extern(g[g[v].in[c]].op)) needed[g[v].in[c]] = true;  // is read from (a mean's
+        continue;                                                             // count of a matmul)
       }
       for (int c = 0; c < g[v].n_in; ++c) roots.push_back(g[v].in[c]);
     }
