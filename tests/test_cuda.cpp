@@ -563,6 +563,46 @@ TEST_CASE("cuda: a cross_entropy's gradient at changing class counts, one progra
   }
 }
 
+// A cache that grows by k::cat along its sequence dim and attention's gradient over changing lengths:
+// the cat's parts and the full sum's spread cotangent are views sized from shape_of nodes, so one
+// dynamic program serves every length (each compiled again before). The gradient runs the fused
+// kernels; its oracle is the same gradient at f64 on the CPU from the same bf16 values.
+TEST_CASE("cuda: a growing cache and attention's gradient at changing lengths, one program each" * needs_gpu()) {
+  const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
+  auto grow = k::compile([](auto cache, auto fresh) { return k::cat(2, cache, fresh); }, dyn);
+  k::Tensor cache = k::randn({2, 3, 5, 64}, k::bf16, k::cpu, 90);
+  for (int step = 0; step < 6; ++step) {
+    CAPTURE(step);
+    // (No size equal to another dim at the first call: duck sizing would share their symbol.)
+    k::Tensor fresh = k::randn({2, 3, 4 + step, 64}, k::bf16, k::cpu, 91 + step);
+    k::Tensor want = k::reference::eval(k::cat(2, k::cast(cache, k::f64), k::cast(fresh, k::f64)));
+    k::Tensor got = grow(cache.to(k::cuda), fresh.to(k::cuda));
+    auto r = k::testing::allclose(got, want, 0, 0);  // a copy: exact
+    CHECK_MESSAGE(bool(r), r);
+    cache = got.to(k::cpu);
+  }
+  CHECK(grow.cache().compiles() == 1);
+  auto loss = [](auto q, auto kk, auto v) {
+    auto o = k::cast(k::attention(q, kk, v, {.causal = true}), k::f32);
+    return k::sum(o * o);
+  };
+  auto g = k::compile(k::grad(loss, k::wrt<0, 1, 2>), dyn);
+  for (std::int64_t t : {100, 37, 256, 129}) {
+    CAPTURE(t);
+    auto q = k::randn({2, 4, t, 64}, k::bf16, k::cpu, 92 + static_cast<int>(t));
+    auto kk = k::randn({2, 4, t, 64}, k::bf16, k::cpu, 93 + static_cast<int>(t));
+    auto v = k::randn({2, 4, t, 64}, k::bf16, k::cpu, 94 + static_cast<int>(t));
+    auto [dq, dk, dv] = g(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda));
+    auto f64 = [](const k::Tensor& x) { return k::Tensor(k::cast(x, k::f64)); };
+    auto [wq, wk, wv] = k::compile(k::grad(loss, k::wrt<0, 1, 2>))(f64(q), f64(kk), f64(v));
+    for (auto [got, want] : {std::pair{dq, wq}, std::pair{dk, wk}, std::pair{dv, wv}}) {
+      auto r = k::testing::allclose(got.to(k::f64), want, 5e-2, 5e-2);
+      CHECK_MESSAGE(bool(r), r);
+    }
+  }
+  CHECK(g.cache().compiles() == 1);
+}
+
 TEST_CASE("cuda: raw device buffers and a user stream" * needs_gpu()) {
   auto x = k::randn({1000}, k::f32, k::cuda, 12);
   CUstream s = nullptr;

@@ -217,10 +217,12 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   const int g16 = b.cast(g, n.dt);
   const int lse = b.op(Op::attention_lse, {q, k, scale}, at);
   const int delta = b.sum(b.mul(b.cast(g16, kiln::dtype::f32), b.cast(y, kiln::dtype::f32)), Dims{3}, true);
-  Dims pair = b.shape(y), row = b.shape(lse);
-  pair[3] = 2;
+  Dims row = b.shape(lse);
   row.push_back(1);
-  const int stats = b.where(b.cmp(Op::eq, b.iota(pair, 3), b.constant(0)), b.reshape(lse, row), delta);
+  // [B, H, Tq, 2]: the pair's index broadcast from [1, 1, 1, 2], so that no size of the compiling
+  // call is named (a program with symbolic sizes then serves every sequence length).
+  const int pair = b.iota(Dims{1, 1, 1, 2}, 3);
+  const int stats = b.where(b.cmp(Op::eq, pair, b.constant(0)), b.reshape(lse, row), delta);
   Cotangents c = no_cotangents;
   at.c = 0;  // dq
   c[0] = b.op(Op::attention_grad, {q, k, v, g16, stats, scale}, at);
