@@ -5,7 +5,9 @@
 // reading what a device run will launch before spending device time on it (benchmarks/NOTES.md
 // item 116 found a modulo by the row count a step this way).
 //
-// Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas sm_90]
+// Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas sm_90] [--call N]
+//   --call N: also says whether the program's guards admit a call with N rows in place of ROWS (a
+//   dynamic program that a call at another row count compiles again runs the second program's kernels)
 //   --ptxas ARCH: also compiles the unit with NVRTC for ARCH and prints ptxas's registers, spills and stack
 //   --dynamic: every size symbolic (k::shapes::dynamic); --rows-dynamic: only sizes equal to ROWS
 //   (with the split sums' chunk lengths: the sizes that change with ROWS), as the automatic mode
@@ -25,6 +27,7 @@ namespace k = kiln;
 
 enum class Sizes { static_, dynamic, rows };
 std::string ptxas_arch;  // --ptxas ARCH: also compile the unit and print ptxas's report
+std::int64_t call_rows = 0;  // --call N: check the guards at N rows
 
 template <class F, class... T>
 void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
@@ -48,6 +51,40 @@ void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
   auto p = k::runtime::plan_program(std::move(g), std::move(env), k::Device(k::cuda), arg, false, stats.tuning);
   std::string body = k::runtime::program_body(*p);
   std::fputs(body.substr(body.find("\n// kiln_") + 1).c_str(), stdout);  // past the size helpers
+  if (call_rows > 0) {  // the program's buffers, and the arguments with `rows` leading rows at call_rows
+    for (int b : p->buffers)
+      std::printf("// buffer %%%d: %s %s\n", b, std::string(k::name(p->graph[b].op)).c_str(),
+                  p->graph[b].shape.str().c_str());
+    std::printf("// %zu steps\n", p->kernels.size());
+    for (const auto& kk : p->kernels) {
+      std::printf("// step %s extern %d: %s held [%lld, %lld] x%lld, %zu assumed multiples, index_bound %d, params",
+                  kk.src.name.c_str(), kk.extern_node, kk.src.config.str().c_str(), (long long)kk.src.held_min,
+                  (long long)kk.src.held_max, (long long)kk.src.held_multiple, kk.src.assumed_multiples.size(),
+                  (int)kk.src.index_bound);
+      for (const auto& prm : kk.src.params) std::printf(" %d:%d", (int)prm.kind, prm.ref);
+      std::printf(" xnumel %s rnumel %s\n", kk.src.xnumel.str().c_str(), kk.src.rnumel.str().c_str());
+    }
+    std::vector<k::Tensor> other;
+    for (const k::Tensor* t : args) {
+      k::Dims s = t->shape();
+      if (s.size() && s[0] == rows) s[0] = call_rows;
+      other.push_back(k::Tensor::empty(s, t->dtype(), k::cpu));
+    }
+    k::graph::Graph h = p->graph;
+    k::graph::infer_shapes(h, [&](int slot) -> const k::Tensor& { return other[static_cast<std::size_t>(slot)]; });
+    std::vector<const k::Tensor*> ptrs;
+    for (const auto& t : other) ptrs.push_back(&t);
+    ptrs.resize(static_cast<std::size_t>(h.num_args));
+    k::guards::GuardSet gs = k::guards::make_guards(p->graph, p->env, ptrs, {});
+    std::vector<std::int64_t> symbols(static_cast<std::size_t>(p->env.num_symbols()) + 1);
+    int bad = k::guards::check_shapes(gs, [&](int n) -> const k::Dims& { return h[n].shape; }, symbols.data(),
+                                      p->env.num_symbols());
+    if (bad < 0)
+      std::printf("// a call at %lld rows: the guards hold\n", static_cast<long long>(call_rows));
+    else
+      std::printf("// a call at %lld rows fails the guard of node %%%d: %s, now %s\n", static_cast<long long>(call_rows),
+                  bad, (std::string(k::name(p->graph[bad].op)) + k::graph::attrs_str(p->graph[bad]) + " " + p->graph[bad].shape.str()).c_str(), h[bad].shape.str().c_str());
+  }
   if (ptxas_arch.empty()) return;
   // NVRTC on the whole unit, as the runtime compiles it, with ptxas's register and spill report.
   std::string unit = k::runtime::cuda_translation_unit(*p, body);
@@ -74,6 +111,8 @@ int main(int argc, char** argv) {
       sizes = Sizes::rows;
     else if (s == "--ptxas" && i + 1 < argc)
       ptxas_arch = argv[++i];
+    else if (s == "--call" && i + 1 < argc)
+      call_rows = std::atoll(argv[++i]);
     else
       pos.push_back(s);
   }

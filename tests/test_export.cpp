@@ -275,6 +275,11 @@ TEST_CASE("export: what cannot be exported says so") {
   auto flat = k::compile([](auto x) { return k::reshape(x, {-1}) * 2.0f; }, {.shapes = k::shapes::dynamic});
   CHECK_THROWS_WITH_AS(k::export_kernels(flat, a, fresh_dir("flat"), sm90), doctest::Contains("k::shapes::static_"),
                        k::error);
+  // A slice from the end of a symbolic size starts at a position each call binds (a kernel argument
+  // from the call's attributes): the launcher has none to bind it from.
+  auto tail = k::compile([](auto x) { return k::slice(x, 1, -3, 1000) * 2.0f; }, {.shapes = k::shapes::dynamic});
+  CHECK_THROWS_WITH_AS(k::export_kernels(tail, a, fresh_dir("tail"), sm90),
+                       doctest::Contains("starts at a position that changes with the call"), k::error);
   auto add = [](auto x, auto y) { return x + y; };  // mixed devices (or, without a GPU, no CUDA device): a k::error
   CHECK_THROWS_AS(k::export_kernels(add, a, k::randn({16, 32}, k::f32, k::cuda), fresh_dir("mixed"), sm90), k::error);
 }

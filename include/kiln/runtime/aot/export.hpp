@@ -73,11 +73,12 @@ inline std::string export_arch(Device device, const export_options& o) {
 // own symbol fails this and must be exported with static shapes.
 inline void check_sizes_follow_arguments(const runtime::Program& p, const std::vector<runtime::ExportedArg>& args) {
   const ir::ShapeEnv& env = p.env;
-  for (int s = 0; s < env.num_symbols(); ++s) {
+  for (int s = 0; s < env.num_symbols(); ++s)
     if (env.field[s] != ir::AttrField::none)  // a slice bound of each call: the launcher has no attributes
       throw error("k::export_kernels: the slice at node %" + std::to_string(env.source[s].first) +
                   " starts at a position that changes with the call (its bounds, or a start counted from the end of "
                   "a symbolic size); export with .shapes = k::shapes::static_");
+  for (int s = 0; s < env.num_symbols(); ++s) {
     bool bound = false;
     for (const auto& a : args)
       for (int d = 0; a.node >= 0 && d < a.shape.size(); ++d)
