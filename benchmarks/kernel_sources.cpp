@@ -77,13 +77,17 @@ void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
     ptrs.resize(static_cast<std::size_t>(h.num_args));
     k::guards::GuardSet gs = k::guards::make_guards(p->graph, p->env, ptrs, {});
     std::vector<std::int64_t> symbols(static_cast<std::size_t>(p->env.num_symbols()) + 1);
-    int bad = k::guards::check_shapes(gs, [&](int n) -> const k::Dims& { return h[n].shape; }, symbols.data(),
-                                      p->env.num_symbols());
+    int bad = k::guards::check_shapes(
+        gs, [&](int n) -> const k::Dims& { return h[n].shape; }, symbols.data(), p->env.num_symbols());
     if (bad < 0)
       std::printf("// a call at %lld rows: the guards hold\n", static_cast<long long>(call_rows));
     else
-      std::printf("// a call at %lld rows fails the guard of node %%%d: %s, now %s\n", static_cast<long long>(call_rows),
-                  bad, (std::string(k::name(p->graph[bad].op)) + k::graph::attrs_str(p->graph[bad]) + " " + p->graph[bad].shape.str()).c_str(), h[bad].shape.str().c_str());
+      std::printf("// a call at %lld rows fails the guard of node %%%d: %s, now %s\n",
+                  static_cast<long long>(call_rows), bad,
+                  (std::string(k::name(p->graph[bad].op)) + k::graph::attrs_str(p->graph[bad]) + " " +
+                   p->graph[bad].shape.str())
+                      .c_str(),
+                  h[bad].shape.str().c_str());
   }
   if (ptxas_arch.empty()) return;
   // NVRTC on the whole unit, as the runtime compiles it, with ptxas's register and spill report.

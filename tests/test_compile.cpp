@@ -273,6 +273,25 @@ TEST_CASE("compile: shapes::dynamic gradients, argmax, cat and attention compile
   CHECK(cg.cache().compiles() == 1);
   CHECK(sg.cache().compiles() == 1);
   CHECK(tail.cache().compiles() == 1);
+  // An embedding's gradient has the table's rows, read through a shape_of node: the vocabulary and
+  // the sequence change, one program. Oracle: each row sums exp of its rows of the output, by hand.
+  auto eg = k::compile(k::grad([](auto w, auto t) { return k::sum(k::exp(k::embedding(w, t))); }, k::wrt<0>),
+                       {.shapes = k::shapes::dynamic});
+  for (auto [v, t] : std::vector<std::pair<std::int64_t, std::int64_t>>{{14, 9}, {32, 17}, {10, 5}, {67, 36}}) {
+    CAPTURE(v);
+    CAPTURE(t);
+    k::Tensor w = k::randn({v, 6}, k::f32, k::cpu, 80 + static_cast<std::uint64_t>(v));
+    k::Tensor ids = k::cast(
+        k::rand({2, t}, k::f32, k::cpu, 81 + static_cast<std::uint64_t>(t)) * static_cast<float>(v - 1), k::i64);
+    const auto wv = k::to_vector<double>(k::Tensor(k::cast(w, k::f64)));
+    const auto iv = k::to_vector<std::int64_t>(ids);
+    std::vector<double> want(static_cast<std::size_t>(v * 6), 0.0);
+    for (std::int64_t id : iv)
+      for (std::int64_t d = 0; d < 6; ++d)
+        want[static_cast<std::size_t>(id * 6 + d)] += std::exp(wv[static_cast<std::size_t>(id * 6 + d)]);
+    check_close(eg(w, ids), k::from_vector(want, {v, 6}), 1e-5, 1e-6);
+  }
+  CHECK(eg.cache().compiles() == 1);
   // Attention over a changing sequence length (decomposed on the CPU): its [B * H, T, D] views and
   // the causal mask's indices follow the inputs.
   auto att = [](auto q, auto kk, auto vv) { return k::attention(q, kk, vv, {.causal = true}); };

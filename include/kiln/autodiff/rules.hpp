@@ -172,11 +172,13 @@ constexpr Cotangents gather(Builder& b, int y, int g) {
 
 // embedding(table, ids): the table's cotangent sums g's rows at each id (embedding_backward, an
 // extern step that adds in a fixed order: deterministic); embedding_backward's own cotangent is the
-// rows of its cotangent at the ids. The ids get none.
+// rows of its cotangent at the ids. The ids get none. Its row count is the table's, read through a
+// shape_of node (a third input the step does not load), so that a program with symbolic sizes
+// serves every vocabulary size.
 constexpr Cotangents embedding(Builder& b, int y, int g) {
-  Attrs at;
-  at.a = b.shape(x0(b, y))[0];
-  return {b.op(Op::embedding_backward, {g, in(b, y, 1)}, at), -1, -1, -1};
+  const int table = x0(b, y), ids = in(b, y, 1);
+  const int rows = b.shape_of(table);
+  return {b.op(Op::embedding_backward, {g, ids, rows}), -1, -1, -1};
 }
 constexpr Cotangents embedding_backward(Builder& b, int y, int g) {
   return {b.op(Op::embedding, {g, in(b, y, 1)}), -1, -1, -1};
@@ -279,8 +281,8 @@ inline Cotangents custom_backward(Builder& b, int y, int) {
 inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   std::array<Rule, rewrite::op_count> t{};
   auto set = [&](Op op, Rule r) { t[static_cast<int>(op)] = r; };
-  for (Op op : {Op::arg, Op::scalar, Op::constant, Op::iota, Op::numel, Op::iota_of, Op::shape_of, Op::sign, Op::logical_not, Op::lt, Op::le,
-                Op::gt, Op::ge, Op::eq, Op::ne, Op::rand})
+  for (Op op : {Op::arg, Op::scalar, Op::constant, Op::iota, Op::numel, Op::iota_of, Op::shape_of, Op::sign,
+                Op::logical_not, Op::lt, Op::le, Op::gt, Op::ge, Op::eq, Op::ne, Op::rand})
     set(op, rules::none);
   set(Op::neg, rules::neg);
   set(Op::abs, rules::abs);

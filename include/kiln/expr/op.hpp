@@ -90,7 +90,7 @@ namespace kiln {
   X(argmin, "argmin", composite, 1)                 \
   X(cat, "cat", composite, 2)                       \
   X(embedding, "embedding", index, 2)               \
-  X(embedding_backward, "embedding_backward", extern_, 2) \
+  X(embedding_backward, "embedding_backward", extern_, 3) \
   X(rand, "rand", index, 5)                         \
   X(attention, "attention", composite, 5)           \
   X(attention_flash, "attention_flash", extern_, 4) \

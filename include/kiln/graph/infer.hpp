@@ -226,7 +226,8 @@ inline Dims sized_view_shape(Op op, const Dims& xs, const Dims& s, const Attrs& 
         if (i != d && full[i] != part[i]) fail("sizes differ off dim " + std::to_string(d));
       if (at.d <= 0 || (at.keepdim && at.d != 1)) fail("step " + std::to_string(at.d));
       const std::int64_t size = full[d];
-      const std::int64_t start = at.keepdim ? size - part[d] : std::clamp<std::int64_t>(at.b < 0 ? at.b + size : at.b, 0, size);
+      const std::int64_t start =
+          at.keepdim ? size - part[d] : std::clamp<std::int64_t>(at.b < 0 ? at.b + size : at.b, 0, size);
       if (start < 0 || (part[d] > 0 && start + (part[d] - 1) * at.d >= size)) fail("the part runs past the end");
       Dims out = full;
       out[d] = part[d];

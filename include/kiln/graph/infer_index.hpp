@@ -13,7 +13,8 @@ inline void check_index_dtype(const Node& ids, const char* op, const char* what)
 }
 
 // gather(x, idx): x[..., idx[...]] along the last dim. embedding(table [V, D], ids): ids.shape + [D].
-// embedding_backward(g, ids) with attrs.a = V: the [V, D] sum of g's rows at each id. rand(x, seed
+// embedding_backward(g, ids[, shape_of(table)]) with V the table's rows (else attrs.a): the [V, D]
+// sum of g's rows at each id. rand(x, seed
 // lo/hi, offset lo/hi): f32 of x's shape, x read for its shape only.
 inline void infer_index(const Graph& g, Node& n) {
   auto in = [&](int i) -> const Node& { return g.nodes[n.in[i]]; };
@@ -46,7 +47,8 @@ inline void infer_index(const Graph& g, Node& n) {
                           " (it must be ids.shape + [D])");
       if (!is_floating(in(0).dt))
         throw dtype_error("embedding_backward: the gradient must be floating, got " + std::string(name(in(0).dt)));
-      n.shape = Dims{n.attrs.a, gs.back()};
+      // The table's rows: its shape_of (a third input, the rule's), else attrs.a.
+      n.shape = Dims{n.n_in == 3 && in(2).shape.size() ? in(2).shape[0] : n.attrs.a, gs.back()};
       return;
     }
     case Op::rand:

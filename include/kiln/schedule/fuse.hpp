@@ -57,8 +57,9 @@ inline std::vector<bool> find_anchors(const graph::Graph& g, const std::vector<M
   for (int i = 0; i < g.size(); ++i) {
     const auto& n = g[i];
     if (is_reduction(n.op) || is_extern(n.op)) anchor[i] = true;
-    if (reads_whole_buffers(n.op))
-      for (int k = 0; k < n.n_in; ++k) anchor[n.in[k]] = anchor[n.in[k]] || g[n.in[k]].op != Op::arg;
+    if (reads_whole_buffers(n.op))  // (a shape_of input is read for its shape: embedding_backward's rows)
+      for (int k = 0; k < n.n_in; ++k)
+        anchor[n.in[k]] = anchor[n.in[k]] || (g[n.in[k]].op != Op::arg && info(g[n.in[k]].op).cls != OpClass::meta);
     // A gather's or embedding's source is indexed by loaded values; an embedding's ids live in
     // memory too, so that they can be checked (runtime/launch/index_checks.hpp).
     if ((n.op == Op::gather || n.op == Op::embedding) && g[n.in[0]].op != Op::arg) anchor[n.in[0]] = true;
@@ -350,7 +351,7 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
       if (info(g[v].op).cls == OpClass::meta) {  // reads only its inputs' shapes: no buffer for them,
         for (int c = 0; c < g[v].n_in; ++c)      // but an extern step writes its result wherever it
           if (detail::is_extern(g[g[v].in[c]].op)) needed[g[v].in[c]] = true;  // is read from (a mean's
-        continue;                                                             // count of a matmul)
+        continue;                                                              // count of a matmul)
       }
       for (int c = 0; c < g[v].n_in; ++c) roots.push_back(g[v].in[c]);
     }
