@@ -1,0 +1,151 @@
+// No recompile cliffs (issue 19 item 2): a k::shapes::dynamic program of each common gradient and
+// view, called at four sizes where every dim changes (no size 1, and no two dims equal at the first
+// call, which duck sizing would tie), compiles once and matches the same function compiled at f64
+// for each call. A size that a rule names (an iota, a view's attributes, a step's row count) fails
+// the next call's inference and shows here as a second compile.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+namespace k = kiln;
+
+namespace {
+
+using Args = std::vector<k::Tensor>;
+
+// Calls fn (of A tensors) with the dynamic program and the f64 oracle at each of four argument sets.
+template <int A, class Fn>
+void compiles_once(const char* name, Fn fn, const std::function<Args(int)>& make) {
+  INFO(name);
+  auto f = k::compile(fn, {.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise});
+  auto oracle = k::compile(fn);
+  auto call = [](auto& h, const Args& v) {
+    auto r = [&] {
+      if constexpr (A == 1)
+        return h(v[0]);
+      else if constexpr (A == 2)
+        return h(v[0], v[1]);
+      else
+        return h(v[0], v[1], v[2]);
+    }();
+    Args out;
+    if constexpr (requires { std::tuple_size<decltype(r)>::value; })
+      std::apply([&](auto&... t) { (out.push_back(k::Tensor(t)), ...); }, r);
+    else
+      out.push_back(k::Tensor(r));
+    return out;
+  };
+  for (int i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    const Args a = make(i);
+    Args a64;
+    for (const auto& t : a) a64.push_back(k::is_floating(t.dtype()) ? k::Tensor(k::cast(t, k::f64)) : t);
+    const Args got = call(f, a), want = call(oracle, a64);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t j = 0; j < got.size(); ++j) {
+      auto r = k::testing::allclose(got[j], want[j], 1e-4, 1e-5);
+      CHECK_MESSAGE(bool(r), "output " << j << ": " << r);
+    }
+  }
+  CHECK(f.cache().compiles() == 1);
+}
+
+}  // namespace
+
+TEST_CASE("dynamic: gradients and views over four sizes compile once, each against the f64 oracle") {
+  const std::int64_t N[] = {37, 13, 101, 22}, C[] = {11, 29, 7, 64}, T[] = {9, 17, 5, 33};
+  auto randn = [](k::Dims s, int seed) { return k::randn(s, k::f32, k::cpu, static_cast<std::uint64_t>(seed)); };
+  auto ids = [](k::Dims s, std::int64_t hi, int seed) {
+    return k::Tensor(
+        k::cast(k::rand(s, k::f32, k::cpu, static_cast<std::uint64_t>(seed)) * static_cast<float>(hi - 1), k::i64));
+  };
+  compiles_once<3>(
+      "layer_norm's gradient, weight and bias",
+      k::grad([](auto x, auto w, auto b) { return k::sum(k::square(k::layer_norm(x, w, b))); }, k::wrt<0, 1, 2>),
+      [&](int i) {
+        return Args{randn({N[i], C[i]}, 1), randn({C[i]}, 2), randn({C[i]}, 3)};
+      });
+  compiles_once<2>("rms_norm's gradient",
+                   k::grad([](auto x, auto w) { return k::sum(k::exp(k::rms_norm(x, w, 1e-6))); }, k::wrt<0, 1>),
+                   [&](int i) {
+                     return Args{randn({N[i], C[i]}, 4), randn({C[i]}, 5)};
+                   });
+  compiles_once<1>("softmax over dim 0, its gradient",
+                   k::grad([](auto x) { return k::sum(k::square(k::softmax(x, 0))); }, k::wrt<0>), [&](int i) {
+                     return Args{randn({N[i], C[i]}, 6)};
+                   });
+  compiles_once<3>(
+      "an MLP's weight gradients (batch and hidden change)",
+      k::grad([](auto x, auto w1, auto w2) { return k::mean(k::gelu(k::matmul(k::gelu(k::matmul(x, w1)), w2))); },
+              k::wrt<1, 2>),
+      [&](int i) {
+        return Args{randn({N[i], 8}, 7), randn({8, C[i]}, 8), randn({C[i], 6}, 9)};
+      });
+  compiles_once<3>("a linear over [B, T, C], its gradients",
+                   k::grad([](auto x, auto w, auto b) { return k::sum(k::tanh(k::linear(x, w, b))); }, k::wrt<0, 1, 2>),
+                   [&](int i) {
+                     return Args{randn({2, T[i], C[i]}, 10), randn({5, C[i]}, 11), randn({5}, 12)};
+                   });
+  compiles_once<2>("mse_loss's gradient", k::grad([](auto x, auto y) { return k::mse_loss(x, y); }, k::wrt<0>),
+                   [&](int i) {
+                     return Args{randn({N[i], C[i]}, 13), randn({N[i], C[i]}, 14)};
+                   });
+  compiles_once<2>("an embedding's gradient (vocabulary and sequence change)",
+                   k::grad([](auto w, auto t) { return k::sum(k::exp(k::embedding(w, t))); }, k::wrt<0>), [&](int i) {
+                     return Args{randn({C[i] + 3, 6}, 15), ids({2, T[i]}, C[i] + 3, 16)};
+                   });
+  compiles_once<1>("logsumexp's gradient", k::grad([](auto x) { return k::sum(k::logsumexp(x, 1)); }, k::wrt<0>),
+                   [&](int i) {
+                     return Args{randn({N[i], C[i]}, 17)};
+                   });
+  compiles_once<2>(
+      "a transposed operand", [](auto x, auto y) { return k::transpose(x, 0, 1) + y; },
+      [&](int i) {
+        return Args{randn({C[i], N[i]}, 18), randn({N[i], C[i]}, 19)};
+      });
+  compiles_once<2>("stack's gradient",
+                   k::grad([](auto x, auto y) { return k::sum(k::exp(k::stack(0, x, y))); }, k::wrt<0, 1>), [&](int i) {
+                     return Args{randn({N[i], C[i]}, 20), randn({N[i], C[i]}, 21)};
+                   });
+  compiles_once<1>(
+      "unsqueeze, expand and a sum",
+      [](auto x) {
+        return k::sum(k::expand(k::unsqueeze(x, 1), {-1, 3, -1}), 1) * 2.0f;
+      },
+      [&](int i) {
+        return Args{randn({N[i], C[i]}, 22)};
+      });
+  compiles_once<1>("var over dim 0, its gradient", k::grad([](auto x) { return k::sum(k::var(x, 0)); }, k::wrt<0>),
+                   [&](int i) {
+                     return Args{randn({N[i], C[i]}, 23)};
+                   });
+  compiles_once<1>("amax's gradient", k::grad([](auto x) { return k::sum(k::amax(x, 1)); }, k::wrt<0>), [&](int i) {
+    return Args{randn({N[i], C[i]}, 24)};
+  });
+  compiles_once<2>("cat along dim 0 (both parts change), its gradient",
+                   k::grad([](auto x, auto y) { return k::sum(k::exp(k::cat(0, x, y))); }, k::wrt<0, 1>), [&](int i) {
+                     return Args{randn({N[i], 6}, 26), randn({T[i], 6}, 27)};
+                   });
+  compiles_once<1>("a strided slice's gradient",
+                   k::grad([](auto x) { return k::sum(k::square(k::slice(x, 0, 2, 1000, 3))); }, k::wrt<0>),
+                   [&](int i) {
+                     return Args{randn({N[i], C[i]}, 28)};
+                   });
+  compiles_once<3>(
+      "grouped-query causal attention's gradients (Tq != Tk)",
+      k::grad(
+          [](auto q, auto kk, auto v) {
+            auto o = k::attention(q, kk, v, {.causal = true});
+            return k::sum(o * o);
+          },
+          k::wrt<0, 1, 2>),
+      [&](int i) {
+        return Args{randn({2, 4, T[i], 8}, 29), randn({2, 2, T[i] + 3, 8}, 30), randn({2, 2, T[i] + 3, 8}, 31)};
+      });
+}
