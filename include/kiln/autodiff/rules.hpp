@@ -138,7 +138,7 @@ constexpr Cotangents permute(Builder& b, int y, int g) {
   return {b.permute(g, inverse), -1, -1, -1};
 }
 // A slice's gradient scatters into zeros of the input's shape, at the same (maybe symbolic) bounds,
-// and the other way: each view sized from x (graph/infer.hpp's sized_view_shape), which a program
+// and the other way: each view sized from x (graph/infer_views.hpp's sized_view_shape), which a program
 // with symbolic sizes serves at every size of x.
 constexpr Cotangents slice(Builder& b, int y, int g) {
   const graph::Node n = b[y];  // a copy: adding nodes may move the table

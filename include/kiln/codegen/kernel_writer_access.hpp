@@ -50,7 +50,7 @@ inline std::vector<Sym> KernelWriter::view_index(int node, const std::vector<Sym
 
 // A slice's (or slice_backward's) start, clamped into the sliced dim of shape `sliced`, and its step:
 // constants, or the program's symbols for them when they change between calls. A view sized from a
-// second input and aligned to the end (graph/infer.hpp's sized_view_shape) starts at the whole's
+// second input and aligned to the end (graph/infer_views.hpp's sized_view_shape) starts at the whole's
 // size less the part's.
 inline Sym KernelWriter::slice_start(int node, const Dims& sliced) {
   const auto& n = g_[node];

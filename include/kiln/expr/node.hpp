@@ -25,7 +25,7 @@ struct Attrs {
                                             // keepdim = fused backward (runtime/lower.hpp)
   std::int32_t custom = -1;                 // custom ops: the registry id (expr/custom_op.hpp)
   kiln::dtype dt = kiln::dtype::f32;        // cast: target; iota: dtype
-  bool keepdim = false;  // reductions; on a reshape: zero-padded (graph/infer.hpp's infer_padded_reshape)
+  bool keepdim = false;  // reductions; on a reshape: zero-padded (graph/infer_views.hpp's infer_padded_reshape)
   bool all = false;      // reduce over every dim
   friend constexpr bool operator==(const Attrs&, const Attrs&) = default;
   // attrs.d of an amax that only shifts values for a stable exp (softmax, logsumexp): it carries no
@@ -33,7 +33,7 @@ struct Attrs {
   static constexpr std::int64_t shift_flag = 1;
   // A size of a reshape that the pipeline made (never a user's: k::reshape takes sizes >= -1): the
   // input's size along dim d, whatever it is at a call, so that a program with symbolic sizes
-  // serves every value of it (graph/infer.hpp's infer_reshape).
+  // serves every value of it (graph/infer_views.hpp's infer_reshape).
   static constexpr std::int64_t input_dim(int d) { return -2 - d; }
   static constexpr bool is_input_dim(std::int64_t size) { return size <= -2; }
   static constexpr int input_dim_of(std::int64_t size) { return static_cast<int>(-2 - size); }

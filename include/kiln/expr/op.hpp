@@ -11,7 +11,7 @@ namespace kiln {
 // index (a value read or computed at a position known only at run time: gather, embedding, and
 // rand, a counter-based random number of the element's position; their first operand is not read
 // pointwise), meta (a value computed from a shape: numel, iota_of; shape_of is a shape and no value,
-// the second input of a view sized from other nodes: graph/infer.hpp), extern (library calls and
+// the second input of a view sized from other nodes: graph/infer_views.hpp), extern (library calls and
 // users' custom ops, whose arity is a maximum), composite (lowered to primitives by rewrite/decompose.hpp
 // before fusion).
 #define KILN_OPS(X)                                 \

@@ -14,8 +14,8 @@ inline void check_index_dtype(const Node& ids, const char* op, const char* what)
 
 // gather(x, idx): x[..., idx[...]] along the last dim. embedding(table [V, D], ids): ids.shape + [D].
 // embedding_backward(g, ids[, shape_of(table)]) with V the table's rows (else attrs.a): the [V, D]
-// sum of g's rows at each id. rand(x, seed
-// lo/hi, offset lo/hi): f32 of x's shape, x read for its shape only.
+// sum of g's rows at each id. rand(x, seed lo/hi, offset lo/hi): f32 of x's shape, x read for its
+// shape only.
 inline void infer_index(const Graph& g, Node& n) {
   auto in = [&](int i) -> const Node& { return g.nodes[n.in[i]]; };
   switch (n.op) {  // dtypes: infer_dtype

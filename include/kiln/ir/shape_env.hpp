@@ -60,7 +60,7 @@ struct ShapeEnv {
   }
 };
 
-// A zero-padded reshape's leading positions (graph/infer.hpp's infer_padded_reshape): the input's
+// A zero-padded reshape's leading positions (graph/infer_views.hpp's infer_padded_reshape): the input's
 // elements over the output's trailing dims (out[2:]).
 inline Sym padded_positions(std::span<const Sym> in, std::span<const Sym> out) {
   Sym numel(1), trailing(1);
@@ -76,7 +76,7 @@ ShapeEnv make_shape_env(const graph::Graph& g, Symbolic&& symbolic) {
   ShapeEnv env;
   std::map<std::int64_t, Sym> by_value;  // duck sizing: one symbol per distinct size
   env.shapes.resize(g.size());
-  // A zero-padded reshape's chunk length (graph/infer.hpp) follows from its input: never a symbol
+  // A zero-padded reshape's chunk length (graph/infer_views.hpp) follows from its input: never a symbol
   // of its own (as one it would share a symbol with any equal size, and fail at the next length).
   auto chunk_length = [&](int i, int k) { return g[i].op == Op::reshape && g[i].attrs.keepdim && k == 1; };
   for (int i = 0; i < g.size(); ++i) {

@@ -246,7 +246,7 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
         throw shape_error(std::string(name(n.op)) + ": step must be positive, got " + std::to_string(step));
       const std::int64_t size = rank ? full[d] : 1;
       auto clampi = [&](std::int64_t v) { return std::clamp<std::int64_t>(v < 0 ? v + size : v, 0, size); };
-      // A view sized from a second input (graph/infer.hpp's sized_view_shape): the part is that
+      // A view sized from a second input (graph/infer_views.hpp's sized_view_shape): the part is that
       // size, at the end with attrs.keepdim.
       const Dims sized_part = n.n_in == 2 ? (n.op == Op::slice ? n.shape : in(0).shape) : Dims{};
       const std::int64_t start = n.n_in == 2 && n.attrs.keepdim ? size - sized_part[d] : clampi(n.attrs.b),

@@ -184,7 +184,7 @@ class Builder {
     return op(Op::reshape, {x}, at);
   }
   // x broadcast to `shape`; with `like` (a node of that shape), sized from it where x has a 1 that
-  // `shape` does not (a second input, shape_of(like): graph/infer.hpp's sized_view_shape), so that a
+  // `shape` does not (a second input, shape_of(like): graph/infer_views.hpp's sized_view_shape), so that a
   // program with symbolic sizes serves every size there (a full sum's cotangent spread over
   // attention's [B * H, T, D] named the compiling call's T).
   constexpr int expand(int x, const Dims& shape, int like = -1) {
@@ -201,7 +201,7 @@ class Builder {
         if (g_[x].shape[i] == shape[lead + i]) at.dims[lead + i] = -1;
     return op(Op::expand, {x}, at);
   }
-  // A node of x's shape and no value, which views sized from x read (graph/infer.hpp); with y, of x
+  // A node of x's shape and no value, which views sized from x read (graph/infer_views.hpp); with y, of x
   // and y joined along dim d (a cat's shape).
   constexpr int shape_of(int x) {
     if (g_[x].op == Op::shape_of) return x;

@@ -156,7 +156,7 @@ constexpr int arg_extremum(Builder& b, const Node& n, std::span<const int> in) {
 }
 // cat(a, b) along d: where(index < a's size, a zero-padded to the joined shape, b likewise); the
 // padded views are slice_backward nodes sized from the joined shape (a at its start, b against its
-// end: graph/infer.hpp's sized_view_shape), read in place by the consumer's kernel. Nothing names a
+// end: graph/infer_views.hpp's sized_view_shape), read in place by the consumer's kernel. Nothing names a
 // size, so a program with symbolic sizes serves every size of a and b (a growing cache).
 constexpr int cat(Builder& b, const Node& n, std::span<const int> in) {
   const int d = b.shaped() ? normalize_dim(n.attrs.a, n.shape.size(), "cat") : 0;

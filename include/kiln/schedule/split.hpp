@@ -137,7 +137,7 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
     bool narrow = n.dt == kiln::dtype::f16 || n.dt == kiln::dtype::bf16;
     int wide = narrow ? b.cast(in[0], kiln::dtype::f32) : in[0];
     // Outer dims reduced: the chunk length is left to inference ([S, -1, K]). A sum in a program
-    // with symbolic sizes reads its input through a zero-padded reshape (graph/infer.hpp): the last
+    // with symbolic sizes reads its input through a zero-padded reshape (graph/infer_views.hpp): the last
     // chunks run past the input's end and read 0, so one program serves every length (a
     // layer_norm backward with shapes::dynamic was compiled again at every new row count: its
     // chunks and a rest covered exactly the first call's rows). With static sizes a length that is
