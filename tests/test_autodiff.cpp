@@ -9,6 +9,8 @@
 #include <kiln/pipeline.hpp>
 #include <kiln/testing/gradcheck.hpp>
 
+#include "gradient_oracle.hpp"
+
 #include <random>
 #include <set>
 #include <sstream>
@@ -37,34 +39,6 @@ k::Tensor values(const k::Dims& shape, const std::vector<double>& v, k::dtype dt
     auto result_ = k::testing::gradcheck(__VA_ARGS__);  \
     CHECK_MESSAGE(static_cast<bool>(result_), result_); \
   } while (0)
-
-// The pipeline the runtime runs for a gradient function, up to the joint graph, on the oracle's side:
-// trace (value, wrt args, cotangent) -> flatten -> infer -> decompose -> simplify -> differentiate.
-struct Traced {
-  k::graph::Graph g;  // after decompose and simplify, with the trace's extra outputs
-  std::vector<k::Tensor> args;
-  std::vector<double> scalars;
-  void infer() {
-    k::graph::infer_shapes(g, [&](int s) -> const k::Tensor& { return args[static_cast<std::size_t>(s)]; });
-  }
-};
-template <class F, class... T>
-Traced trace_gradient_fn(const F& fn, const T&... ts) {
-  Traced t{{}, {ts...}, {}};
-  [&]<std::size_t... K>(std::index_sequence<K...>) {
-    auto traced = k::detail::trace(fn, k::expr::Arg<static_cast<int>(K)>{{}, &t.args[K]}...);
-    t.g = std::apply([](const auto&... e) { return k::graph::flatten(e...); }, traced);
-    k::graph::Captured cap;  // one walk over every output, as flatten's
-    k::graph::gather(traced, cap);
-    t.scalars.assign(cap.scalars.begin(), cap.scalars.end());
-  }
-  (std::index_sequence_for<T...>{});
-  t.infer();
-  t.g = k::rewrite::decompose(t.g);
-  t.infer();
-  t.g = k::rewrite::simplify(t.g);
-  return t;
-}
 
 const k::Tensor X = uniform({3, 4}, 1, -2, 2);
 const k::Tensor POS = uniform({3, 4}, 2, 0.5, 2);

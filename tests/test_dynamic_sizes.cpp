@@ -1,8 +1,8 @@
 // No recompile cliffs (issue 19 item 2): a k::shapes::dynamic program of each common gradient and
 // view, called at four sizes where every dim changes (no size 1, and no two dims equal at the first
-// call, which duck sizing would tie), compiles once and matches the same function compiled at f64
-// for each call. A size that a rule names (an iota, a view's attributes, a step's row count) fails
-// the next call's inference and shows here as a second compile.
+// call, which duck sizing would tie), compiles once and matches the oracle at each call (the derived
+// graph evaluated unfused in f64: tests/gradient_oracle.hpp). A size that a rule names (an iota, a view's attributes, a
+// step's row count) fails the next call's inference and shows here as a second compile.
 #include <doctest/doctest.h>
 
 #include <functional>
@@ -12,6 +12,8 @@
 
 #include <kiln/kiln.hpp>
 #include <kiln/testing.hpp>
+
+#include "gradient_oracle.hpp"
 
 namespace k = kiln;
 
@@ -24,8 +26,9 @@ template <int A, class Fn>
 void compiles_once(const char* name, Fn fn, const std::function<Args(int)>& make) {
   INFO(name);
   auto f = k::compile(fn, {.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise});
-  auto oracle = k::compile(fn);
-  auto call = [](auto& h, const Args& v) {
+  // h(v[0], ..., v[A - 1]) as tensors: a compiled function's tensor or tuple of them, or the
+  // oracle's values.
+  auto call = [](auto&& h, const Args& v) {
     auto r = [&] {
       if constexpr (A == 1)
         return h(v[0]);
@@ -35,12 +38,15 @@ void compiles_once(const char* name, Fn fn, const std::function<Args(int)>& make
         return h(v[0], v[1], v[2]);
     }();
     Args out;
-    if constexpr (requires { std::tuple_size<decltype(r)>::value; })
+    if constexpr (std::is_same_v<decltype(r), std::vector<k::reference::Value>>)
+      for (const auto& x : r) out.push_back(k::reference::to_tensor(x));
+    else if constexpr (requires { std::tuple_size<decltype(r)>::value; })
       std::apply([&](auto&... t) { (out.push_back(k::Tensor(t)), ...); }, r);
     else
       out.push_back(k::Tensor(r));
     return out;
   };
+  auto oracle = [&](const auto&... t) { return oracle_outputs(fn, t...); };
   for (int i = 0; i < 4; ++i) {
     CAPTURE(i);
     const Args a = make(i);
