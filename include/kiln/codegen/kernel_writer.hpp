@@ -139,6 +139,10 @@ class KernelWriter {
   std::string section(Section s) const { return sections_[static_cast<int>(s)].str(); }
   std::string fresh() { return "tmp" + std::to_string(tmp_++); }
   std::string mask() const { return in_rloop_ ? "rmask" : "xmask"; }
+  // A load's mask: the tile's, and the positions a view above it left out (`xm`: a padded split's
+  // rows past the input, a slice gradient's zeros). Indexed loads (a gather's, an embedding's) need
+  // it too: their ids read as 0 there, but the base row may lie past the source.
+  std::string load_mask(const std::string& xm) const { return xm.empty() ? mask() : "(" + mask() + " & " + xm + ")"; }
 
   Value cast(const Value& v, kiln::dtype to) {
     kiln::dtype ct = compute_dtype(to);

@@ -376,7 +376,7 @@ inline std::optional<KernelWriter::Value> KernelWriter::kept_row_load(int node, 
 inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& idx, const std::string& extra_mask) {
   std::string ptr = param_for(node, false);
   Sym offset = ravel(idx, strides_of_(node));
-  std::string m = extra_mask.empty() ? mask() : "(" + mask() + " & " + extra_mask + ")";
+  std::string m = load_mask(extra_mask);
   kiln::dtype ct = compute_dtype(g_[node].dt);
   if (probe_) probe_loads_.emplace_back(node, offset);
   if (tile_dim_ >= 0 && extra_mask.empty())

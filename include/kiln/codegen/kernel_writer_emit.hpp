@@ -173,7 +173,7 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
             bind("(" + id.code + " >= 0) & (" + id.code + " < " + index_code(env_[src][0]) + ")", kiln::dtype::boolean)
                 .code;
         std::string off = id.code + " * " + index_code(strides[0]) + " + " + index_code(idx.back() * strides[1]);
-        return bind("kiln::load(" + ptr + ", " + off + ", " + mask() + " & " + inb + ")", ct);
+        return bind("kiln::load(" + ptr + ", " + off + ", " + load_mask(xm) + " & " + inb + ")", ct);
       }
       // gather along the last dim: the source is a buffer
       Value t = cast(child(1), kiln::dtype::i64);
@@ -186,7 +186,7 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
           bind("(" + t.code + " >= 0) & (" + t.code + " < " + index_code(env_[src].back()) + ")", kiln::dtype::boolean)
               .code;
       std::string off = index_code(ravel(base, strides)) + " + " + t.code + " * " + index_code(strides.back());
-      return bind("kiln::load(" + ptr + ", " + off + ", " + mask() + " & " + inb + ")", ct);
+      return bind("kiln::load(" + ptr + ", " + off + ", " + load_mask(xm) + " & " + inb + ")", ct);
     }
     default:
       break;
