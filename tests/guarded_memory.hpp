@@ -1,7 +1,8 @@
-// Host memory that ends at an inaccessible page: a kernel that reads even one element past a tensor
-// placed there stops the test with SIGSEGV, where an ordinary buffer would hand it a neighbour's
-// bytes and the result could still come out right (a masked-off lane's value is discarded). The
-// CPU runs the same generated kernels as the GPU, so this finds over-reads without a device.
+// Host memory between two inaccessible pages: a kernel that reads even one element past a tensor
+// placed against one of them stops the test with SIGSEGV, where an ordinary buffer would hand it a
+// neighbour's bytes and the result could still come out right (a masked-off lane's value is
+// discarded). The CPU runs the same generated kernels as the GPU, so this finds over-reads without
+// a device (a padded split's gather read rows past the logits: test_gather).
 #pragma once
 #include <sys/mman.h>
 #include <unistd.h>
@@ -14,21 +15,29 @@
 
 namespace {
 
+// Which end of the copy touches its guard page (both ends have one).
+enum class Guard { after, before };
+
 class GuardedHost {
  public:
-  // A copy of the contiguous CPU tensor `src` whose last byte is the last one before the guard page.
-  explicit GuardedHost(const kiln::Tensor& src) {
-    const std::size_t bytes = src.nbytes();
+  // A copy of the CPU tensor `src` with its layout (strides, the part of its storage it views),
+  // the last byte of that part just before the upper guard page, or its first just after the lower.
+  explicit GuardedHost(const kiln::Tensor& src, Guard tight = Guard::after) {
+    std::int64_t extent = src.numel() > 0 ? 1 : 0;  // elements of the storage the view spans
+    if (src.numel() > 0)
+      for (int d = 0; d < src.dim(); ++d) extent += (src.shape()[d] - 1) * src.strides()[d];
+    const std::size_t bytes = static_cast<std::size_t>(extent) * kiln::itemsize(src.dtype());
     const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
     const std::size_t body = (bytes + page - 1) / page * page;
-    len_ = body + page;
+    len_ = body + 2 * page;
     void* p = mmap(nullptr, len_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("GuardedHost: mmap failed");
     base_ = static_cast<char*>(p);
-    if (mprotect(base_ + body, page, PROT_NONE) != 0) throw std::runtime_error("GuardedHost: mprotect failed");
-    char* data = base_ + body - bytes;
-    std::memcpy(data, src.contiguous().data_ptr(), bytes);
-    tensor = kiln::Tensor::wrap(data, src.shape(), src.dtype(), kiln::cpu);
+    if (mprotect(base_, page, PROT_NONE) != 0 || mprotect(base_ + page + body, page, PROT_NONE) != 0)
+      throw std::runtime_error("GuardedHost: mprotect failed");
+    char* data = tight == Guard::after ? base_ + page + body - bytes : base_ + page;
+    if (bytes) std::memcpy(data, src.data_ptr(), bytes);
+    tensor = kiln::Tensor::wrap(data, {extent}, src.dtype(), kiln::cpu).as_strided(src.shape(), src.strides(), 0);
   }
   GuardedHost(const GuardedHost&) = delete;
   GuardedHost& operator=(const GuardedHost&) = delete;

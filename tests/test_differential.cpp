@@ -59,6 +59,7 @@
 #include <kiln/testing.hpp>
 
 #include "differential_graphs.hpp"
+#include "guarded_memory.hpp"
 #include "have_gpu.hpp"
 
 namespace k = kiln;
@@ -75,6 +76,7 @@ using namespace kiln_diff;
 
 struct Run {
   std::shared_ptr<const k::runtime::Entry> entry;
+  std::vector<std::shared_ptr<GuardedHost>> guarded;  // the CPU inputs (outputs may view them)
   std::vector<k::Tensor> outputs;
 };
 
@@ -100,8 +102,17 @@ using Transform = std::function<Graph(Graph)>;
 // differentiation), then runs it. Keeping the cache lets a program run again at other sizes.
 Run run_kiln(k::runtime::ProgramCache& cache, const Graph& g, const std::vector<k::Tensor>& host_args,
              const std::vector<double>& scalars, const Transform& transform = {}) {
+  Run r;
   std::vector<k::Tensor> args;
-  for (auto& t : host_args) args.push_back(to_device(t));
+  // On the CPU each input lies against a guard page (tests/guarded_memory.hpp), past its end or
+  // before its start by turns: a kernel that reads outside an input crashes the test.
+  for (std::size_t i = 0; i < host_args.size(); ++i)
+    if (on_cuda()) {
+      args.push_back(to_device(host_args[i]));
+    } else {
+      r.guarded.push_back(std::make_shared<GuardedHost>(host_args[i], i % 2 ? Guard::before : Guard::after));
+      args.push_back(r.guarded.back()->tensor);
+    }
   std::vector<const k::Tensor*> argv;
   for (auto& t : args) argv.push_back(&t);
   k::runtime::CallShapes shapes;
@@ -109,7 +120,6 @@ Run run_kiln(k::runtime::ProgramCache& cache, const Graph& g, const std::vector<
     return k::runtime::lower_graph(
         g, arg, [&](Graph x) { return transform ? transform(std::move(x)) : x; }, st);
   };
-  Run r;
   r.entry = cache.get(argv.data(), static_cast<int>(argv.size()), nullptr, 0, build, shapes);
   r.outputs.resize(r.entry->program->graph.outputs.size());
   std::vector<double> sc = scalars;
