@@ -177,24 +177,29 @@ TEST_CASE("dynamic: split reductions over changing row counts read only their in
       [&](int i) {
         return Args{randn({R[i], 12}, 40), randn({12}, 41), randn({12}, 42)};
       });
-  compiles_once<2>("a full sum of a product", [](auto x, auto y) { return k::sum(x * y); }, [&](int i) {
-    return Args{randn({R[i], 3}, 43), randn({R[i], 3}, 44)};
-  });
+  compiles_once<2>(
+      "a full sum of a product", [](auto x, auto y) { return k::sum(x * y); },
+      [&](int i) {
+        return Args{randn({R[i], 3}, 43), randn({R[i], 3}, 44)};
+      });
   compiles_once<2>(
       "cross_entropy's mean loss and its gradient",
       k::value_and_grad([](auto l, auto t) { return k::cross_entropy(l, t); }, k::wrt<0>), [&](int i) {
-        return Args{randn({R[i], 9}, 45),
-                    k::Tensor(k::cast(k::rand({R[i]}, k::f32, k::cpu, 46) * 8.0f, k::i64))};
+        return Args{randn({R[i], 9}, 45), k::Tensor(k::cast(k::rand({R[i]}, k::f32, k::cpu, 46) * 8.0f, k::i64))};
       });
-  compiles_once<1>("logsumexp over dim 0", [](auto x) { return k::logsumexp(x, 0); }, [&](int i) {
-    return Args{randn({R[i], 5}, 47)};
-  });
-  compiles_once<1>("var over dim 0", [](auto x) { return k::var(x, 0); }, [&](int i) {
-    return Args{randn({R[i], 6}, 48)};
-  });
-  compiles_once<2>("an embedding's gradient over many ids",
-                   k::grad([](auto w, auto t) { return k::sum(k::exp(k::embedding(w, t))); }, k::wrt<0>), [&](int i) {
-                     return Args{randn({50, 4}, 49),
-                                 k::Tensor(k::cast(k::rand({R[i]}, k::f32, k::cpu, 50) * 49.0f, k::i64))};
-                   });
+  compiles_once<1>(
+      "logsumexp over dim 0", [](auto x) { return k::logsumexp(x, 0); },
+      [&](int i) {
+        return Args{randn({R[i], 5}, 47)};
+      });
+  compiles_once<1>(
+      "var over dim 0", [](auto x) { return k::var(x, 0); },
+      [&](int i) {
+        return Args{randn({R[i], 6}, 48)};
+      });
+  compiles_once<2>(
+      "an embedding's gradient over many ids",
+      k::grad([](auto w, auto t) { return k::sum(k::exp(k::embedding(w, t))); }, k::wrt<0>), [&](int i) {
+        return Args{randn({50, 4}, 49), k::Tensor(k::cast(k::rand({R[i]}, k::f32, k::cpu, 50) * 49.0f, k::i64))};
+      });
 }

@@ -49,7 +49,8 @@ void cross_entropy_bf16(k::Device dev) {
   auto f = k::compile(k::value_and_grad([](auto l, auto t) { return k::cross_entropy(l, t); }, k::wrt<0>));
   auto [loss, dlogits] = f(logits, target);
 
-  auto [want_loss, grad] = host_cross_entropy(k::reference::read(logits).data, k::reference::read(target).data, rows, cols);
+  auto [want_loss, grad] =
+      host_cross_entropy(k::reference::read(logits).data, k::reference::read(target).data, rows, cols);
   // The loss comes back in bf16, like torch's: within half a bf16 ulp (2^-9 relative).
   CHECK(k::reference::read(loss).data[0] == doctest::Approx(want_loss).epsilon(4e-3));
   auto r = k::testing::allclose(dlogits.to(k::cpu), k::from_vector(std::move(grad), {rows, cols}), 1e-2, 1e-4);
@@ -75,8 +76,7 @@ TEST_CASE("gather: cross_entropy over bf16 logits picks from them, not from a co
 TEST_CASE("gather: a dynamic cross_entropy's padded split reads no row past its logits (cpu, guard page)") {
   auto f = k::compile(k::value_and_grad([](auto l, auto t) { return k::cross_entropy(l, t); }, k::wrt<0>),
                       {.shapes = k::shapes::dynamic});
-  auto loss_only =
-      k::compile([](auto l, auto t) { return k::cross_entropy(l, t); }, {.shapes = k::shapes::dynamic});
+  auto loss_only = k::compile([](auto l, auto t) { return k::cross_entropy(l, t); }, {.shapes = k::shapes::dynamic});
   constexpr std::int64_t cols = 37;
   for (std::int64_t rows : {16411, 21017, 33331}) {
     CAPTURE(rows);

@@ -14,6 +14,7 @@
 #include "device.hpp"
 #include "driver.hpp"
 #include "host_cache.hpp"
+#include "host_guard.hpp"
 
 namespace kiln::memory {
 
@@ -64,6 +65,12 @@ inline void count_freed(Device d, std::size_t n) {
 inline void* allocate(std::size_t bytes, Device d, CUstream s) {
   if (d.is_cpu()) {
     const std::size_t block = detail::block_bytes(bytes, d);
+    if (host_guard() != HostGuard::off) {  // KILN_HOST_GUARD_PAGES: each block its own mapping
+      void* p = guarded_allocate(block);
+      if (!p) throw std::bad_alloc();
+      detail::count_allocated(d, block);
+      return p;
+    }
     void* p = block >= HostCache::min_block ? host_cache().take(block) : nullptr;
     if (!p) p = std::aligned_alloc(64, block);
     if (!p && host_cache().release() > 0) p = std::aligned_alloc(64, block);
@@ -83,6 +90,7 @@ inline void deallocate(void* p, std::size_t bytes, Device d, CUstream s) noexcep
   const std::size_t block = detail::block_bytes(bytes, d);
   detail::count_freed(d, block);
   if (d.is_cpu()) {
+    if (host_guard() != HostGuard::off) return guarded_free(p, block);
     // Cached while the cache stays within the peak in use.
     const detail::Counters* c = detail::counters(d);
     if (!host_cache().keep(p, block, c ? c->peak.load(std::memory_order_relaxed) : 0)) std::free(p);
