@@ -8,7 +8,7 @@
 // Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas sm_90] [--call N]
 //   --call N: also says whether the program's guards admit a call with N rows in place of ROWS (a
 //   dynamic program that a call at another row count compiles again runs the second program's kernels)
-//   --ptxas ARCH: also compiles the unit with NVRTC for ARCH and prints ptxas's registers, spills and stack
+//   --ptxas ARCH: also compiles each kernel's unit with NVRTC for ARCH and prints ptxas's registers, spills and stack
 //   --dynamic: every size symbolic (k::shapes::dynamic); --rows-dynamic: only sizes equal to ROWS
 //   (with the split sums' chunk lengths: the sizes that change with ROWS), as the automatic mode
 //   makes them after a call with another row count
@@ -90,15 +90,24 @@ void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
                   h[bad].shape.str().c_str());
   }
   if (ptxas_arch.empty()) return;
-  // NVRTC on the whole unit, as the runtime compiles it, with ptxas's register and spill report.
-  std::string unit = k::runtime::cuda_translation_unit(*p, body);
+  // NVRTC on each kernel's unit, as the runtime compiles them (a specialised kernel and its looped
+  // twin share a name: one unit each), with ptxas's register and spill report.
+  std::vector<const k::codegen::KernelSource*> kernels;
+  for (const auto& kk : p->kernels)
+    if (kk.extern_node < 0) {
+      kernels.push_back(&kk.src);
+      if (kk.looped) kernels.push_back(&kk.looped->src);
+    }
   std::vector<std::string> options = k::runtime::nvrtc_options(ptxas_arch, {"--ptxas-options=-v"});
   std::vector<const char*> argv;
   for (const std::string& o : options) argv.push_back(o.c_str());
-  k::runtime::detail::Program program(unit, "kernel_sources.cu");
-  nvrtcResult r = nvrtcCompileProgram(program.get(), static_cast<int>(argv.size()), argv.data());
-  std::printf("// NVRTC %s (%s):\n%s\n", ptxas_arch.c_str(), r == NVRTC_SUCCESS ? "compiled" : "FAILED",
-              program.log().c_str());
+  for (const k::codegen::KernelSource* ks : kernels) {
+    k::runtime::KernelUnit u = k::runtime::kernel_unit(*ks, false);
+    k::runtime::detail::Program program(u.source, (u.name + ".cu").c_str());
+    nvrtcResult r = nvrtcCompileProgram(program.get(), static_cast<int>(argv.size()), argv.data());
+    std::printf("// NVRTC %s, %s (%s):\n%s\n", ptxas_arch.c_str(), ks->name.c_str(),
+                r == NVRTC_SUCCESS ? "compiled" : "FAILED", program.log().c_str());
+  }
 }
 
 int main(int argc, char** argv) {

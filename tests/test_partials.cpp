@@ -137,6 +137,52 @@ TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (
   check_layer_norm_backward(k::cuda);
 }
 
+// A layer_norm backward's dw, db and first rows of dx against values computed here, and that the
+// dx kernel computed dw and db (no stage re-reads x and dy).
+template <class F>
+void check_dynamic_call(F& f, std::int64_t rows, std::int64_t cols) {
+  CAPTURE(rows);
+  CAPTURE(cols);
+  k::Tensor x = k::randn({rows, cols}, k::f32, k::cpu, 21) * 2.0f + 0.5f,
+            dy = k::randn({rows, cols}, k::f32, k::cpu, 22);
+  k::Tensor w = k::randn({cols}, k::f32, k::cpu, 23), b = k::randn({cols}, k::f32, k::cpu, 24);
+  auto args = std::make_tuple(x.to(k::cuda), w.to(k::cuda), b.to(k::cuda), dy.to(k::cuda));
+  auto [dx, dw, db] = std::apply(f, args);
+  auto rep = std::apply([&](auto&... a) { return k::explain(f, a...); }, args);
+  CHECK(rep.kernels.at(0).source.find("KILN_ROW_GROUP") != std::string::npos);
+  CHECK(rep.kernels.size() == 3);  // dx with the partials, then two short sums
+  std::vector<double> want_dw, want_db;
+  const std::vector<float> xv = k::to_vector<float>(x), dyv = k::to_vector<float>(dy);
+  expected_dw_db(xv, dyv, rows, cols, want_dw, want_db);
+  check_close(dw, want_dw, 1e-4);
+  check_close(db, want_db, 1e-4);
+  const std::int64_t n = 23;
+  k::Tensor want_dx = k::from_vector(expected_dx(xv, dyv, k::to_vector<float>(w), n, cols), {n, cols});
+  auto r = k::testing::allclose(k::Tensor(k::slice(dx, 0, 0, n)).to(k::cpu), want_dx, 1e-4, 1e-5);
+  CHECK_MESSAGE(bool(r), r);
+}
+
+// With the row length symbolic, the dx kernel still computes dw and db (partials in registers, the
+// row held at the compiling call's length); one program over changing row counts.
+TEST_CASE("partials: a dynamic layer_norm backward keeps dw and db in its dx kernel (GPU)" * needs_gpu()) {
+  auto f = k::compile(k::vjp(layer_norm_fn, k::wrt<0, 1, 2>), {.shapes = k::shapes::dynamic});
+  for (std::int64_t rows : {17001, 16411, 20011}) check_dynamic_call(f, rows, 4096);
+  CHECK(f.cache().compiles() == 1);
+}
+
+// Looped rows (here forced by KILN_TUNE_ROW_ITERS=0; with symbolic sizes, the held kernel's twin at
+// lengths it does not hold) keep the partials in their buffer: each group zeroes its row, then adds
+// each row's tiles with a load and a store. Odd lengths put a row's last vector on one thread.
+TEST_CASE("partials: looped rows keep dw and db in the partials buffer, static and dynamic (GPU)" * needs_gpu()) {
+  ::setenv("KILN_TUNE_ROW_ITERS", "0", 1);
+  for (auto mode : {k::shapes::static_, k::shapes::dynamic}) {
+    auto f = k::compile(k::vjp(layer_norm_fn, k::wrt<0, 1, 2>), {.shapes = mode});
+    check_dynamic_call(f, 256 * 67, 4096);  // static programs host partials over whole chunks of rows
+    check_dynamic_call(f, 256 * 71, 2057);
+  }
+  ::unsetenv("KILN_TUNE_ROW_ITERS");
+}
+
 TEST_CASE("partials: rms_norm's weight gradient on 16-bit rows, fused and against the reference" * needs_gpu()) {
   const std::int64_t rows = 16384, cols = 4096;
   auto x = k::randn({rows, cols}, k::bf16, k::cpu, 5), dy = k::randn({rows, cols}, k::bf16, k::cpu, 6);

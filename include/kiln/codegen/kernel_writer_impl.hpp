@@ -56,12 +56,28 @@ inline void KernelWriter::write_pointwise() {
 
 inline void KernelWriter::write_rows() {
   // Column partial sums (schedule/partials.hpp): one register tile a row tile, across the rows.
+  // Looped GPU rows (a row length past the held range, or symbolic: the held kernel's twin) keep
+  // them in the output instead: the block (one row group) zeroes its row of the [groups, K] buffer,
+  // then each row's tile adds to it with a load and a store. A thread adds to the same columns in
+  // every row (looped rows are not shifted where there are partials), so only the zeroing, which
+  // maps threads to columns otherwise at a row's tail, waits for the block.
   section_ = Section::before_rows;
+  const bool partials_in_memory = !plan_.partials.empty() && config_.riters == 0;
   for (int p : plan_.partials) {
+    if (partials_in_memory) {
+      line("KILN_R_LOOP(roffset, rnumel) {");
+      line("  auto rindex = roffset + kiln::arange<RVEC, ix>();");
+      line("  kiln::store_contig<RVEC>(" + param_for(p, true) +
+           ", KILN_ROW_GROUP * rnumel + roffset, kiln::full<RVEC>(" + detail::literal(0, g_[p].dt) +
+           "), rindex < rnumel);");
+      line("}");
+      continue;
+    }
     std::string acc = "part" + std::to_string(p), ct = detail::c_type(g_[p].dt);
     line("kiln::tile<" + ct + ", RVEC> " + acc + "[RITERS];");
     line("KILN_R_TILES(roffset) " + acc + "[kiln_it] = kiln::full<RVEC>(" + detail::literal(0, g_[p].dt) + ");");
   }
+  if (partials_in_memory) line("__syncthreads();  // the group's partial sums are zero");
   // Host reductions over outer dims (config_.x_lanes): a program's kept elements are the lanes of
   // xindex, its reductions' accumulators a tile of them, and the reduced elements a scalar rindex.
   const bool x_lanes = config_.x_lanes;
@@ -269,11 +285,21 @@ inline void KernelWriter::write_rows() {
       for (int p : plan_.partials) {  // the value summed, at this row's tile (below the [S, R, K] view)
         kiln::dtype ct = compute_dtype(g_[p].dt);
         Value v = cast(emit(g_[g_[p].in[0]].in[0], idx), ct);
+        if (partials_in_memory) {
+          const std::string out = param_for(p, true), at = "KILN_ROW_GROUP * rnumel + roffset";
+          line("kiln::store_contig<RVEC>(" + out + ", " + at +
+               ", kiln::load_contig<RVEC, kiln::align::test, kiln::via::plain>(" + out + ", " + at + ", rmask) + " +
+               v.code + ", rmask);");
+          continue;
+        }
         std::string acc = "part" + std::to_string(p) + "[kiln_it]";
         line(acc + " = " + acc + " + " +
              (host_rows_unmasked() ? v.code : "kiln::where(rmask, " + v.code + ", " + detail::literal(0, ct) + ")") + ";");
       }
     });
+    // The next row's loads of the partials come after this row's stores (vector stores are asm the
+    // compiler does not see into).
+    if (partials_in_memory) line("kiln::memory_order_fence();");
   }
   };  // program_body
   if (lane_split) {
@@ -301,6 +327,7 @@ inline void KernelWriter::write_rows() {
   --indent_;
   line("}");
   for (int p : plan_.partials) {  // each row group's partial sums, once
+    if (partials_in_memory) break;  // written as the rows went
     std::string out = param_for(p, true);
     line("KILN_R_TILES(roffset) {");
     line("  auto rindex = roffset + kiln::arange<RVEC, ix>();");

@@ -136,8 +136,7 @@ inline void KernelWriter::plan() {
   // Only lengths of whole vectors (the compiling call's too): one mask test a vector, as at static
   // lengths; or shifted rows (above), any length that the tiles hold with the row's shift.
   const bool held_dynamic = rows() && !column && target_ == Target::cuda && !rnumel_.is_constant() &&
-                            tune_.dynamic_rows != 0 && plan_.partials.empty() && tune_.vector_masks != 0 &&
-                            (rn % vec == 0 || row_shift_);
+                            tune_.dynamic_rows != 0 && tune_.vector_masks != 0 && (rn % vec == 0 || row_shift_);
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant() || held_dynamic, column, caches,
                                   tune_, row_shift_)
                      : pointwise_config(target_, xn, max_item, tune_);
@@ -160,11 +159,11 @@ inline void KernelWriter::plan() {
   }
   ks.tuning = tune_;
   ks.column = column;
-  if (!plan_.partials.empty() && ks.config.riters > 0) {
+  if (!plan_.partials.empty() && (ks.config.riters > 0 || target_ == Target::cuda)) {
     // Column partials: exactly partial_groups programs. On CUDA a block a group, which visits the
-    // rows in turn, any number of them (symbolic too); on the CPU a program over each group's
-    // ceil(rows / groups) consecutive rows (static: schedule/partials.hpp). Both hold the row in
-    // registers.
+    // rows in turn, any number of them (symbolic too), its sums in registers where it holds the
+    // row, else in the output buffer (write_rows); on the CPU a program over each group's
+    // ceil(rows / groups) consecutive rows (static: schedule/partials.hpp), holding the row.
     if (target_ == Target::cuda)
       ks.config.rows = 1, ks.config.threads = ks.config.row_threads;
     else

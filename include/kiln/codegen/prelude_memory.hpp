@@ -170,6 +170,10 @@ KILN_UNROLL
   for (int i = 0; i < N; ++i)
     if (lane(mask, i)) p[base + i] = store_cast<T>(lane(v, i));
 }
+// Keeps the compiler from moving memory accesses across this point: looped GPU rows keep column
+// partial sums in memory, and a row's loads of them must follow the previous row's stores (which
+// may be asm the compiler does not see into).
+KILN_FN void memory_order_fence() { asm volatile("" ::: "memory"); }
 
 #ifdef KILN_DEVICE_CODE
 // A looped row's tile kept in shared memory for the row's later loops (codegen's kept_row_load),

@@ -18,9 +18,10 @@ namespace detail {
 
 // The 2-D [N, K] input of first-stage reduction r ([S, R, K] summed over R, S * R = N, or
 // zero-padded: S * R >= N), or -1: what a row kernel over that input can sum as column partials.
-// K must be static; N may be symbolic where `any_rows` (a GPU's row kernel: its S programs visit
-// the rows in turn, whatever their number), else static (the host's programs take R consecutive
-// rows each).
+// N and K may be symbolic where `any_rows` (a GPU's row kernel: its S programs visit the rows in
+// turn, whatever their number, and keep their sums in registers where they hold the row, else in
+// the output: codegen's write_rows), else static (the host's programs take R consecutive rows
+// each, holding them).
 inline int partial_input(const graph::Graph& g, const ir::ShapeEnv& env, int r, bool any_rows = false) {
   const graph::Node& red = g[r];
   const graph::Node& view = g[red.in[0]];
@@ -28,9 +29,9 @@ inline int partial_input(const graph::Graph& g, const ir::ShapeEnv& env, int r, 
   if (reduce_dims_of(red, 3) != Dims{1}) return -1;
   int e = view.in[0];
   const Dims& full = g[e].shape;
-  if (full.size() != 2 || full[1] != view.shape[2] || !env[e][1].is_constant()) return -1;
+  if (full.size() != 2 || full[1] != view.shape[2]) return -1;
   const bool padded = view.attrs.keepdim;
-  if (!any_rows && !env[e][0].is_constant()) return -1;
+  if (!any_rows && (!env[e][0].is_constant() || !env[e][1].is_constant())) return -1;
   if (padded ? full[0] > view.shape[0] * view.shape[1] : full[0] != view.shape[0] * view.shape[1]) return -1;
   return e;
 }
