@@ -71,6 +71,21 @@ void check_close(const k::Tensor& got, const std::vector<double>& want, double t
 
 inline constexpr auto layer_norm_fn = [](auto x, auto w, auto b) { return k::layer_norm(x, w, b); };
 
+// A layer_norm backward's dw, db and first n rows of dx (a row's dx depends on that row only)
+// against values computed here from the host inputs x, dy and w.
+void check_values(const k::Tensor& x, const k::Tensor& dy, const k::Tensor& w, const k::Tensor& dx, const k::Tensor& dw,
+                  const k::Tensor& db, std::int64_t n) {
+  const std::int64_t rows = x.shape()[0], cols = x.shape()[1];
+  std::vector<double> want_dw, want_db;
+  const std::vector<float> xv = k::to_vector<float>(x), dyv = k::to_vector<float>(dy);
+  expected_dw_db(xv, dyv, rows, cols, want_dw, want_db);
+  check_close(dw, want_dw, 1e-4);
+  check_close(db, want_db, 1e-4);
+  k::Tensor want_dx = k::from_vector(expected_dx(xv, dyv, k::to_vector<float>(w), n, cols), {n, cols});
+  auto r = k::testing::allclose(k::Tensor(k::slice(dx, 0, 0, n)).to(k::cpu), want_dx, 1e-4, 1e-5);
+  CHECK_MESSAGE(bool(r), r);
+}
+
 // rows: 256 chunks of 67 by default; cols: odd-sized.
 void check_layer_norm_backward(k::Device dev, std::int64_t rows = 16384 + 256 * 3, std::int64_t cols = 2056) {
   auto x = k::randn({rows, cols}, k::f32, k::cpu, 1) * 2.0f + 0.5f;
@@ -85,17 +100,7 @@ void check_layer_norm_backward(k::Device dev, std::int64_t rows = 16384 + 256 * 
   CHECK(rep.kernels.size() == 3);
   CHECK(rep.kernels.at(0).kind == "per");
   CHECK(rep.kernels.at(0).source.find("KILN_ROW_GROUP") != std::string::npos);
-  std::vector<double> want_dw, want_db;
-  const std::vector<float> xv = k::to_vector<float>(xt), dyv = k::to_vector<float>(dyt);
-  expected_dw_db(xv, dyv, rows, cols, want_dw, want_db);
-  check_close(dw, want_dw, 1e-4);
-  check_close(db, want_db, 1e-4);
-  // dx against values computed here on the first rows (dx of a row depends on that row only).
-  const std::int64_t n = 37;
-  k::Tensor dx_rows = k::slice(dx, 0, 0, n);
-  k::Tensor want_dx = k::from_vector(expected_dx(xv, dyv, k::to_vector<float>(w), n, cols), {n, cols});
-  auto r = k::testing::allclose(dx_rows.to(k::cpu), want_dx, 1e-4, 1e-5);
-  CHECK_MESSAGE(bool(r), r);
+  check_values(xt, dyt, w, dx, dw, db, 37);
 }
 
 }  // namespace
@@ -137,8 +142,8 @@ TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (
   check_layer_norm_backward(k::cuda);
 }
 
-// A layer_norm backward's dw, db and first rows of dx against values computed here, and that the
-// dx kernel computed dw and db (no stage re-reads x and dy).
+// A call of f, a layer_norm backward, checked against values computed here, and that its dx kernel
+// computed dw and db (no stage re-reads x and dy).
 template <class F>
 void check_dynamic_call(F& f, std::int64_t rows, std::int64_t cols) {
   CAPTURE(rows);
@@ -151,15 +156,7 @@ void check_dynamic_call(F& f, std::int64_t rows, std::int64_t cols) {
   auto rep = std::apply([&](auto&... a) { return k::explain(f, a...); }, args);
   CHECK(rep.kernels.at(0).source.find("KILN_ROW_GROUP") != std::string::npos);
   CHECK(rep.kernels.size() == 3);  // dx with the partials, then two short sums
-  std::vector<double> want_dw, want_db;
-  const std::vector<float> xv = k::to_vector<float>(x), dyv = k::to_vector<float>(dy);
-  expected_dw_db(xv, dyv, rows, cols, want_dw, want_db);
-  check_close(dw, want_dw, 1e-4);
-  check_close(db, want_db, 1e-4);
-  const std::int64_t n = 23;
-  k::Tensor want_dx = k::from_vector(expected_dx(xv, dyv, k::to_vector<float>(w), n, cols), {n, cols});
-  auto r = k::testing::allclose(k::Tensor(k::slice(dx, 0, 0, n)).to(k::cpu), want_dx, 1e-4, 1e-5);
-  CHECK_MESSAGE(bool(r), r);
+  check_values(x, dy, w, dx, dw, db, 23);
 }
 
 // With the row length symbolic, the dx kernel still computes dw and db (partials in registers, the

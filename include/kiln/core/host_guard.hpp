@@ -36,14 +36,15 @@ inline std::size_t page_bytes() {
   static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   return page;
 }
-// The pages of a guarded block of `block` bytes (a multiple of 64), without its two guard pages.
+// The pages of a guarded block of `block` bytes, without its two guard pages.
 inline std::size_t guarded_body(std::size_t block) { return (block + page_bytes() - 1) / page_bytes() * page_bytes(); }
 
 }  // namespace detail
 
-// A block of `block` bytes between two PROT_NONE pages, touching the one host_guard() names;
-// nullptr when the system refuses the mapping.
-inline void* guarded_allocate(std::size_t block) {
+// A block of `block` bytes between two PROT_NONE pages, touching the one `side` names (after: its
+// last byte before the upper page; before: its first after the lower); nullptr when the system
+// refuses the mapping. The block's alignment is the page's less `block` (after) or the page's.
+inline void* guarded_allocate(std::size_t block, HostGuard side) {
   const std::size_t page = detail::page_bytes(), body = detail::guarded_body(block);
   void* m = mmap(nullptr, body + 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return nullptr;
@@ -52,13 +53,13 @@ inline void* guarded_allocate(std::size_t block) {
     munmap(m, body + 2 * page);
     return nullptr;
   }
-  return host_guard() == HostGuard::before ? base + page : base + page + body - block;
+  return side == HostGuard::before ? base + page : base + page + body - block;
 }
 
-inline void guarded_free(void* p, std::size_t block) {
+inline void guarded_free(void* p, std::size_t block, HostGuard side) {
   const std::size_t page = detail::page_bytes(), body = detail::guarded_body(block);
   char* data = static_cast<char*>(p);
-  char* base = host_guard() == HostGuard::before ? data - page : data + block - body - page;
+  char* base = side == HostGuard::before ? data - page : data + block - body - page;
   munmap(base, body + 2 * page);
 }
 

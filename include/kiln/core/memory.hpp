@@ -66,7 +66,7 @@ inline void* allocate(std::size_t bytes, Device d, CUstream s) {
   if (d.is_cpu()) {
     const std::size_t block = detail::block_bytes(bytes, d);
     if (host_guard() != HostGuard::off) {  // KILN_HOST_GUARD_PAGES: each block its own mapping
-      void* p = guarded_allocate(block);
+      void* p = guarded_allocate(block, host_guard());
       if (!p) throw std::bad_alloc();
       detail::count_allocated(d, block);
       return p;
@@ -90,7 +90,7 @@ inline void deallocate(void* p, std::size_t bytes, Device d, CUstream s) noexcep
   const std::size_t block = detail::block_bytes(bytes, d);
   detail::count_freed(d, block);
   if (d.is_cpu()) {
-    if (host_guard() != HostGuard::off) return guarded_free(p, block);
+    if (host_guard() != HostGuard::off) return guarded_free(p, block, host_guard());
     // Cached while the cache stays within the peak in use.
     const detail::Counters* c = detail::counters(d);
     if (!host_cache().keep(p, block, c ? c->peak.load(std::memory_order_relaxed) : 0)) std::free(p);
