@@ -26,7 +26,8 @@ using Args = std::vector<k::Tensor>;
 // Calls fn (of A tensors) with the dynamic program and the f64 oracle at each of four argument sets.
 template <int A, class Fn>
 void compiles_once(const char* name, Fn fn, const std::function<Args(int)>& make) {
-  INFO(name);
+  const std::string label = name;  // doctest prints a char pointer as an address
+  INFO(label);
   auto f = k::compile(fn, {.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise});
   // h(v[0], ..., v[A - 1]) as tensors: a compiled function's tensor or tuple of them, or the
   // oracle's values.
@@ -176,6 +177,13 @@ TEST_CASE("dynamic: split reductions over changing row counts read only their in
       k::grad([](auto x, auto w, auto b) { return k::sum(k::square(k::layer_norm(x, w, b))); }, k::wrt<1, 2>),
       [&](int i) {
         return Args{randn({R[i], 12}, 40), randn({12}, 41), randn({12}, 42)};
+      });
+  const std::int64_t C[] = {12, 29, 7, 40};
+  compiles_once<3>(
+      "layer_norm's weight and bias gradients as the row length changes too",
+      k::grad([](auto x, auto w, auto b) { return k::sum(k::square(k::layer_norm(x, w, b))); }, k::wrt<0, 1, 2>),
+      [&](int i) {
+        return Args{randn({R[i], C[i]}, 51), randn({C[i]}, 52), randn({C[i]}, 53)};
       });
   compiles_once<2>(
       "a full sum of a product", [](auto x, auto y) { return k::sum(x * y); },

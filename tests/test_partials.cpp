@@ -167,6 +167,16 @@ TEST_CASE("partials: a dynamic layer_norm backward keeps dw and db in its dx ker
   CHECK(f.cache().compiles() == 1);
 }
 
+// The row length changes too: one program (the split's padded view takes its kept length from its
+// input), its held kernel at 4096 and 2056 columns, its looped twin with the partials in memory at
+// 6001 and 1001.
+TEST_CASE("partials: a dynamic layer_norm backward over changing row lengths compiles once (GPU)" * needs_gpu()) {
+  auto f = k::compile(k::vjp(layer_norm_fn, k::wrt<0, 1, 2>), {.shapes = k::shapes::dynamic});
+  for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{17001, 4096}, {16411, 2056}, {20011, 6001}, {17389, 1001}})
+    check_dynamic_call(f, rows, cols);
+  CHECK(f.cache().compiles() == 1);
+}
+
 // Looped rows (here forced by KILN_TUNE_ROW_ITERS=0; with symbolic sizes, the held kernel's twin at
 // lengths it does not hold) keep the partials in their buffer: each group zeroes its row, then adds
 // each row's tiles with a load and a store. Odd lengths put a row's last vector on one thread.

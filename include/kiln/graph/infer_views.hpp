@@ -17,11 +17,18 @@ inline std::string op_str(Op op) { return std::string(name(op)); }
 // positions; the output's elements past the input's are 0. The input's element count must be a
 // multiple of the trailing t... (the kept elements), so that each chunk position is whole or absent.
 inline Dims infer_padded_reshape(const Dims& in, const Dims& want) {
+  Dims out = want;
   std::int64_t trailing = 1;
-  for (int i = 2; i < want.size(); ++i) trailing *= want[i];
+  for (int i = 2; i < want.size(); ++i) {
+    if (Attrs::is_input_dim(want[i])) {  // the input's own size along a dim (split.hpp's kept length)
+      const int d = Attrs::input_dim_of(want[i]);
+      if (d >= in.size()) throw shape_error("reshape (padded): no dimension " + std::to_string(d) + " in " + in.str());
+      out[i] = in[d];
+    }
+    trailing *= out[i];
+  }
   if (want.size() < 2 || want[0] <= 0 || want[1] != -1 || trailing <= 0 || in.product() % trailing != 0)
     throw shape_error("reshape (padded): cannot pad a tensor of shape " + in.str() + " to " + want.str());
-  Dims out = want;
   const std::int64_t lead = in.product() / trailing;
   out[1] = (lead + want[0] - 1) / want[0];
   return out;

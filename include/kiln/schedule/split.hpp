@@ -147,6 +147,9 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
       Attrs view;
       view.dims = kept_last(Dims{s, -1});
       view.keepdim = symbolic && n.op == Op::sum;  // zero-padded
+      // Padded, the kept length is the input's own (a dynamic norm backward over 16K+ rows named
+      // the compiling call's K and compiled again at every other row length).
+      if (view.keepdim && !full && r.in.size() == 2) view.dims[2] = Attrs::input_dim(1);
       Attrs first;
       first.dims = {1};
       first.c = split_stage_mark;
