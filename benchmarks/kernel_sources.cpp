@@ -9,6 +9,8 @@
 //   --call N: also says whether the program's guards admit a call with N rows in place of ROWS (a
 //   dynamic program that a call at another row count compiles again runs the second program's kernels)
 //   --ptxas ARCH: also compiles each kernel's unit with NVRTC for ARCH and prints ptxas's registers, spills and stack
+//   --cubin DIR (with --ptxas): also writes each unit's CUBIN to DIR/<unit>.<kernel>[.bounded].cubin, for cuobjdump -sass,
+//   and its source to DIR/<unit>.<kernel>.cu
 //   --dynamic: every size symbolic (k::shapes::dynamic); --rows-dynamic: only sizes equal to ROWS
 //   (with the split sums' chunk lengths: the sizes that change with ROWS), as the automatic mode
 //   makes them after a call with another row count
@@ -28,6 +30,7 @@ namespace k = kiln;
 enum class Sizes { static_, dynamic, rows };
 std::string ptxas_arch;  // --ptxas ARCH: also compile the unit and print ptxas's report
 std::int64_t call_rows = 0;  // --call N: check the guards at N rows
+std::string cubin_dir;       // --cubin DIR: also write each unit's CUBIN there (for cuobjdump -sass)
 
 template <class F, class... T>
 void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
@@ -98,15 +101,38 @@ void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
       kernels.push_back(&kk.src);
       if (kk.looped) kernels.push_back(&kk.looped->src);
     }
-  std::vector<std::string> options = k::runtime::nvrtc_options(ptxas_arch, {"--ptxas-options=-v"});
-  std::vector<const char*> argv;
-  for (const std::string& o : options) argv.push_back(o.c_str());
-  for (const k::codegen::KernelSource* ks : kernels) {
+  // A unit with held-row bounds also as the runtime's second compile makes it (KILN_HELD_BOUND:
+  // runtime/compile/nvrtc.hpp takes it when ptxas fits the bound without spilling).
+  for (std::size_t unit = 0; unit < kernels.size(); ++unit) {
+    const k::codegen::KernelSource* ks = kernels[unit];
     k::runtime::KernelUnit u = k::runtime::kernel_unit(*ks, false);
-    k::runtime::detail::Program program(u.source, (u.name + ".cu").c_str());
-    nvrtcResult r = nvrtcCompileProgram(program.get(), static_cast<int>(argv.size()), argv.data());
-    std::printf("// NVRTC %s, %s (%s):\n%s\n", ptxas_arch.c_str(), ks->name.c_str(),
-                r == NVRTC_SUCCESS ? "compiled" : "FAILED", program.log().c_str());
+    const bool held = !k::runtime::detail::held_bounds(u.source).empty();
+    for (int bounded = 0; bounded <= int(held); ++bounded) {
+      std::vector<std::string> extra{"--ptxas-options=-v"};
+      if (bounded) extra.push_back("-DKILN_HELD_BOUND=1");
+      std::vector<std::string> options = k::runtime::nvrtc_options(ptxas_arch, extra);
+      std::vector<const char*> argv;
+      for (const std::string& o : options) argv.push_back(o.c_str());
+      k::runtime::detail::Program program(u.source, (u.name + ".cu").c_str());
+      nvrtcResult r = nvrtcCompileProgram(program.get(), static_cast<int>(argv.size()), argv.data());
+      std::printf("// NVRTC %s, %s%s (%s):\n%s\n", ptxas_arch.c_str(), ks->name.c_str(),
+                  bounded ? ", held bound on" : "", r == NVRTC_SUCCESS ? "compiled" : "FAILED", program.log().c_str());
+      std::size_t size = 0;
+      if (!cubin_dir.empty() && r == NVRTC_SUCCESS && nvrtcGetCUBINSize(program.get(), &size) == NVRTC_SUCCESS) {
+        std::vector<char> bin(size);
+        nvrtcGetCUBIN(program.get(), bin.data());
+        const std::string path =
+            cubin_dir + "/" + std::to_string(unit) + "." + ks->name + (bounded ? ".bounded" : "") + ".cubin";
+        auto write = [](const std::string& to, const char* data, std::size_t n) {
+          if (std::FILE* f = std::fopen(to.c_str(), "wb")) {
+            std::fwrite(data, 1, n, f);
+            std::fclose(f);
+          }
+        };
+        write(path, bin.data(), bin.size());
+        if (!bounded) write(path.substr(0, path.size() - 6) + ".cu", u.source.data(), u.source.size());
+      }
+    }
   }
 }
 
@@ -124,6 +150,8 @@ int main(int argc, char** argv) {
       sizes = Sizes::rows;
     else if (s == "--ptxas" && i + 1 < argc)
       ptxas_arch = argv[++i];
+    else if (s == "--cubin" && i + 1 < argc)
+      cubin_dir = argv[++i];
     else if (s == "--call" && i + 1 < argc)
       call_rows = std::atoll(argv[++i]);
     else
