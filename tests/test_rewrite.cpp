@@ -5,6 +5,7 @@
 #include <kiln/graph/flatten.hpp>
 #include <kiln/reference/eval.hpp>
 #include <kiln/rewrite/decompose.hpp>
+#include <kiln/rewrite/factor_sums.hpp>
 #include <kiln/rewrite/simplify.hpp>
 
 #include <cmath>
@@ -317,4 +318,41 @@ TEST_CASE("simplify: shares identical subtrees, drops dead nodes, keeps outputs"
   auto a = k::reference::eval_graph(g, args, {});
   auto b = k::reference::eval_graph(s, args, {});
   CHECK(a[0].data == b[0].data);
+}
+
+// A sum whose operand reads row statistics only through factors constant along its dim (a
+// layer_norm backward's mean term) becomes the factors applied to its terms' sums: the chain of
+// reductions before it shortens (a row kernel's passes) and the values stay (to rounding).
+TEST_CASE("factor_sums: sums of row-constant multiples no longer wait for the statistics") {
+  const k::Tensor Y = uniform({4, 6}, 2, -2, 2);
+  auto deepest = [](const k::graph::Graph& g) {
+    auto d = k::rewrite::detail::reduction_depths(g);
+    int m = 0;
+    for (int o : g.outputs) m = std::max(m, d[o]);
+    return m;
+  };
+  auto mean_term = [](auto x, auto y) {
+    auto xc = x - k::mean(x, 1, true);
+    auto rstd = k::rsqrt(k::mean(xc * xc, 1, true) + 1e-5);
+    auto c = k::sum(y * xc, 1, true) * rstd;
+    return k::sum(-(y * rstd + c * (xc * 2.0)), 1, true);
+  };
+  Captured c = capture(mean_term, X, Y);
+  k::graph::Graph d = k::rewrite::simplify(k::rewrite::decompose(c.g));
+  bool changed = false;
+  k::graph::Graph f = k::rewrite::simplify(k::rewrite::factor_sums(d, &changed));
+  CHECK(changed);
+  CHECK(deepest(d) == 3);  // the mean, then the variance and c, then the sum
+  CHECK(deepest(f) == 2);  // sum(y) and sum(x - mean) beside the variance
+  CHECK(max_diff(c, f) < 1e-12);
+  CHECK(f[f.outputs[0]].shape == k::Dims{4, 1});
+
+  // Not constant along the summed dim, or nothing gained: unchanged.
+  for (auto g : {capture([](auto x, auto y) { return k::sum(y * k::mean(x, 0, true), 1, true); }, X, Y).g,
+                 capture([](auto x, auto y) { return k::sum(y * k::mean(x, 1, true), 0, true); }, X, Y).g,
+                 capture([](auto x, auto y) { return k::sum(y * x * 3.0, 1); }, X, Y).g}) {
+    k::graph::Graph dg = k::rewrite::simplify(k::rewrite::decompose(g));
+    k::rewrite::factor_sums(dg, &changed);
+    CHECK_FALSE(changed);
+  }
 }

@@ -11,6 +11,7 @@
 #include "../debug/log.hpp"
 #include "../graph/infer.hpp"
 #include "../rewrite/decompose.hpp"
+#include "../rewrite/factor_sums.hpp"
 #include "../rewrite/simplify.hpp"
 #include "../schedule/epilogue.hpp"
 #include "../schedule/partials.hpp"
@@ -175,6 +176,13 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
   graph::infer_shapes(g, arg);
   g = rewrite::simplify(g);
   graph::infer_shapes(g, arg);
+  bool factored = false;
+  g = rewrite::factor_sums(g, &factored);  // sums of row-constant multiples no longer wait for them
+  if (factored) {
+    graph::infer_shapes(g, arg);
+    g = rewrite::simplify(g);
+    graph::infer_shapes(g, arg);
+  }
   stats.ops_decomposed = g.count_ops();
   if (stats.tuning.matmul_t != 0) g = rewrite::fold_matmul_transposes(g);  // (A @ B)^T written as B^T @ A^T
   graph::infer_shapes(g, arg);

@@ -1,0 +1,190 @@
+// factor_sums: a sum over dims D of a linear combination whose factors are constant along D is
+// rewritten as the combination of the terms' sums, the factors applied afterwards:
+//
+//   sum_D(-(u * c1 + v * c2 * 2))  ->  -(sum_D(u) * c1 + sum_D(v) * c2 * 2)     (c1, c2 constant along D)
+//
+// when that lets the sum run earlier: a row kernel computes reductions over its rows in passes,
+// each pass after the reductions it reads, so a sum whose operand reads a row statistic only
+// through such factors waited for them. A layer_norm backward's mean term (the sum of dx's first
+// two parts, scaled by rstd and by the variance's gradient) was a fourth pass over x and dy; its
+// terms' sums (dy * w, x - mean) join the second pass. A looped row reads its inputs once more a
+// pass (NOTES item 132). Applied only where the sums' reduction depth drops (a chain of
+// reductions over the same tensor), so nothing else changes; the results differ by rounding. A
+// term that is a value less its own mean along the summed dims sums to 0 and is dropped.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include "builder.hpp"
+
+namespace kiln::rewrite {
+
+namespace detail {
+
+// One term of a sum's operand: sign * u * factors[0] * ... / divisors[0] / ...
+struct SumTerm {
+  int u = -1;
+  bool negative = false;
+  std::vector<int> factors, divisors;
+};
+
+// The chain length of reductions below each node (0: no reduction below). A count (numel) and
+// meta nodes read only their input's shape.
+inline std::vector<int> reduction_depths(const graph::Graph& g) {
+  std::vector<int> depth(static_cast<std::size_t>(g.size()), 0);
+  for (int i = 0; i < g.size(); ++i) {
+    if (g[i].op == Op::numel || info(g[i].op).cls == OpClass::meta) continue;
+    int d = 0;
+    for (int k = 0; k < g[i].n_in; ++k) d = std::max(d, depth[g[i].in[k]]);
+    depth[i] = d + (is_reduction(g[i].op) ? 1 : 0);
+  }
+  return depth;
+}
+
+// Splits the operand `e` of a sum over the dims marked in `reduced` into terms, or leaves it one
+// term. A factor is constant along the reduced dims (rank 0, or the operand's rank with 1 there
+// and nothing wider than the operand elsewhere); a term's u has the operand's shape and dtype.
+class SumTerms {
+ public:
+  SumTerms(const graph::Graph& g, int e, const std::vector<bool>& reduced) : g_(g), e_(e), reduced_(reduced) {}
+  std::vector<SumTerm> split() {
+    std::vector<SumTerm> out;
+    SumTerm t;
+    add(e_, t, out);
+    return out;
+  }
+
+ private:
+  bool constant_along(int c) const {
+    const Dims& s = g_[c].shape;
+    const Dims& full = g_[e_].shape;
+    if (s.size() == 0) return true;
+    if (s.size() != full.size()) return false;
+    for (int i = 0; i < s.size(); ++i)
+      if ((reduced_[i] && s[i] != 1) || (s[i] != 1 && s[i] != full[i])) return false;
+    return true;
+  }
+  bool whole(int u) const { return g_[u].shape == g_[e_].shape && g_[u].dt == g_[e_].dt; }
+  static constexpr std::size_t max_terms = 4;
+
+  void add(int x, SumTerm t, std::vector<SumTerm>& out) {
+    const graph::Node& n = g_[x];
+    const int a = n.n_in > 0 ? n.in[0] : -1, b = n.n_in > 1 ? n.in[1] : -1;
+    const bool room = out.size() + 1 < max_terms;
+    switch (n.op) {
+      case Op::add:
+      case Op::sub:
+        if (room && whole(a) && whole(b)) {
+          add(a, t, out);
+          if (n.op == Op::sub) t.negative = !t.negative;
+          return add(b, t, out);
+        }
+        break;
+      case Op::neg:
+        if (whole(a)) {
+          t.negative = !t.negative;
+          return add(a, t, out);
+        }
+        break;
+      case Op::mul:
+        if (constant_along(a) && whole(b)) {
+          t.factors.push_back(a);
+          return add(b, t, out);
+        }
+        if (constant_along(b) && whole(a)) {
+          t.factors.push_back(b);
+          return add(a, t, out);
+        }
+        break;
+      case Op::div:
+        if (constant_along(b) && whole(a)) {
+          t.divisors.push_back(b);
+          return add(a, t, out);
+        }
+        break;
+      default:
+        break;
+    }
+    t.u = x;
+    out.push_back(t);
+  }
+
+  const graph::Graph& g_;
+  int e_;
+  const std::vector<bool>& reduced_;
+};
+
+// Whether u is a - mean(a) along exactly the reduced dims (a - sum(a, D, keepdim) / numel(a, D)):
+// its sum there is 0 in exact arithmetic, and left to rounding otherwise (a layer_norm backward's
+// sum of x - mean, scaled by the variance's gradient), so such a term is dropped, as PyTorch's
+// layer_norm backward formula has no such term.
+inline bool centred(const graph::Graph& g, int u, const Attrs& reduce) {
+  const graph::Node& n = g[u];
+  if (n.op != Op::sub) return false;
+  const int a = n.in[0];
+  const graph::Node& m = g[n.in[1]];
+  if (m.op != Op::div) return false;
+  const graph::Node& s = g[m.in[0]];
+  const graph::Node& c = g[m.in[1]];
+  auto same = [&](const Attrs& at) { return at.dims == reduce.dims && at.all == reduce.all; };
+  return s.op == Op::sum && s.in[0] == a && s.attrs.keepdim && same(s.attrs) && c.op == Op::numel &&
+         g[c.in[0]].shape == g[a].shape && same(c.attrs) && g[u].shape == g[a].shape;
+}
+
+}  // namespace detail
+
+// Rewrites the sums of g as described above where that shortens their chain of reductions;
+// `changed` says whether any was (the caller then removes what no output reads).
+inline graph::Graph factor_sums(const graph::Graph& g, bool* changed = nullptr) {
+  if (changed) *changed = false;
+  if (g.structural) return g;
+  const std::vector<int> depth = detail::reduction_depths(g);
+  Builder b = Builder::like(g);
+  std::vector<int> map(static_cast<std::size_t>(g.size()), -1);
+  for (int i = 0; i < g.size(); ++i) {
+    const graph::Node& n = g[i];
+    std::array<int, graph::max_inputs> in{};
+    for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
+    map[i] = -1;
+    if (n.op == Op::sum && n.n_in == 1 && n.sym_attrs == 0) {
+      const int e = n.in[0];
+      const int rank = g[e].shape.size();
+      std::vector<bool> reduced(static_cast<std::size_t>(rank), n.attrs.all);
+      for (auto d : n.attrs.dims)
+        if (d >= -rank && d < rank) reduced[static_cast<std::size_t>(d < 0 ? d + rank : d)] = true;
+      std::vector<detail::SumTerm> terms = detail::SumTerms(g, e, reduced).split();
+      const std::size_t split = terms.size();
+      if (split > 1)
+        terms.erase(std::remove_if(terms.begin(), terms.end(),
+                                   [&](const detail::SumTerm& t) { return detail::centred(g, t.u, n.attrs); }),
+                    terms.end());
+      int deepest = 0;
+      for (const auto& t : terms) deepest = std::max(deepest, depth[t.u]);
+      if (!terms.empty() && (split > 1 || terms[0].u != e)) {
+        if (deepest < depth[e]) {  // the terms' sums need fewer reductions before them than the whole
+          int total = -1;
+          for (const auto& t : terms) {
+            int s = b.op(Op::sum, {map[t.u]}, n.attrs);
+            for (int f : t.factors) s = b.mul(s, map[f]);
+            for (int d : t.divisors) s = b.div(s, map[d]);
+            total = total < 0 ? (t.negative ? b.neg(s) : s) : (t.negative ? b.sub(total, s) : b.add(total, s));
+          }
+          if (b.shape(total) == n.shape && b.dt(total) == n.dt) {
+            map[i] = total;
+            if (changed) *changed = true;
+          }
+        }
+      }
+    }
+    if (map[i] < 0) map[i] = b.rebuild(n, in.data());
+  }
+  graph::Graph out = std::move(b.graph());
+  for (int o : g.outputs) out.outputs.push_back(map[o]);
+  out.num_args = g.num_args;
+  out.num_scalars = g.num_scalars;
+  out.output_into = g.output_into;
+  return out;
+}
+
+}  // namespace kiln::rewrite
