@@ -9,8 +9,12 @@
 // two parts, scaled by rstd and by the variance's gradient) was a fourth pass over x and dy; its
 // terms' sums (dy * w, x - mean) join the second pass. A looped row reads its inputs once more a
 // pass (NOTES item 132). Applied only where the sums' reduction depth drops (a chain of
-// reductions over the same tensor), so nothing else changes; the results differ by rounding. A
-// term that is a value less its own mean along the summed dims sums to 0 and is dropped.
+// reductions over the same tensor), so nothing else changes, and only to f32 and f64 sums (integer
+// and boolean + and * are not a ring: a bool's add is an or, an i32 product wraps before its i64
+// sum; a 16-bit sum of the terms could overflow where the scaled sum would not). A term that is a
+// value less its own mean along the summed dims sums to 0 and is dropped (PyTorch's layer_norm
+// backward formula has no such term). The results move as a reassociation moves them: by rounding,
+// by more where terms cancel, and an infinite factor times a sum that holds a 0 gives inf, not NaN.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -21,6 +25,11 @@
 namespace kiln::rewrite {
 
 namespace detail {
+// Whether the pass applies to sums of this dtype (see the comment at the top).
+constexpr bool wide_float(kiln::dtype d) { return d == kiln::dtype::f32 || d == kiln::dtype::f64; }
+
+// Terms a sum is split into at most (each one more reduction in its row kernel).
+inline constexpr std::size_t max_sum_terms = 4;
 
 // One term of a sum's operand: sign * u * factors[0] * ... / divisors[0] / ...
 struct SumTerm {
@@ -66,16 +75,14 @@ class SumTerms {
     return true;
   }
   bool whole(int u) const { return g_[u].shape == g_[e_].shape && g_[u].dt == g_[e_].dt; }
-  static constexpr std::size_t max_terms = 4;
 
   void add(int x, SumTerm t, std::vector<SumTerm>& out) {
     const graph::Node& n = g_[x];
     const int a = n.n_in > 0 ? n.in[0] : -1, b = n.n_in > 1 ? n.in[1] : -1;
-    const bool room = out.size() + 1 < max_terms;
     switch (n.op) {
       case Op::add:
       case Op::sub:
-        if (room && whole(a) && whole(b)) {
+        if (whole(a) && whole(b)) {
           add(a, t, out);
           if (n.op == Op::sub) t.negative = !t.negative;
           return add(b, t, out);
@@ -129,7 +136,8 @@ inline bool centred(const graph::Graph& g, int u, const Attrs& reduce) {
   const graph::Node& c = g[m.in[1]];
   auto same = [&](const Attrs& at) { return at.dims == reduce.dims && at.all == reduce.all; };
   return s.op == Op::sum && s.in[0] == a && s.attrs.keepdim && same(s.attrs) && c.op == Op::numel &&
-         g[c.in[0]].shape == g[a].shape && same(c.attrs) && g[u].shape == g[a].shape;
+         g[c.in[0]].shape == g[a].shape && same(c.attrs) && g[u].shape == g[a].shape && wide_float(g[m.in[0]].dt) &&
+         wide_float(g[n.in[1]].dt);
 }
 
 }  // namespace detail
@@ -147,7 +155,8 @@ inline graph::Graph factor_sums(const graph::Graph& g, bool* changed = nullptr) 
     std::array<int, graph::max_inputs> in{};
     for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
     map[i] = -1;
-    if (n.op == Op::sum && n.n_in == 1 && n.sym_attrs == 0) {
+    if (n.op == Op::sum && n.n_in == 1 && n.sym_attrs == 0 && detail::wide_float(n.dt) &&
+        detail::wide_float(g[n.in[0]].dt)) {
       const int e = n.in[0];
       const int rank = g[e].shape.size();
       std::vector<bool> reduced(static_cast<std::size_t>(rank), n.attrs.all);
@@ -160,8 +169,15 @@ inline graph::Graph factor_sums(const graph::Graph& g, bool* changed = nullptr) 
                                    [&](const detail::SumTerm& t) { return detail::centred(g, t.u, n.attrs); }),
                     terms.end());
       int deepest = 0;
-      for (const auto& t : terms) deepest = std::max(deepest, depth[t.u]);
-      if (!terms.empty() && (split > 1 || terms[0].u != e)) {
+      bool fits = terms.size() <= detail::max_sum_terms;
+      for (const auto& t : terms) {
+        deepest = std::max(deepest, depth[t.u]);
+        // Without keepdim the sum has lost the reduced dims and a factor of the operand's rank
+        // would broadcast against it wrongly ([N] times [N, 1]): only rank-0 factors then.
+        for (const std::vector<int>* fs : {&t.factors, &t.divisors})
+          for (int f : *fs) fits = fits && (n.attrs.keepdim || g[f].shape.size() == 0);
+      }
+      if (fits && !terms.empty() && (split > 1 || terms[0].u != e)) {
         if (deepest < depth[e]) {  // the terms' sums need fewer reductions before them than the whole
           int total = -1;
           for (const auto& t : terms) {
@@ -170,10 +186,8 @@ inline graph::Graph factor_sums(const graph::Graph& g, bool* changed = nullptr) 
             for (int d : t.divisors) s = b.div(s, map[d]);
             total = total < 0 ? (t.negative ? b.neg(s) : s) : (t.negative ? b.sub(total, s) : b.add(total, s));
           }
-          if (b.shape(total) == n.shape && b.dt(total) == n.dt) {
-            map[i] = total;
-            if (changed) *changed = true;
-          }
+          if (changed) *changed = true;  // what a rejected attempt built is dead: simplify drops it
+          if (b.shape(total) == n.shape && b.dt(total) == n.dt) map[i] = total;
         }
       }
     }
