@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../graph/infer.hpp"
@@ -305,7 +307,8 @@ class Builder {
 
 // The shape of every rewrite pass: rebuilds g node by node in order, `rule(b, node, inputs)`
 // returning the new id of each node from its inputs' new ids, and keeps g's outputs, argument and
-// scalar counts and k::assign targets.
+// scalar counts and k::assign targets. A rule that reads other earlier nodes of g than its inputs
+// takes a fourth argument, the new ids of g's nodes so far (`map[old]`).
 template <class Rule>
 constexpr graph::Graph rebuild_graph(const graph::Graph& g, Rule&& rule) {
   Builder b = Builder::like(g);
@@ -314,7 +317,10 @@ constexpr graph::Graph rebuild_graph(const graph::Graph& g, Rule&& rule) {
     const graph::Node& n = g[i];
     std::array<int, graph::max_inputs> in{};
     for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
-    map[i] = rule(b, n, in.data());
+    if constexpr (std::is_invocable_v<Rule&, Builder&, const graph::Node&, const int*, const std::vector<int>&>)
+      map[i] = rule(b, n, in.data(), std::as_const(map));
+    else
+      map[i] = rule(b, n, in.data());
   }
   graph::Graph out = std::move(b.graph());
   for (int o : g.outputs) out.outputs.push_back(map[o]);

@@ -17,7 +17,6 @@
 // by more where terms cancel, and an infinite factor times a sum that holds a 0 gives inf, not NaN.
 #pragma once
 #include <algorithm>
-#include <array>
 #include <vector>
 
 #include "builder.hpp"
@@ -140,65 +139,56 @@ inline bool centred(const graph::Graph& g, int u, const Attrs& reduce) {
          wide_float(g[n.in[1]].dt);
 }
 
+// Sum node n of g rebuilt into b as its terms' sums (map: g's ids to b's so far), or -1 where
+// the rule does not apply or gains nothing. A rejected attempt may leave dead nodes in b.
+inline int factor_sum(Builder& b, const graph::Graph& g, const graph::Node& n, const std::vector<int>& map,
+                      const std::vector<int>& depth) {
+  if (n.op != Op::sum || n.n_in != 1 || n.sym_attrs != 0 || !wide_float(n.dt) || !wide_float(g[n.in[0]].dt)) return -1;
+  const int e = n.in[0];
+  const int rank = g[e].shape.size();
+  std::vector<bool> reduced(static_cast<std::size_t>(rank), n.attrs.all);
+  for (auto d : n.attrs.dims)
+    if (d >= -rank && d < rank) reduced[static_cast<std::size_t>(d < 0 ? d + rank : d)] = true;
+  std::vector<SumTerm> terms = SumTerms(g, e, reduced).split();
+  const std::size_t split = terms.size();
+  if (split > 1)
+    terms.erase(std::remove_if(terms.begin(), terms.end(), [&](const SumTerm& t) { return centred(g, t.u, n.attrs); }),
+                terms.end());
+  if (terms.empty() || terms.size() > max_sum_terms || (split == 1 && terms[0].u == e)) return -1;
+  int deepest = 0;
+  for (const auto& t : terms) {
+    deepest = std::max(deepest, depth[t.u]);
+    // Without keepdim the sum has lost the reduced dims and a factor of the operand's rank
+    // would broadcast against it wrongly ([N] times [N, 1]): only rank-0 factors then.
+    for (const std::vector<int>* fs : {&t.factors, &t.divisors})
+      for (int f : *fs)
+        if (!n.attrs.keepdim && g[f].shape.size() != 0) return -1;
+  }
+  if (deepest >= depth[e]) return -1;  // the terms' sums would wait as long as the whole
+  int total = -1;
+  for (const auto& t : terms) {
+    int s = b.op(Op::sum, {map[t.u]}, n.attrs);
+    for (int f : t.factors) s = b.mul(s, map[f]);
+    for (int d : t.divisors) s = b.div(s, map[d]);
+    total = total < 0 ? (t.negative ? b.neg(s) : s) : (t.negative ? b.sub(total, s) : b.add(total, s));
+  }
+  return b.shape(total) == n.shape && b.dt(total) == n.dt ? total : -1;
+}
+
 }  // namespace detail
 
 // Rewrites the sums of g as described above where that shortens their chain of reductions;
-// `changed` says whether any was (the caller then removes what no output reads).
+// `changed` says whether any was attempted (the caller then removes what no output reads).
 inline graph::Graph factor_sums(const graph::Graph& g, bool* changed = nullptr) {
   if (changed) *changed = false;
   if (g.structural) return g;
   const std::vector<int> depth = detail::reduction_depths(g);
-  Builder b = Builder::like(g);
-  std::vector<int> map(static_cast<std::size_t>(g.size()), -1);
-  for (int i = 0; i < g.size(); ++i) {
-    const graph::Node& n = g[i];
-    std::array<int, graph::max_inputs> in{};
-    for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
-    map[i] = -1;
-    if (n.op == Op::sum && n.n_in == 1 && n.sym_attrs == 0 && detail::wide_float(n.dt) &&
-        detail::wide_float(g[n.in[0]].dt)) {
-      const int e = n.in[0];
-      const int rank = g[e].shape.size();
-      std::vector<bool> reduced(static_cast<std::size_t>(rank), n.attrs.all);
-      for (auto d : n.attrs.dims)
-        if (d >= -rank && d < rank) reduced[static_cast<std::size_t>(d < 0 ? d + rank : d)] = true;
-      std::vector<detail::SumTerm> terms = detail::SumTerms(g, e, reduced).split();
-      const std::size_t split = terms.size();
-      if (split > 1)
-        terms.erase(std::remove_if(terms.begin(), terms.end(),
-                                   [&](const detail::SumTerm& t) { return detail::centred(g, t.u, n.attrs); }),
-                    terms.end());
-      int deepest = 0;
-      bool fits = terms.size() <= detail::max_sum_terms;
-      for (const auto& t : terms) {
-        deepest = std::max(deepest, depth[t.u]);
-        // Without keepdim the sum has lost the reduced dims and a factor of the operand's rank
-        // would broadcast against it wrongly ([N] times [N, 1]): only rank-0 factors then.
-        for (const std::vector<int>* fs : {&t.factors, &t.divisors})
-          for (int f : *fs) fits = fits && (n.attrs.keepdim || g[f].shape.size() == 0);
-      }
-      if (fits && !terms.empty() && (split > 1 || terms[0].u != e)) {
-        if (deepest < depth[e]) {  // the terms' sums need fewer reductions before them than the whole
-          int total = -1;
-          for (const auto& t : terms) {
-            int s = b.op(Op::sum, {map[t.u]}, n.attrs);
-            for (int f : t.factors) s = b.mul(s, map[f]);
-            for (int d : t.divisors) s = b.div(s, map[d]);
-            total = total < 0 ? (t.negative ? b.neg(s) : s) : (t.negative ? b.sub(total, s) : b.add(total, s));
-          }
-          if (changed) *changed = true;  // what a rejected attempt built is dead: simplify drops it
-          if (b.shape(total) == n.shape && b.dt(total) == n.dt) map[i] = total;
-        }
-      }
-    }
-    if (map[i] < 0) map[i] = b.rebuild(n, in.data());
-  }
-  graph::Graph out = std::move(b.graph());
-  for (int o : g.outputs) out.outputs.push_back(map[o]);
-  out.num_args = g.num_args;
-  out.num_scalars = g.num_scalars;
-  out.output_into = g.output_into;
-  return out;
+  return rebuild_graph(g, [&](Builder& b, const graph::Node& n, const int* in, const std::vector<int>& map) {
+    const int before = b.size();
+    const int id = detail::factor_sum(b, g, n, map, depth);
+    if (changed && (id >= 0 || b.size() != before)) *changed = true;
+    return id >= 0 ? id : b.rebuild(n, in);
+  });
 }
 
 }  // namespace kiln::rewrite
