@@ -13,9 +13,10 @@
 //          once) into [2, B, Hkv, Tk, D], where both accumulators fit the registers
 //          (graph/infer_attention.hpp's fused_attention_joins_dk_dv)
 // Four warps, 16 rows each; the block's own rows and the streamed tiles sit in swizzled shared
-// memory and every fragment is read from there (the registers hold the accumulators, the scores and
-// dP: at D 128, 128 of them). Operands are contiguous [B, H, T, D]; a loaded tile is waited for
-// before it is used (no overlap with the mma yet).
+// memory and the fragments are read from there (the registers hold the accumulators, the scores and
+// dP: at D 128, 128 of them), except a warp's own rows at D <= 64, read once and held (OwnRows).
+// Operands are contiguous [B, H, T, D]; a loaded tile is waited for before it is used: double
+// buffering the streamed tiles measured 1-5% slower on an H200 (benchmarks/NOTES.md item 133).
 #pragma once
 #include <string>
 
@@ -66,14 +67,37 @@ inline std::string attention_backward_source(const AttentionBackwardKernel& a) {
 #define LOG2E 1.4426950408889634f
 #define KILN_POS_INF __int_as_float(0x7f800000)
 
-// acc[BC/8][4] = (rows of A, a [BR, D] tile: this warp's 16) x (rows of B, a [BC, D] tile)^T.
-__device__ __forceinline__ void rows_times_rows(float (&acc)[BC / 8][4], const uint4* A, const uint4* B, int warp, int lane) {
+// This warp's 16 rows of one of the block's own [BR, D] tiles, as A fragments. At D <= 64 they are
+// read from shared memory once, when the tile has landed (hold), and kept (D/4 registers): each
+// streamed tile then reads only its own fragments. Wider, the registers are not there: read at
+// every use.
+struct OwnRows {
+  const uint4* tile;
+  int warp, lane;
+#if KILN_D <= 64
+  u32 f[KILN_D / 16][4];
+  __device__ __forceinline__ void hold() {
+#pragma unroll
+    for (int kk = 0; kk < KILN_D / 16; ++kk) kiln_ldmatrix_x4(f[kk], TILE(tile, warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+  }
+  __device__ __forceinline__ void fragment(u32 (&a)[4], int kk) const {
+    a[0] = f[kk][0], a[1] = f[kk][1], a[2] = f[kk][2], a[3] = f[kk][3];
+  }
+#else
+  __device__ __forceinline__ void hold() {}
+  __device__ __forceinline__ void fragment(u32 (&a)[4], int kk) const {
+    kiln_ldmatrix_x4(a, TILE(tile, warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+  }
+#endif
+};
+// acc[BC/8][4] = (this warp's 16 rows of A) x (rows of B, a [BC, D] tile)^T.
+__device__ __forceinline__ void rows_times_rows(float (&acc)[BC / 8][4], const OwnRows& A, const uint4* B, int lane) {
 #pragma unroll
   for (int i = 0; i < BC / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 #pragma unroll
   for (int kk = 0; kk < KILN_D / 16; ++kk) {
     u32 af[4];
-    kiln_ldmatrix_x4(af, TILE(A, warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+    A.fragment(af, kk);
 #pragma unroll
     for (int n = 0; n < BC / 16; ++n) {
       u32 bf[4];
@@ -150,6 +174,10 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #else
   float row_max[2] = {KILN_NEG_INF, KILN_NEG_INF}, row_sum[2] = {0.f, 0.f};
 #endif
+  OwnRows q_rows{Qs, warp, lane};
+#ifdef KILN_PART_DQ
+  OwnRows g_rows{Gs, warp, lane};
+#endif
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * BC;
     load_tile<BC>(Ks, kp, KILN_D, n0, Tk);
@@ -159,8 +187,14 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     kiln_cp_async_commit();
     kiln_cp_async_wait<0>();
     __syncthreads();
+    if (j == 0) {  // the block's own tiles landed with the first key tile
+      q_rows.hold();
+#ifdef KILN_PART_DQ
+      g_rows.hold();
+#endif
+    }
     float p[BC / 8][4];
-    rows_times_rows(p, Qs, Ks, warp, lane);
+    rows_times_rows(p, q_rows, Ks, lane);
     const bool masked = n0 + BC > Tk || (KILN_CAUSAL && n0 + BC - 1 > m0 + warp * 16);
 #pragma unroll
     for (int i = 0; i < BC / 8; ++i)
@@ -172,7 +206,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       }
 #ifdef KILN_PART_DQ
     float dp[BC / 8][4];
-    rows_times_rows(dp, Gs, Vs, warp, lane);  // dO v^T
+    rows_times_rows(dp, g_rows, Vs, lane);  // dO v^T
 #pragma unroll
     for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
@@ -244,6 +278,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   ZERO_ACC(acc_v);
 #endif
   const int first = KILN_CAUSAL ? n0 / BC * BC : 0;  // earlier queries see none of these keys
+  OwnRows k_rows{Ks, warp, lane}, v_rows{Vs, warp, lane};
+  bool held = false;
   for (int hh = 0; hh < G; ++hh) {
     const i64 bh = (i64)b * H + hk * G + hh;
     const u16* qp = q + bh * Tq * KILN_D;
@@ -259,8 +295,15 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       kiln_cp_async_commit();
       kiln_cp_async_wait<0>();
       __syncthreads();
+      if (!held) {  // the block's own tiles landed with the first query tile
+        k_rows.hold();
+#ifndef KILN_PART_DV
+        v_rows.hold();
+#endif
+        held = true;
+      }
       float p[BC / 8][4];
-      rows_times_rows(p, Ks, Qs, warp, lane);  // s^T = k q^T: rows keys, columns queries
+      rows_times_rows(p, k_rows, Qs, lane);  // s^T = k q^T: rows keys, columns queries
       const bool masked = i0 + BC > Tq || (KILN_CAUSAL && n0 + warp * 16 + 15 > i0);
 #pragma unroll
       for (int i = 0; i < BC / 8; ++i)
@@ -278,7 +321,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       scores_times_tile(acc_v, p, Gs, lane);  // dv += p^T dO, before p becomes dS^T
 #endif
       float dp[BC / 8][4];
-      rows_times_rows(dp, Vs, Gs, warp, lane);  // dP^T = v dO^T
+      rows_times_rows(dp, v_rows, Gs, lane);  // dP^T = v dO^T
 #pragma unroll
       for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
