@@ -827,7 +827,42 @@ TEST_CASE("differential: amax and amin over i32 and boolean values") {
   k::Tensor bmax = k::amax(b, 1), bmin = k::amin(b, 1);
   CHECK(k::reference::read(bmax).data == std::vector<double>{0, 1});
   CHECK(k::reference::read(bmin).data == std::vector<double>{0, 1});
+  // Boolean results read back as std::vector<bool> (which has no data()), and from i32 values.
+  CHECK(k::to_vector<bool>(bmax) == std::vector<bool>{false, true});
+  CHECK(k::to_vector<bool>(k::Tensor(x > 0)) == std::vector<bool>{false, false, false, false, true, true, true, true});
+  CHECK(k::to_vector<bool>(mx) == std::vector<bool>{true, true});
 }
+
+// Integer tensors to integer powers stay integers, as in PyTorch (API.md: promotion as PyTorch's):
+// exact, wrapping on overflow, and for a negative exponent 1, -1 or 0 (torch's integer pow with a
+// tensor exponent). The generated kernels once had no integer pow (an ambiguous call).
+static void check_integer_powers(k::Device dev) {
+  std::vector<std::int32_t> v = {-3, -2, -1, 0, 1, 2, 3, 7, 11, -5, 46341, 4};
+  k::Tensor x = k::from_vector(v, {3, 4}).to(dev);
+  auto ipow = [](std::int64_t b, std::int64_t e) {  // PyTorch's, in wrapping 64-bit arithmetic
+    if (e < 0)
+      return b == 1 ? std::int64_t{1} : b == -1 ? (e % 2 ? std::int64_t{-1} : std::int64_t{1}) : std::int64_t{0};
+    std::uint64_t r = 1;
+    for (std::int64_t i = 0; i < e; ++i) r *= static_cast<std::uint64_t>(b);
+    return static_cast<std::int64_t>(r);
+  };
+  for (int e : {0, 1, 2, 3, 5, -1, -2}) {
+    INFO("exponent " << e << " on " << dev);
+    k::Tensor p = k::pow(x, e);
+    CHECK(p.dtype() == k::i32);
+    std::vector<std::int32_t> want;
+    for (std::int32_t b : v) want.push_back(static_cast<std::int32_t>(static_cast<std::uint32_t>(ipow(b, e))));
+    CHECK(k::to_vector<std::int32_t>(p) == want);
+  }
+  k::Tensor y = k::from_vector(std::vector<std::int64_t>{-3, 2, 10, 3037000500}, {4}).to(dev);
+  auto cube = k::compile([](auto y) { return k::pow(y, 3); });
+  k::Tensor c = cube(y);
+  CHECK(c.dtype() == k::i64);
+  CHECK(k::to_vector<std::int64_t>(c) == std::vector<std::int64_t>{-27, 8, 1000, ipow(3037000500, 3)});
+}
+
+TEST_CASE("differential: integer tensors to integer powers (cpu)") { check_integer_powers(k::cpu); }
+TEST_CASE("differential: integer tensors to integer powers (cuda)" * needs_gpu()) { check_integer_powers(k::cuda); }
 
 // Found by the random graphs: a sum over size-1 dims only became a view of its input and kept the
 // input's dtype (boolean, i32) instead of the sum's i64.

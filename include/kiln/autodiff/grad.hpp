@@ -241,13 +241,28 @@ auto wrt_output(const A& a) {
     return a;
 }
 
+// Whether a traced result is (or a tuple holds) a k::Tensor: a value computed when the function was
+// traced, which a compiled program would return again at every later call.
+template <class R>
+struct returns_tensor : std::is_same<std::remove_cvref_t<R>, Tensor> {};
+template <class... R>
+struct returns_tensor<std::tuple<R...>> : std::bool_constant<(returns_tensor<R>::value || ...)> {};
+
 // A plain function: its expression, built from the argument placeholders.
 template <class F, class... A>
 auto trace(const F& f, const A&... a) {
-  if constexpr (count_ok<F, static_cast<int>(sizeof...(A)), A...>())
-    return f(a...);
-  else
+  if constexpr (count_ok<F, static_cast<int>(sizeof...(A)), A...>()) {
+    constexpr bool tensor = returns_tensor<decltype(f(a...))>::value;
+    static_assert(!tensor,
+                  "a compiled or differentiated function returns kiln expressions, not a k::Tensor (k::Tensor(expr) "
+                  "evaluates when the function is traced): return the expression itself, or a k::expression");
+    if constexpr (tensor)
+      return expr::Arg<0>{};  // after the assertion: no second error
+    else
+      return f(a...);
+  } else {
     return expr::Arg<0>{};  // after the assertion: no second error
+  }
 }
 
 // A gradient function: F on the forward arguments (all but the cotangent for vjp), followed by the

@@ -255,6 +255,17 @@ KILN_FN double m_tanh(double x) { return KILN_LIBM(tanh)(x); }
 KILN_FN double m_erf(double x) { return KILN_LIBM(erf)(x); }
 KILN_FN float m_pow(float x, float y) { return KILN_LIBM(powf)(x, y); }
 KILN_FN double m_pow(double x, double y) { return KILN_LIBM(pow)(x, y); }
+// Integer powers as PyTorch's: exact, wrapping on overflow (by squaring, in unsigned arithmetic),
+// and for a negative exponent 1, -1 or 0 (what an integer result of 1 / x^-y can be).
+template <class T, class U> KILN_FN T m_ipow(T x, T y) {
+  if (y < 0) return x == 1 ? T(1) : x == -1 ? ((y & 1) ? T(-1) : T(1)) : T(0);
+  U r = 1, b = (U)x;
+  for (U e = (U)y; e; e >>= 1, b *= b)
+    if (e & 1) r *= b;
+  return (T)r;
+}
+KILN_FN int m_pow(int x, int y) { return m_ipow<int, unsigned>(x, y); }
+KILN_FN i64 m_pow(i64 x, i64 y) { return m_ipow<i64, unsigned long long>(x, y); }
 template <class T> KILN_FN T m_abs(T x) { return x < T(0) ? -x : x; }
 template <class T> KILN_FN T m_sign(T x) { return (T)((x > T(0)) - (x < T(0))); }
 template <class T> KILN_FN T m_relu(T x) { return (x != x) ? x : (x > T(0) ? x : T(0)); }

@@ -80,7 +80,7 @@ std::vector<T> to_vector(const Tensor& t) {
   std::vector<T> out(static_cast<std::size_t>(host.numel()));
   if (out.empty()) return out;
   if (host.dtype() == dtype_of<T> && host.is_contiguous()) {
-    std::copy_n(static_cast<const T*>(host.data_ptr()), out.size(), out.data());
+    std::copy_n(static_cast<const T*>(host.data_ptr()), out.size(), out.begin());  // (std::vector<bool> has no data())
     return out;
   }
   const void* base = host.storage()->data;
