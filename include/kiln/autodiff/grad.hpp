@@ -342,6 +342,11 @@ constexpr graph::Graph transform_graph(const GradFn<F, M, I...>&, graph::Graph g
 template <class G, std::size_t... K>
 auto traced_type(std::index_sequence<K...>)
     -> decltype(trace(std::declval<const G&>(), std::declval<const expr::Arg<static_cast<int>(K)>&>()...));
+// The same for k::structure, with its own placeholders (expr::structure_arg_base).
+template <class G, std::size_t... K>
+auto structure_traced_type(std::index_sequence<K...>)
+    -> decltype(trace(std::declval<const G&>(),
+                      std::declval<const expr::Arg<expr::structure_arg_base + static_cast<int>(K)>&>()...));
 template <class G, int NumArgs>
 constexpr void check_gradient_fn() {
   using Traced = decltype(traced_type<G>(std::make_index_sequence<static_cast<std::size_t>(NumArgs)>{}));

@@ -85,7 +85,7 @@ template <class G, int N>
 struct StructureOf {
   static constexpr bool is_grad = is_gradient_fn<G>::value;
   static constexpr int traced_args = N + (takes_cotangent<G>() ? 1 : 0);
-  using Traced = decltype(traced_type<G>(std::make_index_sequence<static_cast<std::size_t>(traced_args)>{}));
+  using Traced = decltype(structure_traced_type<G>(std::make_index_sequence<static_cast<std::size_t>(traced_args)>{}));
   static constexpr bool walkable = graph::detail::type_walkable<Traced>::value;
   static constexpr bool in_budget = graph::detail::tree_nodes<Traced>::value <= graph::structure_node_budget;
 
@@ -128,8 +128,8 @@ constexpr auto derive_structure() {
 // The primitive graph of fn over N tensor arguments (for k::vjp: N besides the cotangent), as a
 // constant expression: `constexpr auto s = k::structure<1>(fn); static_assert(s.count(k::Op::exp) == 1);`.
 // fn must be capture-less (its type alone is the graph). A function that breaks its graph with
-// k::item is traced at each call, with live tensors: its type does not show the break, and its
-// structure is that of the expression it returns (see API.md).
+// k::item has no single structure (it runs as several compiled segments): k::item says so in a
+// static_assert when k::structure traces it.
 template <int N, class G>
 constexpr auto structure(const G&) {
   static_assert(std::is_empty_v<G> || is_gradient_fn<G>::value,

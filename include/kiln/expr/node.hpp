@@ -74,6 +74,12 @@ struct TensorLeaf : ExprBase {
   Tensor t;
 };
 
+// k::structure traces a function with Arg<structure_arg_base + i> in place of Arg<i> (argument i
+// all the same, structure_slot(I) below): only so that k::item, which a structural trace cannot
+// evaluate, can tell it is in one and say so at compile time.
+inline constexpr int structure_arg_base = 1 << 20;
+constexpr int structure_slot(int I) { return I >= structure_arg_base ? I - structure_arg_base : I; }
+
 // Argument I of a compiled function; the tensor is bound at each call.
 template <int I>
 struct Arg : ExprBase {

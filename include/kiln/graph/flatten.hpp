@@ -25,7 +25,7 @@ struct Counts<expr::TensorLeaf> {
 };
 template <int I>
 struct Counts<expr::Arg<I>> {
-  static constexpr int max_arg = I;
+  static constexpr int max_arg = expr::structure_slot(I);
 };
 template <>
 struct Counts<expr::ArgAt> {  // container slots come after the positional arguments

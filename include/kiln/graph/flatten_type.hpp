@@ -93,7 +93,7 @@ struct flatten_type_of<expr::Arg<I>> {
   static constexpr int add(Graph& g, TypeFlattenState& s) {
     Node n;
     n.op = Op::arg;
-    n.slot = I;
+    n.slot = expr::structure_slot(I);  // (k::structure's placeholders)
     return s.cse.add(g, n);  // an f32 tensor (Node's defaults)
   }
 };
