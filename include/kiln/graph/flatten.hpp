@@ -25,7 +25,7 @@ struct Counts<expr::TensorLeaf> {
 };
 template <int I>
 struct Counts<expr::Arg<I>> {
-  static constexpr int max_arg = expr::structure_slot(I);
+  static constexpr int max_arg = I;  // (k::structure's placeholders: expr::structure_slot(I))
 };
 template <>
 struct Counts<expr::ArgAt> {  // container slots come after the positional arguments

@@ -153,7 +153,7 @@ constexpr Graph flatten_type(int nargs) {
   Graph g;
   g.structural = true;
   detail::TypeFlattenState s;
-  s.next_tensor = std::max(nargs, Counts<R>::max_arg + 1);
+  s.next_tensor = std::max(nargs, expr::structure_slot(Counts<R>::max_arg) + 1);
   auto add_output = [&]<class X>(std::type_identity<X>) {
     g.outputs.push_back(detail::flatten_type_of<X>::add(g, s));
     g.output_into.push_back(-1);

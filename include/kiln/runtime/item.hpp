@@ -51,15 +51,6 @@ runtime::ProgramCache& item_cache() {
   static runtime::ProgramCache cache({}, runtime::CacheKind::eager);
   return cache;
 }
-// Whether an expression type holds k::structure's placeholders (expr::structure_arg_base).
-template <class E>
-struct structural_trace : std::false_type {};
-template <int I>
-struct structural_trace<expr::Arg<I>> : std::bool_constant<(I >= expr::structure_arg_base)> {};
-template <Op O, class... C>
-struct structural_trace<expr::Node<O, C...>> : std::bool_constant<(structural_trace<C>::value || ...)> {};
-template <class N>
-struct structural_trace<expr::FullReduction<N>> : structural_trace<N> {};
 }  // namespace detail
 
 // The one element of `e` as a T (bool, an integer or a floating type), read on the host. Inside a
@@ -72,7 +63,7 @@ item(const E& e, kiln::source_location at = kiln::source_location::current()) {
   if constexpr (std::is_same_v<std::remove_cvref_t<E>, Tensor>) {
     value = e;
   } else {
-    static_assert(!detail::structural_trace<std::remove_cvref_t<E>>::value,
+    static_assert(graph::Counts<E>::max_arg < expr::structure_arg_base,  // k::structure's placeholders
                   "k::structure: the function reads a host value with k::item, so it has no single structure (it "
                   "runs as several compiled segments, which k::explain shows)");
     // The function's tensors that the expression uses, by argument index.
