@@ -1,7 +1,9 @@
 // Host GEMMs through a BLAS found at run time (runtime/extern/cpu_blas.hpp): the same products as
 // the blocked GEMM (KILN_BLAS=none) for plain, transposed, batched and broadcast operands, f32 and
 // f64, degenerate sizes, with the pointwise epilogue still fused after it; 16-bit operands and
-// layouts a BLAS cannot address stay on the blocked GEMM; a KILN_BLAS naming nothing falls back.
+// layouts a BLAS cannot address stay on the blocked GEMM; a KILN_BLAS naming nothing falls back;
+// products cut into tiles, one single-threaded call a tile on the kernels' OpenMP team, equal the
+// whole calls (the tiling rule, transposed and batched operands, a gradient's GEMMs).
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -108,4 +110,83 @@ TEST_CASE("cpu threads: idle spins are shortened once, where the user chose noth
   // libgomp's spin is shortened only where a BLAS with a pool of its own may run beside it.
   if (!spin_at_start && !policy)
     CHECK((std::getenv("GOMP_SPINCOUNT") != nullptr) == k::runtime::blas_may_bring_a_pool());
+}
+
+namespace {
+
+// Sets an environment variable for one scope (unset after).
+struct EnvFor {
+  const char* name;
+  EnvFor(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~EnvFor() { unsetenv(name); }
+};
+
+}  // namespace
+
+TEST_CASE("cpu blas: tiles of the output, sized for the team's threads") {
+  using k::runtime::blas_detail::tiling;
+  auto t = tiling(1024, 1024, 16);  // the largest tiles giving each thread one: 256 x 256
+  CHECK((t.mt == 256 && t.nt == 256 && t.count() == 16));
+  t = tiling(1024, 1024, 2);
+  CHECK((t.mt == 512 && t.nt == 1024 && t.count() == 2));
+  t = tiling(512, 4096, 16);  // halved along the longer side first
+  CHECK((t.mt == 256 && t.nt == 512 && t.count() == 16));
+  t = tiling(333, 777, 16);  // ragged last tiles
+  CHECK((t.mt == 167 && t.nt == 98 && t.m_tiles == 2 && t.n_tiles == 8));
+  t = tiling(5, 3, 16);  // too small to share: one tile
+  CHECK((t.mt == 5 && t.nt == 3 && t.count() == 1));
+  t = tiling(4096, 64, 16);
+  CHECK((t.mt == 256 && t.nt == 64 && t.count() == 16));
+  t = tiling(1024, 1024, 16, 128);  // a cap on each side (KILN_TUNE_BLAS_TILES)
+  CHECK((t.mt == 128 && t.nt == 128 && t.count() == 64));
+}
+
+TEST_CASE("cpu blas: products cut into tiles on the kernels' team equal the whole calls" *
+          doctest::skip(k::runtime::cpu_blas_name().empty())) {
+  INFO("BLAS: " << k::runtime::cpu_blas_name() << ", team: " << (k::runtime::host_team() ? "OpenMP" : "none"));
+  EnvFor threads("KILN_NUM_THREADS", "5");  // several tiles even on a 2-core machine
+  for (k::dtype dt : {k::f32, k::f64}) {
+    const double tol = dt == k::f32 ? 2e-5 : 1e-12;
+    k::Tensor a = k::randn({333, 257}, dt, k::cpu, 31), b = k::randn({257, 301}, dt, k::cpu, 32);
+    k::Tensor at = k::Tensor(k::transpose(a, 0, 1)).contiguous(), bt = k::Tensor(k::transpose(b, 0, 1)).contiguous();
+    k::Tensor a3 = k::randn({3, 130, 200}, dt, k::cpu, 33), b3 = k::randn({3, 200, 90}, dt, k::cpu, 34);
+    const std::vector<std::pair<k::Tensor, k::Tensor>> cases = {
+        {a, b},
+        {k::Tensor(k::transpose(at, 0, 1)), k::Tensor(k::transpose(bt, 0, 1))},
+        {a3, b3},
+        {a3, k::randn({200, 90}, dt, k::cpu, 35)},
+        {k::randn({7, 257}, dt, k::cpu, 36), b}};
+    for (const auto& [x, y] : cases) {
+      k::Tensor tiled, whole;
+      {
+        EnvFor on("KILN_TUNE_BLAS_TILES", "1");
+        tiled = product(x, y);
+      }
+      {
+        EnvFor off("KILN_TUNE_BLAS_TILES", "0");
+        whole = product(x, y);
+      }
+      auto r = k::testing::allclose(tiled, whole, tol, tol);
+      CHECK_MESSAGE(r, r);
+      auto rr = k::testing::allclose(tiled, k::reference::eval(k::matmul(x, y)), tol, tol);
+      CHECK_MESSAGE(rr, rr);
+    }
+  }
+  // A compiled layer's forward and gradients, whose GEMMs read transposed operands, tiled: the
+  // gradients of sum((x @ w) * c) are c @ w^T and x^T @ c.
+  EnvFor on("KILN_TUNE_BLAS_TILES", "1");
+  k::Tensor x = k::randn({150, 96}, k::f32, k::cpu, 37), w = k::randn({96, 140}, k::f32, k::cpu, 38);
+  k::Tensor c = k::randn({150, 140}, k::f32, k::cpu, 39);
+  auto loss = [](auto x, auto w, auto c) { return k::sum(k::gelu(k::matmul(x, w)) + k::matmul(x, w) * c); };
+  auto [value, dx, dw] = k::compile(
+      k::value_and_grad([](auto x, auto w, auto c) { return k::sum(k::matmul(x, w) * c); }, k::wrt<0, 1>))(x, w, c);
+  auto rv = k::testing::allclose(value, k::reference::eval(k::sum(k::matmul(x, w) * c)), 1e-3, 1e-4);
+  CHECK_MESSAGE(rv, rv);
+  auto rx = k::testing::allclose(dx, k::reference::eval(k::matmul(c, k::transpose(w, 0, 1))), 1e-4, 1e-4);
+  CHECK_MESSAGE(rx, rx);
+  auto rw = k::testing::allclose(dw, k::reference::eval(k::matmul(k::transpose(x, 0, 1), c)), 1e-4, 1e-4);
+  CHECK_MESSAGE(rw, rw);
+  auto y = k::compile(loss)(x, w, c);
+  auto ry = k::testing::allclose(y, k::reference::eval(loss(x, w, c)), 1e-3, 1e-4);
+  CHECK_MESSAGE(ry, ry);
 }

@@ -33,6 +33,7 @@
 #include "../../debug/log.hpp"
 #include "disk_cache.hpp"
 #include "hash.hpp"
+#include "host_team.hpp"
 #include "host_threads.hpp"
 #include "kernel_cache.hpp"
 
@@ -245,15 +246,6 @@ inline void* open_library(std::span<const char> bytes, const std::string& name, 
   return open_library_copy(default_disk_cache().root(), bytes, name, errors);
 }
 
-inline constexpr std::string_view openmp_probe_source =
-    "#include <omp.h>\n"
-    "extern \"C\" int kiln_openmp_probe() {\n"
-    "  int n = 0;\n"
-    "#pragma omp parallel for reduction(+ : n)\n"
-    "  for (int i = 0; i < 4; ++i) n += omp_get_num_threads() > 0;\n"
-    "  return n;\n"
-    "}\n";
-
 // The probe built with `cxx flags -fopenmp`, or nothing when the compiler refuses.
 inline std::optional<std::vector<char>> build_openmp_probe(std::vector<std::string> argv) {
   std::filesystem::path dir = make_temp_dir();
@@ -266,19 +258,20 @@ inline std::optional<std::vector<char>> build_openmp_probe(std::vector<std::stri
   return bytes;
 }
 
-// Whether `cxx flags -fopenmp` builds a shared object that also loads (the runtime library may be
-// missing where the compiler accepts the flag). The probe stays loaded for good: that pins the
-// OpenMP runtime, which must not be unloaded under kernels whose thread pools are parked in it.
-// Only successes are cached on disk, so installing OpenMP later is noticed.
-inline bool probe_openmp(std::vector<std::string> argv, const Digest& toolchain_key) {
-  std::string key = hex(Hasher().update("openmp-probe-v1").update(toolchain_key).digest());
+// The probe's handle when `cxx flags -fopenmp` builds a shared object that also loads (the runtime
+// library may be missing where the compiler accepts the flag), else nullptr. The probe stays loaded
+// for good: that pins the OpenMP runtime, which must not be unloaded under kernels whose thread
+// pools are parked in it, and its team functions serve host_team(). Only successes are cached on
+// disk, so installing OpenMP later is noticed.
+inline void* probe_openmp(std::vector<std::string> argv, const Digest& toolchain_key) {
+  std::string key = hex(Hasher().update("openmp-probe-v2").update(toolchain_key).digest());
   std::string errors;
   if (std::optional<std::vector<char>> cached = default_disk_cache().load(key, "probe"))
-    if (open_library(*cached, "openmp_probe", errors)) return true;
+    if (void* probe = open_library(*cached, "openmp_probe", errors)) return probe;
   std::optional<std::vector<char>> bytes = build_openmp_probe(std::move(argv));
-  if (!bytes || !open_library(*bytes, "openmp_probe", errors)) return false;
-  default_disk_cache().store(key, "probe", *bytes);
-  return true;
+  void* probe = bytes ? open_library(*bytes, "openmp_probe", errors) : nullptr;
+  if (probe) default_disk_cache().store(key, "probe", *bytes);
+  return probe;
 }
 
 // The compiler command, its flags and the part of every cache key they determine; found once.
@@ -286,6 +279,7 @@ struct HostToolchain {
   std::vector<std::string> cxx;
   std::vector<std::string> flags;
   bool openmp = false;
+  HostTeam team;  // the kernels' OpenMP team (host_team.hpp); empty without OpenMP
   Digest key;
 };
 
@@ -324,7 +318,9 @@ inline HostToolchain find_toolchain() {
   for (const std::string& f : t.flags) h.update(f);
   std::vector<std::string> probe_argv = t.cxx;
   probe_argv.insert(probe_argv.end(), t.flags.begin(), t.flags.end());
-  t.openmp = probe_openmp(std::move(probe_argv), h.digest());
+  void* probe = probe_openmp(std::move(probe_argv), h.digest());
+  t.openmp = probe != nullptr;
+  t.team = host_team_in(probe);
   if (t.openmp) t.flags.push_back("-fopenmp");
   t.key = h.update(t.openmp).digest();
   debug::log_lazy(debug::Channel::cache,
@@ -353,6 +349,20 @@ inline Digest shared_object_key(std::string_view source) {
 // Whether generated kernels are built with OpenMP (they spread programs over cores themselves);
 // when false the kiln runtime spreads programs with std::thread.
 inline bool host_openmp() { return detail::toolchain().openmp; }
+
+// The kernels' OpenMP team for the runtime's own host work (host_team.hpp), or nullptr where the
+// kernels have none (no OpenMP, or no host compiler: then found once and never again).
+inline const HostTeam* host_team() noexcept {
+  static const HostTeam* team = []() -> const HostTeam* {
+    try {
+      const detail::HostToolchain& t = detail::toolchain();
+      return t.team ? &t.team : nullptr;
+    } catch (...) {
+      return nullptr;
+    }
+  }();
+  return team;
+}
 
 // The compiler command line without its input and output, for logs.
 inline std::string host_compiler_command() {

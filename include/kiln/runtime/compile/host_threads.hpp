@@ -8,12 +8,15 @@
 // took 12.0 ms against 1.9 ms for the GEMM alone, and an MLP block's forward and backward 131 ms; with
 // both spins short, 2.5 ms and 30 ms (benchmarks/NOTES.md item 62).
 //
-// So, where the user has not chosen: OPENBLAS_THREAD_TIMEOUT=4 (OpenBLAS's workers sleep 2^4 cycles
-// after their work; its OpenMP build ignores it), and GOMP_SPINCOUNT=10000 (libgomp's workers sleep
-// after 10,000 pauses instead of 300,000) only where the BLAS kiln will load may run a pool of its
-// own: KILN_BLAS names a library, or no OpenMP build of OpenBLAS is installed where kiln looks first.
-// The short libgomp spin has a price where no second pool runs: a lone pointwise kernel called back
-// to back on 16 threads wakes sleeping workers (relu 2^24: 0.47 -> 0.72 ms), hence the condition.
+// Since then kiln runs a pthread OpenBLAS one thread a call, its calls on the kernels' team
+// (extern/cpu_blas.hpp), so that pool no longer runs. Still, where the user has not chosen:
+// OPENBLAS_THREAD_TIMEOUT=4 (OpenBLAS's workers, started when it loads, sleep 2^4 cycles after any
+// work; its OpenMP build ignores it), and GOMP_SPINCOUNT=10000 (libgomp's workers sleep after
+// 10,000 pauses instead of 300,000) only where the BLAS kiln loads may run a pool of its own:
+// KILN_BLAS names a library other than OpenBLAS (BLIS or MKL, which kiln calls whole). The short
+// libgomp spin has a price where no second pool runs: a lone pointwise kernel called back to back
+// on 16 threads wakes sleeping workers (relu 2^24: 0.47 -> 0.72 ms), hence the condition. Unset,
+// kiln loads OpenBLAS where one is installed; a machine with only BLIS or MKL keeps libgomp's spin.
 // OMP_WAIT_POLICY, when set, chooses libgomp's spin itself. Both libraries read these once, when
 // loaded: a process that loaded libgomp or OpenBLAS before kiln keeps its own settings.
 // KILN_HOST_SPIN=keep leaves the environment alone.
@@ -41,8 +44,7 @@ inline constexpr const char* openmp_blas_candidates[] = {
 // Whether host GEMMs may run on a thread pool of their own besides the kernels' libgomp team.
 inline bool blas_may_bring_a_pool() {
   const char* choice = kiln::config::env("KILN_BLAS");
-  if (choice) return std::strcmp(choice, "none") != 0;
-  return ::access(openmp_blas_candidates[0], R_OK) != 0;
+  return choice && std::strcmp(choice, "none") != 0 && !std::strstr(choice, "openblas");
 }
 
 inline void settle_host_threads() {

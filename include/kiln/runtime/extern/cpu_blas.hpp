@@ -9,19 +9,23 @@
 // the kernel's OpenMP team wants the same cores, and the kernel's team spins while the next GEMM
 // starts: `gelu(a @ b + bias)` 1024^3 f32 took 1.7x the GEMM alone on 2 cores; with OpenBLAS on the
 // same OpenMP team, 1.15x (benchmarks/NOTES.md item 56). Where only a pthread OpenBLAS is installed,
-// both pools' spins are shortened before either library loads (compile/host_threads.hpp): on 16
-// cores, 6.2x the GEMM alone before, 1.2x after (NOTES item 62).
+// it runs one thread a call and kiln cuts each product into tiles, a call each, on the kernels' own
+// team (run_tiled_on_the_team below; NOTES items 62 and 134).
 //
 // Only what a BLAS computes exactly as kiln would is sent to it: f32 x f32 into f32 and f64 x f64
 // into f64 (16-bit operands and mixed dtypes stay on the blocked GEMM, which converts on packing),
 // with each operand and the output addressable as a row-major matrix or its transpose (one unit
-// stride, a leading dimension that fits an int). A batch runs as one call per matrix.
+// stride, a leading dimension that fits an int). A batch runs as one call per matrix (or tile).
 #pragma once
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -29,6 +33,7 @@
 #include "../../core/config.hpp"
 #include "../../core/dtype.hpp"
 #include "../compile/host_threads.hpp"
+#include "host_parallel.hpp"
 #include "matmul_geometry.hpp"
 
 namespace kiln::runtime {
@@ -44,7 +49,24 @@ struct Library {
   std::string name;  // empty: none found
   Sgemm sgemm = nullptr;
   Dgemm dgemm = nullptr;
+  bool tiles = false;  // kiln cuts each product into tiles, one single-threaded call a tile
 };
+
+// OpenBLAS built on pthreads (or sequential) runs one thread a call from here on, and kiln runs the
+// calls on the kernels' team, a tile each (tiling below): no second pool competes with the kernels'
+// one. On a 16-core Xeon (NOTES item 134, best of three), `gelu(a @ b + bias)` 1024^3 f32 took
+// 0.81x its time with OpenBLAS's own pool at 16 threads and 0.80x at 8, an MLP block's forward and
+// backward 0.81x at 8, level at 4; at 2 threads 1.03-1.08x, within that machine's noise. Its OpenMP build
+// already runs on the team (a call inside the team's region runs on one thread): it is left whole.
+inline bool run_tiled_on_the_team(void* h) {
+  using GetParallel = int (*)();
+  using SetThreads = void (*)(int);
+  auto get_parallel = reinterpret_cast<GetParallel>(dlsym(h, "openblas_get_parallel"));
+  auto set_threads = reinterpret_cast<SetThreads>(dlsym(h, "openblas_set_num_threads"));
+  if (!get_parallel || !set_threads || get_parallel() == 2) return false;  // not OpenBLAS, or on OpenMP
+  set_threads(1);
+  return true;
+}
 
 inline Library open_library(const char* name) {
   Library lib;
@@ -57,6 +79,7 @@ inline Library open_library(const char* name) {
     dlclose(h);
     return Library{};
   }
+  lib.tiles = run_tiled_on_the_team(h);
   lib.name = name;  // kept open for the process
   return lib;
 }
@@ -109,6 +132,31 @@ inline bool layout_of(std::int64_t rows, std::int64_t cols, std::int64_t sr, std
   return false;
 }
 
+// The tiles of an M x N output for single-threaded calls on `threads` threads: the largest that
+// still give every thread one, halving the longer side from the whole product. Each call packs its
+// own panels of a and b, so smaller tiles pack the operands more times over: on a 16-core Xeon,
+// tiles capped at 256 x 256 ran an MLP block's GEMMs no faster than the largest ones at 8 and 16
+// threads and 15% slower at 4 (NOTES item 134). `largest` caps a side (KILN_TUNE_BLAS_TILES).
+struct Tiling {
+  std::int64_t mt, nt, m_tiles, n_tiles;
+  std::int64_t count() const { return m_tiles * n_tiles; }
+};
+inline Tiling tiling(std::int64_t M, std::int64_t N, std::int64_t threads,
+                     std::int64_t largest = std::numeric_limits<std::int64_t>::max()) {
+  Tiling t{std::min(largest, M), std::min(largest, N), 0, 0};
+  for (;;) {
+    t.m_tiles = (M + t.mt - 1) / t.mt, t.n_tiles = (N + t.nt - 1) / t.nt;
+    if (t.count() >= threads) break;
+    if (t.mt >= t.nt && t.mt > 16)
+      t.mt = (t.mt + 1) / 2;
+    else if (t.nt > 16)
+      t.nt = (t.nt + 1) / 2;
+    else
+      break;
+  }
+  return t;
+}
+
 }  // namespace blas_detail
 
 // The name of the BLAS host GEMMs use now ("" when the blocked GEMM does the work).
@@ -132,18 +180,38 @@ inline bool blas_matmul(const MatmulGeometry& g, const void* a, dtype ad, const 
       g.M * g.batch <= INT_MAX)
     rows *= batch, batch = 1;  // one weight under a contiguous batch: one call over every row
   const int M = static_cast<int>(rows), N = static_cast<int>(g.N), K = static_cast<int>(g.K);
-  const std::size_t size = itemsize(ad);
-  for (std::int64_t i = 0; i < batch; ++i) {
-    const char* pa = static_cast<const char*>(a) + static_cast<std::int64_t>(size) * i * g.a_bs;
-    const char* pb = static_cast<const char*>(b) + static_cast<std::int64_t>(size) * i * g.b_bs;
-    char* po = static_cast<char*>(out) + static_cast<std::int64_t>(size) * i * g.o_bs;
+  const std::int64_t size = static_cast<std::int64_t>(itemsize(ad));
+  // Rows m0.. and columns n0.. of matrix i of the batch: one call.
+  auto product = [&](std::int64_t i, std::int64_t m0, int mc, std::int64_t n0, int nc) {
+    const char* pa = static_cast<const char*>(a) + size * (i * g.a_bs + (op_a == no_trans ? m0 * lda : m0));
+    const char* pb = static_cast<const char*>(b) + size * (i * g.b_bs + (op_b == no_trans ? n0 : n0 * ldb));
+    char* po = static_cast<char*>(out) + size * (i * g.o_bs + m0 * ldc + n0);
     if (ad == dtype::f32)
-      lib.sgemm(row_major, op_a, op_b, M, N, K, 1.0f, reinterpret_cast<const float*>(pa), lda,
+      lib.sgemm(row_major, op_a, op_b, mc, nc, K, 1.0f, reinterpret_cast<const float*>(pa), lda,
                 reinterpret_cast<const float*>(pb), ldb, 0.0f, reinterpret_cast<float*>(po), ldc);
     else
-      lib.dgemm(row_major, op_a, op_b, M, N, K, 1.0, reinterpret_cast<const double*>(pa), lda,
+      lib.dgemm(row_major, op_a, op_b, mc, nc, K, 1.0, reinterpret_cast<const double*>(pa), lda,
                 reinterpret_cast<const double*>(pb), ldb, 0.0, reinterpret_cast<double*>(po), ldc);
+  };
+  const double flops = 2.0 * static_cast<double>(batch) * M * static_cast<double>(N) * K;
+  // KILN_TUNE_BLAS_TILES: 1 cuts every BLAS's products into tiles on the team, 0 none, a larger
+  // number into tiles of at most that many rows and columns (experiments).
+  const char* tune = kiln::config::env("KILN_TUNE_BLAS_TILES");
+  const bool tiles = tune && *tune ? std::strcmp(tune, "0") != 0 : lib.tiles;
+  const std::int64_t largest = tune && std::atoi(tune) > 1 ? std::atoi(tune) : std::numeric_limits<std::int64_t>::max();
+  const int threads = tiles ? host_parallel::thread_count(std::int64_t{1} << 40, flops) : 1;
+  if (threads <= 1) {
+    for (std::int64_t i = 0; i < batch; ++i) product(i, 0, M, 0, N);
+    return true;
   }
+  const Tiling t = tiling(M, N, (threads + batch - 1) / batch, largest);
+  const std::int64_t tasks = batch * t.count();
+  host_parallel::run(static_cast<int>(std::min<std::int64_t>(threads, tasks)), [&](std::atomic<std::int64_t>& next) {
+    for (std::int64_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
+      const std::int64_t i = task / t.count(), m0 = task % t.count() / t.n_tiles * t.mt, n0 = task % t.n_tiles * t.nt;
+      product(i, m0, static_cast<int>(std::min(t.mt, M - m0)), n0, static_cast<int>(std::min(t.nt, N - n0)));
+    }
+  });
   return true;
 }
 

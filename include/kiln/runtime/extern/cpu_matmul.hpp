@@ -6,8 +6,8 @@
 // Scheme (GotoBLAS-style): the whole of b is packed once into NR-wide column panels of the compute
 // type; each task (batch, MC rows, NC columns) packs its rows of a into MR-high row panels per KC
 // slice of K and runs an MR x NR register-blocked micro-kernel into a compute-type accumulator
-// block, which is rounded into the output once at the end. Tasks run on OpenMP when it is enabled,
-// else on std::threads for large problems, else serially.
+// block, which is rounded into the output once at the end. Tasks run on the kernels' OpenMP team
+// (host_parallel.hpp) for large problems, else serially.
 //
 // Parts: matmul_geometry.hpp (the checked shapes), cpu_gemm_kernel.hpp (packing and the
 // micro-kernel); here the threading, the blocked driver and cpu_matmul itself. Where a real BLAS is
@@ -25,75 +25,20 @@
 #include <utility>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "../../core/config.hpp"
 #include "../../core/dtype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/tensor.hpp"
 #include "cpu_blas.hpp"
 #include "cpu_gemm_kernel.hpp"
+#include "host_parallel.hpp"
 #include "matmul_geometry.hpp"
 
 namespace kiln::runtime {
 
 namespace mm_detail {
 
-// How many threads a problem of this many flops should use (1 for small ones). KILN_NUM_THREADS
-// caps it; OpenMP's own setting applies when kiln is built with OpenMP.
-inline int thread_count(std::int64_t tasks, double flops) {
-  if (tasks <= 1 || flops < 4.0e6) return 1;
-  int n = 0;
-  if (const char* env = kiln::config::env("KILN_NUM_THREADS"); env && *env) n = std::atoi(env);
-  if (n <= 0) {
-#ifdef _OPENMP
-    n = omp_get_max_threads();
-#else
-    n = static_cast<int>(std::thread::hardware_concurrency());
-#endif
-  }
-  // Roughly 1 MFLOP per thread at least, so tiny problems do not pay for many threads.
-  const double per_thread = 1.0e6;
-  n = static_cast<int>(std::min<double>(n, flops / per_thread));
-  return static_cast<int>(std::clamp<std::int64_t>(n, 1, tasks));
-}
-
-// Runs worker(next) on `threads` threads (the caller's included); each worker takes task indices
-// from the shared counter until none are left. The first exception is rethrown after all finish.
-template <class Worker>
-void run_parallel(int threads, const Worker& worker) {
-  std::atomic<std::int64_t> next{0};
-  if (threads <= 1) {
-    worker(next);
-    return;
-  }
-  std::exception_ptr failure;
-  std::mutex failure_mutex;
-  auto guarded = [&] {
-    try {
-      worker(next);
-    } catch (...) {
-      std::lock_guard lock(failure_mutex);
-      if (!failure) failure = std::current_exception();
-    }
-  };
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads)
-  guarded();
-#else
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  try {
-    for (int i = 1; i < threads; ++i) pool.emplace_back(guarded);
-  } catch (...) {  // could not start more threads: the ones started (and this one) do the work
-  }
-  guarded();
-  for (std::thread& t : pool) t.join();
-#endif
-  if (failure) std::rethrow_exception(failure);
-}
+using host_parallel::thread_count;
 
 template <class T>
 void gemm(const MatmulGeometry& g, const void* a, dtype ad, const void* b, dtype bd, void* out, dtype od) {
@@ -115,7 +60,7 @@ void gemm(const MatmulGeometry& g, const void* a, dtype ad, const void* b, dtype
     const std::int64_t tasks = b_batches * n_panels;
     const int threads =
         thread_count(tasks, static_cast<double>(b_batches) * static_cast<double>(K) * static_cast<double>(N) * 8.0);
-    run_parallel(threads, [&](std::atomic<std::int64_t>& next) {
+    host_parallel::run(threads, [&](std::atomic<std::int64_t>& next) {
       for (std::int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
         const std::int64_t bi = t / n_panels, q = t % n_panels;
         const char* src = static_cast<const char*>(b) + static_cast<std::int64_t>(ib) * bi * g.b_bs;
@@ -128,7 +73,7 @@ void gemm(const MatmulGeometry& g, const void* a, dtype ad, const void* b, dtype
   const std::int64_t m_blocks = (M + MC - 1) / MC, n_blocks = (N + NC - 1) / NC;
   const std::int64_t tasks = B * m_blocks * n_blocks;
   const int threads = thread_count(tasks, flops);
-  run_parallel(threads, [&](std::atomic<std::int64_t>& next) {
+  host_parallel::run(threads, [&](std::atomic<std::int64_t>& next) {
     Buffer<T> a_block(MC * std::min(KC, std::max<std::int64_t>(K, 1)));
     Buffer<T> acc(MC * NC);
     for (std::int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
