@@ -6,8 +6,14 @@
 // whole calls (the tiling rule, transposed and batched operands, a gradient's GEMMs).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <kiln/kiln.hpp>
@@ -139,6 +145,27 @@ TEST_CASE("cpu blas: tiles of the output, sized for the team's threads") {
   CHECK((t.mt == 256 && t.nt == 64 && t.count() == 16));
   t = tiling(1024, 1024, 16, 128);  // a cap on each side (KILN_TUNE_BLAS_TILES)
   CHECK((t.mt == 128 && t.nt == 128 && t.count() == 64));
+}
+
+TEST_CASE("cpu threads: host work runs on the kernels' OpenMP team, each task once") {
+  const k::runtime::HostTeam* team = k::runtime::host_team();
+  CHECK(static_cast<bool>(team) == k::runtime::host_openmp());
+  std::mutex m;
+  std::set<std::thread::id> ids;
+  std::vector<int> done(200, 0);
+  k::runtime::host_parallel::run(4, [&](std::atomic<std::int64_t>& next) {
+    for (std::int64_t t; (t = next.fetch_add(1)) < 200;) {
+      done[t] += 1;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));  // long enough for every thread to start
+      std::lock_guard lock(m);
+      ids.insert(std::this_thread::get_id());
+    }
+  });
+  CHECK(std::count(done.begin(), done.end(), 1) == 200);
+  CHECK(ids.size() > 1);  // the team's threads (or std::threads without one), not the caller alone
+  // A worker's exception reaches the caller, after every thread has finished.
+  CHECK_THROWS_AS(
+      k::runtime::host_parallel::run(3, [](std::atomic<std::int64_t>&) { throw k::error("worker failed"); }), k::error);
 }
 
 TEST_CASE("cpu blas: products cut into tiles on the kernels' team equal the whole calls" *

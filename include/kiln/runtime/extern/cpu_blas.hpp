@@ -58,6 +58,7 @@ struct Library {
 // 0.81x its time with OpenBLAS's own pool at 16 threads and 0.80x at 8, an MLP block's forward and
 // backward 0.81x at 8, level at 4; at 2 threads 1.03-1.08x, within that machine's noise. Its OpenMP build
 // already runs on the team (a call inside the team's region runs on one thread): it is left whole.
+// The setting is the library's: a program calling the same OpenBLAS itself gets one thread too.
 inline bool run_tiled_on_the_team(void* h) {
   using GetParallel = int (*)();
   using SetThreads = void (*)(int);
