@@ -24,10 +24,11 @@ namespace k = kiln;
 
 namespace {
 
-// Sets KILN_BLAS for one scope.
-struct BlasChoice {
-  explicit BlasChoice(const char* v) { setenv("KILN_BLAS", v, 1); }
-  ~BlasChoice() { unsetenv("KILN_BLAS"); }
+// Sets an environment variable for one scope (unset after).
+struct EnvFor {
+  const char* name;
+  EnvFor(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~EnvFor() { unsetenv(name); }
 };
 
 k::Tensor product(const k::Tensor& a, const k::Tensor& b) {
@@ -44,7 +45,7 @@ void same_as_blocked(const k::Tensor& a, const k::Tensor& b, double tol) {
   k::Tensor fast = product(a, b);
   k::Tensor blocked;
   {
-    BlasChoice none("none");
+    EnvFor none("KILN_BLAS", "none");
     CHECK(k::runtime::cpu_blas_name().empty());
     blocked = product(a, b);
   }
@@ -92,7 +93,7 @@ TEST_CASE("cpu blas: 16-bit and mixed operands stay on the blocked GEMM; a KILN_
   k::Tensor mixed = k::randn({34, 13}, k::f32, k::cpu, 23);
   auto rm = k::testing::allclose(k::Tensor(k::matmul(a, mixed)), k::reference::eval(k::matmul(a, mixed)), 1e-5, 1e-5);
   CHECK_MESSAGE(rm, rm);
-  BlasChoice missing("/nonexistent/libnothing.so");
+  EnvFor missing("KILN_BLAS", "/nonexistent/libnothing.so");
   CHECK(k::runtime::cpu_blas_name().empty());
   k::Tensor x = k::randn({9, 11}, k::f32, k::cpu, 24), y = k::randn({11, 5}, k::f32, k::cpu, 25);
   auto rx = k::testing::allclose(k::Tensor(k::matmul(x, y)), k::reference::eval(k::matmul(x, y)), 1e-5, 1e-5);
@@ -117,17 +118,6 @@ TEST_CASE("cpu threads: idle spins are shortened once, where the user chose noth
   if (!spin_at_start && !policy)
     CHECK((std::getenv("GOMP_SPINCOUNT") != nullptr) == k::runtime::blas_may_bring_a_pool());
 }
-
-namespace {
-
-// Sets an environment variable for one scope (unset after).
-struct EnvFor {
-  const char* name;
-  EnvFor(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~EnvFor() { unsetenv(name); }
-};
-
-}  // namespace
 
 TEST_CASE("cpu blas: tiles of the output, sized for the team's threads") {
   using k::runtime::blas_detail::tiling;

@@ -261,7 +261,7 @@ inline std::optional<std::vector<char>> build_openmp_probe(std::vector<std::stri
 // The probe's handle when `cxx flags -fopenmp` builds a shared object that also loads (the runtime
 // library may be missing where the compiler accepts the flag), else nullptr. The probe stays loaded
 // for good: that pins the OpenMP runtime, which must not be unloaded under kernels whose thread
-// pools are parked in it, and its team functions serve host_team(). Only successes are cached on
+// pools are parked in it, and its team functions serve host_parallel.hpp's host_team(). Only successes are cached on
 // disk, so installing OpenMP later is noticed.
 inline void* probe_openmp(std::vector<std::string> argv, const Digest& toolchain_key) {
   std::string key = hex(Hasher().update("openmp-probe-v2").update(toolchain_key).digest());
@@ -349,20 +349,6 @@ inline Digest shared_object_key(std::string_view source) {
 // Whether generated kernels are built with OpenMP (they spread programs over cores themselves);
 // when false the kiln runtime spreads programs with std::thread.
 inline bool host_openmp() { return detail::toolchain().openmp; }
-
-// The kernels' OpenMP team for the runtime's own host work (host_team.hpp), or nullptr where the
-// kernels have none (no OpenMP, or no host compiler: then found once and never again).
-inline const HostTeam* host_team() noexcept {
-  static const HostTeam* team = []() -> const HostTeam* {
-    try {
-      const detail::HostToolchain& t = detail::toolchain();
-      return t.team ? &t.team : nullptr;
-    } catch (...) {
-      return nullptr;
-    }
-  }();
-  return team;
-}
 
 // The compiler command line without its input and output, for logs.
 inline std::string host_compiler_command() {

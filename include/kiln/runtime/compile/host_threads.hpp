@@ -21,8 +21,6 @@
 // loaded: a process that loaded libgomp or OpenBLAS before kiln keeps its own settings.
 // KILN_HOST_SPIN=keep leaves the environment alone.
 #pragma once
-#include <unistd.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <mutex>

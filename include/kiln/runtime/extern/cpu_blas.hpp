@@ -136,7 +136,7 @@ inline bool layout_of(std::int64_t rows, std::int64_t cols, std::int64_t sr, std
 // The tiles of an M x N output for single-threaded calls on `threads` threads: the largest that
 // still give every thread one, halving the longer side from the whole product. Each call packs its
 // own panels of a and b, so smaller tiles pack the operands more times over: on a 16-core Xeon,
-// tiles capped at 256 x 256 ran an MLP block's GEMMs no faster than the largest ones at 8 and 16
+// tiles capped at 256 x 256 ran an MLP block's GEMMs within noise of the largest ones at 8 and 16
 // threads and 15% slower at 4 (NOTES item 134). `largest` caps a side (KILN_TUNE_BLAS_TILES).
 struct Tiling {
   std::int64_t mt, nt, m_tiles, n_tiles;
@@ -199,8 +199,10 @@ inline bool blas_matmul(const MatmulGeometry& g, const void* a, dtype ad, const 
   // number into tiles of at most that many rows and columns (experiments).
   const char* tune = kiln::config::env("KILN_TUNE_BLAS_TILES");
   const bool tiles = tune && *tune ? std::strcmp(tune, "0") != 0 : lib.tiles;
-  const std::int64_t largest = tune && std::atoi(tune) > 1 ? std::atoi(tune) : std::numeric_limits<std::int64_t>::max();
-  const int threads = tiles ? host_parallel::thread_count(std::int64_t{1} << 40, flops) : 1;
+  const int cap = tune ? std::atoi(tune) : 0;
+  const std::int64_t largest = cap > 1 ? cap : std::numeric_limits<std::int64_t>::max();
+  // As many threads as the flops pay for: the tiles are then cut to give each one.
+  const int threads = tiles ? host_parallel::thread_count(std::numeric_limits<std::int64_t>::max(), flops) : 1;
   if (threads <= 1) {
     for (std::int64_t i = 0; i < batch; ++i) product(i, 0, M, 0, N);
     return true;

@@ -20,7 +20,23 @@
 #include "../../core/config.hpp"
 #include "../compile/host_compiler.hpp"
 
-namespace kiln::runtime::host_parallel {
+namespace kiln::runtime {
+
+// The kernels' OpenMP team for the runtime's own host work (host_team.hpp), or nullptr where the
+// kernels have none (no OpenMP, or no host compiler: then found once and never again).
+inline const HostTeam* host_team() noexcept {
+  static const HostTeam* team = []() -> const HostTeam* {
+    try {
+      const detail::HostToolchain& t = detail::toolchain();
+      return t.team ? &t.team : nullptr;
+    } catch (...) {
+      return nullptr;
+    }
+  }();
+  return team;
+}
+
+namespace host_parallel {
 
 // The threads host work may use: KILN_NUM_THREADS when set, else the kernels' team size
 // (OMP_NUM_THREADS, else every core), else OpenMP's or the hardware's count.
@@ -85,4 +101,5 @@ void run(int threads, const Worker& worker) {
   if (failure) std::rethrow_exception(failure);
 }
 
-}  // namespace kiln::runtime::host_parallel
+}  // namespace host_parallel
+}  // namespace kiln::runtime
