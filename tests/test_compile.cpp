@@ -654,6 +654,24 @@ TEST_CASE("compile: a truncated disk-cache entry is a miss: rebuilt, stored agai
 
 // ---- the host compiler ------------------------------------------------------------------------------------
 
+TEST_CASE("compile: host row kernels are built without GCC's loop if-conversion, pointwise ones with it") {
+  // Row kernels carry the option in their own text (so it is part of their cache key); pointwise
+  // kernels need the pass to vectorise a select (relu), NOTES items 102 and 135.
+  auto unit_of = [](auto fn, const k::Tensor& x) {
+    auto f = k::compile(fn, {.shapes = k::shapes::static_});
+    check_close(f(x), k::reference::eval(fn(x)));
+    const k::runtime::Program& p = *f.cache().entries().at(0)->program;
+    REQUIRE(p.kernels.size() == 1);
+    return k::runtime::kernel_unit(p.kernels[0].src, true).source;
+  };
+  k::Tensor x = k::randn({37, 129}, k::f32, k::cpu, 16);
+  const std::string row = unit_of([](auto v) { return k::softmax(v, -1); }, x);
+  const std::string poi = unit_of([](auto v) { return k::relu(v * 2.0f + 1.0f); }, x);
+  CHECK(row.rfind(std::string(k::runtime::host_row_options), 0) == 0);  // first, before the prelude
+  CHECK(poi.find("#pragma GCC optimize") == std::string::npos);
+}
+
+
 TEST_CASE("compile: a bad host compiler or bad generated code is a compile_error") {
   SUBCASE("KILN_CXX naming no executable") {
     // The toolchain is found once per process (the first compile), so the search itself is

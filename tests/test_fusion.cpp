@@ -472,7 +472,8 @@ TEST_CASE("fusion: looped rows carry a dependent sum in one pass (Welford's vari
 
 TEST_CASE("fusion: a select on a broadcast comparison in a held host row (GCC's loop if-conversion)") {
   // g++ 12.2 at -O3 -march=native (AVX2) wrote zeros in 15 of every 16 lanes of this kernel's output
-  // until host kernels were compiled with -fno-tree-loop-if-convert (NOTES item 102). Found by
+  // until host row kernels were compiled without GCC's loop if-conversion (NOTES items 102 and 135:
+  // runtime/compile/kernel_units.hpp's host_row_options; removing it fails this case). Found by
   // test_differential (seed 1, program 13) on branch cpu-pending/odd-rows, which vectorises more loops.
   k::Tensor a = k::cast(k::randn({6, 4, 128}, k::f32, k::cpu, 62) * 100.0f, k::i64);
   k::Tensor b = k::randn({1}, k::f32, k::cpu, 63), c = k::randn({1}, k::f32, k::cpu, 64);

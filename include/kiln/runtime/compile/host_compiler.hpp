@@ -306,13 +306,7 @@ inline HostToolchain find_toolchain() {
   std::vector<std::string> version_argv = t.cxx;
   version_argv.push_back("--version");
   std::string version = run_process(version_argv).output;
-  const bool gcc = version.find("Free Software Foundation") != std::string::npos;  // GCC's copyright line
   version = version.substr(0, version.find('\n'));
-  // GCC's loop if-conversion miscompiled a row kernel at -O3 -march=native (g++ 12.2, AVX2): a
-  // select on a broadcast comparison, `where(b <= c, w, x - sum(x))` over rows of 3072 i64 values,
-  // wrote zeros in 15 of every 16 lanes (NOTES item 102). Without that pass the kernels run as fast
-  // (within noise on 2 cores: their tiles are straight-line code, which the SLP vectoriser takes).
-  if (gcc) t.flags.push_back("-fno-tree-loop-if-convert");
   Hasher h;
   h.update("kiln-host-so-v1").update(join_command(t.cxx)).update(version).update(cpu);
   for (const std::string& f : t.flags) h.update(f);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -76,6 +77,18 @@ inline std::string cpu_trampoline(const codegen::KernelSource& k, const std::str
   return s + "pid);\n}\n";
 }
 
+// First in a host row kernel's unit, so that every function in it (prelude, kernel, entry) is built
+// with the same options and still inlines. GCC's loop if-conversion miscompiled a held row at -O3
+// -march=native (g++ 12.2, AVX2): a select on a broadcast comparison, `where(b <= c, w, x - sum(x))`
+// over rows of 3072 i64 values, wrote zeros in 15 of every 16 lanes (NOTES item 102; test_fusion
+// checks the values). Row kernels do their arithmetic on whole tiles (straight-line code, which the
+// SLP vectoriser takes) and lose nothing without the pass; pointwise kernels keep it: their loop
+// over tiles is what the loop vectoriser if-converts (relu's select, NOTES item 135).
+inline constexpr std::string_view host_row_options =
+    "#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)\n"
+    "#pragma GCC optimize(\"no-tree-loop-if-convert\")\n"
+    "#endif\n";
+
 // The translation unit of one kernel for a device kind, and the name of its entry in it.
 struct KernelUnit {
   std::string name;  // unit_name of the kernel
@@ -87,7 +100,8 @@ inline KernelUnit kernel_unit(const codegen::KernelSource& k, bool cpu) {
   // Host row kernels do their f32/f64 arithmetic on whole vectors (prelude_cpu_tiles.hpp); pointwise
   // ones leave it to the loop vectoriser, which takes their loop across tiles (NOTES 70).
   const bool rows = k.kind != schedule::Kind::poi;
-  u.source = cpu ? std::string(rows ? "#define KILN_VECTOR_ARITH 1\n" : "") + std::string(codegen::prelude) + body +
+  u.source = cpu ? (rows ? std::string(host_row_options) + "#define KILN_VECTOR_ARITH 1\n" : std::string()) +
+                       std::string(codegen::prelude) + body +
                        cpu_trampoline(k, u.name)
                  : cuda_unit(moves_half(k), body, k.tuning.prelude_loads);
   return u;
