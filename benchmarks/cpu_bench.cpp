@@ -123,6 +123,14 @@ int main(int argc, char** argv) {
           [&] { return k::testing::allclose(head(y, 4096), k::reference::eval(fn(head(x, 4096))), 1e-5, 1e-6); });
     emit("cpu-W1b", "sigmoid(tanh(x*.5+.1)*x)*exp(-x*x) 2^24 f32", time_ms([&] { f(x); }), 8.0 * n);
   }
+  if (selected("cpu-W1d")) {  // rotary-style trigonometry: libm's sinf/cosf once a lane, or glibc's vector variants
+    auto fn = [](auto a) { return k::sin(a) * k::cos(a * 0.5f); };
+    auto f = k::compile(fn);
+    k::Tensor y = f(x);
+    check("cpu-W1d",
+          [&] { return k::testing::allclose(head(y, 4096), k::reference::eval(fn(head(x, 4096))), 1e-5, 1e-6); });
+    emit("cpu-W1d", "sin(x)*cos(x*.5) 2^24 f32", time_ms([&] { f(x); }), 8.0 * n);
+  }
   k::Tensor m = k::randn({4096, 1024}, k::f32, k::cpu, 2);
   if (selected("cpu-W3")) {
     auto f = k::compile([](auto a) { return k::softmax(a, -1); });

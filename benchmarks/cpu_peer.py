@@ -32,7 +32,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-c
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-IDS = ["cpu-W11", "cpu-W1", "cpu-W1b", "cpu-W3", "cpu-W4", "cpu-W2", "cpu-W1c", "cpu-W5", "cpu-W6",
+IDS = ["cpu-W11", "cpu-W1", "cpu-W1b", "cpu-W1d", "cpu-W3", "cpu-W4", "cpu-W2", "cpu-W1c", "cpu-W5", "cpu-W6",
        "cpu-W7", "cpu-W8", "cpu-W12"]
 
 
@@ -81,6 +81,7 @@ def workloads():
     out["cpu-W1b"] = ("sigmoid(tanh(x*.5+.1)*x)*exp(-x*x) 2^24 f32",
                       *unary(lambda a: torch.sigmoid(torch.tanh(a * 0.5 + 0.1) * a) * torch.exp(-a * a), x),
                       8.0 * n)
+    out["cpu-W1d"] = ("sin(x)*cos(x*.5) 2^24 f32", *unary(lambda a: torch.sin(a) * torch.cos(a * 0.5), x), 8.0 * n)
     out["cpu-W3"] = ("softmax 4096x1024 f32", *unary(lambda a: torch.softmax(a, -1), mat), 8.0 * mat.numel())
     out["cpu-W4"] = ("layer_norm 4096x1024 f32",
                      *unary(lambda a, w_, b_: F.layer_norm(a, (1024,), w_, b_, 1e-5), mat, w, b), 8.0 * mat.numel())

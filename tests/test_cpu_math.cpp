@@ -156,6 +156,44 @@ TEST_CASE("cpu math: sigmoid within 3 ulp, tiny results of very negative inputs 
   CHECK(max_ulp("sigmoid", xs, fn, [](float v) { return 1.0f / (1.0f + std::exp(-v)); }) <= 3.0);
 }
 
+// The f32 functions without a polynomial of kiln's own: glibc's vector variants where the probe
+// found libmvec (host_probes.hpp; glibc documents them within 4 ulp), else libm's once a lane.
+TEST_CASE("cpu math: sin, cos, exp2, log2, log1p, expm1 and pow within 4 ulp, libmvec where glibc has it") {
+  const auto& t = k::runtime::detail::toolchain();
+  MESSAGE("host kernels: " << k::runtime::host_compiler_command());
+  if (t.gcc && k::runtime::detail::libmvec_offered() > 0)  // x86-64 glibc 2.22+ under GCC: the probe must pass
+    CHECK(t.libmvec == k::runtime::detail::libmvec_offered());
+  std::vector<float> trig = random_bits(20011, min_denormal, std::numeric_limits<float>::max(), true, 40);
+  auto near = uniform(8009, -40.0f, 40.0f, 41);
+  trig.insert(trig.end(), near.begin(), near.end());
+  CHECK(max_ulp(
+            "sin", trig, [](const k::Tensor& x) { return k::sin(x); }, [](float v) { return std::sin(v); }) <= 4.0);
+  CHECK(max_ulp(
+            "cos", trig, [](const k::Tensor& x) { return k::cos(x); }, [](float v) { return std::cos(v); }) <= 4.0);
+  std::vector<float> e = uniform(20011, -160.0f, 130.0f, 42);
+  auto small = random_bits(4001, min_denormal, 1.0f, true, 43);
+  e.insert(e.end(), small.begin(), small.end());
+  CHECK(max_ulp(
+            "exp2", e, [](const k::Tensor& x) { return k::exp2(x); }, [](float v) { return std::exp2(v); }) <= 4.0);
+  std::vector<float> m1 = uniform(20011, -20.0f, 89.0f, 44);
+  m1.insert(m1.end(), small.begin(), small.end());
+  CHECK(max_ulp(
+            "expm1", m1, [](const k::Tensor& x) { return k::expm1(x); }, [](float v) { return std::expm1(v); }) <= 4.0);
+  std::vector<float> positive = random_bits(20011, min_denormal, std::numeric_limits<float>::max(), false, 45);
+  CHECK(max_ulp(
+            "log2", positive, [](const k::Tensor& x) { return k::log2(x); }, [](float v) { return std::log2(v); }) <=
+        4.0);
+  std::vector<float> p1 = uniform(8009, -0.999f, 4.0f, 46);
+  p1.insert(p1.end(), positive.begin(), positive.end());
+  p1.insert(p1.end(), small.begin(), small.end());
+  CHECK(max_ulp(
+            "log1p", p1, [](const k::Tensor& x) { return k::log1p(x); }, [](float v) { return std::log1p(v); }) <= 4.0);
+  std::vector<float> base = random_bits(20011, 1e-3f, 1e3f, false, 47);
+  CHECK(max_ulp(
+            "pow", base, [](const k::Tensor& x) { return k::pow(x, 1.37f); },
+            [](float v) { return std::pow(v, 1.37f); }) <= 4.0);
+}
+
 TEST_CASE("cpu math: fused in one kernel over an odd 2-D shape, and gelu through erf") {
   k::Tensor x = k::randn({37, 129}, k::f32, k::cpu, 16) * 3.0f;
   auto w1b = [](const auto& a) { return k::sigmoid(k::tanh(a * 0.5f + 0.1f) * a) * k::exp(-a * a); };

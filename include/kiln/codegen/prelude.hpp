@@ -277,24 +277,30 @@ KILN_UNARY(neg, -x)
 KILN_UNARY(abs, m_abs(x))
 KILN_UNARY(sign, m_sign(x))
 KILN_UNARY(exp, m_exp(x))
-KILN_UNARY(exp2, m_exp2(x))
 KILN_UNARY(log, m_log(x))
+#if defined(KILN_DEVICE_CODE) || !defined(KILN_LIBMVEC) || KILN_LIBMVEC < 2  // else prelude_libmvec_ops
+KILN_UNARY(exp2, m_exp2(x))
 KILN_UNARY(log2, m_log2(x))
 KILN_UNARY(log1p, m_log1p(x))
 KILN_UNARY(expm1, m_expm1(x))
+#endif
 KILN_UNARY(sqrt, m_sqrt(x))
 KILN_UNARY(rsqrt, m_rsqrt(x))
 KILN_UNARY(reciprocal, m_div(decltype(x)(1), x))
 KILN_UNARY(square, x * x)
+#if defined(KILN_DEVICE_CODE) || !defined(KILN_LIBMVEC)  // else prelude_libmvec_ops (prelude_cpu_math.hpp)
 KILN_UNARY(sin, m_sin(x))
 KILN_UNARY(cos, m_cos(x))
+#endif
 KILN_UNARY(tanh, m_tanh(x))
 KILN_UNARY(sigmoid, m_sigmoid(x))
 KILN_UNARY(erf, m_erf(x))
 KILN_UNARY(relu, m_relu(x))
 KILN_UNARY(logical_not, !x)
 #undef KILN_UNARY
+#if defined(KILN_DEVICE_CODE) || !defined(KILN_LIBMVEC)
 template <class A, class B> KILN_FN auto pow(const A& a, const B& b) { return map2([](auto x, auto y) { return m_pow(x, y); }, a, b); }
+#endif
 
 template <class T, class A> KILN_FN auto cast(const A& a) { return map1([](auto x) { return (T)x; }, a); }
 // Rounds f32 values through a 16-bit float type (a cast to f16/bf16 inside a kernel).
@@ -437,7 +443,9 @@ KILN_UNROLL
 // concatenation at compile time in every TU (about a second per TU) before giving up.
 inline std::string joined_prelude() {
   std::string s;
-  for (std::string_view part : {prelude_core, prelude_cpu_math, prelude_ops, prelude_memory, prelude_cpu_tiles}) s += part;
+  for (std::string_view part : {prelude_core, prelude_libmvec, prelude_cpu_math, prelude_ops, prelude_libmvec_ops,
+                                prelude_memory, prelude_cpu_tiles})
+    s += part;
   return s;
 }
 inline const std::string prelude = joined_prelude();

@@ -27,6 +27,114 @@
 
 namespace kiln::codegen {
 
+// glibc's vector math library, libmvec (part of glibc on x86-64 since 2.22): where the host
+// compiler's probe found it (runtime/compile/host_probes.hpp defines KILN_LIBMVEC: 1 for glibc
+// 2.22's functions, 2 with those of 2.35, and links -lmvec), the f32 functions without a polynomial
+// below go through its vector variants, one call for each vector of a tile's lanes, by the x86-64
+// vector function ABI's names (`_ZGVeN16v_sinf`: AVX-512, 16 lanes); libm's functions otherwise,
+// once a lane (GCC's loop vectoriser would call the variants itself, but a tile's lanes are an
+// unrolled loop, which it leaves to the SLP vectoriser, which does not). sin over 2^24 f32 on one
+// core: 6.4 ms instead of 144 (NOTES item 135). glibc documents the variants within 4 ulp (libm's
+// are within 1); tests/test_cpu_math.cpp asserts that through kiln expressions. f64 keeps libm.
+// Declarations here (the probe compiles them alone); the tile operations in prelude_libmvec_ops.
+inline constexpr std::string_view prelude_libmvec = R"KILN(
+#if !defined(KILN_DEVICE_CODE) && defined(KILN_LIBMVEC)
+#if defined(__AVX512F__)
+#define KILN_MVEC_LANES 16
+#define KILN_MVEC(f) _ZGVeN16v_##f
+#define KILN_MVEC2(f) _ZGVeN16vv_##f
+#elif defined(__AVX2__)
+#define KILN_MVEC_LANES 8
+#define KILN_MVEC(f) _ZGVdN8v_##f
+#define KILN_MVEC2(f) _ZGVdN8vv_##f
+#elif defined(__AVX__)
+#define KILN_MVEC_LANES 8
+#define KILN_MVEC(f) _ZGVcN8v_##f
+#define KILN_MVEC2(f) _ZGVcN8vv_##f
+#else
+#define KILN_MVEC_LANES 4
+#define KILN_MVEC(f) _ZGVbN4v_##f
+#define KILN_MVEC2(f) _ZGVbN4vv_##f
+#endif
+typedef float kiln_mvec __attribute__((vector_size(KILN_MVEC_LANES * 4)));
+extern "C" {
+kiln_mvec KILN_MVEC(sinf)(kiln_mvec) noexcept;
+kiln_mvec KILN_MVEC(cosf)(kiln_mvec) noexcept;
+kiln_mvec KILN_MVEC2(powf)(kiln_mvec, kiln_mvec) noexcept;
+#if KILN_LIBMVEC >= 2
+kiln_mvec KILN_MVEC(exp2f)(kiln_mvec) noexcept;
+kiln_mvec KILN_MVEC(log2f)(kiln_mvec) noexcept;
+kiln_mvec KILN_MVEC(log1pf)(kiln_mvec) noexcept;
+kiln_mvec KILN_MVEC(expm1f)(kiln_mvec) noexcept;
+#endif
+}
+#endif
+)KILN";
+
+// The tile operations over libmvec, in namespace kiln (joined after prelude_ops, which leaves these
+// names to them when KILN_LIBMVEC is defined): whole vectors of an f32 tile's lanes through a variant, the lanes past
+// them and other dtypes through libm.
+inline constexpr std::string_view prelude_libmvec_ops = R"KILN(
+#if !defined(KILN_DEVICE_CODE) && defined(KILN_LIBMVEC)
+template <class T> struct mvec_f32 { static constexpr bool value = false; };
+template <> struct mvec_f32<float> { static constexpr bool value = true; };
+template <class V, class S, class A> KILN_FN auto mvec_map1(V vf, S sf, const A& a) {
+  constexpr int N = tile_traits<A>::width;
+  if constexpr (N == 0 || !mvec_f32<typename tile_traits<A>::elem>::value) {
+    return map1(sf, a);
+  } else {
+    tile<float, N> r;
+    int i = 0;
+    for (; i + KILN_MVEC_LANES <= N; i += KILN_MVEC_LANES) {
+      kiln_mvec v;
+      __builtin_memcpy(&v, a.v + i, sizeof v);
+      v = vf(v);
+      __builtin_memcpy(r.v + i, &v, sizeof v);
+    }
+    for (; i < N; ++i) r.v[i] = sf(a.v[i]);
+    return r;
+  }
+}
+template <class V, class S, class A, class B> KILN_FN auto mvec_map2(V vf, S sf, const A& a, const B& b) {
+  constexpr int N = width_of<A, B>::value;
+  if constexpr (N == 0 || !mvec_f32<decltype(lane(a, 0))>::value || !mvec_f32<decltype(lane(b, 0))>::value) {
+    return map2(sf, a, b);
+  } else {
+    tile<float, N> r;
+    int i = 0;
+    for (; i + KILN_MVEC_LANES <= N; i += KILN_MVEC_LANES) {
+      float x[KILN_MVEC_LANES], y[KILN_MVEC_LANES];
+      for (int j = 0; j < KILN_MVEC_LANES; ++j) x[j] = lane(a, i + j), y[j] = lane(b, i + j);
+      kiln_mvec vx, vy;
+      __builtin_memcpy(&vx, x, sizeof vx);
+      __builtin_memcpy(&vy, y, sizeof vy);
+      vx = vf(vx, vy);
+      __builtin_memcpy(r.v + i, &vx, sizeof vx);
+    }
+    for (; i < N; ++i) r.v[i] = sf(lane(a, i), lane(b, i));
+    return r;
+  }
+}
+#define KILN_UNARY_MVEC(name, f)                                                                          \
+  template <class A> KILN_FN auto name(const A& a) {                                                      \
+    return mvec_map1([](kiln_mvec v) { return KILN_MVEC(f)(v); }, [](auto x) { return m_##name(x); }, a); \
+  }
+KILN_UNARY_MVEC(sin, sinf)
+KILN_UNARY_MVEC(cos, cosf)
+#if KILN_LIBMVEC >= 2
+KILN_UNARY_MVEC(exp2, exp2f)
+KILN_UNARY_MVEC(log2, log2f)
+KILN_UNARY_MVEC(log1p, log1pf)
+KILN_UNARY_MVEC(expm1, expm1f)
+#endif
+#undef KILN_UNARY_MVEC
+template <class A, class B> KILN_FN auto pow(const A& a, const B& b) {
+  return mvec_map2([](kiln_mvec x, kiln_mvec y) { return KILN_MVEC2(powf)(x, y); },
+                   [](auto x, auto y) { return m_pow(x, y); }, a, b);
+}
+#endif
+)KILN";
+
 inline constexpr std::string_view prelude_cpu_math = R"KILN(
 #ifndef KILN_DEVICE_CODE
 // c ? a : b through bit masks: GCC's jump threading duplicated some code around selects written as

@@ -2,145 +2,38 @@
 // block programs that run on a GPU also run on any CPU; results are cached in memory and on disk.
 //
 // The compiler is found at run time ($KILN_CXX, else $CXX, else c++, g++ or clang++ on PATH) and
-// probed once for its identity and for OpenMP. The cache key covers everything that changes the
-// binary: the source, the compiler's command and `--version`, the flags, and the CPU (because of
+// probed once for its identity, OpenMP and glibc's vector math (host_probes.hpp). The cache key covers everything that
+// changes the binary: the source, the compiler's command and `--version`, the flags, and the CPU (because of
 // -march=native, an entry built on one machine must not load on another sharing the cache).
 #pragma once
 #include <atomic>
-#include <cctype>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <dlfcn.h>
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "../../core/config.hpp"
 #include "../../core/error.hpp"
 #include "../../debug/log.hpp"
 #include "disk_cache.hpp"
 #include "hash.hpp"
+#include "host_probes.hpp"
+#include "host_process.hpp"
 #include "host_team.hpp"
-#include "host_threads.hpp"
 #include "kernel_cache.hpp"
-
-extern char** environ;
 
 namespace kiln::runtime {
 
-// A loaded shared object; dlclose on destruction.
-class SharedObject {
- public:
-  SharedObject(void* handle, std::string name) : handle_(handle), name_(std::move(name)) {}
-  SharedObject(const SharedObject&) = delete;
-  SharedObject& operator=(const SharedObject&) = delete;
-  ~SharedObject() { ::dlclose(handle_); }
-
-  // The address of an exported (extern "C") symbol; a missing one is a kiln::error.
-  void* symbol(const char* symbol_name) const {
-    if (void* p = find_symbol(symbol_name)) return p;
-    throw kiln::error("shared object " + name_ + " has no symbol " + symbol_name);
-  }
-  void* find_symbol(const char* symbol_name) const { return ::dlsym(handle_, symbol_name); }
-  const std::string& name() const { return name_; }
-
- private:
-  void* handle_;
-  std::string name_;
-};
-
 namespace detail {
-
-inline std::vector<std::string> split_words(std::string_view s) {
-  std::vector<std::string> words;
-  std::istringstream in{std::string(s)};
-  for (std::string w; in >> w;) words.push_back(w);
-  return words;
-}
-
-// The executable `name` resolves to (through PATH when it has no '/'), or "" when there is none.
-inline std::string find_executable(const std::string& name) {
-  auto usable = [](const std::filesystem::path& p) {
-    std::error_code ec;
-    return std::filesystem::is_regular_file(p, ec) && ::access(p.c_str(), X_OK) == 0;
-  };
-  if (name.find('/') != std::string::npos) return usable(name) ? name : "";
-  const char* path_env = kiln::config::env("PATH");
-  std::istringstream dirs(path_env ? path_env : "/usr/local/bin:/usr/bin:/bin");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    std::filesystem::path candidate = std::filesystem::path(dir.empty() ? "." : dir) / name;
-    if (usable(candidate)) return candidate.string();
-  }
-  return "";
-}
-
-struct ProcessResult {
-  int exit_code = -1;  // -1 when it could not start or did not exit normally
-  std::string output;  // stdout and stderr, interleaved as written
-};
-
-inline std::string read_all(int fd) {
-  std::string out;
-  char buffer[4096];
-  for (;;) {
-    ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return out;
-    out.append(buffer, std::size_t(n));
-  }
-}
-
-// posix_spawn rather than popen: no shell (paths need no quoting) and no fork of a large process.
-inline ProcessResult run_process(const std::vector<std::string>& argv) {
-  int pipe_fds[2];
-  // CLOEXEC so children spawned by other threads do not inherit the write end and delay our EOF.
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return {-1, "pipe: " + std::string(std::strerror(errno))};
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 2);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  int rc = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(pipe_fds[1]);
-  if (rc != 0) {
-    ::close(pipe_fds[0]);
-    return {-1, "cannot start " + argv[0] + ": " + std::strerror(rc)};
-  }
-  ProcessResult result{-1, read_all(pipe_fds[0])};
-  ::close(pipe_fds[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return result;
-  if (WIFEXITED(status))
-    result.exit_code = WEXITSTATUS(status);
-  else if (WIFSIGNALED(status))
-    result.output += "\n(killed by signal " + std::to_string(WTERMSIG(status)) + ")";
-  return result;
-}
-
-inline std::string join_command(const std::vector<std::string>& argv) {
-  std::string out;
-  for (const std::string& a : argv) out += (out.empty() ? "" : " ") + a;
-  return out;
-}
 
 inline std::vector<std::string> find_host_compiler() {
   for (const char* var : {"KILN_CXX", "CXX"}) {
@@ -180,105 +73,14 @@ inline std::string cpu_identity() {
   return id;
 }
 
-inline std::filesystem::path temp_root() {
-  const char* tmp = kiln::config::env("TMPDIR");
-  return tmp && *tmp ? tmp : "/tmp";
-}
-
-// A fresh private directory (mode 0700) under the temp root, or "" when none can be made.
-inline std::filesystem::path make_temp_dir() {
-  std::string pattern = (temp_root() / "kiln-XXXXXX").string();
-  return ::mkdtemp(pattern.data()) ? std::filesystem::path(pattern) : std::filesystem::path();
-}
-
-inline bool write_file(const std::filesystem::path& path, std::string_view text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(text.data(), std::streamsize(text.size()));
-  return bool(out.flush());
-}
-
-inline std::optional<std::vector<char>> read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return in.bad() ? std::nullopt : std::optional(std::move(bytes));
-}
-
-// Kernel names become file names: keep [A-Za-z0-9_] and a sane length.
-inline std::string file_stem(std::string_view name) {
-  std::string stem(name.substr(0, 120));
-  for (char& c : stem)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') c = '_';
-  return stem.empty() ? "kernel" : stem;
-}
-
-// Copies bytes to a fresh file under dir and dlopens it; the file is unlinked at once (the mapping
-// keeps it alive). Names are unique per process because glibc returns an already-loaded object
-// when a new path equals an old one.
-inline void* open_library_copy(const std::filesystem::path& dir, std::span<const char> bytes, const std::string& name,
-                               std::string& errors) {
-  static std::atomic<std::uint64_t> counter{0};
-  std::string path = (dir / ("kiln-" + file_stem(name).substr(0, 60) + "-" + std::to_string(::getpid()) + "-" +
-                             std::to_string(counter++) + "-XXXXXX.so"))
-                         .string();
-  int fd = ::mkstemps(path.data(), 3);
-  if (fd < 0) {
-    errors += dir.string() + ": " + std::strerror(errno) + "\n";
-    return nullptr;
-  }
-  bool written = write_fully(fd, bytes.data(), bytes.size());
-  ::close(fd);
-  settle_host_threads();  // before the kernel's libgomp is loaded
-  void* handle = written ? ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
-  if (!handle) {
-    const char* why = written ? ::dlerror() : "cannot write the file";
-    errors += path + ": " + (why ? why : "dlopen failed") + "\n";
-  }
-  ::unlink(path.c_str());
-  return handle;
-}
-
-// Tries the temp directory first, then the cache directory, since /tmp is mounted noexec on some
-// hardened systems; returns nullptr with the reasons in errors when neither works.
-inline void* open_library(std::span<const char> bytes, const std::string& name, std::string& errors) {
-  if (void* handle = open_library_copy(temp_root(), bytes, name, errors)) return handle;
-  if (!default_disk_cache().enabled()) return nullptr;
-  return open_library_copy(default_disk_cache().root(), bytes, name, errors);
-}
-
-// The probe built with `cxx flags -fopenmp`, or nothing when the compiler refuses.
-inline std::optional<std::vector<char>> build_openmp_probe(std::vector<std::string> argv) {
-  std::filesystem::path dir = make_temp_dir();
-  if (dir.empty() || !write_file(dir / "probe.cpp", openmp_probe_source)) return std::nullopt;
-  argv.insert(argv.end(), {"-fopenmp", "-o", (dir / "probe.so").string(), (dir / "probe.cpp").string()});
-  std::optional<std::vector<char>> bytes;
-  if (run_process(argv).exit_code == 0) bytes = read_file(dir / "probe.so");
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  return bytes;
-}
-
-// The probe's handle when `cxx flags -fopenmp` builds a shared object that also loads (the runtime
-// library may be missing where the compiler accepts the flag), else nullptr. The probe stays loaded
-// for good: that pins the OpenMP runtime, which must not be unloaded under kernels whose thread
-// pools are parked in it, and its team functions serve host_parallel.hpp's host_team(). Only successes are cached on
-// disk, so installing OpenMP later is noticed.
-inline void* probe_openmp(std::vector<std::string> argv, const Digest& toolchain_key) {
-  std::string key = hex(Hasher().update("openmp-probe-v2").update(toolchain_key).digest());
-  std::string errors;
-  if (std::optional<std::vector<char>> cached = default_disk_cache().load(key, "probe"))
-    if (void* probe = open_library(*cached, "openmp_probe", errors)) return probe;
-  std::optional<std::vector<char>> bytes = build_openmp_probe(std::move(argv));
-  void* probe = bytes ? open_library(*bytes, "openmp_probe", errors) : nullptr;
-  if (probe) default_disk_cache().store(key, "probe", *bytes);
-  return probe;
-}
-
 // The compiler command, its flags and the part of every cache key they determine; found once.
 struct HostToolchain {
   std::vector<std::string> cxx;
   std::vector<std::string> flags;
+  std::vector<std::string> libs;  // after the source: -lmvec where the kernels call libmvec
+  bool gcc = false;
   bool openmp = false;
+  int libmvec = 0;  // prelude_libmvec's level (host_probes.hpp); 0: libm's functions once a lane
   HostTeam team;  // the kernels' OpenMP team (host_team.hpp); empty without OpenMP
   Digest key;
 };
@@ -306,17 +108,34 @@ inline HostToolchain find_toolchain() {
   std::vector<std::string> version_argv = t.cxx;
   version_argv.push_back("--version");
   std::string version = run_process(version_argv).output;
+  t.gcc = version.find("Free Software Foundation") != std::string::npos;  // GCC's copyright line
   version = version.substr(0, version.find('\n'));
   Hasher h;
   h.update("kiln-host-so-v1").update(join_command(t.cxx)).update(version).update(cpu);
   for (const std::string& f : t.flags) h.update(f);
   std::vector<std::string> probe_argv = t.cxx;
   probe_argv.insert(probe_argv.end(), t.flags.begin(), t.flags.end());
+  // The two probes build side by side (each is a compiler run of ~0.1 s at a process's first CPU
+  // call when the disk cache does not have it yet); the environment is settled first, since loading
+  // a probe may set variables and setenv must not race the other thread's reads.
+  settle_host_threads();
+  std::future<int> libmvec = std::async(std::launch::async, [&, argv = probe_argv, key = h.digest()] {
+    try {
+      return probe_libmvec(argv, key, t.gcc);
+    } catch (...) {  // optional: without it, libm's functions once a lane
+      return 0;
+    }
+  });
   void* probe = probe_openmp(std::move(probe_argv), h.digest());
   t.openmp = probe != nullptr;
   t.team = host_team_in(probe);
   if (t.openmp) t.flags.push_back("-fopenmp");
-  t.key = h.update(t.openmp).digest();
+  t.libmvec = libmvec.get();
+  if (t.libmvec > 0) {
+    t.flags.push_back("-DKILN_LIBMVEC=" + std::to_string(t.libmvec));
+    t.libs.push_back("-lmvec");
+  }
+  t.key = h.update(t.openmp).update(t.libmvec).digest();
   debug::log_lazy(debug::Channel::cache,
                   [&] { return "host compiler: " + join_command(t.cxx) + " (" + version + ")"; });
   return t;
@@ -344,7 +163,7 @@ inline Digest shared_object_key(std::string_view source) {
 // when false the kiln runtime spreads programs with std::thread.
 inline bool host_openmp() { return detail::toolchain().openmp; }
 
-// The compiler command line without its input and output, for logs.
+// The compiler command line without its input, output and libraries (-lmvec), for logs.
 inline std::string host_compiler_command() {
   std::vector<std::string> argv = detail::toolchain().cxx;
   argv.insert(argv.end(), detail::toolchain().flags.begin(), detail::toolchain().flags.end());
@@ -383,6 +202,7 @@ inline std::vector<char> run_host_compiler(const std::string& source, const std:
   std::vector<std::string> argv = toolchain().cxx;
   argv.insert(argv.end(), toolchain().flags.begin(), toolchain().flags.end());
   argv.insert(argv.end(), {"-o", out.string(), src.string()});
+  argv.insert(argv.end(), toolchain().libs.begin(), toolchain().libs.end());
   ++compile_counter();
   ProcessResult result = run_process(argv);
   std::optional<std::vector<char>> bytes;
