@@ -654,6 +654,28 @@ TEST_CASE("compile: a truncated disk-cache entry is a miss: rebuilt, stored agai
 
 // ---- the host compiler ------------------------------------------------------------------------------------
 
+TEST_CASE("compile: the libmvec probe: glibc's level where it builds and computes right, none with KILN_LIBMVEC=0") {
+  const auto& t = k::runtime::detail::toolchain();
+  std::vector<std::string> argv = t.cxx;
+  for (const std::string& f : t.flags)  // the kernels' flags before the probe's decision
+    if (f.rfind("-DKILN_LIBMVEC", 0) != 0) argv.push_back(f);
+  const k::runtime::Digest key = k::runtime::hash128("test_compile libmvec probe");
+  const int offered = k::runtime::detail::libmvec_offered();
+  MESSAGE("glibc offers libmvec level " << offered << "; the toolchain took " << t.libmvec);
+  CHECK(k::runtime::detail::probe_libmvec(argv, key, t.gcc) == (t.gcc ? offered : 0));
+  CHECK(k::runtime::detail::probe_libmvec(argv, key, false) == 0);  // GCC's attribute syntax only
+  {
+    ScopedEnv off("KILN_LIBMVEC", "0");
+    CHECK(k::runtime::detail::libmvec_offered() == 0);
+    CHECK(k::runtime::detail::probe_libmvec(argv, key, t.gcc) == 0);
+  }
+  if (offered > 0) {  // a probe that does not build (here: does not link) gives 0, not an error
+    std::vector<std::string> bad = argv;
+    bad.push_back("-lkiln_no_such_library");
+    CHECK(k::runtime::detail::probe_libmvec(bad, k::runtime::hash128("test_compile broken libmvec probe"), t.gcc) == 0);
+  }
+}
+
 TEST_CASE("compile: host row kernels are built without GCC's loop if-conversion, pointwise ones with it") {
   // Row kernels carry the option in their own text (so it is part of their cache key); pointwise
   // kernels need the pass to vectorise a select (relu), NOTES items 102 and 135.
