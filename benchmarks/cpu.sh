@@ -6,6 +6,9 @@
 # Writes $OUT (default build/cpu-bench)/{kiln,torch}-<threads>.jsonl and report.md.
 # Usage: benchmarks/cpu.sh [reps] [only-ids]      (e.g. benchmarks/cpu.sh 10 cpu-W1,cpu-W3)
 # CPU_BENCH=path uses a cpu_bench binary built already; CPU_THREADS="2 16" picks the thread counts.
+# CPU_ROUNDS=N (default 1) runs both sides N times in turn at each thread count: the table then
+# gives each side's median over the rounds and the range of the per-round ratios (a VM's times can
+# move by 1.4x between runs of the same binary, on both sides alike).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/cpu-bench}
@@ -21,19 +24,25 @@ fi
 have_torch=0
 python3 -c "import torch" 2>/dev/null && have_torch=1
 threads=${CPU_THREADS:-"2 $(nproc)"}
+rounds=${CPU_ROUNDS:-1}
 for t in $threads; do
-  echo "== $t threads" >&2
-  OMP_NUM_THREADS=$t "$bench" "$reps" "$only" | tee "$out/kiln-$t.jsonl"
-  if ((have_torch)); then
-    OMP_NUM_THREADS=$t python3 benchmarks/cpu_peer.py --reps "$reps" --threads "$t" ${only:+--only "$only"} |
-      tee "$out/torch-$t.jsonl"
-  fi
+  : >"$out/kiln-$t.jsonl"
+  : >"$out/torch-$t.jsonl"
+  for ((r = 1; r <= rounds; ++r)); do
+    echo "== $t threads, round $r of $rounds" >&2
+    OMP_NUM_THREADS=$t "$bench" "$reps" "$only" | tee -a "$out/kiln-$t.jsonl"
+    if ((have_torch)); then
+      OMP_NUM_THREADS=$t python3 benchmarks/cpu_peer.py --reps "$reps" --threads "$t" ${only:+--only "$only"} |
+        tee -a "$out/torch-$t.jsonl"
+    fi
+  done
 done
 python3 - "$out" $threads <<'PY' | tee "$out/report.md"
 import json, math, os, sys
 out, threads = sys.argv[1], sys.argv[2:]
 
 def rows(path):
+    """(id, impl) -> its record, "ms" the median over the rounds and "runs" every round's ms."""
     r = {}
     if os.path.exists(path):
         for line in open(path):
@@ -42,15 +51,22 @@ def rows(path):
             except ValueError:
                 continue
             if "ms" in o:
-                r[(o["id"], o["impl"])] = o
+                r.setdefault((o["id"], o["impl"]), dict(o, runs=[]))["runs"].append(o["ms"])
+    for o in r.values():
+        runs = sorted(o["runs"])
+        mid = len(runs) // 2
+        o["ms"] = runs[mid] if len(runs) % 2 else (runs[mid - 1] + runs[mid]) / 2
     return r
 
 for t in threads:
     k, p = rows(f"{out}/kiln-{t}.jsonl"), rows(f"{out}/torch-{t}.jsonl")
     ids = [i for (i, impl) in k if impl == "kiln"]
     print(f"\n### {t} threads\n")
-    print("| workload | kiln ms | torch.compile ms | eager ms | kiln / torch.compile |")
-    print("|---|---|---|---|---|")
+    several = any(len(o["runs"]) > 1 for o in k.values())
+    if several:
+        print("Medians over the rounds; the last column is the range of the per-round ratios.\n")
+    print("| workload | kiln ms | torch.compile ms | eager ms | kiln / torch.compile |" + (" rounds |" if several else ""))
+    print("|---|---|---|---|---|" + ("---|" if several else ""))
     ratios, earlier = [], []  # earlier: the set of runs before cpu-W1d (forty-second session)
     for i in ids:
         kn, tc, ea = k[(i, "kiln")], p.get((i, "torch.compile")), p.get((i, "eager"))
@@ -60,8 +76,12 @@ for t in threads:
             if i != "cpu-W1d":
                 earlier.append(ratio)
         fmt = lambda o: f"{o['ms']:.3f}" if o else "—"
+        spread = ""
+        if several:
+            per_round = [a / b for a, b in zip(kn["runs"], tc["runs"])] if tc else []
+            spread = f" {min(per_round):.2f}–{max(per_round):.2f} |" if per_round else " — |"
         print(f"| {i} {kn.get('note', '')} | {kn['ms']:.3f} | {fmt(tc)} | {fmt(ea)} | "
-              f"{f'{ratio:.2f}' if ratio else '—'} |")
+              f"{f'{ratio:.2f}' if ratio else '—'} |" + spread)
     if ("cpu-W2", "blas") in k:
         print(f"\nthe GEMM alone: kiln's BLAS {k[('cpu-W2', 'blas')]['ms']:.3f} ms"
               + (f", torch.mm {p[('cpu-W2', 'blas')]['ms']:.3f} ms" if ("cpu-W2", "blas") in p else ""))
