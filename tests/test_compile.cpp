@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -668,6 +669,11 @@ TEST_CASE("compile: the libmvec probe: glibc's level where it builds and compute
     ScopedEnv off("KILN_LIBMVEC", "0");
     CHECK(k::runtime::detail::libmvec_offered() == 0);
     CHECK(k::runtime::detail::probe_libmvec(argv, key, t.gcc) == 0);
+  }
+  {
+    ScopedEnv cap("KILN_LIBMVEC", "1");  // glibc 2.22's functions only
+    CHECK(k::runtime::detail::libmvec_offered() == std::min(offered, 1));
+    CHECK(k::runtime::detail::probe_libmvec(argv, key, t.gcc) == (t.gcc ? std::min(offered, 1) : 0));
   }
   if (offered > 0) {  // a probe that does not build (here: does not link) gives 0, not an error
     std::vector<std::string> bad = argv;

@@ -288,7 +288,7 @@ KILN_UNARY(sqrt, m_sqrt(x))
 KILN_UNARY(rsqrt, m_rsqrt(x))
 KILN_UNARY(reciprocal, m_div(decltype(x)(1), x))
 KILN_UNARY(square, x * x)
-#if defined(KILN_DEVICE_CODE) || !defined(KILN_LIBMVEC)  // else prelude_libmvec_ops (prelude_cpu_math.hpp)
+#if defined(KILN_DEVICE_CODE) || !defined(KILN_LIBMVEC) || KILN_LIBMVEC < 1  // else prelude_libmvec_ops (prelude_cpu_math.hpp)
 KILN_UNARY(sin, m_sin(x))
 KILN_UNARY(cos, m_cos(x))
 #endif
@@ -298,7 +298,7 @@ KILN_UNARY(erf, m_erf(x))
 KILN_UNARY(relu, m_relu(x))
 KILN_UNARY(logical_not, !x)
 #undef KILN_UNARY
-#if defined(KILN_DEVICE_CODE) || !defined(KILN_LIBMVEC)
+#if defined(KILN_DEVICE_CODE) || !defined(KILN_LIBMVEC) || KILN_LIBMVEC < 1
 template <class A, class B> KILN_FN auto pow(const A& a, const B& b) { return map2([](auto x, auto y) { return m_pow(x, y); }, a, b); }
 #endif
 

@@ -38,7 +38,7 @@ namespace kiln::codegen {
 // are within 1); tests/test_cpu_math.cpp asserts that through kiln expressions. f64 keeps libm.
 // Declarations here (the probe compiles them alone); the tile operations in prelude_libmvec_ops.
 inline constexpr std::string_view prelude_libmvec = R"KILN(
-#if !defined(KILN_DEVICE_CODE) && defined(KILN_LIBMVEC)
+#if !defined(KILN_DEVICE_CODE) && defined(KILN_LIBMVEC) && KILN_LIBMVEC > 0
 #if defined(__AVX512F__)
 #define KILN_MVEC_LANES 16
 #define KILN_MVEC(f) _ZGVeN16v_##f
@@ -72,46 +72,60 @@ kiln_mvec KILN_MVEC(expm1f)(kiln_mvec) noexcept;
 )KILN";
 
 // The tile operations over libmvec, in namespace kiln (joined after prelude_ops, which leaves these
-// names to them when KILN_LIBMVEC is defined): whole vectors of an f32 tile's lanes through a variant, the lanes past
-// them and other dtypes through libm.
+// names to them when KILN_LIBMVEC is defined): an f32 tile a vector of lanes at a time through a
+// variant, a partial vector (a tile's last lanes) and a scalar padded to one, so that every f32
+// result comes from the same function whatever its lane; other dtypes through libm.
 inline constexpr std::string_view prelude_libmvec_ops = R"KILN(
-#if !defined(KILN_DEVICE_CODE) && defined(KILN_LIBMVEC)
+#if !defined(KILN_DEVICE_CODE) && defined(KILN_LIBMVEC) && KILN_LIBMVEC > 0
 template <class T> struct mvec_f32 { static constexpr bool value = false; };
 template <> struct mvec_f32<float> { static constexpr bool value = true; };
+// Lanes [i, i + n) of a (a tile or a scalar) as a vector; lanes past n repeat lane i (values the
+// function takes without fault: they are computed and dropped).
+template <class A> KILN_FN kiln_mvec mvec_lanes(const A& a, int i, int n) {
+  float x[KILN_MVEC_LANES];
+  for (int j = 0; j < KILN_MVEC_LANES; ++j) x[j] = (float)lane(a, i + (j < n ? j : 0));
+  kiln_mvec v;
+  __builtin_memcpy(&v, x, sizeof v);
+  return v;
+}
+template <int N> KILN_FN void mvec_store(tile<float, N>& r, int i, int n, kiln_mvec v) {
+  float y[KILN_MVEC_LANES];
+  __builtin_memcpy(y, &v, sizeof v);
+  for (int j = 0; j < n; ++j) r.v[i + j] = y[j];
+}
 template <class V, class S, class A> KILN_FN auto mvec_map1(V vf, S sf, const A& a) {
   constexpr int N = tile_traits<A>::width;
-  if constexpr (N == 0 || !mvec_f32<typename tile_traits<A>::elem>::value) {
+  if constexpr (!mvec_f32<decltype(lane(a, 0))>::value) {
     return map1(sf, a);
+  } else if constexpr (N == 0) {
+    float y[KILN_MVEC_LANES];
+    const kiln_mvec v = vf(mvec_lanes(a, 0, 1));
+    __builtin_memcpy(y, &v, sizeof v);
+    return y[0];
   } else {
     tile<float, N> r;
-    int i = 0;
-    for (; i + KILN_MVEC_LANES <= N; i += KILN_MVEC_LANES) {
-      kiln_mvec v;
-      __builtin_memcpy(&v, a.v + i, sizeof v);
-      v = vf(v);
-      __builtin_memcpy(r.v + i, &v, sizeof v);
+    for (int i = 0; i < N; i += KILN_MVEC_LANES) {
+      const int n = N - i < KILN_MVEC_LANES ? N - i : KILN_MVEC_LANES;
+      mvec_store(r, i, n, vf(mvec_lanes(a, i, n)));
     }
-    for (; i < N; ++i) r.v[i] = sf(a.v[i]);
     return r;
   }
 }
 template <class V, class S, class A, class B> KILN_FN auto mvec_map2(V vf, S sf, const A& a, const B& b) {
   constexpr int N = width_of<A, B>::value;
-  if constexpr (N == 0 || !mvec_f32<decltype(lane(a, 0))>::value || !mvec_f32<decltype(lane(b, 0))>::value) {
+  if constexpr (!mvec_f32<decltype(lane(a, 0))>::value || !mvec_f32<decltype(lane(b, 0))>::value) {
     return map2(sf, a, b);
+  } else if constexpr (N == 0) {
+    float y[KILN_MVEC_LANES];
+    const kiln_mvec v = vf(mvec_lanes(a, 0, 1), mvec_lanes(b, 0, 1));
+    __builtin_memcpy(y, &v, sizeof v);
+    return y[0];
   } else {
     tile<float, N> r;
-    int i = 0;
-    for (; i + KILN_MVEC_LANES <= N; i += KILN_MVEC_LANES) {
-      float x[KILN_MVEC_LANES], y[KILN_MVEC_LANES];
-      for (int j = 0; j < KILN_MVEC_LANES; ++j) x[j] = lane(a, i + j), y[j] = lane(b, i + j);
-      kiln_mvec vx, vy;
-      __builtin_memcpy(&vx, x, sizeof vx);
-      __builtin_memcpy(&vy, y, sizeof vy);
-      vx = vf(vx, vy);
-      __builtin_memcpy(r.v + i, &vx, sizeof vx);
+    for (int i = 0; i < N; i += KILN_MVEC_LANES) {
+      const int n = N - i < KILN_MVEC_LANES ? N - i : KILN_MVEC_LANES;
+      mvec_store(r, i, n, vf(mvec_lanes(a, i, n), mvec_lanes(b, i, n)));
     }
-    for (; i < N; ++i) r.v[i] = sf(lane(a, i), lane(b, i));
     return r;
   }
 }

@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include <sys/utsname.h>
@@ -119,18 +120,23 @@ inline HostToolchain find_toolchain() {
   // call when the disk cache does not have it yet); the environment is settled first, since loading
   // a probe may set variables and setenv must not race the other thread's reads.
   settle_host_threads();
-  std::future<int> libmvec = std::async(std::launch::async, [&, argv = probe_argv, key = h.digest()] {
+  auto libmvec_level = [&, argv = probe_argv, key = h.digest()] {
     try {
       return probe_libmvec(argv, key, t.gcc);
     } catch (...) {  // optional: without it, libm's functions once a lane
       return 0;
     }
-  });
+  };
+  std::future<int> libmvec;
+  try {
+    libmvec = std::async(std::launch::async, libmvec_level);
+  } catch (const std::system_error&) {  // no thread to be had: on this one, after the other probe
+  }
   void* probe = probe_openmp(std::move(probe_argv), h.digest());
   t.openmp = probe != nullptr;
   t.team = host_team_in(probe);
   if (t.openmp) t.flags.push_back("-fopenmp");
-  t.libmvec = libmvec.get();
+  t.libmvec = libmvec.valid() ? libmvec.get() : libmvec_level();
   if (t.libmvec > 0) {
     t.flags.push_back("-DKILN_LIBMVEC=" + std::to_string(t.libmvec));
     t.libs.push_back("-lmvec");
@@ -237,7 +243,11 @@ inline std::vector<char> build_shared_object(const std::string& source, const st
   std::string key = hex(detail::shared_object_key(source));
   std::filesystem::path dumped = dump_debug_source(name, key, source);
   if (std::optional<std::vector<char>> hit = cache.load(key, "so")) return std::move(*hit);
-  debug::log_lazy(debug::Channel::cache, [&] { return "compiling " + name + " with " + host_compiler_command(); });
+  debug::log_lazy(debug::Channel::cache, [&] {
+    std::string libs;
+    for (const std::string& l : detail::toolchain().libs) libs += " " + l;
+    return "compiling " + name + " with " + host_compiler_command() + (libs.empty() ? "" : " (source)" + libs);
+  });
   std::vector<char> bytes = detail::run_host_compiler(source, name, dumped);
   cache.store(key, "so", bytes);
   return bytes;

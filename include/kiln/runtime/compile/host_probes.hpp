@@ -6,7 +6,9 @@
 #pragma once
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -24,15 +26,17 @@ namespace kiln::runtime {
 namespace detail {
 
 // `argv source -o probe.so libs` in a private directory: the shared object's bytes, or nothing when
-// the compiler refuses.
+// the compiler refuses (then `refused` is set) or cannot be run.
 inline std::optional<std::vector<char>> build_probe(std::vector<std::string> argv, std::string_view source,
-                                                    const std::vector<std::string>& libs) {
+                                                    const std::vector<std::string>& libs, bool& refused) {
   std::filesystem::path dir = make_temp_dir();
   if (dir.empty() || !write_file(dir / "probe.cpp", source)) return std::nullopt;
   argv.insert(argv.end(), {"-o", (dir / "probe.so").string(), (dir / "probe.cpp").string()});
   argv.insert(argv.end(), libs.begin(), libs.end());
   std::optional<std::vector<char>> bytes;
-  if (run_process(argv).exit_code == 0) bytes = read_file(dir / "probe.so");
+  const int exit_code = run_process(argv).exit_code;
+  refused = exit_code > 0;
+  if (exit_code == 0) bytes = read_file(dir / "probe.so");
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return bytes;
@@ -40,20 +44,23 @@ inline std::optional<std::vector<char>> build_probe(std::vector<std::string> arg
 
 // The loaded probe under `key`, from the disk cache or built now and cached once it loads and
 // `works` says so; nullptr when it does not build, load or work (a loaded failure is closed).
+// `refused`: the compiler rejected it or it computed wrong (not a missing temp dir or a failed load).
 template <class Works>
 void* probe_library(const std::string& key, const std::string& name, std::vector<std::string> argv,
-                    std::string_view source, const std::vector<std::string>& libs, Works&& works) {
+                    std::string_view source, const std::vector<std::string>& libs, Works&& works, bool& refused) {
+  refused = false;
   std::string errors;
   if (std::optional<std::vector<char>> cached = default_disk_cache().load(key, "probe"))
     if (void* probe = open_library(*cached, name, errors)) {
       if (works(probe)) return probe;
       ::dlclose(probe);
     }
-  std::optional<std::vector<char>> bytes = build_probe(std::move(argv), source, libs);
+  std::optional<std::vector<char>> bytes = build_probe(std::move(argv), source, libs, refused);
   void* probe = bytes ? open_library(*bytes, name, errors) : nullptr;
   if (probe && !works(probe)) {
     ::dlclose(probe);
     probe = nullptr;
+    refused = true;
   }
   if (probe) default_disk_cache().store(key, "probe", *bytes);
   return probe;
@@ -65,24 +72,28 @@ void* probe_library(const std::string& key, const std::string& name, std::vector
 // pools are parked in it, and its team functions serve host_parallel.hpp's host_team().
 inline void* probe_openmp(std::vector<std::string> argv, const Digest& toolchain_key) {
   argv.push_back("-fopenmp");
-  return probe_library(hex(Hasher().update("openmp-probe-v2").update(toolchain_key).digest()), "openmp_probe",
-                       std::move(argv), openmp_probe_source, {}, [](void*) { return true; });
+  bool refused = false;  // not remembered: installing OpenMP later is noticed
+  return probe_library(
+      hex(Hasher().update("openmp-probe-v2").update(toolchain_key).digest()), "openmp_probe", std::move(argv),
+      openmp_probe_source, {}, [](void*) { return true; }, refused);
 }
 
 // The level of prelude_libmvec this machine's glibc offers: 2 from glibc 2.35 (exp2f, log2f,
 // log1pf and expm1f too), 1 from 2.22 (sinf, cosf, powf), 0 without (not x86-64 Linux, not glibc).
-// KILN_LIBMVEC=0 in the environment turns it off (A/B runs, or libm's 1-ulp results wanted).
+// KILN_LIBMVEC in the environment caps it: 0 turns it off (A/B runs, or libm's 1-ulp results
+// wanted), 1 keeps glibc 2.22's functions only.
 inline int libmvec_offered() {
-  if (const char* v = kiln::config::env("KILN_LIBMVEC"); v && std::strcmp(v, "0") == 0) return 0;
+  int level = 0;
 #if defined(__x86_64__) && defined(__linux__)
   using Version = const char* (*)();
   auto version = reinterpret_cast<Version>(::dlsym(RTLD_DEFAULT, "gnu_get_libc_version"));
   int major = 0, minor = 0;
-  if (!version || std::sscanf(version(), "%d.%d", &major, &minor) != 2 || major < 2) return 0;
-  return major > 2 || minor >= 35 ? 2 : minor >= 22 ? 1 : 0;
-#else
-  return 0;
+  if (version && std::sscanf(version(), "%d.%d", &major, &minor) == 2 && major >= 2)
+    level = major > 2 || minor >= 35 ? 2 : minor >= 22 ? 1 : 0;
 #endif
+  if (const char* v = kiln::config::env("KILN_LIBMVEC"); v && *v >= '0' && *v <= '9')
+    level = std::min(level, std::atoi(v));
+  return level;
 }
 
 // A probe calling each declared variant as the kernels do (so the shared object needs exactly the
@@ -121,20 +132,30 @@ extern "C" int kiln_libmvec_probe(float s) {
 }
 
 // The level of prelude_libmvec the kernels may use with this command line (`cxx flags`, GCC only:
-// the simd attribute is GCC's): what glibc offers, once a probe declaring those functions builds
-// with -lmvec, loads, and computes them within 1e-6 of libm's f64 results; else 0.
+// the variants are called through GCC's vector types): the highest level up to what the running
+// glibc offers whose probe builds with -lmvec (the compiler's own glibc may be older: a conda
+// sysroot), loads, and computes within 1e-6 of libm's f64 results; else 0. A level the compiler
+// refuses (or that computes wrong) is remembered on disk like a success, so that later processes do
+// not build it again; one that failed for want of a temp dir or a load is tried again.
 inline int probe_libmvec(std::vector<std::string> argv, const Digest& toolchain_key, bool gcc) {
-  const int level = gcc ? libmvec_offered() : 0;
-  if (level == 0) return 0;
-  const std::string key = hex(Hasher().update("libmvec-probe-v1").update(toolchain_key).update(level).digest());
-  void* probe =
-      probe_library(key, "libmvec_probe", std::move(argv), libmvec_probe_source(level), {"-lmvec"}, [](void* handle) {
-        auto check = reinterpret_cast<int (*)(float)>(::dlsym(handle, "kiln_libmvec_probe"));
-        return check && check(0.37f) == 0;
-      });
-  if (!probe) return 0;
-  ::dlclose(probe);
-  return level;
+  for (int level = gcc ? libmvec_offered() : 0; level > 0; --level) {
+    const std::string key = hex(Hasher().update("libmvec-probe-v1").update(toolchain_key).update(level).digest());
+    if (default_disk_cache().load(key, "failed")) continue;
+    bool refused = false;
+    void* probe = probe_library(
+        key, "libmvec_probe", argv, libmvec_probe_source(level), {"-lmvec"},
+        [](void* handle) {
+          auto check = reinterpret_cast<int (*)(float)>(::dlsym(handle, "kiln_libmvec_probe"));
+          return check && check(0.37f) == 0;
+        },
+        refused);
+    if (probe) {
+      ::dlclose(probe);
+      return level;
+    }
+    if (refused) default_disk_cache().store(key, "failed", std::vector<char>{'0'});
+  }
+  return 0;
 }
 
 }  // namespace detail
