@@ -88,46 +88,37 @@ template <class A> KILN_FN kiln_mvec mvec_lanes(const A& a, int i, int n) {
   __builtin_memcpy(&v, x, sizeof v);
   return v;
 }
-template <int N> KILN_FN void mvec_store(tile<float, N>& r, int i, int n, kiln_mvec v) {
+// The f32 result of g, which maps lanes [i, i + n) to a vector: a scalar's (N 0) from lane 0, else a
+// tile of N lanes, a vector of them at a time.
+template <int N, class G> KILN_FN auto mvec_apply(G g) {
   float y[KILN_MVEC_LANES];
-  __builtin_memcpy(y, &v, sizeof v);
-  for (int j = 0; j < n; ++j) r.v[i + j] = y[j];
+  if constexpr (N == 0) {
+    const kiln_mvec v = g(0, 1);
+    __builtin_memcpy(y, &v, sizeof v);
+    return y[0];
+  } else {
+    tile<float, N> r;
+    for (int i = 0; i < N; i += KILN_MVEC_LANES) {
+      const int n = N - i < KILN_MVEC_LANES ? N - i : KILN_MVEC_LANES;
+      const kiln_mvec v = g(i, n);
+      __builtin_memcpy(y, &v, sizeof v);
+      for (int j = 0; j < n; ++j) r.v[i + j] = y[j];
+    }
+    return r;
+  }
 }
 template <class V, class S, class A> KILN_FN auto mvec_map1(V vf, S sf, const A& a) {
-  constexpr int N = tile_traits<A>::width;
-  if constexpr (!mvec_f32<decltype(lane(a, 0))>::value) {
+  if constexpr (!mvec_f32<decltype(lane(a, 0))>::value)
     return map1(sf, a);
-  } else if constexpr (N == 0) {
-    float y[KILN_MVEC_LANES];
-    const kiln_mvec v = vf(mvec_lanes(a, 0, 1));
-    __builtin_memcpy(y, &v, sizeof v);
-    return y[0];
-  } else {
-    tile<float, N> r;
-    for (int i = 0; i < N; i += KILN_MVEC_LANES) {
-      const int n = N - i < KILN_MVEC_LANES ? N - i : KILN_MVEC_LANES;
-      mvec_store(r, i, n, vf(mvec_lanes(a, i, n)));
-    }
-    return r;
-  }
+  else
+    return mvec_apply<tile_traits<A>::width>([&](int i, int n) { return vf(mvec_lanes(a, i, n)); });
 }
 template <class V, class S, class A, class B> KILN_FN auto mvec_map2(V vf, S sf, const A& a, const B& b) {
-  constexpr int N = width_of<A, B>::value;
-  if constexpr (!mvec_f32<decltype(lane(a, 0))>::value || !mvec_f32<decltype(lane(b, 0))>::value) {
+  if constexpr (!mvec_f32<decltype(lane(a, 0))>::value || !mvec_f32<decltype(lane(b, 0))>::value)
     return map2(sf, a, b);
-  } else if constexpr (N == 0) {
-    float y[KILN_MVEC_LANES];
-    const kiln_mvec v = vf(mvec_lanes(a, 0, 1), mvec_lanes(b, 0, 1));
-    __builtin_memcpy(y, &v, sizeof v);
-    return y[0];
-  } else {
-    tile<float, N> r;
-    for (int i = 0; i < N; i += KILN_MVEC_LANES) {
-      const int n = N - i < KILN_MVEC_LANES ? N - i : KILN_MVEC_LANES;
-      mvec_store(r, i, n, vf(mvec_lanes(a, i, n), mvec_lanes(b, i, n)));
-    }
-    return r;
-  }
+  else
+    return mvec_apply<width_of<A, B>::value>(
+        [&](int i, int n) { return vf(mvec_lanes(a, i, n), mvec_lanes(b, i, n)); });
 }
 #define KILN_UNARY_MVEC(name, f)                                                                          \
   template <class A> KILN_FN auto name(const A& a) {                                                      \
