@@ -1,12 +1,16 @@
 // Dynamic against static kernels (issue 19 item 2): each function compiled twice in one process,
 // `.shapes = static_` and `dynamic`, timed at the same shape (median of 7 samples of 50 calls) and
-// their outputs compared. For an A/B, run it again under a tuning variable (KILN_TUNE_DYNAMIC_ROWS=0:
-// rows of symbolic length looped; KILN_TUNE_INDEX32=0: i64 indices). Needs a CUDA device.
-#include <kiln/kiln.hpp>
-#include <kiln/testing.hpp>
+// their outputs compared; then column reductions over odd widths (split column sums, a norm
+// backward's dw and db), some planned at one width and timed at another (the program's kernels for
+// other sizes). For an A/B, run it again under a tuning variable (KILN_TUNE_DYNAMIC_ROWS=0: rows of
+// symbolic length looped; KILN_TUNE_INDEX32=0: i64 indices; KILN_TUNE_COLUMN_ROWS=1: column blocks
+// by kept rows, benchmarks/NOTES.md item 137). Needs a CUDA device.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+#include <tuple>
 
 #include "timing.hpp"
 namespace k = kiln;
@@ -24,14 +28,60 @@ double time_ms(F& f, const T&... a) {
   std::sort(t.begin(), t.end());
   return t[3];
 }
+// Whether two results (a tensor, or a gradient's tuple of them) agree.
+bool same(const k::Tensor& a, const k::Tensor& b) { return bool(k::testing::allclose(a, b, 1e-2, 1e-2)); }
+template <class... T>
+bool same(const std::tuple<T...>& a, const std::tuple<T...>& b) {
+  return std::apply(
+      [&](const auto&... x) { return std::apply([&](const auto&... y) { return (same(x, y) && ...); }, b); }, a);
+}
 template <class Fn, class... T>
 void row(const char* name, Fn fn, const T&... a) {
   auto fs = k::compile(fn, {.shapes = k::shapes::static_});
   auto fd = k::compile(fn, {.shapes = k::shapes::dynamic});
   double s = time_ms(fs, a...), d = time_ms(fd, a...);
-  auto r = k::testing::allclose(fd(a...), fs(a...), 1e-2, 1e-2);
-  std::printf("%-34s static %.4f ms  dynamic %.4f ms  dyn/static %.2f  %s\n", name, s, d, d / s, bool(r) ? "equal" : "DIFFER");
+  const bool r = same(fd(a...), fs(a...));
+  std::printf("%-34s static %.4f ms  dynamic %.4f ms  dyn/static %.2f  %s\n", name, s, d, d / s,
+              r ? "equal" : "DIFFER");
 }
+// A dynamic program planned at the arguments `plan`, timed at `run` against a static one there.
+template <class Fn, class... T>
+void planned_elsewhere(const char* name, Fn fn, const std::tuple<T...>& plan, const std::tuple<T...>& run) {
+  auto fs = k::compile(fn, {.shapes = k::shapes::static_});
+  auto fd = k::compile(fn, {.shapes = k::shapes::dynamic});
+  std::apply(fd, plan);
+  double s = std::apply([&](const auto&... a) { return time_ms(fs, a...); }, run);
+  double d = std::apply([&](const auto&... a) { return time_ms(fd, a...); }, run);
+  const bool r = same(std::apply(fd, run), std::apply(fs, run));
+  std::printf("%-34s static %.4f ms  dynamic %.4f ms  dyn/static %.2f  %s\n", name, s, d, d / s,
+              r ? "equal" : "DIFFER");
+}
+
+void odd_widths() {
+  auto ln = [](auto a, auto w, auto b) { return k::layer_norm(a, w, b); };
+  auto rn = [](auto a, auto w) { return k::rms_norm(a, w); };
+  auto colsum = [](auto a) { return k::sum(a, 0); };
+  auto args = [](std::int64_t r, std::int64_t c, k::dtype dt, std::uint64_t s) {
+    return std::make_tuple(k::randn({r, c}, dt, k::cuda, s), k::randn({c}, dt, k::cuda, s + 1),
+                           k::randn({c}, dt, k::cuda, s + 2), k::randn({r, c}, dt, k::cuda, s + 3));
+  };
+  for (auto dt : {k::bf16, k::f32}) {
+    auto [x, w, b, dy] = args(dt == k::bf16 ? 2670 : 1335, 50257, dt, 20);
+    row(dt == k::bf16 ? "layer_norm_bwd 2670x50257 bf16" : "layer_norm_bwd 1335x50257 f32", k::vjp(ln, k::wrt<0, 1, 2>),
+        x, w, b, dy);
+    row(dt == k::bf16 ? "rms_norm_bwd 2670x50257 bf16" : "rms_norm_bwd 1335x50257 f32", k::vjp(rn, k::wrt<0, 1>), x, w,
+        dy);
+  }
+  row("colsum 1031x50021 f32", colsum, k::randn({1031, 50021}, k::f32, k::cuda, 30));
+  row("colsum 8192x12289 bf16", colsum, k::randn({8192, 12289}, k::bf16, k::cuda, 31));
+  row("colsum 65536x1001 f32", colsum, k::randn({65536, 1001}, k::f32, k::cuda, 32));
+  planned_elsewhere("colsum 16384x4099 (planned at 4096)", colsum,
+                    std::make_tuple(k::randn({16384, 4096}, k::f32, k::cuda, 33)),
+                    std::make_tuple(k::randn({16384, 4099}, k::f32, k::cuda, 34)));
+  planned_elsewhere("layer_norm_bwd 8192x771 bf16 (at 768)", k::vjp(ln, k::wrt<0, 1, 2>), args(8192, 768, k::bf16, 35),
+                    args(8192, 771, k::bf16, 39));
+}
+
 int main() {
   if (!kiln_bench::cuda_device_present()) {
     std::printf("dynamic_static: no CUDA device\n");
@@ -49,4 +99,5 @@ int main() {
   row("layer_norm 4096x5120 bf16", [](auto a, auto g) { return k::layer_norm(a, g, g); }, xc, wc);
   row("log_softmax 8192x3000 f32", [](auto a) { return k::log_softmax(a, -1); }, xo);
   row("heads permute [8,1024,12,64] bf16", [](auto a) { return k::permute(a, {0, 2, 1, 3}) * 2.0f; }, h);
+  odd_widths();
 }

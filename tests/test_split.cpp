@@ -3,6 +3,8 @@
 // count still gets a split (an unsplit column sum of 87381 rows ran 100x slower on an H200). Values
 // against the f64 oracle on the CPU and the GPU; explain shows the split happened.
 #include <doctest/doctest.h>
+#include <algorithm>
+#include <cstdlib>
 
 #include <string>
 #include <vector>
@@ -180,6 +182,31 @@ void changing_row_counts(k::Device dev, std::int64_t cols) {
   }
 }
 
+// One dynamic program over kept rows of changing odd widths. With by_rows (KILN_TUNE_COLUMN_ROWS=1)
+// its split column kernel on a GPU walks a kept row's column tiles by blocks
+// (codegen/kernel_writer_plan.hpp), planned at the first width and right at widths far below it (a
+// row's last block then mostly idle lanes).
+void changing_odd_widths(k::Device dev, bool by_rows) {
+  auto fn = [](auto a) { return k::sum(a, 0); };
+  auto f = k::compile(fn, {.shapes = k::shapes::dynamic});
+  for (auto [rows, cols] :
+       {std::pair<std::int64_t, std::int64_t>{2049, 40009}, {3001, 33}, {1025, 1001}, {4097, 50257}}) {
+    CAPTURE(rows);
+    CAPTURE(cols);
+    auto x = k::randn({rows, cols}, k::f32, k::cpu, 40 + static_cast<std::uint64_t>(cols));
+    k::Tensor got = f(x.to(dev));
+    auto r = k::testing::allclose(got.to(k::cpu), k::reference::eval(fn(x.to(k::f64))), 1e-4, 1e-3);
+    INFO(r.str());
+    CHECK(r);
+    if (dev.is_cuda() && cols == 40009) {  // the first width plans the program: its first stage by kept rows
+      auto rep = k::explain(f, x.to(dev));
+      CHECK(by_rows == std::any_of(rep.kernels.begin(), rep.kernels.end(), [](const auto& kk) {
+              return kk.source.find("one row a block") != std::string::npos;
+            }));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("split: split column sums at changing row counts (CPU)") { changing_row_counts(k::cpu, 1000); }
@@ -188,6 +215,13 @@ TEST_CASE("split: split column sums at changing row counts (GPU)" * needs_gpu())
   changing_row_counts(k::cuda, 40009);
 }
 
+TEST_CASE("split: dynamic column sums over changing odd widths (CPU)") { changing_odd_widths(k::cpu, false); }
+TEST_CASE("split: dynamic column sums over changing odd widths (GPU)" * needs_gpu()) {
+  changing_odd_widths(k::cuda, false);
+  ::setenv("KILN_TUNE_COLUMN_ROWS", "1", 1);  // read when a program is lowered
+  changing_odd_widths(k::cuda, true);
+  ::unsetenv("KILN_TUNE_COLUMN_ROWS");
+}
 TEST_CASE("split: column sums over wide columns, two stages on a GPU only (CPU)") { wide_columns(k::cpu); }
 TEST_CASE("split: column sums over wide columns, two stages on a GPU only (GPU)" * needs_gpu()) {
   wide_columns(k::cuda);

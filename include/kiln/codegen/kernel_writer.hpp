@@ -359,16 +359,20 @@ class KernelWriter {
   Sym ya_, xb_, sa_, sb_, znumel_{1};
   bool col_tiles_ = false;  // host: rows by column tiles (kernel_writer_columns.hpp)
   Sym xrow_, xcol_;
-  std::int64_t kept_cols_ = 0;  // host column programs by rows (col_tiles_ with rows()): the last kept dim
-  // The kept elements' flat index: xindex, or a host column program's row and column tile.
-  Sym kept_flat() const { return rows() && col_tiles_ ? xrow_ * Sym(kept_cols_) + xcol_ : xindex_; }
+  // Column programs by kept rows (col_tiles_ with rows()): the last kept dim and the product of the
+  // kept dims before it.
+  Sym kept_cols_{0}, kept_lead_{0};
+  // The kept elements' flat index: xindex, or a column program's kept row and column tile.
+  Sym kept_flat() const { return rows() && col_tiles_ ? xrow_ * kept_cols_ + xcol_ : xindex_; }
   bool is_kept_symbol(const Sym& f) const { return f == xindex_ || (rows() && col_tiles_ && (f == xrow_ || f == xcol_)); }
-  // Host column programs by rows: a row's column tiles, and the programs' kept elements (every row's
-  // tiles, the last one overhanging the row) as the kernel's xnumel: a program a tile.
-  std::int64_t col_tiles_a_row() const { return (kept_cols_ + config_.xvec - 1) / config_.xvec; }
-  Sym kept_tiles_xnumel() const {
-    return rows() && col_tiles_ ? floordiv(xnumel_, Sym(kept_cols_)) * Sym(col_tiles_a_row() * config_.xvec) : xnumel_;
+  // Column programs by kept rows: the lanes a kept row takes (its column tiles, the last one
+  // overhanging the row; on the GPU whole column blocks of XT threads, so that a block never
+  // straddles two rows), and every row's as the kernel's xnumel.
+  Sym kept_row_span() const {
+    const std::int64_t w = std::int64_t{config_.xvec} * (column_block() ? config_.threads / config_.row_threads : 1);
+    return floordiv(kept_cols_ + Sym(w - 1), Sym(w)) * Sym(w);
   }
+  Sym kept_tiles_xnumel() const { return rows() && col_tiles_ ? kept_lead_ * kept_row_span() : xnumel_; }
   std::map<std::string, std::string> staged_;  // the staging load -> its shared tile
   std::vector<std::string> stage_decls_;
   std::int64_t stage_bytes_ = 0;

@@ -89,13 +89,19 @@ inline void KernelWriter::write_rows() {
   // at 8 GB/s, over 1031x50016 at 32 (NOTES item 111).
   const bool by_cols = x_lanes && col_tiles_;  // host: a kept row by column tiles (plan())
   const bool lane_split = x_lanes && target_ == Target::cpu && (!full_rows_ || by_cols);
-  if (by_cols) {  // a program a column tile of a kept row: xnumel counts the rows' tiles (write())
-    const std::string row = std::to_string(col_tiles_a_row() * config_.xvec);
-    xrow_ = Sym::symbol("xrow", 1011, {.nonnegative = true, .bound = floordiv(xnumel_, Sym(kept_cols_))});
-    xcol_ = Sym::symbol("xcol", 1012, {.nonnegative = true, .bound = Sym(kept_cols_)});
-    line("KILN_COLUMN_PROGRAM(xoffset) {");
+  if (by_cols) {  // a program (a GPU thread) a column tile of a kept row: xnumel counts the rows' tiles (write())
+    const Sym span = kept_row_span();
+    const std::string row = span.is_constant() ? index_code(span) : "(" + index_code(span) + ")";
+    xrow_ = Sym::symbol("xrow", 1011, {.nonnegative = true, .bound = kept_lead_});
+    xcol_ = Sym::symbol("xcol", 1012, {.nonnegative = true, .bound = kept_cols_});
+    line(column_block() ? "KILN_COLUMN_BLOCK(xoffset) {" : "KILN_COLUMN_PROGRAM(xoffset) {");
     ++indent_;
-    line("const ix xrow = xoffset / " + row + ", xcoff = xoffset % " + row + ";");
+    line("const ix xrow = xoffset / " + row + ", xcoff = xoffset % " + row + ";" +
+         (column_block() ? "  // one row a block" : ""));
+    if (!lane_split) {
+      line("auto xcol = xcoff + kiln::arange<XVEC, ix>();");
+      line("auto xmask = xcol < " + index_code(kept_cols_) + ";");
+    }
   } else if (x_lanes) {
     line(column_block() ? "KILN_COLUMN_BLOCK(xoffset) {" : "KILN_COLUMN_PROGRAM(xoffset) {");
     ++indent_;
@@ -303,7 +309,7 @@ inline void KernelWriter::write_rows() {
   }
   };  // program_body
   if (lane_split) {
-    const std::string k = std::to_string(kept_cols_);
+    const std::string k = index_code(kept_cols_);
     for (bool whole : {true, false}) {
       line(whole     ? "if (" + std::string(by_cols ? "xcoff + XVEC <= " + k : "xoffset + XVEC <= xnumel") + ") {"
                      : "} else {");

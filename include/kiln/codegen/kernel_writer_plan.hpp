@@ -176,24 +176,45 @@ inline void KernelWriter::plan() {
   // lanes are consecutive columns of one row. The flat walk's tiles straddled two rows and
   // indexed through xindex / K and xindex % K, lane by lane: a column sum over 1024x4099 f32 took
   // 4.2x one over 1024x4096 (NOTES item 114).
-  if (rows() && target_ == Target::cpu && ks.config.x_lanes && tune_.column_lanes != 0) {
-    std::int64_t kept_dims = 0;
-    Sym last(1);
-    for (int i = 0; i < static_cast<int>(p.size()); ++i)
-      if (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) == plan_.rdims.end() &&
-          !(p[i].is_constant() && p[i].constant_value() == 1))
-        ++kept_dims, last = p[i];
-    if (kept_dims >= 2 && last.is_constant() && last.constant_value() > ks.config.xvec &&
-        last.constant_value() % ks.config.xvec != 0) {
-      col_tiles_ = true;
-      kept_cols_ = last.constant_value();
-    }
-  }
+  std::vector<Sym> kept;  // the kept dims longer than one
+  for (int i = 0; i < static_cast<int>(p.size()); ++i)
+    if (std::find(plan_.rdims.begin(), plan_.rdims.end(), i) == plan_.rdims.end() &&
+        !(p[i].is_constant() && p[i].constant_value() == 1))
+      kept.push_back(p[i]);
+  auto by_kept_rows = [&] {
+    col_tiles_ = true;
+    kept_cols_ = kept.back();
+    kept_lead_ = product(std::vector<Sym>(kept.begin(), kept.end() - 1));
+  };
+  if (rows() && target_ == Target::cpu && ks.config.x_lanes && tune_.column_lanes != 0 && kept.size() >= 2 &&
+      kept.back().is_constant() && kept.back().constant_value() > ks.config.xvec &&
+      kept.back().constant_value() % ks.config.xvec != 0)
+    by_kept_rows();
   config_ = ks.config;
   // GPU kernels over symbolic sizes may take sizes as multiples of their vector (Assumptions); the
   // program's looped twin (KILN_TUNE_DYNAMIC_ROWS=0) assumes nothing.
   if (target_ == Target::cuda && tune_.dynamic_rows != 0)
     assumed_ = Assumptions{&env_.example, rows() && !config_.x_lanes ? config_.rvec : config_.xvec, {}};
+  // GPU column blocks over kept dims [..., K] with K symbolic and no whole number of tiles (a
+  // dynamic split column sum over [S, K] at an odd K, or this kernel's twin that assumes nothing):
+  // a block a run of XT column tiles of one kept row. The flat walk's lanes then cross rows, each
+  // dividing its index by K (a run-time value) and testing its own chunk's end: the dynamic split
+  // column kernel of a layer_norm backward over 50257 columns took 182 registers against the
+  // static kernel's 98 (NOTES item 132), by kept rows 80. A kept row's last block leaves lanes
+  // idle, so only where that is at most one lane in eight at the compiling call's K; where K is a
+  // whole number of tiles the flat walk's tiles stay in one row and divide once a thread.
+  // KILN_TUNE_COLUMN_ROWS=1 (off by default: written and run through the GPU tests, not yet timed).
+  if (tune_.column_rows == 1 && column_block() && rows() && tune_.column_lanes != 0 && kept.size() >= 2 &&
+      !kept.back().is_constant()) {
+    Assumptions probe = assumed_;  // (asking takes no assumption for the kernel)
+    const std::int64_t k = kept.back().eval(env_.example),
+                       w = std::int64_t{config_.xvec} * (config_.threads / config_.row_threads);
+    const std::int64_t span = (k + w - 1) / w * w;
+    if (!multiple_of(kept.back(), config_.xvec, -1, 0, &probe) && k > 0 && (span - k) * 8 <= span) {
+      by_kept_rows();
+      ks.config = config_;
+    }
+  }
   plain_loads_ = target_ == Target::cuda && (tune_.loads >= 0 ? tune_.loads == 1 : transcendental);
   if (ks.kind == schedule::Kind::per && ks.config.riters == 0) ks.kind = schedule::Kind::red;  // looped, not held
   // Programs that tile the domain exactly need no bounds tests: whole programs of rows, and

@@ -52,6 +52,10 @@ struct Tuning {
                            // holds), 1 gives threads 16 bytes of kept elements (measured slower: NOTES
                            // 85), 2 column blocks always (autotuning's other side of that rule),
                            // default else column blocks (KILN_TUNE_COLUMN_LANES)
+  int column_rows = -1;    // GPU column blocks over a symbolic last kept dim of no whole number of
+                           // tiles: 1 a block a kept row's run of column tiles (codegen's plan:
+                           // registers 182 -> 80 on a dynamic layer_norm backward's split sums);
+                           // default the flat walk, until timed on a GPU (KILN_TUNE_COLUMN_ROWS)
   int index32 = -1;        // GPU index arithmetic in int where it fits: 0 never (the rule before), 1
                            // static sizes only, default also symbolic sizes under a guard on the
                            // program's sizes (codegen's narrow_indices; KILN_TUNE_INDEX32)
@@ -117,24 +121,42 @@ struct Tuning {
     Field field;
     const char* name;
   };
-  static constexpr Knob knobs[] = {{&Tuning::poi_threads, "threads"},   {&Tuning::poi_vectors, "vectors"},
-                                   {&Tuning::row_elems, "row_elems"},   {&Tuning::row_block, "row_block"},
-                                   {&Tuning::row_unroll, "unroll"},     {&Tuning::hoist, "hoist"},
-                                   {&Tuning::loads, "loads"},           {&Tuning::waves, "waves"},
-                                   {&Tuning::poi_unroll, "poi_unroll"}, {&Tuning::row_threads, "row_threads"},
-                                   {&Tuning::row_iters, "row_iters"},   {&Tuning::row_slots, "row_slots"},
-                                   {&Tuning::aligned, "aligned"},       {&Tuning::prelude_loads, "prelude_loads"},
-                                   {&Tuning::partials, "partials"},     {&Tuning::matmul_t, "matmul_t"},
-                                   {&Tuning::realize, "realize"},       {&Tuning::epilogue, "epilogue"},
-                                   {&Tuning::row_tiling, "row_tiling"}, {&Tuning::row_cache, "row_cache"},
-                                   {&Tuning::vector_masks, "vector_masks"}, {&Tuning::transpose, "transpose"},
-                                   {&Tuning::keep_values, "keep_values"}, {&Tuning::column_lanes, "column_lanes"},
-                                   {&Tuning::attention, "attention"}, {&Tuning::attention_rows, "attention_rows"},
+  static constexpr Knob knobs[] = {{&Tuning::poi_threads, "threads"},
+                                   {&Tuning::poi_vectors, "vectors"},
+                                   {&Tuning::row_elems, "row_elems"},
+                                   {&Tuning::row_block, "row_block"},
+                                   {&Tuning::row_unroll, "unroll"},
+                                   {&Tuning::hoist, "hoist"},
+                                   {&Tuning::loads, "loads"},
+                                   {&Tuning::waves, "waves"},
+                                   {&Tuning::poi_unroll, "poi_unroll"},
+                                   {&Tuning::row_threads, "row_threads"},
+                                   {&Tuning::row_iters, "row_iters"},
+                                   {&Tuning::row_slots, "row_slots"},
+                                   {&Tuning::aligned, "aligned"},
+                                   {&Tuning::prelude_loads, "prelude_loads"},
+                                   {&Tuning::partials, "partials"},
+                                   {&Tuning::matmul_t, "matmul_t"},
+                                   {&Tuning::realize, "realize"},
+                                   {&Tuning::epilogue, "epilogue"},
+                                   {&Tuning::row_tiling, "row_tiling"},
+                                   {&Tuning::row_cache, "row_cache"},
+                                   {&Tuning::vector_masks, "vector_masks"},
+                                   {&Tuning::transpose, "transpose"},
+                                   {&Tuning::keep_values, "keep_values"},
+                                   {&Tuning::column_lanes, "column_lanes"},
+                                   {&Tuning::column_rows, "column_rows"},
+                                   {&Tuning::attention, "attention"},
+                                   {&Tuning::attention_rows, "attention_rows"},
                                    {&Tuning::attention_backward, "attention_backward"},
-                                   {&Tuning::occupancy, "occupancy"}, {&Tuning::row_shift, "row_shift"},
-                                   {&Tuning::index32, "index32"}, {&Tuning::one_pass, "one_pass"},
-                                   {&Tuning::row_split, "row_split"}, {&Tuning::row_smem, "row_smem"},
-                                   {&Tuning::wide_rows, "wide_rows"}, {&Tuning::row_scalars, "row_scalars"}};
+                                   {&Tuning::occupancy, "occupancy"},
+                                   {&Tuning::row_shift, "row_shift"},
+                                   {&Tuning::index32, "index32"},
+                                   {&Tuning::one_pass, "one_pass"},
+                                   {&Tuning::row_split, "row_split"},
+                                   {&Tuning::row_smem, "row_smem"},
+                                   {&Tuning::wide_rows, "wide_rows"},
+                                   {&Tuning::row_scalars, "row_scalars"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -166,6 +188,7 @@ struct Tuning {
                                    {&Tuning::transpose, "KILN_TUNE_TRANSPOSE", 0, 128},
                                    {&Tuning::keep_values, "KILN_TUNE_KEEP_VALUES", 0, 1},
                                    {&Tuning::column_lanes, "KILN_TUNE_COLUMN_LANES", 0, 2},
+                                   {&Tuning::column_rows, "KILN_TUNE_COLUMN_ROWS", 0, 1},
                                    {&Tuning::occupancy, "KILN_TUNE_OCCUPANCY", 0, 2048},
                                    {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 2},
                                    {&Tuning::index32, "KILN_TUNE_INDEX32", 0, 1},
