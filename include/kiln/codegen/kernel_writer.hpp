@@ -89,6 +89,8 @@ struct Assumptions {
   }
 };
 
+// Whether e is a multiple of m for every tile (defined in kernel_writer_access.hpp).
+inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec, const Assumptions* a = nullptr);
 
 // Writes one kernel. `strides_of(node)` gives the symbolic strides of a buffer (args may be
 // strided; intermediates are contiguous).

@@ -69,7 +69,7 @@ inline Sym KernelWriter::slice_step(int node) {
 
 // Whether e is a multiple of m for every tile, where the tile start (symbol id `start`) is a
 // multiple of `vec`. Sizes are unknown (false); constants and products are exact.
-inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec, const Assumptions* a = nullptr) {
+inline bool multiple_of(const Sym& e, std::int64_t m, int start, std::int64_t vec, const Assumptions* a) {
   auto rec = [&](const Sym& x) { return multiple_of(x, m, start, vec, a); };
   switch (e.kind()) {
     case SymKind::constant:
