@@ -189,12 +189,14 @@ void changing_row_counts(k::Device dev, std::int64_t cols) {
 void changing_odd_widths(k::Device dev, bool by_rows) {
   auto fn = [](auto a) { return k::sum(a, 0); };
   auto f = k::compile(fn, {.shapes = k::shapes::dynamic});
+  k::Tensor last;
   for (auto [rows, cols] :
        {std::pair<std::int64_t, std::int64_t>{2049, 40009}, {3001, 33}, {1025, 1001}, {4097, 50257}}) {
     CAPTURE(rows);
     CAPTURE(cols);
     auto x = k::randn({rows, cols}, k::f32, k::cpu, 40 + static_cast<std::uint64_t>(cols));
-    k::Tensor got = f(x.to(dev));
+    last = x.to(dev);
+    k::Tensor got = f(last);
     auto r = k::testing::allclose(got.to(k::cpu), k::reference::eval(fn(x.to(k::f64))), 1e-4, 1e-3);
     INFO(r.str());
     CHECK(r);
@@ -205,6 +207,7 @@ void changing_odd_widths(k::Device dev, bool by_rows) {
             }));
     }
   }
+  CHECK(k::explain(f, last).recompiles == 0);  // one program served every width
 }
 
 }  // namespace
@@ -218,9 +221,11 @@ TEST_CASE("split: split column sums at changing row counts (GPU)" * needs_gpu())
 TEST_CASE("split: dynamic column sums over changing odd widths (CPU)") { changing_odd_widths(k::cpu, false); }
 TEST_CASE("split: dynamic column sums over changing odd widths (GPU)" * needs_gpu()) {
   changing_odd_widths(k::cuda, false);
-  ::setenv("KILN_TUNE_COLUMN_ROWS", "1", 1);  // read when a program is lowered
+  struct ColumnRows {  // KILN_TUNE_COLUMN_ROWS=1 for this scope (read when a program is lowered)
+    ColumnRows() { ::setenv("KILN_TUNE_COLUMN_ROWS", "1", 1); }
+    ~ColumnRows() { ::unsetenv("KILN_TUNE_COLUMN_ROWS"); }
+  } on;
   changing_odd_widths(k::cuda, true);
-  ::unsetenv("KILN_TUNE_COLUMN_ROWS");
 }
 TEST_CASE("split: column sums over wide columns, two stages on a GPU only (CPU)") { wide_columns(k::cpu); }
 TEST_CASE("split: column sums over wide columns, two stages on a GPU only (GPU)" * needs_gpu()) {

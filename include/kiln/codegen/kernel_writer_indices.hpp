@@ -79,7 +79,7 @@ inline void KernelWriter::note_index_bound(KernelSource& ks) const {
   for (const Param& pr : params_)
     if (pr.kind == Param::in_ptr || pr.kind == Param::out_ptr) ks.index_nodes.push_back(pr.ref);
   if (rows())
-    ks.index_span = {xnumel_ + Sym(config_.rows) + (col_tiles_ ? kept_row_span() : Sym(0)),
+    ks.index_span = {(col_tiles_ ? kept_tiles_xnumel() : xnumel_) + Sym(config_.rows),  // (by kept rows: padded)
                      rnumel_ + Sym(std::int64_t{config_.rvec} * config_.row_threads * std::max(1, config_.riters))};
   else if (tile_dim_ >= 0 || col_tiles_)
     ks.index_span = {xnumel_, Sym(4)};
