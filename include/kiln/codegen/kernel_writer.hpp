@@ -370,8 +370,11 @@ class KernelWriter {
   // Column programs by kept rows: the lanes a kept row takes (its column tiles, the last one
   // overhanging the row; on the GPU whole column blocks of XT threads, so that a block never
   // straddles two rows), and every row's as the kernel's xnumel.
+  std::int64_t kept_block_lanes() const {
+    return std::int64_t{config_.xvec} * (column_block() ? config_.threads / config_.row_threads : 1);
+  }
   Sym kept_row_span() const {
-    const std::int64_t w = std::int64_t{config_.xvec} * (column_block() ? config_.threads / config_.row_threads : 1);
+    const std::int64_t w = kept_block_lanes();
     return floordiv(kept_cols_ + Sym(w - 1), Sym(w)) * Sym(w);
   }
   Sym kept_tiles_xnumel() const { return rows() && col_tiles_ ? kept_lead_ * kept_row_span() : xnumel_; }

@@ -207,13 +207,8 @@ inline void KernelWriter::plan() {
   if (tune_.column_rows == 1 && column_block() && rows() && tune_.column_lanes != 0 && kept.size() >= 2 &&
       !kept.back().is_constant()) {
     Assumptions probe = assumed_;  // (asking takes no assumption for the kernel)
-    const std::int64_t k = kept.back().eval(env_.example),
-                       w = std::int64_t{config_.xvec} * (config_.threads / config_.row_threads);
-    const std::int64_t span = (k + w - 1) / w * w;
-    if (!multiple_of(kept.back(), config_.xvec, -1, 0, &probe) && k > 0 && (span - k) * 8 <= span) {
-      by_kept_rows();
-      ks.config = config_;
-    }
+    const std::int64_t k = kept.back().eval(env_.example), w = kept_block_lanes(), span = (k + w - 1) / w * w;
+    if (!multiple_of(kept.back(), config_.xvec, -1, 0, &probe) && k > 0 && (span - k) * 8 <= span) by_kept_rows();
   }
   plain_loads_ = target_ == Target::cuda && (tune_.loads >= 0 ? tune_.loads == 1 : transcendental);
   if (ks.kind == schedule::Kind::per && ks.config.riters == 0) ks.kind = schedule::Kind::red;  // looped, not held
