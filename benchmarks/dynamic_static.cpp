@@ -3,8 +3,8 @@
 // their outputs compared; then column reductions over odd widths (split column sums, a norm
 // backward's dw and db), some planned at one width and timed at another (the program's kernels for
 // other sizes). For an A/B, run it again under a tuning variable (KILN_TUNE_DYNAMIC_ROWS=0: rows of
-// symbolic length looped; KILN_TUNE_INDEX32=0: i64 indices; KILN_TUNE_COLUMN_ROWS=1: column blocks
-// by kept rows, benchmarks/NOTES.md item 137). Needs a CUDA device.
+// symbolic length looped; KILN_TUNE_INDEX32=0: i64 indices; KILN_TUNE_COLUMN_ROWS=0: column blocks
+// walked flat across kept rows, benchmarks/NOTES.md item 138). Needs a CUDA device.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

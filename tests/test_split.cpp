@@ -182,8 +182,8 @@ void changing_row_counts(k::Device dev, std::int64_t cols) {
   }
 }
 
-// One dynamic program over kept rows of changing odd widths. With by_rows (KILN_TUNE_COLUMN_ROWS=1)
-// its split column kernel on a GPU walks a kept row's column tiles by blocks
+// One dynamic program over kept rows of changing odd widths. With by_rows (the default;
+// KILN_TUNE_COLUMN_ROWS=0 the flat walk) its split column kernel on a GPU walks a kept row's column tiles by blocks
 // (codegen/kernel_writer_plan.hpp), planned at the first width and right at widths far below it (a
 // row's last block then mostly idle lanes).
 void changing_odd_widths(k::Device dev, bool by_rows) {
@@ -220,12 +220,12 @@ TEST_CASE("split: split column sums at changing row counts (GPU)" * needs_gpu())
 
 TEST_CASE("split: dynamic column sums over changing odd widths (CPU)") { changing_odd_widths(k::cpu, false); }
 TEST_CASE("split: dynamic column sums over changing odd widths (GPU)" * needs_gpu()) {
-  changing_odd_widths(k::cuda, false);
-  struct ColumnRows {  // KILN_TUNE_COLUMN_ROWS=1 for this scope (read when a program is lowered)
-    ColumnRows() { ::setenv("KILN_TUNE_COLUMN_ROWS", "1", 1); }
-    ~ColumnRows() { ::unsetenv("KILN_TUNE_COLUMN_ROWS"); }
-  } on;
   changing_odd_widths(k::cuda, true);
+  struct FlatWalk {  // KILN_TUNE_COLUMN_ROWS=0 for this scope (read when a program is lowered)
+    FlatWalk() { ::setenv("KILN_TUNE_COLUMN_ROWS", "0", 1); }
+    ~FlatWalk() { ::unsetenv("KILN_TUNE_COLUMN_ROWS"); }
+  } off;
+  changing_odd_widths(k::cuda, false);
 }
 TEST_CASE("split: column sums over wide columns, two stages on a GPU only (CPU)") { wide_columns(k::cpu); }
 TEST_CASE("split: column sums over wide columns, two stages on a GPU only (GPU)" * needs_gpu()) {
