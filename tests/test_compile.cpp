@@ -22,6 +22,7 @@
 
 #include "cross_entropy_oracle.hpp"
 #include "gradient_oracle.hpp"
+#include "scoped_env.hpp"
 
 namespace k = kiln;
 namespace fs = std::filesystem;
@@ -37,25 +38,6 @@ void check_close(const k::Tensor& got, const k::Tensor& want, double rtol = 1e-4
 }
 
 std::size_t entries(const auto& f) { return f.cache().entries().size(); }
-
-// Sets an environment variable for one scope and restores the old value after.
-struct ScopedEnv {
-  std::string name;
-  std::optional<std::string> old;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    if (const char* v = std::getenv(n)) old = v;
-    if (value)
-      ::setenv(n, value, 1);
-    else
-      ::unsetenv(n);
-  }
-  ~ScopedEnv() {
-    if (old)
-      ::setenv(name.c_str(), old->c_str(), 1);
-    else
-      ::unsetenv(name.c_str());
-  }
-};
 
 }  // namespace
 

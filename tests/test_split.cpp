@@ -14,6 +14,7 @@
 #include <kiln/testing.hpp>
 
 #include "have_gpu.hpp"
+#include "scoped_env.hpp"
 
 namespace k = kiln;
 
@@ -182,16 +183,28 @@ void changing_row_counts(k::Device dev, std::int64_t cols) {
   }
 }
 
-// One dynamic program over kept rows of changing odd widths. With by_rows (the default;
-// KILN_TUNE_COLUMN_ROWS=0 the flat walk) its split column kernel on a GPU walks a kept row's column tiles by blocks
-// (codegen/kernel_writer_plan.hpp), planned at the first width and right at widths far below it (a
-// row's last block then mostly idle lanes).
-void changing_odd_widths(k::Device dev, bool by_rows) {
+// One dynamic program over kept rows of changing odd widths (and two of whole vectors). With by_rows
+// (the default; KILN_TUNE_COLUMN_ROWS=0 the flat walk) its split column kernel on a GPU walks a kept
+// row's column tiles by blocks (codegen/kernel_writer_plan.hpp), planned at the first width and
+// right at widths far below it (a row's last block then mostly idle lanes). With
+// KILN_TUNE_ALIGNED_SIZES=1 the kernel tests the width once for whole vectors and runs a body
+// without per-access alignment tests: element by element at odd widths, by vectors at 4096 and 50264.
+// (What the kernel should show follows the two variables as the run has them.)
+void changing_odd_widths(k::Device dev) {
+  auto set_to = [](const char* name, const char* value) {
+    const char* v = std::getenv(name);
+    return v && std::string(v) == value;
+  };
+  const bool by_rows = !set_to("KILN_TUNE_COLUMN_ROWS", "0"), sizes_tested = set_to("KILN_TUNE_ALIGNED_SIZES", "1");
   auto fn = [](auto a) { return k::sum(a, 0); };
   auto f = k::compile(fn, {.shapes = k::shapes::dynamic});
   k::Tensor last;
-  for (auto [rows, cols] :
-       {std::pair<std::int64_t, std::int64_t>{2049, 40009}, {3001, 33}, {1025, 1001}, {4097, 50257}}) {
+  for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{2049, 40009},
+                            {3001, 33},
+                            {2051, 4096},
+                            {1025, 1001},
+                            {515, 50264},
+                            {4097, 50257}}) {
     CAPTURE(rows);
     CAPTURE(cols);
     auto x = k::randn({rows, cols}, k::f32, k::cpu, 40 + static_cast<std::uint64_t>(cols));
@@ -205,6 +218,10 @@ void changing_odd_widths(k::Device dev, bool by_rows) {
       CHECK(by_rows == std::any_of(rep.kernels.begin(), rep.kernels.end(), [](const auto& kk) {
               return kk.source.find("one row a block") != std::string::npos;
             }));
+      if (by_rows)  // (the flat walk's lanes cross rows: a division by the width, tested each access)
+        CHECK(sizes_tested == std::any_of(rep.kernels.begin(), rep.kernels.end(), [](const auto& kk) {
+                return kk.source.find(" == 0) kiln_body(") != std::string::npos;  // a size tested once
+              }));
     }
   }
   CHECK(k::explain(f, last).recompiles == 0);  // one program served every width
@@ -218,14 +235,15 @@ TEST_CASE("split: split column sums at changing row counts (GPU)" * needs_gpu())
   changing_row_counts(k::cuda, 40009);
 }
 
-TEST_CASE("split: dynamic column sums over changing odd widths (CPU)") { changing_odd_widths(k::cpu, false); }
+TEST_CASE("split: dynamic column sums over changing odd widths (CPU)") { changing_odd_widths(k::cpu); }
 TEST_CASE("split: dynamic column sums over changing odd widths (GPU)" * needs_gpu()) {
-  changing_odd_widths(k::cuda, true);
-  struct FlatWalk {  // KILN_TUNE_COLUMN_ROWS=0 for this scope (read when a program is lowered)
-    FlatWalk() { ::setenv("KILN_TUNE_COLUMN_ROWS", "0", 1); }
-    ~FlatWalk() { ::unsetenv("KILN_TUNE_COLUMN_ROWS"); }
-  } off;
-  changing_odd_widths(k::cuda, false);
+  changing_odd_widths(k::cuda);
+  {
+    ScopedEnv sizes("KILN_TUNE_ALIGNED_SIZES", "1");
+    changing_odd_widths(k::cuda);
+  }
+  ScopedEnv flat("KILN_TUNE_COLUMN_ROWS", "0");
+  changing_odd_widths(k::cuda);
 }
 TEST_CASE("split: column sums over wide columns, two stages on a GPU only (CPU)") { wide_columns(k::cpu); }
 TEST_CASE("split: column sums over wide columns, two stages on a GPU only (GPU)" * needs_gpu()) {

@@ -218,6 +218,10 @@ class KernelWriter {
   void store(int node, const std::vector<Sym>& idx);
   void write_pointwise();
   void write_rows();
+  bool open_partials();                 // column partials before the rows (kernel_writer_partials.hpp)
+  void store_partials(bool in_memory);  // ... and after them
+  void open_column_program(bool by_cols, bool lane_split);  // reductions over outer dims (kernel_writer_outer.hpp)
+  void write_lane_halves(const std::function<void()>& body, bool by_cols, const std::map<int, Value>& reduced_before);
   void choose_tiling(int max_item);
   std::vector<Sym> tiled_index();
   void write_tiled();
@@ -258,7 +262,7 @@ class KernelWriter {
   void step_one_pass(const OnePass& p, const std::vector<Sym>& idx, kiln::dtype ct);
   Value reduce_one_pass(const OnePass& p, const std::vector<Sym>& idx, int red);
   std::string access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt, std::string& width);
-  std::string split_on_alignment(const std::string& body) const;
+  std::string split_on_alignment(const std::string& body);
   void plan();
 
   const graph::Graph& g_;
@@ -315,6 +319,9 @@ class KernelWriter {
   std::string load_via(std::string width) const;
   std::vector<std::string> aligned_ptrs_;  // pointers whose tiles are vector-aligned when they are
   bool unaligned_tiles_ = false;           // some contiguous tile may start off a vector
+  // Program sizes that must be multiples of a vector's elements for every tile to start on one
+  // (Tuning::aligned_sizes): the kernel tests them once, beside its pointers' alignment.
+  std::vector<std::pair<Sym, std::int64_t>> aligned_sizes_;
   bool exact_tiles_ = false;               // the tiles cover the domain: no bounds tests (plan())
   bool full_rows_ = false;                 // rows: programs hold whole groups of rows
   bool full_tiles_ = false;                // rows: register tiles cover a row exactly
@@ -385,11 +392,13 @@ class KernelWriter {
 
 }  // namespace kiln::codegen
 
-#include "kernel_writer_emit.hpp"
 #include "kernel_writer_access.hpp"
-#include "kernel_writer_impl.hpp"
-#include "kernel_writer_one_pass.hpp"
-#include "kernel_writer_plan.hpp"
-#include "kernel_writer_indices.hpp"
-#include "kernel_writer_tiles.hpp"
 #include "kernel_writer_columns.hpp"
+#include "kernel_writer_emit.hpp"
+#include "kernel_writer_impl.hpp"
+#include "kernel_writer_indices.hpp"
+#include "kernel_writer_one_pass.hpp"
+#include "kernel_writer_outer.hpp"
+#include "kernel_writer_partials.hpp"
+#include "kernel_writer_plan.hpp"
+#include "kernel_writer_tiles.hpp"

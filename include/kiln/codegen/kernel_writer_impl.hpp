@@ -55,58 +55,17 @@ inline void KernelWriter::write_pointwise() {
 }
 
 inline void KernelWriter::write_rows() {
-  // Column partial sums (schedule/partials.hpp): one register tile a row tile, across the rows.
-  // Looped GPU rows (a row length past the held range, or symbolic: the held kernel's twin) keep
-  // them in the output instead: the block (one row group) zeroes its row of the [groups, K] buffer,
-  // then each row's tile adds to it with a load and a store. A thread adds to the same columns in
-  // every row (looped rows are not shifted where there are partials), so only the zeroing, which
-  // maps threads to columns otherwise at a row's tail, waits for the block.
   section_ = Section::before_rows;
-  const bool partials_in_memory = !plan_.partials.empty() && config_.riters == 0;
-  for (int p : plan_.partials) {
-    if (partials_in_memory) {
-      line("KILN_R_LOOP(roffset, rnumel) {");
-      line("  auto rindex = roffset + kiln::arange<RVEC, ix>();");
-      line("  kiln::store_contig<RVEC>(" + param_for(p, true) +
-           ", KILN_ROW_GROUP * rnumel + roffset, kiln::full<RVEC>(" + detail::literal(0, g_[p].dt) +
-           "), rindex < rnumel);");
-      line("}");
-      continue;
-    }
-    std::string acc = "part" + std::to_string(p), ct = detail::c_type(g_[p].dt);
-    line("kiln::tile<" + ct + ", RVEC> " + acc + "[RITERS];");
-    line("KILN_R_TILES(roffset) " + acc + "[kiln_it] = kiln::full<RVEC>(" + detail::literal(0, g_[p].dt) + ");");
-  }
-  if (partials_in_memory) line("__syncthreads();  // the group's partial sums are zero");
+  const bool partials_in_memory = open_partials();
   // Host reductions over outer dims (config_.x_lanes): a program's kept elements are the lanes of
   // xindex, its reductions' accumulators a tile of them, and the reduced elements a scalar rindex.
   const bool x_lanes = config_.x_lanes;
   const std::string lanes = x_lanes ? "XVEC" : "RVEC";
   section_ = Section::row_open;
-  // Host column programs whose kept elements are no whole number of tiles: the program's body twice,
-  // for whole tiles unmasked and for the tile with the end, masked (whole_lanes_). Under a mask, a
-  // host load is a branch a lane that GCC does not vectorise: a column sum over 1031x50021 f32 ran
-  // at 8 GB/s, over 1031x50016 at 32 (NOTES item 111).
-  const bool by_cols = x_lanes && col_tiles_;  // host: a kept row by column tiles (plan())
+  const bool by_cols = x_lanes && col_tiles_;  // a kept row by column tiles (plan())
   const bool lane_split = x_lanes && target_ == Target::cpu && (!full_rows_ || by_cols);
-  if (by_cols) {  // a program (a GPU thread) a column tile of a kept row: xnumel counts the rows' tiles (write())
-    const Sym span = kept_row_span();
-    const std::string row = span.is_constant() ? index_code(span) : "(" + index_code(span) + ")";
-    xrow_ = Sym::symbol("xrow", 1011, {.nonnegative = true, .bound = kept_lead_});
-    xcol_ = Sym::symbol("xcol", 1012, {.nonnegative = true, .bound = kept_cols_});
-    line(column_block() ? "KILN_COLUMN_BLOCK(xoffset) {" : "KILN_COLUMN_PROGRAM(xoffset) {");
-    ++indent_;
-    line("const ix xrow = xoffset / " + row + ", xcoff = xoffset % " + row + ";" +
-         (column_block() ? "  // one row a block" : ""));
-    if (!lane_split) {
-      line("auto xcol = xcoff + kiln::arange<XVEC, ix>();");
-      line("auto xmask = xcol < " + index_code(kept_cols_) + ";");
-    }
-  } else if (x_lanes) {
-    line(column_block() ? "KILN_COLUMN_BLOCK(xoffset) {" : "KILN_COLUMN_PROGRAM(xoffset) {");
-    ++indent_;
-    line("auto xindex = xoffset + kiln::arange<XVEC, ix>();");
-    if (!lane_split) line(full_rows_ ? "auto xmask = kiln::full<XVEC>(true);" : "auto xmask = xindex < xnumel;");
+  if (x_lanes) {
+    open_column_program(by_cols, lane_split);
   } else {
     line("KILN_ROW(xindex) {");
     ++indent_;
@@ -308,39 +267,13 @@ inline void KernelWriter::write_rows() {
     if (partials_in_memory) line("kiln::memory_order_fence();");
   }
   };  // program_body
-  if (lane_split) {
-    const std::string k = index_code(kept_cols_);
-    for (bool whole : {true, false}) {
-      line(whole     ? "if (" + std::string(by_cols ? "xcoff + XVEC <= " + k : "xoffset + XVEC <= xnumel") + ") {"
-                     : "} else {");
-      ++indent_;
-      ++scope_;
-      whole_lanes_ = whole;
-      final_loop_ = false;
-      reduced_ = reduced_before;
-      if (by_cols) line("auto xcol = xcoff + kiln::arange<XVEC, ix>();");
-      line(whole     ? "auto xmask = kiln::full<XVEC>(true);"
-           : by_cols ? "auto xmask = xcol < " + k + ";"
-                     : "auto xmask = xindex < xnumel;");
-      program_body();
-      --indent_;
-    }
-    whole_lanes_ = false;
-    line("}");
-  } else {
+  if (lane_split)
+    write_lane_halves(program_body, by_cols, reduced_before);
+  else
     program_body();
-  }
   --indent_;
   line("}");
-  for (int p : plan_.partials) {  // each row group's partial sums, once
-    if (partials_in_memory) break;  // written as the rows went
-    std::string out = param_for(p, true);
-    line("KILN_R_TILES(roffset) {");
-    line("  auto rindex = roffset + kiln::arange<RVEC, ix>();");
-    line("  kiln::store_contig<RVEC>(" + out + ", KILN_ROW_GROUP * rnumel + roffset, part" + std::to_string(p) +
-         "[kiln_it], rindex < rnumel);");
-    line("}");
-  }
+  store_partials(partials_in_memory);
 }
 
 // Whether reduction plan_.reductions[j] reads any of plan_.reductions[i..j) inside this kernel.

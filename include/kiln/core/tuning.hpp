@@ -57,6 +57,12 @@ struct Tuning {
                            // (codegen's plan: a dynamic layer_norm backward's split sums over 50257
                            // bf16 columns 1.54 -> 1.17 ms on an H200), 0 the flat walk (the rule
                            // before; KILN_TUNE_COLUMN_ROWS)
+  int aligned_sizes = -1;  // GPU kernels whose contiguous tiles start on a vector only where the
+                           // program's symbolic sizes are multiples of it (a dynamic column sum over
+                           // an odd width): 1 tests those sizes once, at the kernel's start, and runs
+                           // a body with no alignment test at each access (element by element where
+                           // they are not multiples); default a test at each access (the rule before;
+                           // KILN_TUNE_ALIGNED_SIZES, benchmarks/NOTES.md item 139)
   int index32 = -1;        // GPU index arithmetic in int where it fits: 0 never (the rule before), 1
                            // static sizes only, default also symbolic sizes under a guard on the
                            // program's sizes (codegen's narrow_indices; KILN_TUNE_INDEX32)
@@ -147,6 +153,7 @@ struct Tuning {
                                    {&Tuning::keep_values, "keep_values"},
                                    {&Tuning::column_lanes, "column_lanes"},
                                    {&Tuning::column_rows, "column_rows"},
+                                   {&Tuning::aligned_sizes, "aligned_sizes"},
                                    {&Tuning::attention, "attention"},
                                    {&Tuning::attention_rows, "attention_rows"},
                                    {&Tuning::attention_backward, "attention_backward"},
@@ -190,6 +197,7 @@ struct Tuning {
                                    {&Tuning::keep_values, "KILN_TUNE_KEEP_VALUES", 0, 1},
                                    {&Tuning::column_lanes, "KILN_TUNE_COLUMN_LANES", 0, 2},
                                    {&Tuning::column_rows, "KILN_TUNE_COLUMN_ROWS", 0, 1},
+                                   {&Tuning::aligned_sizes, "KILN_TUNE_ALIGNED_SIZES", 0, 1},
                                    {&Tuning::occupancy, "KILN_TUNE_OCCUPANCY", 0, 2048},
                                    {&Tuning::row_shift, "KILN_TUNE_ROW_SHIFT", 0, 2},
                                    {&Tuning::index32, "KILN_TUNE_INDEX32", 0, 1},
