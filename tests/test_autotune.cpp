@@ -14,6 +14,7 @@
 #include <kiln/testing.hpp>
 
 #include "have_gpu.hpp"
+#include "scoped_env.hpp"
 
 namespace k = kiln;
 namespace rt = kiln::runtime;
@@ -144,28 +145,23 @@ TEST_CASE("autotune: a second-round neighbour is the winner with one change on t
 // KILN_TUNE_* variables are read when a program is lowered, not once per process: a test (or a
 // process) may change one between compiles, and an autotuning candidate's choice wins over it.
 TEST_CASE("tuning: KILN_TUNE_* variables are read at each compile, under a candidate's choices") {
-  struct Env {
-    const char* name;
-    Env(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
-    ~Env() { ::unsetenv(name); }
-  };
   auto x = k::empty({1 << 23}, k::f32, k::cpu), y = k::empty({1 << 23}, k::f32, k::cpu);
   auto threads = [&] { return plan_tuned(x * y + x, k::Device(k::cuda), false)->kernels.at(0).src.config.threads; };
   CHECK(threads() == 128);
   {
-    Env e("KILN_TUNE_POI_THREADS", "256");
+    ScopedEnv e("KILN_TUNE_POI_THREADS", "256");
     CHECK(k::Tuning::from_environment().poi_threads == 256);
     CHECK(threads() == 256);
     CHECK(k::Tuning::from_environment().merged({.poi_threads = 64}).poi_threads == 64);
   }
   CHECK(threads() == 128);
   {
-    Env e("KILN_TUNE_ROW_UNROLL", "99");  // clamped to its range
+    ScopedEnv e("KILN_TUNE_ROW_UNROLL", "99");  // clamped to its range
     CHECK(k::Tuning::from_environment().row_unroll == 8);
     CHECK(k::Tuning::from_environment().str() == "unroll=8");
   }
   {
-    Env e("KILN_TUNE_POI_THREADS", "");  // empty is unset
+    ScopedEnv e("KILN_TUNE_POI_THREADS", "");  // empty is unset
     CHECK(k::Tuning::from_environment() == k::Tuning{});
   }
   // A graph-level knob: without column partials, the row kernel computes none of the column sum.
@@ -174,7 +170,7 @@ TEST_CASE("tuning: KILN_TUNE_* variables are read at each compile, under a candi
   auto expr = std::make_tuple(k::sum(dy * (a - k::mean(a, -1, true)), -1), k::sum(dy, 0));
   auto groups = [&] { return plan_tuned(expr, k::Device(k::cuda), false)->kernels.at(0).src.partial_groups; };
   CHECK(groups() > 0);
-  Env e("KILN_TUNE_PARTIALS", "0");
+  ScopedEnv e("KILN_TUNE_PARTIALS", "0");
   CHECK(groups() == 0);
 }
 

@@ -20,16 +20,11 @@
 #include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
+#include "scoped_env.hpp"
+
 namespace k = kiln;
 
 namespace {
-
-// Sets an environment variable for one scope (unset after).
-struct EnvFor {
-  const char* name;
-  EnvFor(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~EnvFor() { unsetenv(name); }
-};
 
 k::Tensor product(const k::Tensor& a, const k::Tensor& b) {
   k::Tensor out = k::empty(a.dim() == 3 || b.dim() == 3
@@ -45,7 +40,7 @@ void same_as_blocked(const k::Tensor& a, const k::Tensor& b, double tol) {
   k::Tensor fast = product(a, b);
   k::Tensor blocked;
   {
-    EnvFor none("KILN_BLAS", "none");
+    ScopedEnv none("KILN_BLAS", "none");
     CHECK(k::runtime::cpu_blas_name().empty());
     blocked = product(a, b);
   }
@@ -93,7 +88,7 @@ TEST_CASE("cpu blas: 16-bit and mixed operands stay on the blocked GEMM; a KILN_
   k::Tensor mixed = k::randn({34, 13}, k::f32, k::cpu, 23);
   auto rm = k::testing::allclose(k::Tensor(k::matmul(a, mixed)), k::reference::eval(k::matmul(a, mixed)), 1e-5, 1e-5);
   CHECK_MESSAGE(rm, rm);
-  EnvFor missing("KILN_BLAS", "/nonexistent/libnothing.so");
+  ScopedEnv missing("KILN_BLAS", "/nonexistent/libnothing.so");
   CHECK(k::runtime::cpu_blas_name().empty());
   k::Tensor x = k::randn({9, 11}, k::f32, k::cpu, 24), y = k::randn({11, 5}, k::f32, k::cpu, 25);
   auto rx = k::testing::allclose(k::Tensor(k::matmul(x, y)), k::reference::eval(k::matmul(x, y)), 1e-5, 1e-5);
@@ -161,7 +156,7 @@ TEST_CASE("cpu threads: host work runs on the kernels' OpenMP team, each task on
 TEST_CASE("cpu blas: products cut into tiles on the kernels' team equal the whole calls" *
           doctest::skip(k::runtime::cpu_blas_name().empty())) {
   INFO("BLAS: " << k::runtime::cpu_blas_name() << ", team: " << (k::runtime::host_team() ? "OpenMP" : "none"));
-  EnvFor threads("KILN_NUM_THREADS", "5");  // several tiles even on a 2-core machine
+  ScopedEnv threads("KILN_NUM_THREADS", "5");  // several tiles even on a 2-core machine
   for (k::dtype dt : {k::f32, k::f64}) {
     const double tol = dt == k::f32 ? 2e-5 : 1e-12;
     k::Tensor a = k::randn({333, 257}, dt, k::cpu, 31), b = k::randn({257, 301}, dt, k::cpu, 32);
@@ -176,11 +171,11 @@ TEST_CASE("cpu blas: products cut into tiles on the kernels' team equal the whol
     for (const auto& [x, y] : cases) {
       k::Tensor tiled, whole;
       {
-        EnvFor on("KILN_TUNE_BLAS_TILES", "1");
+        ScopedEnv on("KILN_TUNE_BLAS_TILES", "1");
         tiled = product(x, y);
       }
       {
-        EnvFor off("KILN_TUNE_BLAS_TILES", "0");
+        ScopedEnv off("KILN_TUNE_BLAS_TILES", "0");
         whole = product(x, y);
       }
       auto r = k::testing::allclose(tiled, whole, tol, tol);
@@ -191,7 +186,7 @@ TEST_CASE("cpu blas: products cut into tiles on the kernels' team equal the whol
   }
   // A compiled layer's forward and gradients, whose GEMMs read transposed operands, tiled: the
   // gradients of sum((x @ w) * c) are c @ w^T and x^T @ c.
-  EnvFor on("KILN_TUNE_BLAS_TILES", "1");
+  ScopedEnv on("KILN_TUNE_BLAS_TILES", "1");
   k::Tensor x = k::randn({150, 96}, k::f32, k::cpu, 37), w = k::randn({96, 140}, k::f32, k::cpu, 38);
   k::Tensor c = k::randn({150, 140}, k::f32, k::cpu, 39);
   auto loss = [](auto x, auto w, auto c) { return k::sum(k::gelu(k::matmul(x, w)) + k::matmul(x, w) * c); };

@@ -23,6 +23,7 @@
 #include "kiln/runtime/compile/hash.hpp"
 #include "kiln/runtime/compile/host_compiler.hpp"
 #include "kiln/runtime/compile/kernel_cache.hpp"
+#include "scoped_env.hpp"
 
 namespace fs = std::filesystem;
 using namespace kiln::runtime;
@@ -40,25 +41,6 @@ struct TempDir {
   ~TempDir() {
     std::error_code ec;
     fs::remove_all(path, ec);
-  }
-};
-
-// Sets an environment variable for one scope and restores the old value after.
-struct ScopedEnv {
-  std::string name;
-  std::optional<std::string> old;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    if (const char* v = std::getenv(n)) old = v;
-    if (value)
-      ::setenv(n, value, 1);
-    else
-      ::unsetenv(n);
-  }
-  ~ScopedEnv() {
-    if (old)
-      ::setenv(name.c_str(), old->c_str(), 1);
-    else
-      ::unsetenv(name.c_str());
   }
 };
 

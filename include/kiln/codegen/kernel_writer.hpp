@@ -262,7 +262,8 @@ class KernelWriter {
   void step_one_pass(const OnePass& p, const std::vector<Sym>& idx, kiln::dtype ct);
   Value reduce_one_pass(const OnePass& p, const std::vector<Sym>& idx, int red);
   std::string access_base(const Sym& offset, const std::string& ptr, kiln::dtype dt, std::string& width);
-  std::string split_on_alignment(const std::string& body);
+  std::string split_on_alignment(const std::string& body);  // (kernel_writer_alignment.hpp)
+  bool aligned_at_sizes(const Sym& base, std::int64_t m, int start, std::int64_t vec);
   void plan();
 
   const graph::Graph& g_;
@@ -393,6 +394,7 @@ class KernelWriter {
 }  // namespace kiln::codegen
 
 #include "kernel_writer_access.hpp"
+#include "kernel_writer_alignment.hpp"
 #include "kernel_writer_columns.hpp"
 #include "kernel_writer_emit.hpp"
 #include "kernel_writer_impl.hpp"

@@ -224,60 +224,14 @@ inline std::string KernelWriter::access_base(const Sym& offset, const std::strin
   std::int64_t vbytes = bytes % 16 == 0 ? 16 : bytes == 8 ? 8 : 0;
   if (target_ != Target::cuda || !vbytes) return index_code(*base);
   if (shifted ? !(*base - start == rnumel_ * xindex_) : !multiple_of(*base, vbytes / item, start_id, vec, &assumed_)) {
-    // With Tuning::aligned_sizes, a tile that starts on a vector whenever the program's sizes are
-    // multiples of it (each size taken as a multiple of 16 elements, the most a vector holds) is
-    // tested once a kernel: those sizes join the pointers' test (split_on_alignment).
-    const std::vector<std::int64_t> multiples(env_.example.size(), 16);
-    Assumptions sizes{&multiples, vbytes / item, {}};
-    if (shifted || tune_.aligned_sizes != 1 || !multiple_of(*base, vbytes / item, start_id, vec, &sizes)) {
+    if (shifted || !aligned_at_sizes(*base, vbytes / item, start_id, vec)) {
       unaligned_tiles_ = true;
       return index_code(*base);
     }
-    for (const Sym& size : sizes.used)
-      if (std::none_of(aligned_sizes_.begin(), aligned_sizes_.end(), [&](const auto& a) { return a.first == size; }))
-        aligned_sizes_.emplace_back(size, vbytes / item);
-      else
-        for (auto& a : aligned_sizes_)
-          if (a.first == size) a.second = std::max(a.second, vbytes / item);
   }
   width += ", KILN_ALIGNED";
   if (std::find(aligned_ptrs_.begin(), aligned_ptrs_.end(), ptr) == aligned_ptrs_.end()) aligned_ptrs_.push_back(ptr);
   return index_code(*base);
-}
-
-// When the kernel's tiles cover its domain exactly (no bounds tests), or its held rows are whole
-// vectors that its tiles overrun (one test a vector), and every contiguous tile starts on a vector:
-// the body twice, both without an alignment test at each access. With 16-byte aligned pointers
-// whole vectors move with no branch at all; otherwise (offset or foreign buffers) element
-// by element. Other kernels keep one body that tests each access (with bounds tests left the split
-// measured slower). A Tuning's aligned = 0 (KILN_TUNE_ALIGNED=0) keeps the tests everywhere.
-inline std::string KernelWriter::split_on_alignment(const std::string& body) {
-  // Held rows of whole vectors whose tiles overrun them: one test a vector, and the split pays
-  // (with only a row's test left it measured 2-7% slower, and for looped rows 3% slower over 40
-  // long rows, up to 1.9x at 1046 x 128256 bf16: NOTES item 51).
-  bool vector_tests = (vector_rows_ && !full_tiles_ && config_.riters > 0 && tune_.vector_masks != 1) || row_shift_;
-  if (aligned_ptrs_.empty() || unaligned_tiles_ || !(exact_tiles_ || vector_tests || !aligned_sizes_.empty()) ||
-      tune_.aligned == 0) {
-    std::string plain = body;
-    auto replace_all = [&](const std::string& mark, const std::string& by) {
-      for (auto at = plain.find(mark); at != std::string::npos; at = plain.find(mark, at))
-        plain.replace(at, mark.size(), by);
-    };
-    replace_all(", KILN_ALIGNED>", ">");
-    replace_all(", KILN_ALIGNED,", ", kiln::align::test,");
-    return plain;
-  }
-  std::string ptrs, sizes, indented;
-  for (const auto& p : aligned_ptrs_) ptrs += (ptrs.empty() ? "" : ", ") + p;
-  for (const auto& [size, m] : aligned_sizes_) sizes += " && " + index_code(size) + " % " + std::to_string(m) + " == 0";
-  std::istringstream in(body);
-  for (std::string l; std::getline(in, l);) indented += (l.empty() ? "" : "  ") + l + "\n";
-  return std::string(
-             "  auto kiln_body = [&](auto kiln_aligned) {\n"
-             "    constexpr kiln::align KILN_ALIGNED = decltype(kiln_aligned)::value ? kiln::align::vector : "
-             "kiln::align::scalar;\n") +
-         indented + "  };\n  if (kiln::aligned16(" + ptrs + ")" + sizes +
-         ") kiln_body(kiln::bool_c<true>{});\n  else kiln_body(kiln::bool_c<false>{});\n";
 }
 
 // A contiguous load's template arguments: the access's width and alignment, and via::plain in
