@@ -13,6 +13,7 @@
 #include <kiln/testing.hpp>
 
 #include "have_gpu.hpp"
+#include "scoped_env.hpp"
 
 namespace k = kiln;
 
@@ -124,6 +125,53 @@ TEST_CASE("attention: the fused kernel against the oracle, and its gradients (cu
       CHECK_MESSAGE(bool(r), "gradient " << which << ": " << r);
     }
   }
+}
+
+// On Hopper (compute capability 9.0) head dims 64 and 128 run the warpgroup-MMA forward
+// (codegen/attention_kernel_sm90.hpp): 128 query rows a block, key tiles of 128 in two stages. Several
+// tiles each way, lengths no multiple of a tile, Tq != Tk both ways, grouped heads, causal rows that
+// see fewer keys than a tile, both 16-bit dtypes: the default kernel and KILN_TUNE_ATTENTION_WGMMA=0's
+// mma.sync kernel against the oracle, with the log-sum-exp the backward reads (its gradients).
+TEST_CASE("attention: the Hopper forward kernel and the mma.sync one against the oracle (cuda)" * needs_gpu()) {
+  struct Case {
+    int B, H, Hkv, Tq, Tk, D;
+    bool causal;
+    k::dtype dt;
+  };
+  const Case cases[] = {{1, 3, 1, 300, 517, 64, true, k::bf16}, {1, 4, 2, 517, 300, 128, false, k::bf16},
+                        {2, 2, 2, 391, 391, 128, true, k::f16}, {1, 2, 2, 129, 129, 64, false, k::f16},
+                        {1, 2, 1, 1, 260, 128, false, k::bf16}, {1, 2, 2, 257, 5, 64, true, k::bf16}};
+  const bool hopper = k::driver::compute_capability(0) == 90;
+  int seed = 90;
+  for (const Case& c : cases)
+    for (const char* wgmma : {"1", "0"}) {
+      ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
+      INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq
+                                        << " Tk " << c.Tk << " D " << c.D << " causal " << c.causal << " "
+                                        << k::name(c.dt));
+      k::Tensor q = k::randn({c.B, c.H, c.Tq, c.D}, c.dt, k::cpu, ++seed);
+      k::Tensor kk = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
+      k::Tensor v = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
+      k::Tensor w = k::randn({c.B, c.H, c.Tq, c.D}, k::f32, k::cpu, ++seed);
+      auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = c.causal}); };
+      auto gq = q.to(k::cuda), gk = kk.to(k::cuda), gv = v.to(k::cuda), gw = w.to(k::cuda);
+      auto compiled = k::compile(f);
+      auto r = k::testing::allclose(k::Tensor(compiled(gq, gk, gv)), k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+      CHECK_MESSAGE(bool(r), r);
+      std::string source;
+      for (const auto& kernel : k::explain(compiled, gq, gk, gv).kernels)
+        if (kernel.source.find("kiln_attention_fwd_") != std::string::npos) source = kernel.source;
+      CHECK((source.find("kiln_attention_fwd_wgmma_") != std::string::npos) == (hopper && wgmma[0] == '1'));
+      // The gradient of q reads the forward's log-sum-exp: a wrong one shows there.
+      auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };
+      k::Tensor dq = std::get<1>(k::value_and_grad(loss, k::wrt<0>)(gq, gk, gv, gw));
+      k::Attrs at;
+      at.a = c.causal;
+      auto stats = k::expr::make<k::Op::attention_lse>(at, q, kk, 0.0);
+      auto want = k::reference::eval(k::expr::make<k::Op::attention_grad>(at, q, kk, v, k::cast(w, c.dt), stats, 0.0));
+      auto rg = k::testing::allclose(dq.to(k::f64), want, 3e-2, 3e-2);
+      CHECK_MESSAGE(bool(rg), "dq: " << rg);
+    }
 }
 
 // Keys scaled up along the sequence: each row's max passes the fused kernel's base (the running max

@@ -29,6 +29,10 @@ struct AttentionKernel {
 
   int key_rows = 64;           // keys a tile (64 or 32)
   bool q_in_registers = true;  // else q's fragments are read from shared memory at each key tile
+  // > 0: the Hopper kernel (attention_kernel_sm90.hpp), this many warpgroups of 64 query rows a
+  // block, 128 keys a tile, q and two stages of k and v in shared memory; warps, row_tiles and
+  // q_in_registers are then unused.
+  int warpgroups = 0;
 
   // The values a thread holds, in 32-bit registers: per row tile o's D/2, the scores' key_rows/2
   // and, in registers, q's D/4.
@@ -55,9 +59,25 @@ struct AttentionKernel {
     }
     return a;  // the last tried: 1 tile, q in shared memory, 32 keys
   }
-  int query_rows() const { return 16 * row_tiles * warps; }
-  int shared_bytes() const { return (query_rows() + 2 * key_rows) * head_dim * 2; }
+  // The Hopper kernel for a head dim it takes (64 or 128), else nothing changed.
+  static AttentionKernel hopper(AttentionKernel a) {
+    if (a.head_dim != 64 && a.head_dim != 128) return a;
+    a.warpgroups = 2;
+    a.warps = 8;
+    a.key_rows = 128;
+    return a;
+  }
+  int threads() const { return 32 * warps; }
+  int query_rows() const { return warpgroups > 0 ? 64 * warpgroups : 16 * row_tiles * warps; }
+  // Hopper: q and two stages of k and v, and 1024 bytes to align the tiles on the swizzle's period.
+  int shared_bytes() const {
+    return warpgroups > 0 ? (query_rows() + 4 * key_rows) * head_dim * 2 + 1024
+                          : (query_rows() + 2 * key_rows) * head_dim * 2;
+  }
   std::string name() const {
+    if (warpgroups > 0)
+      return "kiln_attention_fwd_wgmma_d" + std::to_string(head_dim) + "_wg" + std::to_string(warpgroups) + "_k" +
+             std::to_string(key_rows) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt));
     return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" + std::to_string(row_tiles) + "_k" +
            std::to_string(key_rows) + (q_in_registers ? "" : "_qs") + (causal ? "_causal" : "") +
            "_" + std::string(kiln::name(dt));

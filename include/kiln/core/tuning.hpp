@@ -85,6 +85,9 @@ struct Tuning {
                                 // (KILN_TUNE_ATTENTION_BACKWARD)
   int attention_rows = -1; // the fused attention kernel's 16-row tiles a warp (1 or 2; default by registers,
                            // codegen/attention_kernel.hpp; KILN_TUNE_ATTENTION_ROWS)
+  int attention_wgmma = -1;  // the fused attention forward on Hopper (compute capability 9.0), head dims 64
+                             // and 128: 0 the mma.sync kernel (the rule before), default (or 1) warpgroup
+                             // MMA (codegen/attention_kernel_sm90.hpp; KILN_TUNE_ATTENTION_WGMMA)
   int one_pass = -1;       // looped rows: a sum that reads an earlier reduction of the same row only
                            // through a row value D (sum((x - D)^2), sum(exp(x - D))) is carried beside
                            // it in one pass (Welford, online softmax); 0 two passes (the rule before),
@@ -158,6 +161,7 @@ struct Tuning {
                                    {&Tuning::attention, "attention"},
                                    {&Tuning::attention_rows, "attention_rows"},
                                    {&Tuning::attention_backward, "attention_backward"},
+                                   {&Tuning::attention_wgmma, "attention_wgmma"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -210,7 +214,8 @@ struct Tuning {
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 1},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
-                                   {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1}};
+                                   {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
+                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);

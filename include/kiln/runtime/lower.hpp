@@ -124,7 +124,8 @@ graph::Graph copy_strided_custom_inputs(const graph::Graph& g, ArgAt&& arg) {
 // (runtime/extern/attention.hpp's attention_flash_fits): the fused kernel's node, attention_flash
 // (an extern step; its derivative rule builds the backward from primitives), instead of the
 // decomposition into batched matmuls and a materialised softmax. KILN_TUNE_ATTENTION=0 keeps the
-// decomposition; its other values set the kernel's warps.
+// decomposition; its other values set the kernel's warps. On Hopper the forward is the warpgroup
+// kernel where it takes the head dim (KILN_TUNE_ATTENTION_WGMMA=0: the mma.sync one).
 // The CUDA device of a graph's arguments, or -1 where none is on a GPU.
 template <class ArgAt>
 int cuda_device_of(const graph::Graph& g, ArgAt&& arg) {
@@ -149,7 +150,8 @@ graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tu
       return b.rebuild(n, in);
     Attrs at = n.attrs;
     at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block
-    at.dims = Dims{std::max(tuning.attention_rows, 0)};  // row tiles a warp, 0: by registers
+    // row tiles a warp (0: by registers), and 1 where Hopper's warpgroup kernel runs it
+    at.dims = Dims{std::max(tuning.attention_rows, 0), cc == 90 && tuning.attention_wgmma != 0 ? 1 : 0};
     at.keepdim = tuning.attention_backward != 0;         // its backward: fused kernels (autodiff/rules.hpp)
     return b.op(Op::attention_flash, {in[0], in[1], in[2], in[3]}, at);
   });

@@ -14,6 +14,7 @@
 
 #include "../../codegen/attention_backward_kernel.hpp"
 #include "../../codegen/attention_kernel.hpp"
+#include "../../codegen/attention_kernel_sm90.hpp"
 #include "../../core/driver.hpp"
 #include "../../core/error.hpp"
 #include "../../core/tensor.hpp"
@@ -44,17 +45,26 @@ inline double attention_scale(const graph::Graph& g, const graph::Node& n, const
 }
 
 // The kernel an attention_flash node runs, as explain shows it: its source.
+// The forward kernel for head dim D: `warps` warps a block and `row_tiles` 16-row tiles a warp
+// (0: AttentionKernel::for_head_dim's choice), or Hopper's warpgroup kernel where `hopper` and it
+// takes D.
+inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, int row_tiles, bool hopper, bool causal,
+                                                     dtype dt) {
+  codegen::AttentionKernel a = codegen::AttentionKernel::for_head_dim(static_cast<int>(D), row_tiles);
+  a.warps = warps;
+  a.causal = causal;
+  a.dt = dt;
+  return hopper ? codegen::AttentionKernel::hopper(a) : a;
+}
+// An attention_flash node's: attrs.d warps, attrs.dims {row tiles, Hopper}.
 inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const graph::Node& n) {
-  codegen::AttentionKernel a = codegen::AttentionKernel::for_head_dim(static_cast<int>(g[n.in[0]].shape[3]),
-                                                                      static_cast<int>(n.attrs.dims[0]));
-  a.warps = static_cast<int>(n.attrs.d);
-  a.causal = n.attrs.a != 0;
-  a.dt = g[n.in[0]].dt;
-  return a;
+  const Dims& d = n.attrs.dims;
+  return attention_kernel_for(g[n.in[0]].shape[3], static_cast<int>(n.attrs.d), static_cast<int>(d[0]),
+                              d.size() > 1 && d[1] != 0, n.attrs.a != 0, g[n.in[0]].dt);
 }
 inline std::string describe_attention_step(const graph::Graph& g, int node) {
   const graph::Node& n = g[node];
-  if (n.op == Op::attention_flash) return codegen::attention_forward_source(attention_kernel_of(g, n));
+  if (n.op == Op::attention_flash) return codegen::attention_forward_kernel_source(attention_kernel_of(g, n));
   codegen::AttentionBackwardKernel a;
   a.part = n.op == Op::attention_lse ? codegen::AttentionBackwardKernel::Part::stats
                                        : static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1);
@@ -86,7 +96,8 @@ CUfunction function(const std::string& name, Source&& source, int device) {
   return l.f;
 }
 inline CUfunction function(const codegen::AttentionKernel& a, int device) {
-  return function(a.name(), [&] { return codegen::attention_forward_source(a); }, device);
+  return function(
+      a.name(), [&] { return codegen::attention_forward_kernel_source(a); }, device);
 }
 
 inline void check_contiguous(const Tensor& t, const char* what) {
@@ -170,11 +181,11 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
   }
 }
 
-// out = softmax(q k^T * scale [causal]) v, written by the fused kernel with `warps` warps a block
-// and `row_tiles` 16-row tiles a warp (0: AttentionKernel::for_head_dim's choice); given lse, each
-// row's log-sum-exp into it ([B, H, Tq] f32, attention_lse's value).
+// out = softmax(q k^T * scale [causal]) v, written by the fused kernel attention_kernel_for picks
+// (`hopper`: the warpgroup kernel where it takes the head dim); given lse, each row's log-sum-exp
+// into it ([B, H, Tq] f32, attention_lse's value).
 inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int warps,
-                            int row_tiles, Tensor& out, Tensor* lse, CUstream stream) {
+                            int row_tiles, bool hopper, Tensor& out, Tensor* lse, CUstream stream) {
   if (!q.device().is_cuda()) throw error("attention: the fused kernel runs on CUDA devices only");
   attention_detail::check(q, "q");
   attention_detail::check(k, "k");
@@ -186,11 +197,9 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
     throw shape_error("attention: this program runs the fused kernel, which does not take q " + qs.str() + ", k " +
                       ks.str() + ", v " + v.shape().str() + " " + std::string(name(q.dtype())) +
                       " (sizes changed under dynamic shapes): compile it again");
-  codegen::AttentionKernel a = codegen::AttentionKernel::for_head_dim(static_cast<int>(qs[3]), row_tiles);
-  a.warps = warps;
-  a.causal = causal;
-  a.dt = q.dtype();
   const int device = out.device().index;
+  const codegen::AttentionKernel a = attention_kernel_for(
+      qs[3], warps, row_tiles, hopper && driver::compute_capability(device) == 90, causal, q.dtype());
   CUfunction f = attention_detail::function(a, device);
   driver::make_current(device);
   int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]),
@@ -208,9 +217,10 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
   const unsigned blocks = static_cast<unsigned>((Tq + a.query_rows() - 1) / a.query_rows());
   const std::int64_t heads = qs[0] * qs[1], most = 65535;  // (batch, head) pairs along y, then z
   if (blocks == 0 || heads == 0) return;
-  launch(f, Dim3{blocks, static_cast<unsigned>(std::min(heads, most)), static_cast<unsigned>((heads + most - 1) / most)},
-         Dim3{static_cast<unsigned>(32 * warps)},
-         static_cast<unsigned>(a.shared_bytes()), stream, args, a.name().c_str());
+  launch(f,
+         Dim3{blocks, static_cast<unsigned>(std::min(heads, most)), static_cast<unsigned>((heads + most - 1) / most)},
+         Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream, args,
+         a.name().c_str());
 }
 
 }  // namespace kiln::runtime

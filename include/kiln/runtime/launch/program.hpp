@@ -419,7 +419,8 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         const int lse = k.attention_lse;
         attention_flash(buffer(n.in[0]), buffer(n.in[1]), buffer(n.in[2]),
                         attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
-                        static_cast<int>(n.attrs.d), static_cast<int>(n.attrs.dims[0]), temps[k.extern_node],
+                        static_cast<int>(n.attrs.d), static_cast<int>(n.attrs.dims[0]),
+                        n.attrs.dims.size() > 1 && n.attrs.dims[1] != 0, temps[k.extern_node],
                         lse >= 0 ? &temps[lse] : nullptr, stream);
         return;
       }

@@ -1,0 +1,266 @@
+// The fused attention forward on Hopper (compute capability 9.0, NVRTC's sm_90a): warpgroup MMA
+// (wgmma) instead of mma.sync. A block of W warpgroups (128 threads each) computes 64 * W query rows
+// of one (batch, head); each warpgroup owns 64 rows. q, and key and value tiles of 128 rows (two
+// stages, the next tile's load in flight while this one is used), sit in shared memory in the
+// 128-byte-swizzled layout wgmma's descriptors name: a tile of rows x D is D/64 column blocks of
+// rows x 128 bytes, 16-byte chunk c of row r stored at chunk c ^ (r % 8). The same tile serves k as
+// the K-major B operand of s = q k^T and v as the MN-major (transposed) B operand of o += p v, so
+// both are loaded by one cp.async loop. s comes back in registers (64 x 128 f32 over the
+// warpgroup), the online softmax runs there as in codegen/attention_kernel.hpp, and p goes into the
+// second wgmma as register A fragments, which share the accumulator's layout. What the mma.sync
+// kernel pays for (each key and value fragment loaded into registers by ldmatrix, warp by warp)
+// is gone: wgmma reads its B operand from shared memory itself, for the whole warpgroup.
+//
+// Masks, the causal order of blocks, the lazily rescaled o and the log-sum-exp are those of the
+// mma.sync kernel; the arguments are the same, so runtime/extern/attention.hpp launches either.
+#pragma once
+#include <string>
+
+#include "attention_kernel.hpp"
+
+namespace kiln::codegen {
+
+namespace attention_sm90_detail {
+
+// A wgmma m64nNk16 with f32 accumulators d[N/2] (the warpgroup's 64 x N tile), B from a shared-memory
+// descriptor, A from one (`a_registers` false) or from four registers a thread. `first`: d = a b
+// (its outputs are written, not read), else d += a b. trans_b: B is MN-major (v, read transposed).
+inline std::string wgmma_function(const std::string& name, int n, bool a_registers, bool first, int trans_b,
+                                  const std::string& type) {
+  const int regs = n / 2;
+  std::string operands, outs;
+  for (int i = 0; i < regs; ++i) {
+    operands += (i ? ", %" : "%") + std::to_string(i);
+    outs += std::string(i ? ", " : "") + (first ? "\"=f\"(d[" : "\"+f\"(d[") + std::to_string(i) + "])";
+  }
+  int next = regs;
+  std::string a_operand, ins;
+  if (a_registers) {
+    a_operand = "{%" + std::to_string(next) + ", %" + std::to_string(next + 1) + ", %" + std::to_string(next + 2) +
+                ", %" + std::to_string(next + 3) + "}";
+    next += 4;
+    ins = "\"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), ";
+  } else {
+    a_operand = "%" + std::to_string(next++);
+    ins = "\"l\"(a), ";
+  }
+  const std::string b_operand = "%" + std::to_string(next++);
+  ins += "\"l\"(b)";
+  const std::string tail = a_registers ? ", 1, 1, " + std::to_string(trans_b) : ", 1, 1, 0, " + std::to_string(trans_b);
+  std::string s = "__device__ __forceinline__ void " + name + "(float (&d)[" + std::to_string(regs) + "], " +
+                  (a_registers ? "const u32 (&a)[4]" : "u64 a") + ", u64 b) {\n";
+  s += "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, " + std::string(first ? "0" : "1") +
+       ", 0;\\nwgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + "k16.f32." + type + "." + type + " {" +
+       operands + "}, " + a_operand + ", " + b_operand + ", p" + tail + ";\\n}\\n\"\n";
+  s += "               : " + outs + "\n               : " + ins + ");\n}\n";
+  return s;
+}
+
+}  // namespace attention_sm90_detail
+
+inline std::string attention_forward_source_sm90(const AttentionKernel& a) {
+  using attention_sm90_detail::wgmma_function;
+  const std::string type = a.dt == dtype::bf16 ? "bf16" : "f16";
+  std::string s = "// " + a.name() + ": fused attention forward, warpgroup MMA (codegen/attention_kernel_sm90.hpp)\n";
+  s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
+  s += "#define KILN_WARPS " + std::to_string(4 * a.warpgroups) + "\n";
+  s += "#define KILN_WARPGROUPS " + std::to_string(a.warpgroups) + "\n";
+  s += "#define KILN_KEY_ROWS " + std::to_string(a.key_rows) + "\n";
+  s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
+  s += "#define KILN_PACK kiln_pack_" + type + "\n";
+  s += "#define KILN_NAME " + a.name() + "\n";
+  s += attention_prelude();
+  s += R"(
+typedef unsigned long long u64;
+// ---- warpgroup MMA -----------------------------------------------------------------------------------
+// A shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units),
+// 128-byte swizzle (layout type 1, bits 62-63).
+__device__ __forceinline__ u64 kiln_wgmma_desc(u32 address, u32 leading, u32 stride) {
+  return (u64)((address & 0x3FFFF) >> 4) | ((u64)(leading >> 4) << 16) | ((u64)(stride >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void kiln_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void kiln_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void kiln_wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// What cp.async wrote (the generic proxy) becomes visible to wgmma's reads (the async proxy).
+__device__ __forceinline__ void kiln_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulators across an asynchronous MMA's issue and wait.
+template <int N>
+__device__ __forceinline__ void kiln_hold(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+)";
+  s += wgmma_function("kiln_wgmma_qk_first", a.key_rows, false, true, 0, type);
+  s += wgmma_function("kiln_wgmma_qk", a.key_rows, false, false, 0, type);
+  s += wgmma_function("kiln_wgmma_pv", a.head_dim, true, false, 1, type);
+  s += R"(
+// ---- shared-memory tiles -----------------------------------------------------------------------------
+#define WG KILN_WARPGROUPS
+#define BM (64 * WG)
+#define BN KILN_KEY_ROWS
+#define TILE_BYTES(rows) ((rows) * KILN_D * 2)
+#define KILN_RESCALE 8.f  // how far a row's max may pass the base before o is rescaled (log2)
+
+// Rows [r0, r0 + ROWS) of a [T, D] operand with row stride st into a swizzled tile at shared address
+// `tile`; rows past T read zeros.
+template <int ROWS>
+__device__ __forceinline__ void load_tile_sw128(u32 tile, const u16* src, i64 st, int r0, int T) {
+#pragma unroll 4
+  for (int c = threadIdx.x; c < ROWS * CH; c += KILN_WARPS * 32) {
+    const int r = c / CH, ch = c % CH;
+    const bool in = r0 + r < T;
+    const u32 dst = tile + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(in ? src + (i64)(r0 + r) * st + ch * 8 : src), "r"(in ? 16 : 0));
+  }
+}
+
+// ---- the forward kernel ------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32, 1)
+KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ o,
+          int BH, int H, int G, int Tq, int Tk, float scale_log2, i64 qb, i64 qh, i64 qt, i64 kb, i64 kh, i64 kt, i64 vb,
+          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse) {
+  extern __shared__ __align__(1024) unsigned char kiln_smem[];
+  const u32 Qs = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u;  // the swizzle repeats every 1024 bytes
+  const u32 Ks = Qs + TILE_BYTES(BM), Vs = Ks + 2 * TILE_BYTES(BN);   // two stages each
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  // Causal blocks near the end of the sequence have the most keys: they start first.
+  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+  const int bh = blockIdx.z * 65535 + blockIdx.y;  // more than 65535 (batch, head) pairs go on along z
+  if (bh >= BH) return;
+  const int b = bh / H, h = bh % H, hk = h / G;
+  const u16* qp = q + b * qb + h * qh;
+  const u16* kp = k + b * kb + hk * kh;
+  const u16* vp = v + b * vb + hk * vh;
+  const int n_end = KILN_CAUSAL && m0 + BM < Tk ? m0 + BM : Tk;
+  const int n_tiles = (n_end + BN - 1) / BN;
+  const int w0 = m0 + wg * 64;                       // this warpgroup's first query row
+  const int r0 = w0 + warp * 16 + (lane >> 2);       // this thread's rows: r0 and r0 + 8
+
+  // Groups of cp.async: q, then one a key tile (k and v), two tiles ahead.
+  load_tile_sw128<BM>(Qs, qp, qt, m0, Tq);
+  kiln_cp_async_commit();
+  for (int j = 0; j < 2; ++j) {
+    if (j < n_tiles) {
+      load_tile_sw128<BN>(Ks + j * TILE_BYTES(BN), kp, kt, j * BN, Tk);
+      load_tile_sw128<BN>(Vs + j * TILE_BYTES(BN), vp, vt, j * BN, Tk);
+    }
+    kiln_cp_async_commit();
+  }
+  // K-major operands (q, k): 8-row groups 1024 bytes apart, a step of 16 dims 32 bytes into the
+  // 128-byte row, a block of 64 dims a whole column block further. v, MN-major: 16 keys a step
+  // (2048 bytes), its column blocks of 64 dims TILE_BYTES(BN) / (D / 64) apart.
+  const u64 q_desc = kiln_wgmma_desc(Qs + wg * 64 * 128, 16, 1024);
+#define DIM_STEP(kk, rows) (((kk) >> 2) * (rows) * 128 + ((kk) & 3) * 32)
+
+  float acc[KILN_D / 2];  // o, unnormalised: for column block i of 8, acc[4i + 2r + e] is row r0 + 8r, column 8i + 2(lane % 4) + e
+#pragma unroll
+  for (int i = 0; i < KILN_D / 2; ++i) acc[i] = 0.f;
+  float row_max[2] = {KILN_NEG_INF, KILN_NEG_INF}, row_sum[2] = {0.f, 0.f};  // row_sum: this thread's part
+  float s[BN / 2];  // the scores, in acc's layout over the tile's keys
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = j * BN, stage = j & 1;
+    kiln_cp_async_wait<1>();  // q and key tile j are in (tile j + 1 may still be loading)
+    kiln_fence_proxy_async();
+    __syncthreads();
+    // Causal: a warpgroup whose rows all come before the tile's first key has nothing to add.
+    const bool live = !KILN_CAUSAL || n0 <= w0 + 63;
+    if (live) {
+      const u64 k_desc = kiln_wgmma_desc(Ks + stage * TILE_BYTES(BN), 16, 1024);
+      kiln_wgmma_fence();
+      kiln_wgmma_qk_first(s, q_desc, k_desc);
+#pragma unroll
+      for (int kk = 1; kk < KILN_D / 16; ++kk)
+        kiln_wgmma_qk(s, q_desc + (DIM_STEP(kk, BM) >> 4), k_desc + (DIM_STEP(kk, BN) >> 4));
+      kiln_wgmma_commit();
+      kiln_wgmma_wait_all();
+      kiln_hold(s);
+      // Scale into the exp2 domain, then mask keys past Tk and (causal) after the query.
+      const bool masked = n0 + BN > Tk || (KILN_CAUSAL && n0 + BN - 1 > w0);
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) {
+        s[i] *= scale_log2;
+        if (masked) {
+          const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = r0 + ((i >> 1) & 1) * 8;
+          if (col >= Tk || (KILN_CAUSAL && col > r)) s[i] = KILN_NEG_INF;
+        }
+      }
+      // Online softmax, the base moving only past KILN_RESCALE (codegen/attention_kernel.hpp).
+      float alpha[2];
+      bool moved = false;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = KILN_NEG_INF;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        alpha[r] = 1.f;
+        if (mx > row_max[r] + KILN_RESCALE) {  // (-inf: the first key of the row sets it)
+          alpha[r] = kiln_exp2(row_max[r] - mx);
+          row_max[r] = mx;
+          moved = true;
+        }
+        const float base = row_max[r] == KILN_NEG_INF ? 0.f : row_max[r];
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+          s[4 * i + 2 * r] = kiln_exp2(s[4 * i + 2 * r] - base);
+          s[4 * i + 2 * r + 1] = kiln_exp2(s[4 * i + 2 * r + 1] - base);
+          sum += s[4 * i + 2 * r] + s[4 * i + 2 * r + 1];
+        }
+        row_sum[r] = row_sum[r] * alpha[r] + sum;
+      }
+      if (__any_sync(0xffffffffu, moved))
+#pragma unroll
+        for (int i = 0; i < KILN_D / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
+      // o += p v: the scores of two key columns of 8 are the A fragment of 16 keys.
+      u32 p[BN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[kk][e] = KILN_PACK(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+      const u64 v_desc = kiln_wgmma_desc(Vs + stage * TILE_BYTES(BN), TILE_BYTES(BN) / (KILN_D / 64), 1024);
+      kiln_hold(acc);
+      kiln_wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) kiln_wgmma_pv(acc, p[kk], v_desc + ((kk * 2048) >> 4));
+      kiln_wgmma_commit();
+      kiln_wgmma_wait_all();
+      kiln_hold(acc);
+    }
+    __syncthreads();  // every warpgroup is done with this stage
+    if (j + 2 < n_tiles) {
+      load_tile_sw128<BN>(Ks + stage * TILE_BYTES(BN), kp, kt, n0 + 2 * BN, Tk);
+      load_tile_sw128<BN>(Vs + stage * TILE_BYTES(BN), vp, vt, n0 + 2 * BN, Tk);
+    }
+    kiln_cp_async_commit();
+  }
+  // Normalise and store: each quad of lanes holds two rows' sums in four parts.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l == 0.f ? 0.f : 1.f / l;
+    const int t = r0 + r * 8;
+    if (t >= Tq) continue;
+    if (lse && (lane & 3) == 0)  // the row's log-sum-exp for the backward (+inf: no key, p = 0)
+      lse[(i64)bh * Tq + t] = l == 0.f ? __int_as_float(0x7f800000) : (row_max[r] + kiln_log2(l)) * 0.6931471805599453f;
+    u16* out = o + b * ob + h * oh + (i64)t * ot + 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < KILN_D / 8; ++i)
+      *reinterpret_cast<u32*>(out + i * 8) = KILN_PACK(acc[4 * i + 2 * r] * inv, acc[4 * i + 2 * r + 1] * inv);
+  }
+}
+)";
+  return s;
+}
+
+// The forward kernel's source for either kind (AttentionKernel::warpgroups picks).
+inline std::string attention_forward_kernel_source(const AttentionKernel& a) {
+  return a.warpgroups > 0 ? attention_forward_source_sm90(a) : attention_forward_source(a);
+}
+
+}  // namespace kiln::codegen
