@@ -130,9 +130,9 @@ TEST_CASE("attention: the fused kernel against the oracle, and its gradients (cu
 // On Hopper (compute capability 9.0) head dims 64 and 128 run the warpgroup-MMA forward
 // (codegen/attention_kernel_sm90.hpp): 128 query rows a block, key tiles of 128 in two stages. Several
 // tiles each way, lengths no multiple of a tile, Tq != Tk both ways, grouped heads, causal rows that
-// see fewer keys than a tile, both 16-bit dtypes: the default kernel and KILN_TUNE_ATTENTION_WGMMA=0's
-// mma.sync kernel against the oracle, with the log-sum-exp the backward reads (its gradients).
-TEST_CASE("attention: the Hopper forward kernel and the mma.sync one against the oracle (cuda)" * needs_gpu()) {
+// see fewer keys than a tile, both 16-bit dtypes: the default kernels and KILN_TUNE_ATTENTION_WGMMA=0's
+// mma.sync kernels against the oracle, forward and gradients (Hopper's dq and dk/dv kernels).
+TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracle (cuda)" * needs_gpu()) {
   struct Case {
     int B, H, Hkv, Tq, Tk, D;
     bool causal;
@@ -162,15 +162,29 @@ TEST_CASE("attention: the Hopper forward kernel and the mma.sync one against the
       for (const auto& kernel : k::explain(compiled, gq, gk, gv).kernels)
         if (kernel.source.find("kiln_attention_fwd_") != std::string::npos) source = kernel.source;
       CHECK((source.find("kiln_attention_fwd_wgmma_") != std::string::npos) == (hopper && wgmma[0] == '1'));
-      // The gradient of q reads the forward's log-sum-exp: a wrong one shows there.
+      // The gradients (Hopper: the warpgroup kernels for dq and dk/dv too) read the forward's
+      // log-sum-exp: a wrong one shows there.
       auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };
-      k::Tensor dq = std::get<1>(k::value_and_grad(loss, k::wrt<0>)(gq, gk, gv, gw));
+      auto vg = k::value_and_grad(loss, k::wrt<0, 1, 2>);
+      auto got = vg(gq, gk, gv, gw);
+      const k::Tensor grads[3] = {std::get<1>(got), std::get<2>(got), std::get<3>(got)};
+      bool wgmma_dq = false, wgmma_dkv = false;
+      for (const auto& kernel : k::explain(vg, gq, gk, gv, gw).kernels) {
+        wgmma_dq = wgmma_dq || kernel.source.find("kiln_attention_bwd_dq_wgmma_") != std::string::npos;
+        wgmma_dkv = wgmma_dkv || kernel.source.find("kiln_attention_bwd_dkv_wgmma_") != std::string::npos;
+      }
+      CHECK(wgmma_dq == (hopper && wgmma[0] == '1'));
+      CHECK(wgmma_dkv == (hopper && wgmma[0] == '1'));
       k::Attrs at;
       at.a = c.causal;
       auto stats = k::expr::make<k::Op::attention_lse>(at, q, kk, 0.0);
-      auto want = k::reference::eval(k::expr::make<k::Op::attention_grad>(at, q, kk, v, k::cast(w, c.dt), stats, 0.0));
-      auto rg = k::testing::allclose(dq.to(k::f64), want, 3e-2, 3e-2);
-      CHECK_MESSAGE(bool(rg), "dq: " << rg);
+      for (int which = 0; which < 3; ++which) {  // dq, dk, dv
+        at.c = which;
+        auto want =
+            k::reference::eval(k::expr::make<k::Op::attention_grad>(at, q, kk, v, k::cast(w, c.dt), stats, 0.0));
+        auto rg = k::testing::allclose(grads[which].to(k::f64), want, 3e-2, 3e-2);
+        CHECK_MESSAGE(bool(rg), "gradient " << which << ": " << rg);
+      }
     }
 }
 

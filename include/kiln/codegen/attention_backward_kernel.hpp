@@ -31,8 +31,17 @@ struct AttentionBackwardKernel {
   bool causal = false;
   dtype dt = dtype::bf16;
 
+  // dq and dkv on Hopper at head dims 64 and 128: attention_backward_kernel_sm90.hpp's warpgroup-MMA
+  // kernels (two warpgroups, 128 rows a block, streamed tiles of 64 in two stages).
+  bool hopper = false;
+
   static constexpr int warps = 4, rows = 64, cols = 64;  // block rows, streamed tile rows
+  int threads() const { return hopper ? 256 : 32 * warps; }
+  int block_rows() const { return hopper ? 128 : rows; }
+  int streamed_rows() const { return cols; }
   int shared_bytes() const {
+    if (hopper)  // the block's two tiles, two stages of two streamed tiles, dk/dv's statistics, alignment
+      return 2 * block_rows() * head_dim * 2 + 4 * streamed_rows() * head_dim * 2 + 4 * streamed_rows() * 4 + 1024;
     const int tile = rows * head_dim * 2;
     switch (part) {
       case Part::stats: return 2 * tile;
@@ -42,8 +51,8 @@ struct AttentionBackwardKernel {
   }
   std::string name() const {
     const char* parts[] = {"stats", "dq", "dk", "dv", "dkv"};
-    return std::string("kiln_attention_bwd_") + parts[static_cast<int>(part)] + "_d" + std::to_string(head_dim) +
-           (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt));
+    return std::string("kiln_attention_bwd_") + parts[static_cast<int>(part)] + (hopper ? "_wgmma" : "") + "_d" +
+           std::to_string(head_dim) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt));
   }
 };
 

@@ -58,19 +58,10 @@ inline std::string wgmma_function(const std::string& name, int n, bool a_registe
 
 }  // namespace attention_sm90_detail
 
-inline std::string attention_forward_source_sm90(const AttentionKernel& a) {
-  using attention_sm90_detail::wgmma_function;
-  const std::string type = a.dt == dtype::bf16 ? "bf16" : "f16";
-  std::string s = "// " + a.name() + ": fused attention forward, warpgroup MMA (codegen/attention_kernel_sm90.hpp)\n";
-  s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
-  s += "#define KILN_WARPS " + std::to_string(4 * a.warpgroups) + "\n";
-  s += "#define KILN_WARPGROUPS " + std::to_string(a.warpgroups) + "\n";
-  s += "#define KILN_KEY_ROWS " + std::to_string(a.key_rows) + "\n";
-  s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
-  s += "#define KILN_PACK kiln_pack_" + type + "\n";
-  s += "#define KILN_NAME " + a.name() + "\n";
-  s += attention_prelude();
-  s += R"(
+// What the warpgroup-MMA kernels share (after their KILN_D and KILN_WARPS defines): attention_prelude's
+// primitives, wgmma's descriptors, fences and waits, and the loader of 128-byte-swizzled tiles.
+inline std::string wgmma_prelude() {
+  return attention_prelude() + R"(
 typedef unsigned long long u64;
 // ---- warpgroup MMA -----------------------------------------------------------------------------------
 // A shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units),
@@ -80,7 +71,8 @@ __device__ __forceinline__ u64 kiln_wgmma_desc(u32 address, u32 leading, u32 str
 }
 __device__ __forceinline__ void kiln_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void kiln_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void kiln_wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>  // until at most N groups of this warpgroup's MMAs are pending
+__device__ __forceinline__ void kiln_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // What cp.async wrote (the generic proxy) becomes visible to wgmma's reads (the async proxy).
 __device__ __forceinline__ void kiln_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keeps the compiler from moving accumulators across an asynchronous MMA's issue and wait.
@@ -89,18 +81,6 @@ __device__ __forceinline__ void kiln_hold(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-)";
-  s += wgmma_function("kiln_wgmma_qk_first", a.key_rows, false, true, 0, type);
-  s += wgmma_function("kiln_wgmma_qk", a.key_rows, false, false, 0, type);
-  s += wgmma_function("kiln_wgmma_pv", a.head_dim, true, false, 1, type);
-  s += R"(
-// ---- shared-memory tiles -----------------------------------------------------------------------------
-#define WG KILN_WARPGROUPS
-#define BM (64 * WG)
-#define BN KILN_KEY_ROWS
-#define TILE_BYTES(rows) ((rows) * KILN_D * 2)
-#define KILN_RESCALE 8.f  // how far a row's max may pass the base before o is rescaled (log2)
-
 // Rows [r0, r0 + ROWS) of a [T, D] operand with row stride st into a swizzled tile at shared address
 // `tile`; rows past T read zeros.
 template <int ROWS>
@@ -115,7 +95,86 @@ __device__ __forceinline__ void load_tile_sw128(u32 tile, const u16* src, i64 st
   }
 }
 
+)";
+}
+
+inline std::string attention_forward_source_sm90(const AttentionKernel& a) {
+  using attention_sm90_detail::wgmma_function;
+  const std::string type = a.dt == dtype::bf16 ? "bf16" : "f16";
+  std::string s = "// " + a.name() + ": fused attention forward, warpgroup MMA (codegen/attention_kernel_sm90.hpp)\n";
+  s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
+  s += "#define KILN_WARPS " + std::to_string(4 * a.warpgroups) + "\n";
+  s += "#define KILN_WARPGROUPS " + std::to_string(a.warpgroups) + "\n";
+  s += "#define KILN_KEY_ROWS " + std::to_string(a.key_rows) + "\n";
+  s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
+  s += "#define KILN_PACK kiln_pack_" + type + "\n";
+  s += "#define KILN_NAME " + a.name() + "\n";
+  s += wgmma_prelude();
+  s += wgmma_function("kiln_wgmma_qk_first", a.key_rows, false, true, 0, type);
+  s += wgmma_function("kiln_wgmma_qk", a.key_rows, false, false, 0, type);
+  s += wgmma_function("kiln_wgmma_pv", a.head_dim, true, false, 1, type);
+  s += R"(
+// ---- shared-memory tiles -----------------------------------------------------------------------------
+#define WG KILN_WARPGROUPS
+#define BM (64 * WG)
+#define BN KILN_KEY_ROWS
+#define TILE_BYTES(rows) ((rows) * KILN_D * 2)
+#define KILN_RESCALE 8.f  // how far a row's max may pass the base before o is rescaled (log2)
+
+// ---- the tile steps ---------------------------------------------------------------------------------
+// Scale a tile of scores into the exp2 domain, mask keys past Tk and (causal) after the query, then
+// the online softmax: the scores become probabilities against the row's base, its sum is carried,
+// and alpha[r] is what o must be multiplied by (the base moves only when the tile's max exceeds it
+// by more than KILN_RESCALE, codegen/attention_kernel.hpp). Returns whether some row's base moved.
+__device__ __forceinline__ bool softmax_tile(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
+                                             float (&alpha)[2], int n0, int w0, int r0, int Tk, float scale_log2) {
+  const int lane = threadIdx.x & 31;
+  const bool masked = n0 + BN > Tk || (KILN_CAUSAL && n0 + BN - 1 > w0);
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) {
+    s[i] *= scale_log2;
+    if (masked) {
+      const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = r0 + ((i >> 1) & 1) * 8;
+      if (col >= Tk || (KILN_CAUSAL && col > r)) s[i] = KILN_NEG_INF;
+    }
+  }
+  bool moved = false;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = KILN_NEG_INF;
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    alpha[r] = 1.f;
+    if (mx > row_max[r] + KILN_RESCALE) {  // (-inf: the first key of the row sets it)
+      alpha[r] = kiln_exp2(row_max[r] - mx);
+      row_max[r] = mx;
+      moved = true;
+    }
+    const float base = row_max[r] == KILN_NEG_INF ? 0.f : row_max[r];
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) {
+      s[4 * i + 2 * r] = kiln_exp2(s[4 * i + 2 * r] - base);
+      s[4 * i + 2 * r + 1] = kiln_exp2(s[4 * i + 2 * r + 1] - base);
+      sum += s[4 * i + 2 * r] + s[4 * i + 2 * r + 1];
+    }
+    row_sum[r] = row_sum[r] * alpha[r] + sum;
+  }
+  return moved;
+}
+// The probabilities as the A fragments of o += p v: two key columns of 8 make one of 16 keys.
+__device__ __forceinline__ void pack_probabilities(u32 (&p)[BN / 16][4], const float (&s)[BN / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[kk][e] = KILN_PACK(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+}
+
 // ---- the forward kernel ------------------------------------------------------------------------------
+// Each step waits for key tile j (tile j + 1 may still be loading), runs s = q k_j^T, the softmax and
+// o += p v_j, and after a barrier loads tile j + 2 into the stage it used.
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32, 1)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ o,
           int BH, int H, int G, int Tq, int Tk, float scale_log2, i64 qb, i64 qh, i64 qt, i64 kb, i64 kh, i64 kt, i64 vb,
@@ -134,8 +193,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   const u16* vp = v + b * vb + hk * vh;
   const int n_end = KILN_CAUSAL && m0 + BM < Tk ? m0 + BM : Tk;
   const int n_tiles = (n_end + BN - 1) / BN;
-  const int w0 = m0 + wg * 64;                       // this warpgroup's first query row
-  const int r0 = w0 + warp * 16 + (lane >> 2);       // this thread's rows: r0 and r0 + 8
+  const int w0 = m0 + wg * 64;                  // this warpgroup's first query row
+  const int r0 = w0 + warp * 16 + (lane >> 2);  // this thread's rows: r0 and r0 + 8
 
   // Groups of cp.async: q, then one a key tile (k and v), two tiles ahead.
   load_tile_sw128<BM>(Qs, qp, qt, m0, Tq);
@@ -157,7 +216,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #pragma unroll
   for (int i = 0; i < KILN_D / 2; ++i) acc[i] = 0.f;
   float row_max[2] = {KILN_NEG_INF, KILN_NEG_INF}, row_sum[2] = {0.f, 0.f};  // row_sum: this thread's part
-  float s[BN / 2];  // the scores, in acc's layout over the tile's keys
+  float s[BN / 2];    // the scores, in acc's layout over the tile's keys
+  u32 p[BN / 16][4];  // the probabilities as A fragments
+  float alpha[2];
 
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * BN, stage = j & 1;
@@ -165,8 +226,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     kiln_fence_proxy_async();
     __syncthreads();
     // Causal: a warpgroup whose rows all come before the tile's first key has nothing to add.
-    const bool live = !KILN_CAUSAL || n0 <= w0 + 63;
-    if (live) {
+    if (!KILN_CAUSAL || n0 <= w0 + 63) {
       const u64 k_desc = kiln_wgmma_desc(Ks + stage * TILE_BYTES(BN), 16, 1024);
       kiln_wgmma_fence();
       kiln_wgmma_qk_first(s, q_desc, k_desc);
@@ -174,60 +234,20 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       for (int kk = 1; kk < KILN_D / 16; ++kk)
         kiln_wgmma_qk(s, q_desc + (DIM_STEP(kk, BM) >> 4), k_desc + (DIM_STEP(kk, BN) >> 4));
       kiln_wgmma_commit();
-      kiln_wgmma_wait_all();
+      kiln_wgmma_wait<0>();
       kiln_hold(s);
-      // Scale into the exp2 domain, then mask keys past Tk and (causal) after the query.
-      const bool masked = n0 + BN > Tk || (KILN_CAUSAL && n0 + BN - 1 > w0);
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) {
-        s[i] *= scale_log2;
-        if (masked) {
-          const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = r0 + ((i >> 1) & 1) * 8;
-          if (col >= Tk || (KILN_CAUSAL && col > r)) s[i] = KILN_NEG_INF;
-        }
-      }
-      // Online softmax, the base moving only past KILN_RESCALE (codegen/attention_kernel.hpp).
-      float alpha[2];
-      bool moved = false;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = KILN_NEG_INF;
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        alpha[r] = 1.f;
-        if (mx > row_max[r] + KILN_RESCALE) {  // (-inf: the first key of the row sets it)
-          alpha[r] = kiln_exp2(row_max[r] - mx);
-          row_max[r] = mx;
-          moved = true;
-        }
-        const float base = row_max[r] == KILN_NEG_INF ? 0.f : row_max[r];
-        float sum = 0.f;
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) {
-          s[4 * i + 2 * r] = kiln_exp2(s[4 * i + 2 * r] - base);
-          s[4 * i + 2 * r + 1] = kiln_exp2(s[4 * i + 2 * r + 1] - base);
-          sum += s[4 * i + 2 * r] + s[4 * i + 2 * r + 1];
-        }
-        row_sum[r] = row_sum[r] * alpha[r] + sum;
-      }
+      const bool moved = softmax_tile(s, row_max, row_sum, alpha, n0, w0, r0, Tk, scale_log2);
       if (__any_sync(0xffffffffu, moved))
 #pragma unroll
         for (int i = 0; i < KILN_D / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
-      // o += p v: the scores of two key columns of 8 are the A fragment of 16 keys.
-      u32 p[BN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p[kk][e] = KILN_PACK(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+      pack_probabilities(p, s);
       const u64 v_desc = kiln_wgmma_desc(Vs + stage * TILE_BYTES(BN), TILE_BYTES(BN) / (KILN_D / 64), 1024);
       kiln_hold(acc);
       kiln_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) kiln_wgmma_pv(acc, p[kk], v_desc + ((kk * 2048) >> 4));
       kiln_wgmma_commit();
-      kiln_wgmma_wait_all();
+      kiln_wgmma_wait<0>();
       kiln_hold(acc);
     }
     __syncthreads();  // every warpgroup is done with this stage

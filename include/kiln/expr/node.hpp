@@ -21,8 +21,8 @@ struct Attrs {
   std::int64_t a = 0, b = 0, c = 0, d = 0;  // slice: dim, start, stop, step; iota: dim; custom_backward: a = input;
                                             // amax: d = shift_flag (see below); attention: a = causal,
                                             // b = scale given, c = score_mod (attention_grad: which
-                                            // gradient); attention_flash: d = warps, dims = {row tiles,
-                                            // Hopper kernel},
+                                            // gradient, d = Hopper kernels); attention_flash: d = warps,
+                                            // dims = {row tiles, Hopper kernels},
                                             // keepdim = fused backward (runtime/lower.hpp)
   std::int32_t custom = -1;                 // custom ops: the registry id (expr/custom_op.hpp)
   kiln::dtype dt = kiln::dtype::f32;        // cast: target; iota: dtype

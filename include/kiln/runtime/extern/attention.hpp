@@ -12,7 +12,7 @@
 #include <string>
 #include <tuple>
 
-#include "../../codegen/attention_backward_kernel.hpp"
+#include "../../codegen/attention_backward_kernel_sm90.hpp"
 #include "../../codegen/attention_kernel.hpp"
 #include "../../codegen/attention_kernel_sm90.hpp"
 #include "../../core/driver.hpp"
@@ -62,16 +62,27 @@ inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const
   return attention_kernel_for(g[n.in[0]].shape[3], static_cast<int>(n.attrs.d), static_cast<int>(d[0]),
                               d.size() > 1 && d[1] != 0, n.attrs.a != 0, g[n.in[0]].dt);
 }
+// A backward kernel: Hopper's warpgroup kernels for dq and dk/dv where `hopper` and they take D.
+inline codegen::AttentionBackwardKernel attention_backward_kernel_for(codegen::AttentionBackwardKernel::Part part,
+                                                                      std::int64_t D, bool causal, bool hopper,
+                                                                      dtype dt) {
+  using Part = codegen::AttentionBackwardKernel::Part;
+  codegen::AttentionBackwardKernel a;
+  a.part = part;
+  a.head_dim = static_cast<int>(D);
+  a.causal = causal;
+  a.dt = dt;
+  a.hopper = hopper && (part == Part::dq || part == Part::dkv) && (D == 64 || D == 128);
+  return a;
+}
 inline std::string describe_attention_step(const graph::Graph& g, int node) {
   const graph::Node& n = g[node];
   if (n.op == Op::attention_flash) return codegen::attention_forward_kernel_source(attention_kernel_of(g, n));
-  codegen::AttentionBackwardKernel a;
-  a.part = n.op == Op::attention_lse ? codegen::AttentionBackwardKernel::Part::stats
-                                       : static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1);
-  a.head_dim = static_cast<int>(g[n.in[0]].shape[3]);
-  a.causal = n.attrs.a != 0;
-  a.dt = g[n.in[0]].dt;
-  return codegen::attention_backward_source(a);
+  codegen::AttentionBackwardKernel a = attention_backward_kernel_for(
+      n.op == Op::attention_lse ? codegen::AttentionBackwardKernel::Part::stats
+                                : static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1),
+      g[n.in[0]].shape[3], n.attrs.a != 0, n.op == Op::attention_grad && n.attrs.d != 0, g[n.in[0]].dt);
+  return codegen::attention_backward_kernel_source(a);
 }
 
 namespace attention_detail {
@@ -109,13 +120,15 @@ inline void check_contiguous(const Tensor& t, const char* what) {
 // Launches one backward kernel over `blocks` row tiles of `heads` (batch, head) pairs.
 inline void launch_part(const codegen::AttentionBackwardKernel& a, int device, std::int64_t rows, std::int64_t heads,
                         void** args, CUstream stream) {
-  CUfunction f = function(a.name(), [&] { return codegen::attention_backward_source(a); }, device);
+  CUfunction f = function(
+      a.name(), [&] { return codegen::attention_backward_kernel_source(a); }, device);
   driver::make_current(device);
   const std::int64_t most = 65535;
-  const unsigned blocks = static_cast<unsigned>((rows + a.rows - 1) / a.rows);
+  const unsigned blocks = static_cast<unsigned>((rows + a.block_rows() - 1) / a.block_rows());
   if (blocks == 0 || heads == 0) return;
-  launch(f, Dim3{blocks, static_cast<unsigned>(std::min(heads, most)), static_cast<unsigned>((heads + most - 1) / most)},
-         Dim3{static_cast<unsigned>(32 * a.warps)}, static_cast<unsigned>(a.shared_bytes()), stream, args,
+  launch(f,
+         Dim3{blocks, static_cast<unsigned>(std::min(heads, most)), static_cast<unsigned>((heads + most - 1) / most)},
+         Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream, args,
          a.name().c_str());
 }
 
@@ -153,25 +166,23 @@ inline void attention_lse(const Tensor& q, const Tensor& k, double scale, bool c
 }
 
 // One gradient of attention (part: dq, dk or dv) into out, from q, k, v, g (the output's cotangent)
-// and the row statistics [B, H, Tq, 2] (each row's log-sum-exp and delta = sum(g * o)).
+// and the row statistics [B, H, Tq, 2] (each row's log-sum-exp and delta = sum(g * o)); `hopper`:
+// the warpgroup kernels on a device of compute capability 9.0.
 inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Tensor& q, const Tensor& k,
-                           const Tensor& v, const Tensor& g, const Tensor& stats, double scale, bool causal, Tensor& out,
-                           CUstream stream) {
+                           const Tensor& v, const Tensor& g, const Tensor& stats, double scale, bool causal,
+                           bool hopper, Tensor& out, CUstream stream) {
   const Tensor* ts[] = {&q, &k, &v, &g, &stats, &out};
   const char* names[] = {"q", "k", "v", "the output's cotangent", "the statistics", "a gradient"};
   for (int i = 0; i < 6; ++i) attention_detail::check_contiguous(*ts[i], names[i]);
-  codegen::AttentionBackwardKernel a;
-  a.part = part;
-  a.head_dim = static_cast<int>(q.shape()[3]);
-  a.causal = causal;
-  a.dt = q.dtype();
+  const int device = out.device().index;
+  const codegen::AttentionBackwardKernel a = attention_backward_kernel_for(
+      part, q.shape()[3], causal, hopper && driver::compute_capability(device) == 90, q.dtype());
   const Dims &qs = q.shape(), &ks = k.shape();
   int BH = static_cast<int>(qs[0] * qs[1]), BHkv = static_cast<int>(ks[0] * ks[1]), H = static_cast<int>(qs[1]),
       G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(ks[2]);
   float scale_log2 = static_cast<float>(scale * std::numbers::log2e), sc = static_cast<float>(scale);
   const void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr(), *gp = g.data_ptr(), *sp = stats.data_ptr();
   void* op = out.data_ptr();
-  const int device = out.device().index;
   if (part == codegen::AttentionBackwardKernel::Part::dq) {
     void* args[] = {&qp, &kp, &vp, &gp, &sp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc};
     attention_detail::launch_part(a, device, Tq, BH, args, stream);

@@ -1,0 +1,259 @@
+// The fused attention backward's dq and dk/dv kernels on Hopper (compute capability 9.0, head dims
+// 64 and 128): warpgroup MMA over the 128-byte-swizzled tiles of attention_kernel_sm90.hpp, the same
+// arithmetic as attention_backward_kernel.hpp's mma.sync kernels (p recomputed from q, k and the
+// rows' log-sum-exp; nothing materialised). A block is two warpgroups of 64 rows (queries for dq,
+// keys for dk/dv), 128 rows a block; the streamed tiles of 64 rows come in two stages, the next
+// one's load in flight while this one is used. Each streamed tile is both a K-major operand (of
+// s = q k^T and dP = dO v^T) and an MN-major one (of dq += dS k, dv += p^T dO, dk += dS^T q), as
+// in the forward kernel.
+//   dq   s = q k^T, dP = dO v^T (two products from shared memory), dS = p (dP - delta), dq += dS k
+//   dkv  s^T = k q^T, dP^T = v dO^T, dv += p^T dO, dk += dS^T q; into [2, B, Hkv, Tk, D]
+#pragma once
+#include <string>
+
+#include "attention_backward_kernel.hpp"
+#include "attention_kernel_sm90.hpp"
+
+namespace kiln::codegen {
+
+inline std::string attention_backward_source_sm90(const AttentionBackwardKernel& a) {
+  using attention_sm90_detail::wgmma_function;
+  const std::string t = a.dt == dtype::bf16 ? "bf16" : "f16";
+  const bool dq = a.part == AttentionBackwardKernel::Part::dq;
+  std::string s =
+      "// " + a.name() + ": fused attention backward, warpgroup MMA (codegen/attention_backward_kernel_sm90.hpp)\n";
+  s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
+  s += "#define KILN_WARPS " + std::to_string(a.threads() / 32) + "\n";
+  s += "#define KILN_STREAMED " + std::to_string(a.streamed_rows()) + "\n";
+  s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
+  s += "#define KILN_PACK kiln_pack_" + t + "\n";
+  s += "#define KILN_NAME " + a.name() + "\n";
+  s += wgmma_prelude();
+  s += wgmma_function("kiln_wgmma_rows_first", a.streamed_rows(), false, true, 0, t);  // own rows x streamed rows^T
+  s += wgmma_function("kiln_wgmma_rows", a.streamed_rows(), false, false, 0, t);
+  s += wgmma_function("kiln_wgmma_tile", a.head_dim, true, false, 1, t);  // (registers) x a streamed tile
+  s += R"(
+#define BR 128             // rows a block: two warpgroups of 64
+#define BC KILN_STREAMED   // rows a streamed tile
+#define TILE_BYTES(rows) ((rows) * KILN_D * 2)
+#define LOG2E 1.4426950408889634f
+#define KILN_POS_INF __int_as_float(0x7f800000)
+#define DIM_STEP(kk, rows) (((kk) >> 2) * (rows) * 128 + ((kk) & 3) * 32)
+
+// acc = (this warpgroup's 64 own rows, a K-major descriptor) x (a streamed [BC, D] tile)^T.
+__device__ __forceinline__ void own_times_streamed(float (&acc)[BC / 2], u64 own, u64 tile) {
+  kiln_wgmma_rows_first(acc, own, tile);
+#pragma unroll
+  for (int kk = 1; kk < KILN_D / 16; ++kk) kiln_wgmma_rows(acc, own + (DIM_STEP(kk, BR) >> 4), tile + (DIM_STEP(kk, BC) >> 4));
+}
+// Values in registers (64 x BC in the accumulator layout) as the A fragments of a product with a
+// streamed tile: two columns of 8 make one step of 16.
+__device__ __forceinline__ void pack_fragments(u32 (&f)[BC / 16][4], const float (&x)[BC / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f[kk][e] = KILN_PACK(x[8 * kk + 2 * e], x[8 * kk + 2 * e + 1]);
+}
+// acc += (packed fragments) x a streamed [BC, D] tile at `tile`, read MN-major.
+__device__ __forceinline__ void fragments_times_tile(float (&acc)[KILN_D / 2], const u32 (&f)[BC / 16][4], u32 tile) {
+  const u64 desc = kiln_wgmma_desc(tile, TILE_BYTES(BC) / (KILN_D / 64), 1024);
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk) kiln_wgmma_tile(acc, f[kk], desc + ((kk * 2048) >> 4));
+}
+// Stores this warpgroup's rows of acc * scale as 16-bit values, rows below T; r0 the thread's first.
+__device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KILN_D / 2], float scale, int r0, int T) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = r0 + r * 8;
+    if (t >= T) continue;
+    u16* o = out + (i64)t * KILN_D + 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < KILN_D / 8; ++i)
+      *reinterpret_cast<u32*>(o + i * 8) = KILN_PACK(acc[4 * i + 2 * r] * scale, acc[4 * i + 2 * r + 1] * scale);
+  }
+}
+)";
+  if (dq)
+    s += R"(
+// ---- dq: one block 128 queries of one (batch, head); keys in tiles of BC -------------------------------
+extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32, 1)
+KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, const u16* __restrict__ g,
+          const float* __restrict__ stats, u16* __restrict__ dq, int BH, int H, int G, int Tq, int Tk, float scale_log2,
+          float scale) {
+  extern __shared__ __align__(1024) unsigned char kiln_smem[];
+  const u32 Qs = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u, Gs = Qs + TILE_BYTES(BR);
+  const u32 Ks = Gs + TILE_BYTES(BR), Vs = Ks + 2 * TILE_BYTES(BC);  // two stages each
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
+  const int bh = blockIdx.z * 65535 + blockIdx.y;
+  if (bh >= BH) return;
+  const int b = bh / H, hk = (bh % H) / G, Hkv = H / G;
+  const u16* kp = k + (i64)(b * Hkv + hk) * Tk * KILN_D;
+  const u16* vp = v + (i64)(b * Hkv + hk) * Tk * KILN_D;
+  const int n_end = KILN_CAUSAL && m0 + BR < Tk ? m0 + BR : Tk;
+  const int n_tiles = (n_end + BC - 1) / BC;
+  const int w0 = m0 + wg * 64, r0 = w0 + warp * 16 + (lane >> 2);  // this thread's rows: r0 and r0 + 8
+  load_tile_sw128<BR>(Qs, q + (i64)bh * Tq * KILN_D, KILN_D, m0, Tq);
+  load_tile_sw128<BR>(Gs, g + (i64)bh * Tq * KILN_D, KILN_D, m0, Tq);
+  kiln_cp_async_commit();
+  for (int j = 0; j < 2; ++j) {
+    if (j < n_tiles) {
+      load_tile_sw128<BC>(Ks + j * TILE_BYTES(BC), kp, KILN_D, j * BC, Tk);
+      load_tile_sw128<BC>(Vs + j * TILE_BYTES(BC), vp, KILN_D, j * BC, Tk);
+    }
+    kiln_cp_async_commit();
+  }
+  float lse2[2], delta[2];  // the rows' log-sum-exp in the exp2 domain (+inf past Tq: p = 0)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool in = r0 + r * 8 < Tq;
+    lse2[r] = in ? stats[((i64)bh * Tq + r0 + r * 8) * 2] * LOG2E : KILN_POS_INF;
+    delta[r] = in ? stats[((i64)bh * Tq + r0 + r * 8) * 2 + 1] : 0.f;
+  }
+  const u64 q_desc = kiln_wgmma_desc(Qs + wg * 64 * 128, 16, 1024), g_desc = kiln_wgmma_desc(Gs + wg * 64 * 128, 16, 1024);
+  float acc[KILN_D / 2];
+#pragma unroll
+  for (int i = 0; i < KILN_D / 2; ++i) acc[i] = 0.f;
+  float p[BC / 2], dp[BC / 2];
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = j * BC, stage = j & 1;
+    kiln_cp_async_wait<1>();  // the block's rows and key tile j are in
+    kiln_fence_proxy_async();
+    __syncthreads();
+    if (!KILN_CAUSAL || n0 <= w0 + 63) {  // (causal: a warpgroup whose rows all come before the tile has nothing to add)
+      const u32 kt = Ks + stage * TILE_BYTES(BC), vt = Vs + stage * TILE_BYTES(BC);
+      kiln_wgmma_fence();
+      own_times_streamed(p, q_desc, kiln_wgmma_desc(kt, 16, 1024));   // s = q k^T
+      own_times_streamed(dp, g_desc, kiln_wgmma_desc(vt, 16, 1024));  // dP = dO v^T
+      kiln_wgmma_commit();
+      kiln_wgmma_wait<0>();
+      kiln_hold(p);
+      kiln_hold(dp);
+      const bool masked = n0 + BC > Tk || (KILN_CAUSAL && n0 + BC - 1 > w0);
+#pragma unroll
+      for (int i = 0; i < BC / 2; ++i) {
+        float x = p[i] * scale_log2;
+        const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = (i >> 1) & 1;
+        if (masked && (col >= Tk || (KILN_CAUSAL && col > r0 + r * 8))) x = KILN_NEG_INF;
+        p[i] = kiln_exp2(x - lse2[r]) * (dp[i] - delta[r]);  // dS
+      }
+      u32 f[BC / 16][4];
+      pack_fragments(f, p);
+      kiln_hold(acc);
+      kiln_wgmma_fence();
+      fragments_times_tile(acc, f, kt);  // dq += dS k
+      kiln_wgmma_commit();
+      kiln_wgmma_wait<0>();
+      kiln_hold(acc);
+    }
+    __syncthreads();  // every warpgroup is done with this stage
+    if (j + 2 < n_tiles) {
+      load_tile_sw128<BC>(Ks + stage * TILE_BYTES(BC), kp, KILN_D, n0 + 2 * BC, Tk);
+      load_tile_sw128<BC>(Vs + stage * TILE_BYTES(BC), vp, KILN_D, n0 + 2 * BC, Tk);
+    }
+    kiln_cp_async_commit();
+  }
+  kiln_cp_async_wait<0>();  // (no key tile: the block's own tiles are still landing)
+  store_rows(dq + (i64)bh * Tq * KILN_D, acc, scale, r0, Tq);
+}
+)";
+  else
+    s += R"(
+// ---- dk and dv: one block 128 keys of one (batch, key/value head); the query tiles of its G heads ------
+extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32, 1)
+KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, const u16* __restrict__ g,
+          const float* __restrict__ stats, u16* __restrict__ out, int BHkv, int H, int G, int Tq, int Tk,
+          float scale_log2, float scale) {
+  extern __shared__ __align__(1024) unsigned char kiln_smem[];
+  const u32 Ks = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u, Vs = Ks + TILE_BYTES(BR);
+  const u32 Qs = Vs + TILE_BYTES(BR), Gs = Qs + 2 * TILE_BYTES(BC);  // two stages each
+  float* Ls = reinterpret_cast<float*>(kiln_smem + (Gs + 2 * TILE_BYTES(BC) - kiln_shared_address(kiln_smem)));
+  // Ls[stage][0..BC): a query tile's lse (exp2 domain); Ls[stage][BC..2 BC): its delta
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int n0 = blockIdx.x * BR;
+  const int bhk = blockIdx.z * 65535 + blockIdx.y;
+  if (bhk >= BHkv) return;
+  const int Hkv = H / G, b = bhk / Hkv, hk = bhk % Hkv;
+  const int kw0 = n0 + wg * 64, r0 = kw0 + warp * 16 + (lane >> 2);  // this thread's keys: r0 and r0 + 8
+  const int first = KILN_CAUSAL ? n0 / BC * BC : 0;  // earlier queries see none of these keys
+  const int per_head = first < Tq ? (Tq - first + BC - 1) / BC : 0, n_tiles = G * per_head;
+  load_tile_sw128<BR>(Ks, k + (i64)bhk * Tk * KILN_D, KILN_D, n0, Tk);
+  load_tile_sw128<BR>(Vs, v + (i64)bhk * Tk * KILN_D, KILN_D, n0, Tk);
+  kiln_cp_async_commit();
+  // Query tile t: head hk * G + t / per_head, rows from first + (t % per_head) * BC.
+  auto load = [&](int t) {
+    const int stage = t & 1, i0 = first + (t % per_head) * BC;
+    const i64 bh = (i64)b * H + hk * G + t / per_head;
+    load_tile_sw128<BC>(Qs + stage * TILE_BYTES(BC), q + bh * Tq * KILN_D, KILN_D, i0, Tq);
+    load_tile_sw128<BC>(Gs + stage * TILE_BYTES(BC), g + bh * Tq * KILN_D, KILN_D, i0, Tq);
+    for (int c = threadIdx.x; c < BC; c += KILN_WARPS * 32) {
+      const bool in = i0 + c < Tq;
+      Ls[stage * 2 * BC + c] = in ? stats[(bh * Tq + i0 + c) * 2] * LOG2E : KILN_POS_INF;
+      Ls[stage * 2 * BC + BC + c] = in ? stats[(bh * Tq + i0 + c) * 2 + 1] : 0.f;
+    }
+  };
+  for (int t = 0; t < 2; ++t) {
+    if (t < n_tiles) load(t);
+    kiln_cp_async_commit();
+  }
+  const u64 k_desc = kiln_wgmma_desc(Ks + wg * 64 * 128, 16, 1024), v_desc = kiln_wgmma_desc(Vs + wg * 64 * 128, 16, 1024);
+  float acc_k[KILN_D / 2], acc_v[KILN_D / 2];
+#pragma unroll
+  for (int i = 0; i < KILN_D / 2; ++i) acc_k[i] = acc_v[i] = 0.f;
+  float p[BC / 2], dp[BC / 2];
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t & 1, i0 = first + (t % per_head) * BC;
+    kiln_cp_async_wait<1>();  // the block's keys and values and query tile t are in
+    kiln_fence_proxy_async();
+    __syncthreads();
+    if (!KILN_CAUSAL || i0 + BC - 1 >= kw0) {  // (causal: queries all before this warpgroup's keys see none)
+      const u32 qt = Qs + stage * TILE_BYTES(BC), gt = Gs + stage * TILE_BYTES(BC);
+      const float* L = Ls + stage * 2 * BC;
+      kiln_wgmma_fence();
+      own_times_streamed(p, k_desc, kiln_wgmma_desc(qt, 16, 1024));   // s^T = k q^T: rows keys, columns queries
+      own_times_streamed(dp, v_desc, kiln_wgmma_desc(gt, 16, 1024));  // dP^T = v dO^T
+      kiln_wgmma_commit();
+      kiln_wgmma_wait<0>();
+      kiln_hold(p);
+      kiln_hold(dp);
+      const bool masked = i0 + BC > Tq || (KILN_CAUSAL && kw0 + 63 > i0);
+#pragma unroll
+      for (int i = 0; i < BC / 2; ++i) {
+        const int c = (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = r0 + ((i >> 1) & 1) * 8;
+        float x = p[i] * scale_log2;
+        if (masked && (i0 + c >= Tq || (KILN_CAUSAL && r > i0 + c))) x = KILN_NEG_INF;
+        p[i] = kiln_exp2(x - L[c]);
+        dp[i] = p[i] * (dp[i] - L[BC + c]);  // dS^T
+      }
+      u32 fp[BC / 16][4], fs[BC / 16][4];
+      pack_fragments(fp, p);
+      pack_fragments(fs, dp);
+      kiln_hold(acc_v);
+      kiln_hold(acc_k);
+      kiln_wgmma_fence();
+      fragments_times_tile(acc_v, fp, gt);  // dv += p^T dO
+      fragments_times_tile(acc_k, fs, qt);  // dk += dS^T q
+      kiln_wgmma_commit();
+      kiln_wgmma_wait<0>();
+      kiln_hold(acc_v);
+      kiln_hold(acc_k);
+    }
+    __syncthreads();  // every warpgroup is done with this stage
+    if (t + 2 < n_tiles) load(t + 2);
+    kiln_cp_async_commit();
+  }
+  kiln_cp_async_wait<0>();  // (no query tile: the block's own tiles are still landing)
+  store_rows(out + (i64)bhk * Tk * KILN_D, acc_k, scale, r0, Tk);
+  store_rows(out + ((i64)BHkv + bhk) * Tk * KILN_D, acc_v, 1.f, r0, Tk);  // the second half
+}
+)";
+  return s;
+}
+
+// The backward kernel's source for either kind (AttentionBackwardKernel::hopper picks).
+inline std::string attention_backward_kernel_source(const AttentionBackwardKernel& a) {
+  return a.hopper ? attention_backward_source_sm90(a) : attention_backward_source(a);
+}
+
+}  // namespace kiln::codegen
