@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include <kiln/codegen/attention_backward_kernel_sm90.hpp>
 #include <kiln/kiln.hpp>
 #include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
@@ -186,6 +187,47 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
         CHECK_MESSAGE(bool(rg), "gradient " << which << ": " << rg);
       }
     }
+}
+
+// The Hopper kernels' sources, on any machine: head dims 64 and 128 get warpgroup MMA (two
+// warpgroups, 128-key tiles, the shared memory an H100/H200 block may have), other head dims keep
+// the mma.sync kernel, and a kernel the Hopper writers do not take is an error, not bad source.
+TEST_CASE("attention: the Hopper kernels' sources") {
+  namespace cg = k::codegen;
+  for (int D : {64, 128}) {
+    INFO("D " << D);
+    cg::AttentionKernel a = cg::AttentionKernel::hopper(cg::AttentionKernel::for_head_dim(D));
+    CHECK(a.warpgroups == 2);
+    CHECK(a.threads() == 256);
+    CHECK(a.query_rows() == 128);
+    CHECK(a.shared_bytes() <= 227 * 1024);
+    const std::string fwd = cg::attention_forward_kernel_source(a);
+    CHECK(fwd.find("kiln_attention_fwd_wgmma_d" + std::to_string(D) + "_wg2_k128_bf16") != std::string::npos);
+    CHECK(fwd.find("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") != std::string::npos);
+    CHECK(fwd.find("wgmma.mma_async.sync.aligned.m64n" + std::to_string(D) + "k16.f32.bf16.bf16") != std::string::npos);
+    for (auto part : {cg::AttentionBackwardKernel::Part::dq, cg::AttentionBackwardKernel::Part::dkv}) {
+      cg::AttentionBackwardKernel b;
+      b.part = part;
+      b.head_dim = D;
+      b.dt = k::f16;
+      b.hopper = true;
+      CHECK(b.block_rows() == 128);
+      CHECK(b.shared_bytes() <= 227 * 1024);
+      const std::string bwd = cg::attention_backward_kernel_source(b);
+      CHECK(bwd.find(b.name()) != std::string::npos);
+      CHECK(bwd.find("_wgmma_d" + std::to_string(D) + "_f16") != std::string::npos);
+      CHECK(bwd.find("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16") != std::string::npos);
+    }
+  }
+  cg::AttentionKernel other = cg::AttentionKernel::hopper(cg::AttentionKernel::for_head_dim(96));
+  CHECK(other.warpgroups == 0);
+  CHECK(cg::attention_forward_kernel_source(other).find("wgmma") == std::string::npos);
+  other.warpgroups = 2;
+  CHECK_THROWS_AS(cg::attention_forward_source_sm90(other), k::error);
+  cg::AttentionBackwardKernel stats;
+  stats.part = cg::AttentionBackwardKernel::Part::stats;
+  stats.hopper = true;
+  CHECK_THROWS_AS(cg::attention_backward_kernel_source(stats), k::error);
 }
 
 // Keys scaled up along the sequence: each row's max passes the fused kernel's base (the running max

@@ -20,6 +20,8 @@ inline std::string attention_backward_source_sm90(const AttentionBackwardKernel&
   using attention_sm90_detail::wgmma_function;
   const std::string t = a.dt == dtype::bf16 ? "bf16" : "f16";
   const bool dq = a.part == AttentionBackwardKernel::Part::dq;
+  if ((!dq && a.part != AttentionBackwardKernel::Part::dkv) || (a.head_dim != 64 && a.head_dim != 128) || !a.hopper)
+    throw error("attention: the Hopper backward kernels are dq and dk/dv at head dims 64 and 128, not " + a.name());
   std::string s =
       "// " + a.name() + ": fused attention backward, warpgroup MMA (codegen/attention_backward_kernel_sm90.hpp)\n";
   s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";

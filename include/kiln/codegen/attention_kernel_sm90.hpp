@@ -16,6 +16,7 @@
 #pragma once
 #include <string>
 
+#include "../core/error.hpp"
 #include "attention_kernel.hpp"
 
 namespace kiln::codegen {
@@ -100,6 +101,8 @@ __device__ __forceinline__ void load_tile_sw128(u32 tile, const u16* src, i64 st
 
 inline std::string attention_forward_source_sm90(const AttentionKernel& a) {
   using attention_sm90_detail::wgmma_function;
+  if ((a.head_dim != 64 && a.head_dim != 128) || a.warpgroups < 1)  // (AttentionKernel::hopper chooses it only there)
+    throw error("attention: the Hopper forward kernel takes head dims 64 and 128 with warpgroups, not " + a.name());
   const std::string type = a.dt == dtype::bf16 ? "bf16" : "f16";
   std::string s = "// " + a.name() + ": fused attention forward, warpgroup MMA (codegen/attention_kernel_sm90.hpp)\n";
   s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
