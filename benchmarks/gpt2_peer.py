@@ -12,7 +12,7 @@ Prints one JSON object per mode on stdout:
   {"id": "W14", "impl": "eager"|"torch.compile"|"torch.compile-max", "tokens_per_s": ..., "ms": ...,
    "peak_mib": ..., "first_loss": ..., "last_loss": ..., "compile_s": ...}
 
-Usage: python3 benchmarks/gpt2_peer.py [--modes eager,default] [--steps 12] [--tiny]
+Usage: python3 benchmarks/gpt2_peer.py [--modes eager,default] [--steps 12] [--tiny] [--profile N]
        python3 benchmarks/gpt2_peer.py --write-check DIR [--tiny]
 --write-check writes DIR/init.safetensors (the initial weights under kiln's names and layouts:
 linear weights [in, out]) and DIR/losses.txt (the first 10 losses of eager steps from them), which
@@ -119,9 +119,29 @@ def run(mode, args, cfg):
         if s == 0:
             compile_s = time.perf_counter() - t_first
     ms = statistics.median(times[2:]) * 1e3
+    if args.profile:
+        profile(fn, mode, args.profile)
     return {"id": "W14", "impl": mode, "tokens_per_s": B * context / (ms / 1e3), "ms": ms,
             "peak_mib": torch.cuda.max_memory_allocated() / 2**20, "first_loss": losses[0], "last_loss": losses[-1],
             "compile_s": compile_s}
+
+
+def profile(fn, mode, n):
+    """Prints the n kernels that take the most GPU time over two more steps (stderr), as
+    KILN_PROFILE's table does for kiln: total ms a step, calls a step, mean us, the kernel's name."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            fn().item()
+    rows = [(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total, e.count, e.key)
+            for e in prof.key_averages() if (getattr(e, "device_time_total", 0) or e.cuda_time_total) > 0]
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows) / 2e3
+    print(f"torch profile ({mode}): {len(rows)} kernels, {total:.2f} ms a step", file=sys.stderr)
+    print(f"{'ms':>8} {'calls':>6} {'mean us':>9}  kernel", file=sys.stderr)
+    for us, count, name in rows[:n]:
+        print(f"{us / 2e3:8.3f} {count / 2:6.0f} {us / max(count, 1):9.1f}  {name[:110]}", file=sys.stderr)
 
 
 def kiln_state(model):
@@ -169,6 +189,8 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--write-check", metavar="DIR")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing, print each mode's N costliest kernels over two steps (stderr)")
     args = ap.parse_args()
     cfg = (2, 32, 2, 32, 97, 4) if args.tiny else (12, 768, 12, 1024, 50257, 8)
     if args.write_check:

@@ -17,7 +17,9 @@
 //   OP: colsum (sum over dim 0), softmax (last dim), layer_norm and rms_norm (forward, with a weight
 //       and layer_norm's bias), softmax3d (dim 1 of [ROWS, COLS, DIM]),
 //       layer_norm_bwd (vjp of layer_norm: dx, dw, db), cross_entropy (loss and dlogits), block
-//       (the vjp of W12's MLP block over [ROWS, COLS], hidden 4 * COLS)
+//       (the vjp of W12's MLP block over [ROWS, COLS], hidden 4 * COLS), gpt2 (examples/gpt2.cpp's
+//       value_and_grad with one layer: ROWS tokens in sequences of up to 1024, d COLS, vocab DIM or 50257)
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -160,7 +162,7 @@ int main(int argc, char** argv) {
   if (pos.size() < 3) {
     std::fprintf(stderr,
                  "usage: %s OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas ARCH]\n"
-                 "OP: colsum, softmax, layer_norm, rms_norm, softmax3d, layer_norm_bwd, cross_entropy, block\n",
+                 "OP: colsum, softmax, layer_norm, rms_norm, softmax3d, layer_norm_bwd, cross_entropy, block, gpt2\n",
                  argv[0]);
     return 2;
   }
@@ -192,6 +194,33 @@ int main(int argc, char** argv) {
       auto f = k::vjp(block, k::wrt<0, 1, 2, 3, 4, 5, 6>);
       print_kernels(f, sizes, rows, randn({rows, cols}), randn({4 * cols, cols}), randn({4 * cols}),
                     randn({cols, 4 * cols}), randn({cols}), randn({cols}), randn({cols}), randn({rows, cols}));
+    } else if (op == "gpt2") {  // examples/gpt2.cpp's loss with one layer: ROWS tokens (T 1024), d COLS, vocab DIM
+      const std::int64_t T = std::min<std::int64_t>(rows, 1024), B = rows / T, d = cols, H = d / 64;
+      const std::int64_t V = pos.size() >= 4 ? std::atoll(pos[3].c_str()) : 50257;
+      auto loss = [=](auto x, auto ln1w, auto ln1b, auto qkvw, auto qkvb, auto projw, auto projb, auto ln2w, auto ln2b,
+                      auto fcw, auto fcb, auto fc2w, auto fc2b, auto lnfw, auto lnfb, auto wte, auto targets) {
+        auto w = [](auto t) { return k::cast(t, k::bf16); };
+        auto h = k::reshape(w(k::layer_norm(x, ln1w, ln1b)), {B * T, d});
+        auto qkv = k::matmul(h, w(qkvw)) + w(qkvb);
+        auto heads = [&](std::int64_t part) {
+          return k::permute(k::reshape(k::slice(qkv, 1, part * d, (part + 1) * d), {B, T, H, 64}), {0, 2, 1, 3});
+        };
+        auto y = k::attention(heads(0), heads(1), heads(2), {.causal = true});
+        auto merged = k::reshape(k::permute(y, {0, 2, 1, 3}), {B * T, d});
+        auto x1 = x + k::reshape(k::cast(k::matmul(merged, w(projw)) + w(projb), k::f32), {B, T, d});
+        auto h2 = k::reshape(w(k::layer_norm(x1, ln2w, ln2b)), {B * T, d});
+        auto m = k::gelu(k::matmul(h2, w(fcw)) + w(fcb), k::approximate::tanh);
+        auto x2 = x1 + k::reshape(k::cast(k::matmul(m, w(fc2w)) + w(fc2b), k::f32), {B, T, d});
+        auto hf = k::reshape(w(k::layer_norm(x2, lnfw, lnfb)), {B * T, d});
+        auto logits = k::cast(k::matmul(hf, k::transpose(w(wte), 0, 1)), k::f32);
+        return k::cross_entropy(logits, k::reshape(targets, {B * T}));
+      };
+      auto f = k::value_and_grad(loss, k::wrt<0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15>);
+      auto f32 = [](k::Dims shape) { return k::randn(shape); };
+      k::Tensor t = k::cast(k::rand({B, T}) * static_cast<float>(V - 1), k::i64);
+      print_kernels(f, sizes, rows, f32({B, T, d}), f32({d}), f32({d}), f32({d, 3 * d}), f32({3 * d}), f32({d, d}),
+                    f32({d}), f32({d}), f32({d}), f32({d, 4 * d}), f32({4 * d}), f32({4 * d, d}), f32({d}), f32({d}),
+                    f32({d}), f32({V, d}), t);
     } else if (op == "cross_entropy") {
       auto f = k::value_and_grad([](auto l, auto t) { return k::cross_entropy(l, t); }, k::wrt<0>);
       k::Tensor t = k::cast(k::rand({rows}) * static_cast<float>(cols - 1), k::i64);

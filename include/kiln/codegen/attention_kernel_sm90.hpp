@@ -260,6 +260,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     }
     kiln_cp_async_commit();
   }
+  kiln_cp_async_wait<0>();  // (no key tile: q's copy is still in flight)
   // Normalise and store: each quad of lanes holds two rows' sums in four parts.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
