@@ -33,6 +33,8 @@ struct Tuning {
   int prelude_loads = -1;  // the prelude's KILN_LOADS, how 16-byte loads reach memory (KILN_TUNE_LOADS)
   int partials = -1;       // 0: row kernels never compute column partial sums (KILN_TUNE_PARTIALS)
   int matmul_t = -1;       // 0: a matmul's transpose stays a copy (KILN_TUNE_MATMUL_T)
+  int matmul_wide = -1;    // 0: a 16-bit matmul read only as f32 stays a 16-bit product and a cast
+                           // (KILN_TUNE_MATMUL_WIDE)
   int realize = -1;        // 0: shared pointwise values are recomputed in each kernel (KILN_TUNE_REALIZE)
   int row_tiling = -1;     // 0: a row's threads from its length alone, never fewer than a warp (the
                            // rule before the shape sweep; KILN_TUNE_ROW_TILING)
@@ -148,6 +150,7 @@ struct Tuning {
                                    {&Tuning::prelude_loads, "prelude_loads"},
                                    {&Tuning::partials, "partials"},
                                    {&Tuning::matmul_t, "matmul_t"},
+                                   {&Tuning::matmul_wide, "matmul_wide"},
                                    {&Tuning::realize, "realize"},
                                    {&Tuning::epilogue, "epilogue"},
                                    {&Tuning::row_tiling, "row_tiling"},
@@ -193,6 +196,7 @@ struct Tuning {
                                    {&Tuning::prelude_loads, "KILN_TUNE_LOADS", 0, 2},
                                    {&Tuning::partials, "KILN_TUNE_PARTIALS", 0, 1},
                                    {&Tuning::matmul_t, "KILN_TUNE_MATMUL_T", 0, 1},
+                                   {&Tuning::matmul_wide, "KILN_TUNE_MATMUL_WIDE", 0, 1},
                                    {&Tuning::realize, "KILN_TUNE_REALIZE", 0, 1},
                                    {&Tuning::epilogue, "KILN_TUNE_EPILOGUE", 0, 1},
                                    {&Tuning::row_tiling, "KILN_TUNE_ROW_TILING", 0, 1},

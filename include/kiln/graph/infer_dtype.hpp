@@ -122,8 +122,8 @@ constexpr void infer_dtype(const Graph& g, Node& n) {
       } else if (n.op == Op::attention_lse) {
         n.weak = false;
         n.dt = kiln::dtype::f32;
-      } else {  // matmul
-        n.dt = promote(in(0).dt, in(1).dt);
+      } else {  // matmul (attrs.a: written in attrs.dt, rewrite::widen_matmul_casts)
+        n.dt = n.attrs.a ? n.attrs.dt : promote(in(0).dt, in(1).dt);
       }
       return;
     case OpClass::composite:

@@ -229,9 +229,23 @@ constexpr int sink_expand(Builder& b, int id) {
   return b.expand(b.reshape(e.in[0], ones), n.shape);
 }
 
-inline constexpr std::array<Simplification, 8> simplifications = {
-    fold_constants, drop_identity_operand, cancel_double_negation,  drop_noop_cast,
-    simplify_view,  share_numel,           gather_before_pointwise, sink_expand};
+// f(reshape(x)) -> reshape(f(x)) for a one-input pointwise f (a cast of a norm's gradient viewed
+// as [B * T, d] for a matmul): f(x) keeps x's shape, so it joins the kernel that walks x's rows,
+// and the view moves to its reader (a matmul reads a reshape of a buffer as a view:
+// schedule/fuse.hpp's matmul_operand). A padded split's reshape (keepdim) stays.
+constexpr int sink_reshape(Builder& b, int id) {
+  if (!b.shaped()) return -1;
+  const graph::Node n = b[id];
+  if (!is_pointwise(n.op) || n.n_in != 1 || n.sym_attrs) return -1;
+  const graph::Node r = b[n.in[0]];
+  if (r.op != Op::reshape || r.attrs.keepdim || r.sym_attrs) return -1;
+  int in[1] = {r.in[0]};
+  return b.reshape(b.rebuild(n, in), n.shape);
+}
+
+inline constexpr std::array<Simplification, 9> simplifications = {
+    fold_constants, drop_identity_operand, cancel_double_negation,  drop_noop_cast, simplify_view,
+    share_numel,    gather_before_pointwise, sink_expand,           sink_reshape};
 
 // Builds node n (inputs already mapped) and applies the simplifications until none fires.
 // A node with symbolic attributes stays as it is: what it does depends on each call's values.
@@ -312,6 +326,40 @@ inline graph::Graph fold_matmul_transposes(const graph::Graph& g) {
     any = true;
     const graph::Node& mm = b[in[0]];
     return b.matmul(b.transpose_last(mm.in[1]), b.transpose_last(mm.in[0]));
+  });
+  return any ? remove_dead(built) : g;
+}
+
+// A returned cast(matmul(a, b), f32) of 16-bit a and b, the cast the product's only reader and
+// read by nothing but the caller -> one matmul written in f32 (attrs.a = 1, attrs.dt = f32:
+// graph/infer_dtype.hpp): the library accumulates in f32 and writes it, instead of rounding to 16
+// bits for a copy that widens it again (each weight gradient of a bf16 model over f32 master
+// weights: a copy a weight a step saved; the result is the f32 sum, no longer rounded to 16 bits
+// first). A cast that kernels read stays: they widen the 16-bit product as they load it, half
+// the bytes of an f32 one (GPT-2's logits). So does one k::assign writes into an argument (`into`:
+// the outputs' argument slots, -1 for none). CUDA programs (runtime/lower.hpp); a Tuning's
+// matmul_wide knob keeps the cast.
+inline graph::Graph widen_matmul_casts(const graph::Graph& g, const std::vector<int>& into) {
+  std::vector<int> readers(g.size(), 0), returned(g.size(), 0);
+  for (const auto& n : g.nodes)
+    for (int k = 0; k < n.n_in; ++k) ++readers[n.in[k]];
+  for (std::size_t o = 0; o < g.outputs.size(); ++o) {
+    ++readers[g.outputs[o]];
+    returned[g.outputs[o]] += o < into.size() && into[o] >= 0 ? -g.size() : 1;  // (assigned: never > 0)
+  }
+  bool any = false;
+  graph::Graph built = rebuild_graph(g, [&](Builder& b, const graph::Node& n, const int* in) {
+    const int m = n.n_in ? n.in[0] : -1;
+    const int self = static_cast<int>(&n - g.nodes.data());
+    const bool widen = n.op == Op::cast && n.dt == dtype::f32 && g[m].op == Op::matmul && !g[m].attrs.a &&
+                       readers[m] == 1 && (g[m].dt == dtype::bf16 || g[m].dt == dtype::f16) &&
+                       returned[self] > 0 && readers[self] == returned[self];
+    if (!widen) return b.rebuild(n, in);
+    any = true;
+    graph::Node mm = b[in[0]];
+    mm.attrs.a = 1;
+    mm.attrs.dt = dtype::f32;
+    return b.rebuild(mm, mm.in.data());
   });
   return any ? remove_dead(built) : g;
 }

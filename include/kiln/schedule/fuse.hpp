@@ -36,12 +36,17 @@ inline Dims kept_shape(const Dims& p, const Dims& rd, bool keepdim) {
   return graph::detail::reduced_shape(p, rd, keepdim);
 }
 
-// The buffer a matmul reads for an operand: a transpose of a buffer is read through its strides
-// (the library takes transposed operands), anything else is materialised first.
+// The buffer a matmul reads for an operand: a transpose is read through its strides (the library
+// takes transposed operands), a reshape of a computed value as a view of its (contiguous) buffer —
+// so that `reshape(layer_norm(x), {B * T, d})` is stored by the norm's own kernel —, and a
+// transpose of such a reshape both ways; anything else is materialised first. (An argument may be
+// strided: its reshape is not always a view.)
 inline int matmul_operand(const graph::Graph& g, int node) {
   const auto& n = g[node];
-  return n.op == Op::permute && n.shape.size() >= 2 && n.attrs.dims[n.shape.size() - 1] == n.shape.size() - 2 ? n.in[0]
-                                                                                                              : node;
+  if (n.op == Op::permute && n.shape.size() >= 2 && n.attrs.dims[n.shape.size() - 1] == n.shape.size() - 2)
+    node = n.in[0];
+  if (g[node].op == Op::reshape && g[g[node].in[0]].op != Op::arg) node = g[node].in[0];
+  return node;
 }
 
 // Leaves, and the values computed from a shape alone (numel, iota_of): nothing they read is loaded.
@@ -192,6 +197,15 @@ inline bool joins(const graph::Graph& g, const std::vector<bool>& anchor, const 
   return row_shaped && reads_rows(g, anchor, kernel_of, k, ki, i, row_map(domain, k.rdims, n.shape));
 }
 
+// Whether pointwise kernel k may become the row kernel of reduction i: it iterates over i's input
+// shape and stores nothing of another shape (every store becomes a row-shaped store).
+inline bool takes_rows(const graph::Graph& g, const KernelPlan& k, int i) {
+  if (k.kind != Kind::poi || k.closed || k.stores.empty()) return false;
+  const Dims& p = g[g[i].in[0]].shape;
+  if (g[k.domain].shape != p) return false;
+  return std::all_of(k.stores.begin(), k.stores.end(), [&](int v) { return g[v].shape == p; });
+}
+
 // The latest kernel that an anchor reads from: it cannot join any kernel before that one.
 inline int first_possible_kernel(const graph::Graph& g, const std::vector<bool>& anchor,
                                  const std::vector<int>& kernel_of, int i) {
@@ -270,6 +284,24 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
       if (detail::joins(g, anchor, s.kernel_of, s.kernels[moved_j], moved_j, i)) chosen = moved_j;
       break;  // (the order stays valid either way)
     }
+    // A row reduction over a pointwise kernel's domain whose stores all have that shape (a
+    // residual sum the norm after it reads): that kernel becomes the row kernel and stores them as
+    // it walks the row (Inductor's add + layer_norm in one kernel).
+    if (chosen < 0 && is_reduction(n.op) && n.attrs.c != 1)
+      for (int k = static_cast<int>(s.kernels.size()) - 1; k >= first && chosen < 0; --k)
+        if (detail::takes_rows(g, s.kernels[k], i)) {
+          KernelPlan& plan = s.kernels[k];
+          plan.kind = Kind::per;
+          plan.domain = n.in[0];
+          plan.rdims = detail::reduce_dims_of(n, g[n.in[0]].shape.size());
+          if (detail::joins(g, anchor, s.kernel_of, plan, k, i))
+            chosen = k;
+          else {  // (not reached: no reduction of its own to read at another index)
+            plan.kind = Kind::poi;
+            plan.domain = plan.stores.front();
+            plan.rdims = {};
+          }
+        }
     if (chosen < 0) {
       KernelPlan k;
       if (detail::is_extern(n.op)) {

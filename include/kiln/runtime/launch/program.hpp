@@ -341,14 +341,23 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     if (!temps[node].defined()) not_live(node);
     return temps[node];
   };
-  // A matmul operand: its buffer, or a transposed view of one (no copy).
+  // A matmul operand: its buffer, or a reshaped and/or transposed view of one (no copy;
+  // schedule::detail::matmul_operand says which).
   auto operand = [&](int node) {
-    int src = schedule::detail::matmul_operand(graph, node);
+    const int src = schedule::detail::matmul_operand(graph, node);
     if (src == node) return buffer(node);
-    const Tensor& t = buffer(src);
-    const Dims& order = graph[node].attrs.dims;
+    const graph::Node& n = graph[node];
+    const bool transposed = n.op == Op::permute;
+    const int reshaped = transposed ? n.in[0] : node;  // the reshape, where there is one
+    Tensor t = buffer(src);
+    if (reshaped != src) {  // (a computed buffer; an output a caller gave may be strided)
+      const Dims shape = shape_of(reshaped);
+      if (!t.is_contiguous()) t = t.contiguous();
+      t = t.as_strided(shape, contiguous_strides(shape), t.offset());
+    }
+    if (!transposed) return t;
     Dims shape, strides;
-    for (auto d : order) shape.push_back(t.shape()[d]), strides.push_back(t.strides()[d]);
+    for (auto d : n.attrs.dims) shape.push_back(t.shape()[d]), strides.push_back(t.strides()[d]);
     return t.as_strided(shape, strides, t.offset());
   };
 
