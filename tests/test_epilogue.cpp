@@ -57,6 +57,7 @@ std::shared_ptr<rt::Program> plan_for(k::Device device, const k::Function<F>& f,
   for (int i = 0; i < cap.nt; ++i) argv.push_back(cap.tensors[static_cast<std::size_t>(i)]);
   auto arg = [&](int s) -> const k::Tensor& { return *argv.at(static_cast<std::size_t>(s)); };
   rt::LoweringStats stats;
+  stats.for_gpu = device.is_cuda();  // lowered for the GPU, as export_kernels plans one
   k::graph::Graph g = k::detail::graph_builder(f.fn(), e, static_cast<int>(sizeof...(T)))(arg, stats);
   k::ir::ShapeEnv env = k::ir::make_static_shape_env(g);
   return rt::plan_program(std::move(g), std::move(env), device, arg, false, stats.tuning);
@@ -215,6 +216,38 @@ TEST_CASE("epilogue: a GPT-2 block's training step: which GEMM takes which epilo
   int gemms = 0;
   for (const auto& kern : p->kernels) gemms += kern.extern_node >= 0 && p->graph[kern.extern_node].op == k::Op::matmul;
   CHECK(gemms == 3 + 5);  // the backward's five GEMMs (dx of two layers, three dW) have no epilogue yet
+}
+
+// The weight gradients of a bf16 block over f32 master weights are cast(matmul, f32) returned:
+// in a CUDA plan each is one GEMM written in f32 (rewrite::widen_matmul_casts), no copy kernel
+// after it; KILN_TUNE_MATMUL_WIDE=0 keeps the 16-bit product and the cast. A cast that a kernel
+// reads (the forward's residual adds) stays a 16-bit product.
+TEST_CASE("epilogue: returned f32 casts of 16-bit products are f32-output GEMMs in a CUDA plan") {
+  auto loss = [](auto x, auto wa, auto wf) {
+    auto h = [](auto t) { return k::cast(t, k::bf16); };
+    auto a = x + k::cast(k::matmul(h(x), h(wa)), k::f32);
+    return k::mean(k::square(k::cast(k::matmul(h(a), h(wf)), k::f32)));
+  };
+  auto x = rnd({96, 64}, 40), wa = rnd({64, 64}, 41), wf = rnd({64, 96}, 42);
+  auto plan = [&] { return plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2>)), x, wa, wf); };
+  auto wide = [](const rt::Program& p) {  // GEMMs written in f32
+    int n = 0;
+    for (const auto& kern : p.kernels)
+      n += kern.extern_node >= 0 && p.graph[kern.extern_node].op == k::Op::matmul && p.graph[kern.extern_node].dt == k::f32;
+    return n;
+  };
+  auto p = plan();
+  INFO("steps: " << joined(steps(*p)));
+  CHECK(wide(*p) == 2);  // dwa and dwf
+  for (int o : {1, 2}) {
+    const k::graph::Node& n = p->graph[p->graph.outputs[static_cast<std::size_t>(o)]];
+    CHECK(n.op == k::Op::matmul);
+    CHECK(n.dt == k::f32);
+  }
+  ScopedEnv off("KILN_TUNE_MATMUL_WIDE", "0");
+  auto q = plan();
+  CHECK(wide(*q) == 0);
+  CHECK(q->kernels.size() == p->kernels.size() + 2);  // a cast kernel after each
 }
 
 TEST_CASE("epilogue: what does not match falls back to the fused pointwise kernel") {

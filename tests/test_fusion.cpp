@@ -21,6 +21,8 @@
 #include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
+#include "gradient_oracle.hpp"
+
 namespace k = kiln;
 
 namespace {
@@ -525,6 +527,56 @@ TEST_CASE("fusion: a reduction and an elementwise output of its input share one 
   INFO(res.str());
   CHECK(res);
   check_values(p, rp, k::f32);
+}
+
+// A pre-norm transformer's residual stream: x1 = x + y is returned (the next layer reads it),
+// layer_norm(x1) is viewed as [B * T, d] for a matmul. The add opens a pointwise kernel that the
+// norm's reduction turns into its row kernel, and the matmul reads the normalised rows' buffer
+// through the view: one row kernel and the matmul (the add, the statistics and the normalised
+// rows were three kernels). Its gradient too: the norm's dx row kernel casts the gradient a
+// 16-bit matmul reads, viewed as [B * T, d], where it was a pointwise kernel of its own.
+TEST_CASE("fusion: a residual add, the layer_norm after it and the rows a matmul reads through a view are one kernel") {
+  const std::int64_t B = 3, T = 5, d = 16;
+  k::Tensor x = k::randn({B, T, d}, k::f32, k::cpu, 71), y = k::randn({B, T, d}, k::f32, k::cpu, 72);
+  k::Tensor w = k::randn({d}, k::f32, k::cpu, 73), b = k::randn({d}, k::f32, k::cpu, 74);
+  k::Tensor W = k::randn({d, 7}, k::f32, k::cpu, 75);
+  auto fn = [=](auto x, auto y, auto w, auto b, auto W) {
+    auto x1 = x + y;
+    return std::make_tuple(x1, k::matmul(k::reshape(k::layer_norm(x1, w, b), {B * T, d}), W));
+  };
+  auto f = k::compile(fn);
+  k::report r = k::explain(f, x, y, w, b, W);
+  INFO(r);
+  REQUIRE(r.kernels.size() == 2);
+  CHECK(r.kernels[0].kind == "per");
+  CHECK(has_op(r.kernels[0], "add"));
+  CHECK(has_op(r.kernels[0], "rsqrt"));
+  CHECK(r.kernels[1].kind == "extern");
+  check_kernel(r.kernels[0]);
+  auto [x1, out] = f(x, y, w, b, W);
+  auto [rx1, rout] = k::reference::eval(fn(x, y, w, b, W));
+  check_values(x1, rx1, k::f32);
+  check_values(out, rout, k::f32);
+  // The gradient: the cotangent reaches the norm through the matmul and the view; dx, the cast
+  // and the residual's own gradient are the norm's row kernel, not pointwise kernels after it.
+  auto loss = [=](auto x, auto y, auto w, auto b, auto W) {
+    auto h = k::cast(k::reshape(k::layer_norm(x + y, w, b), {B * T, d}), k::bf16);
+    auto o = k::cast(k::matmul(h, k::cast(W, k::bf16)), k::f32);
+    return k::sum(o * o);
+  };
+  auto vg = k::value_and_grad(loss, k::wrt<0, 2, 4>);
+  k::report rg = k::explain(vg, x, y, w, b, W);
+  INFO(rg);
+  int poi = 0;
+  for (const auto& ki : rg.kernels) poi += ki.kind == "poi" && ki.source.find(std::to_string(B * T * d)) != std::string::npos;
+  CHECK(poi == 0);  // (none for the norm's gradient: its row kernel writes it)
+  auto got = vg(x, y, w, b, W);
+  const auto want = oracle_outputs(vg, x, y, w, b, W);  // the unfused f64 oracle, bf16 casts rounded as kiln's
+  const k::Tensor values[4] = {std::get<0>(got), std::get<1>(got), std::get<2>(got), std::get<3>(got)};
+  for (int i = 0; i < 4; ++i) {  // (dx divides bf16 roundings by each row's deviation: 5e-2)
+    auto res = k::testing::allclose(values[i], k::reference::to_tensor(want[static_cast<std::size_t>(i)]), 5e-2, 5e-2);
+    CHECK_MESSAGE(bool(res), "output " << i << ": " << res);
+  }
 }
 
 TEST_CASE("fusion: eager expressions report through k::explain(expr)") {
