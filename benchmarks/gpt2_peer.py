@@ -134,8 +134,11 @@ def profile(fn, mode, n):
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(2):
             fn().item()
-    rows = [(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total, e.count, e.key)
-            for e in prof.key_averages() if (getattr(e, "device_time_total", 0) or e.cuda_time_total) > 0]
+    def device_us(e):  # (device_time_total since torch 2.4; cuda_time_total before)
+        return getattr(e, "device_time_total", None) if hasattr(e, "device_time_total") else e.cuda_time_total
+    def kernel(e):  # the kernels themselves, not the CPU ops that launched them
+        return "CUDA" in str(getattr(e, "device_type", "CUDA")) and device_us(e) > 0
+    rows = [(device_us(e), e.count, e.key) for e in prof.key_averages() if kernel(e)]
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows) / 2e3
     print(f"torch profile ({mode}): {len(rows)} kernels, {total:.2f} ms a step", file=sys.stderr)
