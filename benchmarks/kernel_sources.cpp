@@ -9,8 +9,8 @@
 //   --call N: also says whether the program's guards admit a call with N rows in place of ROWS (a
 //   dynamic program that a call at another row count compiles again runs the second program's kernels)
 //   --ptxas ARCH: also compiles each kernel's unit with NVRTC for ARCH and prints ptxas's registers, spills and stack
-//   --cubin DIR (with --ptxas): also writes each unit's CUBIN to DIR/<unit>.<kernel>[.bounded].cubin, for cuobjdump -sass,
-//   and its source to DIR/<unit>.<kernel>.cu
+//   --cubin DIR (with --ptxas): also writes each unit's CUBIN to DIR/<unit>.<kernel>[.bounded].cubin, for cuobjdump
+//   -sass, and its source to DIR/<unit>.<kernel>.cu
 //   --dynamic: every size symbolic (k::shapes::dynamic); --rows-dynamic: only sizes equal to ROWS
 //   (with the split sums' chunk lengths: the sizes that change with ROWS), as the automatic mode
 //   makes them after a call with another row count

@@ -229,11 +229,14 @@ TEST_CASE("epilogue: returned f32 casts of 16-bit products are f32-output GEMMs 
     return k::mean(k::square(k::cast(k::matmul(h(a), h(wf)), k::f32)));
   };
   auto x = rnd({96, 64}, 40), wa = rnd({64, 64}, 41), wf = rnd({64, 96}, 42);
-  auto plan = [&] { return plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2>)), x, wa, wf); };
+  auto plan = [&] {
+    return plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2>)), x, wa, wf);
+  };
   auto wide = [](const rt::Program& p) {  // GEMMs written in f32
     int n = 0;
     for (const auto& kern : p.kernels)
-      n += kern.extern_node >= 0 && p.graph[kern.extern_node].op == k::Op::matmul && p.graph[kern.extern_node].dt == k::f32;
+      n += kern.extern_node >= 0 && p.graph[kern.extern_node].op == k::Op::matmul &&
+           p.graph[kern.extern_node].dt == k::f32;
     return n;
   };
   auto p = plan();

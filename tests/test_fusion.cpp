@@ -568,7 +568,8 @@ TEST_CASE("fusion: a residual add, the layer_norm after it and the rows a matmul
   k::report rg = k::explain(vg, x, y, w, b, W);
   INFO(rg);
   int poi = 0;
-  for (const auto& ki : rg.kernels) poi += ki.kind == "poi" && ki.source.find(std::to_string(B * T * d)) != std::string::npos;
+  for (const auto& ki : rg.kernels)
+    poi += ki.kind == "poi" && ki.source.find(std::to_string(B * T * d)) != std::string::npos;
   CHECK(poi == 0);  // (none for the norm's gradient: its row kernel writes it)
   auto got = vg(x, y, w, b, W);
   const auto want = oracle_outputs(vg, x, y, w, b, W);  // the unfused f64 oracle, bf16 casts rounded as kiln's

@@ -244,8 +244,9 @@ constexpr int sink_reshape(Builder& b, int id) {
 }
 
 inline constexpr std::array<Simplification, 9> simplifications = {
-    fold_constants, drop_identity_operand, cancel_double_negation,  drop_noop_cast, simplify_view,
-    share_numel,    gather_before_pointwise, sink_expand,           sink_reshape};
+    fold_constants,          drop_identity_operand, cancel_double_negation,
+    drop_noop_cast,          simplify_view,         share_numel,
+    gather_before_pointwise, sink_expand,           sink_reshape};
 
 // Builds node n (inputs already mapped) and applies the simplifications until none fires.
 // A node with symbolic attributes stays as it is: what it does depends on each call's values.
@@ -352,8 +353,8 @@ inline graph::Graph widen_matmul_casts(const graph::Graph& g, const std::vector<
     const int m = n.n_in ? n.in[0] : -1;
     const int self = static_cast<int>(&n - g.nodes.data());
     const bool widen = n.op == Op::cast && n.dt == dtype::f32 && g[m].op == Op::matmul && !g[m].attrs.a &&
-                       readers[m] == 1 && (g[m].dt == dtype::bf16 || g[m].dt == dtype::f16) &&
-                       returned[self] > 0 && readers[self] == returned[self];
+                       readers[m] == 1 && (g[m].dt == dtype::bf16 || g[m].dt == dtype::f16) && returned[self] > 0 &&
+                       readers[self] == returned[self];
     if (!widen) return b.rebuild(n, in);
     any = true;
     graph::Node mm = b[in[0]];

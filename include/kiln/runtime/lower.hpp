@@ -189,7 +189,7 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
   if (stats.tuning.matmul_t != 0) g = rewrite::fold_matmul_transposes(g);  // (A @ B)^T written as B^T @ A^T
   graph::infer_shapes(g, arg);
   const bool gpu = stats.for_gpu || cuda_device_of(g, arg) >= 0;  // the program's device
-  if (gpu && stats.tuning.matmul_wide != 0) {  // 16-bit products read only as f32 written in f32
+  if (gpu && stats.tuning.matmul_wide != 0) {                     // 16-bit products read only as f32 written in f32
     g = rewrite::widen_matmul_casts(g, into);
     graph::infer_shapes(g, arg);
   }
