@@ -2,6 +2,8 @@
 """W13, torch's side (kiln's is benchmarks/attention.cpp): the same cases, ids and sampling.
 
 impl "sdpa-flash": torch.nn.functional.scaled_dot_product_attention under the flash backend;
+impl "sdpa-cudnn": the same under cuDNN's backend; impl "sdpa": the backend torch picks itself (on an
+H100/H200 cuDNN's: what torch.compile'd GPT-2 runs, benchmarks/NOTES.md item 141);
 impl "flex": torch.compile'd flex_attention without a score_mod (a causal block mask where causal).
 Forward: the output. Forward + backward: out = attention(q, k, v); (out.float() * g).sum().backward(),
 the work kiln's value_and_grad of sum(cast(attention, f32) * g) does. Timing: sweep_peer.time_ms
@@ -9,7 +11,7 @@ the work kiln's value_and_grad of sum(cast(attention, f32) * g) does. Timing: sw
 clears L2, CUDA events around the call alone, the median). One JSON object a line on stdout.
 
 Usage: python3 benchmarks/attention_peer.py [--T 1024,4096] [--D 64,128] [--bwd-T 1024] [--reps N]
-       [--impls sdpa-flash,flex]
+       [--impls sdpa-flash,sdpa-cudnn,sdpa,flex]
 """
 
 import argparse
@@ -34,7 +36,7 @@ def main():
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--bwd-T", default="1024")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--impls", default="sdpa-flash,flex")
+    ap.add_argument("--impls", default="sdpa-flash,sdpa-cudnn,flex")
     a = ap.parse_args()
     impls = a.impls.split(",")
     B, H = 16, 16
@@ -43,10 +45,14 @@ def main():
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         flex = torch.compile(flex_attention)
 
+    backends = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}
+
     def attend(impl, q, k, v, causal):
-        if impl == "sdpa-flash":
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        if impl in backends:
+            with sdpa_kernel(backends[impl]):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        if impl == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         mask = None
         if causal:
             T = q.shape[2]
