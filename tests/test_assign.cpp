@@ -135,6 +135,13 @@ TEST_CASE("assign: a value reading its own argument is computed as if into a new
     // A GEMM scheduled after the kernel that updates its operand would read the new value.
     auto later = k::compile([](auto a, auto b) { return std::make_tuple(k::assign(a, a * 2.0f), k::matmul(a, b)); });
     CHECK_THROWS_WITH_AS(later(c, b), doctest::Contains("but read afterwards by kiln_extern_matmul"), k::error);
+    // Nor does a row reduction over the updated argument, read at other rows' positions, make the
+    // updating kernel its row kernel (schedule/fuse.hpp's takes_rows): refused as before.
+    auto sums = k::compile(
+        [](auto x) { return std::make_tuple(k::assign(x, x * 2.0f), k::sum(k::transpose(x, 0, 1), 1)); });
+    before = c.to(k::cpu);
+    CHECK_THROWS_WITH_AS(sums(c), doctest::Contains("but read afterwards by kiln_per_fused_sum"), k::error);
+    CHECK(bool(k::testing::allclose(c.to(k::cpu), before, 0, 0)));  // untouched
     k::Tensor y = k::randn({37, 301}, k::f32, dev, 53);
     auto want_s = k::reference::eval(k::softmax(y, -1) * 2.0f + y);
     auto rows = k::compile([](auto y) { return k::assign(y, k::softmax(y, -1) * 2.0f + y); });

@@ -580,6 +580,27 @@ TEST_CASE("fusion: a residual add, the layer_norm after it and the rows a matmul
   }
 }
 
+// cross_entropy over `cast(reshape(logits, {B * T, V}), f32)` of bf16 logits: the cast sinks below
+// the view (rewrite::sink_reshape) and the target's gather still picks from the bf16 logits
+// (gather_before_pointwise through the reshape), so no kernel writes an f32 copy of them: the row
+// kernels widen bf16 values as they load them (the gather's source is a bf16 copy of the view).
+TEST_CASE("fusion: cross_entropy over a reshaped f32 cast of bf16 logits reads the bf16 logits") {
+  const std::int64_t B = 3, T = 7, V = 301;
+  k::Tensor x = k::randn({B, T, V}, k::bf16, k::cpu, 81);
+  k::Tensor t = k::cast(k::rand({B * T}, k::f32, k::cpu, 82) * static_cast<float>(V - 1), k::i64);
+  auto fn = [=](auto x, auto t) { return k::cross_entropy(k::cast(k::reshape(x, {B * T, V}), k::f32), t); };
+  auto f = k::compile(fn);
+  k::report r = k::explain(f, x, t);
+  INFO(r);
+  int widening = 0;
+  for (const auto& ki : r.kernels) {
+    CHECK_MESSAGE(!(ki.kind == "poi" && has_op(ki, "cast")), ki.name);  // (an f32 copy of the logits)
+    widening += ki.kind == "per" && has_op(ki, "cast");
+  }
+  CHECK(widening == 2);
+  check_values(f(x, t), k::reference::eval(fn(x, t)), k::f32);
+}
+
 TEST_CASE("fusion: eager expressions report through k::explain(expr)") {
   k::Tensor x = k::randn({37, 129}, k::f32, k::cpu, 71), b = k::randn({129}, k::f32, k::cpu, 72);
   auto e = k::relu(x * 0.5f + b);

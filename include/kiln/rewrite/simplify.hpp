@@ -176,13 +176,19 @@ constexpr int simplify_view(Builder& b, int id) {
 
 // gather(f(x), t) -> f(gather(x, t)) for a one-input pointwise f (a cross_entropy over bf16 logits
 // picks from their f32 cast): a gather's source must be a buffer, so f(x) was written whole (a
-// full-size f32 copy of the logits) only to read one element a row.
+// full-size f32 copy of the logits) only to read one element a row. The same through a reshape,
+// gather(reshape(f(x)), t) -> f(gather(reshape(x), t)), which sink_reshape makes of
+// `cast(reshape(logits, {B * T, V}), f32)`.
 constexpr int gather_before_pointwise(Builder& b, int id) {
   const graph::Node n = b[id];
   if (n.op != Op::gather) return -1;
-  const graph::Node f = b[n.in[0]];
+  graph::Node f = b[n.in[0]];
+  const bool reshaped = f.op == Op::reshape && !f.attrs.keepdim && !f.sym_attrs && b.shaped();
+  const Dims view = f.shape;
+  if (reshaped) f = b[f.in[0]];
   if (!is_pointwise(f.op) || f.n_in != 1 || f.sym_attrs) return -1;
-  int picked = b.op(Op::gather, {f.in[0], n.in[1]}, n.attrs);
+  const int source = reshaped ? b.reshape(f.in[0], view) : f.in[0];
+  int picked = b.op(Op::gather, {source, n.in[1]}, n.attrs);
   int in[1] = {picked};
   graph::Node g = f;
   return b.rebuild(g, in);

@@ -45,7 +45,7 @@ inline int matmul_operand(const graph::Graph& g, int node) {
   const auto& n = g[node];
   if (n.op == Op::permute && n.shape.size() >= 2 && n.attrs.dims[n.shape.size() - 1] == n.shape.size() - 2)
     node = n.in[0];
-  if (g[node].op == Op::reshape && g[g[node].in[0]].op != Op::arg) node = g[node].in[0];
+  if (g[node].op == Op::reshape && !g[node].attrs.keepdim && g[g[node].in[0]].op != Op::arg) node = g[node].in[0];
   return node;
 }
 
@@ -198,11 +198,17 @@ inline bool joins(const graph::Graph& g, const std::vector<bool>& anchor, const 
 }
 
 // Whether pointwise kernel k may become the row kernel of reduction i: it iterates over i's input
-// shape and stores nothing of another shape (every store becomes a row-shaped store).
+// shape and stores nothing of another shape (every store becomes a row-shaped store), and none of
+// its stores is written into an argument (k::assign): a row kernel's reduction may read that
+// argument at other rows' positions (a sum over a transpose), which earlier rows have then
+// overwritten; apart, the lowering refuses such a program (check_assign_order).
 inline bool takes_rows(const graph::Graph& g, const KernelPlan& k, int i) {
   if (k.kind != Kind::poi || k.closed || k.stores.empty()) return false;
   const Dims& p = g[g[i].in[0]].shape;
   if (g[k.domain].shape != p) return false;
+  for (std::size_t o = 0; o < g.outputs.size() && o < g.output_into.size(); ++o)
+    if (g.output_into[o] >= 0 && std::find(k.stores.begin(), k.stores.end(), g.outputs[o]) != k.stores.end())
+      return false;
   return std::all_of(k.stores.begin(), k.stores.end(), [&](int v) { return g[v].shape == p; });
 }
 

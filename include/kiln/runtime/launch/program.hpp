@@ -350,9 +350,11 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     const bool transposed = n.op == Op::permute;
     const int reshaped = transposed ? n.in[0] : node;  // the reshape, where there is one
     Tensor t = buffer(src);
-    if (reshaped != src) {  // (a computed buffer; an output a caller gave may be strided)
+    if (reshaped != src) {  // a computed buffer, contiguous (eval(out, ...) destinations are too)
+      if (!t.is_contiguous())
+        throw error("matmul: internal error: the buffer of %" + std::to_string(src) + " " + t.shape().str() +
+                    " that a reshape views for a matmul is strided " + t.strides().str());
       const Dims shape = shape_of(reshaped);
-      if (!t.is_contiguous()) t = t.contiguous();
       t = t.as_strided(shape, contiguous_strides(shape), t.offset());
     }
     if (!transposed) return t;
