@@ -142,6 +142,17 @@ TEST_CASE("assign: a value reading its own argument is computed as if into a new
     before = c.to(k::cpu);
     CHECK_THROWS_WITH_AS(sums(c), doctest::Contains("but read afterwards by kiln_per_fused_sum"), k::error);
     CHECK(bool(k::testing::allclose(c.to(k::cpu), before, 0, 0)));  // untouched
+    // The sum first: the update does not join the sum's row kernel either (each row would
+    // overwrite values the later rows' sums read); it runs after it, the sums from the old values.
+    auto sums_first =
+        k::compile([](auto x) { return std::make_tuple(k::sum(k::transpose(x, 0, 1), 1), k::assign(x, x * 2.0f)); });
+    auto want_sums = k::reference::eval(k::sum(k::transpose(c, 0, 1), 1));  // (the oracle's copies, taken
+    auto want_c = k::reference::eval(c * 2.0f);                             // before c is updated)
+    k::Tensor got_sums = std::get<0>(sums_first(c));
+    r = k::testing::allclose(got_sums.to(k::cpu), want_sums, 1e-4, 1e-4);
+    CHECK_MESSAGE(bool(r), r);
+    r = k::testing::allclose(c.to(k::cpu), want_c, 0, 0);
+    CHECK_MESSAGE(bool(r), r);
     k::Tensor y = k::randn({37, 301}, k::f32, dev, 53);
     auto want_s = k::reference::eval(k::softmax(y, -1) * 2.0f + y);
     auto rows = k::compile([](auto y) { return k::assign(y, k::softmax(y, -1) * 2.0f + y); });

@@ -177,6 +177,39 @@ inline bool reads_rows(const graph::Graph& g, const std::vector<bool>& anchor, c
   return true;
 }
 
+// The argument slot node i is written into by k::assign, or -1.
+inline int assigned_slot(const graph::Graph& g, int i) {
+  for (std::size_t o = 0; o < g.outputs.size() && o < g.output_into.size(); ++o)
+    if (g.outputs[o] == i && g.output_into[o] >= 0) return g.output_into[o];
+  return -1;
+}
+
+// Whether a reduction of row kernel k reads argument `slot` through a view or an index (at other
+// positions than the row's own): a store into that argument in the same kernel would overwrite
+// values later rows still read (a sum over the transposed argument).
+inline bool rows_read_argument_elsewhere(const graph::Graph& g, const std::vector<bool>& anchor,
+                                         const std::vector<int>& kernel_of, const KernelPlan& k, int ki, int slot) {
+  std::vector<std::pair<int, bool>> stack;  // (node, reached through a view or an index)
+  for (int r : k.reductions) stack.push_back({r, false});
+  std::set<std::pair<int, bool>> seen;
+  while (!stack.empty()) {
+    auto [v, moved] = stack.back();
+    stack.pop_back();
+    if (!seen.insert({v, moved}).second) continue;
+    const auto& n = g[v];
+    if (n.op == Op::arg) {
+      if (moved && n.slot == slot) return true;
+      continue;
+    }
+    if (anchor[v] && kernel_of[v] >= 0 && kernel_of[v] != ki) continue;  // another kernel's buffer
+    const auto cls = info(n.op).cls;
+    if (cls == OpClass::leaf || cls == OpClass::meta || is_extern(n.op)) continue;
+    const bool through = moved || cls == OpClass::view || cls == OpClass::index;
+    for (int c = 0; c < n.n_in; ++c) stack.push_back({n.in[c], through});
+  }
+  return false;
+}
+
 // Whether anchor node i can be computed inside kernel `ki` (same iteration domain, and every
 // reduction of the kernel it reads is read at the row's own index).
 inline bool joins(const graph::Graph& g, const std::vector<bool>& anchor, const std::vector<int>& kernel_of,
@@ -194,6 +227,9 @@ inline bool joins(const graph::Graph& g, const std::vector<bool>& anchor, const 
   if (!rows) return domain == n.shape;
   bool row_shaped = domain == n.shape || kept_shape(domain, k.rdims, true) == n.shape ||
                     kept_shape(domain, k.rdims, false) == n.shape;
+  if (const int slot = assigned_slot(g, i);
+      row_shaped && slot >= 0 && rows_read_argument_elsewhere(g, anchor, kernel_of, k, ki, slot))
+    return false;
   return row_shaped && reads_rows(g, anchor, kernel_of, k, ki, i, row_map(domain, k.rdims, n.shape));
 }
 
