@@ -242,10 +242,8 @@ inline bool takes_rows(const graph::Graph& g, const KernelPlan& k, int i) {
   if (k.kind != Kind::poi || k.closed || k.stores.empty()) return false;
   const Dims& p = g[g[i].in[0]].shape;
   if (g[k.domain].shape != p) return false;
-  for (std::size_t o = 0; o < g.outputs.size() && o < g.output_into.size(); ++o)
-    if (g.output_into[o] >= 0 && std::find(k.stores.begin(), k.stores.end(), g.outputs[o]) != k.stores.end())
-      return false;
-  return std::all_of(k.stores.begin(), k.stores.end(), [&](int v) { return g[v].shape == p; });
+  return std::all_of(k.stores.begin(), k.stores.end(),
+                     [&](int v) { return g[v].shape == p && assigned_slot(g, v) < 0; });
 }
 
 // The latest kernel that an anchor reads from: it cannot join any kernel before that one.
