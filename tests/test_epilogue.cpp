@@ -21,6 +21,7 @@
 #include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
+#include "cuda_plan.hpp"
 #include "have_gpu.hpp"
 
 namespace k = kiln;
@@ -46,22 +47,6 @@ struct ScopedEnv {
   }
 };
 
-// The program k::compile(fn) would build for these (CPU) tensors on `device`, planned but not
-// compiled: a CUDA plan needs no GPU.
-template <class F, class... T>
-std::shared_ptr<rt::Program> plan_for(k::Device device, const k::Function<F>& f, const T&... args) {
-  auto e = f.trace_with(args...);
-  std::vector<const k::Tensor*> argv{&args...};
-  k::graph::Captured cap;
-  k::graph::gather(e, cap, true);
-  for (int i = 0; i < cap.nt; ++i) argv.push_back(cap.tensors[static_cast<std::size_t>(i)]);
-  auto arg = [&](int s) -> const k::Tensor& { return *argv.at(static_cast<std::size_t>(s)); };
-  rt::LoweringStats stats;
-  stats.for_gpu = device.is_cuda();  // lowered for the GPU, as export_kernels plans one
-  k::graph::Graph g = k::detail::graph_builder(f.fn(), e, static_cast<int>(sizeof...(T)))(arg, stats);
-  k::ir::ShapeEnv env = k::ir::make_static_shape_env(g);
-  return rt::plan_program(std::move(g), std::move(env), device, arg, false, stats.tuning);
-}
 template <class F, class... T>
 std::shared_ptr<rt::Program> plan_cuda(const F& fn, const T&... args) {
   return plan_for(k::Device(k::cuda), k::compile(fn), args...);

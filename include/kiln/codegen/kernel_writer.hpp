@@ -332,6 +332,7 @@ class KernelWriter {
   bool dyn_vector_rows_ = false;
   Assumptions assumed_;  // GPU kernels over symbolic sizes (plan())
   bool row_shift_ = false;                 // GPU rows: tiles start on the vector before the row (plan())
+  bool rows_on_vectors_ = false;           // GPU rows: every full-size array's rows start on a vector (plan())
   bool shifted_weights_ = false;           // ... and the row reads weights (plan())
   // Host rows whose loops' rmask is all true by construction (whole programs of rows, whole tiles).
   // GPU column reductions split down the reduced elements too (launch_config.hpp's column blocks).

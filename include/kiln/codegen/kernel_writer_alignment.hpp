@@ -38,7 +38,10 @@ inline std::string KernelWriter::split_on_alignment(const std::string& body) {
   // Held rows of whole vectors whose tiles overrun them: one test a vector, and the split pays
   // (with only a row's test left it measured 2-7% slower, and for looped rows 3% slower over 40
   // long rows, up to 1.9x at 1046 x 128256 bf16: NOTES item 51).
-  bool vector_tests = (vector_rows_ && !full_tiles_ && config_.riters > 0 && tune_.vector_masks != 1) || row_shift_;
+  // Rows that start on vectors without a shift (buffers with room for a GEMM) end in a part vector
+  // as shifted rows do: the same split.
+  bool vector_tests =
+      (vector_rows_ && !full_tiles_ && config_.riters > 0 && tune_.vector_masks != 1) || row_shift_ || rows_on_vectors_;
   if (aligned_ptrs_.empty() || unaligned_tiles_ || !(exact_tiles_ || vector_tests || !aligned_sizes_.empty()) ||
       tune_.aligned == 0) {
     std::string plain = body;

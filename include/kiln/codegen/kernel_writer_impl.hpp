@@ -15,7 +15,7 @@ inline void KernelWriter::store(int node, const std::vector<Sym>& idx) {
   Value v = store_rounds ? emit(n.in[0], broadcast_index(n.in[0], node, idx)) : emit(node, idx);
   kiln::dtype ct = compute_dtype(g_[node].dt);
   std::string val = v.literal ? detail::literal(v.value, ct) : cast(v, ct).code;
-  Sym offset = ravel(idx, contiguous_strides(env_[node]));
+  Sym offset = ravel(idx, strides_of_(node));  // (a buffer with room for a GEMM is strided)
   // A column block's per-column results are in all RT threads of the column: the first stores them.
   const std::string m = column_block() && !in_rloop_ ? "(" + mask() + " & kiln::column_leader<XT>())" : mask();
   std::string width, base = access_base(offset, ptr, g_[node].dt, width);

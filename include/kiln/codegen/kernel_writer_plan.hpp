@@ -120,16 +120,30 @@ inline void KernelWriter::plan() {
   // a single row (a full reduction: its shift is 0, and the split loop's unmasked vectors measured
   // 6% faster on cross_entropy's loss over 1335 rows, NOTES 123).
   const std::int64_t vec = row_vector(max_item);
+  // Rows whose every full-size array has a row stride of whole vectors (buffers with room for a
+  // GEMM, schedule/pad_buffers.hpp) start on a vector as they are: nothing to shift.
+  auto row_stride_whole = [&](int v) {
+    const std::vector<Sym> st = strides_of_(v);
+    return plan_.rdims.size() == 1 && st.size() >= 2 && st.size() == p.size() && st.back() == Sym(1) &&
+           st[st.size() - 2].is_constant() && st[st.size() - 2].constant_value() % vec == 0;
+  };
+  // (Only rows no whole number of vectors long: elsewhere nothing changes.)
+  bool rows_on_vectors = rows() && !column && target_ == Target::cuda && !streams.empty() && rnumel_.is_constant() &&
+                         rnumel_.constant_value() % vec != 0;
+  for (int v : streams) rows_on_vectors = rows_on_vectors && row_stride_whole(v);
+  for (int v : plan_.stores)
+    if (g_[v].shape == g_[plan_.domain].shape && !is_reduction(g_[v].op))
+      rows_on_vectors = rows_on_vectors && row_stride_whole(v);
+  rows_on_vectors_ = rows_on_vectors;
   const bool one_row = xnumel_.is_constant() && xnumel_.constant_value() == 1;
   const bool shift_symbolic = !rnumel_.is_constant() && invariants.empty() && !one_row &&
                               (rn % vec != 0 || tune_.dynamic_rows == 0);
   row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && !streams.empty() &&
-               plan_.partials.empty() &&
-               (shift_symbolic ||
-                (rnumel_.is_constant() && rnumel_.constant_value() % vec != 0 &&
-                 (invariants.empty() || tune_.row_shift == 2 ||
-                  (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 && caches.loops <= 2 &&
-                   streams.size() + full_stores > invariants.size()))));
+               plan_.partials.empty() && !rows_on_vectors &&
+               (shift_symbolic || (rnumel_.is_constant() && rnumel_.constant_value() % vec != 0 &&
+                                   (invariants.empty() || tune_.row_shift == 2 ||
+                                    (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 &&
+                                     caches.loops <= 2 && streams.size() + full_stores > invariants.size()))));
   // GPU rows of symbolic length held as at the compiling call's length (Triton's persistent
   // reduction, its tiles sized from the size hint): the lengths it serves are held_min..held_max;
   // the program launches the kernel written looped at others (runtime's CompiledKernel::looped).

@@ -150,9 +150,14 @@ inline constexpr std::int64_t row_cache_half_registers = 384;
 inline constexpr std::int64_t min_spill_bytes = 256;
 inline constexpr std::int64_t held_row_l1_bytes = 192 * 1024;
 inline std::int64_t held_row_saves(int riters) { return 2 * 16 * std::int64_t{riters}; }
-inline bool held_row_spills(std::int64_t local_bytes, int riters, int threads) {
+// `blocks`: the blocks an SM holds of the kernel (registers, shared memory). One block an SM that
+// spills as well has no other block to run while its row waits on local memory and its barriers:
+// cross_entropy's value and gradient over rows of 50257 bf16 values a GEMM stores with room
+// (schedule/pad_buffers.hpp), held at 128 registers with 304 bytes of stack (under the 416 its row
+// saves), ran 1.38 ms at 8192 rows on an H200 where looped it ran 0.88 (NOTES item 142).
+inline bool held_row_spills(std::int64_t local_bytes, int riters, int threads, int blocks = 2) {
   return riters > 0 && local_bytes > min_spill_bytes &&
-         (local_bytes > held_row_saves(riters) || local_bytes * threads > held_row_l1_bytes);
+         (local_bytes > held_row_saves(riters) || local_bytes * threads > held_row_l1_bytes || blocks <= 1);
 }
 
 // Blocks an SM a held-row GPU kernel may ask ptxas to fit (__launch_bounds__' second argument):

@@ -36,6 +36,7 @@ namespace kiln::driver {
   X(memcpy_async, cuMemcpyAsync)                                              \
   X(memcpy_2d_async, cuMemcpy2DAsync_v2)                                      \
   X(memset_d8_async, cuMemsetD8Async)                                         \
+  X(memset_d2d8_async, cuMemsetD2D8Async)                                     \
   X(pointer_get_attribute, cuPointerGetAttribute)                             \
   X(stream_create, cuStreamCreate)                                            \
   X(stream_destroy, cuStreamDestroy_v2)                                       \

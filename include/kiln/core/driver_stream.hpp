@@ -59,4 +59,12 @@ inline void memset_async(void* p, unsigned char v, std::size_t bytes, CUstream s
   check(api().memset_d8_async(reinterpret_cast<CUdeviceptr>(p), v, bytes, s), "cuMemsetD8Async");
 }
 
+// `height` rows of `width` bytes each, `pitch` bytes apart, set to v.
+inline void memset_2d_async(void* p, std::size_t pitch, unsigned char v, std::size_t width, std::size_t height,
+                            CUstream s) {
+  if (width == 0 || height == 0) return;
+  ensure_context();
+  check(api().memset_d2d8_async(reinterpret_cast<CUdeviceptr>(p), pitch, v, width, height, s), "cuMemsetD2D8Async");
+}
+
 }  // namespace kiln::driver

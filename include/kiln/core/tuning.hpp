@@ -35,6 +35,8 @@ struct Tuning {
   int matmul_t = -1;       // 0: a matmul's transpose stays a copy (KILN_TUNE_MATMUL_T)
   int matmul_wide = -1;    // 0: a 16-bit matmul read only as f32 stays a 16-bit product and a cast
                            // (KILN_TUNE_MATMUL_WIDE)
+  int gemm_room = -1;      // 0: 16-bit GEMM operands off 8 are padded by copies in the GEMM step, not
+                           // stored with room (schedule/pad_buffers.hpp; KILN_TUNE_GEMM_ROOM)
   int realize = -1;        // 0: shared pointwise values are recomputed in each kernel (KILN_TUNE_REALIZE)
   int row_tiling = -1;     // 0: a row's threads from its length alone, never fewer than a warp (the
                            // rule before the shape sweep; KILN_TUNE_ROW_TILING)
@@ -151,6 +153,7 @@ struct Tuning {
                                    {&Tuning::partials, "partials"},
                                    {&Tuning::matmul_t, "matmul_t"},
                                    {&Tuning::matmul_wide, "matmul_wide"},
+                                   {&Tuning::gemm_room, "gemm_room"},
                                    {&Tuning::realize, "realize"},
                                    {&Tuning::epilogue, "epilogue"},
                                    {&Tuning::row_tiling, "row_tiling"},
@@ -197,6 +200,7 @@ struct Tuning {
                                    {&Tuning::partials, "KILN_TUNE_PARTIALS", 0, 1},
                                    {&Tuning::matmul_t, "KILN_TUNE_MATMUL_T", 0, 1},
                                    {&Tuning::matmul_wide, "KILN_TUNE_MATMUL_WIDE", 0, 1},
+                                   {&Tuning::gemm_room, "KILN_TUNE_GEMM_ROOM", 0, 1},
                                    {&Tuning::realize, "KILN_TUNE_REALIZE", 0, 1},
                                    {&Tuning::epilogue, "KILN_TUNE_EPILOGUE", 0, 1},
                                    {&Tuning::row_tiling, "KILN_TUNE_ROW_TILING", 0, 1},

@@ -269,9 +269,15 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
   p.sched = schedule_graph(g, env, p.tuning.partials != 0, realize, epilogues, host);
   if (!partials_held(g, p.sched, env, target, p.tuning))
     p.sched = schedule_graph(g, env, false, realize, epilogues, host);
+  if (target == codegen::Target::cuda && p.tuning.gemm_room != 0)
+    schedule::pad_gemm_buffers(g, p.sched, env);  // 16-bit GEMM operands off 8 stored with room
   if (debug::log_enabled(debug::Channel::fusion)) {
     std::string s;
     for (auto& k : p.sched.kernels) s += "  " + k.debug_str(g) + "\n";
+    for (int i = 0; i < static_cast<int>(p.sched.padding.size()); ++i)
+      if (auto pad = p.sched.padding[static_cast<std::size_t>(i)])
+        s += "  %" + std::to_string(i) + " " + g[i].shape.str() + " stored with room for GEMMs as " +
+             schedule::padded_shape(g[i].shape, pad).str() + "\n";
     debug::log(debug::Channel::fusion, "kernels:\n" + s);
   }
   for (int k = 0; k < static_cast<int>(p.sched.kernels.size()); ++k) {
@@ -369,7 +375,9 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
         kern.src.partial_groups > 0)
       continue;
     const std::int64_t local = driver::local_bytes(kern.cuda);
-    if (!codegen::held_row_spills(local, kern.src.config.riters, kern.src.config.threads)) continue;
+    const int blocks = driver::resident_blocks(kern.cuda, kern.src.config.threads,
+                                               static_cast<std::size_t>(kern.src.config.shared_bytes));
+    if (!codegen::held_row_spills(local, kern.src.config.riters, kern.src.config.threads, blocks)) continue;
     codegen::Tuning looped_rows;
     looped_rows.row_iters = 0;
     std::optional<codegen::KernelSource> looped = rewrite(static_cast<int>(k), looped_rows);

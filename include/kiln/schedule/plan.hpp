@@ -46,11 +46,19 @@ struct KernelPlan {
   }
 };
 
+// The sizes a buffer's storage is padded to: dim 0 to `rows`, the last dim to `cols` (0: as is);
+// schedule/pad_buffers.hpp plans them for GEMM operands.
+struct Padding {
+  std::int64_t rows = 0, cols = 0;
+  explicit operator bool() const { return rows > 0 || cols > 0; }
+};
+
 struct Schedule {
   std::vector<KernelPlan> kernels;
   std::vector<int> kernel_of;  // node -> kernel computing it as a buffer, -1 for inlined/args
   std::vector<bool> realized;  // node has a buffer (args, outputs, intermediates)
   std::vector<MatmulEpilogue> epilogues;  // the matmul steps' epilogues (schedule/epilogue.hpp)
+  std::vector<Padding> padding;           // per node, where some buffer has room (pad_buffers.hpp)
 };
 
 }  // namespace kiln::schedule

@@ -53,6 +53,11 @@ constexpr bool epilogue_has_aux(Epilogue e) {
   return e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias;
 }
 
+// The storage shapes of a GEMM's operands and output where they have room (empty: none).
+struct GemmRooms {
+  Dims a, b, out;
+};
+
 namespace cuda_mm_detail {
 
 inline cudaDataType_t cuda_type(dtype d) {
@@ -96,6 +101,24 @@ inline std::uint32_t alignment(const void* p) {
   return a;
 }
 
+// The room of cuBLAS's A, B and D (GemmRoom) from the rooms of kiln's b, a and out: a kiln view
+// R x C as cuBLAS stores it (matmul_layout.hpp's classify) is C x R, or R x C under op T. Only
+// for a single GEMM over the operands as given (not through copies), out written in place.
+inline GemmRoom gemm_room(const GemmPlan& p, const GemmRooms* rooms, const Tensor& a, const Tensor& b,
+                          const Tensor& a_in, const Tensor& b_in) {
+  GemmRoom r;
+  if (!rooms || p.batch != 1) return r;
+  auto stored = [](const Dims& view, bool transposed, std::int64_t& rows, std::int64_t& cols) {
+    rows = transposed ? view[0] : view[1], cols = transposed ? view[1] : view[0];
+  };
+  if (rooms->b.size() == 2 && !p.copy_b && b.data_ptr() == b_in.data_ptr())
+    stored(rooms->b, p.trans_a, r.rows_a, r.cols_a);
+  if (rooms->a.size() == 2 && !p.copy_a && a.data_ptr() == a_in.data_ptr())
+    stored(rooms->a, p.trans_b, r.rows_b, r.cols_b);
+  if (rooms->out.size() == 2 && p.direct) r.m = rooms->out[1], r.n = rooms->out[0];
+  return r;
+}
+
 }  // namespace cuda_mm_detail
 
 // out = epilogue(a @ b (+ bias)) on CUDA, queued on stream. Same contract as cpu_matmul: a [M,K]
@@ -108,9 +131,11 @@ inline std::uint32_t alignment(const void* p) {
 // (synchronising) and keeps the fastest, instead of taking the heuristic's first answer.
 // aux (the *_aux epilogues): a contiguous tensor of out's shape in the type cuBLASLt writes (out's
 // dtype when out is written in place), N a multiple of 8, that receives the pre-activation.
+// rooms: the storage shapes of a, b and out where they have room for a padded problem, zeroed
+// (a program's buffers, schedule/pad_buffers.hpp); views with the operands' strides.
 inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const Tensor* bias_in, Epilogue e,
-                                 const Tensor& out, CUstream stream, bool autotune = false,
-                                 const Tensor* aux = nullptr) {
+                                 const Tensor& out, CUstream stream, bool autotune = false, const Tensor* aux = nullptr,
+                                 const GemmRooms* rooms = nullptr) {
   using namespace cuda_mm_detail;
   MatmulGeometry g = matmul_geometry(a_in, b_in, out, "matmul");
   const Device dev = out.device();
@@ -222,24 +247,29 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   GemmPlan q = p;
   const GemmPadding pad =
       gemm_padding_enabled() && !epilogue_has_aux(e)
-          ? plan_padding(p, static_cast<std::int64_t>(itemsize(ab)), static_cast<std::int64_t>(itemsize(dt)))
+          ? plan_padding(p, static_cast<std::int64_t>(itemsize(ab)), static_cast<std::int64_t>(itemsize(dt)),
+                         gemm_room(p, rooms, a, b, a_in, b_in))
           : GemmPadding{};
   Tensor pad_a, pad_b, pad_d, pad_bias;
   if (pad.pad) {
     const std::size_t ab_size = itemsize(ab), dt_size = itemsize(dt);
-    if (pad.a) {
+    if (pad.in_a) {  // in its own room: the same storage, read further
+      q.rows_a = pad.rows_a, q.cols_a = pad.cols_a;
+    } else if (pad.a) {
       pad_a = capture_temporary({pad.cols_a, pad.rows_a}, ab, dev, stream);
       pad_copy(pa, p.rows_a, p.cols_a, p.lda, pad_a.data_ptr(), pad.rows_a, pad.cols_a, pad.rows_a, ab_size, device,
                stream);
       pa = pad_a.data_ptr(), q.rows_a = pad.rows_a, q.cols_a = pad.cols_a, q.lda = pad.rows_a;
     }
-    if (pad.b) {
+    if (pad.in_b) {
+      q.rows_b = pad.rows_b, q.cols_b = pad.cols_b;
+    } else if (pad.b) {
       pad_b = capture_temporary({pad.cols_b, pad.rows_b}, ab, dev, stream);
       pad_copy(pb, p.rows_b, p.cols_b, p.ldb, pad_b.data_ptr(), pad.rows_b, pad.cols_b, pad.rows_b, ab_size, device,
                stream);
       pb = pad_b.data_ptr(), q.rows_b = pad.rows_b, q.cols_b = pad.cols_b, q.ldb = pad.rows_b;
     }
-    if (pad.d) {
+    if (pad.d && !pad.in_d) {
       pad_d = capture_temporary({pad.n, pad.m}, dt, dev, stream);
       pd = pad_d.data_ptr(), q.ldd = pad.m;
     }
@@ -249,7 +279,7 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
       bias = pad_bias;
     }
     q.m = pad.m, q.n = pad.n, q.k = pad.k;
-    q.stride_a = q.rows_a * q.cols_a, q.stride_b = q.rows_b * q.cols_b, q.stride_d = q.m * q.n;  // batch 1
+    q.stride_a = q.lda * q.cols_a, q.stride_b = q.ldb * q.cols_b, q.stride_d = q.ldd * q.n;  // batch 1
   }
 
   // cuBLAS's D (N x M, column-major) = op(A) (N x K) * op(B) (K x M), with A from b and B from a.
@@ -374,14 +404,15 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   cublaslt::check(lt.matmul(h, desc.h, alpha, pa, layout_a.h, pb, layout_b.h, beta, pd, layout_d.h, pd, layout_d.h,
                             &algo, ws, workspace_bytes, stream),
                   "cublasLtMatmul");
-  if (pad.d)  // the product's block of the padded output back into d
+  if (pad.d && !pad.in_d)  // the product's block of the padded output back into d
     pad_copy(pd, q.m, q.n, q.ldd, d.data_ptr(), p.m, p.n, p.ldd, itemsize(dt), device, stream);
   if (!p.direct) device_copy(d, out, stream);
 }
 
 // out = a @ b on CUDA, queued on stream (see cuda_matmul_epilogue).
-inline void cuda_matmul(const Tensor& a, const Tensor& b, const Tensor& out, CUstream stream, bool autotune = false) {
-  cuda_matmul_epilogue(a, b, nullptr, Epilogue::none, out, stream, autotune);
+inline void cuda_matmul(const Tensor& a, const Tensor& b, const Tensor& out, CUstream stream, bool autotune = false,
+                        const GemmRooms* rooms = nullptr) {
+  cuda_matmul_epilogue(a, b, nullptr, Epilogue::none, out, stream, autotune, nullptr, rooms);
 }
 
 }  // namespace kiln::runtime

@@ -90,9 +90,12 @@ inline GemmPlan plan_gemm(MatmulGeometry g, bool a_ok, bool b_ok, bool out_ok) {
 // ~3.5 TB/s (H100/H200 alike; A100 ~250 over 1.8) is ~150-200 flop/byte, over the measured ~5x less
 // one, 40-50 flop/byte; taken as 64 so that a doubtful case stays unpadded. GPT-2's three lm_head
 // GEMMs have 350-380.
+// A matrix's storage may already have that room, zeroed (schedule/pad_buffers.hpp plans it for
+// intermediates): then the padded problem reads or writes it in place, with no copy.
 struct GemmPadding {
   bool pad = false;                                             // run on padded copies
   bool a = false, b = false, d = false;                         // which of cuBLAS's A, B, D go through a padded buffer
+  bool in_a = false, in_b = false, in_d = false;                // ... and which of those are padded in their own room
   std::int64_t m = 0, n = 0, k = 0;                             // the padded sizes (multiples of 8 where padded)
   std::int64_t rows_a = 0, cols_a = 0, rows_b = 0, cols_b = 0;  // the padded operands as stored (ld = rows)
 };
@@ -103,9 +106,14 @@ inline constexpr double gemm_pad_min_flops_per_byte = 64;
 // it (a matrix-vector product: 1 flop a byte), and padding could only add copies.
 inline constexpr double gemm_pad_min_intensity = 32;
 
+// The storage of cuBLAS's A, B (rows x cols as stored) and D (m x n) where it has room, else 0.
+struct GemmRoom {
+  std::int64_t rows_a = 0, cols_a = 0, rows_b = 0, cols_b = 0, m = 0, n = 0;
+};
+
 // ab / d: the item sizes of the operands and of the output cuBLAS writes. Only single 16-bit GEMMs
 // (batch 1) are padded.
-inline GemmPadding plan_padding(const GemmPlan& p, std::int64_t ab, std::int64_t d) {
+inline GemmPadding plan_padding(const GemmPlan& p, std::int64_t ab, std::int64_t d, const GemmRoom& room = {}) {
   GemmPadding r;
   if (ab != 2 || p.batch != 1 || p.m <= 0 || p.n <= 0 || p.k <= 0) return r;
   auto up = [](std::int64_t x) { return (x + 7) / 8 * 8; };
@@ -117,10 +125,13 @@ inline GemmPadding plan_padding(const GemmPlan& p, std::int64_t ab, std::int64_t
   r.b = r.rows_b != p.rows_b || r.cols_b != p.cols_b || !aligned(p.ldb, ab);
   r.d = r.m != p.m || r.n != p.n || !aligned(p.ldd, d);
   if (!r.a && !r.b && !r.d) return r;
+  r.in_a = r.a && room.rows_a >= r.rows_a && room.cols_a >= r.cols_a && aligned(p.lda, ab);
+  r.in_b = r.b && room.rows_b >= r.rows_b && room.cols_b >= r.cols_b && aligned(p.ldb, ab);
+  r.in_d = r.d && room.m >= r.m && room.n >= r.n && aligned(p.ldd, d);
   double bytes = 0;  // each copy reads its source and writes its destination
-  if (r.a) bytes += static_cast<double>(p.rows_a * p.cols_a + r.rows_a * r.cols_a) * static_cast<double>(ab);
-  if (r.b) bytes += static_cast<double>(p.rows_b * p.cols_b + r.rows_b * r.cols_b) * static_cast<double>(ab);
-  if (r.d) bytes += 2.0 * static_cast<double>(p.m * p.n) * static_cast<double>(d);
+  if (r.a && !r.in_a) bytes += static_cast<double>(p.rows_a * p.cols_a + r.rows_a * r.cols_a) * static_cast<double>(ab);
+  if (r.b && !r.in_b) bytes += static_cast<double>(p.rows_b * p.cols_b + r.rows_b * r.cols_b) * static_cast<double>(ab);
+  if (r.d && !r.in_d) bytes += 2.0 * static_cast<double>(p.m * p.n) * static_cast<double>(d);
   const double flops = 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
   const double own = static_cast<double>(p.m * p.k + p.k * p.n) * static_cast<double>(ab) +
                      static_cast<double>(p.m * p.n) * static_cast<double>(d);

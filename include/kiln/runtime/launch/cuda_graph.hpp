@@ -150,21 +150,21 @@ class GraphReplay {
     temps->buffers.resize(std::max<std::size_t>(temps->buffers.size(), p.graph.nodes.size()));
     if (temps->blocks.empty() && p.lifetimes.allocate_before.size() == p.kernels.size()) {
       // Intermediates never live together share a block (launch/buffer_lifetimes.hpp).
-      auto bytes_of = [&](int b) { return static_cast<std::size_t>(shape_of(b).product()) * itemsize(p.graph[b].dt); };
+      auto bytes_of = [&](int b) {
+        return static_cast<std::size_t>(p.storage_shape(b, shape_of(b)).product()) * itemsize(p.graph[b].dt);
+      };
       const SharedBlocks shared = share_blocks(p.lifetimes, p.graph.nodes.size(), bytes_of);
       for (std::size_t bytes : shared.bytes)
         temps->blocks.push_back(Tensor::empty(Dims{static_cast<std::int64_t>((bytes + 3) / 4)}, dtype::f32, p.device, stream));
       for (int b : p.buffers) {
         const int slot = shared.slot_of[static_cast<std::size_t>(b)];
         if (slot >= 0 && !temps->buffers[b].defined())
-          temps->buffers[b] =
-              Tensor::wrap(temps->blocks[static_cast<std::size_t>(slot)].data_ptr(), shape_of(b), p.graph[b].dt, p.device);
+          temps->buffers[b] = p.wrap_buffer(b, temps->blocks[static_cast<std::size_t>(slot)].data_ptr(), shape_of(b));
       }
     }
     for (int b : p.buffers) {  // allocated outside the capture, on the stream the replays go to
       bool output = std::find(p.graph.outputs.begin(), p.graph.outputs.end(), b) != p.graph.outputs.end();
-      if (!output && !temps->buffers[b].defined())
-        temps->buffers[b] = Tensor::empty(shape_of(b), p.graph[b].dt, p.device, stream);
+      if (!output && !temps->buffers[b].defined()) temps->buffers[b] = p.allocate_buffer(b, shape_of(b), stream);
     }
     driver::check(api.stream_begin_capture(capture_stream_, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
     CUgraph graph = nullptr;

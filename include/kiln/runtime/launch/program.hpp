@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 #include "../../core/config.hpp"
 #include "../../core/tensor.hpp"
 #include "../../debug/log.hpp"
+#include "../../schedule/pad_buffers.hpp"
 #include "../compile/cached_cubin.hpp"
 #include "../compile/host_compiler.hpp"
 #include "../compile/kernel_cache.hpp"
@@ -90,6 +92,23 @@ class ShapeFn {
   const std::vector<graph::Node>* nodes_ = nullptr;
 };
 
+// Zeroes the room around a buffer `t` (two dims, a view at the start of its padded storage of
+// shape `room`; schedule/pad_buffers.hpp): the columns past each row, then the rows past the last.
+inline void zero_room(const Tensor& t, const Dims& room, CUstream stream) {
+  const auto item = static_cast<std::size_t>(itemsize(t.dtype()));
+  const auto rows = static_cast<std::size_t>(t.shape()[0]), cols = static_cast<std::size_t>(t.shape()[1]);
+  const auto room_rows = static_cast<std::size_t>(room[0]), room_cols = static_cast<std::size_t>(room[1]);
+  auto* base = static_cast<unsigned char*>(t.data_ptr());
+  if (!t.device().is_cuda()) {
+    for (std::size_t r = 0; r < rows && room_cols > cols; ++r)
+      std::memset(base + (r * room_cols + cols) * item, 0, (room_cols - cols) * item);
+    std::memset(base + rows * room_cols * item, 0, (room_rows - rows) * room_cols * item);
+    return;
+  }
+  driver::memset_2d_async(base + cols * item, room_cols * item, 0, (room_cols - cols) * item, rows, stream);
+  driver::memset_async(base + rows * room_cols * item, 0, (room_rows - rows) * room_cols * item, stream);
+}
+
 struct Program {
   graph::Graph graph;
   schedule::Schedule sched;
@@ -142,12 +161,28 @@ struct Program {
       if (!outputs[o].defined()) outputs[o] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
     }
   }
+
+  // The storage of an intermediate of this call's shape: larger where it has room for GEMMs
+  // (schedule/pad_buffers.hpp), whose room a run zeroes before the buffer's first step.
+  Dims storage_shape(int node, const Dims& shape) const {
+    const schedule::Padding pad = schedule::padding_of(sched, node);
+    return pad ? schedule::padded_shape(shape, pad) : shape;
+  }
+  Tensor allocate_buffer(int node, const Dims& shape, CUstream stream) const {
+    const Dims storage = storage_shape(node, shape);
+    Tensor t = Tensor::empty(storage, graph[node].dt, device, stream);
+    return storage == shape ? t : t.as_strided(shape, t.strides(), 0);
+  }
+  // The buffer of `node` over storage at `data` (a block of a CUDA graph's shared intermediates).
+  Tensor wrap_buffer(int node, void* data, const Dims& shape) const {
+    return Tensor::wrap(data, shape, graph[node].dt, device, contiguous_strides(storage_shape(node, shape)));
+  }
 };
 
 // Writes kernel k of a schedule for a target, under a tuning; nothing when the tuning's launch
 // config cannot hold the rows the kernel's column partials need (KernelWriter::holds_partials).
-// `arg(slot)` gives the call's arguments: a strided argument is read through its strides,
-// everything else is contiguous.
+// `arg(slot)` gives the call's arguments: a strided argument is read through its strides, a buffer
+// with room (schedule/pad_buffers.hpp) through its storage's, everything else is contiguous.
 template <class ArgAt>
 std::optional<codegen::KernelSource> write_kernel(const graph::Graph& g, const schedule::Schedule& s,
                                                   const ir::ShapeEnv& env, int k, codegen::Target target, ArgAt&& arg,
@@ -158,6 +193,8 @@ std::optional<codegen::KernelSource> write_kernel(const graph::Graph& g, const s
       for (auto stride : arg(g[node].slot).strides()) st.push_back(Sym(stride));
       return st;
     }
+    if (auto pad = schedule::padding_of(s, node))  // a GEMM operand stored with room (schedule/pad_buffers.hpp)
+      return contiguous_strides(schedule::padded_shape(env[node], pad));
     return contiguous_strides(env[node]);
   };
   codegen::KernelWriter writer(g, s, env, k, target, strides_of, tune);
@@ -333,9 +370,20 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
   // Intermediates: all of them now where they must outlive the run (keep) or a tuning probe reruns
   // steps; else each from its first step to its last (buffer_lifetimes.hpp).
   const bool all_buffers = keep || probe || lifetimes.allocate_before.size() != kernels.size();
+  auto allocate = [&](int b) {
+    if (!temps[b].defined()) temps[b] = allocate_buffer(b, shape_of(b), stream);
+  };
   if (all_buffers)
-    for (int b : buffers)
-      if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
+    for (int b : buffers) allocate(b);
+  // Buffers with room get it zeroed as their lifetime starts, also where they were allocated
+  // before (a CUDA graph's buffers, which share blocks with others: zeroing is part of the graph).
+  const bool stepwise_rooms = lifetimes.allocate_before.size() == kernels.size();
+  auto zero_rooms = [&](const std::vector<int>& nodes) {
+    if (sched.padding.empty()) return;
+    for (int b : nodes)
+      if (schedule::padding_of(sched, b)) zero_room(temps[b], storage_shape(b, shape_of(b)), stream);
+  };
+  if (!stepwise_rooms) zero_rooms(buffers);
   auto buffer = [&](int node) -> const Tensor& {
     if (graph[node].op == Op::arg) return *args[graph[node].slot];
     if (!temps[node].defined()) not_live(node);
@@ -361,6 +409,17 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     Dims shape, strides;
     for (auto d : n.attrs.dims) shape.push_back(t.shape()[d]), strides.push_back(t.strides()[d]);
     return t.as_strided(shape, strides, t.offset());
+  };
+
+  // The storage shape of a matmul's operand or output that has room (schedule/pad_buffers.hpp):
+  // the padded shape of its buffer, transposed with the operand; empty where it has none.
+  auto room = [&](int node) {
+    const bool transposed = graph[node].op == Op::permute;
+    const int src = transposed ? graph[node].in[0] : node;
+    const schedule::Padding pad = schedule::padding_of(sched, src);
+    if (!pad || graph[src].op == Op::arg) return Dims{};
+    Dims r = schedule::padded_shape(shape_of(src), pad);
+    return transposed ? Dims{r[1], r[0]} : r;
   };
 
   // The argument slots of a kernel source's parameters (a plain function: a probe binds its
@@ -448,12 +507,14 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         return;
       }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);
-      if (k.epilogue >= 0)  // bias and activation in the GEMM (schedules for CUDA only)
+      if (k.epilogue >= 0) {  // bias and activation in the GEMM (schedules for CUDA only)
         run_matmul_step(sched.epilogues[k.epilogue], a, b, buffer, stream, autotune);
-      else if (device.is_cpu())
+      } else if (device.is_cpu()) {
         cpu_matmul(a, b, temps[k.extern_node]);
-      else
-        cuda_matmul(a, b, temps[k.extern_node], stream, autotune);
+      } else {
+        const GemmRooms rooms{room(n.in[0]), room(n.in[1]), room(k.extern_node)};
+        cuda_matmul(a, b, temps[k.extern_node], stream, autotune, &rooms);
+      }
       return;
     }
     if (probe && device.is_cuda()) {
@@ -471,8 +532,8 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
   for (const auto& k : kernels) {
     const auto step = static_cast<std::size_t>(&k - kernels.data());
     if (!all_buffers)
-      for (int b : lifetimes.allocate_before[step])
-        if (!temps[b].defined()) temps[b] = Tensor::empty(shape_of(b), graph[b].dt, device, stream);
+      for (int b : lifetimes.allocate_before[step]) allocate(b);
+    if (stepwise_rooms) zero_rooms(lifetimes.allocate_before[step]);
     if (check_indices) check_after(static_cast<int>(step) - 1);
     if (prof.active()) {
       // a specialised kernel's twin, where this call launches it, under its own name
