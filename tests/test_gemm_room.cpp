@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -111,6 +112,23 @@ TEST_CASE("gemm room: returned products, thin products and products read through
   });
   for (const auto& s : roomy(*plan_for(k::Device(k::cuda), chained, h3, wte, w2)))
     CHECK(s.find("[96, 1001]") == std::string::npos);
+}
+
+// A custom op writes its whole contiguous output itself: a GEMM reading it over k = 1001 pads a
+// copy, the output gets no room (the review's finding: a user's function would have written rows
+// of 1001 into rows of 1008, and the GEMM read its room as zeros).
+k::CustomOp doubled = k::custom_op("doubled", {.forward = [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+                                     k::eval(out, in[0] * 2.0f);
+                                   }});
+
+TEST_CASE("gemm room: a buffer an extern step other than a plain GEMM writes keeps its shape") {
+  auto x = k::randn({96, 1001}, k::f32, k::cpu, 20), w = k::randn({1001, 64}, k::f32, k::cpu, 21);
+  auto f = k::compile([](auto x, auto w) {
+    return k::sum(k::cast(k::matmul(doubled(k::cast(x, k::bf16)), k::cast(w, k::bf16)), k::f32));
+  });
+  const auto r = roomy(*plan_for(k::Device(k::cuda), f, x, w));
+  INFO("with room: " << joined(r));
+  CHECK(r == std::vector<std::string>{"cast [1001, 64] -> [1008, 64]"});  // w's cast has room, the op's output none
 }
 
 TEST_CASE("gemm room: plan_padding reads and writes in place what has room") {

@@ -38,6 +38,11 @@ inline bool takes_room(const graph::Graph& g, const Schedule& s, int b) {
   if (b < 0 || !s.realized[b] || g[b].op == Op::arg || g[b].shape.size() != 2) return false;
   for (int o : g.outputs)
     if (o == b) return false;
+  // Written by a generated kernel or a plain GEMM: other extern steps write whole contiguous buffers.
+  const int writer = s.kernel_of[static_cast<std::size_t>(b)];
+  if (writer >= 0 && s.kernels[static_cast<std::size_t>(writer)].kind == Kind::extern_ &&
+      (g[b].op != Op::matmul || s.kernels[static_cast<std::size_t>(writer)].epilogue >= 0))
+    return false;
   for (const KernelPlan& k : s.kernels) {
     if (k.kind != Kind::extern_) continue;
     const graph::Node& n = g[k.domain];
@@ -47,7 +52,8 @@ inline bool takes_room(const graph::Graph& g, const Schedule& s, int b) {
       while (x != b && info(g[x].op).cls == OpClass::view) x = g[x].in[0], through_view = true;
       if (x != b) continue;
       const bool operand = n.op == Op::matmul && k.epilogue < 0 && i < 2 &&
-                           (!through_view || (g[n.in[i]].op == Op::permute && g[n.in[i]].in[0] == b));
+                           (!through_view || (g[n.in[i]].op == Op::permute && g[n.in[i]].in[0] == b &&
+                                              g[n.in[i]].attrs.dims == Dims{1, 0}));
       if (!operand) return false;
     }
   }
@@ -74,7 +80,8 @@ inline void pad_gemm_buffers(const graph::Graph& g, Schedule& s, const ir::Shape
       int buffer, row_dim, col_dim;
     };
     auto side = [&](int node) {
-      if (g[node].op == Op::permute && g[node].shape.size() == 2) return Side{g[node].in[0], 1, 0};
+      if (g[node].op == Op::permute && g[node].shape.size() == 2 && g[node].attrs.dims == Dims{1, 0})
+        return Side{g[node].in[0], 1, 0};
       return info(g[node].op).cls == OpClass::view ? Side{-1, 0, 1} : Side{node, 0, 1};
     };
     const Side a = side(n.in[0]), b = side(n.in[1]), d{k.domain, 0, 1};
