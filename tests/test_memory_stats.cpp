@@ -200,3 +200,25 @@ TEST_CASE("share_blocks: buffers never live together share a block, the smallest
   CHECK(total == 1000 + 100);
   CHECK(shared.bytes[static_cast<std::size_t>(shared.slot_of[4])] == 1000);
 }
+
+// A plain run allocates each fresh output as the step that writes it starts: a product that a
+// sum consumes is released before the output that the last kernel writes exists, so the run's
+// peak is one [512, 512] matrix and the inputs, not two (a training step's gradients do not sit
+// on top of its forward's activations).
+TEST_CASE("memory_stats (cpu): a run's outputs are allocated as their steps start, not all at once") {
+  const std::int64_t n = 512;
+  auto x = k::randn({n, n}, k::f32, k::cpu, 5), w = k::randn({n, n}, k::f32, k::cpu, 6);
+  auto f = k::compile([](auto x, auto w) { return x * k::sum(k::matmul(x, w)); });
+  k::Tensor warm = f(x, w);  // compiled; its kernels and scratch exist
+  const k::Tensor want = k::reference::eval(x * k::sum(k::matmul(x, w)));
+  warm = k::Tensor();
+  const std::size_t base = k::memory_stats(k::cpu).allocated;
+  k::reset_peak_memory_stats(k::cpu);
+  k::Tensor y = f(x, w);
+  const std::size_t matrix = static_cast<std::size_t>(n * n) * 4;
+  const k::memory_info after = k::memory_stats(k::cpu);
+  CHECK(after.allocated >= base + matrix);             // the result stays
+  CHECK(after.peak < base + 2 * matrix);               // never the product and the result at once
+  auto r = k::testing::allclose(y, want, 1e-3, 1e-3);  // x times one sum: the sum's relative error
+  CHECK_MESSAGE(bool(r), r);
+}

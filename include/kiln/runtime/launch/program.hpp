@@ -143,8 +143,10 @@ struct Program {
            std::vector<Tensor>* keep = nullptr, struct KernelProbe* probe = nullptr) const;
 
   // Fills the outputs a run writes: arguments written in place, then the caller's preset tensors,
-  // then fresh tensors ordered on `stream`.
-  void allocate_outputs(const Tensor* const* args, Tensor* outputs, ShapeFn shape_of, CUstream stream) const {
+  // then fresh tensors ordered on `stream`. `deferred`, when given, receives the fresh ones instead
+  // (left undefined: the run allocates each as the step that writes it starts).
+  void allocate_outputs(const Tensor* const* args, Tensor* outputs, ShapeFn shape_of, CUstream stream,
+                        std::vector<int>* deferred = nullptr) const {
     for (std::size_t o = 0; o < graph.outputs.size(); ++o) {
       int node = graph.outputs[o];
       if (arg_of_output[o] >= 0) {
@@ -158,7 +160,11 @@ struct Program {
         if (graph.outputs[p] == node && arg_of_output[p] < 0 &&
             (p >= graph.output_into.size() || graph.output_into[p] < 0))
           outputs[o] = outputs[p];
-      if (!outputs[o].defined()) outputs[o] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
+      if (outputs[o].defined()) continue;
+      if (deferred)
+        deferred->push_back(static_cast<int>(o));
+      else
+        outputs[o] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
     }
   }
 
@@ -355,9 +361,6 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
       for (int n : outs) temps[n] = Tensor();
     }
   } release{temps, buffers, graph.outputs, keep != nullptr};
-  allocate_outputs(args, outputs, shape_of, stream);
-  for (std::size_t o = 0; o < graph.outputs.size(); ++o)
-    if (arg_of_output[o] < 0) temps[graph.outputs[o]] = outputs[o];
   // An observer (step_observer.hpp) sees top-level runs only: runs nested in this one see none.
   StepObserver* observer = std::exchange(current_step_observer(), nullptr);
   struct Restore {
@@ -366,6 +369,26 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
   } restore{observer};
   if (observer && (probe || (device.is_cuda() && stream && driver::is_capturing(stream))))
     observer = nullptr;  // (the driver is asked only when someone observes: not on the plain hit path)
+  // Fresh outputs of a plain run are allocated as the step that writes them starts, not all at
+  // once: a training step's gradients do not count toward the forward's peak (GPT-2's 497 MB of
+  // f32 gradients; PyTorch's autograd allocates each .grad as it is computed). An observer is
+  // handed every output before the first step, and kept or probed runs hold theirs all along.
+  const bool stepwise = lifetimes.allocate_before.size() == kernels.size();
+  auto& deferred = level_local<std::vector<int>, 2>();
+  deferred.clear();
+  allocate_outputs(args, outputs, shape_of, stream, stepwise && !keep && !probe && !observer ? &deferred : nullptr);
+  for (std::size_t o = 0; o < graph.outputs.size(); ++o)
+    if (arg_of_output[o] < 0) temps[graph.outputs[o]] = outputs[o];
+  auto allocate_outputs_of = [&](int step) {  // the deferred outputs that kernel `step` writes (-1: none does)
+    for (int o : deferred) {
+      const int node = graph.outputs[static_cast<std::size_t>(o)];
+      const int writer = sched.kernel_of[static_cast<std::size_t>(node)];
+      if (writer != step && !(step < 0 && (writer < 0 || writer >= static_cast<int>(kernels.size())))) continue;
+      if (!temps[node].defined()) temps[node] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
+      outputs[o] = temps[node];  // (two outputs of one node share its tensor)
+    }
+  };
+  allocate_outputs_of(-1);
   if (observer) observer->begin(*this, outputs, stream);
   // Intermediates: all of them now where they must outlive the run (keep) or a tuning probe reruns
   // steps; else each from its first step to its last (buffer_lifetimes.hpp).
@@ -534,6 +557,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     if (!all_buffers)
       for (int b : lifetimes.allocate_before[step]) allocate(b);
     if (stepwise_rooms) zero_rooms(lifetimes.allocate_before[step]);
+    if (!deferred.empty()) allocate_outputs_of(static_cast<int>(step));
     if (check_indices) check_after(static_cast<int>(step) - 1);
     if (prof.active()) {
       // a specialised kernel's twin, where this call launches it, under its own name
