@@ -120,13 +120,13 @@ def run(mode, args, cfg):
             compile_s = time.perf_counter() - t_first
     ms = statistics.median(times[2:]) * 1e3
     if args.profile:
-        profile(fn, mode, args.profile)
+        profile(fn, mode, args.profile, layers)
     return {"id": "W14", "impl": mode, "tokens_per_s": B * context / (ms / 1e3), "ms": ms,
             "peak_mib": torch.cuda.max_memory_allocated() / 2**20, "first_loss": losses[0], "last_loss": losses[-1],
             "compile_s": compile_s}
 
 
-def profile(fn, mode, n):
+def profile(fn, mode, n, layers):
     """Prints the n kernels that take the most GPU time over two more steps (stderr), as
     KILN_PROFILE's table does for kiln: total ms a step, calls a step, mean us, the kernel's name."""
     from torch.profiler import ProfilerActivity
@@ -141,7 +141,9 @@ def profile(fn, mode, n):
     rows = [(device_us(e), e.count, e.key) for e in prof.key_averages() if kernel(e)]
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows) / 2e3
-    print(f"torch profile ({mode}): {len(rows)} kernels, {total:.2f} ms a step", file=sys.stderr)
+    launches = sum(r[1] for r in rows) / 2
+    print(f"torch profile ({mode}): {len(rows)} kernels, {launches:.0f} launches a step "
+          f"({launches / layers:.1f} a layer), {total:.2f} ms a step", file=sys.stderr)
     print(f"{'ms':>8} {'calls':>6} {'mean us':>9}  kernel", file=sys.stderr)
     for us, count, name in rows[:n]:
         print(f"{us / 2e3:8.3f} {count / 2:6.0f} {us / max(count, 1):9.1f}  {name[:110]}", file=sys.stderr)

@@ -11,7 +11,7 @@ mkdir -p "$out"
 cmake --build build --target gpt2 -j "$(nproc)" > "$out/w14-build.log" 2>&1 || { tail -20 "$out/w14-build.log"; exit 1; }
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$(mktemp -d)}
 build/examples/gpt2 --steps 12 > "$out/w14-kiln.log" 2>&1
-grep -E "^(first step|tokens/s|peak memory|loss:)" "$out/w14-kiln.log" | sed 's/^/kiln: /'
+grep -E "^(first step|tokens/s|peak memory|loss:|kernels a step)" "$out/w14-kiln.log" | sed 's/^/kiln: /'
 PYTHONUNBUFFERED=1 python3 benchmarks/gpt2_peer.py --modes eager,torch.compile --steps 12 2> "$out/w14-torch.err" |
   tee "$out/w14-torch.jsonl"
 python3 benchmarks/gpt2_peer.py --write-check "$out/w14-check" > "$out/w14-check.log" 2>&1 &&
