@@ -12,8 +12,11 @@ cmake --build build --target gpt2 -j "$(nproc)" > "$out/w14-build.log" 2>&1 || {
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$(mktemp -d)}
 build/examples/gpt2 --steps 12 > "$out/w14-kiln.log" 2>&1
 grep -E "^(first step|tokens/s|peak memory|loss:|kernels a step)" "$out/w14-kiln.log" | sed 's/^/kiln: /'
-PYTHONUNBUFFERED=1 python3 benchmarks/gpt2_peer.py --modes eager,torch.compile --steps 12 2> "$out/w14-torch.err" |
-  tee "$out/w14-torch.jsonl"
+# --profile after the timed steps: torch.profiler's kernel table (stderr) and launches a step,
+# beside kiln's "kernels a step" (issue 21's kernels per layer).
+PYTHONUNBUFFERED=1 python3 benchmarks/gpt2_peer.py --modes eager,torch.compile --steps 12 --profile 20 \
+  2> "$out/w14-torch.err" | tee "$out/w14-torch.jsonl"
+grep -E "^torch profile" "$out/w14-torch.err"
 python3 benchmarks/gpt2_peer.py --write-check "$out/w14-check" > "$out/w14-check.log" 2>&1 &&
   build/examples/gpt2 --check "$out/w14-check" >> "$out/w14-check.log" 2>&1
 grep -E "^check:" "$out/w14-check.log" || echo "check: did not run (see $out/w14-check.log)"
