@@ -1,8 +1,10 @@
 // The lowering driver: one short function that runs every pass in order, each logged under its
 // KILN_LOGS channel, from the captured graph to a compiled program.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -348,7 +350,16 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
     });
   for (int i = 0; i < g.size(); ++i)
     if (p->sched.realized[i] && g[i].op != Op::arg) p->buffers.push_back(i);
-  for (int o : g.outputs) p->arg_of_output.push_back(g[o].op == Op::arg ? g[o].slot : -1);
+  for (int o : g.outputs) {
+    p->arg_of_output.push_back(g[o].op == Op::arg ? g[o].slot : -1);
+    const int writer = p->sched.kernel_of[static_cast<std::size_t>(o)];
+    p->output_step.push_back(writer >= 0 && writer < static_cast<int>(p->kernels.size()) ? writer : -1);
+  }
+  p->output_order.resize(g.outputs.size());
+  std::iota(p->output_order.begin(), p->output_order.end(), 0);
+  std::stable_sort(p->output_order.begin(), p->output_order.end(), [&](int a, int b) {
+    return p->output_step[static_cast<std::size_t>(a)] < p->output_step[static_cast<std::size_t>(b)];
+  });
   p->check_indices = device.is_cpu();
   p->index_checks = plan_index_checks(g, p->sched);
   check_assign_order(g, *p);

@@ -4,7 +4,6 @@
 #pragma once
 #include <array>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -98,13 +97,7 @@ inline void zero_room(const Tensor& t, const Dims& room, CUstream stream) {
   const auto item = static_cast<std::size_t>(itemsize(t.dtype()));
   const auto rows = static_cast<std::size_t>(t.shape()[0]), cols = static_cast<std::size_t>(t.shape()[1]);
   const auto room_rows = static_cast<std::size_t>(room[0]), room_cols = static_cast<std::size_t>(room[1]);
-  auto* base = static_cast<unsigned char*>(t.data_ptr());
-  if (!t.device().is_cuda()) {
-    for (std::size_t r = 0; r < rows && room_cols > cols; ++r)
-      std::memset(base + (r * room_cols + cols) * item, 0, (room_cols - cols) * item);
-    std::memset(base + rows * room_cols * item, 0, (room_rows - rows) * room_cols * item);
-    return;
-  }
+  auto* base = static_cast<unsigned char*>(t.data_ptr());  // (room is planned for CUDA programs only)
   driver::memset_2d_async(base + cols * item, room_cols * item, 0, (room_cols - cols) * item, rows, stream);
   driver::memset_async(base + rows * room_cols * item, 0, (room_rows - rows) * room_cols * item, stream);
 }
@@ -120,6 +113,9 @@ struct Program {
   std::vector<std::shared_ptr<const Module>> modules;  // CUDA: likewise
   std::vector<int> buffers;                            // realized non-arg nodes, in kernel order
   std::vector<int> arg_of_output;                      // per output: arg slot when the output is an argument
+  // Per output, the step that writes it (-1: none), and the outputs in that order: a plain run
+  // allocates each fresh output as its step starts.
+  std::vector<int> output_step, output_order;
   // options.autotune (runtime/tune/autotune.hpp): each generated kernel's candidates, the rules' choice
   // first, until the first call times them and the winners replace `kernels`; GEMMs then pick
   // among cuBLASLt's algorithms by timing them too.
@@ -143,10 +139,10 @@ struct Program {
            std::vector<Tensor>* keep = nullptr, struct KernelProbe* probe = nullptr) const;
 
   // Fills the outputs a run writes: arguments written in place, then the caller's preset tensors,
-  // then fresh tensors ordered on `stream`. `deferred`, when given, receives the fresh ones instead
-  // (left undefined: the run allocates each as the step that writes it starts).
+  // then fresh tensors ordered on `stream`; with `defer`, fresh ones are left undefined (the run
+  // allocates each as the step that writes it starts).
   void allocate_outputs(const Tensor* const* args, Tensor* outputs, ShapeFn shape_of, CUstream stream,
-                        std::vector<int>* deferred = nullptr) const {
+                        bool defer = false) const {
     for (std::size_t o = 0; o < graph.outputs.size(); ++o) {
       int node = graph.outputs[o];
       if (arg_of_output[o] >= 0) {
@@ -160,11 +156,7 @@ struct Program {
         if (graph.outputs[p] == node && arg_of_output[p] < 0 &&
             (p >= graph.output_into.size() || graph.output_into[p] < 0))
           outputs[o] = outputs[p];
-      if (outputs[o].defined()) continue;
-      if (deferred)
-        deferred->push_back(static_cast<int>(o));
-      else
-        outputs[o] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
+      if (!outputs[o].defined() && !defer) outputs[o] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
     }
   }
 
@@ -374,25 +366,27 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
   // f32 gradients; PyTorch's autograd allocates each .grad as it is computed). An observer is
   // handed every output before the first step, and kept or probed runs hold theirs all along.
   const bool stepwise = lifetimes.allocate_before.size() == kernels.size();
-  auto& deferred = level_local<std::vector<int>, 2>();
-  deferred.clear();
-  allocate_outputs(args, outputs, shape_of, stream, stepwise && !keep && !probe && !observer ? &deferred : nullptr);
+  const bool defer = stepwise && !keep && !probe && !observer && output_order.size() == graph.outputs.size();
+  allocate_outputs(args, outputs, shape_of, stream, defer);
   for (std::size_t o = 0; o < graph.outputs.size(); ++o)
     if (arg_of_output[o] < 0) temps[graph.outputs[o]] = outputs[o];
-  auto allocate_outputs_of = [&](int step) {  // the deferred outputs that kernel `step` writes (-1: none does)
-    for (int o : deferred) {
-      const int node = graph.outputs[static_cast<std::size_t>(o)];
-      const int writer = sched.kernel_of[static_cast<std::size_t>(node)];
-      if (writer != step && !(step < 0 && (writer < 0 || writer >= static_cast<int>(kernels.size())))) continue;
+  std::size_t next_output = 0;                   // output_order's first output not yet allocated
+  auto allocate_outputs_until = [&](int step) {  // the fresh outputs of the steps up to `step`
+    for (;
+         next_output < output_order.size() && output_step[static_cast<std::size_t>(output_order[next_output])] <= step;
+         ++next_output) {
+      const auto o = static_cast<std::size_t>(output_order[next_output]);
+      const int node = graph.outputs[o];
+      if (outputs[o].defined()) continue;
       if (!temps[node].defined()) temps[node] = Tensor::empty(shape_of(node), graph[node].dt, device, stream);
       outputs[o] = temps[node];  // (two outputs of one node share its tensor)
     }
   };
-  allocate_outputs_of(-1);
+  if (defer) allocate_outputs_until(-1);
   if (observer) observer->begin(*this, outputs, stream);
   // Intermediates: all of them now where they must outlive the run (keep) or a tuning probe reruns
   // steps; else each from its first step to its last (buffer_lifetimes.hpp).
-  const bool all_buffers = keep || probe || lifetimes.allocate_before.size() != kernels.size();
+  const bool all_buffers = keep || probe || !stepwise;
   auto allocate = [&](int b) {
     if (!temps[b].defined()) temps[b] = allocate_buffer(b, shape_of(b), stream);
   };
@@ -400,13 +394,12 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     for (int b : buffers) allocate(b);
   // Buffers with room get it zeroed as their lifetime starts, also where they were allocated
   // before (a CUDA graph's buffers, which share blocks with others: zeroing is part of the graph).
-  const bool stepwise_rooms = lifetimes.allocate_before.size() == kernels.size();
   auto zero_rooms = [&](const std::vector<int>& nodes) {
     if (sched.padding.empty()) return;
     for (int b : nodes)
       if (schedule::padding_of(sched, b)) zero_room(temps[b], storage_shape(b, shape_of(b)), stream);
   };
-  if (!stepwise_rooms) zero_rooms(buffers);
+  if (!stepwise) zero_rooms(buffers);
   auto buffer = [&](int node) -> const Tensor& {
     if (graph[node].op == Op::arg) return *args[graph[node].slot];
     if (!temps[node].defined()) not_live(node);
@@ -556,8 +549,8 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     const auto step = static_cast<std::size_t>(&k - kernels.data());
     if (!all_buffers)
       for (int b : lifetimes.allocate_before[step]) allocate(b);
-    if (stepwise_rooms) zero_rooms(lifetimes.allocate_before[step]);
-    if (!deferred.empty()) allocate_outputs_of(static_cast<int>(step));
+    if (stepwise) zero_rooms(lifetimes.allocate_before[step]);
+    if (defer) allocate_outputs_until(static_cast<int>(step));
     if (check_indices) check_after(static_cast<int>(step) - 1);
     if (prof.active()) {
       // a specialised kernel's twin, where this call launches it, under its own name
