@@ -9,10 +9,13 @@ forward, backward and the optimizer update; tokens/s is B * T over the median st
 3..N, timed with a synchronisation after each step as the kiln example does.
 
 Prints one JSON object per mode on stdout:
-  {"id": "W14", "impl": "eager"|"torch.compile"|"torch.compile-max", "tokens_per_s": ..., "ms": ...,
+  {"id": "W14", "impl": "eager"|"torch.compile"|"torch.compile-ro"|"torch.compile-max", "tokens_per_s": ..., "ms": ...,
    "peak_mib": ..., "first_loss": ..., "last_loss": ..., "compile_s": ...}
 
-Usage: python3 benchmarks/gpt2_peer.py [--modes eager,default] [--steps 12] [--tiny] [--profile N]
+Usage: python3 benchmarks/gpt2_peer.py [--modes eager,torch.compile] [--steps 12] [--tiny] [--profile N]
+torch.compile is the default mode (no CUDA graphs), torch.compile-ro mode="reduce-overhead" (the step
+replayed from CUDA graphs, as kiln's .cuda_graphs does), torch.compile-max mode="max-autotune" (GEMM
+and reduction autotuning, CUDA graphs too).
        python3 benchmarks/gpt2_peer.py --write-check DIR [--tiny]
 --write-check writes DIR/init.safetensors (the initial weights under kiln's names and layouts:
 linear weights [in, out]) and DIR/losses.txt (the first 10 losses of eager steps from them), which
@@ -106,8 +109,12 @@ def run(mode, args, cfg):
     fn = step
     if mode == "torch.compile":
         fn = torch.compile(step)
+    elif mode == "torch.compile-ro":
+        fn = torch.compile(step, mode="reduce-overhead")
     elif mode == "torch.compile-max":
         fn = torch.compile(step, mode="max-autotune")
+    elif mode != "eager":
+        raise ValueError(f"unknown mode {mode!r}: eager, torch.compile, torch.compile-ro or torch.compile-max")
     torch.cuda.reset_peak_memory_stats()
     losses, times = [], []
     t_first = time.perf_counter()

@@ -14,7 +14,10 @@ build/examples/gpt2 --steps 12 > "$out/w14-kiln.log" 2>&1
 grep -E "^(first step|tokens/s|peak memory|loss:|kernels a step)" "$out/w14-kiln.log" | sed 's/^/kiln: /'
 # --profile after the timed steps: torch.profiler's kernel table (stderr) and launches a step,
 # beside kiln's "kernels a step" (issue 21's kernels per layer).
-PYTHONUNBUFFERED=1 python3 benchmarks/gpt2_peer.py --modes eager,torch.compile --steps 12 --profile 20 \
+# W14_MODES: torch.compile-ro replays from CUDA graphs as kiln does; torch.compile-max (max-autotune)
+# tunes its GEMMs at the first step (minutes, maybe more than a device call), so it is asked for alone.
+PYTHONUNBUFFERED=1 python3 benchmarks/gpt2_peer.py --modes "${W14_MODES:-eager,torch.compile,torch.compile-ro}" \
+  --steps 12 --profile 20 \
   2> "$out/w14-torch.err" | tee "$out/w14-torch.jsonl"
 grep -E "^torch profile" "$out/w14-torch.err"
 python3 benchmarks/gpt2_peer.py --write-check "$out/w14-check" > "$out/w14-check.log" 2>&1 &&
