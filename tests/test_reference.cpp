@@ -140,7 +140,7 @@ Vec map(const Vec& x, F f) {
 
 // The oracle has one rule per op of expr/op.hpp: a new op must be taught to reference/eval.hpp
 // (and tested here) before this count is raised.
-static_assert(k::op_table.size() == 82, "a new op: add its rule to reference/eval.hpp and a test here");
+static_assert(k::op_table.size() == 83, "a new op: add its rule to reference/eval.hpp and a test here");
 
 // ---- pointwise ---------------------------------------------------------------------------------
 
@@ -688,6 +688,21 @@ TEST_CASE("reference: views sized from a shape_of node") {
                        doctest::Contains("cannot view shape [3, 5] as sized by [3, 9]"), k::shape_error);
   CHECK_THROWS_AS(ev(make<k::Op::shape_of>(along, a, rnd({4, 5}))), k::shape_error);
   CHECK_THROWS_AS(ev(make<k::Op::expand>(k::Attrs{}, x, make<k::Op::shape_of>(k::Attrs{}, r))), k::shape_error);
+}
+
+TEST_CASE("reference: sum_to_shape_of sums g over the dims its target was broadcast along") {
+  using k::expr::make;
+  Tensor g = rnd({2, 3, 4}), x = rnd({3, 1}), same = rnd({2, 3, 4});
+  const Vec gv = host(g);
+  Vec want(3, 0.0);
+  for (int a = 0; a < 2; ++a)
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 4; ++j) want[static_cast<std::size_t>(i)] += gv[static_cast<std::size_t>((a * 3 + i) * 4 + j)];
+  check_result(ev(make<k::Op::sum_to_shape_of>(k::Attrs{}, g, x)), {3, 1}, want, 1e-6);  // rounded to f32
+  check_result(ev(make<k::Op::sum_to_shape_of>(k::Attrs{}, g, same)), {2, 3, 4}, gv, 0);
+  // A target that does not broadcast to g is a shape error naming both shapes.
+  CHECK_THROWS_WITH_AS(ev(make<k::Op::sum_to_shape_of>(k::Attrs{}, x, g)),
+                       doctest::Contains("[2, 3, 4] does not broadcast to [3, 1]"), k::shape_error);
 }
 
 TEST_CASE("reference: gather along the last dim") {

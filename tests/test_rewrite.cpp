@@ -124,6 +124,16 @@ TEST_CASE("decompose: log_softmax and logsumexp are max-subtracted") {
   CHECK(v.data[1] == doctest::Approx(std::log(std::exp(1.0) + std::exp(2.0))));
 }
 
+TEST_CASE("decompose: sum_to_shape_of is settled by sizes: a sum and a reshape, or nothing") {
+  // The node k::structure leaves where a cotangent may need summing back to a broadcast operand.
+  using k::expr::make;
+  const k::Tensor g = uniform({2, 4, 6}, 7, -3, 3), b = uniform({4, 1}, 8, -3, 3), same = uniform({2, 4, 6}, 9, -3, 3);
+  auto summed = decomposed([](auto g, auto b) { return make<Op::sum_to_shape_of>(k::Attrs{}, g, b); }, g, b);
+  CHECK(op_counts(summed) == std::map<Op, int>{{Op::sum, 1}, {Op::reshape, 1}});
+  auto kept = decomposed([](auto g, auto s) { return make<Op::sum_to_shape_of>(k::Attrs{}, g, s); }, g, same);
+  CHECK(op_counts(kept).empty());
+}
+
 TEST_CASE("decompose: mean and var") {
   auto m = decomposed([](auto x) { return k::mean(x, 1); }, X);
   CHECK(op_counts(m) == std::map<Op, int>{{Op::sum, 1}, {Op::numel, 1}, {Op::div, 1}});

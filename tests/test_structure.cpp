@@ -35,10 +35,20 @@ constexpr auto sigmoid_grad = k::structure<2>(k::grad(sigmoid_fn, k::wrt<0, 1>))
 static_assert(sigmoid_grad.count(Op::sigmoid) == 1);
 static_assert(sigmoid_grad.count(Op::sub) == 1 && sigmoid_grad.count(Op::mul) == 4);
 static_assert(sigmoid_grad.count(Op::sum) == 0);  // the value is not an output of k::grad: dead code
+// Whether sigmoid(x) and w were broadcast against each other only sizes say: each product's
+// cotangent is summed back to its operand's shape by a sum_to_shape_of node, settled at run time.
+static_assert(sigmoid_grad.count(Op::sum_to_shape_of) == 2);
 static_assert(sigmoid_grad.outputs().size() == 2);
 static_assert(sigmoid_grad[sigmoid_grad.outputs()[0]].op == Op::mul);
 constexpr auto sigmoid_vag = k::structure<2>(k::value_and_grad(sigmoid_fn, k::wrt<0>));
 static_assert(sigmoid_vag.outputs().size() == 2 && sigmoid_vag[sigmoid_vag.outputs()[0]].op == Op::sum);
+// A broadcast bias: its gradient is the cotangent summed back to its shape, as one structural node.
+constexpr auto bias_grad = k::structure<2>(k::grad([](auto x, auto b) { return k::sum(x * b); }, k::wrt<1>));
+static_assert(bias_grad.count(Op::sum_to_shape_of) == 1 && bias_grad[bias_grad.outputs()[0]].op == Op::sum_to_shape_of);
+// What needs no sizes is settled at compile time: gelu's pointwise ops and a product with a C++
+// scalar keep x's shape, so no cotangent in its gradient needs summing.
+constexpr auto gelu_grad = k::structure<1>(k::grad([](auto x) { return k::sum(k::gelu(x) * 3.0f); }, k::wrt<0>));
+static_assert(gelu_grad.count(Op::sum_to_shape_of) == 0 && gelu_grad.count(Op::erf) == 1);
 // k::vjp: N arguments besides the cotangent, which seeds the backward instead of ones.
 constexpr auto exp_vjp = k::structure<1>(k::vjp([](auto x) { return k::exp(x); }, k::wrt<0>));
 static_assert(exp_vjp.count(Op::exp) == 1 && exp_vjp.count(Op::iota) == 0 && exp_vjp.count(Op::mul) == 1);
@@ -50,7 +60,8 @@ constexpr auto mlp_loss = [](auto x, auto y, auto w1, auto b1, auto g, auto be, 
 };
 constexpr auto mlp_step = k::structure<8>(k::value_and_grad(mlp_loss, k::wrt<2, 3, 4, 5, 6, 7>));
 // (The one-hot's class indices are an iota_of op, reading the logits' shape, where an iota leaf was.)
-static_assert(mlp_step.size() == 114 && mlp_step.count_ops() == 96);
+// 16 sum_to_shape_of nodes: the biases, the norm's weights, its statistics and the loss's row terms.
+static_assert(mlp_step.size() == 130 && mlp_step.count_ops() == 112 && mlp_step.count(Op::sum_to_shape_of) == 16);
 static_assert(mlp_step.count(Op::matmul) == 5 && mlp_step.count(Op::exp) == 2 && mlp_step.count(Op::erf) == 1);
 static_assert(mlp_step.outputs().size() == 7);
 
@@ -85,10 +96,24 @@ TEST_CASE("structure: the same op count as the run-time graph of the same functi
   auto lw = k::randn({8}, k::f32, k::cpu, 3), lb = k::randn({8}, k::f32, k::cpu, 4);
   // The run time shares one numel for the two means (their inputs have one shape): one node fewer.
   CHECK(k::explain(k::compile(ln), x, lw, lb).ops_decomposed == layer_norm_s.count_ops() - 1);
-  // Same-shape operands: no broadcast to reduce. The run time leaves the sum's cotangent, expanded
-  // to [4, 8], to the products' own broadcasting (rewrite/simplify.hpp: sizes a program with
-  // symbolic sizes must not name): one node fewer.
-  CHECK(k::explain(k::compile(k::grad(sigmoid_fn, k::wrt<0, 1>)), x, w).ops_decomposed == sigmoid_grad.count_ops() - 1);
+  // Same-shape operands: no broadcast to reduce (the two sum_to_shape_of nodes settle to nothing).
+  // The run time leaves the sum's cotangent, expanded to [4, 8], to the products' own broadcasting
+  // (rewrite/simplify.hpp: sizes a program with symbolic sizes must not name): one node fewer.
+  CHECK(k::explain(k::compile(k::grad(sigmoid_fn, k::wrt<0, 1>)), x, w).ops_decomposed ==
+        sigmoid_grad.count_ops() - sigmoid_grad.count(Op::sum_to_shape_of) - 1);
+  auto b = k::randn({8}, k::f32, k::cpu, 6);
+  auto bias_fn = k::grad([](auto x, auto b) { return k::sum(x * b); }, k::wrt<1>);
+  // A broadcast bias: the sum_to_shape_of settles to a sum over x's rows and a reshape to [8] (one
+  // node more), and the seed's expand is left to the product's broadcasting as above (one fewer).
+  CHECK(k::explain(k::compile(bias_fn), x, b).ops_decomposed == bias_grad.count_ops());
+  const auto db = k::to_vector<float>(k::Tensor(bias_fn(x, b)));
+  const auto xv = k::to_vector<float>(x);
+  REQUIRE(db.size() == 8);
+  for (std::size_t j = 0; j < 8; ++j) {
+    float want = 0;
+    for (std::size_t i = 0; i < 4; ++i) want += xv[i * 8 + j];
+    CHECK(db[j] == doctest::Approx(want).epsilon(1e-5));
+  }
 }
 
 TEST_CASE("structure: no gradient through comparisons, argmax and integer casts at run time") {

@@ -19,25 +19,14 @@ using Rule = Cotangents (*)(Builder& b, int y, int g);
 
 inline constexpr Cotangents no_cotangents{-1, -1, -1, -1};
 
-// Sums a cotangent over the dims its input was broadcast along, then reshapes it to that input's shape.
-// (On a structural graph this step is left out: whether an input was broadcast depends on sizes.)
-constexpr int sum_to_shape(Builder& b, int g, const Dims& shape) {
-  if (!b.shaped()) return g;
-  const Dims gs = b.shape(g);
-  if (gs == shape) return g;
-  const int lead = gs.size() - shape.size();
-  Dims rd;
-  for (int i = 0; i < gs.size(); ++i)
-    if (i < lead || (shape[i - lead] == 1 && gs[i] != 1)) rd.push_back(i);
-  return b.reshape(rd.empty() ? g : b.sum(g, rd, true), shape);
-}
-
 namespace rules {
 
 constexpr int in(const Builder& b, int y, int k) { return b[y].in[k]; }
 constexpr int x0(const Builder& b, int y) { return b[y].in[0]; }
-// The cotangent of input k of a broadcasting op: c summed back to that input's shape.
-constexpr int back(Builder& b, int y, int k, int c) { return sum_to_shape(b, c, b.shape(in(b, y, k))); }
+// The cotangent of input k of a broadcasting op: c (of y's shape) summed over the dims that input
+// was broadcast along, back to its shape (on a structural graph, a sum_to_shape_of node unless the
+// input has y's shape at any sizes).
+constexpr int back(Builder& b, int y, int k, int c) { return b.sum_to_shape_of(c, in(b, y, k), y); }
 
 constexpr Cotangents none(Builder&, int, int) { return no_cotangents; }
 constexpr Cotangents neg(Builder& b, int, int g) { return {b.neg(g), -1, -1, -1}; }
@@ -128,6 +117,13 @@ constexpr Cotangents extremum(Builder& b, int y, int g) {
   int mask = b.cmp(Op::eq, x, b.reshape(y, kept));
   int count = b.sum(b.cast(mask, b.dt(x)), rd, true);
   return {b.where(mask, b.div(b.reshape(g, kept), count), 0.0), -1, -1, -1};
+}
+
+// sum_to_shape_of exists only on structural graphs (sizes settle it at once): the cotangent of
+// the summed input is g broadcast back over it.
+constexpr Cotangents sum_to_shape_of(Builder& b, int y, int g) {
+  const int x = x0(b, y);
+  return {b.expand(g, b.shape(x), x), -1, -1, -1};
 }
 
 constexpr Cotangents reshape(Builder& b, int y, int g) { return {b.reshape(g, b.shape(x0(b, y))), -1, -1, -1}; }
@@ -278,7 +274,8 @@ inline Cotangents custom_backward(Builder& b, int y, int) {
 
 }  // namespace rules
 
-// The table: nullptr for composites (decompose first); `none` for ops without a gradient.
+// The table: nullptr for composites (decompose first; sum_to_shape_of, which only structural graphs
+// hold, has its rule); `none` for ops without a gradient.
 inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   std::array<Rule, rewrite::op_count> t{};
   auto set = [&](Op op, Rule r) { t[static_cast<int>(op)] = r; };
@@ -315,6 +312,7 @@ inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   set(Op::sum, rules::sum);
   set(Op::amax, rules::extremum);
   set(Op::amin, rules::extremum);
+  set(Op::sum_to_shape_of, rules::sum_to_shape_of);
   set(Op::reshape, rules::reshape);
   set(Op::permute, rules::permute);
   set(Op::slice, rules::slice);

@@ -4,9 +4,10 @@
 // first call: the expression type is flattened to a structural node table (graph/flatten_type.hpp),
 // then rewrite::decompose, rewrite::simplify, the function's transform_graph (autodiff) and
 // rewrite::simplify again, as runtime/lower.hpp orders them. What needs sizes is not in it: views
-// and reductions keep unknown sizes, the sums that reduce broadcast cotangents (they exist only
-// where sizes broadcast) are left out, and attention stays one node (its graph depends on the head
-// counts). Arguments are taken as f32 tensors.
+// and reductions keep unknown sizes, a cotangent summed back to an operand that sizes may have
+// broadcast is one sum_to_shape_of node (none where the two have one shape at any sizes: the
+// Builder's shape classes), and attention stays one node (its graph depends on the head counts).
+// Arguments are taken as f32 tensors.
 #pragma once
 #include <array>
 #include <cstddef>

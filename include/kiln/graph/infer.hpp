@@ -243,6 +243,11 @@ inline void infer_node(Graph& g, Node& n) {
     case Op::cat:
       n.shape = joined_shape("cat", xs, in(1).shape, n.attrs.a);
       return;
+    case Op::sum_to_shape_of:  // g summed back to x's shape: x must broadcast to g's
+      if (!(broadcast_shapes(in(1).shape, xs, op.c_str()) == xs))
+        throw shape_error(op + ": " + in(1).shape.str() + " does not broadcast to " + xs.str());
+      n.shape = in(1).shape;
+      return;
     case Op::layer_norm:
     case Op::rms_norm: {
       if (rank == 0) throw shape_error(op + ": input must have at least one dimension");

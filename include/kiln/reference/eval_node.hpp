@@ -361,6 +361,18 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
     case Op::score_arg:
       eval_score_arg(n, in(0), in(1), in(2).data[0], out);
       return out;
+    case Op::sum_to_shape_of: {  // g's elements added into x's shape, broadcast dims summed
+      const Value& g = in(0);
+      const Dims& xs = n.shape;
+      const int lead = g.shape.size() - xs.size();
+      Dims st = contiguous_strides(xs);
+      Dims at = g.shape;  // x's stride of each of g's dims, 0 where x was broadcast
+      for (int d = 0; d < at.size(); ++d) at[d] = d < lead || xs[d - lead] == 1 ? 0 : st[d - lead];
+      std::vector<double> acc(static_cast<std::size_t>(xs.product()), 0.0);
+      for_each_index(g.shape, [&](std::int64_t lin, const Dims& idx) { acc[dot_strides(idx, at)] += g.data[lin]; });
+      for (std::size_t i = 0; i < acc.size(); ++i) out.data[i] = round_to(n.dt, acc[i]);
+      return out;
+    }
     case Op::cross_entropy: {  // mean over rows of logsumexp(logits[n]) - logits[n, target[n]]
       const Value &x = in(0), &t = in(1);
       const std::int64_t N = x.shape[0], C = x.shape[1];

@@ -160,6 +160,29 @@ class Builder {
   constexpr int mean(int x, const Dims& dims, bool keepdim) { return div(sum(x, dims, keepdim), numel(x, dims)); }
 
   // ---- views and indexing ----------------------------------------------------------------------
+  // g summed over the dims that x was broadcast along, then reshaped to x's shape (a broadcast
+  // input's cotangent). With sizes that is a sum and a reshape, or g itself; on a structural graph
+  // it is g itself where g is known to have the shape of a node `like` that x has at any sizes
+  // (same_shape), else one sum_to_shape_of node, which decompose settles when sizes are known.
+  constexpr int sum_to_shape_of(int g, int x, int like = -1) {
+    if (!shaped()) return like >= 0 && same_shape(like, x) ? g : op(Op::sum_to_shape_of, {g, x});
+    const Dims gs = shape(g), xs = shape(x);
+    if (gs == xs) return g;
+    const int lead = gs.size() - xs.size();
+    Dims rd;
+    for (int i = 0; i < gs.size(); ++i)
+      if (i < lead || (xs[i - lead] == 1 && gs[i] != 1)) rd.push_back(i);
+    return reshape(rd.empty() ? g : sum(g, rd, true), xs);
+  }
+
+  // Whether nodes a and b have one shape at any sizes: with sizes, their shapes; on a structural
+  // graph, their shape classes (a simplification that needs no sizes).
+  constexpr bool same_shape(int a, int b) {
+    if (shaped()) return g_[a].shape == g_[b].shape;
+    for (int i = static_cast<int>(class_.size()); i < g_.size(); ++i) class_.push_back(shape_class(i));
+    return class_[a] == class_[b];
+  }
+
   constexpr int reshape(int x, const Dims& shape) {
     if (shaped() && g_[x].shape == shape) return x;
     if (g_[x].op == Op::reshape && !g_[x].attrs.keepdim) x = g_[x].in[0];  // reshape(reshape(x)) = reshape(x)
@@ -263,6 +286,24 @@ class Builder {
   }
 
  private:
+  // A label for node i of a structural graph such that nodes with one label have one shape at any
+  // sizes: a pointwise op takes its operands' label when they share one (C++ scalars, constants and
+  // element counts, labelled -1, broadcast into any shape), sum_to_shape_of takes its target's; any other node is
+  // its own label. Labels of earlier nodes are in class_.
+  constexpr int shape_class(int i) const {
+    const graph::Node& n = g_[i];
+    if (n.op == Op::constant || n.op == Op::scalar || n.op == Op::numel) return -1;  // one element
+    if (n.op == Op::sum_to_shape_of) return class_[n.in[1]];
+    if (!is_pointwise(n.op)) return i;
+    int c = -1;
+    for (int k = 0; k < n.n_in; ++k) {
+      const int ck = class_[n.in[k]];
+      if (ck == -1 || ck == c) continue;
+      if (c != -1) return i;
+      c = ck;
+    }
+    return c;
+  }
   // A node of x's shape that computes less: only the shape of what numel and iota_of read matters,
   // so x is walked back through same-shape pointwise ops, and one node serves them all.
   constexpr int shape_source(int x) const {
@@ -303,6 +344,7 @@ class Builder {
   graph::Graph g_;
   graph::CseIndex index_;
   int origin_ = -1;
+  std::vector<int> class_;  // shape_class of g_'s nodes so far (structural graphs, as same_shape asks)
 };
 
 // The shape of every rewrite pass: rebuilds g node by node in order, `rule(b, node, inputs)`

@@ -158,6 +158,10 @@ constexpr int arg_extremum(Builder& b, const Node& n, std::span<const int> in) {
 // padded views are slice_backward nodes sized from the joined shape (a at its start, b against its
 // end: graph/infer_views.hpp's sized_view_shape), read in place by the consumer's kernel. Nothing names a
 // size, so a program with symbolic sizes serves every size of a and b (a growing cache).
+// Settled by sizes: a sum and a reshape, or the cotangent itself.
+constexpr int sum_to_shape_of(Builder& b, const Node&, std::span<const int> in) {
+  return b.sum_to_shape_of(in[0], in[1]);
+}
 constexpr int cat(Builder& b, const Node& n, std::span<const int> in) {
   const int d = b.shaped() ? normalize_dim(n.attrs.a, n.shape.size(), "cat") : 0;
   const int x = b.cast(in[0], n.dt), y = b.cast(in[1], n.dt);
@@ -296,12 +300,15 @@ inline constexpr std::array<DecompositionRule, op_count> decompositions = [] {
   set(Op::cat, cat, 0);
   set(Op::attention, attention, 0);  // 16-bit GEMMs, the softmax in f32 (the rule casts)
   set(Op::score_arg, score_arg, 0);
+  set(Op::sum_to_shape_of, sum_to_shape_of, 0);
   return t;
 }();
 
-// Composites whose primitive graph depends on sizes (grouped heads): on a structural graph they
+// Composites whose primitive graph depends on sizes (grouped heads, broadcasts): on a structural graph they
 // stay as they are, to be decomposed at the first call.
-constexpr bool decomposes_by_size(Op op) { return op == Op::attention || op == Op::score_arg; }
+constexpr bool decomposes_by_size(Op op) {
+  return op == Op::attention || op == Op::score_arg || op == Op::sum_to_shape_of;
+}
 
 // Decomposes one composite: inputs to the compute dtype, the rule, the result back to n's dtype.
 constexpr int decompose_node(Builder& b, const Node& n, std::span<const int> in) {
