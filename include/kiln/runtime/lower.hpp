@@ -3,6 +3,8 @@
 #pragma once
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstdio>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -171,6 +173,7 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
   std::vector<int> into = g.output_into;  // k::assign targets survive the rewrites
   stats.ops_captured = g.count_ops();
   g = choose_fused_attention(g, arg, stats.tuning);  // attention as one fused kernel where it can
+  const auto derive_start = std::chrono::steady_clock::now();
   g = rewrite::decompose(g);                         // composites -> primitives
   graph::infer_shapes(g, arg);
   g = rewrite::simplify(g);  // x*1, x+0, constant folding, CSE, dead code
@@ -188,6 +191,14 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
     graph::infer_shapes(g, arg);
   }
   stats.ops_decomposed = g.count_ops();
+  debug::log_lazy(debug::Channel::decomp, [&] {  // what the first call spends deriving the graph
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - derive_start).count();
+    char took[32];
+    std::snprintf(took, sizeof took, "%.2f ms", ms);
+    return "decomposed and transformed (" + std::to_string(stats.ops_captured) + " ops -> " +
+           std::to_string(stats.ops_decomposed) + " ops) in " + took;
+  });
   if (stats.tuning.matmul_t != 0) g = rewrite::fold_matmul_transposes(g);  // (A @ B)^T written as B^T @ A^T
   graph::infer_shapes(g, arg);
   const bool gpu = stats.for_gpu || cuda_device_of(g, arg) >= 0;  // the program's device
