@@ -703,6 +703,15 @@ TEST_CASE("reference: sum_to_shape_of sums g over the dims its target was broadc
   // A target that does not broadcast to g is a shape error naming both shapes.
   CHECK_THROWS_WITH_AS(ev(make<k::Op::sum_to_shape_of>(k::Attrs{}, x, g)),
                        doctest::Contains("[2, 3, 4] does not broadcast to [3, 1]"), k::shape_error);
+  CHECK_THROWS_WITH_AS(ev(make<k::Op::sum_to_shape_of>(k::Attrs{}, g, rnd({5}))),
+                       doctest::Contains("[5] and [2, 3, 4] cannot be broadcast"), k::shape_error);
+  // Leading dims only, and a 0-dim target: everything summed into one element.
+  Vec rows(4, 0.0);
+  for (std::size_t i = 0; i < gv.size(); ++i) rows[i % 4] += gv[i];
+  check_result(ev(make<k::Op::sum_to_shape_of>(k::Attrs{}, g, rnd({4}))), {4}, rows, 1e-6);
+  double all = 0;
+  for (double v : gv) all += v;
+  check_result(ev(make<k::Op::sum_to_shape_of>(k::Attrs{}, g, k::Tensor(k::full({}, 2.0f)))), {}, {all}, 1e-6);
 }
 
 TEST_CASE("reference: gather along the last dim") {

@@ -132,6 +132,13 @@ TEST_CASE("decompose: sum_to_shape_of is settled by sizes: a sum and a reshape, 
   CHECK(op_counts(summed) == std::map<Op, int>{{Op::sum, 1}, {Op::reshape, 1}});
   auto kept = decomposed([](auto g, auto s) { return make<Op::sum_to_shape_of>(k::Attrs{}, g, s); }, g, same);
   CHECK(op_counts(kept).empty());
+  // Leading dims only ([2, 4, 6] to [6]), and a 0-dim target.
+  auto lead = decomposed([](auto g, auto r) { return make<Op::sum_to_shape_of>(k::Attrs{}, g, r); }, g,
+                         uniform({6}, 10, -3, 3));
+  CHECK(count(lead, Op::sum) == 1);
+  auto all =
+      decomposed([](auto g, auto r) { return make<Op::sum_to_shape_of>(k::Attrs{}, g, r); }, g, uniform({}, 11, -3, 3));
+  CHECK(count(all, Op::sum) == 1);
 }
 
 TEST_CASE("decompose: mean and var") {

@@ -119,8 +119,8 @@ constexpr Cotangents extremum(Builder& b, int y, int g) {
   return {b.where(mask, b.div(b.reshape(g, kept), count), 0.0), -1, -1, -1};
 }
 
-// sum_to_shape_of exists only on structural graphs (sizes settle it at once): the cotangent of
-// the summed input is g broadcast back over it.
+// sum_to_shape_of is built on structural graphs (with sizes the Builder settles it at once): the
+// cotangent of the summed input is g broadcast back over it.
 constexpr Cotangents sum_to_shape_of(Builder& b, int y, int g) {
   const int x = x0(b, y);
   return {b.expand(g, b.shape(x), x), -1, -1, -1};

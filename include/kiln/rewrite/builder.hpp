@@ -179,6 +179,7 @@ class Builder {
   // graph, their shape classes (a simplification that needs no sizes).
   constexpr bool same_shape(int a, int b) {
     if (shaped()) return g_[a].shape == g_[b].shape;
+    if (class_.size() > g_.nodes.size()) class_.clear();  // g_ was replaced through graph()
     for (int i = static_cast<int>(class_.size()); i < g_.size(); ++i) class_.push_back(shape_class(i));
     return class_[a] == class_[b];
   }

@@ -154,14 +154,14 @@ constexpr int arg_extremum(Builder& b, const Node& n, std::span<const int> in) {
   const int nan_index = b.where(b.cmp(Op::ne, x, x), index, miss);
   return b.reduce(Op::amin, b.where(b.cmp(Op::eq, x, m), index, nan_index), rd, n.attrs.keepdim && !scalar);
 }
+// sum_to_shape_of(g, x), settled by sizes: a sum and a reshape, or g itself.
+constexpr int sum_to_shape_of(Builder& b, const Node&, std::span<const int> in) {
+  return b.sum_to_shape_of(in[0], in[1]);
+}
 // cat(a, b) along d: where(index < a's size, a zero-padded to the joined shape, b likewise); the
 // padded views are slice_backward nodes sized from the joined shape (a at its start, b against its
 // end: graph/infer_views.hpp's sized_view_shape), read in place by the consumer's kernel. Nothing names a
 // size, so a program with symbolic sizes serves every size of a and b (a growing cache).
-// Settled by sizes: a sum and a reshape, or the cotangent itself.
-constexpr int sum_to_shape_of(Builder& b, const Node&, std::span<const int> in) {
-  return b.sum_to_shape_of(in[0], in[1]);
-}
 constexpr int cat(Builder& b, const Node& n, std::span<const int> in) {
   const int d = b.shaped() ? normalize_dim(n.attrs.a, n.shape.size(), "cat") : 0;
   const int x = b.cast(in[0], n.dt), y = b.cast(in[1], n.dt);
