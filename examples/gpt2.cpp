@@ -225,15 +225,19 @@ int train(const Config& c, Args a, k::Device dev, k::dist::group* g) {
   } else {
     auto step = k::compile(grad_fn, opts);
     if (int rc = loop(step)) return rc;
-    // The step's kernels as k::explain lists them (one more, unchanged step), against the
-    // launches a step that benchmarks/gpt2_peer.py --profile counts for torch.compile.
+    // The step's kernels as k::explain lists them (one more step and update, after the timed
+    // ones), against the launches a step that benchmarks/gpt2_peer.py --profile counts for
+    // torch.compile, its fused optimizer among them.
     const k::report r = k::explain(step, params, tokens, targets);
+    const auto last_step = step(params, tokens, targets);
+    const k::report u = k::explain(adamw, params, std::get<1>(last_step), m, v, k::full({}, lr, k::f32, dev));
     const auto library = std::count_if(r.kernels.begin(), r.kernels.end(),
                                        [](const k::kernel_info& kern) { return kern.kind == "extern"; });
-    say("kernels a step: %zu in the value_and_grad program (%lld of them library calls), %.1f a layer with the "
-        "embedding, head and loss counted in\n",
-        r.kernels.size(), static_cast<long long>(library),
-        static_cast<double>(r.kernels.size()) / static_cast<double>(c.layers));
+    const std::size_t kernels = r.kernels.size() + u.kernels.size();
+    say("kernels a step: %zu, %zu in the value_and_grad program (%lld of them library calls) and %zu in the AdamW "
+        "update; %.1f a layer with the embedding, head, loss and update counted in\n",
+        kernels, r.kernels.size(), static_cast<long long>(library), u.kernels.size(),
+        static_cast<double>(kernels) / static_cast<double>(c.layers));
   }
   say("first step (compiles): %.1f s\n", first_call_s);
   if (!step_s.empty()) {  // the median step of steps 3..N, as benchmarks/gpt2_peer.py times torch
