@@ -268,13 +268,14 @@ def build(torch_path, kiln_path, env_path=None):
             joint_ratios[wid] = jratio
         pct = ""
         if kl is not None and not kl.get("error") and isinstance(kl.get("gbps"), (int, float)) \
-                and copy_for_kiln:
+                and kl["gbps"] > 0 and copy_for_kiln:  # (W12 counts no bytes: no share of copy)
             pct = f"{100.0 * kl['gbps'] / copy_for_kiln:.0f}%"
         notes = []
         for (i, impl), r in sorted(recs.items()):
             if i != wid or impl in ("eager", "torch.compile", "kiln", JOINT) or impl in MAX_MODES:
                 continue
-            notes.append(f"{impl} {cell(wid, r)}")
+            note = r.get("error") or r.get("note")  # the variant's own note, or why it failed
+            notes.append(f"{impl} {cell(wid, r)}" + (f" ({str(note)[:100]})" if note else ""))
         if tb and tc is not None and tb[0] != "torch.compile":
             notes.append(f"ratio vs {tb[0]}")
         if kb and kl is not None and kb[0] != "kiln":

@@ -651,10 +651,13 @@ def run_w10():
             if "limit" in m and ("recompile" in m or "cache_size" in m):
                 self.msgs.append(m.splitlines()[0])
 
+    # Like kiln's static W10 (bench.cpp: recompile_limit 64), every size may compile: torch's
+    # default limit (8) would run the last two of the ten sizes eagerly.
     cfg = torch._dynamo.config
-    limit = getattr(cfg, "recompile_limit", None)
-    if limit is None:
-        limit = getattr(cfg, "cache_size_limit", None)
+    limit = 64
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, limit)
 
     modes = [("eager", None)]
     if not ARGS.skip_compile:
@@ -679,7 +682,7 @@ def run_w10():
                 fn(x, w, b)
             sync()
             total = time.perf_counter() - t0
-            note = f"{len(sizes)} batch sizes 16..8192 x 4096 f32, one call each"
+            note = f"{len(sizes)} batch sizes 16..8192 x 4096 f32, one call each, recompile limit {limit}"
             if dyn is not None:
                 note += ", dynamic=True" if dyn else ", static (dynamic=False)"
                 try:
