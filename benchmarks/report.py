@@ -241,8 +241,10 @@ def build(torch_path, kiln_path, env_path=None):
                  "variant of the row (< 1 means kiln is faster): for W1–W8 and W12 that is "
                  "torch.compile's default mode, through autograd for the gradient workloads. "
                  "torch.compile joint compiles forward and backward as one graph (torch.func under "
-                 "torch.compile(fullgraph=True)); kiln/joint compares with it. Every kiln time was "
-                 "checked against the oracle (or against kiln's checked variant) before it was taken; "
+                 "torch.compile(fullgraph=True)); kiln/joint compares with it. Every kiln time's "
+                 "result was checked on the GPU: against the oracle before timing (W12 against kiln's f32 "
+                 "program and a gradcheck; W10/W11 after their timed calls, the time kept only if the "
+                 "check passes); "
                  "the torch notes give torch.compile's difference from eager. The max-autotune modes "
                  "have their own table below.")
     lines.append("")
