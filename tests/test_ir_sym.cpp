@@ -127,6 +127,36 @@ TEST_CASE("bounds drop floordiv and mod that cannot matter") {
   CHECK(min(x.i, x.j) == min(x.j, x.i));
 }
 
+TEST_CASE("a flat index re-derived through a larger stride folds back (a norm backward's split sums)") {
+  // A [98304] column offset and a row step over [64] read [8, 1024, 768] through the flat index
+  // 768 * y + c, y = r + 64 * (col // 768), c = col % 768: d * W + r over d * n is W over n when 0 <= r < d.
+  Syms x;
+  Sym col = x.table.new_index("col", 98304), r = x.table.new_index("r", 64), r65 = x.table.new_index("r65", 65);
+  Sym c = mod(col, 768), q = floordiv(col, 768);
+  Sym flat = 768 * r + 49152 * q + c;
+  CHECK(floordiv(flat, 786432) == floordiv(col, 12288));
+  CHECK(mod(r + 64 * q, 1024) == r + 64 * mod(q, 16));
+  CHECK(mod(flat, 786432) == 768 * r + 49152 * mod(q, 16) + c);
+  // The generated kernel's two reads: the element, and its row's statistic.
+  CHECK(786432 * floordiv(flat, 786432) + c + 768 * mod(r + 64 * q, 1024) == flat);
+  CHECK(1024 * floordiv(flat, 786432) + mod(r + 64 * q, 1024) == r + 64 * q);
+  // The low part must be provably below d: a row step up to 64 keeps the division by 1024.
+  Sym wide = floordiv(768 * r65 + 49152 * q + c, 786432);
+  CHECK(wide == floordiv(r65 + 64 * q, 1024));
+  // Every value agrees with the unsimplified arithmetic.
+  std::vector<std::int64_t> v(static_cast<std::size_t>(x.table.count()));
+  for (std::int64_t cv = 0; cv < 98304; cv += 37)
+    for (std::int64_t rv = 0; rv < 65; rv += 3) {
+      v[static_cast<std::size_t>(col.symbol_id())] = cv;
+      v[static_cast<std::size_t>(r.symbol_id())] = std::min<std::int64_t>(rv, 63);
+      v[static_cast<std::size_t>(r65.symbol_id())] = rv;
+      const std::int64_t fl = 768 * std::min<std::int64_t>(rv, 63) + 49152 * (cv / 768) + cv % 768;
+      REQUIRE(floordiv(flat, 786432).eval(v) == fl / 786432);
+      REQUIRE(mod(flat, 786432).eval(v) == fl % 786432);
+      REQUIRE(wide.eval(v) == (768 * rv + 49152 * (cv / 768) + cv % 768) / 786432);
+    }
+}
+
 TEST_CASE("range analysis") {
   Syms x;
   Sym r = x.table.new_index("r", 128);
