@@ -156,7 +156,7 @@ template <class ArgAt>
 void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg) {
   p.kernels.clear();
   const bool realize = p.tuning.realize != 0,
-             epilogues = target == codegen::Target::cuda && p.tuning.epilogue == 1;  // opt-in (tuning.hpp)
+             epilogues = target == codegen::Target::cuda && p.tuning.epilogue != 0;  // KILN_TUNE_EPILOGUE=0: off
   const bool host = target == codegen::Target::cpu;
   p.sched = schedule_graph(g, env, p.tuning.partials != 0, realize, epilogues, host);
   if (!partials_held(g, p.sched, env, target, p.tuning))
