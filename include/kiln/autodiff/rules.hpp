@@ -213,6 +213,7 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   at.a = n.attrs.a;  // causal
   at.b = n.attrs.b;  // the scale given
   at.d = n.attrs.dims.size() > 1 ? n.attrs.dims[1] : 0;  // the gradients' kernels on Hopper too
+  at.custom = n.attrs.custom;                            // the score_mod the kernels inline (-1: none)
   const int g16 = b.cast(g, n.dt);
   const int lse = b.op(Op::attention_lse, {q, k, scale}, at);
   const int delta = b.sum(b.mul(b.cast(g16, kiln::dtype::f32), b.cast(y, kiln::dtype::f32)), Dims{3}, true);

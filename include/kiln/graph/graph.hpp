@@ -241,6 +241,8 @@ inline std::string attrs_str(const Node& n) {
   if (n.op == Op::iota_of) os << ", " << n.attrs.dims.str() << ", dim=" << n.attrs.a << ", of dim " << n.attrs.b;
   if (n.op == Op::gelu && n.attrs.a) os << ", approximate=tanh";
   if (is_custom(n.op)) os << ", " << custom_ops::name_of(n.attrs.custom);
+  if ((n.op == Op::attention_flash || n.op == Op::attention_lse || n.op == Op::attention_grad) && n.attrs.custom >= 0)
+    os << ", score_mod " << n.attrs.custom;  // inlined (autodiff/score_mod.hpp)
   if (n.sym_attrs) os << ", symbolic attrs of capture " << n.capture;
   if (n.op == Op::custom_backward) os << ", grad of input " << n.attrs.a;
   return os.str();

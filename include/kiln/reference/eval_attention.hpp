@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "../graph/graph.hpp"
@@ -110,6 +111,15 @@ inline void attention_probabilities(const graph::Node& n, const Value& q, const 
     for (std::int64_t j = 0; j < Tk; ++j) p[i * Tk + j] /= l;
     lse[i] = m + std::log(l);
   }
+}
+
+// The fused kernels' nodes with a score_mod inlined (attrs.custom) come only from lowering a CUDA
+// program; the oracle evaluates such attention from the captured graph (the composite and its
+// score_arg nodes), never from them.
+inline void no_inlined_score_mod(const graph::Node& n) {
+  if (n.attrs.custom >= 0)
+    throw error("reference: " + std::string(name(n.op)) +
+                " with an inlined score_mod is a lowered CUDA node; evaluate the attention it came from");
 }
 
 // attention_lse(q, k, scale) -> [B, H, Tq]: each row's log-sum-exp of its scaled, masked scores

@@ -349,13 +349,16 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       return out;
     }
     case Op::attention:
-    case Op::attention_flash:  // the fused kernel's node: attention without a score_mod
+    case Op::attention_flash:  // the fused kernel's node (a score_mod inlined: see below)
+      if (n.op == Op::attention_flash) no_inlined_score_mod(n);
       eval_attention(n, in(0), in(1), in(2), in(3).data[0], n.attrs.c ? &in(4) : nullptr, out);
       return out;
     case Op::attention_lse:
+      no_inlined_score_mod(n);
       eval_attention_lse(n, in(0), in(1), in(2).data[0], out);
       return out;
     case Op::attention_grad:
+      no_inlined_score_mod(n);
       eval_attention_grad(n, in(0), in(1), in(2), in(3), in(5).data[0], out);
       return out;
     case Op::score_arg:

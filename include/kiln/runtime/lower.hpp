@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "../codegen/score_mod_source.hpp"
 #include "../core/linkage.hpp"
 #include "../debug/log.hpp"
 #include "../graph/infer.hpp"
@@ -32,7 +34,7 @@ inline void log_graph(debug::Channel ch, const std::string& title, const graph::
   if (debug::log_enabled(ch)) debug::log(ch, title + ":\n" + g.str());
 }
 
-// k::attention without a score_mod, on a CUDA device, over operands the fused kernel takes
+// k::attention on a CUDA device, over operands the fused kernel takes
 // (runtime/extern/attention.hpp's attention_flash_fits): the fused kernel's node, attention_flash
 // (an extern step; its derivative rule builds the backward from primitives), instead of the
 // decomposition into batched matmuls and a materialised softmax. KILN_TUNE_ATTENTION=0 keeps the
@@ -47,23 +49,44 @@ int cuda_device_of(const graph::Graph& g, ArgAt&& arg) {
   return device;
 }
 
+// A score_mod whose nodes are all pointwise (autodiff/score_mod.hpp) is inlined into the same
+// kernels, forward and backward (registered, its id in attrs.custom; mma.sync kernels, not Hopper's
+// warpgroup ones); one that reads a tensor or reduces keeps the decomposition, as does any score_mod
+// under KILN_TUNE_ATTENTION_BACKWARD=0 (the materialised backward has no rule for an inlined mod).
 template <class ArgAt>
 graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tuning& tuning) {
   if (tuning.attention == 0) return g;
   const int device = cuda_device_of(g, arg);
   bool any = false;
-  for (const auto& n : g.nodes) any = any || (n.op == Op::attention && !n.attrs.c);
+  for (const auto& n : g.nodes) any = any || n.op == Op::attention;
   if (device < 0 || !any) return g;
   const int cc = driver::compute_capability(device);
   return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
     if (n.op == Op::constant) return b.constant(n.value);
-    if (n.op != Op::attention || n.attrs.c ||
-        !attention_flash_fits(b.shape(in[0]), b.shape(in[1]), b.shape(in[2]), b.dt(in[0]), cc))
+    if (n.op != Op::attention || !attention_flash_fits(b.shape(in[0]), b.shape(in[1]), b.shape(in[2]), b.dt(in[0]), cc))
       return b.rebuild(n, in);
+    int mod = -1;
+    if (n.attrs.c) {
+      std::optional<autodiff::ScoreMod> m;
+      auto same_tensor = [&](int x, int y) {  // eager tensors captured twice: one tensor
+        if (x == y) return true;
+        if (g[x].op != Op::arg || g[y].op != Op::arg) return false;
+        const Tensor &tx = arg(g[x].slot), &ty = arg(g[y].slot);
+        return tx.data_ptr() == ty.data_ptr() && tx.shape() == ty.shape() && tx.strides() == ty.strides() &&
+               tx.dtype() == ty.dtype() && tx.device() == ty.device();
+      };
+      if (tuning.attention_backward != 0)
+        m = autodiff::extract_score_mod(g, static_cast<int>(&n - g.nodes.data()), same_tensor);
+      if (!m) return b.rebuild(n, in);
+      m->source = codegen::score_mod_source(*m);
+      mod = autodiff::ScoreMods::instance().add(std::move(*m));
+    }
     Attrs at = n.attrs;
+    at.c = 0;
+    at.custom = mod;
     at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block
     // row tiles a warp (0: by registers), and 1 where Hopper's warpgroup kernel runs it
-    at.dims = Dims{std::max(tuning.attention_rows, 0), cc == 90 && tuning.attention_wgmma != 0 ? 1 : 0};
+    at.dims = Dims{std::max(tuning.attention_rows, 0), cc == 90 && tuning.attention_wgmma != 0 && mod < 0 ? 1 : 0};
     at.keepdim = tuning.attention_backward != 0;         // its backward: fused kernels (autodiff/rules.hpp)
     return b.op(Op::attention_flash, {in[0], in[1], in[2], in[3]}, at);
   });

@@ -20,7 +20,7 @@ inline std::vector<int> lse_written_by_forward(const graph::Graph& g) {
     for (int f = 0; f < l; ++f) {
       const graph::Node& F = g[f];
       if (F.op == Op::attention_flash && lse_of[f] < 0 && F.in[0] == L.in[0] && F.in[1] == L.in[1] &&
-          F.in[3] == L.in[2] && F.attrs.a == L.attrs.a && F.attrs.b == L.attrs.b) {
+          F.in[3] == L.in[2] && F.attrs.a == L.attrs.a && F.attrs.b == L.attrs.b && F.attrs.custom == L.attrs.custom) {
         lse_of[f] = l;
         break;
       }

@@ -507,19 +507,19 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
                         attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
                         static_cast<int>(n.attrs.d), static_cast<int>(n.attrs.dims[0]),
                         n.attrs.dims.size() > 1 && n.attrs.dims[1] != 0, temps[k.extern_node],
-                        lse >= 0 ? &temps[lse] : nullptr, stream);
+                        lse >= 0 ? &temps[lse] : nullptr, score_mod_call(n, scalars), stream);
         return;
       }
       if (n.op == Op::attention_lse) {  // the rows' log-sum-exp where no forward kernel wrote it
         attention_lse(buffer(n.in[0]), buffer(n.in[1]), attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]),
-                      n.attrs.a, temps[k.extern_node], stream);
+                      n.attrs.a, temps[k.extern_node], score_mod_call(n, scalars), stream);
         return;
       }
       if (n.op == Op::attention_grad) {  // dq, dk or dv of the fused backward
         attention_grad(static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1), buffer(n.in[0]),
                        buffer(n.in[1]), buffer(n.in[2]), buffer(n.in[3]), buffer(n.in[4]),
                        attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a, n.attrs.d != 0,
-                       temps[k.extern_node], stream);
+                       temps[k.extern_node], score_mod_call(n, scalars), stream);
         return;
       }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);

@@ -1,0 +1,104 @@
+// A score_mod (autodiff/score_mod.hpp) as C for the fused attention kernels: two functions of one
+// score, written with the prelude's scalar operations as generated kernels spell them (c_text.hpp):
+//   float kiln_score_mod(float s, i64 b, i64 h, i64 i, i64 j, const kiln_score_scalars& S)
+//   float kiln_score_mod_vjp(float s, i64 b, i64 h, i64 i, i64 j, const kiln_score_scalars& S, float ct)
+// the modded score, and the cotangent of the score given the modded score's. S holds the C++
+// scalars the mod reads (ScoreMod::slots order), which change between calls without a recompile.
+#pragma once
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "../autodiff/score_mod.hpp"
+#include "c_text.hpp"
+
+namespace kiln::codegen {
+
+namespace detail {
+
+// A value of the function being written: its C text and compute dtype; constants stay literals, so
+// that each use spells them in the dtype it needs (as the kernel writer does).
+struct ModValue {
+  std::string code;
+  kiln::dtype ct = kiln::dtype::f32;
+  bool literal = false;
+  double value = 0;
+};
+
+inline ModValue mod_cast(const ModValue& v, kiln::dtype to) {
+  const kiln::dtype ct = compute_dtype(to);
+  if (v.literal) return {literal(v.value, ct), ct, true, v.value};
+  if (compute_dtype(v.ct) == ct) return {v.code, ct};
+  return {"kiln::cast<" + c_type(ct) + ">(" + v.code + ")", ct};
+}
+
+// The body of one function: a line a node, the graph's output returned as f32.
+inline std::string mod_body(const graph::Graph& g, const std::vector<int>& slots) {
+  static const char* params[] = {"s", "b", "h", "i", "j", "ct"};
+  std::vector<ModValue> v(static_cast<std::size_t>(g.size()));
+  std::string body;
+  auto bind = [&](int id, const std::string& expr, kiln::dtype ct) {
+    const std::string name = "v" + std::to_string(id);
+    body += "  const " + c_type(ct) + " " + name + " = " + expr + ";\n";
+    return ModValue{name, compute_dtype(ct)};
+  };
+  for (int id = 0; id < g.size(); ++id) {
+    const graph::Node& n = g[id];
+    const kiln::dtype ct = compute_dtype(n.dt);
+    auto in = [&](int k) { return v[static_cast<std::size_t>(n.in[k])]; };
+    ModValue& out = v[static_cast<std::size_t>(id)];
+    if (n.op == Op::arg) {
+      out = {params[n.slot], n.dt};
+    } else if (n.op == Op::constant) {
+      out = {literal(n.value, kiln::dtype::f64), kiln::dtype::f64, true, n.value};
+    } else if (n.op == Op::scalar) {
+      const auto at = std::find(slots.begin(), slots.end(), n.slot) - slots.begin();
+      const std::string s = "S.v[" + std::to_string(at) + "]";
+      out = n.floating ? ModValue{s, kiln::dtype::f64} : ModValue{"((i64)" + s + ")", kiln::dtype::i64};
+    } else if (n.op == Op::cast) {
+      const ModValue a = in(0);
+      if (n.attrs.dt == kiln::dtype::f16 || n.attrs.dt == kiln::dtype::bf16)
+        out = bind(id, "kiln::round_to<" + storage_c_type(n.attrs.dt) + ">(" + mod_cast(a, kiln::dtype::f32).code + ")",
+                   ct);
+      else if (n.attrs.dt == kiln::dtype::boolean)
+        out = bind(id, a.code + " != " + literal(0, a.ct), ct);
+      else
+        out = compute_dtype(a.ct) == ct ? a : bind(id, mod_cast(a, n.attrs.dt).code, ct);
+    } else if (n.op == Op::logical_not) {
+      out = bind(id, "kiln::logical_not(" + mod_cast(in(0), kiln::dtype::boolean).code + ")", ct);
+    } else {  // pointwise: comparisons in their operands' promoted dtype, a where's condition as bool
+      kiln::dtype operand = ct;
+      if (is_comparison(n.op)) {
+        const graph::Node &a = g[n.in[0]], &b = g[n.in[1]];
+        operand = compute_dtype(a.weak && !b.weak   ? promote_with_scalar(b.dt, is_floating(a.dt))
+                                : b.weak && !a.weak ? promote_with_scalar(a.dt, is_floating(b.dt))
+                                                    : promote(a.dt, b.dt));
+      }
+      std::vector<std::string> args;
+      for (int k = 0; k < n.n_in; ++k)
+        args.push_back(mod_cast(in(k), n.op == Op::where && k == 0 ? kiln::dtype::boolean : operand).code);
+      if (n.dt == kiln::dtype::boolean && (n.op == Op::add || n.op == Op::sub || n.op == Op::mul))
+        out = bind(id, "(" + pointwise_expr(n.op, args) + " != 0)", ct);
+      else
+        out = bind(id, pointwise_expr(n.op, args), ct);
+    }
+  }
+  return body + "  return " + mod_cast(v[static_cast<std::size_t>(g.outputs.at(0))], kiln::dtype::f32).code + ";\n";
+}
+
+}  // namespace detail
+
+// Both functions and the struct of scalars they read, for a source that begins with the prelude.
+inline std::string score_mod_source(const autodiff::ScoreMod& m) {
+  const std::size_t scalars = m.slots.empty() ? 1 : m.slots.size();
+  std::string s = "// the score_mod (autodiff/score_mod.hpp), inlined where each score is computed\n";
+  s += "struct kiln_score_scalars { double v[" + std::to_string(scalars) + "]; };\n";
+  s += "KILN_FN float kiln_score_mod(float s, i64 b, i64 h, i64 i, i64 j, const kiln_score_scalars& S) {\n";
+  s += "  (void)s, (void)b, (void)h, (void)i, (void)j, (void)S;\n" + detail::mod_body(m.mod, m.slots) + "}\n";
+  s += "KILN_FN float kiln_score_mod_vjp(float s, i64 b, i64 h, i64 i, i64 j, const kiln_score_scalars& S, "
+       "float ct) {\n";
+  s += "  (void)s, (void)b, (void)h, (void)i, (void)j, (void)S, (void)ct;\n" + detail::mod_body(m.vjp, m.slots) + "}\n";
+  return s;
+}
+
+}  // namespace kiln::codegen
