@@ -440,6 +440,14 @@ TEST_CASE("attention: score_mods inlined into the fused kernels, forward and gra
       CHECK_MESSAGE(bool(r), r);
     }
     CHECK(cf.cache().compiles() == 1);
+    // Replayed from a CUDA graph, a new value of the mod's scalar is a new graph, not a stale one.
+    auto replayed = k::compile(f, {.cuda_graphs = true});
+    for (float value : {20.f, 7.f, 20.f}) {
+      cap = value;
+      INFO("cap " << cap << " from a CUDA graph");
+      auto r = k::testing::allclose(k::Tensor(replayed(gq, gk, gv)), k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+      CHECK_MESSAGE(bool(r), r);
+    }
     cap = 20.f;
     k::Tensor empty_rows = fe(gq, gk, gv);
     auto re = k::testing::allclose(empty_rows, k::reference::eval(fe(q, kk, v)), 2e-2, 2e-2);

@@ -51,13 +51,14 @@ inline double attention_scale(const graph::Graph& g, const graph::Node& n, const
 struct ScoreModCall {
   std::string source;
   std::vector<double> scalars;
+  std::vector<int> slots;  // the program's scalar slot of each
 };
 // The score_mod a fused attention node inlines (attrs.custom: its id in autodiff::ScoreMods, -1
 // none), with the program's scalars of this call (none: only its source).
 inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars = nullptr) {
   if (n.attrs.custom < 0) return {};
   const autodiff::ScoreMod& m = autodiff::ScoreMods::instance().get(n.attrs.custom);
-  ScoreModCall c{m.source, std::vector<double>(std::max<std::size_t>(m.slots.size(), 1), 0.0)};
+  ScoreModCall c{m.source, std::vector<double>(std::max<std::size_t>(m.slots.size(), 1), 0.0), m.slots};
   if (scalars)
     for (std::size_t k = 0; k < m.slots.size(); ++k) c.scalars[k] = scalars[m.slots[k]];
   return c;
