@@ -40,7 +40,8 @@ inline std::string score_mod_preamble(const std::string& mod_source) {
   std::string s = "#define KILN_SCORE_MOD 1\n";
   s += "#define KILN_MOD_PARAMS , float scale, kiln_score_scalars mod_scalars\n";
   s += "#define KILN_BACKWARD_MOD_PARAMS , kiln_score_scalars mod_scalars\n";
-  if (mod_source.find("round_to<") != std::string::npos) s += "#define KILN_HALF 1\n";
+  if (mod_source.find("round_to<") != std::string::npos || mod_source.find("to_compute(") != std::string::npos)
+    s += "#define KILN_HALF 1\n";  // (the mod rounds to or reads 16-bit values)
   return s + prelude + mod_source;
 }
 
