@@ -410,7 +410,8 @@ TEST_CASE("attention: gradients flow through a score_mod to q, k, v and the tens
 // with no [Tq, Tk] buffer. Soft-capping, ALiBi and a sliding window in one mod, a mask that empties
 // a row, causal and not, grouped heads, odd lengths, both 16-bit dtypes; against the oracle
 // (values) and the f64 CPU program (gradients). The cap is a C++ scalar: a new value is a kernel
-// argument, not a recompile.
+// argument, not a recompile. Tensors the mod reads are loaded at each score; the bias's gradient
+// comes from materialised probabilities.
 TEST_CASE("attention: score_mods inlined into the fused kernels, forward and gradients (cuda)" * needs_gpu()) {
   const float inf = std::numeric_limits<float>::infinity();
   const FusedCase cases[] = {{2, 4, 4, 100, 100, 64, false, k::bf16},
@@ -440,6 +441,14 @@ TEST_CASE("attention: score_mods inlined into the fused kernels, forward and gra
       CHECK_MESSAGE(bool(r), r);
     }
     CHECK(cf.cache().compiles() == 1);
+    // Replayed from a CUDA graph, a new value of the mod's scalar is a new graph, not a stale one.
+    auto replayed = k::compile(f, {.cuda_graphs = true});
+    for (float value : {20.f, 7.f, 20.f}) {
+      cap = value;
+      INFO("cap " << cap << " from a CUDA graph");
+      auto r = k::testing::allclose(k::Tensor(replayed(gq, gk, gv)), k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+      CHECK_MESSAGE(bool(r), r);
+    }
     cap = 20.f;
     k::Tensor empty_rows = fe(gq, gk, gv);
     auto re = k::testing::allclose(empty_rows, k::reference::eval(fe(q, kk, v)), 2e-2, 2e-2);
@@ -472,5 +481,38 @@ TEST_CASE("attention: score_mods inlined into the fused kernels, forward and gra
       auto r = k::testing::allclose(k::Tensor(k::cast(g[which].to(k::cpu), k::f64)), g64[which], 3e-2, 3e-2);
       CHECK_MESSAGE(bool(r), "gradient " << which << ": " << r);
     }
+    // Tensors the mod reads, loaded by the kernels at each score: a relative bias [H, Tq, Tk] with
+    // its gradient (from materialised probabilities), and document ids [Tq, 1] and [Tk] (i64) masking
+    // keys of other documents.
+    k::Tensor bias = k::randn({c.H, c.Tq, c.Tk}, k::f32, k::cpu, ++seed), gbias = bias.to(k::cuda);
+    std::vector<std::int64_t> qd, kd;
+    for (int i = 0; i < c.Tq; ++i) qd.push_back(3 * i / c.Tq);
+    for (int j = 0; j < c.Tk; ++j) kd.push_back(3 * j / c.Tk);
+    k::Tensor qdoc = k::from_vector(qd, {c.Tq, 1}), kdoc = k::from_vector(kd, {c.Tk});
+    k::Tensor gqdoc = qdoc.to(k::cuda), gkdoc = kdoc.to(k::cuda);
+    auto read = [&](auto q, auto k, auto v, auto bias, auto qdoc, auto kdoc) {
+      return k::attention(
+          q, k, v, [&](auto s, auto...) { return k::where(qdoc == kdoc, s + bias, -inf); }, {.causal = c.causal});
+    };
+    auto rr = k::testing::allclose(k::Tensor(read(gq, gk, gv, gbias, gqdoc, gkdoc)),
+                                   k::reference::eval(read(q, kk, v, bias, qdoc, kdoc)), 2e-2, 2e-2);
+    CHECK_MESSAGE(bool(rr), "reading tensors: " << rr);
+    auto read_loss = [&](auto q, auto k, auto v, auto bias, auto qdoc, auto kdoc, auto w) {
+      return k::sum(k::cast(read(q, k, v, bias, qdoc, kdoc), k::f32) * w);
+    };
+    auto rg = k::value_and_grad(read_loss, k::wrt<0, 1, 2, 3>)(gq, gk, gv, gbias, gqdoc, gkdoc, gw);
+    auto rw = k::value_and_grad(read_loss, k::wrt<0, 1, 2, 3>)(
+        k::Tensor(k::cast(q, k::f64)), k::Tensor(k::cast(kk, k::f64)), k::Tensor(k::cast(v, k::f64)),
+        k::Tensor(k::cast(bias, k::f64)), qdoc, kdoc, k::Tensor(k::cast(w, k::f64)));
+    const k::Tensor rgot[4] = {std::get<1>(rg), std::get<2>(rg), std::get<3>(rg), std::get<4>(rg)};
+    const k::Tensor rwant[4] = {std::get<1>(rw), std::get<2>(rw), std::get<3>(rw), std::get<4>(rw)};
+    for (int which = 0; which < 4; ++which) {
+      auto r = k::testing::allclose(k::Tensor(k::cast(rgot[which].to(k::cpu), k::f64)), rwant[which], 3e-2, 3e-2);
+      CHECK_MESSAGE(bool(r), "reading tensors, gradient " << which << ": " << r);
+    }
+    bool inlined = false;  // the bias and the ids are inputs of the fused kernels, not a scores buffer
+    for (const auto& kernel : k::explain(k::compile(read), gq, gk, gv, gbias, gqdoc, gkdoc).kernels)
+      inlined = inlined || kernel.source.find("S.t[1]") != std::string::npos;
+    CHECK(inlined);
   }
 }

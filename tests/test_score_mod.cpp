@@ -65,9 +65,13 @@ std::pair<std::vector<float>, std::vector<float>> run(const k::autodiff::ScoreMo
   std::string src = k::codegen::prelude + k::codegen::score_mod_source(m);
   src += R"(
 extern "C" void kiln_score_mod_points(int n, const float* s, const long long* idx, const double* sc, const float* ct,
-                                      float* out, float* d) {
+                                      float* out, float* d, const void* const* t, const long long* st) {
   kiln_score_scalars S;
   for (int k = 0; k < (int)(sizeof S.v / sizeof S.v[0]); ++k) S.v[k] = sc[k];
+  for (int k = 0; k < (int)(sizeof S.t / sizeof S.t[0]); ++k) {
+    S.t[k] = t[k];
+    for (int x = 0; x < 4; ++x) S.st[k][x] = st[4 * k + x];
+  }
   for (int t = 0; t < n; ++t) {
     const long long* x = idx + 4 * t;
     out[t] = kiln_score_mod(s[t], x[0], x[1], x[2], x[3], S);
@@ -76,26 +80,45 @@ extern "C" void kiln_score_mod_points(int n, const float* s, const long long* id
 }
 )";
   auto so = k::runtime::compile_shared_object(src, "score_mod_points");
-  using Fn = void (*)(int, const float*, const long long*, const double*, const float*, float*, float*);
+  using Fn = void (*)(int, const float*, const long long*, const double*, const float*, float*, float*,
+                      const void* const*, const long long*);
   auto fn = reinterpret_cast<Fn>(so->symbol("kiln_score_mod_points"));
   std::vector<double> sc(std::max<std::size_t>(m.slots.size(), 1), 0.0);
   for (std::size_t i = 0; i < m.slots.size(); ++i) sc[i] = c.scalars.at(static_cast<std::size_t>(m.slots[i]));
   const int n = static_cast<int>(p.s.size());
   std::vector<float> out(p.s.size()), d(p.s.size());
   std::vector<long long> idx(p.idx.begin(), p.idx.end());
-  fn(n, p.s.data(), idx.data(), sc.data(), p.ct.data(), out.data(), d.data());
+  // The tensors the mod reads (their values by the oracle: a program computes them before the
+  // kernels), with their strides along the scores' [2, 3, 5, 6] (0 where broadcast), as the launch
+  // passes them.
+  std::vector<const void*> t(std::max<std::size_t>(m.captured.size(), 1), nullptr);
+  std::vector<long long> st(4 * t.size(), 0);
+  std::vector<k::Tensor> held;
+  for (std::size_t x = 0; x < m.captured.size(); ++x) {
+    k::graph::Graph part = c.g;
+    part.outputs = {m.captured[x]};
+    const k::reference::Value value = k::reference::eval_graph(part, c.tensors, c.scalars).at(0);
+    held.push_back(k::Tensor(k::cast(k::reference::to_tensor(value), c.g[m.captured[x]].dt)));
+    const k::Tensor& tensor = held.back();
+    t[x] = tensor.data_ptr();
+    for (int dim = 0; dim < 4; ++dim) {
+      const int td = dim - (4 - tensor.dim());
+      if (td >= 0 && tensor.shape()[td] != 1) st[4 * x + static_cast<std::size_t>(dim)] = tensor.strides()[td];
+    }
+  }
+  fn(n, p.s.data(), idx.data(), sc.data(), p.ct.data(), out.data(), d.data(), t.data(), st.data());
   return {out, d};
 }
 
 Points random_points(int n) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 3.f);
-  std::uniform_int_distribution<int> index(0, 6);
   Points p;
   for (int t = 0; t < n; ++t) {
     p.s.push_back(normal(rng));
     p.ct.push_back(normal(rng));
-    for (int d = 0; d < 4; ++d) p.idx.push_back(index(rng));
+    for (int size : {2, 3, 5, 6})
+      p.idx.push_back(std::uniform_int_distribution<int>(0, size - 1)(rng));  // [B, H, Tq, Tk]
   }
   return p;
 }
@@ -148,6 +171,32 @@ TEST_CASE("score_mod: pointwise mods become functions of one score; their value 
                      const double sg = 1 / (1 + std::exp(-s));
                      return sg + s * sg * (1 - sg);
                    }});
+  // Tensors the mod reads, each element loaded at its (b, h, i, j): a relative bias [H, Tq, Tk] (f32,
+  // and bf16), and a document mask from query and key document ids ([Tq, 1] and [Tk], i64).
+  static k::Tensor bias = k::randn({3, 5, 6}, k::f32, k::cpu, 9), bias16 = k::randn({3, 5, 6}, k::bf16, k::cpu, 10);
+  static k::Tensor qdoc = k::from_vector(std::vector<std::int64_t>{0, 0, 1, 1, 2}, {5, 1}),
+                   kdoc = k::from_vector(std::vector<std::int64_t>{0, 1, 1, 2, 2, 2}, {6});
+  static auto read = [](const k::Tensor& t, std::int64_t h, std::int64_t i, std::int64_t j) {
+    return k::to_vector<double>(k::Tensor(k::cast(t, k::f64)))[static_cast<std::size_t>((h * 5 + i) * 6 + j)];
+  };
+  cases.push_back(
+      {"relative bias", capture([](auto s, auto, auto, auto, auto) { return s + bias; }), 0,
+       [](double s, std::int64_t, std::int64_t h, std::int64_t i, std::int64_t j) { return s + read(bias, h, i, j); },
+       [](double, std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return 1.0; }});
+  cases.push_back(
+      {"bf16 bias times the score", capture([](auto s, auto, auto, auto, auto) { return s * bias16; }), 0,
+       [](double s, std::int64_t, std::int64_t h, std::int64_t i, std::int64_t j) { return s * read(bias16, h, i, j); },
+       [](double, std::int64_t, std::int64_t h, std::int64_t i, std::int64_t j) { return read(bias16, h, i, j); }});
+  cases.push_back({"document mask",
+                   capture([inf](auto s, auto, auto, auto, auto) { return k::where(qdoc == kdoc, s, -inf); }), 1,
+                   [](double s, std::int64_t, std::int64_t, std::int64_t i, std::int64_t j) {
+                     const std::int64_t q[] = {0, 0, 1, 1, 2}, kd[] = {0, 1, 1, 2, 2, 2};
+                     return q[i] == kd[j] ? s : -std::numeric_limits<double>::infinity();
+                   },
+                   [](double, std::int64_t, std::int64_t, std::int64_t i, std::int64_t j) {
+                     const std::int64_t q[] = {0, 0, 1, 1, 2}, kd[] = {0, 1, 1, 2, 2, 2};
+                     return q[i] == kd[j] ? 1.0 : 0.0;
+                   }});
   for (const Case& c : cases) {
     INFO(c.name);
     REQUIRE(c.c.attention >= 0);
@@ -169,10 +218,19 @@ TEST_CASE("score_mod: pointwise mods become functions of one score; their value 
   }
 }
 
-TEST_CASE("score_mod: a mod that reads a tensor or reduces the scores is not inlined") {
-  k::Tensor bias = k::randn({3, 5, 6}, k::f32, k::cpu, 9);
-  Captured relative = capture([&bias](auto s, auto, auto, auto, auto) { return s + bias; });
-  CHECK_FALSE(extract(relative).has_value());
+TEST_CASE("score_mod: the tensors a mod reads, and which get gradients; a mod that reduces the scores is not inlined") {
+  k::Tensor bias = k::randn({3, 5, 6}, k::f32, k::cpu, 9),
+            ids = k::from_vector(std::vector<std::int64_t>{0, 1, 1, 2, 2, 2}, {6});
+  Captured relative = capture([&](auto s, auto, auto, auto, auto) { return k::where(ids == 1, s, s + bias * 2.0f); });
+  auto r = extract(relative);
+  REQUIRE(r.has_value());
+  CHECK(r->captured.size() == 2);  // bias * 2 (computed once, outside the kernels) and the ids
+  CHECK(r->grads.size() == 1);     // only the floating one
+  k::Tensor b2 = k::randn({5, 6}, k::f32, k::cpu, 10), b3 = k::randn({6}, k::f32, k::cpu, 11);
+  Captured three = capture([&](auto s, auto, auto, auto, auto) { return s * bias + (b2 * b3 + k::exp(b3)); });
+  CHECK(extract(three)->captured.size() == 2);  // bias, and b2 * b3 + exp(b3) as one tensor
+  Captured too_many = capture([&](auto s, auto, auto, auto, auto) { return s * bias + s * b2 + s * b3; });
+  CHECK_FALSE(extract(too_many).has_value());  // three tensors: attention_grad has room for two
   Captured centred = capture([](auto s, auto, auto, auto, auto) { return s - k::amax(s, -1, true); });
   CHECK_FALSE(extract(centred).has_value());
   Captured plain = capture([](auto s, auto, auto, auto, auto) { return s * 2.0f; });
@@ -188,8 +246,9 @@ TEST_CASE("score_mod: a mod that reads a tensor or reduces the scores is not inl
 }
 
 TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC (sm_80, sm_90a)") {
-  Captured c = capture([](auto s, auto, auto h, auto i, auto j) {
-    return k::where(j <= i, k::tanh(s / 20.0f) * 20.0f - k::cast(h, k::f32) * 0.1f * k::cast(i - j, k::f32),
+  k::Tensor bias16 = k::randn({3, 5, 6}, k::bf16, k::cpu, 12);  // a 16-bit tensor read: the prelude's half types
+  Captured c = capture([&](auto s, auto, auto h, auto i, auto j) {
+    return k::where(j <= i, k::tanh(s / 20.0f) * 20.0f - k::cast(h, k::f32) * 0.1f * k::cast(i - j, k::f32) + bias16,
                     -std::numeric_limits<float>::infinity());
   });
   auto m = *extract(c);
@@ -215,5 +274,85 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
         INFO(name << " for " << arch);
         CHECK(!k::runtime::compile_cubin(source, name, arch).empty());
       }
+  }
+}
+
+// What lowering does for a GPU, checked on any machine by the oracle: the captured graph of a
+// training step's loss with a score_mod that reads a bias (its gradient asked for) and two C++
+// scalars, fused (runtime/lower.hpp's fuse_attention, as for an sm_90 device), then decomposed and
+// differentiated, against the same graph decomposed and differentiated unfused over the inputs in
+// f64. Both evaluated by the oracle: the fused nodes' oracle applies the mod's graphs at every score,
+// the rule builds the bias's cotangent from materialised probabilities (autodiff/rules.hpp's
+// captured_cotangents). The fused graph's 16-bit casts (the gradients of q, k and v, the output's
+// cotangent) round as the kernels do: its gradients agree to bf16's precision, its value to f32's.
+TEST_CASE("score_mod: fused attention nodes with an inlined mod give the decomposition's value and gradients") {
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    std::vector<k::Tensor> args = {
+        k::randn({2, 4, 7, 16}, k::bf16, k::cpu, 31), k::randn({2, 2, 9, 16}, k::bf16, k::cpu, 32),
+        k::randn({2, 2, 9, 16}, k::bf16, k::cpu, 33), k::randn({4, 7, 9}, k::f32, k::cpu, 34),
+        k::randn({2, 4, 7, 16}, k::f32, k::cpu, 35)};
+    const float cap = 3.f;
+    auto loss = [&](auto q, auto kk, auto v, auto bias, auto w) {
+      auto mod = [&](auto s, auto, auto h, auto i, auto j) {
+        return k::tanh((s + bias) / cap) * cap - k::cast(h + 1, k::f32) * 0.25f * k::cast(i - j, k::f32);
+      };
+      return k::sum(k::cast(k::attention(q, kk, v, mod, {.causal = causal, .scale = 0.3}), k::f32) * w);
+    };
+    k::graph::Graph g;
+    std::vector<double> scalars;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      auto e = loss(k::expr::Arg<static_cast<int>(I)>{{}, &args[I]}...);
+      g = k::graph::flatten(e);
+      k::graph::Captured cap_;
+      k::graph::gather(e, cap_);
+      scalars.assign(cap_.scalars.begin(), cap_.scalars.begin() + cap_.ns);
+    }
+    (std::make_index_sequence<5>{});
+    auto at = [&](int slot) -> const k::Tensor& { return args.at(static_cast<std::size_t>(slot)); };
+    k::graph::infer_shapes(g, at);
+    auto derive = [&](k::graph::Graph x) {
+      x = k::rewrite::decompose(x);
+      k::graph::infer_shapes(x, at);
+      const int wrt[] = {0, 1, 2, 3};
+      x = k::autodiff::differentiate(x, wrt, k::autodiff::Mode::value_and_grad);
+      k::graph::infer_shapes(x, at);
+      return x;
+    };
+    const k::graph::Graph fused =
+        derive(k::runtime::fuse_attention(g, 90, k::Tuning::from_environment(), [](int x, int y) { return x == y; }));
+    int flash = 0, grads = 0, lse = 0;
+    for (const auto& n : fused.nodes) {
+      flash += n.op == k::Op::attention_flash && n.attrs.custom >= 0 && n.n_in == 5;  // q, k, v, scale, bias
+      grads += n.op == k::Op::attention_grad && n.attrs.custom >= 0 && n.n_in == 7;
+      lse += n.op == k::Op::attention_lse && n.attrs.custom >= 0;
+    }
+    CHECK(flash == 1);
+    CHECK(grads >= 2);  // dq, and dk with dv
+    CHECK(lse == 1);
+    std::vector<k::Tensor> args64;
+    for (const k::Tensor& t : args) args64.push_back(k::Tensor(k::cast(t, k::f64)));
+    k::graph::Graph g64 = g;
+    k::graph::infer_shapes(g64,
+                           [&](int slot) -> const k::Tensor& { return args64.at(static_cast<std::size_t>(slot)); });
+    g64 = k::rewrite::decompose(g64);
+    k::graph::infer_shapes(g64,
+                           [&](int slot) -> const k::Tensor& { return args64.at(static_cast<std::size_t>(slot)); });
+    const int wrt[] = {0, 1, 2, 3};
+    g64 = k::autodiff::differentiate(g64, wrt, k::autodiff::Mode::value_and_grad);
+    const auto want = k::reference::eval_graph(g64, args64, scalars);
+    const auto got = k::reference::eval_graph(fused, args, scalars);
+    REQUIRE(got.size() == 5);  // the value, then the gradients of q, k, v and the bias
+    for (std::size_t o = 0; o < got.size(); ++o) {
+      INFO("output " << o);
+      REQUIRE(got[o].shape == want[o].shape);
+      double worst = 0, scale = 0;
+      for (std::size_t x = 0; x < got[o].data.size(); ++x) {
+        worst = std::max(worst, std::abs(got[o].data[x] - want[o].data[x]));
+        scale = std::max(scale, std::abs(want[o].data[x]));
+      }
+      CHECK(scale > 0);
+      CHECK(worst <= (o == 0 ? 1e-6 : 1e-2) * scale);
+    }
   }
 }

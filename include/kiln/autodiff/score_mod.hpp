@@ -7,31 +7,18 @@
 // (runtime/lower.hpp) registers such a mod and gives its id to the fused kernels' nodes
 // (attrs.custom); codegen/score_mod_source.hpp writes both functions as C.
 #pragma once
+#include <algorithm>
 #include <array>
-#include <deque>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
-#include <string>
 #include <vector>
 
 #include "../rewrite/builder.hpp"
 #include "../rewrite/decompose.hpp"
 #include "../rewrite/simplify.hpp"
 #include "differentiate.hpp"
+#include "score_mods.hpp"
 
 namespace kiln::autodiff {
-
-// The mod of one score. Arguments of both graphs (rank 0): 0 the scaled score (f32), 1..4 its
-// batch, head, query and key index (i64), 5 the cotangent of the mod's value (f32; only vjp reads
-// it). `mod` gives the modded score (f32), `vjp` the cotangent of the score. Their scalar nodes
-// keep the program's scalar slots; `slots` lists them in the order the kernels receive them.
-struct ScoreMod {
-  graph::Graph mod, vjp;
-  std::vector<int> slots;
-  std::string source;  // both as C (codegen/score_mod_source.hpp), written when lowering registers it
-  static constexpr int cotangent_arg = 5;
-};
 
 namespace detail {
 
@@ -40,54 +27,85 @@ constexpr bool pointwise_composite(Op op) {
   return op == Op::silu || op == Op::gelu || op == Op::gelu_tanh || op == Op::clamp;
 }
 
-// The nodes the mod's result depends on, down to the score_arg nodes (inclusive), in id order.
-inline std::vector<int> mod_nodes(const graph::Graph& g, int result) {
-  std::vector<char> in(static_cast<std::size_t>(g.size()), 0);
+// The mod's nodes, walked down from its result: each node is a score_arg (a leaf here), a tensor it
+// reads (a node that depends on no score and is not a scalar computation: a leaf too), or one it
+// computes from those. kind[i]: 0 not part of it, 1 computed, 2 score_arg, 3 captured tensor.
+inline std::vector<char> mod_nodes(const graph::Graph& g, int result) {
+  std::vector<char> scored(static_cast<std::size_t>(g.size()), 0), scalar(scored);
+  for (int i = 0; i < g.size(); ++i) {
+    const graph::Node& n = g[i];
+    scalar[i] = n.op == Op::constant || n.op == Op::scalar;
+    scored[i] = n.op == Op::score_arg;
+    bool all_scalar = is_pointwise(n.op) && n.shape.size() == 0;
+    for (int k = 0; k < n.n_in; ++k) {
+      scored[i] = scored[i] || (n.op != Op::score_arg && scored[n.in[k]]);
+      all_scalar = all_scalar && scalar[n.in[k]];
+    }
+    scalar[i] = scalar[i] || all_scalar;
+  }
+  std::vector<char> kind(static_cast<std::size_t>(g.size()), 0);
   graph::walk_inputs(g, {result}, [&](int v) {
-    in[v] = 1;
-    return g[v].op != Op::score_arg;  // a score's q and k are the attention's, not the mod's
+    kind[v] = g[v].op == Op::score_arg ? 2 : !scored[v] && !scalar[v] ? 3 : 1;
+    return kind[v] == 1;  // a score's q and k are the attention's; a captured tensor is read whole
   });
-  std::vector<int> ids;
-  for (int i = 0; i < g.size(); ++i)
-    if (in[i]) ids.push_back(i);
-  return ids;
+  return kind;
+}
+
+inline graph::Node arg_node(int slot, kiln::dtype dt) {
+  graph::Node arg;
+  arg.op = Op::arg;
+  arg.slot = slot;
+  arg.dt = dt;
+  return arg;
 }
 
 }  // namespace detail
 
 // The score_mod of attention node `at` of g (shapes inferred) as a ScoreMod, or nothing where it is
-// not one: no score_mod, a node that is not pointwise over the scores, their indices, scalars and
-// constants (a tensor it reads, a reduction, a view), or scores that are not f32. The scores must be
-// the attention's own: `same_tensor(x, y)` says whether nodes x and y hold one tensor (eager
-// tensors captured twice are two argument nodes: lowering compares what is bound to them). Their
-// scale is taken to be the attention's (k::attention builds both from one value).
+// not one: no score_mod, a node between the scores and the result that is not pointwise (a
+// reduction or a view of the scores), more than max_captured tensors read, one that does not
+// broadcast to the scores, or scores that are not f32. The scores must be the attention's own:
+// `same_tensor(x, y)` says whether nodes x and y hold one tensor (eager tensors captured twice are
+// two argument nodes: lowering compares what is bound to them). Their scale is taken to be the
+// attention's (k::attention builds both from one value).
 template <class SameTensor>
 std::optional<ScoreMod> extract_score_mod(const graph::Graph& g, int at, SameTensor&& same_tensor) {
   const graph::Node& a = g[at];
   if (a.op != Op::attention || !a.attrs.c) return std::nullopt;
-  rewrite::Builder b;
-  for (int slot = 0; slot <= ScoreMod::cotangent_arg; ++slot) {
-    graph::Node arg;
-    arg.op = Op::arg;
-    arg.slot = slot;
-    arg.dt = slot == 0 || slot == ScoreMod::cotangent_arg ? kiln::dtype::f32 : kiln::dtype::i64;
-    b.node(arg);
-  }
+  const std::vector<char> kind = detail::mod_nodes(g, a.in[4]);
   ScoreMod m;
+  for (int i = 0; i < g.size(); ++i)
+    if (kind[i] == 3) {  // (it broadcasts to the scores: the mod's result does, inference checked)
+      m.captured.push_back(i);
+      m.captured_dt.push_back(g[i].dt);
+    }
+  if (static_cast<int>(m.captured.size()) > ScoreMod::max_captured) return std::nullopt;
+  std::vector<graph::Node> args;
+  for (int slot = 0; slot <= ScoreMod::cotangent_arg; ++slot)
+    args.push_back(
+        detail::arg_node(slot, slot == 0 || slot == ScoreMod::cotangent_arg ? kiln::dtype::f32 : kiln::dtype::i64));
+  for (std::size_t c = 0; c < m.captured.size(); ++c)
+    args.push_back(detail::arg_node(ScoreMod::first_captured_arg + static_cast<int>(c), m.captured_dt[c]));
+  rewrite::Builder b;
+  for (const graph::Node& arg : args) b.node(arg);  // node id = slot
   std::vector<int> map(static_cast<std::size_t>(g.size()), -1);
-  for (int i : detail::mod_nodes(g, a.in[4])) {
+  for (std::size_t c = 0; c < m.captured.size(); ++c)
+    map[static_cast<std::size_t>(m.captured[c])] = ScoreMod::first_captured_arg + static_cast<int>(c);
+  for (int i = 0; i < g.size(); ++i) {
     const graph::Node& n = g[i];
-    if (n.op == Op::score_arg) {
+    if (kind[i] == 2) {
       const bool ours = same_tensor(n.in[0], a.in[0]) && same_tensor(n.in[1], a.in[1]) && n.attrs.b == a.attrs.b &&
                         g[n.in[2]].op == g[a.in[3]].op;
       if (!ours || (n.attrs.a == 0 && n.dt != kiln::dtype::f32)) return std::nullopt;
       map[i] = static_cast<int>(n.attrs.a);  // the argument of that slot (node id = slot)
+    } else if (kind[i] != 1) {
+      continue;
     } else if (n.op == Op::constant) {
       map[i] = b.constant(n.value);
     } else if (n.op == Op::scalar) {
-      graph::Node s = n;
-      s.shape = {};
-      map[i] = b.node(s);  // (scalars are never merged)
+      graph::Node sc = n;
+      sc.shape = {};
+      map[i] = b.node(sc);  // (scalars are never merged)
       if (std::find(m.slots.begin(), m.slots.end(), n.slot) == m.slots.end()) m.slots.push_back(n.slot);
     } else if (is_pointwise(n.op) || detail::pointwise_composite(n.op)) {
       std::array<int, graph::max_inputs> in{};
@@ -100,24 +118,21 @@ std::optional<ScoreMod> extract_score_mod(const graph::Graph& g, int at, SameTen
   const int out = b.cast(map[a.in[4]], kiln::dtype::f32);  // the decomposition casts it so too
   graph::Graph mod = std::move(b.graph());
   mod.outputs = {out};
-  mod.num_args = ScoreMod::cotangent_arg + 1;
+  mod.num_args = ScoreMod::first_captured_arg + static_cast<int>(m.captured.size());
   mod = rewrite::decompose(mod);
-  graph::infer_shapes_with(mod, [](graph::Node&) {});        // (arguments keep their rank 0 and dtype)
-  if (detail::find_arg(mod, ScoreMod::cotangent_arg) < 0) {  // (the rewrites keep only what the mod reads)
-    graph::Node ct;
-    ct.op = Op::arg;
-    ct.slot = ScoreMod::cotangent_arg;
-    ct.dt = kiln::dtype::f32;
-    mod.nodes.push_back(ct);
-  }
-  if (detail::find_arg(mod, 0) < 0) {  // a mod that ignores the score: its derivative is 0
-    graph::Node s;
-    s.op = Op::arg;
-    s.slot = 0;
-    s.dt = kiln::dtype::f32;
-    mod.nodes.push_back(s);
-  }
-  const int wrt[] = {0};
+  graph::infer_shapes_with(mod, [](graph::Node&) {});  // (arguments keep their rank 0 and dtype)
+  // The rewrites keep only the arguments the mod reads; the derivative needs the score's and the
+  // cotangent's nodes (an unread one gets a zero cotangent).
+  std::vector<int> wrt{0};
+  for (std::size_t c = 0; c < m.captured.size(); ++c)
+    if (is_floating(m.captured_dt[c])) {
+      wrt.push_back(ScoreMod::first_captured_arg + static_cast<int>(c));
+      m.grads.push_back(static_cast<int>(c));
+    }
+  wrt.push_back(ScoreMod::cotangent_arg);
+  for (int slot : wrt)
+    if (detail::find_arg(mod, slot) < 0) mod.nodes.push_back(args[static_cast<std::size_t>(slot)]);
+  wrt.pop_back();
   m.vjp = rewrite::simplify(differentiate(mod, wrt, Mode::vjp, ScoreMod::cotangent_arg));
   m.mod = rewrite::simplify(mod);
   return m;
@@ -125,36 +140,5 @@ std::optional<ScoreMod> extract_score_mod(const graph::Graph& g, int at, SameTen
 inline std::optional<ScoreMod> extract_score_mod(const graph::Graph& g, int at) {
   return extract_score_mod(g, at, [](int x, int y) { return x == y; });
 }
-
-// The score_mods lowering found, by id (Attrs::custom of the fused attention nodes). Entries live
-// as long as the process (a cached program may name any id); equal mods share one id.
-class ScoreMods {
- public:
-  static ScoreMods& instance() {
-    static ScoreMods r;
-    return r;
-  }
-  std::int32_t add(ScoreMod m) {
-    std::string key = m.mod.str() + m.vjp.str();
-    for (int s : m.slots) key += " s" + std::to_string(s);
-    std::unique_lock lock(mu_);
-    for (std::size_t i = 0; i < keys_.size(); ++i)
-      if (keys_[i] == key) return static_cast<std::int32_t>(i);
-    keys_.push_back(std::move(key));
-    mods_.push_back(std::move(m));
-    return static_cast<std::int32_t>(mods_.size() - 1);
-  }
-  const ScoreMod& get(std::int64_t id) const {
-    std::shared_lock lock(mu_);
-    if (id < 0 || id >= static_cast<std::int64_t>(mods_.size()))
-      throw error("attention: score_mod id " + std::to_string(id) + " was never registered");
-    return mods_[static_cast<std::size_t>(id)];  // a deque: references stay valid as it grows
-  }
-
- private:
-  mutable std::shared_mutex mu_;
-  std::deque<ScoreMod> mods_;
-  std::vector<std::string> keys_;
-};
 
 }  // namespace kiln::autodiff

@@ -220,7 +220,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
         const int col = n0 + i * 8 + 2 * (lane & 3) + (e & 1), r = row + (e >> 1) * 8;
 #ifdef KILN_SCORE_MOD
         sv[i][e] = p[i][e] * scale;
-        p[i][e] = kiln_score_mod(sv[i][e], b, bh % H, r, col, mod_scalars) * LOG2E;
+        p[i][e] = r < Tq && col < Tk ? kiln_score_mod(sv[i][e], b, bh % H, r, col, mod_scalars) * LOG2E
+                                     : KILN_NEG_INF;  // (the tensors the mod reads end at Tq and Tk)
 #else
         p[i][e] *= scale_log2;
 #endif
@@ -342,7 +343,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
           const int c = i * 8 + 2 * (lane & 3) + (e & 1), r = row + (e >> 1) * 8;
 #ifdef KILN_SCORE_MOD  // rows are keys here, columns queries
           sv[i][e] = p[i][e] * scale;
-          float x = kiln_score_mod(sv[i][e], b, hk * G + hh, i0 + c, r, mod_scalars) * LOG2E;
+          float x = r < Tk && i0 + c < Tq ? kiln_score_mod(sv[i][e], b, hk * G + hh, i0 + c, r, mod_scalars) * LOG2E
+                                          : KILN_NEG_INF;  // (the tensors the mod reads end at Tq and Tk)
 #else
           float x = p[i][e] * scale_log2;
 #endif

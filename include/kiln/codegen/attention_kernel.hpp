@@ -40,7 +40,8 @@ inline std::string score_mod_preamble(const std::string& mod_source) {
   std::string s = "#define KILN_SCORE_MOD 1\n";
   s += "#define KILN_MOD_PARAMS , float scale, kiln_score_scalars mod_scalars\n";
   s += "#define KILN_BACKWARD_MOD_PARAMS , kiln_score_scalars mod_scalars\n";
-  if (mod_source.find("round_to<") != std::string::npos) s += "#define KILN_HALF 1\n";
+  if (mod_source.find("round_to<") != std::string::npos || mod_source.find("to_compute(") != std::string::npos)
+    s += "#define KILN_HALF 1\n";  // (the mod rounds to or reads 16-bit values)
   return s + prelude + mod_source;
 }
 
@@ -315,10 +316,13 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
         for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-#ifdef KILN_SCORE_MOD  // the mod of the scaled score, then into the exp2 domain
-            s[mt][i][e] = kiln_score_mod(s[mt][i][e] * scale, b, h, w0 + mt * 16 + (lane >> 2) + (e >> 1) * 8,
-                                         n0 + i * 8 + 2 * (lane & 3) + (e & 1), mod_scalars) *
-                          1.4426950408889634f;
+#ifdef KILN_SCORE_MOD  // the mod of the scaled score, then into the exp2 domain (only inside the
+            {                   // scores: the tensors the mod reads end at Tq and Tk)
+              const int r = w0 + mt * 16 + (lane >> 2) + (e >> 1) * 8, col = n0 + i * 8 + 2 * (lane & 3) + (e & 1);
+              s[mt][i][e] = r < Tq && col < Tk ? kiln_score_mod(s[mt][i][e] * scale, b, h, r, col, mod_scalars) *
+                                                     1.4426950408889634f
+                                               : KILN_NEG_INF;
+            }
 #else
             s[mt][i][e] *= scale_log2;
 #endif

@@ -3,7 +3,8 @@
 //   float kiln_score_mod(float s, i64 b, i64 h, i64 i, i64 j, const kiln_score_scalars& S)
 //   float kiln_score_mod_vjp(float s, i64 b, i64 h, i64 i, i64 j, const kiln_score_scalars& S, float ct)
 // the modded score, and the cotangent of the score given the modded score's. S holds the C++
-// scalars the mod reads (ScoreMod::slots order), which change between calls without a recompile.
+// scalars the mod reads (ScoreMod::slots order), which change between calls without a recompile,
+// and the tensors it reads (ScoreMod::captured), each element loaded where the score needs it.
 #pragma once
 #include <algorithm>
 #include <string>
@@ -47,7 +48,14 @@ inline std::string mod_body(const graph::Graph& g, const std::vector<int>& slots
     const kiln::dtype ct = compute_dtype(n.dt);
     auto in = [&](int k) { return v[static_cast<std::size_t>(n.in[k])]; };
     ModValue& out = v[static_cast<std::size_t>(id)];
-    if (n.op == Op::arg) {
+    if (n.op == Op::arg && n.slot >= autodiff::ScoreMod::first_captured_arg) {  // a tensor's element at (b, h, i, j)
+      const std::string k = std::to_string(n.slot - autodiff::ScoreMod::first_captured_arg);
+      const std::string at = "S.t[" + k + "])[b * S.st[" + k + "][0] + h * S.st[" + k + "][1] + i * S.st[" + k +
+                             "][2] + j * S.st[" + k + "][3]]";
+      const std::string load = "((const " + storage_c_type(n.dt) + "*)" + at;
+      out =
+          bind(id, n.dt == kiln::dtype::f16 || n.dt == kiln::dtype::bf16 ? "kiln::to_compute(" + load + ")" : load, ct);
+    } else if (n.op == Op::arg) {
       out = {params[n.slot], n.dt};
     } else if (n.op == Op::constant) {
       out = {literal(n.value, kiln::dtype::f64), kiln::dtype::f64, true, n.value};
@@ -90,9 +98,12 @@ inline std::string mod_body(const graph::Graph& g, const std::vector<int>& slots
 
 // Both functions and the struct of scalars they read, for a source that begins with the prelude.
 inline std::string score_mod_source(const autodiff::ScoreMod& m) {
-  const std::size_t scalars = m.slots.empty() ? 1 : m.slots.size();
+  const std::size_t scalars = std::max<std::size_t>(m.slots.size(), 1),
+                    tensors = std::max<std::size_t>(m.captured.size(), 1);
   std::string s = "// the score_mod (autodiff/score_mod.hpp), inlined where each score is computed\n";
-  s += "struct kiln_score_scalars { double v[" + std::to_string(scalars) + "]; };\n";
+  s += "// S: its C++ scalars, and each tensor it reads with its strides along [B, H, Tq, Tk] (0: broadcast)\n";
+  s += "struct kiln_score_scalars { double v[" + std::to_string(scalars) + "]; const void* t[" +
+       std::to_string(tensors) + "]; i64 st[" + std::to_string(tensors) + "][4]; };\n";
   s += "KILN_FN float kiln_score_mod(float s, i64 b, i64 h, i64 i, i64 j, const kiln_score_scalars& S) {\n";
   s += "  (void)s, (void)b, (void)h, (void)i, (void)j, (void)S;\n" + detail::mod_body(m.mod, m.slots) + "}\n";
   s += "KILN_FN float kiln_score_mod_vjp(float s, i64 b, i64 h, i64 i, i64 j, const kiln_score_scalars& S, "

@@ -15,8 +15,9 @@
 namespace kiln::graph {
 
 // Inputs a node can have: four for ops, five for the backward of a four-input custom op, six for
-// the fused attention backward's (q, k, v, the output's cotangent, the row statistics, the scale).
-inline constexpr int max_inputs = 6;
+// the fused attention backward's (q, k, v, the output's cotangent, the row statistics, the scale),
+// and two more for the tensors an inlined score_mod reads (autodiff/score_mod.hpp).
+inline constexpr int max_inputs = 8;
 
 // Attributes that may become symbolic, as bits of Node::sym_attrs: a slice's start and step (kernel
 // arguments) and its stop, a reshape's or expand's sizes (they only change shapes, re-inferred at
@@ -60,7 +61,7 @@ inline void apply_symbolic(Op op, const Attrs& call, Attrs& node) {
 
 struct Node {
   Op op = Op::arg;
-  std::array<int, max_inputs> in{-1, -1, -1, -1, -1, -1};
+  std::array<int, max_inputs> in{-1, -1, -1, -1, -1, -1, -1, -1};
   int n_in = 0;
   int slot = -1;         // arg: argument index; scalar: scalar slot
   bool weak = false;     // a C++ scalar (or computed only from scalars): lower promotion priority

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -83,10 +84,12 @@ inline void eval_attention(const graph::Node& n, const Value& q, const Value& k,
     }
 }
 
-// The probabilities of attention without a score_mod for one (batch, head): p[i * Tk + j], rows
-// the mask empties all zeros; lse[i] each row's log-sum-exp (+inf for an empty row).
+// The probabilities of attention for one (batch, head): p[i * Tk + j], rows the mask empties all
+// zeros; lse[i] each row's log-sum-exp (+inf for an empty row). mod: the modded scores [B, H, Tq,
+// Tk] of an inlined score_mod (null: q k^T * scale).
 inline void attention_probabilities(const graph::Node& n, const Value& q, const Value& k, double given_scale,
-                                    std::int64_t b, std::int64_t h, std::vector<double>& p, std::vector<double>& lse) {
+                                    std::int64_t b, std::int64_t h, std::vector<double>& p, std::vector<double>& lse,
+                                    const Value* mod = nullptr) {
   const std::int64_t H = q.shape[1], Tq = q.shape[2], D = q.shape[3], Hkv = k.shape[1], Tk = k.shape[2];
   const double scale = n.attrs.b ? given_scale : 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)));
   const double* qh = q.data.data() + (b * H + h) * Tq * D;
@@ -99,7 +102,8 @@ inline void attention_probabilities(const graph::Node& n, const Value& q, const 
     for (std::int64_t j = 0; j < Tk; ++j) {
       double dot = 0;
       for (std::int64_t d = 0; d < D; ++d) dot += qh[i * D + d] * kh[j * D + d];
-      p[i * Tk + j] = (n.attrs.a && j > i) ? -inf : dot * scale;
+      const std::int64_t at[4] = {b, h, i, j};
+      p[i * Tk + j] = (n.attrs.a && j > i) ? -inf : mod ? broadcast_at(*mod, at) : dot * scale;
       m = std::max(m, p[i * Tk + j]);
     }
     if (std::isinf(m) && m < 0) {
@@ -113,44 +117,41 @@ inline void attention_probabilities(const graph::Node& n, const Value& q, const 
   }
 }
 
-// The fused kernels' nodes with a score_mod inlined (attrs.custom) come only from lowering a CUDA
-// program; the oracle evaluates such attention from the captured graph (the composite and its
-// score_arg nodes), never from them.
-inline void no_inlined_score_mod(const graph::Node& n) {
-  if (n.attrs.custom >= 0)
-    throw error("reference: " + std::string(name(n.op)) +
-                " with an inlined score_mod is a lowered CUDA node; evaluate the attention it came from");
-}
-
 // attention_lse(q, k, scale) -> [B, H, Tq]: each row's log-sum-exp of its scaled, masked scores
 // (+inf for a row with no key).
-inline void eval_attention_lse(const graph::Node& n, const Value& q, const Value& k, double given_scale, Value& out) {
+inline void eval_attention_lse(const graph::Node& n, const Value& q, const Value& k, double given_scale, Value& out,
+                               const Value* mod = nullptr) {
   const std::int64_t B = q.shape[0], H = q.shape[1], Tq = q.shape[2];
   std::vector<double> p, lse;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
-      attention_probabilities(n, q, k, given_scale, b, h, p, lse);
+      attention_probabilities(n, q, k, given_scale, b, h, p, lse, mod);
       for (std::int64_t i = 0; i < Tq; ++i) out.data[(b * H + h) * Tq + i] = lse[i];
     }
 }
 
 // attention_grad(q, k, v, g, stats, scale), attrs.c = 0, 1, 2: the gradient of q, k or v of
 // attention given g, its output's cotangent (from the definition; the statistics are not read);
-// attrs.c = 3: k's and v's, stacked as [2, B, Hkv, Tk, D].
-inline void eval_attention_grad(const graph::Node& n, const Value& q, const Value& k, const Value& v, const Value& g,
-                                double given_scale, Value& out) {
+// attrs.c = 3: k's and v's, stacked as [2, B, Hkv, Tk, D]. mod: the modded scores of an inlined
+// score_mod, and `through(dS)` dS of the modded scores [B, H, Tq, Tk] sent back through it.
+template <class Through>
+void eval_attention_grad(const graph::Node& n, const Value& q, const Value& k, const Value& v, const Value& g,
+                         double given_scale, Value& out, const Value* mod, Through&& through) {
   const std::int64_t B = q.shape[0], H = q.shape[1], Tq = q.shape[2], D = q.shape[3];
   const std::int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3], G = H / Hkv;
   const double scale = n.attrs.b ? given_scale : 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)));
   std::fill(out.data.begin(), out.data.end(), 0.0);
   const std::int64_t dv_at = n.attrs.c == 3 ? B * Hkv * Tk * D : 0;  // where v's gradient starts
-  std::vector<double> p, lse, ds(static_cast<std::size_t>(Tq * Tk));
+  std::vector<double> p, lse;
+  Value probs = make_value(Dims{B, H, Tq, Tk}, kiln::dtype::f64), dS = probs;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
-      attention_probabilities(n, q, k, given_scale, b, h, p, lse);
+      attention_probabilities(n, q, k, given_scale, b, h, p, lse, mod);
       const std::int64_t hk = b * Hkv + h / G;
       const double* gh = g.data.data() + (b * H + h) * Tq * Dv;
       const double* vh = v.data.data() + hk * Tk * Dv;
+      double* ds = dS.data.data() + (b * H + h) * Tq * Tk;
+      std::copy(p.begin(), p.end(), probs.data.begin() + (b * H + h) * Tq * Tk);
       for (std::int64_t i = 0; i < Tq; ++i) {  // dS = P (dP - rowsum(P dP)), dP = g v^T
         double dot = 0;
         for (std::int64_t j = 0; j < Tk; ++j) {
@@ -159,13 +160,21 @@ inline void eval_attention_grad(const graph::Node& n, const Value& q, const Valu
           ds[i * Tk + j] = dp;
           dot += p[i * Tk + j] * dp;
         }
-        for (std::int64_t j = 0; j < Tk; ++j) ds[i * Tk + j] = p[i * Tk + j] * (ds[i * Tk + j] - dot) * scale;
+        for (std::int64_t j = 0; j < Tk; ++j) ds[i * Tk + j] = p[i * Tk + j] * (ds[i * Tk + j] - dot);
       }
+    }
+  if (mod) dS = through(dS);  // dS of the scaled scores
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t hk = b * Hkv + h / G;
+      const double* gh = g.data.data() + (b * H + h) * Tq * Dv;
+      const double* pr = probs.data.data() + (b * H + h) * Tq * Tk;
+      const double* ds = dS.data.data() + (b * H + h) * Tq * Tk;
       const double* qh = q.data.data() + (b * H + h) * Tq * D;
       const double* kh = k.data.data() + hk * Tk * D;
       for (std::int64_t i = 0; i < Tq; ++i)
         for (std::int64_t j = 0; j < Tk; ++j) {
-          const double pij = p[i * Tk + j], dsij = ds[i * Tk + j];
+          const double pij = pr[i * Tk + j], dsij = ds[i * Tk + j] * scale;
           if (n.attrs.c == 0)
             for (std::int64_t d = 0; d < D; ++d) out.data[((b * H + h) * Tq + i) * D + d] += dsij * kh[j * D + d];
           if (n.attrs.c == 1 || n.attrs.c == 3)

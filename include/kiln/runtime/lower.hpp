@@ -49,35 +49,28 @@ int cuda_device_of(const graph::Graph& g, ArgAt&& arg) {
   return device;
 }
 
-// A score_mod whose nodes are all pointwise (autodiff/score_mod.hpp) is inlined into the same
-// kernels, forward and backward (registered, its id in attrs.custom; mma.sync kernels, not Hopper's
-// warpgroup ones); one that reads a tensor or reduces keeps the decomposition, as does any score_mod
-// under KILN_TUNE_ATTENTION_BACKWARD=0 (the materialised backward has no rule for an inlined mod).
-template <class ArgAt>
-graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tuning& tuning) {
-  if (tuning.attention == 0) return g;
-  const int device = cuda_device_of(g, arg);
-  bool any = false;
-  for (const auto& n : g.nodes) any = any || n.op == Op::attention;
-  if (device < 0 || !any) return g;
-  const int cc = driver::compute_capability(device);
-  return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
+// A score_mod whose nodes are pointwise in the scores (autodiff/score_mod.hpp) is inlined into the
+// same kernels, forward and backward (registered, its id in attrs.custom; mma.sync kernels, not
+// Hopper's warpgroup ones), the tensors it reads inputs after the scale; one that reduces or views
+// the scores, or reads more than two tensors, keeps the decomposition, as does any score_mod under
+// KILN_TUNE_ATTENTION_BACKWARD=0 (the materialised backward has no rule for an inlined mod).
+// The rewrite for a device of compute capability cc; same_tensor(x, y): whether argument nodes x
+// and y are bound to one tensor (eager tensors captured twice are two nodes).
+template <class SameTensor>
+graph::Graph fuse_attention(const graph::Graph& g, int cc, const Tuning& tuning, SameTensor&& same_tensor) {
+  return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in,
+                                       const std::vector<int>& map) {
     if (n.op == Op::constant) return b.constant(n.value);
     if (n.op != Op::attention || !attention_flash_fits(b.shape(in[0]), b.shape(in[1]), b.shape(in[2]), b.dt(in[0]), cc))
       return b.rebuild(n, in);
     int mod = -1;
+    std::vector<int> captured;  // the tensors the mod reads, inputs after the scale
     if (n.attrs.c) {
       std::optional<autodiff::ScoreMod> m;
-      auto same_tensor = [&](int x, int y) {  // eager tensors captured twice: one tensor
-        if (x == y) return true;
-        if (g[x].op != Op::arg || g[y].op != Op::arg) return false;
-        const Tensor &tx = arg(g[x].slot), &ty = arg(g[y].slot);
-        return tx.data_ptr() == ty.data_ptr() && tx.shape() == ty.shape() && tx.strides() == ty.strides() &&
-               tx.dtype() == ty.dtype() && tx.device() == ty.device();
-      };
       if (tuning.attention_backward != 0)
         m = autodiff::extract_score_mod(g, static_cast<int>(&n - g.nodes.data()), same_tensor);
       if (!m) return b.rebuild(n, in);
+      for (int c : m->captured) captured.push_back(map[static_cast<std::size_t>(c)]);
       m->source = codegen::score_mod_source(*m);
       mod = autodiff::ScoreMods::instance().add(std::move(*m));
     }
@@ -88,7 +81,27 @@ graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tu
     // row tiles a warp (0: by registers), and 1 where Hopper's warpgroup kernel runs it
     at.dims = Dims{std::max(tuning.attention_rows, 0), cc == 90 && tuning.attention_wgmma != 0 && mod < 0 ? 1 : 0};
     at.keepdim = tuning.attention_backward != 0;         // its backward: fused kernels (autodiff/rules.hpp)
-    return b.op(Op::attention_flash, {in[0], in[1], in[2], in[3]}, at);
+    graph::Node f;
+    f.op = Op::attention_flash;
+    f.attrs = at;
+    for (int x : {in[0], in[1], in[2], in[3]}) f.in[f.n_in++] = x;
+    for (int x : captured) f.in[f.n_in++] = x;
+    return b.node(f);
+  });
+}
+template <class ArgAt>
+graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tuning& tuning) {
+  if (tuning.attention == 0) return g;
+  const int device = cuda_device_of(g, arg);
+  bool any = false;
+  for (const auto& n : g.nodes) any = any || n.op == Op::attention;
+  if (device < 0 || !any) return g;
+  return fuse_attention(g, driver::compute_capability(device), tuning, [&](int x, int y) {
+    if (x == y) return true;
+    if (g[x].op != Op::arg || g[y].op != Op::arg) return false;
+    const Tensor &tx = arg(g[x].slot), &ty = arg(g[y].slot);
+    return tx.data_ptr() == ty.data_ptr() && tx.shape() == ty.shape() && tx.strides() == ty.strides() &&
+           tx.dtype() == ty.dtype() && tx.device() == ty.device();
   });
 }
 

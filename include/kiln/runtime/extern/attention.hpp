@@ -5,6 +5,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,9 +37,14 @@ inline bool attention_flash_fits(const Dims& q, const Dims& k, const Dims& v, dt
   return graph::detail::fused_attention_head_dims(q, k, v);
 }
 
-// The node of a fused attention node's scale: its last input (attention_flash, attention_lse and
-// attention_grad alike).
-inline int attention_scale_node(const graph::Node& n) { return n.in[n.n_in - 1]; }
+// The first input of a fused attention node that is a tensor its score_mod reads (the inputs
+// after it are the others): after attention_flash's q, k, v and scale, attention_lse's q, k and
+// scale, attention_grad's q, k, v, the cotangent, the statistics and the scale.
+inline int first_captured_input(const graph::Node& n) {
+  return n.op == Op::attention_flash ? 4 : n.op == Op::attention_lse ? 3 : 6;
+}
+// The node of a fused attention node's scale: its input before those.
+inline int attention_scale_node(const graph::Node& n) { return n.in[first_captured_input(n) - 1]; }
 // The scale it runs with: the scalar when the user gave one (attrs.b), else 1/sqrt(D).
 inline double attention_scale(const graph::Graph& g, const graph::Node& n, const double* scalars, std::int64_t D) {
   if (!n.attrs.b) return 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)));
@@ -46,20 +52,37 @@ inline double attention_scale(const graph::Graph& g, const graph::Node& n, const
   return s.op == Op::scalar ? scalars[s.slot] : s.value;
 }
 
-// A score_mod as a launch reads it: its functions' source (none: empty) and this call's values of
-// the C++ scalars it reads, passed to the kernels by value.
+// A score_mod as a launch reads it: its functions' source (none: empty) and the kernels' last
+// parameter, a kiln_score_scalars by value (codegen/score_mod_source.hpp): this call's values of
+// the C++ scalars it reads, then the address of each tensor it reads and its strides along the
+// scores' [B, H, Tq, Tk] (0 where it is broadcast).
 struct ScoreModCall {
   std::string source;
-  std::vector<double> scalars;
+  std::vector<std::uint64_t> params;
+  std::vector<int> slots;  // the program's scalar slot of each scalar
 };
 // The score_mod a fused attention node inlines (attrs.custom: its id in autodiff::ScoreMods, -1
-// none), with the program's scalars of this call (none: only its source).
-inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars = nullptr) {
+// none); with this call's scalars and the node's captured inputs (`captured`), its parameters for
+// scores of shape `scores` ([B, H, Tq, Tk]).
+inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars = nullptr,
+                                   const std::vector<const Tensor*>& captured = {}, const Dims& scores = {}) {
   if (n.attrs.custom < 0) return {};
   const autodiff::ScoreMod& m = autodiff::ScoreMods::instance().get(n.attrs.custom);
-  ScoreModCall c{m.source, std::vector<double>(std::max<std::size_t>(m.slots.size(), 1), 0.0)};
-  if (scalars)
-    for (std::size_t k = 0; k < m.slots.size(); ++k) c.scalars[k] = scalars[m.slots[k]];
+  ScoreModCall c{m.source, {}, m.slots};
+  if (scores.size() != 4) return c;  // (the source alone)
+  const std::size_t nv = std::max<std::size_t>(m.slots.size(), 1), nt = std::max<std::size_t>(m.captured.size(), 1);
+  c.params.assign(nv + nt * 5, 0);
+  for (std::size_t k = 0; k < m.slots.size() && scalars; ++k)
+    std::memcpy(&c.params[k], &scalars[m.slots[k]], sizeof(double));
+  for (std::size_t t = 0; t < captured.size(); ++t) {
+    const Tensor& x = *captured[t];
+    c.params[nv + t] = reinterpret_cast<std::uintptr_t>(x.data_ptr());
+    for (int d = 0; d < 4; ++d) {  // right-aligned against [B, H, Tq, Tk]
+      const int xd = d - (4 - x.dim());
+      const bool along = xd >= 0 && x.shape()[xd] != 1;
+      c.params[nv + nt + 4 * t + static_cast<std::size_t>(d)] = along ? static_cast<std::uint64_t>(x.strides()[xd]) : 0;
+    }
+  }
   return c;
 }
 
@@ -143,7 +166,7 @@ inline void check_contiguous(const Tensor& t, const char* what) {
 // scalars go after `args` (the kernel's last parameter).
 inline void launch_part(const codegen::AttentionBackwardKernel& a, int device, std::int64_t rows, std::int64_t heads,
                         std::vector<void*> args, ScoreModCall& mod, CUstream stream) {
-  if (!mod.source.empty()) args.push_back(mod.scalars.data());
+  if (!mod.source.empty()) args.push_back(mod.params.data());
   CUfunction f = function(
       a.name(), [&] { return codegen::attention_backward_kernel_source(a); }, device);
   driver::make_current(device);
@@ -253,7 +276,7 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
   std::vector<void*> args = {&qp,    &kp,         &vp,    &op,    &BH,     &H,      &G,     &Tq,
                              &Tk,    &scale_log2, &st[0], &st[1], &st[2],  &st[3],  &st[4], &st[5],
                              &st[6], &st[7],      &st[8], &st[9], &st[10], &st[11], &lp};
-  if (!mod.source.empty()) args.insert(args.end(), {&sc, mod.scalars.data()});  // the mod's parameters
+  if (!mod.source.empty()) args.insert(args.end(), {&sc, mod.params.data()});  // the mod's parameters
   const unsigned blocks = static_cast<unsigned>((Tq + a.query_rows() - 1) / a.query_rows());
   const std::int64_t heads = qs[0] * qs[1], most = 65535;  // (batch, head) pairs along y, then z
   if (blocks == 0 || heads == 0) return;
