@@ -265,6 +265,8 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   const graph::Node n = b[y];  // a copy: adding nodes below may move the table
   const int q = n.in[0], k = n.in[1], v = n.in[2], scale = n.in[3];
   if (!n.attrs.keepdim) {
+    if (n.attrs.custom >= 0)  // (lowering inlines a mod only with the fused backward)
+      throw error("attention: the materialised backward has no rule for an inlined score_mod");
     const auto d = rewrite::detail::attention_backward(b, n, q, k, v, scale, g);
     return {d[0], d[1], d[2], -1};
   }
@@ -295,7 +297,7 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   if (n.attrs.custom >= 0) captured_cotangents(b, n, g16, lse, delta, c);
   at.c = 0;  // dq
   c[0] = fused(Op::attention_grad, {q, k, v, g16, stats, scale});
-  if (graph::detail::fused_attention_joins_dk_dv(b.shape(k)[3])) {
+  if (graph::detail::fused_attention_joins_dk_dv(b.shape(k)[3], n.attrs.custom >= 0)) {
     at.c = 3;  // dk and dv in one kernel, stacked: views of its halves
     const int both = fused(Op::attention_grad, {q, k, v, g16, stats, scale});
     for (int which = 1; which < 3; ++which) {

@@ -2,6 +2,8 @@
 // finds them), by id: what the kernels' nodes name in attrs.custom and what the derivative rule,
 // the kernel writer and the launch read.
 #pragma once
+#include <bit>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 #include <shared_mutex>
@@ -40,7 +42,10 @@ class ScoreMods {
     return r;
   }
   std::int32_t add(ScoreMod m) {
-    std::string key = m.mod.str() + m.vjp.str();
+    std::string key = m.mod.str() + m.vjp.str();  // (constants to 6 digits there: all their bits below)
+    for (const graph::Graph* g : {&m.mod, &m.vjp})
+      for (const graph::Node& n : g->nodes)
+        if (n.op == Op::constant) key += " c" + std::to_string(std::bit_cast<std::uint64_t>(n.value));
     for (int s : m.slots) key += " s" + std::to_string(s);
     std::unique_lock lock(mu_);
     for (std::size_t i = 0; i < keys_.size(); ++i)

@@ -70,12 +70,22 @@ inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars =
   const autodiff::ScoreMod& m = autodiff::ScoreMods::instance().get(n.attrs.custom);
   ScoreModCall c{m.source, {}, m.slots};
   if (scores.size() != 4) return c;  // (the source alone)
+  if (captured.size() != m.captured.size())
+    throw error("attention: the score_mod reads " + std::to_string(m.captured.size()) + " tensors, the node has " +
+                std::to_string(captured.size()));
   const std::size_t nv = std::max<std::size_t>(m.slots.size(), 1), nt = std::max<std::size_t>(m.captured.size(), 1);
   c.params.assign(nv + nt * 5, 0);
   for (std::size_t k = 0; k < m.slots.size() && scalars; ++k)
     std::memcpy(&c.params[k], &scalars[m.slots[k]], sizeof(double));
   for (std::size_t t = 0; t < captured.size(); ++t) {
     const Tensor& x = *captured[t];
+    bool fits = x.dim() <= 4 && x.dtype() == m.captured_dt[t];
+    for (int d = 0; fits && d < x.dim(); ++d) fits = x.shape()[d] == 1 || x.shape()[d] == scores[4 - x.dim() + d];
+    if (!fits)
+      throw shape_error("attention: a tensor the score_mod reads is " + x.shape().str() + " " +
+                        std::string(name(x.dtype())) + ", not " + std::string(name(m.captured_dt[t])) +
+                        " broadcast to the scores' " + scores.str() +
+                        " (sizes changed under dynamic shapes): compile it again");
     c.params[nv + t] = reinterpret_cast<std::uintptr_t>(x.data_ptr());
     for (int d = 0; d < 4; ++d) {  // right-aligned against [B, H, Tq, Tk]
       const int xd = d - (4 - x.dim());
