@@ -286,73 +286,79 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
 // captured_cotangents). The fused graph's 16-bit casts (the gradients of q, k and v, the output's
 // cotangent) round as the kernels do: its gradients agree to bf16's precision, its value to f32's.
 TEST_CASE("score_mod: fused attention nodes with an inlined mod give the decomposition's value and gradients") {
-  for (bool causal : {false, true}) {
-    INFO("causal " << causal);
-    std::vector<k::Tensor> args = {
-        k::randn({2, 4, 7, 16}, k::bf16, k::cpu, 31), k::randn({2, 2, 9, 16}, k::bf16, k::cpu, 32),
-        k::randn({2, 2, 9, 16}, k::bf16, k::cpu, 33), k::randn({4, 7, 9}, k::f32, k::cpu, 34),
-        k::randn({2, 4, 7, 16}, k::f32, k::cpu, 35)};
-    const float cap = 3.f;
-    auto loss = [&](auto q, auto kk, auto v, auto bias, auto w) {
-      auto mod = [&](auto s, auto, auto h, auto i, auto j) {
-        return k::tanh((s + bias) / cap) * cap - k::cast(h + 1, k::f32) * 0.25f * k::cast(i - j, k::f32);
+  for (bool with_mod : {true, false})  // (without a mod: the fused nodes' rule as the GPU runs it)
+    for (bool causal : {false, true}) {
+      INFO("causal " << causal << (with_mod ? "" : ", no score_mod"));
+      std::vector<k::Tensor> args = {
+          k::randn({2, 4, 7, 16}, k::bf16, k::cpu, 31), k::randn({2, 2, 9, 16}, k::bf16, k::cpu, 32),
+          k::randn({2, 2, 9, 16}, k::bf16, k::cpu, 33), k::randn({4, 7, 9}, k::f32, k::cpu, 34),
+          k::randn({2, 4, 7, 16}, k::f32, k::cpu, 35)};
+      const float cap = 3.f;
+      auto loss = [&](auto q, auto kk, auto v, auto bias, auto w) {
+        auto mod = [&](auto s, auto, auto h, auto i, auto j) {
+          return k::tanh((s + bias) / cap) * cap - k::cast(h + 1, k::f32) * 0.25f * k::cast(i - j, k::f32);
+        };
+        if (!with_mod)
+          return k::expression(k::sum(k::cast(k::attention(q, kk, v, {.causal = causal, .scale = 0.3}), k::f32) * w) +
+                               k::sum(bias * bias));
+        return k::expression(
+            k::sum(k::cast(k::attention(q, kk, v, mod, {.causal = causal, .scale = 0.3}), k::f32) * w));
       };
-      return k::sum(k::cast(k::attention(q, kk, v, mod, {.causal = causal, .scale = 0.3}), k::f32) * w);
-    };
-    k::graph::Graph g;
-    std::vector<double> scalars;
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      auto e = loss(k::expr::Arg<static_cast<int>(I)>{{}, &args[I]}...);
-      g = k::graph::flatten(e);
-      k::graph::Captured cap_;
-      k::graph::gather(e, cap_);
-      scalars.assign(cap_.scalars.begin(), cap_.scalars.begin() + cap_.ns);
-    }
-    (std::make_index_sequence<5>{});
-    auto at = [&](int slot) -> const k::Tensor& { return args.at(static_cast<std::size_t>(slot)); };
-    k::graph::infer_shapes(g, at);
-    auto derive = [&](k::graph::Graph x) {
-      x = k::rewrite::decompose(x);
-      k::graph::infer_shapes(x, at);
-      const int wrt[] = {0, 1, 2, 3};
-      x = k::autodiff::differentiate(x, wrt, k::autodiff::Mode::value_and_grad);
-      k::graph::infer_shapes(x, at);
-      return x;
-    };
-    const k::graph::Graph fused =
-        derive(k::runtime::fuse_attention(g, 90, k::Tuning::from_environment(), [](int x, int y) { return x == y; }));
-    int flash = 0, grads = 0, lse = 0;
-    for (const auto& n : fused.nodes) {
-      flash += n.op == k::Op::attention_flash && n.attrs.custom >= 0 && n.n_in == 5;  // q, k, v, scale, bias
-      grads += n.op == k::Op::attention_grad && n.attrs.custom >= 0 && n.n_in == 7;
-      lse += n.op == k::Op::attention_lse && n.attrs.custom >= 0;
-    }
-    CHECK(flash == 1);
-    CHECK(grads >= 2);  // dq, and dk with dv
-    CHECK(lse == 1);
-    std::vector<k::Tensor> args64;
-    for (const k::Tensor& t : args) args64.push_back(k::Tensor(k::cast(t, k::f64)));
-    k::graph::Graph g64 = g;
-    k::graph::infer_shapes(g64,
-                           [&](int slot) -> const k::Tensor& { return args64.at(static_cast<std::size_t>(slot)); });
-    g64 = k::rewrite::decompose(g64);
-    k::graph::infer_shapes(g64,
-                           [&](int slot) -> const k::Tensor& { return args64.at(static_cast<std::size_t>(slot)); });
-    const int wrt[] = {0, 1, 2, 3};
-    g64 = k::autodiff::differentiate(g64, wrt, k::autodiff::Mode::value_and_grad);
-    const auto want = k::reference::eval_graph(g64, args64, scalars);
-    const auto got = k::reference::eval_graph(fused, args, scalars);
-    REQUIRE(got.size() == 5);  // the value, then the gradients of q, k, v and the bias
-    for (std::size_t o = 0; o < got.size(); ++o) {
-      INFO("output " << o);
-      REQUIRE(got[o].shape == want[o].shape);
-      double worst = 0, scale = 0;
-      for (std::size_t x = 0; x < got[o].data.size(); ++x) {
-        worst = std::max(worst, std::abs(got[o].data[x] - want[o].data[x]));
-        scale = std::max(scale, std::abs(want[o].data[x]));
+      k::graph::Graph g;
+      std::vector<double> scalars;
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        auto e = loss(k::expr::Arg<static_cast<int>(I)>{{}, &args[I]}...);
+        g = k::graph::flatten(e);
+        k::graph::Captured cap_;
+        k::graph::gather(e, cap_);
+        scalars.assign(cap_.scalars.begin(), cap_.scalars.begin() + cap_.ns);
       }
-      CHECK(scale > 0);
-      CHECK(worst <= (o == 0 ? 1e-6 : 1e-2) * scale);
+      (std::make_index_sequence<5>{});
+      auto at = [&](int slot) -> const k::Tensor& { return args.at(static_cast<std::size_t>(slot)); };
+      k::graph::infer_shapes(g, at);
+      auto derive = [&](k::graph::Graph x) {
+        x = k::rewrite::decompose(x);
+        k::graph::infer_shapes(x, at);
+        const int wrt[] = {0, 1, 2, 3};
+        x = k::autodiff::differentiate(x, wrt, k::autodiff::Mode::value_and_grad);
+        k::graph::infer_shapes(x, at);
+        return x;
+      };
+      const k::graph::Graph fused =
+          derive(k::runtime::fuse_attention(g, 90, k::Tuning::from_environment(), [](int x, int y) { return x == y; }));
+      int flash = 0, grads = 0, lse = 0;
+      for (const auto& n : fused.nodes) {
+        const bool mod = with_mod ? n.attrs.custom >= 0 : n.attrs.custom < 0;
+        flash += n.op == k::Op::attention_flash && mod && n.n_in == (with_mod ? 5 : 4);  // q, k, v, scale, bias
+        grads += n.op == k::Op::attention_grad && mod && n.n_in == (with_mod ? 7 : 6);
+        lse += n.op == k::Op::attention_lse && mod;
+      }
+      CHECK(flash == 1);
+      CHECK(grads >= 2);  // dq, and dk with dv
+      CHECK(lse == 1);
+      std::vector<k::Tensor> args64;
+      for (const k::Tensor& t : args) args64.push_back(k::Tensor(k::cast(t, k::f64)));
+      k::graph::Graph g64 = g;
+      k::graph::infer_shapes(g64,
+                             [&](int slot) -> const k::Tensor& { return args64.at(static_cast<std::size_t>(slot)); });
+      g64 = k::rewrite::decompose(g64);
+      k::graph::infer_shapes(g64,
+                             [&](int slot) -> const k::Tensor& { return args64.at(static_cast<std::size_t>(slot)); });
+      const int wrt[] = {0, 1, 2, 3};
+      g64 = k::autodiff::differentiate(g64, wrt, k::autodiff::Mode::value_and_grad);
+      const auto want = k::reference::eval_graph(g64, args64, scalars);
+      const auto got = k::reference::eval_graph(fused, args, scalars);
+      REQUIRE(got.size() == 5);  // the value, then the gradients of q, k, v and the bias
+      for (std::size_t o = 0; o < got.size(); ++o) {
+        INFO("output " << o);
+        REQUIRE(got[o].shape == want[o].shape);
+        double worst = 0, scale = 0;
+        for (std::size_t x = 0; x < got[o].data.size(); ++x) {
+          worst = std::max(worst, std::abs(got[o].data[x] - want[o].data[x]));
+          scale = std::max(scale, std::abs(want[o].data[x]));
+        }
+        CHECK(scale > 0);
+        CHECK(worst <= (o == 0 ? 1e-6 : 1e-2) * scale);
+      }
     }
-  }
 }
