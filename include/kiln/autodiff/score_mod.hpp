@@ -1,11 +1,13 @@
 // A k::attention score_mod as a function of one score: what the fused attention kernels inline
 // (FlexAttention's score_mod, issue 20). The captured graph holds a score_mod as nodes over the
 // attention's score_arg nodes, each [B, H, Tq, Tk]; when every node between them and the mod's
-// result is pointwise (C++ scalars and constants aside: no tensor it reads, no reduction, no
-// view), the same nodes over rank-0 arguments are the mod of one score, and its derivative with
-// respect to the score comes from the derivative rules (autodiff/differentiate.hpp, vjp). Lowering
-// (runtime/lower.hpp) registers such a mod and gives its id to the fused kernels' nodes
-// (attrs.custom); codegen/score_mod_source.hpp writes both functions as C.
+// result is pointwise (no reduction or view of the scores), the same nodes over rank-0 arguments
+// are the mod of one score. What it computes without the scores, C++ scalars aside (a bias, a
+// document mask), is a tensor it reads, an argument of its own loaded at each score. Its
+// derivative with respect to the score and to those tensors comes from the derivative rules
+// (autodiff/differentiate.hpp, vjp). Lowering (runtime/lower.hpp) registers such a mod
+// (autodiff/score_mods.hpp) and gives its id to the fused kernels' nodes (attrs.custom);
+// codegen/score_mod_source.hpp writes the mod and the score's cotangent as C.
 #pragma once
 #include <algorithm>
 #include <array>
