@@ -25,8 +25,9 @@ inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& 
     return memo_[key] = bind_held(kept->second + "[kiln_it]", compute_dtype(g_[node].dt));
   Value v = emit_uncached(node, idx, extra_mask);
   memo_[key] = v;
-  // A kept value may be a row's scalar (a special function of a row-uniform load: row_scalars()).
-  const std::string kept_code = row_scalars() ? "kiln::as_tile<RVEC>(" + v.code + ")" : v.code;
+  // A kept value may be a row's scalar: a special function of a row-uniform load (row_scalars()),
+  // or of an index that only xindex moves (ALiBi's head slope, exp2 of (xindex / T) % H).
+  const std::string kept_code = "kiln::as_tile<RVEC>(" + v.code + ")";
   if (kept != kept_values_.end() && !v.literal) {  // the other half of the loop that keeps it
     line(kept->second + "[kiln_it] = " + kept_code + ";");
   } else if (keep && !final_loop_ && !v.literal) {
