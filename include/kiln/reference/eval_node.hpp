@@ -361,15 +361,15 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
     case Op::score_arg:
       eval_score_arg(n, in(0), in(1), in(2).data[0], out);
       return out;
-    case Op::sum_to_shape_of: {  // g's elements added into x's shape, broadcast dims summed
+    case Op::sum_to_shape_of: {  // g summed over the dims x was broadcast along, in x's order
       const Value& g = in(0);
-      const Dims& xs = n.shape;
-      const int lead = g.shape.size() - xs.size();
-      Dims st = contiguous_strides(xs);
-      Dims at = g.shape;  // x's stride of each of g's dims, 0 where x was broadcast
-      for (int d = 0; d < at.size(); ++d) at[d] = d < lead || xs[d - lead] == 1 ? 0 : st[d - lead];
-      std::vector<double> acc(static_cast<std::size_t>(xs.product()), 0.0);
-      for_each_index(g.shape, [&](std::int64_t lin, const Dims& idx) { acc[dot_strides(idx, at)] += g.data[lin]; });
+      const int lead = g.shape.size() - n.shape.size();
+      Dims rd;
+      for (int d = 0; d < g.shape.size(); ++d)
+        if (d < lead || n.shape[d - lead] == 1) rd.push_back(d);
+      const Groups gr = make_groups(g.shape, rd);
+      std::vector<double> acc(static_cast<std::size_t>(gr.groups), 0.0);
+      for (std::size_t k = 0; k < g.data.size(); ++k) acc[gr.of[k]] += g.data[k];
       for (std::size_t i = 0; i < acc.size(); ++i) out.data[i] = round_to(n.dt, acc[i]);
       return out;
     }
