@@ -456,11 +456,15 @@ TEST_CASE("attention: score_mods inlined into the fused kernels, forward and gra
     auto values = k::to_vector<double>(k::Tensor(k::cast(empty_rows.to(k::cpu), k::f64)));
     for (std::int64_t bh = 0; bh < c.B * c.H; ++bh)
       for (int d = 0; d < c.D; ++d) CHECK(values[static_cast<std::size_t>((bh * c.Tq + 3) * c.D + d)] == 0.0);
-    // The kernels inline the mod: no scores buffer, the mod's functions in each source.
+    // The kernels inline the mod: no scores buffer, the mod's functions in each source, and explain
+    // says so (fused ops "attention_flash", "score_mod").
     bool fused = false;
-    for (const auto& kernel : k::explain(cf, gq, gk, gv).kernels)
-      for (const auto& op : kernel.fused_ops)
-        fused = fused || (op == "attention_flash" && kernel.source.find("kiln_score_mod(") != std::string::npos);
+    for (const auto& kernel : k::explain(cf, gq, gk, gv).kernels) {
+      const auto& ops = kernel.fused_ops;
+      fused =
+          fused || (ops.front() == "attention_flash" && std::find(ops.begin(), ops.end(), "score_mod") != ops.end() &&
+                    kernel.source.find("kiln_score_mod(") != std::string::npos);
+    }
     CHECK(fused);
     // Gradients of sum(attention * w) against the same function's f64 program on the CPU.
     auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };

@@ -227,6 +227,7 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
         if (e.act != schedule::Activation::none) ck.src.fused_ops.push_back(schedule::activation_name(e.act));
       }
       if (plan.attention_lse >= 0) ck.src.fused_ops.push_back("attention_lse");  // the rows' log-sum-exp too
+      if (is_fused_attention(n.op) && n.attrs.custom >= 0) ck.src.fused_ops.push_back("score_mod");  // inlined
     } else {
       ck.src = write_kernel(g, p.sched, env, k, target, arg, p.tuning).value();
       if (codegen::specialised(ck.src)) {  // on symbolic sizes: its unspecialised twin for other sizes
