@@ -258,6 +258,7 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
     INFO("D " << D);
     cg::AttentionKernel fwd = cg::AttentionKernel::for_head_dim(D);
     fwd.score_mod = mod;
+    fwd.score_mod_tag = "test";
     CHECK(fwd.name().find("_mod") != std::string::npos);
     using Part = cg::AttentionBackwardKernel::Part;
     std::vector<std::pair<std::string, std::string>> sources = {{fwd.name(), cg::attention_forward_kernel_source(fwd)}};
@@ -267,6 +268,7 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
       b.head_dim = D;
       b.causal = part == Part::dq;
       b.score_mod = mod;
+      b.score_mod_tag = "test";
       sources.emplace_back(b.name(), cg::attention_backward_kernel_source(b));
     }
     for (const auto& [name, source] : sources)

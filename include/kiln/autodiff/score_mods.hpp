@@ -29,6 +29,7 @@ struct ScoreMod {
   std::vector<kiln::dtype> captured_dt;
   std::vector<int> grads;  // vjp's outputs after the first: the captured tensor of each
   std::string source;      // mod and vjp as C (codegen/score_mod_source.hpp), written when lowering registers it
+  std::string tag;         // a hash of the source, for kernel names
   static constexpr int cotangent_arg = 5, first_captured_arg = 6;
   static constexpr int max_captured = graph::max_inputs - 6;  // attention_grad's inputs beside its six
 };

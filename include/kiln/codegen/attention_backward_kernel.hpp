@@ -36,7 +36,7 @@ struct AttentionBackwardKernel {
   bool hopper = false;
   // A score_mod's functions (codegen/score_mod_source.hpp): the scores are modded as the forward's
   // were, and dS goes back through the mod's derivative; empty: none (mma.sync kernels only).
-  std::string score_mod;
+  std::string_view score_mod, score_mod_tag;  // (views, as AttentionKernel's)
 
   static constexpr int warps = 4, rows = 64, cols = 64;  // block rows, streamed tile rows
   int threads() const { return hopper ? 256 : 32 * warps; }
@@ -56,7 +56,7 @@ struct AttentionBackwardKernel {
     const char* parts[] = {"stats", "dq", "dk", "dv", "dkv"};
     return std::string("kiln_attention_bwd_") + parts[static_cast<int>(part)] + (hopper ? "_wgmma" : "") + "_d" +
            std::to_string(head_dim) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) +
-           score_mod_suffix(score_mod);
+           score_mod_suffix(score_mod, score_mod_tag);
   }
 };
 

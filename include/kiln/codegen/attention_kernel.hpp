@@ -14,35 +14,30 @@
 // program's `dot` is made of (issue 20); the kernel is written out once here, specialised by
 // defines: the head dim, the warps, causal, bf16 or f16.
 #pragma once
-#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "../core/dtype.hpp"
 #include "prelude.hpp"
 
 namespace kiln::codegen {
 
-// A kernel name's mark of the score_mod it inlines (a hash of its source; nothing without one).
-inline std::string score_mod_suffix(const std::string& mod_source) {
-  if (mod_source.empty()) return "";
-  std::uint32_t h = 2166136261u;  // FNV-1a
-  for (unsigned char c : mod_source) h = (h ^ c) * 16777619u;
-  const char* hex = "0123456789abcdef";
-  std::string tag = "_mod";
-  for (int i = 28; i >= 0; i -= 4) tag += hex[(h >> i) & 15];
-  return tag;
+// A kernel name's mark of the score_mod it inlines (its tag: a hash of its source, computed once
+// when lowering registers it; nothing without one).
+inline std::string score_mod_suffix(std::string_view mod_source, std::string_view tag) {
+  return mod_source.empty() ? std::string() : "_mod" + std::string(tag);
 }
 // What a kernel's source puts first: without a score_mod, empty parameter macros; with one, the
 // prelude its functions are written with (16-bit types only where the mod rounds to them), the
 // functions, and the parameters they add (the forward's scale, the mod's scalars by value).
-inline std::string score_mod_preamble(const std::string& mod_source) {
+inline std::string score_mod_preamble(std::string_view mod_source) {
   if (mod_source.empty()) return "#define KILN_MOD_PARAMS\n#define KILN_BACKWARD_MOD_PARAMS\n";
   std::string s = "#define KILN_SCORE_MOD 1\n";
   s += "#define KILN_MOD_PARAMS , float scale, kiln_score_scalars mod_scalars\n";
   s += "#define KILN_BACKWARD_MOD_PARAMS , kiln_score_scalars mod_scalars\n";
   if (mod_source.find("round_to<") != std::string::npos || mod_source.find("to_compute(") != std::string::npos)
     s += "#define KILN_HALF 1\n";  // (the mod rounds to or reads 16-bit values)
-  return s + prelude + mod_source;
+  return s + prelude + std::string(mod_source);
 }
 
 struct AttentionKernel {
@@ -59,8 +54,9 @@ struct AttentionKernel {
   // q_in_registers are then unused.
   int warpgroups = 0;
   // A score_mod's functions (codegen/score_mod_source.hpp), applied to each scaled score before the
-  // mask and the softmax; empty: none. Only the mma.sync kernel takes one.
-  std::string score_mod;
+  // mask and the softmax; empty: none. Only the mma.sync kernel takes one. Views of the registered
+  // mod's text (autodiff/score_mods.hpp), which lives as long as the process: no copy a launch.
+  std::string_view score_mod, score_mod_tag;
 
   // The values a thread holds, in 32-bit registers: per row tile o's D/2, the scores' key_rows/2
   // and, in registers, q's D/4.
@@ -108,7 +104,7 @@ struct AttentionKernel {
              std::to_string(key_rows) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt));
     return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" +
            std::to_string(row_tiles) + "_k" + std::to_string(key_rows) + (q_in_registers ? "" : "_qs") +
-           (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) + score_mod_suffix(score_mod);
+           (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);
   }
 };
 

@@ -7,6 +7,7 @@
 // and the tensors it reads (ScoreMod::captured), each element loaded where the score needs it.
 #pragma once
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,37 +18,22 @@ namespace kiln::codegen {
 
 namespace detail {
 
-// A value of the function being written: its C text and compute dtype; constants stay literals, so
-// that each use spells them in the dtype it needs (as the kernel writer does).
-struct ModValue {
-  std::string code;
-  kiln::dtype ct = kiln::dtype::f32;
-  bool literal = false;
-  double value = 0;
-};
-
-inline ModValue mod_cast(const ModValue& v, kiln::dtype to) {
-  const kiln::dtype ct = compute_dtype(to);
-  if (v.literal) return {literal(v.value, ct), ct, true, v.value};
-  if (compute_dtype(v.ct) == ct) return {v.code, ct};
-  return {"kiln::cast<" + c_type(ct) + ">(" + v.code + ")", ct};
-}
-
-// The body of one function: a line a node, the graph's output returned as f32.
+// The body of one function: a line a node (pointwise ones as generated kernels spell them:
+// c_text.hpp's pointwise_code), the graph's output returned as f32.
 inline std::string mod_body(const graph::Graph& g, const std::vector<int>& slots) {
   static const char* params[] = {"s", "b", "h", "i", "j", "ct"};
-  std::vector<ModValue> v(static_cast<std::size_t>(g.size()));
+  std::vector<CValue> v(static_cast<std::size_t>(g.size()));
   std::string body;
   auto bind = [&](int id, const std::string& expr, kiln::dtype ct) {
     const std::string name = "v" + std::to_string(id);
     body += "  const " + c_type(ct) + " " + name + " = " + expr + ";\n";
-    return ModValue{name, compute_dtype(ct)};
+    return CValue{name, compute_dtype(ct)};
   };
   for (int id = 0; id < g.size(); ++id) {
     const graph::Node& n = g[id];
     const kiln::dtype ct = compute_dtype(n.dt);
     auto in = [&](int k) { return v[static_cast<std::size_t>(n.in[k])]; };
-    ModValue& out = v[static_cast<std::size_t>(id)];
+    CValue& out = v[static_cast<std::size_t>(id)];
     if (n.op == Op::arg && n.slot >= autodiff::ScoreMod::first_captured_arg) {  // a tensor's element at (b, h, i, j)
       const std::string k = std::to_string(n.slot - autodiff::ScoreMod::first_captured_arg);
       const std::string at = "S.t[" + k + "])[b * S.st[" + k + "][0] + h * S.st[" + k + "][1] + i * S.st[" + k +
@@ -62,36 +48,15 @@ inline std::string mod_body(const graph::Graph& g, const std::vector<int>& slots
     } else if (n.op == Op::scalar) {
       const auto at = std::find(slots.begin(), slots.end(), n.slot) - slots.begin();
       const std::string s = "S.v[" + std::to_string(at) + "]";
-      out = n.floating ? ModValue{s, kiln::dtype::f64} : ModValue{"((i64)" + s + ")", kiln::dtype::i64};
-    } else if (n.op == Op::cast) {
-      const ModValue a = in(0);
-      if (n.attrs.dt == kiln::dtype::f16 || n.attrs.dt == kiln::dtype::bf16)
-        out = bind(id, "kiln::round_to<" + storage_c_type(n.attrs.dt) + ">(" + mod_cast(a, kiln::dtype::f32).code + ")",
-                   ct);
-      else if (n.attrs.dt == kiln::dtype::boolean)
-        out = bind(id, a.code + " != " + literal(0, a.ct), ct);
-      else
-        out = compute_dtype(a.ct) == ct ? a : bind(id, mod_cast(a, n.attrs.dt).code, ct);
-    } else if (n.op == Op::logical_not) {
-      out = bind(id, "kiln::logical_not(" + mod_cast(in(0), kiln::dtype::boolean).code + ")", ct);
-    } else {  // pointwise: comparisons in their operands' promoted dtype, a where's condition as bool
-      kiln::dtype operand = ct;
-      if (is_comparison(n.op)) {
-        const graph::Node &a = g[n.in[0]], &b = g[n.in[1]];
-        operand = compute_dtype(a.weak && !b.weak   ? promote_with_scalar(b.dt, is_floating(a.dt))
-                                : b.weak && !a.weak ? promote_with_scalar(a.dt, is_floating(b.dt))
-                                                    : promote(a.dt, b.dt));
-      }
-      std::vector<std::string> args;
-      for (int k = 0; k < n.n_in; ++k)
-        args.push_back(mod_cast(in(k), n.op == Op::where && k == 0 ? kiln::dtype::boolean : operand).code);
-      if (n.dt == kiln::dtype::boolean && (n.op == Op::add || n.op == Op::sub || n.op == Op::mul))
-        out = bind(id, "(" + pointwise_expr(n.op, args) + " != 0)", ct);
-      else
-        out = bind(id, pointwise_expr(n.op, args), ct);
+      out = n.floating ? CValue{s, kiln::dtype::f64} : CValue{"((i64)" + s + ")", kiln::dtype::i64};
+    } else {
+      std::vector<CValue> operands;
+      for (int k = 0; k < n.n_in; ++k) operands.push_back(in(k));
+      const std::optional<std::string> code = pointwise_code(g, n, operands);
+      out = code ? bind(id, *code, ct) : operands[0];  // (a cast within a compute dtype: the operand)
     }
   }
-  return body + "  return " + mod_cast(v[static_cast<std::size_t>(g.outputs.at(0))], kiln::dtype::f32).code + ";\n";
+  return body + "  return " + cast_value(v[static_cast<std::size_t>(g.outputs.at(0))], kiln::dtype::f32).code + ";\n";
 }
 
 }  // namespace detail

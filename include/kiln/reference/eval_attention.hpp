@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "../autodiff/score_mods.hpp"
 #include "../graph/graph.hpp"
+#include "../graph/infer.hpp"
 #include "value.hpp"
 
 namespace kiln::reference::detail {
@@ -183,6 +185,69 @@ void eval_attention_grad(const graph::Node& n, const Value& q, const Value& k, c
             for (std::int64_t d = 0; d < Dv; ++d) out.data[dv_at + (hk * Tk + j) * Dv + d] += pij * gh[i * Dv + d];
         }
     }
+}
+
+// An inlined score_mod's graph (autodiff/score_mods.hpp: the mod's, or its vjp's first output, the
+// cotangent of each score) at every score [B, H, Tq, Tk] of a fused node: over the scaled scores,
+// their indices, the cotangent `ct` (vjp only) and the tensors the node's score_mod reads, each
+// broadcast to the scores. In f64, as the oracle computes; eval(g, i, values, args) evaluates
+// node i of g (eval_node.hpp's, with the program's scalars).
+template <class EvalNode>
+Value eval_score_mod(const graph::Graph& f, const graph::Node& n, const Value& q, const Value& k, double given_scale,
+                     const Value* ct, const std::vector<const Value*>& captured, EvalNode&& eval) {
+  Value scores = make_value(Dims{q.shape[0], q.shape[1], q.shape[2], k.shape[2]}, kiln::dtype::f64);
+  std::vector<Tensor> args;
+  for (std::int64_t which = 0; which <= 4; ++which) {  // the scaled score, then its b, h, i and j
+    graph::Node arg = n;
+    arg.attrs.a = which;
+    Value v = make_value(scores.shape, which ? kiln::dtype::i64 : kiln::dtype::f64);
+    eval_score_arg(arg, q, k, given_scale, v);
+    args.push_back(to_tensor(v));
+  }
+  args.push_back(ct ? to_tensor(*ct) : to_tensor(scores));  // (the mod itself does not read it)
+  for (const Value* c : captured) args.push_back(to_tensor(*c));
+  graph::Graph g = f;
+  g.outputs.resize(1);
+  graph::infer_shapes(g, [&](int slot) -> const Tensor& { return args.at(static_cast<std::size_t>(slot)); });
+  std::vector<Value> vals(static_cast<std::size_t>(g.size()));
+  for (int i = 0; i < g.size(); ++i)
+    vals[static_cast<std::size_t>(i)] = eval(g, i, vals, std::span<const Tensor>(args));  // (in order)
+  Value out = vals[static_cast<std::size_t>(g.outputs.at(0))];
+  if (!(out.shape == scores.shape)) {  // (a mod that ignores the score is one value: spread it)
+    Value full = make_value(scores.shape, out.dt);
+    std::size_t o = 0;
+    for (std::int64_t b = 0; b < scores.shape[0]; ++b)
+      for (std::int64_t h = 0; h < scores.shape[1]; ++h)
+        for (std::int64_t i = 0; i < scores.shape[2]; ++i)
+          for (std::int64_t j = 0; j < scores.shape[3]; ++j) {
+            const std::int64_t at[4] = {b, h, i, j};
+            full.data[o++] = broadcast_at(out, at);
+          }
+    return full;
+  }
+  return out;
+}
+
+// The fused kernels' nodes, from their inputs `in`: attention_flash(q, k, v, scale, ...),
+// attention_lse(q, k, scale, ...), attention_grad(q, k, v, g, stats, scale, ...), the inputs after
+// the scale the tensors an inlined score_mod (attrs.custom) reads; its graphs at every score.
+template <class EvalNode>
+void eval_fused_attention(const graph::Node& n, const std::vector<const Value*>& in, Value& out, EvalNode&& eval) {
+  const int first = n.op == Op::attention_flash ? 4 : n.op == Op::attention_lse ? 3 : 6;
+  const double scale = in[static_cast<std::size_t>(first - 1)]->data[0];
+  const std::vector<const Value*> captured(in.begin() + first, in.end());
+  const autodiff::ScoreMod* m = n.attrs.custom >= 0 ? &autodiff::ScoreMods::instance().get(n.attrs.custom) : nullptr;
+  const Value &q = *in[0], &k = *in[1];
+  Value modded;
+  if (m) modded = eval_score_mod(m->mod, n, q, k, scale, nullptr, captured, eval);
+  const Value* mod = m ? &modded : nullptr;
+  if (n.op == Op::attention_flash)
+    eval_attention(n, q, k, *in[2], scale, mod, out);
+  else if (n.op == Op::attention_lse)
+    eval_attention_lse(n, q, k, scale, out, mod);
+  else
+    eval_attention_grad(n, q, k, *in[2], *in[3], scale, out, mod,
+                        [&](const Value& ds) { return eval_score_mod(m->vjp, n, q, k, scale, &ds, captured, eval); });
 }
 
 }  // namespace kiln::reference::detail

@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "../autodiff/score_mods.hpp"
 #include "../core/tensor.hpp"
 #include "../graph/graph.hpp"
 #include "../graph/infer.hpp"
@@ -82,11 +81,6 @@ inline std::int64_t rows_of(const Dims& shape) {  // product of all dims but the
 }
 
 // Evaluates node i, whose inputs are already in `vals`.
-// (below: an inlined score_mod's graph at every score of a fused attention node)
-inline Value eval_score_mod(const graph::Graph& f, const graph::Node& n, const Value& q, const Value& k,
-                            double given_scale, const Value* ct, const std::vector<const Value*>& captured,
-                            std::span<const double> scalars);
-
 inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& vals, std::span<const Tensor> args,
                        std::span<const double> scalars) {
   const graph::Node& n = g.nodes[static_cast<std::size_t>(i)];
@@ -357,26 +351,15 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
     case Op::attention:
       eval_attention(n, in(0), in(1), in(2), in(3).data[0], n.attrs.c ? &in(4) : nullptr, out);
       return out;
-    case Op::attention_flash:   // the fused kernels' nodes; with an inlined score_mod (attrs.custom), its
-    case Op::attention_lse:     // graphs (autodiff/score_mods.hpp) at every score, the tensors it reads
-    case Op::attention_grad: {  // the inputs after the scale
-      const int first = n.op == Op::attention_flash ? 4 : n.op == Op::attention_lse ? 3 : 6;
-      const double scale = in(first - 1).data[0];
-      std::vector<const Value*> captured;
-      for (int c = first; c < n.n_in; ++c) captured.push_back(&in(c));
-      const autodiff::ScoreMod* m =
-          n.attrs.custom >= 0 ? &autodiff::ScoreMods::instance().get(n.attrs.custom) : nullptr;
-      Value modded;
-      if (m) modded = eval_score_mod(m->mod, n, in(0), in(1), scale, nullptr, captured, scalars);
-      const Value* mod = m ? &modded : nullptr;
-      if (n.op == Op::attention_flash)
-        eval_attention(n, in(0), in(1), in(2), scale, mod, out);
-      else if (n.op == Op::attention_lse)
-        eval_attention_lse(n, in(0), in(1), scale, out, mod);
-      else
-        eval_attention_grad(n, in(0), in(1), in(2), in(3), scale, out, mod, [&](const Value& ds) {
-          return eval_score_mod(m->vjp, n, in(0), in(1), scale, &ds, captured, scalars);
-        });
+    case Op::attention_flash:  // the fused kernels' nodes (reference/eval_attention.hpp)
+    case Op::attention_lse:
+    case Op::attention_grad: {
+      std::vector<const Value*> ins;
+      for (int k = 0; k < n.n_in; ++k) ins.push_back(&in(k));
+      eval_fused_attention(
+          n, ins, out, [&](const graph::Graph& f, int i, const std::vector<Value>& vals, std::span<const Tensor> a) {
+            return eval_node(f, i, vals, a, scalars);
+          });
       return out;
     }
     case Op::score_arg:
@@ -483,46 +466,6 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
     return out;
   }
   throw error("reference: no evaluation rule for op " + std::string(name(n.op)));
-}
-
-// An inlined score_mod's graph (autodiff/score_mods.hpp: the mod's, or its vjp's first output, the
-// cotangent of each score) at every score [B, H, Tq, Tk] of a fused node: over the scaled scores,
-// their indices, the cotangent `ct` (vjp only) and the tensors the node's score_mod reads, each
-// broadcast to the scores; the program's scalars by slot. In f64, as the oracle computes.
-inline Value eval_score_mod(const graph::Graph& f, const graph::Node& n, const Value& q, const Value& k,
-                            double given_scale, const Value* ct, const std::vector<const Value*>& captured,
-                            std::span<const double> scalars) {
-  Value scores = make_value(Dims{q.shape[0], q.shape[1], q.shape[2], k.shape[2]}, kiln::dtype::f64);
-  std::vector<Tensor> args;
-  for (std::int64_t which = 0; which <= 4; ++which) {  // the scaled score, then its b, h, i and j
-    graph::Node arg = n;
-    arg.attrs.a = which;
-    Value v = make_value(scores.shape, which ? kiln::dtype::i64 : kiln::dtype::f64);
-    eval_score_arg(arg, q, k, given_scale, v);
-    args.push_back(to_tensor(v));
-  }
-  args.push_back(ct ? to_tensor(*ct) : to_tensor(scores));  // (the mod itself does not read it)
-  for (const Value* c : captured) args.push_back(to_tensor(*c));
-  graph::Graph g = f;
-  g.outputs.resize(1);
-  graph::infer_shapes(g, [&](int slot) -> const Tensor& { return args.at(static_cast<std::size_t>(slot)); });
-  std::vector<Value> vals(static_cast<std::size_t>(g.size()));
-  for (int i = 0; i < g.size(); ++i)
-    vals[static_cast<std::size_t>(i)] = eval_node(g, i, vals, args, scalars);  // (in order)
-  Value out = vals[static_cast<std::size_t>(g.outputs.at(0))];
-  if (!(out.shape == scores.shape)) {  // (a mod that ignores the score is one value: spread it)
-    Value full = make_value(scores.shape, out.dt);
-    std::size_t o = 0;
-    for (std::int64_t b = 0; b < scores.shape[0]; ++b)
-      for (std::int64_t h = 0; h < scores.shape[1]; ++h)
-        for (std::int64_t i = 0; i < scores.shape[2]; ++i)
-          for (std::int64_t j = 0; j < scores.shape[3]; ++j) {
-            const std::int64_t at[4] = {b, h, i, j};
-            full.data[o++] = broadcast_at(out, at);
-          }
-    return full;
-  }
-  return out;
 }
 
 }  // namespace detail

@@ -24,6 +24,7 @@
 #include "../schedule/realize.hpp"
 #include "../schedule/split.hpp"
 #include "arguments.hpp"
+#include "compile/hash.hpp"
 #include "launch/program.hpp"
 #include "lowering.hpp"
 #include "tune/autotune.hpp"
@@ -72,6 +73,7 @@ graph::Graph fuse_attention(const graph::Graph& g, int cc, const Tuning& tuning,
       if (!m) return b.rebuild(n, in);
       for (int c : m->captured) captured.push_back(map[static_cast<std::size_t>(c)]);
       m->source = codegen::score_mod_source(*m);
+      m->tag = hex(hash64(m->source));
       mod = autodiff::ScoreMods::instance().add(std::move(*m));
     }
     Attrs at = n.attrs;

@@ -52,14 +52,13 @@ inline double attention_scale(const graph::Graph& g, const graph::Node& n, const
   return s.op == Op::scalar ? scalars[s.slot] : s.value;
 }
 
-// A score_mod as a launch reads it: its functions' source (none: empty) and the kernels' last
+// A score_mod as a launch reads it: the registered mod (null: none) and the kernels' last
 // parameter, a kiln_score_scalars by value (codegen/score_mod_source.hpp): this call's values of
 // the C++ scalars it reads, then the address of each tensor it reads and its strides along the
 // scores' [B, H, Tq, Tk] (0 where it is broadcast).
 struct ScoreModCall {
-  std::string source;
+  const autodiff::ScoreMod* mod = nullptr;
   std::vector<std::uint64_t> params;
-  std::vector<int> slots;  // the program's scalar slot of each scalar
 };
 // The score_mod a fused attention node inlines (attrs.custom: its id in autodiff::ScoreMods, -1
 // none); with this call's scalars and the node's captured inputs (`captured`), its parameters for
@@ -68,7 +67,7 @@ inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars =
                                    const std::vector<const Tensor*>& captured = {}, const Dims& scores = {}) {
   if (n.attrs.custom < 0) return {};
   const autodiff::ScoreMod& m = autodiff::ScoreMods::instance().get(n.attrs.custom);
-  ScoreModCall c{m.source, {}, m.slots};
+  ScoreModCall c{&m, {}};
   if (scores.size() != 4) return c;  // (the source alone)
   if (captured.size() != m.captured.size())
     throw error("attention: the score_mod reads " + std::to_string(m.captured.size()) + " tensors, the node has " +
@@ -98,35 +97,36 @@ inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars =
 
 // The forward kernel for head dim D: `warps` warps a block and `row_tiles` 16-row tiles a warp
 // (0: AttentionKernel::for_head_dim's choice), or Hopper's warpgroup kernel where `hopper` and it
-// takes D and there is no score_mod (its functions' source: `mod`).
+// takes D and there is no score_mod (`mod`, null: none).
 inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, int row_tiles, bool hopper, bool causal,
-                                                     dtype dt, const std::string& mod = {}) {
+                                                     dtype dt, const autodiff::ScoreMod* mod = nullptr) {
   codegen::AttentionKernel a = codegen::AttentionKernel::for_head_dim(static_cast<int>(D), row_tiles);
   a.warps = warps;
   a.causal = causal;
   a.dt = dt;
-  a.score_mod = mod;
-  return hopper && mod.empty() ? codegen::AttentionKernel::hopper(a) : a;
+  if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
+  return hopper && !mod ? codegen::AttentionKernel::hopper(a) : a;
 }
 // An attention_flash node's: attrs.d warps, attrs.dims {row tiles, Hopper}, attrs.custom its mod.
 inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const graph::Node& n) {
   const Dims& d = n.attrs.dims;
   return attention_kernel_for(g[n.in[0]].shape[3], static_cast<int>(n.attrs.d), static_cast<int>(d[0]),
-                              d.size() > 1 && d[1] != 0, n.attrs.a != 0, g[n.in[0]].dt, score_mod_call(n).source);
+                              d.size() > 1 && d[1] != 0, n.attrs.a != 0, g[n.in[0]].dt, score_mod_call(n).mod);
 }
 // A backward kernel: Hopper's warpgroup kernels for dq and dk/dv where `hopper` and they take D
 // and there is no score_mod.
 inline codegen::AttentionBackwardKernel attention_backward_kernel_for(codegen::AttentionBackwardKernel::Part part,
                                                                       std::int64_t D, bool causal, bool hopper,
-                                                                      dtype dt, const std::string& mod = {}) {
+                                                                      dtype dt,
+                                                                      const autodiff::ScoreMod* mod = nullptr) {
   using Part = codegen::AttentionBackwardKernel::Part;
   codegen::AttentionBackwardKernel a;
   a.part = part;
   a.head_dim = static_cast<int>(D);
   a.causal = causal;
   a.dt = dt;
-  a.score_mod = mod;
-  a.hopper = hopper && mod.empty() && (part == Part::dq || part == Part::dkv) && (D == 64 || D == 128);
+  if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
+  a.hopper = hopper && !mod && (part == Part::dq || part == Part::dkv) && (D == 64 || D == 128);
   return a;
 }
 inline std::string describe_attention_step(const graph::Graph& g, int node) {
@@ -136,7 +136,7 @@ inline std::string describe_attention_step(const graph::Graph& g, int node) {
       n.op == Op::attention_lse ? codegen::AttentionBackwardKernel::Part::stats
                                 : static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1),
       g[n.in[0]].shape[3], n.attrs.a != 0, n.op == Op::attention_grad && n.attrs.d != 0, g[n.in[0]].dt,
-      score_mod_call(n).source);
+      score_mod_call(n).mod);
   return codegen::attention_backward_kernel_source(a);
 }
 
@@ -176,7 +176,7 @@ inline void check_contiguous(const Tensor& t, const char* what) {
 // scalars go after `args` (the kernel's last parameter).
 inline void launch_part(const codegen::AttentionBackwardKernel& a, int device, std::int64_t rows, std::int64_t heads,
                         std::vector<void*> args, ScoreModCall& mod, CUstream stream) {
-  if (!mod.source.empty()) args.push_back(mod.params.data());
+  if (mod.mod) args.push_back(mod.params.data());
   CUfunction f = function(
       a.name(), [&] { return codegen::attention_backward_kernel_source(a); }, device);
   driver::make_current(device);
@@ -213,7 +213,7 @@ inline void attention_lse(const Tensor& q, const Tensor& k, double scale, bool c
   a.head_dim = static_cast<int>(q.shape()[3]);
   a.causal = causal;
   a.dt = q.dtype();
-  a.score_mod = mod.source;
+  if (mod.mod) a.score_mod = mod.mod->source, a.score_mod_tag = mod.mod->tag;
   const Dims& qs = q.shape();
   int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / k.shape()[1]),
       Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(k.shape()[2]);
@@ -236,7 +236,7 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
   for (int i = 0; i < 6; ++i) attention_detail::check_contiguous(*ts[i], names[i]);
   const int device = out.device().index;
   const codegen::AttentionBackwardKernel a = attention_backward_kernel_for(
-      part, q.shape()[3], causal, hopper && driver::compute_capability(device) == 90, q.dtype(), mod.source);
+      part, q.shape()[3], causal, hopper && driver::compute_capability(device) == 90, q.dtype(), mod.mod);
   const Dims &qs = q.shape(), &ks = k.shape();
   int BH = static_cast<int>(qs[0] * qs[1]), BHkv = static_cast<int>(ks[0] * ks[1]), H = static_cast<int>(qs[1]),
       G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(ks[2]);
@@ -270,7 +270,7 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
                       " (sizes changed under dynamic shapes): compile it again");
   const int device = out.device().index;
   const codegen::AttentionKernel a = attention_kernel_for(
-      qs[3], warps, row_tiles, hopper && driver::compute_capability(device) == 90, causal, q.dtype(), mod.source);
+      qs[3], warps, row_tiles, hopper && driver::compute_capability(device) == 90, causal, q.dtype(), mod.mod);
   CUfunction f = attention_detail::function(a, device);
   driver::make_current(device);
   int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]),
@@ -286,7 +286,7 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
   std::vector<void*> args = {&qp,    &kp,         &vp,    &op,    &BH,     &H,      &G,     &Tq,
                              &Tk,    &scale_log2, &st[0], &st[1], &st[2],  &st[3],  &st[4], &st[5],
                              &st[6], &st[7],      &st[8], &st[9], &st[10], &st[11], &lp};
-  if (!mod.source.empty()) args.insert(args.end(), {&sc, mod.params.data()});  // the mod's parameters
+  if (mod.mod) args.insert(args.end(), {&sc, mod.params.data()});  // the mod's parameters
   const unsigned blocks = static_cast<unsigned>((Tq + a.query_rows() - 1) / a.query_rows());
   const std::int64_t heads = qs[0] * qs[1], most = 65535;  // (batch, head) pairs along y, then z
   if (blocks == 0 || heads == 0) return;

@@ -36,7 +36,8 @@ class GraphReplay {
       if (!is_fused_attention(n.op)) continue;
       if (p.graph[attention_scale_node(n)].op == Op::scalar)
         num_scalars_ = std::max(num_scalars_, p.graph[attention_scale_node(n)].slot + 1);
-      for (int slot : score_mod_call(n).slots) num_scalars_ = std::max(num_scalars_, slot + 1);
+      if (const autodiff::ScoreMod* m = score_mod_call(n).mod)
+        for (int slot : m->slots) num_scalars_ = std::max(num_scalars_, slot + 1);
     }
     graphs_.reserve(max_graphs);  // slots are referred to by address
   }

@@ -504,6 +504,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
       // A score_mod's parameters: this call's scalars and the tensors it reads (the inputs after the
       // scale), against the scores' [B, H, Tq, Tk].
       auto mod_of = [&](const graph::Node& n) {
+        if (n.attrs.custom < 0) return ScoreModCall{};  // (plain attention: nothing to gather)
         std::vector<const Tensor*> captured;
         for (int c = first_captured_input(n); c < n.n_in; ++c) captured.push_back(&buffer(n.in[c]));
         const Dims &qs = buffer(n.in[0]).shape(), &ks = buffer(n.in[1]).shape();
