@@ -461,9 +461,9 @@ TEST_CASE("attention: score_mods inlined into the fused kernels, forward and gra
     bool fused = false;
     for (const auto& kernel : k::explain(cf, gq, gk, gv).kernels) {
       const auto& ops = kernel.fused_ops;
-      fused =
-          fused || (ops.front() == "attention_flash" && std::find(ops.begin(), ops.end(), "score_mod") != ops.end() &&
-                    kernel.source.find("kiln_score_mod(") != std::string::npos);
+      fused = fused || (!ops.empty() && ops.front() == "attention_flash" &&
+                        std::find(ops.begin(), ops.end(), "score_mod") != ops.end() &&
+                        kernel.source.find("kiln_score_mod(") != std::string::npos);
     }
     CHECK(fused);
     // Gradients of sum(attention * w) against the same function's f64 program on the CPU.
