@@ -261,6 +261,11 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
     fwd.score_mod_tag = "test";
     CHECK(fwd.name().find("_mod") != std::string::npos);
     using Part = cg::AttentionBackwardKernel::Part;
+    const cg::AttentionKernel hopper = cg::AttentionKernel::hopper(fwd);  // (sm_90a only)
+    CHECK(hopper.name().find("_mod") != std::string::npos);
+    CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(hopper), hopper.name(), "sm_90a").empty());
+    const cg::AttentionKernel plain = cg::AttentionKernel::hopper(cg::AttentionKernel::for_head_dim(D));
+    CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(plain), plain.name(), "sm_90a").empty());
     std::vector<std::pair<std::string, std::string>> sources = {{fwd.name(), cg::attention_forward_kernel_source(fwd)}};
     for (Part part : {Part::stats, Part::dq, Part::dk, Part::dv, Part::dkv}) {
       cg::AttentionBackwardKernel b;

@@ -54,7 +54,8 @@ struct AttentionKernel {
   // q_in_registers are then unused.
   int warpgroups = 0;
   // A score_mod's functions (codegen/score_mod_source.hpp), applied to each scaled score before the
-  // mask and the softmax; empty: none. Only the mma.sync kernel takes one. Views of the registered
+  // mask and the softmax; empty: none. Both kinds take one (Hopper's backward does not: with a mod,
+  // dq, dk and dv are mma.sync kernels, runtime/extern/attention.hpp). Views of the registered
   // mod's text (autodiff/score_mods.hpp), which lives as long as the process: no copy a launch.
   std::string_view score_mod, score_mod_tag;
 
@@ -101,7 +102,8 @@ struct AttentionKernel {
   std::string name() const {
     if (warpgroups > 0)
       return "kiln_attention_fwd_wgmma_d" + std::to_string(head_dim) + "_wg" + std::to_string(warpgroups) + "_k" +
-             std::to_string(key_rows) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt));
+             std::to_string(key_rows) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) +
+             score_mod_suffix(score_mod, score_mod_tag);
     return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" +
            std::to_string(row_tiles) + "_k" + std::to_string(key_rows) + (q_in_registers ? "" : "_qs") +
            (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);

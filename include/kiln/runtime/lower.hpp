@@ -51,8 +51,8 @@ int cuda_device_of(const graph::Graph& g, ArgAt&& arg) {
 }
 
 // A score_mod whose nodes are pointwise in the scores (autodiff/score_mod.hpp) is inlined into the
-// same kernels, forward and backward (registered, its id in attrs.custom; mma.sync kernels, not
-// Hopper's warpgroup ones), the tensors it reads inputs after the scale; one that reduces or views
+// same kernels, forward and backward (registered, its id in attrs.custom; Hopper's warpgroup
+// forward, the mma.sync backward), the tensors it reads inputs after the scale; one that reduces or views
 // the scores, or reads more than two tensors, keeps the decomposition, as does any score_mod under
 // KILN_TUNE_ATTENTION_BACKWARD=0 (the materialised backward has no rule for an inlined mod).
 // The rewrite for a device of compute capability cc; same_tensor(x, y): whether argument nodes x
@@ -81,7 +81,7 @@ graph::Graph fuse_attention(const graph::Graph& g, int cc, const Tuning& tuning,
     at.custom = mod;
     at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block
     // row tiles a warp (0: by registers), and 1 where Hopper's warpgroup kernel runs it
-    at.dims = Dims{std::max(tuning.attention_rows, 0), cc == 90 && tuning.attention_wgmma != 0 && mod < 0 ? 1 : 0};
+    at.dims = Dims{std::max(tuning.attention_rows, 0), cc == 90 && tuning.attention_wgmma != 0 ? 1 : 0};
     at.keepdim = tuning.attention_backward != 0;         // its backward: fused kernels (autodiff/rules.hpp)
     graph::Node f;
     f.op = Op::attention_flash;

@@ -97,7 +97,7 @@ inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars =
 
 // The forward kernel for head dim D: `warps` warps a block and `row_tiles` 16-row tiles a warp
 // (0: AttentionKernel::for_head_dim's choice), or Hopper's warpgroup kernel where `hopper` and it
-// takes D and there is no score_mod (`mod`, null: none).
+// takes D; either inlines the score_mod `mod` (null: none).
 inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, int row_tiles, bool hopper, bool causal,
                                                      dtype dt, const autodiff::ScoreMod* mod = nullptr) {
   codegen::AttentionKernel a = codegen::AttentionKernel::for_head_dim(static_cast<int>(D), row_tiles);
@@ -105,7 +105,7 @@ inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, 
   a.causal = causal;
   a.dt = dt;
   if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
-  return hopper && !mod ? codegen::AttentionKernel::hopper(a) : a;
+  return hopper ? codegen::AttentionKernel::hopper(a) : a;
 }
 // An attention_flash node's: attrs.d warps, attrs.dims {row tiles, Hopper}, attrs.custom its mod.
 inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const graph::Node& n) {
