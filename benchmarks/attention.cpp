@@ -6,8 +6,10 @@
 // One JSON object a line:
 //   {"id": "W13-fwd-causal-T1024-D64", "impl": "kiln", "ms": ..., "tflops": ...}
 // FLOPs: 4 B H Tq Tk D for the forward (half of it causal), 3.5x that for forward + backward (as
-// FlashAttention's benchmarks count). Usage: attention [--T 1024,4096] [--D 64,128] [--bwd-T 1024]
-// [--reps N]
+// FlashAttention's benchmarks count). With --softcap C every case also runs with the score_mod
+// tanh(s / C) * C (Gemma 2's soft-capping, ids ending in -softcap; torch's side: flex_attention
+// with the same score_mod). Usage: attention [--T 1024,4096] [--D 64,128] [--bwd-T 1024] [--reps N]
+// [--softcap C]
 #include <cmath>
 #include <algorithm>
 #include <cstdio>
@@ -32,28 +34,33 @@ std::vector<int> ints(const char* s) {
   return v;
 }
 
+// Attention, soft-capped by `cap` where it is positive (a C++ scalar of the score_mod: a run-time
+// value). The plain cases keep k::attention without a score_mod.
 template <bool Causal>
-auto forward() {
-  return [](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = Causal}); };
+auto forward(float cap) {
+  return [cap](auto q, auto k, auto v) {
+    if (cap > 0)
+      return k::expression(
+          k::attention(q, k, v, [cap](auto s, auto...) { return k::tanh(s / cap) * cap; }, {.causal = Causal}));
+    return k::expression(k::attention(q, k, v, {.causal = Causal}));
+  };
 }
 template <bool Causal>
-auto loss() {  // forward + backward: the value needs o, the gradients the backward
-  return [](auto q, auto k, auto v, auto g) {
-    return k::sum(k::cast(k::attention(q, k, v, {.causal = Causal}), k::f32) * g);
-  };
+auto loss(float cap) {  // forward + backward: the value needs o, the gradients the backward
+  return [cap](auto q, auto k, auto v, auto g) { return k::sum(k::cast(forward<Causal>(cap)(q, k, v), k::f32) * g); };
 }
 
 template <bool Causal>
-void run(int T, int D, bool backward, int reps) {
+void run(int T, int D, bool backward, int reps, float cap) {
   const int B = 16, H = 16;
   k::Tensor q = k::randn({B, H, T, D}, k::bf16, k::cuda, 1), kk = k::randn({B, H, T, D}, k::bf16, k::cuda, 2);
   k::Tensor v = k::randn({B, H, T, D}, k::bf16, k::cuda, 3);
   const double fwd_flops = 4.0 * B * H * double(T) * T * D * (Causal ? 0.5 : 1.0);
   std::string id = std::string("W13-") + (backward ? "fwdbwd" : "fwd") + (Causal ? "-causal" : "") + "-T" +
-                   std::to_string(T) + "-D" + std::to_string(D);
+                   std::to_string(T) + "-D" + std::to_string(D) + (cap > 0 ? "-softcap" : "");
   double ms = 0, flops = fwd_flops;
   if (!backward) {
-    auto f = k::compile(forward<Causal>());
+    auto f = k::compile(forward<Causal>(cap));
     k::Tensor o = f(q, kk, v);
     // The oracle on a slice: the first head's first 256 queries against all its keys (a naive f64
     // loop; causal rows i < 256 see the same keys in the slice as in the whole).
@@ -61,7 +68,7 @@ void run(int T, int D, bool backward, int reps) {
     auto part = [](const k::Tensor& t, std::int64_t n) {
       return k::Tensor(k::slice(k::slice(k::slice(t, 0, 0, 1), 1, 0, 1), 2, 0, n)).to(k::cpu);
     };
-    auto want = k::reference::eval(forward<Causal>()(part(q, rows), part(kk, T), part(v, T)));
+    auto want = k::reference::eval(forward<Causal>(cap)(part(q, rows), part(kk, T), part(v, T)));
     auto close = k::testing::allclose(part(o, rows), want, 2e-2, 2e-2);
     if (!close) {
       std::fprintf(stderr, "%s: kiln's result is wrong: %s\n", id.c_str(), close.str().c_str());
@@ -70,7 +77,7 @@ void run(int T, int D, bool backward, int reps) {
     ms = kiln_bench::cuda_time_ms([&] { o = f(q, kk, v); }, reps);
   } else {
     k::Tensor g = k::randn({B, H, T, D}, k::f32, k::cuda, 4);
-    auto step = k::compile(k::value_and_grad(loss<Causal>(), k::wrt<0, 1, 2>));
+    auto step = k::compile(k::value_and_grad(loss<Causal>(cap), k::wrt<0, 1, 2>));
     auto [value, dq, dk, dv] = step(q, kk, v, g);
     for (const k::Tensor* t : {&dq, &dk, &dv})
       if (!std::isfinite(k::to_vector<float>(k::sum(k::cast(*t, k::f32)))[0])) {
@@ -90,19 +97,22 @@ void run(int T, int D, bool backward, int reps) {
 int main(int argc, char** argv) {
   std::vector<int> Ts{1024, 4096, 8192}, Ds{64, 128}, bwd_Ts{1024};
   int reps = 30;
+  float softcap = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--T") Ts = ints(argv[i + 1]);
     else if (a == "--D") Ds = ints(argv[i + 1]);
     else if (a == "--bwd-T") bwd_Ts = ints(argv[i + 1]);
     else if (a == "--reps") reps = std::atoi(argv[i + 1]);
+    else if (a == "--softcap") softcap = std::strtof(argv[i + 1], nullptr);
   }
   if (!k::driver::available()) {
     std::fprintf(stderr, "attention: no CUDA device\n");
     return 1;
   }
-  for (int D : Ds) {
-    for (int T : Ts) run<false>(T, D, false, reps), run<true>(T, D, false, reps);
-    for (int T : bwd_Ts) run<false>(T, D, true, reps), run<true>(T, D, true, reps);
-  }
+  for (float cap : softcap > 0 ? std::vector<float>{0, softcap} : std::vector<float>{0})
+    for (int D : Ds) {
+      for (int T : Ts) run<false>(T, D, false, reps, cap), run<true>(T, D, false, reps, cap);
+      for (int T : bwd_Ts) run<false>(T, D, true, reps, cap), run<true>(T, D, true, reps, cap);
+    }
 }

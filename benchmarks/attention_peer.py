@@ -5,13 +5,15 @@ impl "sdpa-flash": torch.nn.functional.scaled_dot_product_attention under the fl
 impl "sdpa-cudnn": the same under cuDNN's backend; impl "sdpa": the backend torch picks itself (on an
 H100/H200 cuDNN's: what torch.compile'd GPT-2 runs, benchmarks/NOTES.md item 141);
 impl "flex": torch.compile'd flex_attention without a score_mod (a causal block mask where causal).
+With --softcap C every case also runs with the score_mod tanh(score / C) * C (ids ending in
+-softcap), by flex_attention only (SDPA has no score_mod).
 Forward: the output. Forward + backward: out = attention(q, k, v); (out.float() * g).sum().backward(),
 the work kiln's value_and_grad of sum(cast(attention, f32) * g) does. Timing: sweep_peer.time_ms
 (timing.hpp's sampling: 10 warm-up calls, then --reps repetitions each after a 256 MiB memset that
 clears L2, CUDA events around the call alone, the median). One JSON object a line on stdout.
 
 Usage: python3 benchmarks/attention_peer.py [--T 1024,4096] [--D 64,128] [--bwd-T 1024] [--reps N]
-       [--impls sdpa-flash,sdpa-cudnn,sdpa,flex]
+       [--impls sdpa-flash,sdpa-cudnn,sdpa,flex] [--softcap C]
 """
 
 import argparse
@@ -37,17 +39,21 @@ def main():
     ap.add_argument("--bwd-T", default="1024")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--impls", default="sdpa-flash,sdpa-cudnn,flex")
+    ap.add_argument("--softcap", type=float, default=0)
     a = ap.parse_args()
     impls = a.impls.split(",")
     B, H = 16, 16
     flex = None
-    if "flex" in impls:
+    if "flex" in impls or a.softcap > 0:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         flex = torch.compile(flex_attention)
 
     backends = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}
 
-    def attend(impl, q, k, v, causal):
+    def softcapped(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / a.softcap) * a.softcap
+
+    def attend(impl, q, k, v, causal, mod=None):
         if impl in backends:
             with sdpa_kernel(backends[impl]):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -57,9 +63,9 @@ def main():
         if causal:
             T = q.shape[2]
             mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device="cuda")
-        return flex(q, k, v, block_mask=mask)
+        return flex(q, k, v, score_mod=mod, block_mask=mask)
 
-    for D in [int(x) for x in a.D.split(",")]:
+    for cap, D in [(c, int(x)) for c in ([0, a.softcap] if a.softcap > 0 else [0]) for x in a.D.split(",")]:
         for backward, Ts in ((False, a.T), (True, a.bwd_T)):
             for T in [int(x) for x in Ts.split(",") if x]:
                 for causal in (False, True):
@@ -69,17 +75,19 @@ def main():
                     g = torch.randn(B, H, T, D, device="cuda", dtype=torch.float32, generator=gen)
                     flops = 4.0 * B * H * T * T * D * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
                     ident = f"W13-{'fwdbwd' if backward else 'fwd'}{'-causal' if causal else ''}-T{T}-D{D}"
-                    for impl in impls:
+                    ident += "-softcap" if cap else ""
+                    mod = softcapped if cap else None
+                    for impl in (["flex"] if cap else impls):
                         try:
                             if backward:
                                 def fn():
                                     q.grad = k.grad = v.grad = None
-                                    out = attend(impl, q, k, v, causal)
+                                    out = attend(impl, q, k, v, causal, mod)
                                     (out.float() * g).sum().backward()
                             else:
                                 def fn():
                                     with torch.no_grad():
-                                        attend(impl, q, k, v, causal)
+                                        attend(impl, q, k, v, causal, mod)
                             ms = time_ms(fn, a.reps)
                             print(json.dumps({"id": ident, "impl": impl, "ms": round(ms, 4),
                                               "tflops": round(flops / ms * 1e-9, 1)}), flush=True)

@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
+#include <ostream>
 
 #include <limits>
 #include <vector>
@@ -58,26 +60,39 @@ TEST_CASE("attention: against the oracle (cuda)" * needs_gpu()) {
   check_values(k::cuda, k::bf16, 3e-2);
 }
 
+namespace {
+
+// A case of the fused kernels' tests: sizes, mask and dtype, printed as INFO shows it; its q, k and
+// v on the CPU, each from the next seed.
+struct FusedCase {
+  int B, H, Hkv, Tq, Tk, D;
+  bool causal;
+  k::dtype dt;
+  std::array<k::Tensor, 3> operands(int& seed) const {
+    return {k::randn({B, H, Tq, D}, dt, k::cpu, ++seed), k::randn({B, Hkv, Tk, D}, dt, k::cpu, ++seed),
+            k::randn({B, Hkv, Tk, D}, dt, k::cpu, ++seed)};
+  }
+};
+std::ostream& operator<<(std::ostream& os, const FusedCase& c) {
+  return os << "B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq << " Tk " << c.Tk << " D " << c.D
+            << " causal " << c.causal << " " << k::name(c.dt);
+}
+
+}  // namespace
+
 // 16-bit q, k, v with a head dim the fused kernel takes (a multiple of 16 up to 128) run it
 // (runtime/extern/attention.hpp); its gradients come from the rule that recomputes the
 // probabilities. Odd lengths, Tq != Tk both ways, grouped heads, a given scale, both 16-bit dtypes.
 TEST_CASE("attention: the fused kernel against the oracle, and its gradients (cuda)" * needs_gpu()) {
-  struct Case {
-    int B, H, Hkv, Tq, Tk, D;
-    bool causal;
-    k::dtype dt;
-  };
-  const Case cases[] = {{2, 4, 4, 100, 100, 64, false, k::bf16}, {2, 4, 4, 100, 100, 64, true, k::bf16},
-                        {1, 8, 2, 77, 130, 128, false, k::bf16}, {1, 8, 2, 130, 77, 128, true, k::bf16},
-                        {2, 3, 1, 65, 200, 80, true, k::f16},    {1, 2, 2, 33, 16, 32, false, k::f16},
-                        {1, 2, 1, 300, 300, 128, true, k::f16}};
+  const FusedCase cases[] = {{2, 4, 4, 100, 100, 64, false, k::bf16}, {2, 4, 4, 100, 100, 64, true, k::bf16},
+                             {1, 8, 2, 77, 130, 128, false, k::bf16}, {1, 8, 2, 130, 77, 128, true, k::bf16},
+                             {2, 3, 1, 65, 200, 80, true, k::f16},    {1, 2, 2, 33, 16, 32, false, k::f16},
+                             {1, 2, 1, 300, 300, 128, true, k::f16}};
   int seed = 40;
-  for (const Case& c : cases) {
-    INFO("B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq << " Tk " << c.Tk << " D " << c.D
-              << " causal " << c.causal << " " << k::name(c.dt));
-    k::Tensor q = k::randn({c.B, c.H, c.Tq, c.D}, c.dt, k::cpu, ++seed);
-    k::Tensor kk = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
-    k::Tensor v = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
+  for (const FusedCase& c : cases) {
+    INFO(c);
+    const std::array<k::Tensor, 3> ops = c.operands(seed);
+    const k::Tensor &q = ops[0], &kk = ops[1], &v = ops[2];
     auto plain = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = c.causal}); };
     auto scaled = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = c.causal, .scale = 0.11}); };
     auto gq = q.to(k::cuda), gk = kk.to(k::cuda), gv = v.to(k::cuda);
@@ -388,4 +403,120 @@ TEST_CASE("attention: gradients flow through a score_mod to q, k, v and the tens
         {.causal = true});
   };
   CHECK(k::testing::gradcheck(fn, q, kk, v, bias));
+}
+
+// A pointwise score_mod is inlined into the fused kernels (autodiff/score_mod.hpp): forward,
+// log-sum-exp, dq and dk/dv apply it to each scaled score and send dS back through its derivative,
+// with no [Tq, Tk] buffer. Soft-capping, ALiBi and a sliding window in one mod, a mask that empties
+// a row, causal and not, grouped heads, odd lengths, both 16-bit dtypes; against the oracle
+// (values) and the f64 CPU program (gradients). The cap is a C++ scalar: a new value is a kernel
+// argument, not a recompile. Tensors the mod reads are loaded at each score; the bias's gradient
+// comes from materialised probabilities.
+TEST_CASE("attention: score_mods inlined into the fused kernels, forward and gradients (cuda)" * needs_gpu()) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const FusedCase cases[] = {{2, 4, 4, 100, 100, 64, false, k::bf16},
+                             {1, 8, 2, 77, 130, 128, true, k::bf16},
+                             {2, 3, 1, 65, 200, 80, true, k::f16},
+                             {1, 2, 2, 33, 16, 32, false, k::f16}};
+  float cap = 20.f;
+  auto capped = [&](auto s, auto, auto h, auto i, auto j) {
+    return k::where(i - j < 48,
+                    k::tanh(s / cap) * cap - k::exp2(k::cast(h + 1, k::f32) * -1.0f) * k::cast(i - j, k::f32), -inf);
+  };
+  auto emptied = [inf](auto s, auto, auto, auto i, auto) { return k::where(i == 3, -inf, s * 1.5f); };
+  int seed = 90;
+  for (const FusedCase& c : cases) {
+    INFO(c);
+    const std::array<k::Tensor, 3> ops = c.operands(seed);
+    const k::Tensor &q = ops[0], &kk = ops[1], &v = ops[2];
+    k::Tensor w = k::randn({c.B, c.H, c.Tq, c.D}, k::f32, k::cpu, ++seed);
+    auto gq = q.to(k::cuda), gk = kk.to(k::cuda), gv = v.to(k::cuda), gw = w.to(k::cuda);
+    auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, capped, {.causal = c.causal}); };
+    auto fe = [&](auto q, auto k, auto v) { return k::attention(q, k, v, emptied, {.causal = c.causal}); };
+    auto cf = k::compile(f);
+    for (float value : {20.f, 7.f}) {
+      cap = value;
+      INFO("cap " << cap);
+      auto r = k::testing::allclose(k::Tensor(cf(gq, gk, gv)), k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+      CHECK_MESSAGE(bool(r), r);
+    }
+    CHECK(cf.cache().compiles() == 1);
+    // Replayed from a CUDA graph, a new value of the mod's scalar is a new graph, not a stale one.
+    auto replayed = k::compile(f, {.cuda_graphs = true});
+    for (float value : {20.f, 7.f, 20.f}) {
+      cap = value;
+      INFO("cap " << cap << " from a CUDA graph");
+      auto r = k::testing::allclose(k::Tensor(replayed(gq, gk, gv)), k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+      CHECK_MESSAGE(bool(r), r);
+    }
+    cap = 20.f;
+    k::Tensor empty_rows = fe(gq, gk, gv);
+    auto re = k::testing::allclose(empty_rows, k::reference::eval(fe(q, kk, v)), 2e-2, 2e-2);
+    CHECK_MESSAGE(bool(re), re);
+    auto values = k::to_vector<double>(k::Tensor(k::cast(empty_rows.to(k::cpu), k::f64)));
+    for (std::int64_t bh = 0; bh < c.B * c.H; ++bh)
+      for (int d = 0; d < c.D; ++d) CHECK(values[static_cast<std::size_t>((bh * c.Tq + 3) * c.D + d)] == 0.0);
+    // The kernels inline the mod: no scores buffer, the mod's functions in each source, and explain
+    // says so (fused ops "attention_flash", "score_mod").
+    bool fused = false;
+    for (const auto& kernel : k::explain(cf, gq, gk, gv).kernels) {
+      const auto& ops = kernel.fused_ops;
+      fused = fused || (!ops.empty() && ops.front() == "attention_flash" &&
+                        std::find(ops.begin(), ops.end(), "score_mod") != ops.end() &&
+                        kernel.source.find("kiln_score_mod(") != std::string::npos);
+    }
+    CHECK(fused);
+    // Gradients of sum(attention * w) against the same function's f64 program on the CPU.
+    auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };
+    auto vg = k::value_and_grad(loss, k::wrt<0, 1, 2>);
+    auto got = vg(gq, gk, gv, gw);
+    auto loss64 = [&](auto q, auto k, auto v, auto w) { return k::sum(f(q, k, v) * w); };
+    auto want =
+        k::value_and_grad(loss64, k::wrt<0, 1, 2>)(k::Tensor(k::cast(q, k::f64)), k::Tensor(k::cast(kk, k::f64)),
+                                                   k::Tensor(k::cast(v, k::f64)), k::Tensor(k::cast(w, k::f64)));
+    int mod_kernels = 0;
+    for (const auto& kernel : k::explain(vg, gq, gk, gv, gw).kernels)
+      mod_kernels += kernel.source.find("kiln_score_mod_vjp(") != std::string::npos &&
+                     kernel.source.find("_mod") != std::string::npos;
+    CHECK(mod_kernels >= 3);  // forward, dq, dk/dv (or dk and dv)
+    const k::Tensor g[3] = {std::get<1>(got), std::get<2>(got), std::get<3>(got)};
+    const k::Tensor g64[3] = {std::get<1>(want), std::get<2>(want), std::get<3>(want)};
+    for (int which = 0; which < 3; ++which) {
+      auto r = k::testing::allclose(k::Tensor(k::cast(g[which].to(k::cpu), k::f64)), g64[which], 3e-2, 3e-2);
+      CHECK_MESSAGE(bool(r), "gradient " << which << ": " << r);
+    }
+    // Tensors the mod reads, loaded by the kernels at each score: a relative bias [H, Tq, Tk] with
+    // its gradient (from materialised probabilities), and document ids [Tq, 1] and [Tk] (i64) masking
+    // keys of other documents.
+    k::Tensor bias = k::randn({c.H, c.Tq, c.Tk}, k::f32, k::cpu, ++seed), gbias = bias.to(k::cuda);
+    std::vector<std::int64_t> qd, kd;
+    for (int i = 0; i < c.Tq; ++i) qd.push_back(3 * i / c.Tq);
+    for (int j = 0; j < c.Tk; ++j) kd.push_back(3 * j / c.Tk);
+    k::Tensor qdoc = k::from_vector(qd, {c.Tq, 1}), kdoc = k::from_vector(kd, {c.Tk});
+    k::Tensor gqdoc = qdoc.to(k::cuda), gkdoc = kdoc.to(k::cuda);
+    auto read = [&](auto q, auto k, auto v, auto bias, auto qdoc, auto kdoc) {
+      return k::attention(
+          q, k, v, [&](auto s, auto...) { return k::where(qdoc == kdoc, s + bias, -inf); }, {.causal = c.causal});
+    };
+    auto rr = k::testing::allclose(k::Tensor(read(gq, gk, gv, gbias, gqdoc, gkdoc)),
+                                   k::reference::eval(read(q, kk, v, bias, qdoc, kdoc)), 2e-2, 2e-2);
+    CHECK_MESSAGE(bool(rr), "reading tensors: " << rr);
+    auto read_loss = [&](auto q, auto k, auto v, auto bias, auto qdoc, auto kdoc, auto w) {
+      return k::sum(k::cast(read(q, k, v, bias, qdoc, kdoc), k::f32) * w);
+    };
+    auto rg = k::value_and_grad(read_loss, k::wrt<0, 1, 2, 3>)(gq, gk, gv, gbias, gqdoc, gkdoc, gw);
+    auto rw = k::value_and_grad(read_loss, k::wrt<0, 1, 2, 3>)(
+        k::Tensor(k::cast(q, k::f64)), k::Tensor(k::cast(kk, k::f64)), k::Tensor(k::cast(v, k::f64)),
+        k::Tensor(k::cast(bias, k::f64)), qdoc, kdoc, k::Tensor(k::cast(w, k::f64)));
+    const k::Tensor rgot[4] = {std::get<1>(rg), std::get<2>(rg), std::get<3>(rg), std::get<4>(rg)};
+    const k::Tensor rwant[4] = {std::get<1>(rw), std::get<2>(rw), std::get<3>(rw), std::get<4>(rw)};
+    for (int which = 0; which < 4; ++which) {
+      auto r = k::testing::allclose(k::Tensor(k::cast(rgot[which].to(k::cpu), k::f64)), rwant[which], 3e-2, 3e-2);
+      CHECK_MESSAGE(bool(r), "reading tensors, gradient " << which << ": " << r);
+    }
+    bool inlined = false;  // the bias and the ids are inputs of the fused kernels, not a scores buffer
+    for (const auto& kernel : k::explain(k::compile(read), gq, gk, gv, gbias, gqdoc, gkdoc).kernels)
+      inlined = inlined || kernel.source.find("S.t[1]") != std::string::npos;
+    CHECK(inlined);
+  }
 }

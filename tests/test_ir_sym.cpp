@@ -127,6 +127,57 @@ TEST_CASE("bounds drop floordiv and mod that cannot matter") {
   CHECK(min(x.i, x.j) == min(x.j, x.i));
 }
 
+TEST_CASE("a flat index re-derived through a larger stride folds back (a norm backward's split sums)") {
+  // A [98304] column offset and a row step over [64] read [8, 1024, 768] through the flat index
+  // 768 * y + c, y = r + 64 * (col // 768), c = col % 768: d * W + r over d * n is W over n when 0 <= r < d.
+  Syms x;
+  Sym col = x.table.new_index("col", 98304), r = x.table.new_index("r", 64), r65 = x.table.new_index("r65", 65);
+  Sym c = mod(col, 768), q = floordiv(col, 768);
+  Sym flat = 768 * r + 49152 * q + c;
+  CHECK(floordiv(flat, 786432) == floordiv(col, 12288));
+  CHECK(mod(r + 64 * q, 1024) == r + 64 * mod(q, 16));
+  CHECK(mod(flat, 786432) == 768 * r + 49152 * mod(q, 16) + c);
+  // The generated kernel's two reads: the element, and its row's statistic.
+  CHECK(786432 * floordiv(flat, 786432) + c + 768 * mod(r + 64 * q, 1024) == flat);
+  CHECK(1024 * floordiv(flat, 786432) + mod(r + 64 * q, 1024) == r + 64 * q);
+  // The low part must be provably below d: a row step up to 64 keeps the division by 1024.
+  Sym wide = floordiv(768 * r65 + 49152 * q + c, 786432);
+  CHECK(wide == floordiv(r65 + 64 * q, 1024));
+  // With symbolic sizes: c < s2 below a stride of s2, over s1*s2.
+  Sym cs = x.table.new_index("cs", x.s2);
+  CHECK(floordiv(x.s2 * x.n + cs, x.s1 * x.s2) == floordiv(x.n, x.s1));
+  CHECK(mod(x.s2 * x.n + cs, x.s1 * x.s2) == x.s2 * mod(x.n, x.s1) + cs);
+  CHECK(x.s1 * x.s2 * floordiv(x.s2 * x.n + cs, x.s1 * x.s2) + x.s2 * mod(x.n, x.s1) + cs == x.s2 * x.n + cs);
+  // ... at any sign of the whole part, against floor division computed here.
+  const Sym sq = floordiv(x.s2 * x.i + mod(x.j, x.s2), x.s1 * x.s2), sm = mod(x.s2 * x.i + mod(x.j, x.s2), x.s1 * x.s2);
+  auto floor_div = [](std::int64_t a, std::int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
+  std::vector<std::int64_t> vals(static_cast<std::size_t>(x.table.count()));
+  for (std::int64_t s1 = 1; s1 <= 5; ++s1)
+    for (std::int64_t s2 = 1; s2 <= 6; ++s2)
+      for (std::int64_t i = -20; i <= 20; i += 3)
+        for (std::int64_t j = -9; j <= 9; j += 2) {
+          vals[static_cast<std::size_t>(x.s1.symbol_id())] = s1;
+          vals[static_cast<std::size_t>(x.s2.symbol_id())] = s2;
+          vals[static_cast<std::size_t>(x.i.symbol_id())] = i;
+          vals[static_cast<std::size_t>(x.j.symbol_id())] = j;
+          const std::int64_t flat = s2 * i + (j - s2 * floor_div(j, s2));
+          REQUIRE(sq.eval(vals) == floor_div(flat, s1 * s2));
+          REQUIRE(sm.eval(vals) == flat - s1 * s2 * floor_div(flat, s1 * s2));
+        }
+  // Every value agrees with the unsimplified arithmetic.
+  std::vector<std::int64_t> v(static_cast<std::size_t>(x.table.count()));
+  for (std::int64_t cv = 0; cv < 98304; cv += 37)
+    for (std::int64_t rv = 0; rv < 65; rv += 3) {
+      v[static_cast<std::size_t>(col.symbol_id())] = cv;
+      v[static_cast<std::size_t>(r.symbol_id())] = std::min<std::int64_t>(rv, 63);
+      v[static_cast<std::size_t>(r65.symbol_id())] = rv;
+      const std::int64_t fl = 768 * std::min<std::int64_t>(rv, 63) + 49152 * (cv / 768) + cv % 768;
+      REQUIRE(floordiv(flat, 786432).eval(v) == fl / 786432);
+      REQUIRE(mod(flat, 786432).eval(v) == fl % 786432);
+      REQUIRE(wide.eval(v) == (768 * rv + 49152 * (cv / 768) + cv % 768) / 786432);
+    }
+}
+
 TEST_CASE("range analysis") {
   Syms x;
   Sym r = x.table.new_index("r", 128);

@@ -3,21 +3,29 @@
 // decomposed first. Broadcast inputs get their cotangent summed back to their shape.
 #pragma once
 #include <array>
+#include <initializer_list>
 #include <numbers>
+#include <vector>
 
 #include "../rewrite/builder.hpp"
 #include "../rewrite/decompose.hpp"
+#include "score_mods.hpp"
 
 namespace kiln::autodiff {
 
 using rewrite::Builder;
 
-// The cotangents of a node's inputs (ids in the builder); -1 where an input gets none.
-using Cotangents = std::array<int, 4>;
+// The cotangents of a node's inputs (ids in the builder); -1 where an input gets none. (A rule that
+// lists fewer than max_inputs leaves the rest 0: it is read only up to the node's input count.)
+using Cotangents = std::array<int, graph::max_inputs>;
 // A rule: the input cotangents of node y given g, the cotangent of y (both ids in b).
 using Rule = Cotangents (*)(Builder& b, int y, int g);
 
-inline constexpr Cotangents no_cotangents{-1, -1, -1, -1};
+inline constexpr Cotangents no_cotangents = [] {
+  Cotangents c{};
+  c.fill(-1);
+  return c;
+}();
 
 namespace rules {
 
@@ -202,10 +210,71 @@ constexpr Cotangents matmul(Builder& b, int y, int g) {
 // recomputing the probabilities tile by tile; else the backward is built from primitives with the
 // probabilities materialised (rewrite/decompose.hpp's attention_backward). The scale gets no
 // cotangent.
+// The nodes of a rank-0 graph f (a score_mod's: autodiff/score_mods.hpp) over the nodes `args`
+// (by argument slot), which broadcast its pointwise ops; its outputs' ids.
+inline std::vector<int> inline_graph(Builder& b, const graph::Graph& f, const std::vector<int>& args) {
+  std::vector<int> map(static_cast<std::size_t>(f.size()), -1);
+  for (int i = 0; i < f.size(); ++i) {
+    const graph::Node& n = f[i];
+    if (n.op == Op::arg) {
+      map[i] = args.at(static_cast<std::size_t>(n.slot));
+    } else if (n.op == Op::constant) {
+      map[i] = b.constant(n.value);
+    } else if (n.op == Op::scalar) {
+      map[i] = b.node(n);  // the program's scalar slot (scalars are never merged)
+    } else {
+      std::array<int, graph::max_inputs> in{};
+      for (int k = 0; k < n.n_in; ++k) in[k] = map[n.in[k]];
+      map[i] = b.rebuild(n, in.data());
+    }
+  }
+  std::vector<int> out;
+  for (int o : f.outputs) out.push_back(map[o]);
+  return out;
+}
+
+// The cotangents of the floating tensors an inlined score_mod reads (attention_flash's inputs after
+// the scale), into c: the probabilities materialised ([B, H, Tq, Tk], as rewrite/decompose.hpp's
+// attention_backward), dS of the modded scores, and the mod's derivative in each tensor at each
+// score (its vjp) summed back to the tensor's shape. A tensor whose gradient nobody asks for leaves
+// these nodes dead.
+inline void captured_cotangents(Builder& b, const graph::Node& n, int g16, int lse, int delta, Cotangents& c) {
+  const ScoreMod& m = ScoreMods::instance().get(n.attrs.custom);
+  if (m.grads.empty()) return;
+  const int q = n.in[0], k = n.in[1], v = n.in[2], scale = n.in[3];
+  const rewrite::detail::AttentionDims a(b, q, k);
+  const Dims full{a.B, a.H, a.Tq, a.Tk};
+  std::vector<int> args(ScoreMod::first_captured_arg + m.captured.size(), -1);
+  // The scores and dp = dO . v in f32, from widened operands, as the kernels compute them: p must
+  // agree with the kernels' log-sum-exp, and p (dp - delta) cancels where p is near 1, where a dp
+  // rounded to 16 bits (a 16-bit GEMM's output) left |dp| 2^-9 against delta's f32 sum (0.056 in a
+  // bias's gradient at D 128 on an H200).
+  const kiln::dtype f32 = kiln::dtype::f32;
+  const int D = b.shape(v)[3];
+  const int qk = b.matmul(b.reshape(b.cast(q, f32), Dims{a.B * a.H, a.Tq, b.shape(q)[3]}),
+                          b.permute(b.cast(a.heads(b, k), f32), Dims{0, 2, 1}));
+  args[0] = b.reshape(b.mul(qk, a.scale_of(b, scale, n.attrs.b)), full);
+  for (int d = 0; d < 4; ++d) args[1 + static_cast<std::size_t>(d)] = b.iota(full, d);
+  for (std::size_t t = 0; t < m.captured.size(); ++t) args[ScoreMod::first_captured_arg + t] = n.in[4 + t];
+  int s = inline_graph(b, m.mod, args)[0];
+  if (n.attrs.a) s = b.where(b.cmp(Op::le, args[4], args[3]), s, -rewrite::inf);  // causal: key j <= query i
+  const int p = b.exp(b.sub(s, b.reshape(lse, Dims{a.B, a.H, a.Tq, 1})));
+  const int go = b.reshape(b.cast(g16, f32), Dims{a.B * a.H, a.Tq, D});
+  const int dp = b.matmul(go, b.permute(b.cast(a.heads(b, v), f32), Dims{0, 2, 1}));
+  args[ScoreMod::cotangent_arg] = b.mul(p, b.sub(b.reshape(dp, full), delta));
+  const std::vector<int> d = inline_graph(b, m.vjp, args);
+  for (std::size_t t = 0; t < m.grads.size(); ++t) {
+    const int x = n.in[4 + m.grads[t]];
+    c[4 + static_cast<std::size_t>(m.grads[t])] = b.sum_to_shape_of(d[1 + t], x);
+  }
+}
+
 constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   const graph::Node n = b[y];  // a copy: adding nodes below may move the table
   const int q = n.in[0], k = n.in[1], v = n.in[2], scale = n.in[3];
   if (!n.attrs.keepdim) {
+    if (n.attrs.custom >= 0)  // (lowering inlines a mod only with the fused backward)
+      throw error("attention: the materialised backward has no rule for an inlined score_mod");
     const auto d = rewrite::detail::attention_backward(b, n, q, k, v, scale, g);
     return {d[0], d[1], d[2], -1};
   }
@@ -213,8 +282,18 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   at.a = n.attrs.a;  // causal
   at.b = n.attrs.b;  // the scale given
   at.d = n.attrs.dims.size() > 1 ? n.attrs.dims[1] : 0;  // the gradients' kernels on Hopper too
+  at.custom = n.attrs.custom;                            // the score_mod the kernels inline (-1: none)
+  // The fused nodes, with the tensors an inlined score_mod reads after their own inputs.
+  auto fused = [&](Op op, std::initializer_list<int> in) {
+    graph::Node f;
+    f.op = op;
+    f.attrs = at;
+    for (int x : in) f.in[f.n_in++] = x;
+    for (int x = 4; x < n.n_in; ++x) f.in[f.n_in++] = n.in[x];
+    return b.node(f);
+  };
   const int g16 = b.cast(g, n.dt);
-  const int lse = b.op(Op::attention_lse, {q, k, scale}, at);
+  const int lse = fused(Op::attention_lse, {q, k, scale});
   const int delta = b.sum(b.mul(b.cast(g16, kiln::dtype::f32), b.cast(y, kiln::dtype::f32)), Dims{3}, true);
   Dims row = b.shape(lse);
   row.push_back(1);
@@ -223,11 +302,12 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   const int pair = b.iota(Dims{1, 1, 1, 2}, 3);
   const int stats = b.where(b.cmp(Op::eq, pair, b.constant(0)), b.reshape(lse, row), delta);
   Cotangents c = no_cotangents;
+  if (n.attrs.custom >= 0) captured_cotangents(b, n, g16, lse, delta, c);
   at.c = 0;  // dq
-  c[0] = b.op(Op::attention_grad, {q, k, v, g16, stats, scale}, at);
-  if (graph::detail::fused_attention_joins_dk_dv(b.shape(k)[3])) {
+  c[0] = fused(Op::attention_grad, {q, k, v, g16, stats, scale});
+  if (graph::detail::fused_attention_joins_dk_dv(b.shape(k)[3], n.attrs.custom >= 0)) {
     at.c = 3;  // dk and dv in one kernel, stacked: views of its halves
-    const int both = b.op(Op::attention_grad, {q, k, v, g16, stats, scale}, at);
+    const int both = fused(Op::attention_grad, {q, k, v, g16, stats, scale});
     for (int which = 1; which < 3; ++which) {
       Attrs half;
       half.a = 0, half.b = which - 1, half.c = which, half.d = 1;  // slice dim 0 [which - 1, which)
@@ -237,7 +317,7 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   }
   for (int which = 1; which < 3; ++which) {
     at.c = which;  // dk, dv
-    c[which] = b.op(Op::attention_grad, {q, k, v, g16, stats, scale}, at);
+    c[which] = fused(Op::attention_grad, {q, k, v, g16, stats, scale});
   }
   return c;
 }

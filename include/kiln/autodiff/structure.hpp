@@ -24,7 +24,7 @@ namespace kiln {
 // One node of a Structure: its op, inputs, argument or scalar slot, constant value and dtype.
 struct StructureNode {
   Op op = Op::arg;
-  std::array<int, graph::max_inputs> in{-1, -1, -1, -1, -1, -1};
+  std::array<int, graph::max_inputs> in{-1, -1, -1, -1, -1, -1, -1, -1};
   int n_in = 0;
   int slot = -1;
   double value = 0;

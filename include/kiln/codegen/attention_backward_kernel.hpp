@@ -34,6 +34,9 @@ struct AttentionBackwardKernel {
   // dq and dkv on Hopper at head dims 64 and 128: attention_backward_kernel_sm90.hpp's warpgroup-MMA
   // kernels (two warpgroups, 128 rows a block, streamed tiles of 64 in two stages).
   bool hopper = false;
+  // A score_mod's functions (codegen/score_mod_source.hpp): the scores are modded as the forward's
+  // were, and dS goes back through the mod's derivative; empty: none (mma.sync kernels only).
+  std::string_view score_mod, score_mod_tag;  // (views, as AttentionKernel's)
 
   static constexpr int warps = 4, rows = 64, cols = 64;  // block rows, streamed tile rows
   int threads() const { return hopper ? 256 : 32 * warps; }
@@ -52,7 +55,8 @@ struct AttentionBackwardKernel {
   std::string name() const {
     const char* parts[] = {"stats", "dq", "dk", "dv", "dkv"};
     return std::string("kiln_attention_bwd_") + parts[static_cast<int>(part)] + (hopper ? "_wgmma" : "") + "_d" +
-           std::to_string(head_dim) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt));
+           std::to_string(head_dim) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) +
+           score_mod_suffix(score_mod, score_mod_tag);
   }
 };
 
@@ -67,6 +71,7 @@ inline std::string attention_backward_source(const AttentionBackwardKernel& a) {
   s += "#define KILN_NAME " + a.name() + "\n";
   const char* part_macros[] = {"STATS", "DQ", "DK", "DV", "DKV"};
   s += "#define KILN_PART_" + std::string(part_macros[static_cast<int>(a.part)]) + " 1\n";
+  s += score_mod_preamble(a.score_mod);
   s += attention_prelude();
   s += R"(
 // ---- the backward kernels ----------------------------------------------------------------------
@@ -151,7 +156,7 @@ __device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KILN_D /
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, const u16* __restrict__ g,
           float* __restrict__ stats, u16* __restrict__ dq, int BH, int H, int G, int Tq, int Tk, float scale_log2,
-          float scale) {
+          float scale KILN_BACKWARD_MOD_PARAMS) {
   extern __shared__ __align__(128) unsigned char kiln_smem[];
   uint4* Qs = reinterpret_cast<uint4*>(kiln_smem);
   uint4* Ks = Qs + BR * CH;
@@ -205,12 +210,21 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     float p[BC / 8][4];
     rows_times_rows(p, q_rows, Ks, lane);
     const bool masked = n0 + BC > Tk || (KILN_CAUSAL && n0 + BC - 1 > m0 + warp * 16);
+#ifdef KILN_SCORE_MOD
+    float sv[BC / 8][4];  // the scaled scores, which the mod's derivative reads
+#endif
 #pragma unroll
     for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        p[i][e] *= scale_log2;
         const int col = n0 + i * 8 + 2 * (lane & 3) + (e & 1), r = row + (e >> 1) * 8;
+#ifdef KILN_SCORE_MOD
+        sv[i][e] = p[i][e] * scale;
+        p[i][e] = r < Tq && col < Tk ? kiln_score_mod(sv[i][e], b, bh % H, r, col, mod_scalars) * LOG2E
+                                     : KILN_NEG_INF;  // (the tensors the mod reads end at Tq and Tk)
+#else
+        p[i][e] *= scale_log2;
+#endif
         if (masked && (col >= Tk || (KILN_CAUSAL && col > r))) p[i][e] = KILN_NEG_INF;
       }
 #ifdef KILN_PART_DQ
@@ -222,6 +236,11 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       for (int e = 0; e < 4; ++e) {
         const float pe = kiln_exp2(p[i][e] - lse2[e >> 1]);
         p[i][e] = pe * (dp[i][e] - delta[e >> 1]);  // dS
+#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score (none where p is 0)
+        if (p[i][e] != 0.f)
+          p[i][e] = kiln_score_mod_vjp(sv[i][e], b, bh % H, row + (e >> 1) * 8, n0 + i * 8 + 2 * (lane & 3) + (e & 1),
+                                       mod_scalars, p[i][e]);
+#endif
       }
     scores_times_tile(acc, p, Ks, lane);  // dq += dS k
 #else
@@ -262,7 +281,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, const u16* __restrict__ g,
           const float* __restrict__ stats, u16* __restrict__ out, int BHkv, int H, int G, int Tq, int Tk,
-          float scale_log2, float scale) {
+          float scale_log2, float scale KILN_BACKWARD_MOD_PARAMS) {
   extern __shared__ __align__(128) unsigned char kiln_smem[];
   uint4* Ks = reinterpret_cast<uint4*>(kiln_smem);
   uint4* Vs = Ks + BR * CH;
@@ -314,12 +333,21 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       float p[BC / 8][4];
       rows_times_rows(p, k_rows, Qs, lane);  // s^T = k q^T: rows keys, columns queries
       const bool masked = i0 + BC > Tq || (KILN_CAUSAL && n0 + warp * 16 + 15 > i0);
+#ifdef KILN_SCORE_MOD
+      float sv[BC / 8][4];  // the scaled scores, which the mod's derivative reads
+#endif
 #pragma unroll
       for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = i * 8 + 2 * (lane & 3) + (e & 1), r = row + (e >> 1) * 8;
+#ifdef KILN_SCORE_MOD  // rows are keys here, columns queries
+          sv[i][e] = p[i][e] * scale;
+          float x = r < Tk && i0 + c < Tq ? kiln_score_mod(sv[i][e], b, hk * G + hh, i0 + c, r, mod_scalars) * LOG2E
+                                          : KILN_NEG_INF;  // (the tensors the mod reads end at Tq and Tk)
+#else
           float x = p[i][e] * scale_log2;
+#endif
           if (masked && (i0 + c >= Tq || (KILN_CAUSAL && r > i0 + c))) x = KILN_NEG_INF;
           p[i][e] = kiln_exp2(x - Ls[c]);
         }
@@ -334,7 +362,14 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #pragma unroll
       for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) p[i][e] *= dp[i][e] - Ds[i * 8 + 2 * (lane & 3) + (e & 1)];  // dS^T
+        for (int e = 0; e < 4; ++e) {
+          p[i][e] *= dp[i][e] - Ds[i * 8 + 2 * (lane & 3) + (e & 1)];  // dS^T
+#ifdef KILN_SCORE_MOD  // back through the mod (none where p is 0)
+          if (p[i][e] != 0.f)
+            p[i][e] = kiln_score_mod_vjp(sv[i][e], b, hk * G + hh, i0 + i * 8 + 2 * (lane & 3) + (e & 1),
+                                         row + (e >> 1) * 8, mod_scalars, p[i][e]);
+#endif
+        }
       scores_times_tile(acc, p, Qs, lane);  // dk += dS^T q
 #endif
       __syncthreads();

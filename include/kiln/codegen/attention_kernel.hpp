@@ -15,10 +15,30 @@
 // defines: the head dim, the warps, causal, bf16 or f16.
 #pragma once
 #include <string>
+#include <string_view>
 
 #include "../core/dtype.hpp"
+#include "prelude.hpp"
 
 namespace kiln::codegen {
+
+// A kernel name's mark of the score_mod it inlines (its tag: a hash of its source, computed once
+// when lowering registers it; nothing without one).
+inline std::string score_mod_suffix(std::string_view mod_source, std::string_view tag) {
+  return mod_source.empty() ? std::string() : "_mod" + std::string(tag);
+}
+// What a kernel's source puts first: without a score_mod, empty parameter macros; with one, the
+// prelude its functions are written with (16-bit types only where the mod rounds to them), the
+// functions, and the parameters they add (the forward's scale, the mod's scalars by value).
+inline std::string score_mod_preamble(std::string_view mod_source) {
+  if (mod_source.empty()) return "#define KILN_MOD_PARAMS\n#define KILN_BACKWARD_MOD_PARAMS\n";
+  std::string s = "#define KILN_SCORE_MOD 1\n";
+  s += "#define KILN_MOD_PARAMS , float scale, kiln_score_scalars mod_scalars\n";
+  s += "#define KILN_BACKWARD_MOD_PARAMS , kiln_score_scalars mod_scalars\n";
+  if (mod_source.find("round_to<") != std::string::npos || mod_source.find("to_compute(") != std::string::npos)
+    s += "#define KILN_HALF 1\n";  // (the mod rounds to or reads 16-bit values)
+  return s + prelude + std::string(mod_source);
+}
 
 struct AttentionKernel {
   int head_dim = 64;  // D, a multiple of 16, at most 128
@@ -33,6 +53,11 @@ struct AttentionKernel {
   // block, 128 keys a tile, q and two stages of k and v in shared memory; warps, row_tiles and
   // q_in_registers are then unused.
   int warpgroups = 0;
+  // A score_mod's functions (codegen/score_mod_source.hpp), applied to each scaled score before the
+  // mask and the softmax; empty: none. Both kinds take one (Hopper's backward does not: with a mod,
+  // dq, dk and dv are mma.sync kernels, runtime/extern/attention.hpp). Views of the registered
+  // mod's text (autodiff/score_mods.hpp), which lives as long as the process: no copy a launch.
+  std::string_view score_mod, score_mod_tag;
 
   // The values a thread holds, in 32-bit registers: per row tile o's D/2, the scores' key_rows/2
   // and, in registers, q's D/4.
@@ -77,10 +102,11 @@ struct AttentionKernel {
   std::string name() const {
     if (warpgroups > 0)
       return "kiln_attention_fwd_wgmma_d" + std::to_string(head_dim) + "_wg" + std::to_string(warpgroups) + "_k" +
-             std::to_string(key_rows) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt));
-    return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" + std::to_string(row_tiles) + "_k" +
-           std::to_string(key_rows) + (q_in_registers ? "" : "_qs") + (causal ? "_causal" : "") +
-           "_" + std::string(kiln::name(dt));
+             std::to_string(key_rows) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) +
+             score_mod_suffix(score_mod, score_mod_tag);
+    return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" +
+           std::to_string(row_tiles) + "_k" + std::to_string(key_rows) + (q_in_registers ? "" : "_qs") +
+           (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);
   }
 };
 
@@ -186,6 +212,7 @@ inline std::string attention_forward_source(const AttentionKernel& a) {
   s += "#define KILN_MMA(d, a, b0, b1) kiln_mma_16816_" + mma_type + "(d, a, b0, b1)\n";
   s += "#define KILN_PACK kiln_pack_" + mma_type + "\n";
   s += "#define KILN_NAME " + a.name() + "\n";
+  s += score_mod_preamble(a.score_mod);
   s += attention_prelude();
   s += R"(
 // ---- the forward kernel ------------------------------------------------------------------------
@@ -197,7 +224,7 @@ inline std::string attention_forward_source(const AttentionKernel& a) {
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ o,
           int BH, int H, int G, int Tq, int Tk, float scale_log2, i64 qb, i64 qh, i64 qt, i64 kb, i64 kh, i64 kt, i64 vb,
-          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse) {
+          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse KILN_MOD_PARAMS) {
   extern __shared__ __align__(128) unsigned char kiln_smem[];
   uint4* Qs = reinterpret_cast<uint4*>(kiln_smem);
   uint4* Ks = Qs + BM * CH;
@@ -287,7 +314,16 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
         for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
+#ifdef KILN_SCORE_MOD  // the mod of the scaled score, then into the exp2 domain (only inside the
+            {                   // scores: the tensors the mod reads end at Tq and Tk)
+              const int r = w0 + mt * 16 + (lane >> 2) + (e >> 1) * 8, col = n0 + i * 8 + 2 * (lane & 3) + (e & 1);
+              s[mt][i][e] = r < Tq && col < Tk ? kiln_score_mod(s[mt][i][e] * scale, b, h, r, col, mod_scalars) *
+                                                     1.4426950408889634f
+                                               : KILN_NEG_INF;
+            }
+#else
             s[mt][i][e] *= scale_log2;
+#endif
             if (masked) {
               const int col = n0 + i * 8 + 2 * (lane & 3) + (e & 1), r = w0 + mt * 16 + (lane >> 2) + (e >> 1) * 8;
               if (col >= Tk || (KILN_CAUSAL && col > r)) s[mt][i][e] = KILN_NEG_INF;

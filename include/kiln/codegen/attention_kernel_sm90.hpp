@@ -112,6 +112,7 @@ inline std::string attention_forward_source_sm90(const AttentionKernel& a) {
   s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
   s += "#define KILN_PACK kiln_pack_" + type + "\n";
   s += "#define KILN_NAME " + a.name() + "\n";
+  s += score_mod_preamble(a.score_mod);
   s += wgmma_prelude();
   s += wgmma_function("kiln_wgmma_qk_first", a.key_rows, false, true, 0, type);
   s += wgmma_function("kiln_wgmma_qk", a.key_rows, false, false, 0, type);
@@ -167,6 +168,21 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[BN / 2], float (&row_max
   }
   return moved;
 }
+#ifdef KILN_SCORE_MOD
+// A score_mod on a tile of scores, before softmax_tile (which then scales by 1): the mod of each
+// scaled score, into the exp2 domain; -inf outside the scores (the tensors the mod reads end at Tq
+// and Tk).
+__device__ __forceinline__ void mod_tile(float (&s)[BN / 2], int b, int h, int n0, int r0, int Tq, int Tk, float scale,
+                                         const kiln_score_scalars& mod_scalars) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) {
+    const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = r0 + ((i >> 1) & 1) * 8;
+    s[i] = r < Tq && col < Tk ? kiln_score_mod(s[i] * scale, b, h, r, col, mod_scalars) * 1.4426950408889634f
+                              : KILN_NEG_INF;
+  }
+}
+#endif
 // The probabilities as the A fragments of o += p v: two key columns of 8 make one of 16 keys.
 __device__ __forceinline__ void pack_probabilities(u32 (&p)[BN / 16][4], const float (&s)[BN / 2]) {
 #pragma unroll
@@ -181,7 +197,7 @@ __device__ __forceinline__ void pack_probabilities(u32 (&p)[BN / 16][4], const f
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32, 1)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ o,
           int BH, int H, int G, int Tq, int Tk, float scale_log2, i64 qb, i64 qh, i64 qt, i64 kb, i64 kh, i64 kt, i64 vb,
-          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse) {
+          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse KILN_MOD_PARAMS) {
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   const u32 Qs = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u;  // the swizzle repeats every 1024 bytes
   const u32 Ks = Qs + TILE_BYTES(BM), Vs = Ks + 2 * TILE_BYTES(BN);   // two stages each
@@ -239,7 +255,12 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       kiln_wgmma_commit();
       kiln_wgmma_wait<0>();
       kiln_hold(s);
+#ifdef KILN_SCORE_MOD
+      mod_tile(s, b, h, n0, r0, Tq, Tk, scale, mod_scalars);
+      const bool moved = softmax_tile(s, row_max, row_sum, alpha, n0, w0, r0, Tk, 1.f);
+#else
       const bool moved = softmax_tile(s, row_max, row_sum, alpha, n0, w0, r0, Tk, scale_log2);
+#endif
       if (__any_sync(0xffffffffu, moved))
 #pragma unroll
         for (int i = 0; i < KILN_D / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];

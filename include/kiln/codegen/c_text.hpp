@@ -3,11 +3,13 @@
 #pragma once
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "../core/dtype.hpp"
 #include "../expr/op.hpp"
+#include "../graph/graph.hpp"
 #include "../ir/sym.hpp"
 
 namespace kiln::codegen {
@@ -103,6 +105,53 @@ inline std::string pointwise_expr(Op op, const std::vector<std::string>& a) {
   std::string s = "kiln::" + std::string(name(op)) + "(";
   for (std::size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + a[i];
   return s + ")";
+}
+
+// A value being written: its C text and compute dtype; constants stay literals, so that each use
+// spells them in the dtype it needs.
+struct CValue {
+  std::string code;
+  kiln::dtype ct = kiln::dtype::f32;
+  bool literal = false;
+  double value = 0;
+};
+inline CValue cast_value(const CValue& v, kiln::dtype to) {
+  const kiln::dtype ct = compute_dtype(to);
+  if (v.literal) return {literal(v.value, ct), ct, true, v.value};
+  if (compute_dtype(v.ct) == ct && to != kiln::dtype::f16 && to != kiln::dtype::bf16) return {v.code, ct};
+  return {"kiln::cast<" + c_type(ct) + ">(" + v.code + ")", ct};
+}
+
+// The C expression of pointwise node n of g (unary, binary or ternary, casts included) over its
+// operands' values `in`; nothing where its value is its operand's (a cast within a compute dtype).
+// Comparisons compare in their operands' promoted dtype (a C++ scalar takes the other side's), a
+// where's condition is a bool, arithmetic on booleans gives a boolean (nonzero is true).
+inline std::optional<std::string> pointwise_code(const graph::Graph& g, const graph::Node& n,
+                                                 const std::vector<CValue>& in) {
+  const kiln::dtype ct = compute_dtype(n.dt);
+  if (n.op == Op::cast) {
+    const CValue& a = in[0];
+    if (n.attrs.dt == kiln::dtype::f16 || n.attrs.dt == kiln::dtype::bf16)
+      return "kiln::round_to<" + storage_c_type(n.attrs.dt) + ">(" + cast_value(a, kiln::dtype::f32).code + ")";
+    if (n.attrs.dt == kiln::dtype::boolean) return a.code + " != " + literal(0, a.ct);
+    if (compute_dtype(a.ct) == ct) return std::nullopt;
+    return cast_value(a, n.attrs.dt).code;
+  }
+  if (n.op == Op::logical_not) return "kiln::logical_not(" + cast_value(in[0], kiln::dtype::boolean).code + ")";
+  kiln::dtype operand = ct;
+  if (is_comparison(n.op)) {
+    const graph::Node &a = g[n.in[0]], &b = g[n.in[1]];
+    operand = compute_dtype(a.weak && !b.weak   ? promote_with_scalar(b.dt, is_floating(a.dt))
+                            : b.weak && !a.weak ? promote_with_scalar(a.dt, is_floating(b.dt))
+                                                : promote(a.dt, b.dt));
+  }
+  std::vector<std::string> args;
+  for (int i = 0; i < n.n_in; ++i)
+    args.push_back(
+        cast_value(in[static_cast<std::size_t>(i)], n.op == Op::where && i == 0 ? kiln::dtype::boolean : operand).code);
+  if (n.dt == kiln::dtype::boolean && (n.op == Op::add || n.op == Op::sub || n.op == Op::mul))
+    return "(" + pointwise_expr(n.op, args) + " != 0)";
+  return pointwise_expr(n.op, args);
 }
 
 }  // namespace detail

@@ -120,12 +120,7 @@ class KernelWriter {
   KernelSource write();
 
  private:
-  struct Value {
-    std::string code;
-    kiln::dtype ct;
-    bool literal = false;
-    double value = 0;
-  };
+  using Value = detail::CValue;
 
   // The parts of a kernel's body, written separately and joined in this order by write(), with
   // the row-invariant loads (hoist_row_invariants) before the row loop and the row's register
@@ -146,12 +141,7 @@ class KernelWriter {
   // it too: their ids read as 0 there, but the base row may lie past the source.
   std::string load_mask(const std::string& xm) const { return xm.empty() ? mask() : "(" + mask() + " & " + xm + ")"; }
 
-  Value cast(const Value& v, kiln::dtype to) {
-    kiln::dtype ct = compute_dtype(to);
-    if (v.literal) return {detail::literal(v.value, ct), ct, true, v.value};
-    if (compute_dtype(v.ct) == ct && to != kiln::dtype::f16 && to != kiln::dtype::bf16) return {v.code, ct};
-    return {"kiln::cast<" + detail::c_type(ct) + ">(" + v.code + ")", ct};
-  }
+  Value cast(const Value& v, kiln::dtype to) { return detail::cast_value(v, to); }
   Value bind(const std::string& expr, kiln::dtype ct) {
     std::string n = fresh();
     line("auto " + n + " = " + expr + ";");

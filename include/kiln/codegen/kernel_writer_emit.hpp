@@ -25,8 +25,9 @@ inline KernelWriter::Value KernelWriter::emit(int node, const std::vector<Sym>& 
     return memo_[key] = bind_held(kept->second + "[kiln_it]", compute_dtype(g_[node].dt));
   Value v = emit_uncached(node, idx, extra_mask);
   memo_[key] = v;
-  // A kept value may be a row's scalar (a special function of a row-uniform load: row_scalars()).
-  const std::string kept_code = row_scalars() ? "kiln::as_tile<RVEC>(" + v.code + ")" : v.code;
+  // A kept value may be a row's scalar: a special function of a row-uniform load (row_scalars()),
+  // or of an index that only xindex moves (ALiBi's head slope, exp2 of (xindex / T) % H).
+  const std::string kept_code = "kiln::as_tile<RVEC>(" + v.code + ")";
   if (kept != kept_values_.end() && !v.literal) {  // the other half of the loop that keeps it
     line(kept->second + "[kiln_it] = " + kept_code + ";");
   } else if (keep && !final_loop_ && !v.literal) {
@@ -72,37 +73,13 @@ inline KernelWriter::Value KernelWriter::emit_uncached(int node, const std::vect
                 double(count.constant_value())};
       return {"((double)(" + index_code(count) + "))", kiln::dtype::f64};
     }
-    case OpClass::unary: {
-      Value a = child(0);
-      if (n.op == Op::cast) {
-        if (n.attrs.dt == kiln::dtype::f16 || n.attrs.dt == kiln::dtype::bf16)
-          return bind(
-              "kiln::round_to<" + detail::storage_c_type(n.attrs.dt) + ">(" + cast(a, kiln::dtype::f32).code + ")", ct);
-        if (n.attrs.dt == kiln::dtype::boolean) return bind(a.code + " != " + detail::literal(0, a.ct), ct);
-        if (compute_dtype(a.ct) == ct) return a;  // f32 <-> f32 compute: nothing to do
-        return bind(cast(a, n.attrs.dt).code, ct);
-      }
-      if (n.op == Op::logical_not) return bind("kiln::logical_not(" + cast(a, kiln::dtype::boolean).code + ")", ct);
-      return bind(detail::pointwise_expr(n.op, {cast(a, ct).code}), ct);
-    }
+    case OpClass::unary:
     case OpClass::binary:
-    case OpClass::ternary: {
-      std::vector<std::string> args;
-      kiln::dtype operand = ct;
-      if (is_comparison(n.op)) {
-        const auto &a = g_[n.in[0]], &b = g_[n.in[1]];
-        operand = compute_dtype(a.weak && !b.weak   ? promote_with_scalar(b.dt, is_floating(a.dt))
-                                : b.weak && !a.weak ? promote_with_scalar(a.dt, is_floating(b.dt))
-                                                    : promote(a.dt, b.dt));
-      }
-      for (int i = 0; i < n.n_in; ++i) {
-        Value v = child(i);
-        args.push_back(n.op == Op::where && i == 0 ? cast(v, kiln::dtype::boolean).code : cast(v, operand).code);
-      }
-      // Arithmetic on booleans gives a boolean: nonzero is true (add(b, b) is true, not 2).
-      if (n.dt == kiln::dtype::boolean && (n.op == Op::add || n.op == Op::sub || n.op == Op::mul))
-        return bind("(" + detail::pointwise_expr(n.op, args) + " != 0)", ct);
-      return bind(detail::pointwise_expr(n.op, args), ct);
+    case OpClass::ternary: {  // c_text.hpp's pointwise_code over the operands' values
+      std::vector<Value> in;
+      for (int i = 0; i < n.n_in; ++i) in.push_back(child(i));
+      const std::optional<std::string> code = detail::pointwise_code(g_, n, in);
+      return code ? bind(*code, ct) : in[0];  // (a cast within a compute dtype: the operand)
     }
     case OpClass::view:
       if (n.op == Op::slice_backward) {  // zero outside the sliced positions of the input

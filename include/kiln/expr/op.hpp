@@ -153,7 +153,8 @@ constexpr bool is_transcendental(Op op) {
 }
 // A user's op (k::custom_op) or the gradient of one of its inputs: opaque calls, never fused.
 constexpr bool is_custom(Op op) { return op == Op::custom || op == Op::custom_backward; }
-// The fused attention kernels' nodes (lowering makes them; their last input is the scale).
+// The fused attention kernels' nodes (lowering makes them; the scale is the input after q, k, v and
+// the backward's cotangent and statistics, then the tensors a score_mod reads).
 constexpr bool is_fused_attention(Op op) {
   return op == Op::attention_flash || op == Op::attention_lse || op == Op::attention_grad;
 }

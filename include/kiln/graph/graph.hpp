@@ -15,8 +15,9 @@
 namespace kiln::graph {
 
 // Inputs a node can have: four for ops, five for the backward of a four-input custom op, six for
-// the fused attention backward's (q, k, v, the output's cotangent, the row statistics, the scale).
-inline constexpr int max_inputs = 6;
+// the fused attention backward's (q, k, v, the output's cotangent, the row statistics, the scale),
+// and two more for the tensors an inlined score_mod reads (autodiff/score_mod.hpp).
+inline constexpr int max_inputs = 8;
 
 // Attributes that may become symbolic, as bits of Node::sym_attrs: a slice's start and step (kernel
 // arguments) and its stop, a reshape's or expand's sizes (they only change shapes, re-inferred at
@@ -60,7 +61,7 @@ inline void apply_symbolic(Op op, const Attrs& call, Attrs& node) {
 
 struct Node {
   Op op = Op::arg;
-  std::array<int, max_inputs> in{-1, -1, -1, -1, -1, -1};
+  std::array<int, max_inputs> in{-1, -1, -1, -1, -1, -1, -1, -1};
   int n_in = 0;
   int slot = -1;         // arg: argument index; scalar: scalar slot
   bool weak = false;     // a C++ scalar (or computed only from scalars): lower promotion priority
@@ -241,6 +242,8 @@ inline std::string attrs_str(const Node& n) {
   if (n.op == Op::iota_of) os << ", " << n.attrs.dims.str() << ", dim=" << n.attrs.a << ", of dim " << n.attrs.b;
   if (n.op == Op::gelu && n.attrs.a) os << ", approximate=tanh";
   if (is_custom(n.op)) os << ", " << custom_ops::name_of(n.attrs.custom);
+  if ((n.op == Op::attention_flash || n.op == Op::attention_lse || n.op == Op::attention_grad) && n.attrs.custom >= 0)
+    os << ", score_mod " << n.attrs.custom;  // inlined (autodiff/score_mod.hpp)
   if (n.sym_attrs) os << ", symbolic attrs of capture " << n.capture;
   if (n.op == Op::custom_backward) os << ", grad of input " << n.attrs.a;
   return os.str();

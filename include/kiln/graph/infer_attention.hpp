@@ -31,7 +31,10 @@ inline bool fused_attention_head_dims(const Dims& q, const Dims& k, const Dims& 
 // D 96 takes 246 registers without spilling; D 128 spills 120-170 bytes, and still runs forward +
 // backward 12-13% faster on an H200 than dk and dv apart, which read q and dO twice and compute
 // the scores twice).
-constexpr bool fused_attention_joins_dk_dv(std::int64_t D) { return D + 64 <= 192; }
+// An inlined score_mod holds the tile's scaled scores too (32 more, for its derivative): D <= 96.
+constexpr bool fused_attention_joins_dk_dv(std::int64_t D, bool score_mod = false) {
+  return D + 64 + (score_mod ? 32 : 0) <= 192;
+}
 
 inline void infer_attention(const Graph& g, Node& n) {
   const Node &q = g.nodes[n.in[0]], &k = g.nodes[n.in[1]], &v = g.nodes[n.in[2]];

@@ -349,15 +349,19 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       return out;
     }
     case Op::attention:
-    case Op::attention_flash:  // the fused kernel's node: attention without a score_mod
       eval_attention(n, in(0), in(1), in(2), in(3).data[0], n.attrs.c ? &in(4) : nullptr, out);
       return out;
+    case Op::attention_flash:  // the fused kernels' nodes (reference/eval_attention.hpp)
     case Op::attention_lse:
-      eval_attention_lse(n, in(0), in(1), in(2).data[0], out);
+    case Op::attention_grad: {
+      std::vector<const Value*> ins;
+      for (int k = 0; k < n.n_in; ++k) ins.push_back(&in(k));
+      eval_fused_attention(
+          n, ins, out, [&](const graph::Graph& f, int i, const std::vector<Value>& vals, std::span<const Tensor> a) {
+            return eval_node(f, i, vals, a, scalars);
+          });
       return out;
-    case Op::attention_grad:
-      eval_attention_grad(n, in(0), in(1), in(2), in(3), in(5).data[0], out);
-      return out;
+    }
     case Op::score_arg:
       eval_score_arg(n, in(0), in(1), in(2).data[0], out);
       return out;

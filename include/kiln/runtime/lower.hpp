@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "../codegen/score_mod_source.hpp"
 #include "../core/linkage.hpp"
 #include "../debug/log.hpp"
 #include "../graph/infer.hpp"
@@ -22,6 +24,7 @@
 #include "../schedule/realize.hpp"
 #include "../schedule/split.hpp"
 #include "arguments.hpp"
+#include "compile/hash.hpp"
 #include "launch/program.hpp"
 #include "lowering.hpp"
 #include "tune/autotune.hpp"
@@ -32,7 +35,7 @@ inline void log_graph(debug::Channel ch, const std::string& title, const graph::
   if (debug::log_enabled(ch)) debug::log(ch, title + ":\n" + g.str());
 }
 
-// k::attention without a score_mod, on a CUDA device, over operands the fused kernel takes
+// k::attention on a CUDA device, over operands the fused kernel takes
 // (runtime/extern/attention.hpp's attention_flash_fits): the fused kernel's node, attention_flash
 // (an extern step; its derivative rule builds the backward from primitives), instead of the
 // decomposition into batched matmuls and a materialised softmax. KILN_TUNE_ATTENTION=0 keeps the
@@ -47,25 +50,60 @@ int cuda_device_of(const graph::Graph& g, ArgAt&& arg) {
   return device;
 }
 
+// A score_mod whose nodes are pointwise in the scores (autodiff/score_mod.hpp) is inlined into the
+// same kernels, forward and backward (registered, its id in attrs.custom; Hopper's warpgroup
+// forward, the mma.sync backward), the tensors it reads inputs after the scale; one that reduces or views
+// the scores, or reads more than two tensors, keeps the decomposition, as does any score_mod under
+// KILN_TUNE_ATTENTION_BACKWARD=0 (the materialised backward has no rule for an inlined mod).
+// The rewrite for a device of compute capability cc; same_tensor(x, y): whether argument nodes x
+// and y are bound to one tensor (eager tensors captured twice are two nodes).
+template <class SameTensor>
+graph::Graph fuse_attention(const graph::Graph& g, int cc, const Tuning& tuning, SameTensor&& same_tensor) {
+  return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in,
+                                       const std::vector<int>& map) {
+    if (n.op == Op::constant) return b.constant(n.value);
+    if (n.op != Op::attention || !attention_flash_fits(b.shape(in[0]), b.shape(in[1]), b.shape(in[2]), b.dt(in[0]), cc))
+      return b.rebuild(n, in);
+    int mod = -1;
+    std::vector<int> captured;  // the tensors the mod reads, inputs after the scale
+    if (n.attrs.c) {
+      std::optional<autodiff::ScoreMod> m;
+      if (tuning.attention_backward != 0)
+        m = autodiff::extract_score_mod(g, static_cast<int>(&n - g.nodes.data()), same_tensor);
+      if (!m) return b.rebuild(n, in);
+      for (int c : m->captured) captured.push_back(map[static_cast<std::size_t>(c)]);
+      m->source = codegen::score_mod_source(*m);
+      m->tag = hex(hash64(m->source));
+      mod = autodiff::ScoreMods::instance().add(std::move(*m));
+    }
+    Attrs at = n.attrs;
+    at.c = 0;
+    at.custom = mod;
+    at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block
+    // row tiles a warp (0: by registers), and 1 where Hopper's warpgroup kernel runs it
+    at.dims = Dims{std::max(tuning.attention_rows, 0), cc == 90 && tuning.attention_wgmma != 0 ? 1 : 0};
+    at.keepdim = tuning.attention_backward != 0;         // its backward: fused kernels (autodiff/rules.hpp)
+    graph::Node f;
+    f.op = Op::attention_flash;
+    f.attrs = at;
+    for (int x : {in[0], in[1], in[2], in[3]}) f.in[f.n_in++] = x;
+    for (int x : captured) f.in[f.n_in++] = x;
+    return b.node(f);
+  });
+}
 template <class ArgAt>
 graph::Graph choose_fused_attention(const graph::Graph& g, ArgAt&& arg, const Tuning& tuning) {
   if (tuning.attention == 0) return g;
   const int device = cuda_device_of(g, arg);
   bool any = false;
-  for (const auto& n : g.nodes) any = any || (n.op == Op::attention && !n.attrs.c);
+  for (const auto& n : g.nodes) any = any || n.op == Op::attention;
   if (device < 0 || !any) return g;
-  const int cc = driver::compute_capability(device);
-  return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
-    if (n.op == Op::constant) return b.constant(n.value);
-    if (n.op != Op::attention || n.attrs.c ||
-        !attention_flash_fits(b.shape(in[0]), b.shape(in[1]), b.shape(in[2]), b.dt(in[0]), cc))
-      return b.rebuild(n, in);
-    Attrs at = n.attrs;
-    at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block
-    // row tiles a warp (0: by registers), and 1 where Hopper's warpgroup kernel runs it
-    at.dims = Dims{std::max(tuning.attention_rows, 0), cc == 90 && tuning.attention_wgmma != 0 ? 1 : 0};
-    at.keepdim = tuning.attention_backward != 0;         // its backward: fused kernels (autodiff/rules.hpp)
-    return b.op(Op::attention_flash, {in[0], in[1], in[2], in[3]}, at);
+  return fuse_attention(g, driver::compute_capability(device), tuning, [&](int x, int y) {
+    if (x == y) return true;
+    if (g[x].op != Op::arg || g[y].op != Op::arg) return false;
+    const Tensor &tx = arg(g[x].slot), &ty = arg(g[y].slot);
+    return tx.data_ptr() == ty.data_ptr() && tx.shape() == ty.shape() && tx.strides() == ty.strides() &&
+           tx.dtype() == ty.dtype() && tx.device() == ty.device();
   });
 }
 
@@ -156,7 +194,7 @@ template <class ArgAt>
 void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg) {
   p.kernels.clear();
   const bool realize = p.tuning.realize != 0,
-             epilogues = target == codegen::Target::cuda && p.tuning.epilogue == 1;  // opt-in (tuning.hpp)
+             epilogues = target == codegen::Target::cuda && p.tuning.epilogue != 0;  // KILN_TUNE_EPILOGUE=0: off
   const bool host = target == codegen::Target::cpu;
   p.sched = schedule_graph(g, env, p.tuning.partials != 0, realize, epilogues, host);
   if (!partials_held(g, p.sched, env, target, p.tuning))
@@ -191,6 +229,7 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
         if (e.act != schedule::Activation::none) ck.src.fused_ops.push_back(schedule::activation_name(e.act));
       }
       if (plan.attention_lse >= 0) ck.src.fused_ops.push_back("attention_lse");  // the rows' log-sum-exp too
+      if (is_fused_attention(n.op) && n.attrs.custom >= 0) ck.src.fused_ops.push_back("score_mod");  // inlined
     } else {
       ck.src = write_kernel(g, p.sched, env, k, target, arg, p.tuning).value();
       if (codegen::specialised(ck.src)) {  // on symbolic sizes: its unspecialised twin for other sizes

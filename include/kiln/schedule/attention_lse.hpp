@@ -2,6 +2,7 @@
 // (autodiff/rules.hpp's attention_flash rule makes an attention_lse node for it), written by the
 // forward's kernel beside its output where both are in one program, as a GEMM's aux output.
 #pragma once
+#include <algorithm>
 #include <vector>
 
 #include "../graph/graph.hpp"
@@ -20,7 +21,8 @@ inline std::vector<int> lse_written_by_forward(const graph::Graph& g) {
     for (int f = 0; f < l; ++f) {
       const graph::Node& F = g[f];
       if (F.op == Op::attention_flash && lse_of[f] < 0 && F.in[0] == L.in[0] && F.in[1] == L.in[1] &&
-          F.in[3] == L.in[2] && F.attrs.a == L.attrs.a && F.attrs.b == L.attrs.b) {
+          F.in[3] == L.in[2] && F.attrs.a == L.attrs.a && F.attrs.b == L.attrs.b && F.attrs.custom == L.attrs.custom &&
+          F.n_in - 4 == L.n_in - 3 && std::equal(F.in.begin() + 4, F.in.begin() + F.n_in, L.in.begin() + 3)) {
         lse_of[f] = l;
         break;
       }

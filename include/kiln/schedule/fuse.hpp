@@ -62,9 +62,13 @@ inline std::vector<bool> find_anchors(const graph::Graph& g, const std::vector<M
   for (int i = 0; i < g.size(); ++i) {
     const auto& n = g[i];
     if (is_reduction(n.op) || is_extern(n.op)) anchor[i] = true;
-    if (reads_whole_buffers(n.op))  // (a shape_of input is read for its shape: embedding_backward's rows)
-      for (int k = 0; k < n.n_in; ++k)
-        anchor[n.in[k]] = anchor[n.in[k]] || (g[n.in[k]].op != Op::arg && info(g[n.in[k]].op).cls != OpClass::meta);
+    // (a shape_of input is read for its shape: embedding_backward's rows; a fused attention's scale
+    // is a launch argument taken from the call's scalars, not a buffer)
+    for (int k = 0; reads_whole_buffers(n.op) && k < n.n_in; ++k) {
+      const Op in = g[n.in[k]].op;
+      const bool scale = is_fused_attention(n.op) && (in == Op::scalar || in == Op::constant);
+      anchor[n.in[k]] = anchor[n.in[k]] || (in != Op::arg && info(in).cls != OpClass::meta && !scale);
+    }
     // A gather's or embedding's source is indexed by loaded values; an embedding's ids live in
     // memory too, so that they can be checked (runtime/launch/index_checks.hpp).
     if ((n.op == Op::gather || n.op == Op::embedding) && g[n.in[0]].op != Op::arg) anchor[n.in[0]] = true;

@@ -5,13 +5,16 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <numbers>
 #include <string>
 #include <tuple>
+#include <vector>
 
+#include "../../autodiff/score_mod.hpp"
 #include "../../codegen/attention_backward_kernel_sm90.hpp"
 #include "../../codegen/attention_kernel.hpp"
 #include "../../codegen/attention_kernel_sm90.hpp"
@@ -34,9 +37,14 @@ inline bool attention_flash_fits(const Dims& q, const Dims& k, const Dims& v, dt
   return graph::detail::fused_attention_head_dims(q, k, v);
 }
 
-// The node of a fused attention node's scale: its last input (attention_flash, attention_lse and
-// attention_grad alike).
-inline int attention_scale_node(const graph::Node& n) { return n.in[n.n_in - 1]; }
+// The first input of a fused attention node that is a tensor its score_mod reads (the inputs
+// after it are the others): after attention_flash's q, k, v and scale, attention_lse's q, k and
+// scale, attention_grad's q, k, v, the cotangent, the statistics and the scale.
+inline int first_captured_input(const graph::Node& n) {
+  return n.op == Op::attention_flash ? 4 : n.op == Op::attention_lse ? 3 : 6;
+}
+// The node of a fused attention node's scale: its input before those.
+inline int attention_scale_node(const graph::Node& n) { return n.in[first_captured_input(n) - 1]; }
 // The scale it runs with: the scalar when the user gave one (attrs.b), else 1/sqrt(D).
 inline double attention_scale(const graph::Graph& g, const graph::Node& n, const double* scalars, std::int64_t D) {
   if (!n.attrs.b) return 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)));
@@ -44,35 +52,81 @@ inline double attention_scale(const graph::Graph& g, const graph::Node& n, const
   return s.op == Op::scalar ? scalars[s.slot] : s.value;
 }
 
-// The kernel an attention_flash node runs, as explain shows it: its source.
+// A score_mod as a launch reads it: the registered mod (null: none) and the kernels' last
+// parameter, a kiln_score_scalars by value (codegen/score_mod_source.hpp): this call's values of
+// the C++ scalars it reads, then the address of each tensor it reads and its strides along the
+// scores' [B, H, Tq, Tk] (0 where it is broadcast).
+struct ScoreModCall {
+  const autodiff::ScoreMod* mod = nullptr;
+  std::vector<std::uint64_t> params;
+};
+// The score_mod a fused attention node inlines (attrs.custom: its id in autodiff::ScoreMods, -1
+// none); with this call's scalars and the node's captured inputs (`captured`), its parameters for
+// scores of shape `scores` ([B, H, Tq, Tk]).
+inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars = nullptr,
+                                   const std::vector<const Tensor*>& captured = {}, const Dims& scores = {}) {
+  if (n.attrs.custom < 0) return {};
+  const autodiff::ScoreMod& m = autodiff::ScoreMods::instance().get(n.attrs.custom);
+  ScoreModCall c{&m, {}};
+  if (scores.size() != 4) return c;  // (the source alone)
+  if (captured.size() != m.captured.size())
+    throw error("attention: the score_mod reads " + std::to_string(m.captured.size()) + " tensors, the node has " +
+                std::to_string(captured.size()));
+  const std::size_t nv = std::max<std::size_t>(m.slots.size(), 1), nt = std::max<std::size_t>(m.captured.size(), 1);
+  c.params.assign(nv + nt * 5, 0);
+  for (std::size_t k = 0; k < m.slots.size() && scalars; ++k)
+    std::memcpy(&c.params[k], &scalars[m.slots[k]], sizeof(double));
+  for (std::size_t t = 0; t < captured.size(); ++t) {
+    const Tensor& x = *captured[t];
+    bool fits = x.dim() <= 4 && x.dtype() == m.captured_dt[t];
+    for (int d = 0; fits && d < x.dim(); ++d) fits = x.shape()[d] == 1 || x.shape()[d] == scores[4 - x.dim() + d];
+    if (!fits)
+      throw shape_error("attention: a tensor the score_mod reads is " + x.shape().str() + " " +
+                        std::string(name(x.dtype())) + ", not " + std::string(name(m.captured_dt[t])) +
+                        " broadcast to the scores' " + scores.str() +
+                        " (sizes changed under dynamic shapes): compile it again");
+    c.params[nv + t] = reinterpret_cast<std::uintptr_t>(x.data_ptr());
+    for (int d = 0; d < 4; ++d) {  // right-aligned against [B, H, Tq, Tk]
+      const int xd = d - (4 - x.dim());
+      const bool along = xd >= 0 && x.shape()[xd] != 1;
+      c.params[nv + nt + 4 * t + static_cast<std::size_t>(d)] = along ? static_cast<std::uint64_t>(x.strides()[xd]) : 0;
+    }
+  }
+  return c;
+}
+
 // The forward kernel for head dim D: `warps` warps a block and `row_tiles` 16-row tiles a warp
 // (0: AttentionKernel::for_head_dim's choice), or Hopper's warpgroup kernel where `hopper` and it
-// takes D.
+// takes D; either inlines the score_mod `mod` (null: none).
 inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, int row_tiles, bool hopper, bool causal,
-                                                     dtype dt) {
+                                                     dtype dt, const autodiff::ScoreMod* mod = nullptr) {
   codegen::AttentionKernel a = codegen::AttentionKernel::for_head_dim(static_cast<int>(D), row_tiles);
   a.warps = warps;
   a.causal = causal;
   a.dt = dt;
+  if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
   return hopper ? codegen::AttentionKernel::hopper(a) : a;
 }
-// An attention_flash node's: attrs.d warps, attrs.dims {row tiles, Hopper}.
+// An attention_flash node's: attrs.d warps, attrs.dims {row tiles, Hopper}, attrs.custom its mod.
 inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const graph::Node& n) {
   const Dims& d = n.attrs.dims;
   return attention_kernel_for(g[n.in[0]].shape[3], static_cast<int>(n.attrs.d), static_cast<int>(d[0]),
-                              d.size() > 1 && d[1] != 0, n.attrs.a != 0, g[n.in[0]].dt);
+                              d.size() > 1 && d[1] != 0, n.attrs.a != 0, g[n.in[0]].dt, score_mod_call(n).mod);
 }
-// A backward kernel: Hopper's warpgroup kernels for dq and dk/dv where `hopper` and they take D.
+// A backward kernel: Hopper's warpgroup kernels for dq and dk/dv where `hopper` and they take D
+// and there is no score_mod.
 inline codegen::AttentionBackwardKernel attention_backward_kernel_for(codegen::AttentionBackwardKernel::Part part,
                                                                       std::int64_t D, bool causal, bool hopper,
-                                                                      dtype dt) {
+                                                                      dtype dt,
+                                                                      const autodiff::ScoreMod* mod = nullptr) {
   using Part = codegen::AttentionBackwardKernel::Part;
   codegen::AttentionBackwardKernel a;
   a.part = part;
   a.head_dim = static_cast<int>(D);
   a.causal = causal;
   a.dt = dt;
-  a.hopper = hopper && (part == Part::dq || part == Part::dkv) && (D == 64 || D == 128);
+  if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
+  a.hopper = hopper && !mod && (part == Part::dq || part == Part::dkv) && (D == 64 || D == 128);
   return a;
 }
 inline std::string describe_attention_step(const graph::Graph& g, int node) {
@@ -81,7 +135,8 @@ inline std::string describe_attention_step(const graph::Graph& g, int node) {
   codegen::AttentionBackwardKernel a = attention_backward_kernel_for(
       n.op == Op::attention_lse ? codegen::AttentionBackwardKernel::Part::stats
                                 : static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1),
-      g[n.in[0]].shape[3], n.attrs.a != 0, n.op == Op::attention_grad && n.attrs.d != 0, g[n.in[0]].dt);
+      g[n.in[0]].shape[3], n.attrs.a != 0, n.op == Op::attention_grad && n.attrs.d != 0, g[n.in[0]].dt,
+      score_mod_call(n).mod);
   return codegen::attention_backward_kernel_source(a);
 }
 
@@ -117,9 +172,11 @@ inline void check_contiguous(const Tensor& t, const char* what) {
                 " as a contiguous, 16-byte aligned buffer (lowering copies strided arguments)");
 }
 
-// Launches one backward kernel over `blocks` row tiles of `heads` (batch, head) pairs.
+// Launches one backward kernel over `blocks` row tiles of `heads` (batch, head) pairs; a score_mod's
+// scalars go after `args` (the kernel's last parameter).
 inline void launch_part(const codegen::AttentionBackwardKernel& a, int device, std::int64_t rows, std::int64_t heads,
-                        void** args, CUstream stream) {
+                        std::vector<void*> args, ScoreModCall& mod, CUstream stream) {
+  if (mod.mod) args.push_back(mod.params.data());
   CUfunction f = function(
       a.name(), [&] { return codegen::attention_backward_kernel_source(a); }, device);
   driver::make_current(device);
@@ -128,7 +185,7 @@ inline void launch_part(const codegen::AttentionBackwardKernel& a, int device, s
   if (blocks == 0 || heads == 0) return;
   launch(f,
          Dim3{blocks, static_cast<unsigned>(std::min(heads, most)), static_cast<unsigned>((heads + most - 1) / most)},
-         Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream, args,
+         Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream, args.data(),
          a.name().c_str());
 }
 
@@ -146,7 +203,8 @@ inline void check(const Tensor& t, const char* what) {
 
 // Each query row's log-sum-exp of its scaled, masked scores into out [B, H, Tq] f32, for the fused
 // backward: a pass over the keys, where the forward's kernel has not written it (attention_flash).
-inline void attention_lse(const Tensor& q, const Tensor& k, double scale, bool causal, Tensor& out, CUstream stream) {
+inline void attention_lse(const Tensor& q, const Tensor& k, double scale, bool causal, Tensor& out, ScoreModCall mod,
+                          CUstream stream) {
   const Tensor* ts[] = {&q, &k, &out};
   const char* names[] = {"q", "k", "the log-sum-exp"};
   for (int i = 0; i < 3; ++i) attention_detail::check_contiguous(*ts[i], names[i]);
@@ -155,14 +213,16 @@ inline void attention_lse(const Tensor& q, const Tensor& k, double scale, bool c
   a.head_dim = static_cast<int>(q.shape()[3]);
   a.causal = causal;
   a.dt = q.dtype();
+  if (mod.mod) a.score_mod = mod.mod->source, a.score_mod_tag = mod.mod->tag;
   const Dims& qs = q.shape();
   int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / k.shape()[1]),
       Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(k.shape()[2]);
   float scale_log2 = static_cast<float>(scale * std::numbers::log2e), sc = static_cast<float>(scale);
   const void *qp = q.data_ptr(), *kp = k.data_ptr(), *none = nullptr;
   void* sp = out.data_ptr();
-  void* args[] = {&qp, &kp, &none, &none, &sp, &none, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc};
-  attention_detail::launch_part(a, out.device().index, Tq, BH, args, stream);
+  attention_detail::launch_part(a, out.device().index, Tq, BH,
+                                {&qp, &kp, &none, &none, &sp, &none, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod,
+                                stream);
 }
 
 // One gradient of attention (part: dq, dk or dv) into out, from q, k, v, g (the output's cotangent)
@@ -170,13 +230,13 @@ inline void attention_lse(const Tensor& q, const Tensor& k, double scale, bool c
 // the warpgroup kernels on a device of compute capability 9.0.
 inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Tensor& q, const Tensor& k,
                            const Tensor& v, const Tensor& g, const Tensor& stats, double scale, bool causal,
-                           bool hopper, Tensor& out, CUstream stream) {
+                           bool hopper, Tensor& out, ScoreModCall mod, CUstream stream) {
   const Tensor* ts[] = {&q, &k, &v, &g, &stats, &out};
   const char* names[] = {"q", "k", "v", "the output's cotangent", "the statistics", "a gradient"};
   for (int i = 0; i < 6; ++i) attention_detail::check_contiguous(*ts[i], names[i]);
   const int device = out.device().index;
   const codegen::AttentionBackwardKernel a = attention_backward_kernel_for(
-      part, q.shape()[3], causal, hopper && driver::compute_capability(device) == 90, q.dtype());
+      part, q.shape()[3], causal, hopper && driver::compute_capability(device) == 90, q.dtype(), mod.mod);
   const Dims &qs = q.shape(), &ks = k.shape();
   int BH = static_cast<int>(qs[0] * qs[1]), BHkv = static_cast<int>(ks[0] * ks[1]), H = static_cast<int>(qs[1]),
       G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(ks[2]);
@@ -184,11 +244,11 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
   const void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr(), *gp = g.data_ptr(), *sp = stats.data_ptr();
   void* op = out.data_ptr();
   if (part == codegen::AttentionBackwardKernel::Part::dq) {
-    void* args[] = {&qp, &kp, &vp, &gp, &sp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc};
-    attention_detail::launch_part(a, device, Tq, BH, args, stream);
+    attention_detail::launch_part(a, device, Tq, BH,
+                                  {&qp, &kp, &vp, &gp, &sp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod, stream);
   } else {
-    void* args[] = {&qp, &kp, &vp, &gp, &sp, &op, &BHkv, &H, &G, &Tq, &Tk, &scale_log2, &sc};
-    attention_detail::launch_part(a, device, Tk, BHkv, args, stream);
+    attention_detail::launch_part(
+        a, device, Tk, BHkv, {&qp, &kp, &vp, &gp, &sp, &op, &BHkv, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod, stream);
   }
 }
 
@@ -196,7 +256,7 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
 // (`hopper`: the warpgroup kernel where it takes the head dim); given lse, each row's log-sum-exp
 // into it ([B, H, Tq] f32, attention_lse's value).
 inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int warps,
-                            int row_tiles, bool hopper, Tensor& out, Tensor* lse, CUstream stream) {
+                            int row_tiles, bool hopper, Tensor& out, Tensor* lse, ScoreModCall mod, CUstream stream) {
   if (!q.device().is_cuda()) throw error("attention: the fused kernel runs on CUDA devices only");
   attention_detail::check(q, "q");
   attention_detail::check(k, "k");
@@ -210,12 +270,12 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
                       " (sizes changed under dynamic shapes): compile it again");
   const int device = out.device().index;
   const codegen::AttentionKernel a = attention_kernel_for(
-      qs[3], warps, row_tiles, hopper && driver::compute_capability(device) == 90, causal, q.dtype());
+      qs[3], warps, row_tiles, hopper && driver::compute_capability(device) == 90, causal, q.dtype(), mod.mod);
   CUfunction f = attention_detail::function(a, device);
   driver::make_current(device);
   int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]),
       Tk = static_cast<int>(ks[2]);
-  float scale_log2 = static_cast<float>(scale * std::numbers::log2e);
+  float scale_log2 = static_cast<float>(scale * std::numbers::log2e), sc = static_cast<float>(scale);
   const void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr();
   void* op = out.data_ptr();
   void* lp = lse ? lse->data_ptr() : nullptr;
@@ -223,14 +283,16 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
   const Tensor* ts[4] = {&q, &k, &v, &out};
   for (int t = 0; t < 4; ++t)
     for (int i = 0; i < 3; ++i) st[3 * t + i] = ts[t]->strides()[i];
-  void* args[] = {&qp, &kp, &vp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &st[0], &st[1], &st[2], &st[3],
-                  &st[4], &st[5], &st[6], &st[7], &st[8], &st[9], &st[10], &st[11], &lp};
+  std::vector<void*> args = {&qp,    &kp,         &vp,    &op,    &BH,     &H,      &G,     &Tq,
+                             &Tk,    &scale_log2, &st[0], &st[1], &st[2],  &st[3],  &st[4], &st[5],
+                             &st[6], &st[7],      &st[8], &st[9], &st[10], &st[11], &lp};
+  if (mod.mod) args.insert(args.end(), {&sc, mod.params.data()});  // the mod's parameters
   const unsigned blocks = static_cast<unsigned>((Tq + a.query_rows() - 1) / a.query_rows());
   const std::int64_t heads = qs[0] * qs[1], most = 65535;  // (batch, head) pairs along y, then z
   if (blocks == 0 || heads == 0) return;
   launch(f,
          Dim3{blocks, static_cast<unsigned>(std::min(heads, most)), static_cast<unsigned>((heads + most - 1) / most)},
-         Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream, args,
+         Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream, args.data(),
          a.name().c_str());
 }
 

@@ -32,9 +32,13 @@ class GraphReplay {
     for (const auto& k : p.kernels)
       for (const auto& prm : k.src.params)
         if (prm.kind == codegen::Param::scalar) num_scalars_ = std::max(num_scalars_, prm.ref + 1);
-    for (const auto& n : p.graph.nodes)  // the fused attention kernels' scale, an argument of their launch
-      if (is_fused_attention(n.op) && p.graph[attention_scale_node(n)].op == Op::scalar)
+    for (const auto& n : p.graph.nodes) {  // the fused attention kernels' scale and score_mod's scalars
+      if (!is_fused_attention(n.op)) continue;
+      if (p.graph[attention_scale_node(n)].op == Op::scalar)
         num_scalars_ = std::max(num_scalars_, p.graph[attention_scale_node(n)].slot + 1);
+      if (const autodiff::ScoreMod* m = score_mod_call(n).mod)
+        for (int slot : m->slots) num_scalars_ = std::max(num_scalars_, slot + 1);
+    }
     graphs_.reserve(max_graphs);  // slots are referred to by address
   }
   GraphReplay(const GraphReplay&) = delete;

@@ -501,25 +501,34 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         embedding_backward(buffer(n.in[0]), buffer(n.in[1]), temps[k.extern_node], stream);
         return;
       }
+      // A score_mod's parameters: this call's scalars and the tensors it reads (the inputs after the
+      // scale), against the scores' [B, H, Tq, Tk].
+      auto mod_of = [&](const graph::Node& n) {
+        if (n.attrs.custom < 0) return ScoreModCall{};  // (plain attention: nothing to gather)
+        std::vector<const Tensor*> captured;
+        for (int c = first_captured_input(n); c < n.n_in; ++c) captured.push_back(&buffer(n.in[c]));
+        const Dims &qs = buffer(n.in[0]).shape(), &ks = buffer(n.in[1]).shape();
+        return score_mod_call(n, scalars, captured, Dims{qs[0], qs[1], qs[2], ks[2]});
+      };
       if (n.op == Op::attention_flash) {  // the fused attention kernel: runtime/extern/attention.hpp
         const int lse = k.attention_lse;
         attention_flash(buffer(n.in[0]), buffer(n.in[1]), buffer(n.in[2]),
                         attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
                         static_cast<int>(n.attrs.d), static_cast<int>(n.attrs.dims[0]),
                         n.attrs.dims.size() > 1 && n.attrs.dims[1] != 0, temps[k.extern_node],
-                        lse >= 0 ? &temps[lse] : nullptr, stream);
+                        lse >= 0 ? &temps[lse] : nullptr, mod_of(n), stream);
         return;
       }
       if (n.op == Op::attention_lse) {  // the rows' log-sum-exp where no forward kernel wrote it
         attention_lse(buffer(n.in[0]), buffer(n.in[1]), attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]),
-                      n.attrs.a, temps[k.extern_node], stream);
+                      n.attrs.a, temps[k.extern_node], mod_of(n), stream);
         return;
       }
       if (n.op == Op::attention_grad) {  // dq, dk or dv of the fused backward
         attention_grad(static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1), buffer(n.in[0]),
                        buffer(n.in[1]), buffer(n.in[2]), buffer(n.in[3]), buffer(n.in[4]),
                        attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a, n.attrs.d != 0,
-                       temps[k.extern_node], stream);
+                       temps[k.extern_node], mod_of(n), stream);
         return;
       }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);
