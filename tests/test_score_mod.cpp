@@ -276,6 +276,20 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
       b.score_mod_tag = "test";
       sources.emplace_back(b.name(), cg::attention_backward_kernel_source(b));
     }
+    for (Part part : {Part::dq, Part::dkv}) {  // Hopper's warpgroup kernels (sm_90a only)
+      cg::AttentionBackwardKernel b;
+      b.part = part;
+      b.head_dim = D;
+      b.causal = part == Part::dkv;
+      b.hopper = true;
+      b.score_mod = mod;
+      b.score_mod_tag = "test";
+      INFO(b.name());
+      CHECK(b.name().find("_wgmma") != std::string::npos);
+      CHECK(!k::runtime::compile_cubin(cg::attention_backward_kernel_source(b), b.name(), "sm_90a").empty());
+      b.score_mod = {};
+      CHECK(!k::runtime::compile_cubin(cg::attention_backward_kernel_source(b), b.name(), "sm_90a").empty());
+    }
     for (const auto& [name, source] : sources)
       for (const char* arch : {"sm_80", "sm_90a"}) {
         INFO(name << " for " << arch);
