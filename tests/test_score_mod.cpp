@@ -276,11 +276,11 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
       b.score_mod_tag = "test";
       sources.emplace_back(b.name(), cg::attention_backward_kernel_source(b));
     }
-    for (Part part : {Part::dq, Part::dkv}) {  // Hopper's warpgroup kernels (sm_90a only)
+    for (int n = 0; n < 4; ++n) {  // Hopper's dq and dk/dv kernels, causal and not (sm_90a only)
       cg::AttentionBackwardKernel b;
-      b.part = part;
+      b.part = n % 2 ? Part::dkv : Part::dq;
       b.head_dim = D;
-      b.causal = part == Part::dkv;
+      b.causal = n >= 2;
       b.hopper = true;
       b.score_mod = mod;
       b.score_mod_tag = "test";

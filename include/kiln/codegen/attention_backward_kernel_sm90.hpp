@@ -145,9 +145,11 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
         float x = p[i] * scale_log2;
 #endif
         if (masked && (col >= Tk || (KILN_CAUSAL && col > r0 + r * 8))) x = KILN_NEG_INF;
-        p[i] = kiln_exp2(x - lse2[r]) * (dp[i] - delta[r]);  // dS
-#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score (none where it is 0)
-        if (p[i] != 0.f) p[i] = kiln_score_mod_vjp(sv, b, bh % H, r0 + r * 8, col, mod_scalars, p[i]);
+        const float pe = kiln_exp2(x - lse2[r]);
+        p[i] = pe * (dp[i] - delta[r]);  // dS
+#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score (none where the probability is
+        // 0: outside Tq and Tk too, where a non-finite dO would give NaN)
+        if (pe != 0.f) p[i] = kiln_score_mod_vjp(sv, b, bh % H, r0 + r * 8, col, mod_scalars, p[i]);
 #endif
       }
       u32 f[BC / 16][4];
@@ -243,8 +245,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
         if (masked && (i0 + c >= Tq || (KILN_CAUSAL && r > i0 + c))) x = KILN_NEG_INF;
         p[i] = kiln_exp2(x - L[c]);
         dp[i] = p[i] * (dp[i] - L[BC + c]);  // dS^T
-#ifdef KILN_SCORE_MOD  // back through the mod (none where dS is 0)
-        if (dp[i] != 0.f) dp[i] = kiln_score_mod_vjp(sv, b, h, i0 + c, r, mod_scalars, dp[i]);
+#ifdef KILN_SCORE_MOD  // back through the mod (none where the probability is 0: outside Tq and Tk
+        // too, where a non-finite v would give NaN)
+        if (p[i] != 0.f) dp[i] = kiln_score_mod_vjp(sv, b, h, i0 + c, r, mod_scalars, dp[i]);
 #endif
       }
       u32 fp[BC / 16][4], fs[BC / 16][4];
