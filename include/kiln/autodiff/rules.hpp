@@ -250,16 +250,13 @@ inline void captured_cotangents(Builder& b, const graph::Node& n, int g16, int l
   // rounded to 16 bits (a 16-bit GEMM's output) left |dp| 2^-9 against delta's f32 sum (0.056 in a
   // bias's gradient at D 128 on an H200).
   const kiln::dtype f32 = kiln::dtype::f32;
-  const int D = b.shape(v)[3];
-  const int qk = b.matmul(b.reshape(b.cast(q, f32), Dims{a.B * a.H, a.Tq, b.shape(q)[3]}),
-                          b.permute(b.cast(a.heads(b, k), f32), Dims{0, 2, 1}));
-  args[0] = b.reshape(b.mul(qk, a.scale_of(b, scale, n.attrs.b)), full);
+  args[0] = b.reshape(a.scores(b, b.cast(q, f32), b.cast(k, f32), scale, n.attrs.b), full);
   for (int d = 0; d < 4; ++d) args[1 + static_cast<std::size_t>(d)] = b.iota(full, d);
   for (std::size_t t = 0; t < m.captured.size(); ++t) args[ScoreMod::first_captured_arg + t] = n.in[4 + t];
   int s = inline_graph(b, m.mod, args)[0];
   if (n.attrs.a) s = b.where(b.cmp(Op::le, args[4], args[3]), s, -rewrite::inf);  // causal: key j <= query i
   const int p = b.exp(b.sub(s, b.reshape(lse, Dims{a.B, a.H, a.Tq, 1})));
-  const int go = b.reshape(b.cast(g16, f32), Dims{a.B * a.H, a.Tq, D});
+  const int go = b.reshape(b.cast(g16, f32), Dims{a.B * a.H, a.Tq, b.shape(v)[3]});
   const int dp = b.matmul(go, b.permute(b.cast(a.heads(b, v), f32), Dims{0, 2, 1}));
   args[ScoreMod::cotangent_arg] = b.mul(p, b.sub(b.reshape(dp, full), delta));
   const std::vector<int> d = inline_graph(b, m.vjp, args);
