@@ -276,6 +276,20 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
       b.score_mod_tag = "test";
       sources.emplace_back(b.name(), cg::attention_backward_kernel_source(b));
     }
+    for (int n = 0; n < 4; ++n) {  // Hopper's dq and dk/dv kernels, causal and not (sm_90a only)
+      cg::AttentionBackwardKernel b;
+      b.part = n % 2 ? Part::dkv : Part::dq;
+      b.head_dim = D;
+      b.causal = n >= 2;
+      b.hopper = true;
+      b.score_mod = mod;
+      b.score_mod_tag = "test";
+      INFO(b.name());
+      CHECK(b.name().find("_wgmma") != std::string::npos);
+      CHECK(!k::runtime::compile_cubin(cg::attention_backward_kernel_source(b), b.name(), "sm_90a").empty());
+      b.score_mod = {};
+      CHECK(!k::runtime::compile_cubin(cg::attention_backward_kernel_source(b), b.name(), "sm_90a").empty());
+    }
     for (const auto& [name, source] : sources)
       for (const char* arch : {"sm_80", "sm_90a"}) {
         INFO(name << " for " << arch);

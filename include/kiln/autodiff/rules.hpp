@@ -302,7 +302,11 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   if (n.attrs.custom >= 0) captured_cotangents(b, n, g16, lse, delta, c);
   at.c = 0;  // dq
   c[0] = fused(Op::attention_grad, {q, k, v, g16, stats, scale});
-  if (graph::detail::fused_attention_joins_dk_dv(b.shape(k)[3], n.attrs.custom >= 0)) {
+  // (dk and dv join in one kernel where it holds both; with a mod, the mma.sync kernel also holds
+  // the scaled scores, Hopper's warpgroup kernel not: it takes D 64 and 128)
+  const std::int64_t D = b.shape(k)[3];
+  const bool warpgroup = at.d != 0 && (D == 64 || D == 128);
+  if (graph::detail::fused_attention_joins_dk_dv(D, n.attrs.custom >= 0 && !warpgroup)) {
     at.c = 3;  // dk and dv in one kernel, stacked: views of its halves
     const int both = fused(Op::attention_grad, {q, k, v, g16, stats, scale});
     for (int which = 1; which < 3; ++which) {

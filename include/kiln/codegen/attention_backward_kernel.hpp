@@ -236,8 +236,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       for (int e = 0; e < 4; ++e) {
         const float pe = kiln_exp2(p[i][e] - lse2[e >> 1]);
         p[i][e] = pe * (dp[i][e] - delta[e >> 1]);  // dS
-#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score (none where p is 0)
-        if (p[i][e] != 0.f)
+#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score (none where the probability
+        if (pe != 0.f)   // is 0: outside Tq and Tk too, where a non-finite dO would give NaN)
           p[i][e] = kiln_score_mod_vjp(sv[i][e], b, bh % H, row + (e >> 1) * 8, n0 + i * 8 + 2 * (lane & 3) + (e & 1),
                                        mod_scalars, p[i][e]);
 #endif
@@ -363,9 +363,12 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
+#ifdef KILN_SCORE_MOD
+          const float pe = p[i][e];
+#endif
           p[i][e] *= dp[i][e] - Ds[i * 8 + 2 * (lane & 3) + (e & 1)];  // dS^T
-#ifdef KILN_SCORE_MOD  // back through the mod (none where p is 0)
-          if (p[i][e] != 0.f)
+#ifdef KILN_SCORE_MOD  // back through the mod (none where the probability is 0: outside Tq and Tk
+          if (pe != 0.f)   // too, where a non-finite v would give NaN)
             p[i][e] = kiln_score_mod_vjp(sv[i][e], b, hk * G + hh, i0 + i * 8 + 2 * (lane & 3) + (e & 1),
                                          row + (e >> 1) * 8, mod_scalars, p[i][e]);
 #endif

@@ -30,6 +30,7 @@ inline std::string attention_backward_source_sm90(const AttentionBackwardKernel&
   s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
   s += "#define KILN_PACK kiln_pack_" + t + "\n";
   s += "#define KILN_NAME " + a.name() + "\n";
+  s += score_mod_preamble(a.score_mod);
   s += wgmma_prelude();
   s += wgmma_function("kiln_wgmma_rows_first", a.streamed_rows(), false, true, 0, t);  // own rows x streamed rows^T
   s += wgmma_function("kiln_wgmma_rows", a.streamed_rows(), false, false, 0, t);
@@ -82,7 +83,7 @@ __device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KILN_D /
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32, 1)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, const u16* __restrict__ g,
           const float* __restrict__ stats, u16* __restrict__ dq, int BH, int H, int G, int Tq, int Tk, float scale_log2,
-          float scale) {
+          float scale KILN_BACKWARD_MOD_PARAMS) {
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   const u32 Qs = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u, Gs = Qs + TILE_BYTES(BR);
   const u32 Ks = Gs + TILE_BYTES(BR), Vs = Ks + 2 * TILE_BYTES(BC);  // two stages each
@@ -135,10 +136,21 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       const bool masked = n0 + BC > Tk || (KILN_CAUSAL && n0 + BC - 1 > w0);
 #pragma unroll
       for (int i = 0; i < BC / 2; ++i) {
-        float x = p[i] * scale_log2;
         const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = (i >> 1) & 1;
+#ifdef KILN_SCORE_MOD  // the mod of the scaled score (only inside the scores: the tensors it reads end there)
+        const float sv = p[i] * scale;
+        float x = r0 + r * 8 < Tq && col < Tk ? kiln_score_mod(sv, b, bh % H, r0 + r * 8, col, mod_scalars) * LOG2E
+                                              : KILN_NEG_INF;
+#else
+        float x = p[i] * scale_log2;
+#endif
         if (masked && (col >= Tk || (KILN_CAUSAL && col > r0 + r * 8))) x = KILN_NEG_INF;
-        p[i] = kiln_exp2(x - lse2[r]) * (dp[i] - delta[r]);  // dS
+        const float pe = kiln_exp2(x - lse2[r]);
+        p[i] = pe * (dp[i] - delta[r]);  // dS
+#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score (none where the probability is
+        // 0: outside Tq and Tk too, where a non-finite dO would give NaN)
+        if (pe != 0.f) p[i] = kiln_score_mod_vjp(sv, b, bh % H, r0 + r * 8, col, mod_scalars, p[i]);
+#endif
       }
       u32 f[BC / 16][4];
       pack_fragments(f, p);
@@ -166,7 +178,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32, 1)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, const u16* __restrict__ g,
           const float* __restrict__ stats, u16* __restrict__ out, int BHkv, int H, int G, int Tq, int Tk,
-          float scale_log2, float scale) {
+          float scale_log2, float scale KILN_BACKWARD_MOD_PARAMS) {
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   const u32 Ks = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u, Vs = Ks + TILE_BYTES(BR);
   const u32 Qs = Vs + TILE_BYTES(BR), Gs = Qs + 2 * TILE_BYTES(BC);  // two stages each
@@ -223,10 +235,20 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #pragma unroll
       for (int i = 0; i < BC / 2; ++i) {
         const int c = (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = r0 + ((i >> 1) & 1) * 8;
+#ifdef KILN_SCORE_MOD  // rows are keys here, columns queries
+        const int h = hk * G + t / per_head;
+        const float sv = p[i] * scale;
+        float x = r < Tk && i0 + c < Tq ? kiln_score_mod(sv, b, h, i0 + c, r, mod_scalars) * LOG2E : KILN_NEG_INF;
+#else
         float x = p[i] * scale_log2;
+#endif
         if (masked && (i0 + c >= Tq || (KILN_CAUSAL && r > i0 + c))) x = KILN_NEG_INF;
         p[i] = kiln_exp2(x - L[c]);
         dp[i] = p[i] * (dp[i] - L[BC + c]);  // dS^T
+#ifdef KILN_SCORE_MOD  // back through the mod (none where the probability is 0: outside Tq and Tk
+        // too, where a non-finite v would give NaN)
+        if (p[i] != 0.f) dp[i] = kiln_score_mod_vjp(sv, b, h, i0 + c, r, mod_scalars, dp[i]);
+#endif
       }
       u32 fp[BC / 16][4], fs[BC / 16][4];
       pack_fragments(fp, p);

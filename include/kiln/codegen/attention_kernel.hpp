@@ -54,8 +54,8 @@ struct AttentionKernel {
   // q_in_registers are then unused.
   int warpgroups = 0;
   // A score_mod's functions (codegen/score_mod_source.hpp), applied to each scaled score before the
-  // mask and the softmax; empty: none. Both kinds take one (Hopper's backward does not: with a mod,
-  // dq, dk and dv are mma.sync kernels, runtime/extern/attention.hpp). Views of the registered
+  // mask and the softmax; empty: none. Both kinds take one, as do both kinds of backward kernels.
+  // Views of the registered
   // mod's text (autodiff/score_mods.hpp), which lives as long as the process: no copy a launch.
   std::string_view score_mod, score_mod_tag;
 

@@ -89,9 +89,10 @@ struct Tuning {
                                 // (KILN_TUNE_ATTENTION_BACKWARD)
   int attention_rows = -1; // the fused attention kernel's 16-row tiles a warp (1 or 2; default by registers,
                            // codegen/attention_kernel.hpp; KILN_TUNE_ATTENTION_ROWS)
-  int attention_wgmma = -1;  // the fused attention forward on Hopper (compute capability 9.0), head dims 64
-                             // and 128: 0 the mma.sync kernel (the rule before), default (or 1) warpgroup
-                             // MMA (codegen/attention_kernel_sm90.hpp; KILN_TUNE_ATTENTION_WGMMA)
+  int attention_wgmma = -1;  // the fused attention kernels on Hopper (compute capability 9.0), head dims 64
+                             // and 128, forward and dq, dk/dv: 0 the mma.sync kernels (the rule before),
+                             // default (or 1) warpgroup MMA (codegen/attention_kernel_sm90.hpp,
+                             // attention_backward_kernel_sm90.hpp; KILN_TUNE_ATTENTION_WGMMA)
   int one_pass = -1;       // looped rows: a sum that reads an earlier reduction of the same row only
                            // through a row value D (sum((x - D)^2), sum(exp(x - D))) is carried beside
                            // it in one pass (Welford, online softmax); 0 two passes (the rule before),

@@ -31,7 +31,9 @@ inline bool fused_attention_head_dims(const Dims& q, const Dims& k, const Dims& 
 // D 96 takes 246 registers without spilling; D 128 spills 120-170 bytes, and still runs forward +
 // backward 12-13% faster on an H200 than dk and dv apart, which read q and dO twice and compute
 // the scores twice).
-// An inlined score_mod holds the tile's scaled scores too (32 more, for its derivative): D <= 96.
+// An inlined score_mod holds the tile's scaled scores too (32 more, for its derivative): D <= 96
+// (the mma.sync kernel; Hopper's warpgroup kernel holds none, and the rule asks with score_mod
+// false where it runs: autodiff/rules.hpp).
 constexpr bool fused_attention_joins_dk_dv(std::int64_t D, bool score_mod = false) {
   return D + 64 + (score_mod ? 32 : 0) <= 192;
 }

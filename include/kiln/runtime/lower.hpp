@@ -52,7 +52,7 @@ int cuda_device_of(const graph::Graph& g, ArgAt&& arg) {
 
 // A score_mod whose nodes are pointwise in the scores (autodiff/score_mod.hpp) is inlined into the
 // same kernels, forward and backward (registered, its id in attrs.custom; Hopper's warpgroup
-// forward, the mma.sync backward), the tensors it reads inputs after the scale; one that reduces or views
+// kernels too), the tensors it reads inputs after the scale; one that reduces or views
 // the scores, or reads more than two tensors, keeps the decomposition, as does any score_mod under
 // KILN_TUNE_ATTENTION_BACKWARD=0 (the materialised backward has no rule for an inlined mod).
 // The rewrite for a device of compute capability cc; same_tensor(x, y): whether argument nodes x

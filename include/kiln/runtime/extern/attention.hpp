@@ -113,8 +113,8 @@ inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const
   return attention_kernel_for(g[n.in[0]].shape[3], static_cast<int>(n.attrs.d), static_cast<int>(d[0]),
                               d.size() > 1 && d[1] != 0, n.attrs.a != 0, g[n.in[0]].dt, score_mod_call(n).mod);
 }
-// A backward kernel: Hopper's warpgroup kernels for dq and dk/dv where `hopper` and they take D
-// and there is no score_mod.
+// A backward kernel: Hopper's warpgroup kernels for dq and dk/dv where `hopper` and they take D;
+// either kind inlines the score_mod `mod` (null: none).
 inline codegen::AttentionBackwardKernel attention_backward_kernel_for(codegen::AttentionBackwardKernel::Part part,
                                                                       std::int64_t D, bool causal, bool hopper,
                                                                       dtype dt,
@@ -126,7 +126,7 @@ inline codegen::AttentionBackwardKernel attention_backward_kernel_for(codegen::A
   a.causal = causal;
   a.dt = dt;
   if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
-  a.hopper = hopper && !mod && (part == Part::dq || part == Part::dkv) && (D == 64 || D == 128);
+  a.hopper = hopper && (part == Part::dq || part == Part::dkv) && (D == 64 || D == 128);
   return a;
 }
 inline std::string describe_attention_step(const graph::Graph& g, int node) {
