@@ -8,8 +8,9 @@
 // FLOPs: 4 B H Tq Tk D for the forward (half of it causal), 3.5x that for forward + backward (as
 // FlashAttention's benchmarks count). With --softcap C every case also runs with the score_mod
 // tanh(s / C) * C (Gemma 2's soft-capping, ids ending in -softcap; torch's side: flex_attention
-// with the same score_mod). Usage: attention [--T 1024,4096] [--D 64,128] [--bwd-T 1024] [--reps N]
-// [--softcap C]
+// with the same score_mod; --softcap-only C: those cases alone). Usage: attention [--T 1024,4096] [--D 64,128] [--bwd-T
+// 1024] [--reps N]
+// [--softcap C | --softcap-only C]
 #include <cmath>
 #include <algorithm>
 #include <cstdio>
@@ -98,6 +99,7 @@ int main(int argc, char** argv) {
   std::vector<int> Ts{1024, 4096, 8192}, Ds{64, 128}, bwd_Ts{1024};
   int reps = 30;
   float softcap = 0;
+  bool mods_only = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--T") Ts = ints(argv[i + 1]);
@@ -105,12 +107,16 @@ int main(int argc, char** argv) {
     else if (a == "--bwd-T") bwd_Ts = ints(argv[i + 1]);
     else if (a == "--reps") reps = std::atoi(argv[i + 1]);
     else if (a == "--softcap") softcap = std::strtof(argv[i + 1], nullptr);
+    else if (a == "--softcap-only")
+      softcap = std::strtof(argv[i + 1], nullptr), mods_only = true;
   }
   if (!k::driver::available()) {
     std::fprintf(stderr, "attention: no CUDA device\n");
     return 1;
   }
-  for (float cap : softcap > 0 ? std::vector<float>{0, softcap} : std::vector<float>{0})
+  std::vector<float> caps{0};
+  if (softcap > 0) caps = mods_only ? std::vector<float>{softcap} : std::vector<float>{0, softcap};
+  for (float cap : caps)
     for (int D : Ds) {
       for (int T : Ts) run<false>(T, D, false, reps, cap), run<true>(T, D, false, reps, cap);
       for (int T : bwd_Ts) run<false>(T, D, true, reps, cap), run<true>(T, D, true, reps, cap);

@@ -152,6 +152,16 @@ TEST_CASE("score_mod: pointwise mods become functions of one score; their value 
        [](double s, std::int64_t, std::int64_t, std::int64_t, std::int64_t) {
          return 1 - std::tanh(s / 5) * std::tanh(s / 5);
        }});
+  // Quotients: by the score (div.full on the GPU) and by a C++ scalar (times its reciprocal).
+  cases.push_back(
+      {"quotients",
+       capture([](auto s, auto, auto, auto i, auto) { return s / (s * s + 2.0f) - k::cast(i, k::f32) / 3.0f; }), 2,
+       [](double s, std::int64_t, std::int64_t, std::int64_t i, std::int64_t) {
+         return s / (s * s + 2) - double(i) / 3;
+       },
+       [](double s, std::int64_t, std::int64_t, std::int64_t, std::int64_t) {
+         return (2 - s * s) / ((s * s + 2) * (s * s + 2));
+       }});
   // A mask: -inf where i == 3 or j < 2 (the score passes elsewhere).
   cases.push_back(
       {"mask",

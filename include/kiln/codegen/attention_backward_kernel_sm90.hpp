@@ -137,19 +137,17 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #pragma unroll
       for (int i = 0; i < BC / 2; ++i) {
         const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = (i >> 1) & 1;
-#ifdef KILN_SCORE_MOD  // the mod of the scaled score (only inside the scores: the tensors it reads end there)
+#ifdef KILN_SCORE_MOD  // the mod of the scaled score
         const float sv = p[i] * scale;
-        float x = r0 + r * 8 < Tq && col < Tk ? kiln_score_mod(sv, b, bh % H, r0 + r * 8, col, mod_scalars) * LOG2E
-                                              : KILN_NEG_INF;
+        float x = kiln_mod_score(sv, b, bh % H, r0 + r * 8, col, Tq, Tk, mod_scalars);
 #else
         float x = p[i] * scale_log2;
 #endif
         if (masked && (col >= Tk || (KILN_CAUSAL && col > r0 + r * 8))) x = KILN_NEG_INF;
         const float pe = kiln_exp2(x - lse2[r]);
         p[i] = pe * (dp[i] - delta[r]);  // dS
-#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score (none where the probability is
-        // 0: outside Tq and Tk too, where a non-finite dO would give NaN)
-        if (pe != 0.f) p[i] = kiln_score_mod_vjp(sv, b, bh % H, r0 + r * 8, col, mod_scalars, p[i]);
+#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score
+        p[i] = kiln_mod_vjp(sv, b, bh % H, r0 + r * 8, col, Tq, Tk, mod_scalars, pe, p[i]);
 #endif
       }
       u32 f[BC / 16][4];
@@ -238,16 +236,15 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #ifdef KILN_SCORE_MOD  // rows are keys here, columns queries
         const int h = hk * G + t / per_head;
         const float sv = p[i] * scale;
-        float x = r < Tk && i0 + c < Tq ? kiln_score_mod(sv, b, h, i0 + c, r, mod_scalars) * LOG2E : KILN_NEG_INF;
+        float x = kiln_mod_score(sv, b, h, i0 + c, r, Tq, Tk, mod_scalars);
 #else
         float x = p[i] * scale_log2;
 #endif
         if (masked && (i0 + c >= Tq || (KILN_CAUSAL && r > i0 + c))) x = KILN_NEG_INF;
         p[i] = kiln_exp2(x - L[c]);
         dp[i] = p[i] * (dp[i] - L[BC + c]);  // dS^T
-#ifdef KILN_SCORE_MOD  // back through the mod (none where the probability is 0: outside Tq and Tk
-        // too, where a non-finite v would give NaN)
-        if (p[i] != 0.f) dp[i] = kiln_score_mod_vjp(sv, b, h, i0 + c, r, mod_scalars, dp[i]);
+#ifdef KILN_SCORE_MOD  // back through the mod
+        dp[i] = kiln_mod_vjp(sv, b, h, i0 + c, r, Tq, Tk, mod_scalars, p[i], dp[i]);
 #endif
       }
       u32 fp[BC / 16][4], fs[BC / 16][4];

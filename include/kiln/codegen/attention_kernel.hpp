@@ -37,7 +37,23 @@ inline std::string score_mod_preamble(std::string_view mod_source) {
   s += "#define KILN_BACKWARD_MOD_PARAMS , kiln_score_scalars mod_scalars\n";
   if (mod_source.find("round_to<") != std::string::npos || mod_source.find("to_compute(") != std::string::npos)
     s += "#define KILN_HALF 1\n";  // (the mod rounds to or reads 16-bit values)
-  return s + prelude + std::string(mod_source);
+  return s + prelude + std::string(mod_source) + R"(
+// The mod at the score of query i and key j, into the exp2 domain (-inf outside Tq x Tk), and back
+// through it (the cotangent ds of the modded score given, none where its probability p is 0:
+// outside the scores too, where a non-finite dO or v gives NaN). Both run at every score without a
+// branch, at indices clamped into the scores (the tensors the mod reads end there): a branch around
+// each score's mod made it a block of its own, and a tile's scores ran one after the other.
+__device__ __forceinline__ float kiln_mod_score(float s, int b, int h, int i, int j, int Tq, int Tk,
+                                                const kiln_score_scalars& S) {
+  const float m = kiln_score_mod(s, b, h, i < Tq ? i : Tq - 1, j < Tk ? j : Tk - 1, S) * 1.4426950408889634f;
+  return i < Tq && j < Tk ? m : -KILN_INF;
+}
+__device__ __forceinline__ float kiln_mod_vjp(float s, int b, int h, int i, int j, int Tq, int Tk,
+                                              const kiln_score_scalars& S, float p, float ds) {
+  const float d = kiln_score_mod_vjp(s, b, h, i < Tq ? i : Tq - 1, j < Tk ? j : Tk - 1, S, ds);
+  return p != 0.f ? d : ds;
+}
+)";
 }
 
 struct AttentionKernel {
@@ -314,12 +330,10 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
         for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-#ifdef KILN_SCORE_MOD  // the mod of the scaled score, then into the exp2 domain (only inside the
-            {                   // scores: the tensors the mod reads end at Tq and Tk)
+#ifdef KILN_SCORE_MOD  // the mod of the scaled score, then into the exp2 domain
+            {
               const int r = w0 + mt * 16 + (lane >> 2) + (e >> 1) * 8, col = n0 + i * 8 + 2 * (lane & 3) + (e & 1);
-              s[mt][i][e] = r < Tq && col < Tk ? kiln_score_mod(s[mt][i][e] * scale, b, h, r, col, mod_scalars) *
-                                                     1.4426950408889634f
-                                               : KILN_NEG_INF;
+              s[mt][i][e] = kiln_mod_score(s[mt][i][e] * scale, b, h, r, col, Tq, Tk, mod_scalars);
             }
 #else
             s[mt][i][e] *= scale_log2;

@@ -178,8 +178,7 @@ __device__ __forceinline__ void mod_tile(float (&s)[BN / 2], int b, int h, int n
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) {
     const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = r0 + ((i >> 1) & 1) * 8;
-    s[i] = r < Tq && col < Tk ? kiln_score_mod(s[i] * scale, b, h, r, col, mod_scalars) * 1.4426950408889634f
-                              : KILN_NEG_INF;
+    s[i] = kiln_mod_score(s[i] * scale, b, h, r, col, Tq, Tk, mod_scalars);
   }
 }
 #endif
