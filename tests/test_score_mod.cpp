@@ -276,6 +276,10 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
     CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(hopper), hopper.name(), "sm_90a").empty());
     const cg::AttentionKernel plain = cg::AttentionKernel::hopper(cg::AttentionKernel::for_head_dim(D));
     CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(plain), plain.name(), "sm_90a").empty());
+    const cg::AttentionKernel one = cg::AttentionKernel::hopper(fwd, 1);  // one warpgroup a block
+    CHECK(one.threads() == 128);
+    CHECK(one.query_rows() == 64);
+    CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(one), one.name(), "sm_90a").empty());
     std::vector<std::pair<std::string, std::string>> sources = {{fwd.name(), cg::attention_forward_kernel_source(fwd)}};
     for (Part part : {Part::stats, Part::dq, Part::dk, Part::dv, Part::dkv}) {
       cg::AttentionBackwardKernel b;

@@ -100,11 +100,12 @@ struct AttentionKernel {
     }
     return a;  // the last tried: 1 tile, q in shared memory, 32 keys
   }
-  // The Hopper kernel for a head dim it takes (64 or 128), else nothing changed.
-  static AttentionKernel hopper(AttentionKernel a) {
+  // The Hopper kernel for a head dim it takes (64 or 128), else nothing changed: two warpgroups a
+  // block, or one (64 query rows, several blocks an SM where registers and shared memory allow).
+  static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2) {
     if (a.head_dim != 64 && a.head_dim != 128) return a;
-    a.warpgroups = 2;
-    a.warps = 8;
+    a.warpgroups = warpgroups;
+    a.warps = 4 * warpgroups;
     a.key_rows = 128;
     return a;
   }

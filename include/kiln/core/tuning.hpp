@@ -92,7 +92,8 @@ struct Tuning {
   int attention_wgmma = -1;  // the fused attention kernels on Hopper (compute capability 9.0), head dims 64
                              // and 128, forward and dq, dk/dv: 0 the mma.sync kernels (the rule before),
                              // default (or 1) warpgroup MMA (codegen/attention_kernel_sm90.hpp,
-                             // attention_backward_kernel_sm90.hpp; KILN_TUNE_ATTENTION_WGMMA)
+                             // attention_backward_kernel_sm90.hpp), 2 the same with a forward of one
+                             // warpgroup a block (KILN_TUNE_ATTENTION_WGMMA)
   int one_pass = -1;       // looped rows: a sum that reads an earlier reduction of the same row only
                            // through a row value D (sum((x - D)^2), sum(exp(x - D))) is carried beside
                            // it in one pass (Welford, online softmax); 0 two passes (the rule before),
@@ -225,7 +226,7 @@ struct Tuning {
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
-                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 1}};
+                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 2}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);

@@ -515,7 +515,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         attention_flash(buffer(n.in[0]), buffer(n.in[1]), buffer(n.in[2]),
                         attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
                         static_cast<int>(n.attrs.d), static_cast<int>(n.attrs.dims[0]),
-                        n.attrs.dims.size() > 1 && n.attrs.dims[1] != 0, temps[k.extern_node],
+                        n.attrs.dims.size() > 1 ? static_cast<int>(n.attrs.dims[1]) : 0, temps[k.extern_node],
                         lse >= 0 ? &temps[lse] : nullptr, mod_of(n), stream);
         return;
       }
