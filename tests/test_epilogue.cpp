@@ -197,10 +197,31 @@ TEST_CASE("epilogue: a GPT-2 block's training step: which GEMM takes which epilo
                     bf, wp, bp);
   std::vector<std::string> chosen;
   for (const auto& e : p->sched.epilogues) chosen.push_back(e.str());
-  CHECK(chosen == std::vector<std::string>{"bias", "bias_gelu_tanh_aux", "bias"});
+  // The backward's GEMM into the gelu (dm = d(out) wp^T) takes gelu's derivative as DGELU, reading
+  // the pre-activation the forward's GELU_AUX kept.
+  CHECK(chosen == std::vector<std::string>{"bias", "bias_gelu_tanh_aux", "bias", "dgelu_tanh"});
+  REQUIRE(p->sched.epilogues.size() == 4);
+  const sch::MatmulEpilogue &fwd = p->sched.epilogues[1], &bwd = p->sched.epilogues[3];
+  CHECK(bwd.aux_in == fwd.pre);
+  CHECK(bwd.bias < 0);
+  CHECK_FALSE(bwd.aux);
+  CHECK(rt::cuda_epilogue(bwd) == rt::Epilogue::dgelu_tanh);
+  CHECK(p->sched.realized[bwd.out]);
+  CHECK_FALSE(read_by_a_kernel(*p, bwd.matmul));
+  CHECK(rt::describe_matmul_step(p->graph, p->env, bwd.matmul, &bwd).find("gelu_tanh'") != std::string::npos);
   int gemms = 0;
   for (const auto& kern : p->kernels) gemms += kern.extern_node >= 0 && p->graph[kern.extern_node].op == k::Op::matmul;
-  CHECK(gemms == 3 + 5);  // the backward's five GEMMs (dx of two layers, three dW) have no epilogue yet
+  CHECK(gemms == 3 + 5);  // the backward's five GEMMs: dx of two layers (one with DGELU), three dW
+  // No generated kernel reads the pre-activation any more: DGELU takes gelu's derivative.
+  CHECK_FALSE(read_by_a_kernel(*p, fwd.pre));
+  std::string tu = rt::cuda_translation_unit(*p, rt::program_body(*p));
+  CHECK_FALSE(rt::compile_cubin(tu, "kiln_epilogue_test", "sm_90a").empty());
+
+  // KILN_TUNE_EPILOGUE=0: no step takes an epilogue, dgelu neither.
+  ScopedEnv off("KILN_TUNE_EPILOGUE", "0");
+  auto q = plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2, 3, 4, 5, 6>)), x, wa, ba, wf,
+                    bf, wp, bp);
+  CHECK(q->sched.epilogues.empty());
 }
 
 // The weight gradients of a bf16 block over f32 master weights are cast(matmul, f32) returned:

@@ -83,6 +83,7 @@ inline std::vector<bool> find_anchors(const graph::Graph& g, const std::vector<M
     anchor[e.matmul] = false;
     anchor[e.out] = true;
     if (e.aux) anchor[e.pre] = true;
+    if (e.aux_in >= 0) anchor[e.aux_in] = true;
     if (e.bias >= 0 && g[e.bias].op != Op::arg) anchor[e.bias] = true;
   }
   return anchor;
@@ -398,6 +399,7 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
         needed[src] = needed[src] || g[src].op != Op::arg;
       }
       if (e.bias >= 0) needed[e.bias] = needed[e.bias] || g[e.bias].op != Op::arg;
+      if (e.aux_in >= 0) needed[e.aux_in] = true;
       for (int v : plan.stores) needed[v] = true;
       continue;
     }

@@ -43,14 +43,25 @@ namespace kiln::runtime {
 // only k::gelu(x, k::approximate::tanh) may be fused into gelu_tanh*; exact gelu may not. The *_aux
 // forms also store the pre-activation (product + bias) in a second buffer, for readers such as
 // gelu's backward (GELU_AUX).
-enum class Epilogue { none, bias, relu, relu_bias, gelu_tanh, gelu_tanh_bias, gelu_tanh_aux, gelu_tanh_aux_bias };
+// dgelu_tanh: out = (a @ b) * gelu_tanh'(aux), aux the pre-activation a gelu_tanh_aux step stored.
+enum class Epilogue {
+  none,
+  bias,
+  relu,
+  relu_bias,
+  gelu_tanh,
+  gelu_tanh_bias,
+  gelu_tanh_aux,
+  gelu_tanh_aux_bias,
+  dgelu_tanh
+};
 
 constexpr bool epilogue_has_bias(Epilogue e) {
   return e == Epilogue::bias || e == Epilogue::relu_bias || e == Epilogue::gelu_tanh_bias ||
          e == Epilogue::gelu_tanh_aux_bias;
 }
-constexpr bool epilogue_has_aux(Epilogue e) {
-  return e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias;
+constexpr bool epilogue_has_aux(Epilogue e) {  // (written by the *_aux epilogues, read by dgelu)
+  return e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias || e == Epilogue::dgelu_tanh;
 }
 
 // The storage shapes of a GEMM's operands and output where they have room (empty: none).
@@ -130,7 +141,8 @@ inline GemmRoom gemm_room(const GemmPlan& p, const GemmRooms* rooms, const Tenso
 // autotune: the first call of a problem times cuBLASLt's best few algorithms on these operands
 // (synchronising) and keeps the fastest, instead of taking the heuristic's first answer.
 // aux (the *_aux epilogues): a contiguous tensor of out's shape in the type cuBLASLt writes (out's
-// dtype when out is written in place), N a multiple of 8, that receives the pre-activation.
+// dtype when out is written in place), N a multiple of 8, that receives the pre-activation; for
+// dgelu_tanh, the same tensor as that step wrote it, read.
 // rooms: the storage shapes of a, b and out where they have room for a padded problem, zeroed
 // (a program's buffers, schedule/pad_buffers.hpp); views with the operands' strides.
 inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const Tensor* bias_in, Epilogue e,
@@ -226,12 +238,15 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
     case Epilogue::gelu_tanh_aux_bias:
       epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
       break;
+    case Epilogue::dgelu_tanh:
+      epi = CUBLASLT_EPILOGUE_DGELU;
+      break;
   }
   if (epilogue_has_aux(e)) {
     const bool usable = aux && aux->defined() && aux->shape() == out.shape() && aux->is_contiguous() &&
                         aux->device() == dev && g.N % 8 == 0;
     if (!usable)
-      throw shape_error("matmul: this epilogue stores the pre-activation into a contiguous tensor of " +
+      throw shape_error("matmul: this epilogue keeps the pre-activation in a contiguous tensor of " +
                         out.shape().str() + " with a multiple of 8 columns; got " +
                         (aux && aux->defined() ? aux->shape().str() + " on " + aux->device().str() : "none"));
     if (aux->dtype() != dt)
