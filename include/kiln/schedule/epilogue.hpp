@@ -54,11 +54,13 @@ struct MatmulEpilogue {
   Activation act = Activation::none;
   bool aux = false;  // pre is stored too (cuBLASLt's GELU_AUX): other kernels read it
   int aux_in = -1;   // dgelu_tanh: the kept pre-activation the step reads (DGELU's AUX input)
+  int bias_grad = -1;          // dgelu_tanh: out's column sums, which the step writes too (BGRAD), -1 for none
+  std::vector<int> bias_sums;  // the graph's nodes that BGRAD computes instead, bias_grad last
   // The step's name in kernel names and reports: "bias_gelu_tanh", "relu", "bias".
   std::string str() const {
     std::string s = bias >= 0 ? "bias" : "";
     if (act != Activation::none) s += (s.empty() ? "" : "_") + std::string(activation_name(act));
-    return s + (aux ? "_aux" : "");
+    return s + (aux ? "_aux" : "") + (bias_grad >= 0 ? "_bgrad" : "");
   }
 };
 
@@ -208,10 +210,45 @@ inline std::vector<int> tree_above(const graph::Graph& g, int v, const std::vect
   return inside;
 }
 
+// The sums over the rows of 2-D x that the graph takes in x's dtype (a bias's gradient: cuBLASLt's
+// BGRAD writes them beside the product): sum(x, 0), or as split_reductions leaves a long one,
+// cast(sum(sum(reshape(cast(x, f32), [S, R / S, N]), 1), 0), x's dtype); each node but the last read
+// by nothing else. The nodes from x's reader to the sums, the sums last; empty for none.
+inline std::vector<int> column_sums_of(const graph::Graph& g, const std::vector<std::vector<int>>& readers, int x) {
+  if (g[x].shape.size() != 2) return {};
+  const std::int64_t n = g[x].shape[1];
+  auto only_reader = [&](int v) { return readers[v].size() == 1 && readers[v][0] >= 0 ? readers[v][0] : -1; };
+  auto sum_over = [&](int v, std::int64_t dim) {
+    return v >= 0 && g[v].op == Op::sum && g[v].attrs.dims.size() == 1 && g[v].attrs.dims[0] == dim;
+  };
+  for (int r : readers[x]) {
+    std::vector<int> chain;
+    int v = r;
+    if (v >= 0 && g[v].op == Op::cast && is_floating(g[v].dt)) chain.push_back(v), v = only_reader(v);  // widened
+    if (v >= 0 && g[v].op == Op::reshape && g[v].shape.size() == 3 && g[v].shape[2] == n) {             // in two stages
+      chain.push_back(v), v = only_reader(v);
+      if (!sum_over(v, 1)) continue;
+      chain.push_back(v), v = only_reader(v);
+      if (!sum_over(v, 0)) continue;
+    } else if (!sum_over(v, 0)) {
+      continue;
+    }
+    if (g[v].dt != g[x].dt) {  // back to x's dtype
+      chain.push_back(v), v = only_reader(v);
+      if (v < 0 || g[v].op != Op::cast || g[v].dt != g[x].dt) continue;
+    }
+    if (g[v].shape.product() != n || assigned(g, v)) continue;
+    chain.push_back(v);
+    return chain;
+  }
+  return {};
+}
+
 // The backward GEMM of a gelu that a GELU_AUX step `f` kept: a matmul m whose product is the
 // cotangent of f's output (as the differentiator seeds it), and from which the graph computes
 // pre's cotangent by gelu's derivative rules, m and those nodes read by nothing else: one step,
-// out = m * gelu'(pre), reading the kept pre (cuBLASLt's DGELU). Recognised as activation_of
+// out = m * gelu'(pre), reading the kept pre (cuBLASLt's DGELU), and writing out's column sums
+// where the graph takes them (a bias's gradient: DGELU_BGRAD). Recognised as activation_of
 // recognises the forward: the rules are run again from m and must build only existing nodes.
 inline std::optional<MatmulEpilogue> match_dgelu(const graph::Graph& g, const std::vector<std::vector<int>>& readers,
                                                  rewrite::Builder& b, const MatmulEpilogue& f,
@@ -227,9 +264,12 @@ inline std::optional<MatmulEpilogue> match_dgelu(const graph::Graph& g, const st
     forward[v] = 1;
     for (int c = 0; c < g[v].n_in; ++c) on_path[v] = on_path[v] || on_path[g[v].in[c]];
   }
-  // Candidates: the matmuls of out's shape and dtype that no other step took.
+  // Candidates: the matmuls of out's shape and 16-bit dtype after pre (the step reads what the
+  // forward's step wrote) that no other step took. (16-bit only: the bf16 and f16 DGELU is what
+  // mixed-precision training runs; whether cuBLASLt offers it for f32 is unmeasured.)
+  if (g[out].dt != kiln::dtype::bf16 && g[out].dt != kiln::dtype::f16) return std::nullopt;
   std::vector<int> candidates;
-  for (int x = 0; x < g.size(); ++x)
+  for (int x = pre + 1; x < g.size(); ++x)
     if (g[x].op == Op::matmul && !taken[x] && g[x].shape == g[out].shape && g[x].dt == g[out].dt)
       candidates.push_back(x);
   for (int m : candidates) {
@@ -249,6 +289,8 @@ inline std::optional<MatmulEpilogue> match_dgelu(const graph::Graph& g, const st
     e.out = grad;
     e.act = Activation::dgelu_tanh;
     e.aux_in = pre;
+    e.bias_sums = column_sums_of(g, readers, grad);
+    e.bias_grad = e.bias_sums.empty() ? -1 : e.bias_sums.back();
     return e;
   }
   return std::nullopt;

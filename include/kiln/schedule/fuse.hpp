@@ -280,6 +280,7 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
   for (int e = 0; e < static_cast<int>(epilogues.size()); ++e) {
     step_at[epilogues[e].pre] = e;
     for (int v : {epilogues[e].matmul, epilogues[e].pre, epilogues[e].out}) in_step[v] = true;
+    for (int v : epilogues[e].bias_sums) in_step[v] = true;
   }
   const std::vector<int> lse_of = detail::lse_written_by_forward(g);
   for (int f = 0; f < g.size(); ++f)
@@ -302,8 +303,10 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
       k.epilogue = step_at[i];
       k.stores = {e.out};
       if (e.aux && e.pre != e.out) k.stores.insert(k.stores.begin(), e.pre);
+      if (e.bias_grad >= 0) k.stores.push_back(e.bias_grad);
       s.kernels.push_back(k);
       for (int v : {e.matmul, e.pre, e.out}) s.kernel_of[v] = static_cast<int>(s.kernels.size()) - 1;
+      for (int v : e.bias_sums) s.kernel_of[v] = static_cast<int>(s.kernels.size()) - 1;
       continue;
     }
     if (!anchor[i] || in_step[i]) continue;
@@ -392,6 +395,7 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
     if (plan.epilogue >= 0) {  // a matmul step and its epilogue: reads its operands and bias, writes out (and pre)
       const MatmulEpilogue& e = s.epilogues[plan.epilogue];
       plan.members = {e.matmul, e.pre, e.out};
+      plan.members.insert(plan.members.end(), e.bias_sums.begin(), e.bias_sums.end());
       std::sort(plan.members.begin(), plan.members.end());
       plan.members.erase(std::unique(plan.members.begin(), plan.members.end()), plan.members.end());
       for (int c = 0; c < 2; ++c) {

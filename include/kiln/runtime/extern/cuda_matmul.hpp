@@ -43,7 +43,8 @@ namespace kiln::runtime {
 // only k::gelu(x, k::approximate::tanh) may be fused into gelu_tanh*; exact gelu may not. The *_aux
 // forms also store the pre-activation (product + bias) in a second buffer, for readers such as
 // gelu's backward (GELU_AUX).
-// dgelu_tanh: out = (a @ b) * gelu_tanh'(aux), aux the pre-activation a gelu_tanh_aux step stored.
+// dgelu_tanh: out = (a @ b) * gelu_tanh'(aux), aux the pre-activation a gelu_tanh_aux step stored;
+// dgelu_tanh_bgrad: the same, and out's column sums written into the bias (a bias's gradient).
 enum class Epilogue {
   none,
   bias,
@@ -53,7 +54,8 @@ enum class Epilogue {
   gelu_tanh_bias,
   gelu_tanh_aux,
   gelu_tanh_aux_bias,
-  dgelu_tanh
+  dgelu_tanh,
+  dgelu_tanh_bgrad
 };
 
 constexpr bool epilogue_has_bias(Epilogue e) {
@@ -61,8 +63,10 @@ constexpr bool epilogue_has_bias(Epilogue e) {
          e == Epilogue::gelu_tanh_aux_bias;
 }
 constexpr bool epilogue_has_aux(Epilogue e) {  // (written by the *_aux epilogues, read by dgelu)
-  return e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias || e == Epilogue::dgelu_tanh;
+  return e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias || e == Epilogue::dgelu_tanh ||
+         e == Epilogue::dgelu_tanh_bgrad;
 }
+constexpr bool epilogue_writes_bias(Epilogue e) { return e == Epilogue::dgelu_tanh_bgrad; }
 
 // The storage shapes of a GEMM's operands and output where they have room (empty: none).
 struct GemmRooms {
@@ -167,6 +171,20 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
     if (!is_floating(bias.dtype()))
       throw dtype_error("matmul: the bias must be floating, got " + std::string(name(bias.dtype())));
   }
+  const bool writes_bias = epilogue_writes_bias(e);
+  if (writes_bias) {  // a bias gradient: written in place, a contiguous vector of N in out's dtype
+    const bool usable = bias_in && bias_in->defined() && bias_in->numel() == g.N && bias_in->is_contiguous() &&
+                        bias_in->device() == dev && bias_in->dtype() == out.dtype() && g.batch == 1 &&
+                        alignment(bias_in->data_ptr()) >= 16;
+    if (!usable)
+      throw shape_error("matmul: this epilogue writes the columns' sums of an output " + out.shape().str() +
+                        " (one matrix) into a contiguous, 16-byte-aligned vector of " + std::to_string(g.N) + " " +
+                        std::string(name(out.dtype())) + "; got " +
+                        (bias_in && bias_in->defined()
+                             ? bias_in->shape().str() + " " + std::string(name(bias_in->dtype()))
+                             : std::string("none")));
+    if (g.M == 0) driver::memset_async(bias_in->data_ptr(), 0, bias_in->nbytes(), stream);  // sums of no rows
+  }
   if (g.batch == 0 || g.M == 0 || g.N == 0) return;
   if (g.batch > INT32_MAX)
     throw shape_error("matmul: a batch of " + std::to_string(g.batch) + " is too large for cuBLASLt");
@@ -241,6 +259,9 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
     case Epilogue::dgelu_tanh:
       epi = CUBLASLT_EPILOGUE_DGELU;
       break;
+    case Epilogue::dgelu_tanh_bgrad:
+      epi = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+      break;
   }
   if (epilogue_has_aux(e)) {
     const bool usable = aux && aux->defined() && aux->shape() == out.shape() && aux->is_contiguous() &&
@@ -309,6 +330,10 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, std::int64_t{0});
   }
+  if (writes_bias) {  // BGRAD: the sums over D's columns (kiln's rows), a vector of N, into it
+    void* grad_ptr = bias_in->data_ptr();
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, grad_ptr);
+  }
   if (epilogue_has_aux(e)) {  // contiguous like kiln's out: cuBLAS's column-major N x M, ld N
     void* aux_ptr = aux->data_ptr();
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux_ptr);
@@ -324,7 +349,9 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   layout_d.batch(count, q.stride_d);
 
   const std::uint32_t align_a = alignment(pa), align_b = alignment(pb), align_d = alignment(pd);
-  const std::uint32_t align_bias = with_bias ? alignment(bias.data_ptr()) : 0;
+  const std::uint32_t align_bias = with_bias     ? alignment(bias.data_ptr())
+                                   : writes_bias ? alignment(bias_in->data_ptr())
+                                                 : 0;
   const std::uint32_t align_aux = epilogue_has_aux(e) ? alignment(aux->data_ptr()) : 0;
 
   DeviceState& st = state(device);
