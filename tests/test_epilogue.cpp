@@ -210,10 +210,10 @@ TEST_CASE("epilogue: a GPT-2 block's training step: which GEMM takes which epilo
     CHECK(bwd.bias < 0);
     CHECK_FALSE(bwd.aux);
     CHECK(rt::cuda_epilogue(bwd) == rt::Epilogue::dgelu_tanh_bgrad);
-    REQUIRE(bwd.bias_grad >= 0);
-    CHECK(p->graph[bwd.bias_grad].dt == k::bf16);
-    CHECK(p->graph[bwd.bias_grad].shape.product() == f);
-    CHECK(p->sched.realized[bwd.bias_grad]);
+    REQUIRE(bwd.bias_grad() >= 0);
+    CHECK(p->graph[bwd.bias_grad()].dt == k::bf16);
+    CHECK(p->graph[bwd.bias_grad()].shape.product() == f);
+    CHECK(p->sched.realized[bwd.bias_grad()]);
     CHECK(p->sched.realized[bwd.out]);
     const int step = p->sched.kernel_of[bwd.out];
     int sums = 0;

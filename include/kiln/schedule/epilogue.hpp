@@ -54,13 +54,14 @@ struct MatmulEpilogue {
   Activation act = Activation::none;
   bool aux = false;  // pre is stored too (cuBLASLt's GELU_AUX): other kernels read it
   int aux_in = -1;   // dgelu_tanh: the kept pre-activation the step reads (DGELU's AUX input)
-  int bias_grad = -1;          // dgelu_tanh: out's column sums, which the step writes too (BGRAD), -1 for none
-  std::vector<int> bias_sums;  // the graph's nodes that BGRAD computes instead, bias_grad last
+  std::vector<int> bias_sums;  // dgelu_tanh: the nodes of out's column sums, which the step writes too (BGRAD)
+  // The column sums the step stores (bias_sums' last), -1 for none.
+  int bias_grad() const { return bias_sums.empty() ? -1 : bias_sums.back(); }
   // The step's name in kernel names and reports: "bias_gelu_tanh", "relu", "bias".
   std::string str() const {
     std::string s = bias >= 0 ? "bias" : "";
     if (act != Activation::none) s += (s.empty() ? "" : "_") + std::string(activation_name(act));
-    return s + (aux ? "_aux" : "") + (bias_grad >= 0 ? "_bgrad" : "");
+    return s + (aux ? "_aux" : "") + (bias_sums.empty() ? "" : "_bgrad");
   }
 };
 
@@ -106,16 +107,25 @@ inline int activation_of(rewrite::Builder& b, int size, int pre, Op op) {
   return id < size ? id : -1;
 }
 
+// The nodes of v's tree (v too) down to those where stop(node) holds, leaves out.
+template <class Stop>
+std::vector<int> tree_above(const graph::Graph& g, int v, Stop&& stop) {
+  std::vector<int> inside, stack{v};
+  while (!stack.empty()) {
+    const int x = stack.back();
+    stack.pop_back();
+    if (stop(x) || info(g[x].op).cls == OpClass::leaf || std::find(inside.begin(), inside.end(), x) != inside.end())
+      continue;
+    inside.push_back(x);
+    for (int c = 0; c < g[x].n_in; ++c) stack.push_back(g[x].in[c]);
+  }
+  return inside;
+}
+
 // The nodes an activation computes between pre and its result: out's tree down to pre, leaves out.
 inline std::vector<int> inner_nodes(const graph::Graph& g, int pre, int out) {
-  std::vector<int> inside, stack(g[out].in.begin(), g[out].in.begin() + g[out].n_in);
-  while (!stack.empty()) {
-    int v = stack.back();
-    stack.pop_back();
-    if (v == pre || info(g[v].op).cls == OpClass::leaf || std::find(inside.begin(), inside.end(), v) != inside.end()) continue;
-    inside.push_back(v);
-    for (int c = 0; c < g[v].n_in; ++c) stack.push_back(g[v].in[c]);
-  }
+  std::vector<int> inside = tree_above(g, out, [&](int x) { return x == pre; });
+  inside.erase(inside.begin());  // (out, visited first)
   return inside;
 }
 
@@ -196,20 +206,6 @@ inline int gelu_cotangent(rewrite::Builder& b, const graph::Graph& g, const std:
   return ct[pre];
 }
 
-// The nodes of v's tree down to the stops (not included) and leaves.
-inline std::vector<int> tree_above(const graph::Graph& g, int v, const std::vector<char>& stop) {
-  std::vector<int> inside, stack{v};
-  while (!stack.empty()) {
-    const int x = stack.back();
-    stack.pop_back();
-    if (stop[x] || info(g[x].op).cls == OpClass::leaf || std::find(inside.begin(), inside.end(), x) != inside.end())
-      continue;
-    inside.push_back(x);
-    for (int c = 0; c < g[x].n_in; ++c) stack.push_back(g[x].in[c]);
-  }
-  return inside;
-}
-
 // The sums over the rows of 2-D x that the graph takes in x's dtype (a bias's gradient: cuBLASLt's
 // BGRAD writes them beside the product): sum(x, 0), or as split_reductions leaves a long one,
 // cast(sum(sum(reshape(cast(x, f32), [S, R / S, N]), 1), 0), x's dtype); each node but the last read
@@ -276,9 +272,7 @@ inline std::optional<MatmulEpilogue> match_dgelu(const graph::Graph& g, const st
     const int grad = gelu_cotangent(b, g, inner, on_path, pre, m);
     if (grad < 0 || grad >= g.size() || g[grad].dt != g[m].dt || !(g[grad].shape == g[m].shape) || assigned(g, grad))
       continue;
-    std::vector<char> stop = forward;
-    stop[m] = 1;
-    const std::vector<int> between = tree_above(g, grad, stop);
+    const std::vector<int> between = tree_above(g, grad, [&](int x) { return forward[x] || x == m; });
     auto within = [&](int r) { return std::find(between.begin(), between.end(), r) != between.end(); };
     bool alone = std::all_of(readers[m].begin(), readers[m].end(), within);
     for (int v : between)
@@ -290,7 +284,6 @@ inline std::optional<MatmulEpilogue> match_dgelu(const graph::Graph& g, const st
     e.act = Activation::dgelu_tanh;
     e.aux_in = pre;
     e.bias_sums = column_sums_of(g, readers, grad);
-    e.bias_grad = e.bias_sums.empty() ? -1 : e.bias_sums.back();
     return e;
   }
   return std::nullopt;

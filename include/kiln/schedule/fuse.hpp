@@ -303,7 +303,7 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
       k.epilogue = step_at[i];
       k.stores = {e.out};
       if (e.aux && e.pre != e.out) k.stores.insert(k.stores.begin(), e.pre);
-      if (e.bias_grad >= 0) k.stores.push_back(e.bias_grad);
+      if (e.bias_grad() >= 0) k.stores.push_back(e.bias_grad());
       s.kernels.push_back(k);
       for (int v : {e.matmul, e.pre, e.out}) s.kernel_of[v] = static_cast<int>(s.kernels.size()) - 1;
       for (int v : e.bias_sums) s.kernel_of[v] = static_cast<int>(s.kernels.size()) - 1;

@@ -13,7 +13,7 @@ namespace kiln::runtime {
 // cuBLASLt's epilogue for a scheduled one: by activation, then with a bias, then keeping pre.
 inline Epilogue cuda_epilogue(const schedule::MatmulEpilogue& e) {
   using A = schedule::Activation;
-  if (e.act == A::dgelu_tanh) return e.bias_grad >= 0 ? Epilogue::dgelu_tanh_bgrad : Epilogue::dgelu_tanh;
+  if (e.act == A::dgelu_tanh) return e.bias_grad() >= 0 ? Epilogue::dgelu_tanh_bgrad : Epilogue::dgelu_tanh;
   constexpr Epilogue plain[3][2] = {{Epilogue::none, Epilogue::bias},
                                     {Epilogue::relu, Epilogue::relu_bias},
                                     {Epilogue::gelu_tanh, Epilogue::gelu_tanh_bias}};
@@ -32,7 +32,7 @@ inline Epilogue cuda_epilogue(const schedule::MatmulEpilogue& e) {
 template <class Buffer>
 void run_matmul_step(const schedule::MatmulEpilogue& e, const Tensor& a, const Tensor& b, Buffer&& buffer,
                      CUstream stream, bool autotune) {
-  const Tensor* bias = e.bias >= 0 ? &buffer(e.bias) : e.bias_grad >= 0 ? &buffer(e.bias_grad) : nullptr;
+  const Tensor* bias = e.bias >= 0 ? &buffer(e.bias) : e.bias_grad() >= 0 ? &buffer(e.bias_grad()) : nullptr;
   const Tensor* aux = e.aux ? &buffer(e.pre) : e.aux_in >= 0 ? &buffer(e.aux_in) : nullptr;
   cuda_matmul_epilogue(a, b, bias, cuda_epilogue(e), buffer(e.out), stream, autotune, aux);
 }
@@ -54,7 +54,7 @@ inline std::string describe_matmul_step(const graph::Graph& g, const ir::ShapeEn
   else if (e->act != schedule::Activation::none)
     s += " + " + std::string(schedule::activation_name(e->act));
   if (e->aux) s += ", pre-activation kept";
-  if (e->bias_grad >= 0) s += ", its column sums into %" + std::to_string(e->bias_grad);
+  if (e->bias_grad() >= 0) s += ", its column sums into %" + std::to_string(e->bias_grad());
   return s + " (cuBLASLt epilogue)";
 }
 

@@ -63,7 +63,7 @@ std::vector<int> nodes_touched(const ProgramT& p, std::size_t k) {
     if (step.epilogue >= 0) {  // a GEMM with its cuBLASLt epilogue: reads the bias, writes out (and pre)
       const auto& e = p.sched.epilogues[static_cast<std::size_t>(step.epilogue)];
       const int nodes[] = {e.bias, e.pre, e.out, e.aux_in,
-                           e.bias_grad};  // (nvcc's front end: no braced list in a range-for here)
+                           e.bias_grad()};  // (nvcc's front end: no braced list in a range-for here)
       for (int node : nodes)
         if (node >= 0) out.push_back(node);
     }
