@@ -12,7 +12,9 @@
 #include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
+#include "cuda_plan.hpp"
 #include "have_gpu.hpp"
+#include "scoped_env.hpp"
 
 namespace k = kiln;
 
@@ -103,13 +105,44 @@ void check_layer_norm_backward(k::Device dev, std::int64_t rows = 16384 + 256 * 
   check_values(xt, dyt, w, dx, dw, db, 37);
 }
 
+// The same over [batch, seq, cols] (GPT-2's activations): the dx kernel's rows are the leading
+// dims' and it computes dw and db too; on a GPU rows of 768 columns run several to a block, whose
+// row slots fold their sums (seq * batch rows in 256 groups of 33: the last rows of each group
+// leave slots idle).
+void check_layer_norm_backward_3d(k::Device dev, std::int64_t batch, std::int64_t seq, std::int64_t cols) {
+  const std::int64_t rows = batch * seq;
+  auto x = k::randn({rows, cols}, k::f32, k::cpu, 31) * 2.0f + 0.5f;
+  auto dy = k::randn({rows, cols}, k::f32, k::cpu, 32);
+  auto w = k::randn({cols}, k::f32, k::cpu, 33), b = k::randn({cols}, k::f32, k::cpu, 34);
+  k::Tensor x3 = k::reshape(x, {batch, seq, cols}), dy3 = k::reshape(dy, {batch, seq, cols});
+  auto f = k::compile(k::vjp(layer_norm_fn, k::wrt<0, 1, 2>));
+  auto args = std::make_tuple(x3.to(dev), w.to(dev), b.to(dev), dy3.to(dev));
+  auto [dx, dw, db] = std::apply(f, args);
+  auto rep = std::apply([&](auto&... a) { return k::explain(f, a...); }, args);
+  CHECK(rep.kernels.at(0).kind == "per");
+  CHECK(rep.kernels.at(0).source.find("KILN_ROW_GROUP") != std::string::npos);
+  for (std::size_t i = 1; i < rep.kernels.size(); ++i)  // no other kernel re-reads x for x-hat
+    CHECK(rep.kernels[i].source.find("rsqrt") == std::string::npos);
+  check_values(x, dy, w, k::Tensor(k::reshape(dx, {rows, cols})), dw, db, 41);
+}
+
 }  // namespace
+
+TEST_CASE("partials: a layer_norm backward over [batch, seq, cols] sums dw and db in its dx kernel (CPU)") {
+  check_layer_norm_backward_3d(k::cpu, 4, 1056, 768);
+}
+
+TEST_CASE("partials: a layer_norm backward over [batch, seq, cols] sums dw and db in its dx kernel (GPU)" *
+          needs_gpu()) {
+  check_layer_norm_backward_3d(k::cuda, 8, 1056, 768);
+  check_layer_norm_backward_3d(k::cuda, 2, 4224, 1000);
+}
 
 TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (CPU)") {
   check_layer_norm_backward(k::cpu);
 }
 
-// A CPU program keeps its partials in arrays, so rows outside the GPU's 2048..8192 columns get
+// A CPU program keeps its partials in arrays, so rows of any length it holds get
 // them too (without, the first stage read down columns, a scalar load a lane: 3x slower).
 TEST_CASE("partials: on the CPU, rows of 520 columns also get column partials") {
   check_layer_norm_backward(k::cpu, 16384 + 256 * 3, 520);
@@ -220,4 +253,29 @@ TEST_CASE("partials: too few rows keep the separate column reduction, with the s
   expected_dw_db(k::to_vector<float>(x), k::to_vector<float>(dy), 300, 2048, want_dw, want_db);
   check_close(dw, want_dw, 1e-5);
   check_close(db, want_db, 1e-5);
+}
+
+// What a GPU would run, planned on the host (no GPU needed): GPT-2's norm backward over [8, 1024,
+// 768] bf16 keeps dw and db in its dx kernel, several 768-column rows a block, its row slots
+// folding their sums; the rule before (KILN_TUNE_PARTIALS=1) read x and dy again in a split
+// kernel. The plan's CUDA unit compiles with NVRTC.
+TEST_CASE("partials: a GPU plan hosts the sums of narrow rows, several to a block (host)") {
+  namespace rt = k::runtime;
+  auto x = k::randn({8, 1024, 768}, k::bf16, k::cpu, 51), dy = k::randn({8, 1024, 768}, k::bf16, k::cpu, 52);
+  auto w = k::randn({768}, k::f32, k::cpu, 53), b = k::randn({768}, k::f32, k::cpu, 54);
+  auto plan = [&] {
+    return plan_for(k::Device(k::cuda), k::compile(k::vjp(layer_norm_fn, k::wrt<0, 1, 2>)), x, w, b, dy);
+  };
+  auto p = plan();
+  const rt::CompiledKernel& dx = p->kernels.at(0);
+  CHECK(dx.src.partial_groups >= 256);
+  CHECK(dx.src.config.rows > 1);
+  CHECK(dx.src.config.threads == dx.src.config.rows * dx.src.config.row_threads);
+  CHECK(dx.src.source.find("fold_row_slots") != std::string::npos);
+  for (std::size_t i = 1; i < p->kernels.size(); ++i)
+    CHECK(p->kernels[i].src.source.find("rsqrt") == std::string::npos);
+  CHECK_FALSE(
+      rt::compile_cubin(rt::cuda_translation_unit(*p, rt::program_body(*p)), "kiln_partials_test", "sm_90a").empty());
+  ScopedEnv rule_before("KILN_TUNE_PARTIALS", "1");
+  CHECK(plan()->kernels.at(0).src.partial_groups == 0);
 }

@@ -31,7 +31,12 @@ struct Tuning {
   int row_slots = -1;      // 0: reductions of one row kernel share one shared-memory slot (KILN_TUNE_ROW_SLOTS)
   int aligned = -1;        // 0: bounds tests even in exactly tiled kernels (KILN_TUNE_ALIGNED)
   int prelude_loads = -1;  // the prelude's KILN_LOADS, how 16-byte loads reach memory (KILN_TUNE_LOADS)
-  int partials = -1;       // 0: row kernels never compute column partial sums (KILN_TUNE_PARTIALS)
+  int partials = -1;       // column partial sums in row kernels (schedule/partials.hpp): 0 never; 1 the
+                           // rule before on a GPU (rows of 2048-8192 columns, one row a block, chunks
+                           // of 64 rows or more); default rows of any width the block holds, several
+                           // row slots a block folding their sums (KILN_TUNE_PARTIALS)
+  int partial_rows = -1;   // GPU row kernels with column partials: row slots a block (default from the
+                           // bytes in flight, codegen's partial_row_slots; KILN_TUNE_PARTIAL_ROWS)
   int matmul_t = -1;       // 0: a matmul's transpose stays a copy (KILN_TUNE_MATMUL_T)
   int matmul_wide = -1;    // 0: a 16-bit matmul read only as f32 stays a 16-bit product and a cast
                            // (KILN_TUNE_MATMUL_WIDE)
@@ -154,6 +159,7 @@ struct Tuning {
                                    {&Tuning::aligned, "aligned"},
                                    {&Tuning::prelude_loads, "prelude_loads"},
                                    {&Tuning::partials, "partials"},
+                                   {&Tuning::partial_rows, "partial_rows"},
                                    {&Tuning::matmul_t, "matmul_t"},
                                    {&Tuning::matmul_wide, "matmul_wide"},
                                    {&Tuning::gemm_room, "gemm_room"},
@@ -200,7 +206,8 @@ struct Tuning {
                                    {&Tuning::aligned, "KILN_TUNE_ALIGNED", 0, 1},
                                    {&Tuning::waves, "KILN_TUNE_ROW_WAVES", 0, 1024},
                                    {&Tuning::prelude_loads, "KILN_TUNE_LOADS", 0, 2},
-                                   {&Tuning::partials, "KILN_TUNE_PARTIALS", 0, 1},
+                                   {&Tuning::partials, "KILN_TUNE_PARTIALS", 0, 2},
+                                   {&Tuning::partial_rows, "KILN_TUNE_PARTIAL_ROWS", 1, 32},
                                    {&Tuning::matmul_t, "KILN_TUNE_MATMUL_T", 0, 1},
                                    {&Tuning::matmul_wide, "KILN_TUNE_MATMUL_WIDE", 0, 1},
                                    {&Tuning::gemm_room, "KILN_TUNE_GEMM_ROOM", 0, 1},

@@ -154,7 +154,7 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
     g = rewrite::widen_matmul_casts(g, into);
     graph::infer_shapes(g, arg);
   }
-  g = schedule::split_reductions(g, stats.tuning.partials != 0, gpu,
+  g = schedule::split_reductions(g, stats.tuning.partials, gpu,
                                  stats.symbolic);  // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
   g = copy_strided_custom_inputs(g, arg);  // custom ops, embedding_backward, attention read contiguous buffers
@@ -167,7 +167,7 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
 
 // The schedule of a graph: fusion, column partials where allowed, buffers, names. epilogues: matmuls
 // may take their bias and activation as cuBLASLt epilogues (CUDA targets). host: for the CPU.
-inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, bool partials,
+inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, int partials,
                                          bool realize = true, bool epilogues = false, bool host = false) {
   std::vector<schedule::MatmulEpilogue> chosen;
   if (epilogues) chosen = schedule::choose_epilogues(g, env);   // bias and activation into the GEMM
@@ -198,9 +198,8 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
   const bool realize = p.tuning.realize != 0,
              epilogues = target == codegen::Target::cuda && p.tuning.epilogue != 0;  // KILN_TUNE_EPILOGUE=0: off
   const bool host = target == codegen::Target::cpu;
-  p.sched = schedule_graph(g, env, p.tuning.partials != 0, realize, epilogues, host);
-  if (!partials_held(g, p.sched, env, target, p.tuning))
-    p.sched = schedule_graph(g, env, false, realize, epilogues, host);
+  p.sched = schedule_graph(g, env, p.tuning.partials, realize, epilogues, host);
+  if (!partials_held(g, p.sched, env, target, p.tuning)) p.sched = schedule_graph(g, env, 0, realize, epilogues, host);
   if (target == codegen::Target::cuda && p.tuning.gemm_room != 0)
     schedule::pad_gemm_buffers(g, p.sched, env);  // 16-bit GEMM operands off 8 stored with room
   if (debug::log_enabled(debug::Channel::fusion)) {

@@ -257,7 +257,7 @@ inline std::int64_t row_grid_limit(int sms, int threads) {
 inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k, int device) {
   const auto shared = static_cast<unsigned>(k.config.shared_bytes);
   allow_shared(f, shared, k.name.c_str());
-  if (k.partial_groups > 0) return k.partial_groups / k.config.rows;  // a program a row group, exactly
+  if (k.partial_groups > 0) return k.partial_groups;  // a block a row group, exactly
   bool several_rows = k.kind == schedule::Kind::per && k.config.rows >= 2 && k.config.row_threads > 1 &&
                       !k.config.x_lanes;  // not columns (held or not)
   int waves = k.tuning.waves >= 0 ? k.tuning.waves : several_rows ? 64 : 16;
