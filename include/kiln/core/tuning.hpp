@@ -24,6 +24,8 @@ struct Tuning {
   int loads = -1;        // 16-byte loads: 0 through the read-only path, 1 plain (kiln::via)
   int waves = -1;        // row kernels: grid of this many times the resident blocks, 0 the
                          // occupancy formula (KILN_TUNE_ROW_WAVES)
+  int partial_rows = -1;  // GPU row kernels with column partials: row slots a block (default from the
+                          // bytes in flight, codegen's partial_row_slots; KILN_TUNE_PARTIAL_ROWS)
   // Experiment knobs only the environment sets, for A/B runs (benchmarks/ab.sh):
   int poi_unroll = -1;     // large pointwise kernels: vectors a thread (KILN_TUNE_POI_UNROLL)
   int row_threads = -1;    // rows: the most threads a row (KILN_TUNE_ROW_THREADS)
@@ -35,8 +37,6 @@ struct Tuning {
                            // rule before on a GPU (rows of 2048-8192 columns, one row a block, chunks
                            // of 64 rows or more); default rows of any width the block holds, several
                            // row slots a block folding their sums (KILN_TUNE_PARTIALS)
-  int partial_rows = -1;   // GPU row kernels with column partials: row slots a block (default from the
-                           // bytes in flight, codegen's partial_row_slots; KILN_TUNE_PARTIAL_ROWS)
   int matmul_t = -1;       // 0: a matmul's transpose stays a copy (KILN_TUNE_MATMUL_T)
   int matmul_wide = -1;    // 0: a 16-bit matmul read only as f32 stays a 16-bit product and a cast
                            // (KILN_TUNE_MATMUL_WIDE)
@@ -137,8 +137,9 @@ struct Tuning {
   // that g++ then warns about).
   using Field = int Tuning::*;
   // The candidate fields in order: what autotuning's stored choice holds (its disk format).
-  static constexpr Field fields[] = {&Tuning::poi_threads, &Tuning::poi_vectors, &Tuning::row_elems, &Tuning::row_block,
-                                     &Tuning::row_unroll,  &Tuning::hoist,       &Tuning::loads,     &Tuning::waves};
+  static constexpr Field fields[] = {&Tuning::poi_threads, &Tuning::poi_vectors, &Tuning::row_elems,
+                                     &Tuning::row_block,   &Tuning::row_unroll,  &Tuning::hoist,
+                                     &Tuning::loads,       &Tuning::waves,       &Tuning::partial_rows};
   // Every field with its name, as str() prints it.
   struct Knob {
     Field field;
