@@ -5,7 +5,9 @@
 // reading what a device run will launch before spending device time on it (benchmarks/NOTES.md
 // item 116 found a modulo by the row count a step this way).
 //
-// Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas sm_90] [--call N]
+// Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas sm_90] [--call N] [--memory]
+//   --memory: also prints the program's intermediates: their bytes in all, the most live at one step
+//   (a plain run's peak of them) and the block a CUDA graph keeps them in (runtime's pack_buffers)
 //   --call N: also says whether the program's guards admit a call with N rows in place of ROWS (a
 //   dynamic program that a call at another row count compiles again runs the second program's kernels)
 //   --ptxas ARCH: also compiles each kernel's unit with NVRTC for ARCH and prints ptxas's registers, spills and stack
@@ -32,6 +34,7 @@ namespace k = kiln;
 enum class Sizes { static_, dynamic, rows };
 std::string ptxas_arch;  // --ptxas ARCH: also compile the unit and print ptxas's report
 std::int64_t call_rows = 0;  // --call N: check the guards at N rows
+bool memory = false;         // --memory: the intermediates' bytes
 std::string cubin_dir;       // --cubin DIR: also write each unit's CUBIN there (for cuobjdump -sass)
 
 template <class F, class... T>
@@ -56,6 +59,18 @@ void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
   auto p = k::runtime::plan_program(std::move(g), std::move(env), k::Device(k::cuda), arg, false, stats.tuning);
   std::string body = k::runtime::program_body(*p);
   std::fputs(body.substr(body.find("\n// kiln_") + 1).c_str(), stdout);  // past the size helpers
+  if (memory) {
+    auto bytes_of = [&](int b) {
+      return static_cast<std::size_t>(p->storage_shape(b, p->graph[b].shape).product()) * k::itemsize(p->graph[b].dt);
+    };
+    std::size_t all = 0;
+    for (int b : p->buffers) all += bytes_of(b);
+    auto packed = k::runtime::pack_buffers(p->lifetimes, p->graph.nodes.size(), bytes_of);
+    std::printf(
+        "// intermediates: %zu buffers, %.1f MiB in all, %.1f MiB live at the busiest of %zu steps, %.1f MiB "
+        "packed for a CUDA graph\n",
+        p->buffers.size(), all / 1048576.0, packed.live_peak / 1048576.0, p->kernels.size(), packed.bytes / 1048576.0);
+  }
   if (call_rows > 0) {  // the program's buffers, and the arguments with `rows` leading rows at call_rows
     for (int b : p->buffers)
       std::printf("// buffer %%%d: %s %s\n", b, std::string(k::name(p->graph[b].op)).c_str(),
@@ -154,6 +169,8 @@ int main(int argc, char** argv) {
       ptxas_arch = argv[++i];
     else if (s == "--cubin" && i + 1 < argc)
       cubin_dir = argv[++i];
+    else if (s == "--memory")
+      memory = true;
     else if (s == "--call" && i + 1 < argc)
       call_rows = std::atoll(argv[++i]);
     else
