@@ -58,13 +58,14 @@ BufferLifetimes plan_lifetimes(const ProgramT& p) {
 // Offsets in one block for intermediates that must all exist at once (a CUDA graph replays into
 // fixed addresses) such that buffers live at the same step never share a byte: greedy by size, as
 // TFLite's arena planner and XLA's heap simulator do it. Buffers in decreasing size (then in step
-// order) each take the lowest gap, among the buffers already placed whose lifetimes overlap its
-// own, that holds it, else the end. The block then comes out at or near the run's live peak (the
-// most bytes live at one step), where a block a buffer, reused only whole (the rule before), kept
-// small buffers in large blocks and grew blocks to fit (GPT-2's one-layer step: 2315 MiB against
-// a live peak of 2283, which this packing meets; NOTES item 155). Sizes round up to `align` bytes (vector loads,
-// TMA and cuBLASLt's operands want 16-256). offset_of: per node, its offset (-1: none); bytes: the
-// block; live_peak: the most bytes live at one step (a lower bound on `bytes`).
+// order) each take the smallest gap that holds it between the buffers already placed whose
+// lifetimes overlap its own, else the end. The block then comes out at or near the run's live peak
+// (the most bytes live at one step), where a block a buffer, reused only whole (the rule before),
+// kept small buffers in large blocks and grew blocks to fit (GPT-2's one-layer step: 2315 MiB
+// against a live peak of 2283, which this packing meets; NOTES item 155). Sizes round up to
+// `align` bytes (vector loads, TMA and cuBLASLt's operands want 16-256). offset_of: per node, its
+// offset (-1: none); bytes: the block; live_peak: the most bytes live at one step (a lower bound
+// on `bytes`).
 struct PackedBuffers {
   std::vector<std::ptrdiff_t> offset_of;
   std::size_t bytes = 0, live_peak = 0;
