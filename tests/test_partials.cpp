@@ -138,6 +138,41 @@ TEST_CASE("partials: a layer_norm backward over [batch, seq, cols] sums dw and d
   check_layer_norm_backward_3d(k::cuda, 2, 4224, 1000);
 }
 
+// An odd row count: the GPU's sums take zero-padded chunks (no rest re-read apart), which the row
+// kernel's blocks cover by visiting every row.
+TEST_CASE("partials: an odd row count keeps dw and db in the dx kernel (GPU)" * needs_gpu()) {
+  check_layer_norm_backward(k::cuda, 16411, 1000);
+  check_layer_norm_backward(k::cuda, 16411, 3072);
+}
+
+// A row kernel after the split may be moved before it to host its sums, but only where it reads
+// nothing computed in between: here it reads v, a value stored for sharing (realize_shared) by a
+// kernel between them (found by a review: r came out garbage when the move missed that store).
+TEST_CASE("partials: a row kernel moved before its split still reads what the kernels between store") {
+  const std::int64_t n = 8192, d = 768;
+  auto x = k::randn({n, d}, k::f32, k::cpu, 61);
+  std::vector<k::Tensor> y;
+  for (std::uint64_t i = 0; i < 4; ++i) y.push_back(k::randn({n, 1}, k::f32, k::cpu, 62 + i));
+  auto f = k::compile([](auto x, auto y1, auto y2, auto y3, auto y4) {
+    auto v = y1 + y2 + y3 + y4;
+    return std::tuple{k::sum(x, 0), v * 3.0f, k::sum(x * v, -1)};
+  });
+  auto [a, v3, r] = f(x, y[0], y[1], y[2], y[3]);
+  const std::vector<float> xv = k::to_vector<float>(x);
+  std::vector<std::vector<float>> yv;
+  for (const auto& t : y) yv.push_back(k::to_vector<float>(t));
+  std::vector<double> want_a(static_cast<std::size_t>(d), 0.0), want_r(static_cast<std::size_t>(n), 0.0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double v = double(yv[0][i]) + yv[1][i] + yv[2][i] + yv[3][i];
+    for (std::int64_t j = 0; j < d; ++j) {
+      want_a[j] += xv[i * d + j];
+      want_r[i] += xv[i * d + j] * v;
+    }
+  }
+  check_close(a, want_a, 1e-4);
+  check_close(r, want_r, 1e-4);
+}
+
 TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (CPU)") {
   check_layer_norm_backward(k::cpu);
 }
@@ -276,6 +311,11 @@ TEST_CASE("partials: a GPU plan hosts the sums of narrow rows, several to a bloc
     CHECK(p->kernels[i].src.source.find("rsqrt") == std::string::npos);
   CHECK_FALSE(
       rt::compile_cubin(rt::cuda_translation_unit(*p, rt::program_body(*p)), "kiln_partials_test", "sm_90a").empty());
+  // An odd row count (the sweep's 43690 rows of 3072 columns): padded chunks, hosted all the same.
+  auto xo = k::randn({4099, 3072}, k::bf16, k::cpu, 55), dyo = k::randn({4099, 3072}, k::bf16, k::cpu, 56);
+  auto wo = k::randn({3072}, k::f32, k::cpu, 57), bo = k::randn({3072}, k::f32, k::cpu, 58);
+  auto odd = plan_for(k::Device(k::cuda), k::compile(k::vjp(layer_norm_fn, k::wrt<0, 1, 2>)), xo, wo, bo, dyo);
+  CHECK(odd->kernels.at(0).src.partial_groups > 0);
   ScopedEnv rule_before("KILN_TUNE_PARTIALS", "1");
   CHECK(plan()->kernels.at(0).src.partial_groups == 0);
 }

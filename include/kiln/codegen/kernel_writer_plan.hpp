@@ -199,9 +199,15 @@ inline void KernelWriter::plan() {
     if (target_ == Target::cuda) {
       std::int64_t row_bytes = 0;
       for (int v : streams) row_bytes += rn * static_cast<std::int64_t>(itemsize(g_[v].dt));
-      ks.config.rows = ks.config.riters > 0 && tune_.partials != 1
-                           ? partial_row_slots(plan_.partial_groups, xn, row_bytes, ks.config.row_threads, tune_)
-                           : 1;
+      std::int64_t sum_bytes = 4;
+      for (int q : plan_.partials)
+        sum_bytes = std::max<std::int64_t>(sum_bytes, static_cast<std::int64_t>(itemsize(compute_dtype(g_[q].dt))));
+      const std::int64_t fold_bytes =
+          std::int64_t{ks.config.riters} * ks.config.row_threads * ks.config.rvec * sum_bytes;
+      ks.config.rows =
+          ks.config.riters > 0 && tune_.partials != 1
+              ? partial_row_slots(plan_.partial_groups, xn, row_bytes, ks.config.row_threads, fold_bytes, tune_)
+              : 1;
       ks.config.threads = ks.config.rows * ks.config.row_threads;
     } else {
       ks.config.rows = static_cast<int>((xn + plan_.partial_groups - 1) / plan_.partial_groups);

@@ -377,8 +377,12 @@ inline constexpr std::int64_t partial_buffer_bytes = std::int64_t{16} << 20;
 // columns), so a block of 512 would be an SM's only one, and 256 groups of them two waves on 132
 // SMs where blocks of 256 fit in one.
 inline constexpr std::int64_t partial_bytes_in_flight = std::int64_t{8} << 20;
+// Several slots need the fold's row of shared memory (a slot's tiles of the widest sum type,
+// fold_bytes): at most partial_fold_bytes, else one slot (static shared memory stops at 48 KiB).
+inline constexpr std::int64_t partial_fold_bytes = 16 * 1024;
 inline int partial_row_slots(std::int64_t groups, std::int64_t rows, std::int64_t row_bytes, int row_threads,
-                             const Tuning& tune) {
+                             std::int64_t fold_bytes, const Tuning& tune) {
+  if (fold_bytes > partial_fold_bytes) return 1;
   const std::int64_t most_threads = tune.partial_rows > 0 ? 1024 : 256;
   const std::int64_t most = std::max<std::int64_t>(1, most_threads / std::max(row_threads, 1));
   if (tune.partial_rows > 0) return static_cast<int>(std::min<std::int64_t>(tune.partial_rows, most));

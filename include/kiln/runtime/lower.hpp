@@ -304,8 +304,9 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
 // compiled function's local memory against what holding the row saves (codegen/launch_config.hpp's
 // held_row_spills) — ptxas's answer instead of the row cache rule's estimate, which prices the
 // caches, not the kernel around them. Not where a tuning sets the tiles (KILN_TUNE_ROW_ITERS,
-// autotuning), nor for column partials (they need the held row); not in export_kernels, which
-// plans without a GPU. Returns whether a kernel changed.
+// autotuning), nor for column partials (the schedule hosted them for the held row: looped, they
+// would keep them in memory, which pays only where the buffer stays in L2); not in
+// export_kernels, which plans without a GPU. Returns whether a kernel changed.
 template <class Rewrite>
 bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
   if (p.device.is_cpu() || p.autotune || p.tuning.row_iters >= 0) return false;

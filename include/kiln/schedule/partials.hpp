@@ -57,7 +57,7 @@ inline int partial_host(const graph::Graph& g, const Schedule& s, const ir::Shap
   int e = partial_input(g, env, r, !host);  // prefix split: [S, R, K] summed over R
   if (e < 0) return -1;
   const Dims& full = g[e].shape;
-  if (!host && before && (full[1] < 2048 || full[1] > 8192 || red.shape[0] < 256)) return -1;
+  if (!host && before && (full.size() != 2 || full[1] < 2048 || full[1] > 8192 || red.shape[0] < 256)) return -1;
   auto hosts = [&](int k) {
     const KernelPlan& plan = s.kernels[k];
     return plan.kind == Kind::per && !plan.closed && g[plan.domain].shape == full &&
@@ -109,7 +109,10 @@ inline bool own_partials(const graph::Graph& g, const ir::ShapeEnv& env, KernelP
 inline void absorb_column_partials(const graph::Graph& g, Schedule& s, const ir::ShapeEnv& env, int partials = -1,
                                    bool host = false) {
   if (partials == 0) return;
+  // Every value a kernel computes into a buffer (realize_shared's as well as fusion's anchors):
+  // may_run_before must see the kernel that stores a value, not walk through it to its inputs.
   auto anchor = detail::find_anchors(g, s.epilogues);
+  for (int v = 0; v < g.size(); ++v) anchor[v] = anchor[v] || s.kernel_of[v] >= 0;
   for (int k = 0; k < static_cast<int>(s.kernels.size()); ++k) {
     if (s.kernels[k].kind != Kind::split) continue;
     std::vector<int> kept;

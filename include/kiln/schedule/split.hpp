@@ -124,23 +124,28 @@ inline graph::Graph split_reductions(const graph::Graph& g, int partials = -1, b
     auto r = detail::describe_reduction(g, n);
     // Over size-1 dims only: a view, in the reduction's dtype (a sum of booleans or i32 is i64).
     if (r.reduced == 1 && r.in.product() > 0) return b.cast(b.reshape(in[0], n.shape), n.dt);
-    // A column sum over a view that only merges leading dims (a linear's [B * T, d] view of [B, T,
-    // d], whose bias gradient it sums) sums the tensor behind the view instead: the chunks are the
-    // same rows, and a row kernel over [B, T, d] may host them.
+    // A column sum over every dim but the last of a row reduction's input: what a row kernel may
+    // host (2-D only under partials 1, the rule before).
+    auto row_domain = [&](const Dims& in) {
+      return std::find(row_domains.begin(), row_domains.end(), in) != row_domains.end();
+    };
+    const bool all_but_last = partials != 0 && n.op == Op::sum && r.prefix && r.dims.size() + 1 == r.in.size() &&
+                              (partials != 1 || r.in.size() == 2);
+    bool hosted = all_but_last && row_domain(r.in);
+    // A sum over a view that only merges leading dims (a linear's [B * T, d] view of [B, T, d],
+    // whose bias gradient it sums) sums the tensor behind the view instead where a row kernel over
+    // that tensor may host it: the chunks are the same rows.
     int source = in[0];
-    const bool all_but_last = r.prefix && r.dims.size() + 1 == r.in.size();
-    if (all_but_last && b[source].op == Op::reshape && !b[source].unsized) {
-      const Dims& t = b[b[source].in[0]].shape;
-      if (t.size() > r.in.size() && t.back() == r.in.back() && t.product() == r.in.product()) {
+    if (all_but_last && !hosted && partials != 1 && b[source].op == Op::reshape && !b[source].unsized) {
+      const Dims t = b[b[source].in[0]].shape;
+      if (t.size() > r.in.size() && t.back() == r.in.back() && t.product() == r.in.product() && row_domain(t)) {
         source = b[source].in[0];
         r.in = t;
         r.dims = Dims{};
         for (int d = 0; d + 1 < t.size(); ++d) r.dims.push_back(d);
+        hosted = true;
       }
     }
-    // (A column sum over every dim but the last of a row reduction's input: what a row kernel hosts.)
-    bool hosted = partials != 0 && n.op == Op::sum && all_but_last &&
-                  std::find(row_domains.begin(), row_domains.end(), r.in) != row_domains.end();
     std::int64_t s = detail::choose_splits(r, hosted, gpu, partials == 1 ? 64 : 16);
     if (s == 1 || !(r.prefix || r.suffix)) return b.rebuild(n, in);
     // prefix: [S, R/S, K] reduce 1 then 0; suffix: [K, S, R/S] reduce 2 then 1. A full reduction
@@ -163,14 +168,18 @@ inline graph::Graph split_reductions(const graph::Graph& g, int partials = -1, b
     // layer_norm backward with shapes::dynamic was compiled again at every new row count: its
     // chunks and a rest covered exactly the first call's rows). With static sizes a length that is
     // no multiple of S keeps the rest below (the padded chunks' tests measured up to 1.16x slower
-    // there: a column sum over 4194x32000 bf16, NOTES item 121).
-    if (r.prefix && (covered == r.reduced || (symbolic && n.op == Op::sum))) {
+    // there: a column sum over 4194x32000 bf16, NOTES item 121), except a sum a GPU row kernel may
+    // host: its blocks visit every row whatever their number, so padded chunks let it take the sums
+    // of an odd row count too (the sweep's layer_norm backward over 43690 rows of 3072 columns
+    // re-read x and dy in a split kernel; NOTES item 154), and are read only where it does not.
+    const bool padded_host = hosted && gpu && partials != 1 && n.op == Op::sum;
+    if (r.prefix && (covered == r.reduced || (symbolic && n.op == Op::sum) || padded_host)) {
       Attrs view;
       view.dims = kept_last(Dims{s, -1});
-      view.keepdim = symbolic && n.op == Op::sum;  // zero-padded
+      view.keepdim = n.op == Op::sum && (symbolic || covered != r.reduced);  // zero-padded
       // Padded, the kept length is the input's own (a dynamic norm backward over 16K+ rows named
       // the compiling call's K and compiled again at every other row length).
-      if (view.keepdim && !full && r.in.size() == 2) view.dims[2] = Attrs::input_dim(1);
+      if (view.keepdim && !full) view.dims[2] = Attrs::input_dim(r.in.size() - 1);
       Attrs first;
       first.dims = {1};
       first.c = split_stage_mark;
