@@ -325,15 +325,9 @@ inline KernelSource KernelWriter::write() {
                                          std::to_string(tile_dim_) + " by " + std::to_string(config_.xvec) +
                                          " lanes of the last (transposed inputs gathered from L1)")
      << "\n";
-  if (target_ == Target::cuda && rows() && config_.riters > 0 && !config_.x_lanes) {
-    std::int64_t partial_half_registers = 0;  // column partials' sums stay live over every row too
-    for (int p : plan_.partials)
-      partial_half_registers +=
-          2 * std::int64_t{config_.riters} * config_.rvec *
-          std::max<std::int64_t>(1, static_cast<std::int64_t>(itemsize(compute_dtype(g_[p].dt))) / 4);
+  if (target_ == Target::cuda && rows() && config_.riters > 0 && !config_.x_lanes)
     ks.config.min_blocks =
-        min_blocks_for(ks.config.threads, cached_cost_ * config_.riters * config_.rvec + partial_half_registers, tune_);
-  }
+        min_blocks_for(ks.config.threads, cached_cost_ * config_.riters * config_.rvec, tune_);
   // A held row of symbolic length: its sizes, divisors and masks cost registers a static length's
   // do not (a dynamic layer_norm over 4096 f32 columns: 144 against 127, one 256-thread block an SM
   // instead of two, 1.6x its static kernel). Ask ptxas for two blocks, taken only without spilling
