@@ -161,9 +161,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   uint4* Qs = reinterpret_cast<uint4*>(kiln_smem);
   uint4* Ks = Qs + BR * CH;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
-  const int bh = blockIdx.z * 65535 + blockIdx.y;
-  if (bh >= BH) return;
+  int rank, bh;  // causal: the tiles with the most keys first (attention_prelude's kiln_block_tile)
+  if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
+  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - rank : rank) * BR;
   const int b = bh / H, hk = (bh % H) / G, Hkv = H / G;
   const u16* qp = q + (i64)bh * Tq * KILN_D;
   const u16* kp = k + (i64)(b * Hkv + hk) * Tk * KILN_D;
@@ -288,9 +288,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   float* Ls = reinterpret_cast<float*>(Gs + BC * CH);  // the query tile's lse (exp2 domain) and delta
   float* Ds = Ls + BC;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n0 = blockIdx.x * BR;
-  const int bhk = blockIdx.z * 65535 + blockIdx.y;
-  if (bhk >= BHkv) return;
+  int rank, bhk;  // causal: the key tiles with the most queries (the first) first
+  if (!kiln_block_tile(KILN_CAUSAL, BHkv, 4ll * G * Tq * KILN_D, rank, bhk)) return;
+  const int n0 = rank * BR;
   const int Hkv = H / G, b = bhk / Hkv, hk = bhk % Hkv;
   load_tile<BR>(Ks, k + (i64)bhk * Tk * KILN_D, KILN_D, n0, Tk);
 #ifndef KILN_PART_DV

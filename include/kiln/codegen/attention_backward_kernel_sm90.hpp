@@ -88,9 +88,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   const u32 Qs = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u, Gs = Qs + TILE_BYTES(BR);
   const u32 Ks = Gs + TILE_BYTES(BR), Vs = Ks + 2 * TILE_BYTES(BC);  // two stages each
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
-  const int bh = blockIdx.z * 65535 + blockIdx.y;
-  if (bh >= BH) return;
+  int rank, bh;  // causal: the tiles with the most keys first (attention_prelude's kiln_block_tile)
+  if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
+  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - rank : rank) * BR;
   const int b = bh / H, hk = (bh % H) / G, Hkv = H / G;
   const u16* kp = k + (i64)(b * Hkv + hk) * Tk * KILN_D;
   const u16* vp = v + (i64)(b * Hkv + hk) * Tk * KILN_D;
@@ -183,9 +183,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   float* Ls = reinterpret_cast<float*>(kiln_smem + (Gs + 2 * TILE_BYTES(BC) - kiln_shared_address(kiln_smem)));
   // Ls[stage][0..BC): a query tile's lse (exp2 domain); Ls[stage][BC..2 BC): its delta
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int n0 = blockIdx.x * BR;
-  const int bhk = blockIdx.z * 65535 + blockIdx.y;
-  if (bhk >= BHkv) return;
+  int rank, bhk;  // causal: the key tiles with the most queries (the first) first
+  if (!kiln_block_tile(KILN_CAUSAL, BHkv, 4ll * G * Tq * KILN_D, rank, bhk)) return;
+  const int n0 = rank * BR;
   const int Hkv = H / G, b = bhk / Hkv, hk = bhk % Hkv;
   const int kw0 = n0 + wg * 64, r0 = kw0 + warp * 16 + (lane >> 2);  // this thread's keys: r0 and r0 + 8
   const int first = KILN_CAUSAL ? n0 / BC * BC : 0;  // earlier queries see none of these keys

@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "../core/dtype.hpp"
+#include "../core/tuning.hpp"
 #include "prelude.hpp"
 
 namespace kiln::codegen {
@@ -130,7 +131,8 @@ struct AttentionKernel {
 // What the attention kernels share (after their KILN_D and KILN_WARPS defines): the tile primitives
 // and the swizzled shared-memory tiles that cp.async fills.
 inline std::string attention_prelude() {
-  return R"(
+  static const bool longest_first = Tuning::from_environment().attention_order != 0;  // an A/B knob: see Tuning
+  return std::string(longest_first ? "" : "#define KILN_TILE_BY_TILE 1\n") + R"(
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
@@ -198,6 +200,39 @@ __device__ __forceinline__ float kiln_exp2(float x) {  // 2^x, -inf -> 0
   return r;
 }
 
+// ---- which tile of which (batch, head) a block computes ----------------------------------------------
+// Blocks start in the order of their linear index (x fastest, then y, then z: x the tiles of a pair,
+// y and z the pairs). Causal tiles differ in work (a query tile near the sequence's end reads every
+// key before it); tile by tile within each pair put the longest tiles of the last pairs into the
+// final wave. So causal blocks go longest first (LPT): over groups of pairs whose `bytes_a_pair` of
+// re-read operands (keys and values, or queries and their gradient) fit KILN_L2_GROUP_BYTES (half
+// an H100's L2) together, each tile rank in turn over the group's pairs, so the group's operands
+// stay in L2 while all its tiles run. A list schedule of GPT-2's causal forward (96 pairs of 8
+// tiles of 128 rows, 25 MB of keys and values: one group; 1-2 blocks on each of 132 SMs) then ends
+// 13-22% sooner (benchmarks/NOTES.md item 156). Not causal: every tile the same work, tile by tile
+// within each pair as before. rank: the tile's place in the order (0 first); false past the last
+// pair.
+#define KILN_L2_GROUP_BYTES (24ll << 20)
+__device__ __forceinline__ bool kiln_block_tile(bool causal, int pairs, long long bytes_a_pair, int& rank, int& pair) {
+  const int tiles = gridDim.x;
+#ifdef KILN_TILE_BY_TILE
+  causal = false;  // KILN_TUNE_ATTENTION_ORDER=0: the order before
+#endif
+  if (!causal) {
+    rank = blockIdx.x;
+    pair = blockIdx.z * 65535 + blockIdx.y;  // more than 65535 pairs go on along z
+    return pair < pairs;
+  }
+  const long long at = ((long long)blockIdx.z * gridDim.y + blockIdx.y) * tiles + blockIdx.x;
+  const long long group = bytes_a_pair > 0 && bytes_a_pair < KILN_L2_GROUP_BYTES ? KILN_L2_GROUP_BYTES / bytes_a_pair : 1;
+  const long long g = at / (group * tiles), first = g * group;
+  if (first >= pairs) return false;
+  const long long size = pairs - first < group ? pairs - first : group, r = at - g * group * tiles;
+  rank = (int)(r / size);
+  pair = (int)(first + r % size);
+  return rank < tiles;
+}
+
 // ---- shared-memory tiles ---------------------------------------------------------------------------
 #define KILN_NEG_INF __int_as_float(0xff800000)
 #define CH (KILN_D / 8)             // 16-byte chunks a row of a tile
@@ -248,9 +283,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   uint4* Vs = Ks + BN * CH;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // Causal blocks near the end of the sequence have the most keys: they start first.
-  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
-  const int bh = blockIdx.z * 65535 + blockIdx.y;  // more than 65535 (batch, head) pairs go on along z
-  if (bh >= BH) return;
+  int rank, bh;
+  if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
+  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - rank : rank) * BM;
   const int b = bh / H, h = bh % H, hk = h / G;
   const u16* qp = q + b * qb + h * qh;
   const u16* kp = k + b * kb + hk * kh;

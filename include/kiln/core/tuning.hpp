@@ -99,6 +99,11 @@ struct Tuning {
                              // default (or 1) warpgroup MMA (codegen/attention_kernel_sm90.hpp,
                              // attention_backward_kernel_sm90.hpp), 2 the same with a forward of one
                              // warpgroup a block (KILN_TUNE_ATTENTION_WGMMA)
+  int attention_order = -1;  // causal fused attention kernels' block order: 0 tile by tile within each
+                             // (batch, head) pair (the rule before); default the longest tiles first over
+                             // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
+                             // the kernel's source is written, once a process (its name does not carry
+                             // it): an A/B across processes (KILN_TUNE_ATTENTION_ORDER)
   int one_pass = -1;       // looped rows: a sum that reads an earlier reduction of the same row only
                            // through a row value D (sum((x - D)^2), sum(exp(x - D))) is carried beside
                            // it in one pass (Welford, online softmax); 0 two passes (the rule before),
@@ -178,6 +183,7 @@ struct Tuning {
                                    {&Tuning::attention_rows, "attention_rows"},
                                    {&Tuning::attention_backward, "attention_backward"},
                                    {&Tuning::attention_wgmma, "attention_wgmma"},
+                                   {&Tuning::attention_order, "attention_order"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -234,7 +240,8 @@ struct Tuning {
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
-                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 2}};
+                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 2},
+                                   {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);
