@@ -42,9 +42,9 @@ inline bool KernelWriter::open_partials() {
 inline void KernelWriter::store_partials(bool in_memory) {
   if (in_memory) return;
   const bool fold = target_ == Target::cuda && config_.rows > 1 && !plan_.partials.empty();
-  for (int p : plan_.partials)
-    if (fold) line("kiln::fold_row_slots<ROWS, ROW_THREADS, RITERS>(part" + std::to_string(p) + ");");
   if (fold) {
+    for (int p : plan_.partials)
+      line("kiln::fold_row_slots<ROWS, ROW_THREADS, RITERS>(part" + std::to_string(p) + ");");
     line("if (KILN_FIRST_ROW_SLOT) {");
     ++indent_;
   }

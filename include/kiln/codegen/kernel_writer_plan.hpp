@@ -168,10 +168,13 @@ inline void KernelWriter::plan() {
   // hosted (holds_partials). A looped row keeps them in the output (partial_buffer_bytes), as a
   // symbolic one's looped twin always does.
   bool cuda_partials = !plan_.partials.empty() && target_ == Target::cuda;
+  std::int64_t sum_words = 0, sum_bytes = 4;  // the sums' 4-byte words a lane, all together; the widest's bytes
+  for (int q : plan_.partials) {
+    const auto bytes = static_cast<std::int64_t>(itemsize(compute_dtype(g_[q].dt)));
+    sum_words += std::max<std::int64_t>(1, bytes / 4);
+    sum_bytes = std::max(sum_bytes, bytes);
+  }
   if (cuda_partials && tune_.partials != 1) {
-    std::int64_t sum_words = 0;
-    for (int q : plan_.partials)
-      sum_words += std::max<std::int64_t>(1, static_cast<std::int64_t>(itemsize(compute_dtype(g_[q].dt))) / 4);
     if (auto held = partial_config(ks.config, xn, rn, max_item, rnumel_.is_constant() || held_dynamic, caches, tune_,
                                    sum_words))
       ks.config = *held;
@@ -199,9 +202,6 @@ inline void KernelWriter::plan() {
     if (target_ == Target::cuda) {
       std::int64_t row_bytes = 0;
       for (int v : streams) row_bytes += rn * static_cast<std::int64_t>(itemsize(g_[v].dt));
-      std::int64_t sum_bytes = 4;
-      for (int q : plan_.partials)
-        sum_bytes = std::max<std::int64_t>(sum_bytes, static_cast<std::int64_t>(itemsize(compute_dtype(g_[q].dt))));
       const std::int64_t fold_bytes =
           std::int64_t{ks.config.riters} * ks.config.row_threads * ks.config.rvec * sum_bytes;
       ks.config.rows =
