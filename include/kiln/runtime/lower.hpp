@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "../autodiff/expand_gradients.hpp"
 #include "../codegen/score_mod_source.hpp"
 #include "../core/linkage.hpp"
 #include "../debug/log.hpp"
@@ -124,6 +125,10 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
   const auto derive_start = std::chrono::steady_clock::now();
   g = rewrite::decompose(g);                         // composites -> primitives
   graph::infer_shapes(g, arg);
+  if (autodiff::has_inner_gradients(g)) {  // compiled gradients called inside the function
+    g = autodiff::expand_gradients(g);
+    graph::infer_shapes(g, arg);
+  }
   g = rewrite::simplify(g);  // x*1, x+0, constant folding, CSE, dead code
   graph::infer_shapes(g, arg);
   log_graph(debug::Channel::decomp, "after decomposition", g);

@@ -312,12 +312,16 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
     if (!anchor[i] || in_step[i]) continue;
     const auto& n = g[i];
     int first = detail::first_possible_kernel(g, anchor, s.kernel_of, i);
+    const int slot = detail::assigned_slot(g, i);  // stored in place: after the kernels reading that argument
+    const int after_readers = slot >= 0 ? detail::last_reader(g, anchor, s, slot) : -1;
+    first = std::max(first, after_readers);
     int chosen = -1;
     for (int k = static_cast<int>(s.kernels.size()) - 1; k >= first && chosen < 0; --k)
       if (detail::joins(g, anchor, s.kernel_of, s.kernels[k], k, i)) chosen = k;
     // A kernel it could join that runs before kernels it reads: join it there when those kernels may
     // run before that one instead (detail::may_run_before), moved in their order.
-    for (int j = first - 1; move_kernels && j >= 0 && chosen < 0 && !detail::is_extern(n.op); --j) {
+    for (int j = first - 1; move_kernels && j >= std::max(after_readers, 0) && chosen < 0 && !detail::is_extern(n.op);
+         --j) {
       if (!detail::joins(g, anchor, s.kernel_of, s.kernels[j], j, i)) continue;
       std::vector<int> later;
       for (int k : detail::kernels_read(g, anchor, s.kernel_of, {i}, -1))

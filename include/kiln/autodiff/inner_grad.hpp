@@ -1,0 +1,106 @@
+// A k::grad / value_and_grad / vjp called while another function is traced (compiled or not):
+// `auto [loss, grads] = vg(params, x, y);` inside a k::compile'd training step. The callee's
+// value is traced into the caller's graph with each wrt argument behind a grad_leaf node, and each
+// gradient is a grad_of node over the value and that leaf; autodiff/expand_gradients.hpp
+// differentiates them after decomposition, so the step is one program: its gradients are
+// intermediates that the update reads where they are made. Results as a call with tensors gives
+// them (autodiff/grad.hpp), k::expressions in place of k::Tensors, std::vector<k::expression> for
+// a container.
+#pragma once
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "grad.hpp"
+
+namespace kiln::detail {
+
+template <class T>
+struct is_expression_list : std::false_type {};
+template <>
+struct is_expression_list<std::vector<expression>> : std::true_type {};
+
+// An argument as an expression the callee reads (a tensor as a leaf of the caller's graph).
+template <class T>
+decltype(auto) received_as_is(const T& a) {
+  if constexpr (std::is_same_v<T, Tensor>)
+    return expression(a);
+  else
+    return (a);
+}
+
+// A wrt argument as the callee receives it: behind a grad_leaf, each element of a container.
+inline expression grad_leaf(expression x) {
+  return expression(expr::Node<Op::grad_leaf, expression>(Attrs{}, std::move(x)));
+}
+template <class T>
+auto received_as_leaf(const T& a) {
+  if constexpr (is_arg_list<T>::value || is_expression_list<T>::value) {
+    std::vector<expression> leaves;
+    leaves.reserve(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) leaves.push_back(grad_leaf(expression(a[i])));
+    return leaves;
+  } else {
+    return grad_leaf(expression(a));
+  }
+}
+
+template <class F, autodiff::Mode M, int... I, class... T>
+auto inner_gradient_of(const GradFn<F, M, I...>& gf, const T&... a) {
+  constexpr bool vjp = M == autodiff::Mode::vjp;
+  static_assert(!vjp || sizeof...(T) >= 1, "k::vjp takes the cotangent of the function's value as its last argument");
+  constexpr int n = static_cast<int>(sizeof...(T)) - (vjp ? 1 : 0);
+  static_assert(((I >= 0 && I < n) && ...),
+                "k::wrt<...> names an argument that the function does not take: every index must be below the number "
+                "of arguments");
+  const auto args = std::forward_as_tuple(a...);
+  const auto received = [&]<std::size_t... K>(std::index_sequence<K...>) {
+    auto one = [&]<std::size_t P>() {
+      if constexpr (((static_cast<int>(P) == I) || ...))
+        return received_as_leaf(std::get<P>(args));
+      else
+        return received_as_is(std::get<P>(args));
+    };
+    return std::make_tuple(one.template operator()<K>()...);
+  }
+  (std::make_index_sequence<static_cast<std::size_t>(n)>{});
+  auto traced = std::apply(gf.fn, received);
+  static_assert(Expr<decltype(traced)>,
+                "a k::grad / value_and_grad / vjp called inside a function needs its function to return one "
+                "expression (its value)");
+  check_value<M, decltype(traced), I...>();
+  const expression value(std::move(traced));
+  auto grad_of = [&](const expression& leaf) {
+    if constexpr (vjp) {
+      const expression cotangent(received_as_is(std::get<sizeof...(T) - 1>(args)));
+      return expression(expr::Node<Op::grad_of, expression, expression, expression>(Attrs{}, value, leaf, cotangent));
+    } else {
+      return expression(expr::Node<Op::grad_of, expression, expression>(Attrs{}, value, leaf));
+    }
+  };
+  auto gradient = [&]<int P>() {
+    const auto& leaf = std::get<static_cast<std::size_t>(P)>(received);
+    if constexpr (is_expression_list<std::remove_cvref_t<decltype(leaf)>>::value) {
+      std::vector<expression> g;
+      g.reserve(leaf.size());
+      for (const expression& l : leaf) g.push_back(grad_of(l));
+      return g;
+    } else {
+      return grad_of(leaf);
+    }
+  };
+  if constexpr (M == autodiff::Mode::value_and_grad)
+    return std::tuple{value, gradient.template operator()<I>()...};
+  else if constexpr (sizeof...(I) == 1)
+    return gradient.template operator()<I...>();
+  else
+    return std::tuple{gradient.template operator()<I>()...};
+}
+
+template <class G, class... T>
+auto inner_gradient(const G& gf, const T&... a) {
+  return inner_gradient_of(gf, a...);
+}
+
+}  // namespace kiln::detail

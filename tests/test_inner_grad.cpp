@@ -1,0 +1,152 @@
+// A k::grad / value_and_grad / vjp called inside another function (API.md "Models": a compiled
+// function callable inside another): a training step, gradient and update, as one program. Checked
+// against the same gradients computed by a call of their own (two programs), against the f64
+// oracle, through finite differences of a function that takes a gradient inside, and for the
+// semantics a user expects: a wrt argument is an independent input (nothing flows into what the
+// caller computed it from), an argument the value does not read gets zeros, a gradient of a
+// gradient is the second derivative.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+#include <kiln/testing.hpp>
+
+#include "have_gpu.hpp"
+
+namespace k = kiln;
+
+namespace {
+
+std::vector<double> values(const k::Tensor& t) { return k::reference::read(t).data; }
+
+auto mlp_loss = [](auto p, auto x) {
+  auto h = k::gelu(k::matmul(x, p[0]) + p[1]);
+  return k::mean(k::square(k::matmul(h, p[2]) + p[3]));
+};
+
+std::vector<k::Tensor> mlp_params(k::Device dev) {
+  return {k::randn({13, 37}, k::f32, dev, 1), k::randn({37}, k::f32, dev, 2), k::randn({37, 5}, k::f32, dev, 3),
+          k::randn({5}, k::f32, dev, 4)};
+}
+
+std::vector<k::Tensor> copies(const std::vector<k::Tensor>& ts) {
+  std::vector<k::Tensor> out;
+  for (const auto& t : ts) out.push_back(k::from_vector(values(t), t.shape(), t.dtype(), t.device()));
+  return out;
+}
+
+// Three SGD steps as one program (the gradient inside) and as two (gradient, then update): the
+// parameters and losses agree at every step.
+void check_sgd(k::Device dev) {
+  auto ps = mlp_params(dev), ref = copies(ps);
+  k::Tensor x = k::randn({29, 13}, k::f32, dev, 5);
+  const float lr = 0.1f;
+  auto vg = k::compile(k::value_and_grad(mlp_loss, k::wrt<0>));
+  auto sgd = [lr](const auto& p, const auto& g) {
+    auto one = [&](std::size_t i) { return k::assign(p[i], p[i] - lr * g[i]); };
+    std::vector<decltype(one(0))> out;
+    for (std::size_t i = 0; i < p.size(); ++i) out.push_back(one(i));
+    return out;
+  };
+  auto step = k::compile([&vg, sgd](auto p, auto x) {
+    auto [loss, g] = vg(p, x);
+    static_assert(std::is_same_v<decltype(g), std::vector<k::expression>>);
+    return std::make_tuple(loss, sgd(p, g));
+  });
+  auto update = k::compile([sgd](auto p, auto g) { return sgd(p, g); });
+  for (int s = 0; s < 3; ++s) {
+    INFO("step " << s << " on " << dev);
+    std::vector<k::Tensor> out = step(ps, x);
+    REQUIRE(out.size() == 5);
+    auto [loss_ref, g_ref] = vg(ref, x);
+    update(ref, g_ref);
+    CHECK(values(out[0])[0] == doctest::Approx(values(loss_ref)[0]).epsilon(1e-5));
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      auto close = k::testing::allclose(ps[i], ref[i], 1e-5, 1e-6);
+      CHECK_MESSAGE(close, "parameter " << i << ": " << close);
+    }
+  }
+  CHECK(step.cache().size() == 1);  // one program for every step
+}
+
+}  // namespace
+
+TEST_CASE("inner gradients: an SGD step with its gradient inside is one program and matches two") { check_sgd(k::cpu); }
+TEST_CASE("inner gradients: the same on the GPU (cuda)" * needs_gpu()) { check_sgd(k::cuda); }
+
+TEST_CASE("inner gradients: value_and_grad as expressions equals a call with tensors and the f64 oracle") {
+  k::Tensor w = k::randn({7, 3}, k::f32, k::cpu, 11), x = k::randn({5, 7}, k::f32, k::cpu, 12);
+  auto f = [](auto w, auto x) { return k::sum(k::tanh(k::matmul(x, w)) * k::matmul(x, w)); };
+  auto vg = k::value_and_grad(f, k::wrt<0, 1>);
+  auto [v, gw, gx] = vg(w, x);  // tensors: a program of its own
+  // The same function called with expressions: the value and gradients are expressions.
+  auto [ve, gwe, gxe] = vg(k::expression(w), k::expression(x));
+  static_assert(std::is_same_v<decltype(gwe), k::expression>);
+  for (auto [a, e] : {std::pair{v, ve}, std::pair{gw, gwe}, std::pair{gx, gxe}}) {
+    auto oracle = k::testing::allclose(a, e, 1e-4, 1e-5);  // the expression through the oracle
+    CHECK_MESSAGE(oracle, oracle);
+    k::Tensor fused = e;  // and fused, in one program
+    auto same = k::testing::allclose(fused, a, 1e-5, 1e-6);
+    CHECK_MESSAGE(same, same);
+  }
+  // Analytic: d/dw sum(tanh(z) z) = x^T (tanh(z) + z (1 - tanh(z)^2)), z = x w.
+  auto z = k::matmul(x, w);
+  auto expected = k::matmul(k::transpose(x, 0, 1), k::tanh(z) + z * (1.0 - k::square(k::tanh(z))));
+  auto analytic = k::testing::allclose(gw, expected, 1e-4, 1e-5);
+  CHECK_MESSAGE(analytic, analytic);
+}
+
+TEST_CASE("inner gradients: a wrt argument is an independent input, an unread one gets zeros") {
+  k::Tensor x = k::randn({6, 5}, k::f32, k::cpu, 21), y = k::randn({6, 5}, k::f32, k::cpu, 22);
+  auto g = k::grad([](auto a, auto b, auto) { return k::sum(a * b); }, k::wrt<0, 2>);
+  // b = x * x is computed by the caller from x: the gradient with respect to a is b, not 3 x^2.
+  auto fn = k::compile([&g](auto x, auto y) {
+    auto [ga, gc] = g(x, x * x, y);
+    return std::make_tuple(ga, gc);
+  });
+  auto [ga, gc] = fn(x, y);
+  auto partial = k::testing::allclose(ga, x * x, 1e-6, 1e-7);
+  CHECK_MESSAGE(partial, partial);
+  for (double v : values(gc)) CHECK(v == 0.0);  // the value does not read c
+}
+
+TEST_CASE("inner gradients: vjp inside, with the cotangent an expression of the caller") {
+  k::Tensor x = k::randn({4, 9}, k::f32, k::cpu, 31), c = k::randn({4, 9}, k::f32, k::cpu, 32);
+  auto pullback = k::vjp([](auto x) { return k::sin(x) * x; }, k::wrt<0>);
+  auto fn = k::compile([&pullback](auto x, auto c) { return pullback(x, c * 2.0f); });
+  k::Tensor got = fn(x, c);
+  auto expected = k::testing::allclose(got, (k::cos(x) * x + k::sin(x)) * c * 2.0, 1e-5, 1e-6);
+  CHECK_MESSAGE(expected, expected);
+}
+
+TEST_CASE("inner gradients: a gradient of a gradient is the second derivative, and passes gradcheck") {
+  k::Tensor x = k::randn({3, 8}, k::f32, k::cpu, 41);
+  auto inner = k::grad([](auto x) { return k::sum(x * x * x + k::sin(x)); }, k::wrt<0>);  // 3x^2 + cos x
+  auto outer = k::compile(k::grad([&inner](auto x) { return k::sum(inner(x)); }, k::wrt<0>));
+  k::Tensor got = outer(x);  // d/dx sum(3x^2 + cos x) = 6x - sin x
+  auto second = k::testing::allclose(got, x * 6.0 - k::sin(x), 1e-5, 1e-5);
+  CHECK_MESSAGE(second, second);
+  k::Tensor x64 = k::randn({2, 5}, k::f64, k::cpu, 42), w64 = k::randn({2, 5}, k::f64, k::cpu, 43);
+  auto result = k::testing::gradcheck([&inner](auto x, auto w) { return k::sum(k::tanh(inner(x)) * w); }, x64, w64);
+  CHECK_MESSAGE(result, result);
+}
+
+TEST_CASE("inner gradients: a value of several elements, and integer arguments, are typed errors") {
+  k::Tensor x = k::randn({4, 3}, k::f32, k::cpu, 51);
+  k::Tensor ids = k::arange(4, k::i64, k::cpu);
+  auto rows = k::grad([](auto x) { return k::sum(x, {1}); }, k::wrt<0>);  // a value per row
+  auto fn = k::compile([&rows](auto x) { return rows(x); });
+  CHECK_THROWS_AS(fn(x), k::shape_error);
+  try {
+    fn(x);
+  } catch (const k::shape_error& e) {
+    CHECK(std::string(e.what()).find("k::grad inside a compiled function") != std::string::npos);
+    CHECK(std::string(e.what()).find("[4]") != std::string::npos);
+  }
+  auto by_ids = k::grad([](auto x, auto i) { return k::sum(k::cast(i, k::f32) * k::sum(x)); }, k::wrt<1>);
+  auto fi = k::compile([&by_ids](auto x, auto i) { return by_ids(x, i); });
+  CHECK_THROWS_AS(fi(x, ids), k::dtype_error);
+}
