@@ -14,6 +14,7 @@
 #include <kiln/kiln.hpp>
 #include <kiln/testing.hpp>
 
+#include "cuda_plan.hpp"
 #include "have_gpu.hpp"
 
 namespace k = kiln;
@@ -149,4 +150,28 @@ TEST_CASE("inner gradients: a value of several elements, and integer arguments, 
   auto by_ids = k::grad([](auto x, auto i) { return k::sum(k::cast(i, k::f32) * k::sum(x)); }, k::wrt<1>);
   auto fi = k::compile([&by_ids](auto x, auto i) { return by_ids(x, i); });
   CHECK_THROWS_AS(fi(x, ids), k::dtype_error);
+}
+
+TEST_CASE("inner gradients: the CUDA plan of a bf16 training step with its gradient inside compiles (host)") {
+  namespace rt = k::runtime;
+  // GPT-2's MLP block in bf16 over f32 master weights: tanh-gelu, whose backward GEMM may take
+  // gelu's derivative as its epilogue; SGD on every weight in the same program.
+  auto loss = [](auto w1, auto b1, auto w2, auto x) {
+    auto h = k::gelu(k::matmul(x, k::cast(w1, k::bf16)) + k::cast(b1, k::bf16), k::approximate::tanh);
+    return k::mean(k::square(k::cast(k::matmul(h, k::cast(w2, k::bf16)), k::f32)));
+  };
+  auto vg = k::value_and_grad(loss, k::wrt<0, 1, 2>);
+  auto step = k::compile([vg](auto w1, auto b1, auto w2, auto x) {
+    auto [l, g1, gb, g2] = vg(w1, b1, w2, x);
+    return std::make_tuple(l, k::assign(w1, w1 - 0.01f * g1), k::assign(b1, b1 - 0.01f * gb),
+                           k::assign(w2, w2 - 0.01f * g2));
+  });
+  auto w1 = k::randn({256, 1024}, k::f32, k::cpu, 61), b1 = k::randn({1024}, k::f32, k::cpu, 62);
+  auto w2 = k::randn({1024, 256}, k::f32, k::cpu, 63), x = k::randn({512, 256}, k::bf16, k::cpu, 64);
+  auto p = plan_for(k::Device(k::cuda), step, w1, b1, w2, x);
+  int generated = 0;
+  for (const rt::CompiledKernel& kern : p->kernels) generated += kern.extern_node < 0;
+  CHECK(generated > 0);
+  CHECK_FALSE(
+      rt::compile_cubin(rt::cuda_translation_unit(*p, rt::program_body(*p)), "kiln_inner_grad_test", "sm_90a").empty());
 }
