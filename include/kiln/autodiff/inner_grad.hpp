@@ -21,9 +21,10 @@ struct is_expression_list : std::false_type {};
 template <>
 struct is_expression_list<std::vector<expression>> : std::true_type {};
 
-// An argument as an expression the callee reads (a tensor as a leaf of the caller's graph).
+// An argument as a callee inlined into a caller's trace receives it (a tensor as a leaf of the
+// caller's graph); runtime/api.hpp's compiled functions too.
 template <class T>
-decltype(auto) received_as_is(const T& a) {
+decltype(auto) inner_argument(const T& a) {
   if constexpr (std::is_same_v<T, Tensor>)
     return expression(a);
   else
@@ -60,7 +61,7 @@ auto inner_gradient_of(const GradFn<F, M, I...>& gf, const T&... a) {
       if constexpr (((static_cast<int>(P) == I) || ...))
         return received_as_leaf(std::get<P>(args));
       else
-        return received_as_is(std::get<P>(args));
+        return inner_argument(std::get<P>(args));
     };
     return std::make_tuple(one.template operator()<K>()...);
   }
@@ -73,7 +74,7 @@ auto inner_gradient_of(const GradFn<F, M, I...>& gf, const T&... a) {
   const expression value(std::move(traced));
   auto grad_of = [&](const expression& leaf) {
     if constexpr (vjp) {
-      const expression cotangent(received_as_is(std::get<sizeof...(T) - 1>(args)));
+      const expression cotangent(inner_argument(std::get<sizeof...(T) - 1>(args)));
       return expression(expr::Node<Op::grad_of, expression, expression, expression>(Attrs{}, value, leaf, cotangent));
     } else {
       return expression(expr::Node<Op::grad_of, expression, expression>(Attrs{}, value, leaf));

@@ -118,13 +118,6 @@ concept CallArgument = std::is_same_v<T, Tensor> || std::is_same_v<T, std::vecto
 // What a compiled function may be called with inside another's trace, and what its body gets.
 template <class T>
 concept InnerArgument = Expr<T> || std::is_same_v<T, Tensor> || is_arg_list<T>::value || is_expression_list<T>::value;
-template <class T>
-decltype(auto) inner_argument(const T& a) {
-  if constexpr (std::is_same_v<T, Tensor>)
-    return expression(a);
-  else
-    return (a);
-}
 template <class R>
 auto erase_result(R&& r) {
   if constexpr (graph::is_tuple<std::remove_cvref_t<R>>::value)
