@@ -31,13 +31,15 @@ decltype(auto) inner_argument(const T& a) {
     return (a);
 }
 
-// A wrt argument as the callee receives it: behind a grad_leaf, each element of a container.
+// A wrt argument as the callee receives it: behind a grad_leaf, each element of a container (a
+// placeholder's, or a std::vector of tensors or expressions). Leaves are never merged (graph.hpp's
+// CseIndex): two over one expression are two independent inputs.
 inline expression grad_leaf(expression x) {
   return expression(expr::Node<Op::grad_leaf, expression>(Attrs{}, std::move(x)));
 }
 template <class T>
 auto received_as_leaf(const T& a) {
-  if constexpr (is_arg_list<T>::value || is_expression_list<T>::value) {
+  if constexpr (is_arg_list<T>::value || graph::is_vector<T>::value) {
     std::vector<expression> leaves;
     leaves.reserve(a.size());
     for (std::size_t i = 0; i < a.size(); ++i) leaves.push_back(grad_leaf(expression(a[i])));
@@ -48,13 +50,9 @@ auto received_as_leaf(const T& a) {
 }
 
 template <class F, autodiff::Mode M, int... I, class... T>
-auto inner_gradient_of(const GradFn<F, M, I...>& gf, const T&... a) {
+auto inner_gradient_checked(const GradFn<F, M, I...>& gf, const T&... a) {
   constexpr bool vjp = M == autodiff::Mode::vjp;
-  static_assert(!vjp || sizeof...(T) >= 1, "k::vjp takes the cotangent of the function's value as its last argument");
   constexpr int n = static_cast<int>(sizeof...(T)) - (vjp ? 1 : 0);
-  static_assert(((I >= 0 && I < n) && ...),
-                "k::wrt<...> names an argument that the function does not take: every index must be below the number "
-                "of arguments");
   const auto args = std::forward_as_tuple(a...);
   const auto received = [&]<std::size_t... K>(std::index_sequence<K...>) {
     auto one = [&]<std::size_t P>() {
@@ -70,33 +68,51 @@ auto inner_gradient_of(const GradFn<F, M, I...>& gf, const T&... a) {
   static_assert(Expr<decltype(traced)>,
                 "a k::grad / value_and_grad / vjp called inside a function needs its function to return one "
                 "expression (its value)");
-  check_value<M, decltype(traced), I...>();
-  const expression value(std::move(traced));
-  auto grad_of = [&](const expression& leaf) {
-    if constexpr (vjp) {
-      const expression cotangent(inner_argument(std::get<sizeof...(T) - 1>(args)));
-      return expression(expr::Node<Op::grad_of, expression, expression, expression>(Attrs{}, value, leaf, cotangent));
-    } else {
-      return expression(expr::Node<Op::grad_of, expression, expression>(Attrs{}, value, leaf));
-    }
-  };
-  auto gradient = [&]<int P>() {
-    const auto& leaf = std::get<static_cast<std::size_t>(P)>(received);
-    if constexpr (is_expression_list<std::remove_cvref_t<decltype(leaf)>>::value) {
-      std::vector<expression> g;
-      g.reserve(leaf.size());
-      for (const expression& l : leaf) g.push_back(grad_of(l));
-      return g;
-    } else {
-      return grad_of(leaf);
-    }
-  };
-  if constexpr (M == autodiff::Mode::value_and_grad)
-    return std::tuple{value, gradient.template operator()<I>()...};
-  else if constexpr (sizeof...(I) == 1)
-    return gradient.template operator()<I...>();
+  if constexpr (!Expr<decltype(traced)>) {
+    return expression(expr::Arg<0>{});  // after the assertion: no second error
+  } else {
+    check_value<M, decltype(traced), I...>();
+    const expression value(std::move(traced));
+    auto grad_of = [&](const expression& leaf) {
+      if constexpr (vjp) {
+        const expression cotangent(inner_argument(std::get<sizeof...(T) - 1>(args)));
+        return expression(expr::Node<Op::grad_of, expression, expression, expression>(Attrs{}, value, leaf, cotangent));
+      } else {
+        return expression(expr::Node<Op::grad_of, expression, expression>(Attrs{}, value, leaf));
+      }
+    };
+    auto gradient = [&]<int P>() {
+      const auto& leaf = std::get<static_cast<std::size_t>(P)>(received);
+      if constexpr (is_expression_list<std::remove_cvref_t<decltype(leaf)>>::value) {
+        std::vector<expression> g;
+        g.reserve(leaf.size());
+        for (const expression& l : leaf) g.push_back(grad_of(l));
+        return g;
+      } else {
+        return grad_of(leaf);
+      }
+    };
+    if constexpr (M == autodiff::Mode::value_and_grad)
+      return std::tuple{value, gradient.template operator()<I>()...};
+    else if constexpr (sizeof...(I) == 1)
+      return gradient.template operator()<I...>();
+    else
+      return std::tuple{gradient.template operator()<I>()...};
+  }
+}
+
+template <class F, autodiff::Mode M, int... I, class... T>
+auto inner_gradient_of(const GradFn<F, M, I...>& gf, const T&... a) {
+  constexpr bool vjp = M == autodiff::Mode::vjp;
+  static_assert(!vjp || sizeof...(T) >= 1, "k::vjp takes the cotangent of the function's value as its last argument");
+  constexpr int n = static_cast<int>(sizeof...(T)) - (vjp ? 1 : 0);
+  static_assert(((I >= 0 && I < n) && ...),
+                "k::wrt<...> names an argument that the function does not take: every index must be below the number "
+                "of arguments");
+  if constexpr (n < 0 || !((I >= 0 && I < n) && ...))
+    return expression(expr::Arg<0>{});  // after an assertion: no second error
   else
-    return std::tuple{gradient.template operator()<I>()...};
+    return inner_gradient_checked(gf, a...);
 }
 
 template <class G, class... T>

@@ -311,17 +311,17 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
     }
     if (!anchor[i] || in_step[i]) continue;
     const auto& n = g[i];
-    int first = detail::first_possible_kernel(g, anchor, s.kernel_of, i);
-    const int slot = detail::assigned_slot(g, i);  // stored in place: after the kernels reading that argument
-    const int after_readers = slot >= 0 ? detail::last_reader(g, anchor, s, slot) : -1;
-    first = std::max(first, after_readers);
+    const int first = detail::first_possible_kernel(g, anchor, s.kernel_of, i);
+    // Stored in place (k::assign): in no kernel before one that still reads that argument.
+    const int slot = detail::assigned_slot(g, i);
+    auto reader_after = [&](int k) { return slot >= 0 && detail::last_reader(g, anchor, s, slot, k + 1) >= 0; };
+    const int floor = slot >= 0 ? std::max(first, detail::last_reader(g, anchor, s, slot, first)) : first;
     int chosen = -1;
-    for (int k = static_cast<int>(s.kernels.size()) - 1; k >= first && chosen < 0; --k)
+    for (int k = static_cast<int>(s.kernels.size()) - 1; k >= floor && chosen < 0; --k)
       if (detail::joins(g, anchor, s.kernel_of, s.kernels[k], k, i)) chosen = k;
     // A kernel it could join that runs before kernels it reads: join it there when those kernels may
     // run before that one instead (detail::may_run_before), moved in their order.
-    for (int j = first - 1; move_kernels && j >= std::max(after_readers, 0) && chosen < 0 && !detail::is_extern(n.op);
-         --j) {
+    for (int j = first - 1; move_kernels && j >= 0 && chosen < 0 && !detail::is_extern(n.op); --j) {
       if (!detail::joins(g, anchor, s.kernel_of, s.kernels[j], j, i)) continue;
       std::vector<int> later;
       for (int k : detail::kernels_read(g, anchor, s.kernel_of, {i}, -1))
@@ -333,14 +333,15 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
       for (std::size_t m = 0; m < later.size(); ++m) detail::move_kernel(s, later[m], j + static_cast<int>(m));
       moved = true;
       const int moved_j = j + static_cast<int>(later.size());
-      if (detail::joins(g, anchor, s.kernel_of, s.kernels[moved_j], moved_j, i)) chosen = moved_j;
+      if (detail::joins(g, anchor, s.kernel_of, s.kernels[moved_j], moved_j, i) && !reader_after(moved_j))
+        chosen = moved_j;
       break;  // (the order stays valid either way)
     }
     // A row reduction over a pointwise kernel's domain whose stores all have that shape (a
     // residual sum the norm after it reads): that kernel becomes the row kernel and stores them as
     // it walks the row (Inductor's add + layer_norm in one kernel).
     if (chosen < 0 && is_reduction(n.op) && n.attrs.c != 1)
-      for (int k = static_cast<int>(s.kernels.size()) - 1; k >= first && chosen < 0; --k)
+      for (int k = static_cast<int>(s.kernels.size()) - 1; k >= floor && chosen < 0; --k)
         if (detail::takes_rows(g, s.kernels[k], i)) {
           KernelPlan& plan = s.kernels[k];
           plan.kind = Kind::per;
