@@ -101,15 +101,30 @@ auto inner_gradient_checked(const GradFn<F, M, I...>& gf, const T&... a) {
   }
 }
 
+// Whether an argument is one of k::structure's placeholders (or an expression over them).
+template <class T>
+constexpr bool structural_argument() {
+  if constexpr (Expr<T> && !std::is_same_v<T, expression>)
+    return graph::Counts<T>::max_arg >= expr::structure_arg_base;
+  else
+    return false;
+}
+
 template <class F, autodiff::Mode M, int... I, class... T>
 auto inner_gradient_of(const GradFn<F, M, I...>& gf, const T&... a) {
+  static_assert(!(structural_argument<T>() || ...),
+                "k::structure: the function takes a gradient inside (a k::grad / value_and_grad / vjp called in it), "
+                "which is derived at the first call, not in a constant expression; take k::structure of the "
+                "gradient function itself");
   constexpr bool vjp = M == autodiff::Mode::vjp;
   static_assert(!vjp || sizeof...(T) >= 1, "k::vjp takes the cotangent of the function's value as its last argument");
   constexpr int n = static_cast<int>(sizeof...(T)) - (vjp ? 1 : 0);
   static_assert(((I >= 0 && I < n) && ...),
                 "k::wrt<...> names an argument that the function does not take: every index must be below the number "
                 "of arguments");
-  if constexpr (n < 0 || !((I >= 0 && I < n) && ...))
+  if constexpr ((structural_argument<T>() || ...))
+    return std::get<0>(std::forward_as_tuple(a...));  // after the assertion: no second error
+  else if constexpr (n < 0 || !((I >= 0 && I < n) && ...))
     return expression(expr::Arg<0>{});  // after an assertion: no second error
   else
     return inner_gradient_checked(gf, a...);
