@@ -117,7 +117,9 @@ inline std::string LauncherWriter::numel_of_arg(const ExportedArg& a) const {
 inline std::string LauncherWriter::numel_of_node(int node) const {
   Sym n(1);
   for (const Sym& d : p_.env[node]) n = n * d;
-  return "(" + n.c_expr() + ")";
+  std::string s = "(";  // (appended: GCC 12's -Wrestrict misfires on "(" + std::string&&)
+  s += n.c_expr();
+  return s += ")";
 }
 
 // ---- the header ---------------------------------------------------------------------------------
