@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "../graph/flatten.hpp"
 #include "grad.hpp"
 
 namespace kiln::detail {
