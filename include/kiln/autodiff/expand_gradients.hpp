@@ -11,6 +11,7 @@
 #pragma once
 #include <vector>
 
+#include "../graph/infer.hpp"
 #include "../rewrite/decompose.hpp"
 #include "differentiate.hpp"
 
@@ -71,6 +72,18 @@ constexpr graph::Graph expand_gradients(const graph::Graph& g) {
     return n.op == Op::grad_leaf ? in[0] : b.rebuild(n, in);
   });
   return rewrite::remove_dead(out);
+}
+
+// An inferred graph that has not been through decomposition (the oracle's, gradcheck's): where it
+// takes gradients inside, decomposed and expanded, shapes inferred again with arg(slot).
+template <class ArgAt>
+graph::Graph expand_inner_gradients(graph::Graph g, ArgAt&& arg) {
+  if (!has_inner_gradients(g)) return g;
+  g = rewrite::decompose(g);
+  graph::infer_shapes(g, arg);
+  g = expand_gradients(g);
+  graph::infer_shapes(g, arg);
+  return g;
 }
 
 }  // namespace kiln::autodiff

@@ -120,12 +120,9 @@ auto inner_gradient_of(const GradFn<F, M, I...>& gf, const T&... a) {
   constexpr bool vjp = M == autodiff::Mode::vjp;
   static_assert(!vjp || sizeof...(T) >= 1, "k::vjp takes the cotangent of the function's value as its last argument");
   constexpr int n = static_cast<int>(sizeof...(T)) - (vjp ? 1 : 0);
-  static_assert(((I >= 0 && I < n) && ...),
-                "k::wrt<...> names an argument that the function does not take: every index must be below the number "
-                "of arguments");
   if constexpr ((structural_argument<T>() || ...))
     return std::get<0>(std::forward_as_tuple(a...));  // after the assertion: no second error
-  else if constexpr (n < 0 || !((I >= 0 && I < n) && ...))
+  else if constexpr (n < 0 || !(wrt_index_check<I, n>::ok && ...))
     return expression(expr::Arg<0>{});  // after an assertion: no second error
   else
     return inner_gradient_checked(gf, a...);

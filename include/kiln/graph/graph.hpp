@@ -132,10 +132,10 @@ constexpr std::uint64_t structure_key(const Node& n) {
 // Common-subexpression elimination as a graph grows: adding a node returns the id of an identical
 // one already added through this index, in constant expected time (a hash of the structure, then
 // same_structure on the candidates). Scalars are never merged: their values may differ at the next
-// call; nor are grad_leaf nodes: each is one wrt argument of one gradient call, an independent input
-// even where two wrap the same expression (autodiff/expand_gradients.hpp). Nodes appended to the graph by other means
-// are not merge targets. An open-addressing table of (key, id) on a std::vector, so that it also runs in constant
-// expressions (k::structure).
+// call; nor are grad_leaf nodes: each is one wrt argument of one gradient call, an independent
+// input even where two wrap the same expression (autodiff/expand_gradients.hpp). Nodes appended to
+// the graph by other means are not merge targets. An open-addressing table of (key, id) on a
+// std::vector, so that it also runs in constant expressions (k::structure).
 class CseIndex {
  public:
   constexpr int find(const Graph& g, const Node& n, std::uint64_t key) const {

@@ -70,12 +70,7 @@ KILN_DECL std::vector<Value> infer_and_eval(graph::Graph& g, std::span<const Ten
     return args[static_cast<std::size_t>(slot)];
   };
   graph::infer_shapes(g, arg);
-  if (autodiff::has_inner_gradients(g)) {
-    g = rewrite::decompose(g);
-    graph::infer_shapes(g, arg);
-    g = autodiff::expand_gradients(g);
-    graph::infer_shapes(g, arg);
-  }
+  g = autodiff::expand_inner_gradients(std::move(g), arg);
   return eval_graph(g, args, scalars);
 }
 #endif
