@@ -8,8 +8,9 @@
 // FLOPs: 4 B H Tq Tk D for the forward (half of it causal), 3.5x that for forward + backward (as
 // FlashAttention's benchmarks count). With --softcap C every case also runs with the score_mod
 // tanh(s / C) * C (Gemma 2's soft-capping, ids ending in -softcap; torch's side: flex_attention
-// with the same score_mod). Usage: attention [--T 1024,4096] [--D 64,128] [--bwd-T 1024] [--reps N]
-// [--softcap C]
+// with the same score_mod; --softcap-only C: those cases alone). Usage: attention [--T 1024,4096] [--D 64,128] [--bwd-T
+// 1024] [--reps N]
+// [--softcap C | --softcap-only C] [--B 16] [--H 16]
 #include <cmath>
 #include <algorithm>
 #include <cstdio>
@@ -50,14 +51,16 @@ auto loss(float cap) {  // forward + backward: the value needs o, the gradients 
   return [cap](auto q, auto k, auto v, auto g) { return k::sum(k::cast(forward<Causal>(cap)(q, k, v), k::f32) * g); };
 }
 
+int batch = 16, heads = 16;  // W13's B and H (--B, --H: other shapes, ids marked with them)
 template <bool Causal>
 void run(int T, int D, bool backward, int reps, float cap) {
-  const int B = 16, H = 16;
+  const int B = batch, H = heads;
   k::Tensor q = k::randn({B, H, T, D}, k::bf16, k::cuda, 1), kk = k::randn({B, H, T, D}, k::bf16, k::cuda, 2);
   k::Tensor v = k::randn({B, H, T, D}, k::bf16, k::cuda, 3);
   const double fwd_flops = 4.0 * B * H * double(T) * T * D * (Causal ? 0.5 : 1.0);
   std::string id = std::string("W13-") + (backward ? "fwdbwd" : "fwd") + (Causal ? "-causal" : "") + "-T" +
-                   std::to_string(T) + "-D" + std::to_string(D) + (cap > 0 ? "-softcap" : "");
+                   std::to_string(T) + "-D" + std::to_string(D) + (cap > 0 ? "-softcap" : "") +
+                   (B != 16 || H != 16 ? "-B" + std::to_string(B) + "H" + std::to_string(H) : "");
   double ms = 0, flops = fwd_flops;
   if (!backward) {
     auto f = k::compile(forward<Causal>(cap));
@@ -98,19 +101,28 @@ int main(int argc, char** argv) {
   std::vector<int> Ts{1024, 4096, 8192}, Ds{64, 128}, bwd_Ts{1024};
   int reps = 30;
   float softcap = 0;
+  bool mods_only = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--T") Ts = ints(argv[i + 1]);
     else if (a == "--D") Ds = ints(argv[i + 1]);
     else if (a == "--bwd-T") bwd_Ts = ints(argv[i + 1]);
     else if (a == "--reps") reps = std::atoi(argv[i + 1]);
+    else if (a == "--B")
+      batch = std::atoi(argv[i + 1]);
+    else if (a == "--H")
+      heads = std::atoi(argv[i + 1]);
     else if (a == "--softcap") softcap = std::strtof(argv[i + 1], nullptr);
+    else if (a == "--softcap-only")
+      softcap = std::strtof(argv[i + 1], nullptr), mods_only = true;
   }
   if (!k::driver::available()) {
     std::fprintf(stderr, "attention: no CUDA device\n");
     return 1;
   }
-  for (float cap : softcap > 0 ? std::vector<float>{0, softcap} : std::vector<float>{0})
+  std::vector<float> caps{0};
+  if (softcap > 0) caps = mods_only ? std::vector<float>{softcap} : std::vector<float>{0, softcap};
+  for (float cap : caps)
     for (int D : Ds) {
       for (int T : Ts) run<false>(T, D, false, reps, cap), run<true>(T, D, false, reps, cap);
       for (int T : bwd_Ts) run<false>(T, D, true, reps, cap), run<true>(T, D, true, reps, cap);

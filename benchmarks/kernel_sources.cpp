@@ -5,7 +5,11 @@
 // reading what a device run will launch before spending device time on it (benchmarks/NOTES.md
 // item 116 found a modulo by the row count a step this way).
 //
-// Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas sm_90] [--call N]
+// Usage: kernel_sources OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas sm_90] [--call N] [--memory]
+//        [--step]
+//   --memory: also prints the program's intermediates: their bytes in all, the most live at one step
+//   (a plain run's peak of them) and the block a CUDA graph keeps them in (runtime's pack_buffers)
+//   --step: gpt2's training step as one program (its value_and_grad called inside, SGD after it)
 //   --call N: also says whether the program's guards admit a call with N rows in place of ROWS (a
 //   dynamic program that a call at another row count compiles again runs the second program's kernels)
 //   --ptxas ARCH: also compiles each kernel's unit with NVRTC for ARCH and prints ptxas's registers, spills and stack
@@ -32,6 +36,8 @@ namespace k = kiln;
 enum class Sizes { static_, dynamic, rows };
 std::string ptxas_arch;  // --ptxas ARCH: also compile the unit and print ptxas's report
 std::int64_t call_rows = 0;  // --call N: check the guards at N rows
+bool memory = false;         // --memory: the intermediates' bytes
+bool step = false;           // --step: gpt2's training step as one program (SGD inside)
 std::string cubin_dir;       // --cubin DIR: also write each unit's CUBIN there (for cuobjdump -sass)
 
 template <class F, class... T>
@@ -56,6 +62,18 @@ void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
   auto p = k::runtime::plan_program(std::move(g), std::move(env), k::Device(k::cuda), arg, false, stats.tuning);
   std::string body = k::runtime::program_body(*p);
   std::fputs(body.substr(body.find("\n// kiln_") + 1).c_str(), stdout);  // past the size helpers
+  if (memory) {
+    auto bytes_of = [&](int b) {
+      return static_cast<std::size_t>(p->storage_shape(b, p->graph[b].shape).product()) * k::itemsize(p->graph[b].dt);
+    };
+    std::size_t all = 0;
+    for (int b : p->buffers) all += bytes_of(b);
+    auto packed = k::runtime::pack_buffers(p->lifetimes, p->graph.nodes.size(), bytes_of);
+    std::printf(
+        "// intermediates: %zu buffers, %.1f MiB in all, %.1f MiB live at the busiest of %zu steps, %.1f MiB "
+        "packed for a CUDA graph\n",
+        p->buffers.size(), all / 1048576.0, packed.live_peak / 1048576.0, p->kernels.size(), packed.bytes / 1048576.0);
+  }
   if (call_rows > 0) {  // the program's buffers, and the arguments with `rows` leading rows at call_rows
     for (int b : p->buffers)
       std::printf("// buffer %%%d: %s %s\n", b, std::string(k::name(p->graph[b].op)).c_str(),
@@ -154,6 +172,10 @@ int main(int argc, char** argv) {
       ptxas_arch = argv[++i];
     else if (s == "--cubin" && i + 1 < argc)
       cubin_dir = argv[++i];
+    else if (s == "--memory")
+      memory = true;
+    else if (s == "--step")
+      step = true;
     else if (s == "--call" && i + 1 < argc)
       call_rows = std::atoll(argv[++i]);
     else
@@ -218,9 +240,26 @@ int main(int argc, char** argv) {
       auto f = k::value_and_grad(loss, k::wrt<0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15>);
       auto f32 = [](k::Dims shape) { return k::randn(shape); };
       k::Tensor t = k::cast(k::rand({B, T}) * static_cast<float>(V - 1), k::i64);
-      print_kernels(f, sizes, rows, f32({B, T, d}), f32({d}), f32({d}), f32({d, 3 * d}), f32({3 * d}), f32({d, d}),
-                    f32({d}), f32({d}), f32({d}), f32({d, 4 * d}), f32({4 * d}), f32({4 * d, d}), f32({d}), f32({d}),
-                    f32({d}), f32({V, d}), t);
+      // --step: the training step as one program, SGD on the layer's parameters after the value_and_grad
+      // (examples/gpt2.cpp's step, AdamW there).
+      auto sgd_step = [f](auto x, auto... p) {
+        auto r = f(x, p...);
+        auto update = [&]<std::size_t... I>(std::index_sequence<I...>) {
+          auto params = std::forward_as_tuple(p...);
+          return std::make_tuple(std::get<0>(r),
+                                 k::assign(std::get<I>(params), std::get<I>(params) - 1e-3f * std::get<I + 2>(r))...);
+        };
+        return update(std::make_index_sequence<sizeof...(p) - 1>{});  // (the targets have no update)
+      };
+      auto run = [&](const auto& fn) {
+        print_kernels(fn, sizes, rows, f32({B, T, d}), f32({d}), f32({d}), f32({d, 3 * d}), f32({3 * d}), f32({d, d}),
+                      f32({d}), f32({d}), f32({d}), f32({d, 4 * d}), f32({4 * d}), f32({4 * d, d}), f32({d}), f32({d}),
+                      f32({d}), f32({V, d}), t);
+      };
+      if (step)
+        run(sgd_step);
+      else
+        run(f);
     } else if (op == "cross_entropy") {
       auto f = k::value_and_grad([](auto l, auto t) { return k::cross_entropy(l, t); }, k::wrt<0>);
       k::Tensor t = k::cast(k::rand({rows}) * static_cast<float>(cols - 1), k::i64);

@@ -1,14 +1,16 @@
 // GPT-2 written in kiln and trained on deterministic synthetic tokens: token and position
 // embeddings (the token table tied to the output layer), pre-norm blocks of causal multi-head
 // attention and a tanh-gelu MLP, a final layer_norm and cross_entropy; AdamW. The ~150 parameters
-// and their moments travel as three std::vector<k::Tensor> arguments; the loss and every gradient
-// come from one compiled k::value_and_grad program, the update of every parameter and moment from
-// one compiled AdamW program. Blocks are built in a loop through k::expression.
+// and their moments travel as three std::vector<k::Tensor> arguments; a training step is one
+// compiled program: a k::value_and_grad called inside it gives the loss and every gradient, and the
+// AdamW update of every parameter and moment reads them there (--two-programs: the gradients as
+// outputs of a k::value_and_grad program, then an AdamW program, as a data-parallel run does
+// with the all-reduce between). Blocks are built in a loop through k::expression.
 //
-//   gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs] [--gpus N] [--check DIR]
+//   gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs] [--two-programs] [--gpus N] [--check DIR]
 // --tiny: a small config that trains on the CPU in seconds (CI runs it); the default is GPT-2 small
 // (12 layers, d 768, 12 heads, context 1024, vocab 50257) at B = 8, on the GPU, bf16 activations
-// over f32 master weights. --graphs replays both programs as CUDA graphs (.cuda_graphs). Prints
+// over f32 master weights. --graphs replays the programs as CUDA graphs (.cuda_graphs). Prints
 // `step N loss X` and, at the end, tokens/s and peak memory. --check DIR starts from the weights
 // that `benchmarks/gpt2_peer.py --write-check DIR` wrote (DIR/init.safetensors) and compares the
 // first 10 losses with PyTorch's (DIR/losses.txt) to bf16 tolerance. --gpus N trains data-parallel
@@ -163,7 +165,7 @@ void make_batch(const Config& c, k::Device dev, k::Tensor& tokens, k::Tensor& ta
 
 struct Args {
   int steps = 20, gpus = 0;
-  bool tiny = false, want_cpu = false, want_f32 = false, graphs = false;
+  bool tiny = false, want_cpu = false, want_f32 = false, graphs = false, two_programs = false;
   std::string check;
 };
 
@@ -198,13 +200,13 @@ int train(const Config& c, Args a, k::Device dev, k::dist::group* g) {
 
   double first = 0, last = 0, first_call_s = 0;
   std::vector<double> step_s, losses;
-  auto loop = [&](auto& step) -> int {
+  // step_once(scale): one training step, gradient and update; returns the loss.
+  auto loop = [&](auto&& step_once) -> int {
     for (int s = 1; s <= a.steps; ++s) {
       auto t0 = std::chrono::steady_clock::now();
-      auto [loss, grads] = step(params, tokens, targets);
       const double b1 = 1 - std::pow(0.9, s), b2 = 1 - std::pow(0.95, s);
-      k::Tensor scale = k::full({}, lr * std::sqrt(b2) / b1, k::f32, dev);
-      adamw(params, grads, m, v, scale);
+      const k::Tensor scale = k::full({}, lr * std::sqrt(b2) / b1, k::f32, dev);
+      const k::Tensor loss = step_once(scale);
       last = k::to_vector<float>(loss)[0];  // waits for the step
       const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s == 1) first_call_s = took;
@@ -218,26 +220,53 @@ int train(const Config& c, Args a, k::Device dev, k::dist::group* g) {
     return 0;
   };
   auto grad_fn = k::value_and_grad(make_loss(c, act), k::wrt<0>);
+  auto library_calls = [](const k::report& r) {
+    return static_cast<long long>(std::count_if(r.kernels.begin(), r.kernels.end(),
+                                                [](const k::kernel_info& kern) { return kern.kind == "extern"; }));
+  };
+  const k::Tensor lr_now = k::full({}, lr, k::f32, dev);
   if (g) {
     auto step = k::dist::data_parallel(grad_fn, *g, {}, opts);
-    if (int rc = loop(step)) return rc;
+    if (int rc = loop([&](const k::Tensor& scale) {
+          auto [loss, grads] = step(params, tokens, targets);
+          adamw(params, grads, m, v, scale);
+          return loss;
+        }))
+      return rc;
     say("data-parallel: %d ranks, gradients overlapping the backward: %s\n", ranks, step.overlapping() ? "yes" : "no");
-  } else {
+  } else if (a.two_programs) {
     auto step = k::compile(grad_fn, opts);
-    if (int rc = loop(step)) return rc;
+    if (int rc = loop([&](const k::Tensor& scale) {
+          auto [loss, grads] = step(params, tokens, targets);
+          adamw(params, grads, m, v, scale);
+          return loss;
+        }))
+      return rc;
     // The step's kernels as k::explain lists them (one more step and update, after the timed
     // ones), against the launches a step that benchmarks/gpt2_peer.py --profile counts for
     // torch.compile, its fused optimizer among them.
     const k::report r = k::explain(step, params, tokens, targets);
     const auto last_step = step(params, tokens, targets);
-    const k::report u = k::explain(adamw, params, std::get<1>(last_step), m, v, k::full({}, lr, k::f32, dev));
-    const auto library = std::count_if(r.kernels.begin(), r.kernels.end(),
-                                       [](const k::kernel_info& kern) { return kern.kind == "extern"; });
+    const k::report u = k::explain(adamw, params, std::get<1>(last_step), m, v, lr_now);
     const std::size_t kernels = r.kernels.size() + u.kernels.size();
     say("kernels a step: %zu, %zu in the value_and_grad program (%lld of them library calls) and %zu in the AdamW "
         "update; %.1f a layer with the embedding, head, loss and update counted in\n",
-        kernels, r.kernels.size(), static_cast<long long>(library), u.kernels.size(),
+        kernels, r.kernels.size(), library_calls(r), u.kernels.size(),
         static_cast<double>(kernels) / static_cast<double>(c.layers));
+  } else {
+    // The whole step as one program: the gradients are intermediates that the update reads where
+    // they are made (a k::value_and_grad called inside a compiled function).
+    auto step = k::compile(
+        [grad_fn, update = make_adamw(lr, 0.1f)](auto p, auto m, auto v, auto tokens, auto targets, auto scale) {
+          auto [loss, grads] = grad_fn(p, tokens, targets);
+          return std::make_tuple(loss, update(p, grads, m, v, scale));
+        },
+        opts);
+    if (int rc = loop([&](const k::Tensor& scale) { return step(params, m, v, tokens, targets, scale)[0]; })) return rc;
+    const k::report r = k::explain(step, params, m, v, tokens, targets, lr_now);
+    say("kernels a step: %zu in one program (%lld of them library calls); %.1f a layer with the embedding, head, "
+        "loss and update counted in\n",
+        r.kernels.size(), library_calls(r), static_cast<double>(r.kernels.size()) / static_cast<double>(c.layers));
   }
   say("first step (compiles): %.1f s\n", first_call_s);
   if (!step_s.empty()) {  // the median step of steps 3..N, as benchmarks/gpt2_peer.py times torch
@@ -284,6 +313,8 @@ int main(int argc, char** argv) {
       a.want_f32 = true;
     else if (s == "--graphs")
       a.graphs = true;
+    else if (s == "--two-programs")
+      a.two_programs = true;
     else if (s == "--check" && i + 1 < argc)
       a.check = argv[++i];
     else if (s == "--steps" && i + 1 < argc)
@@ -291,7 +322,9 @@ int main(int argc, char** argv) {
     else if (s == "--gpus" && i + 1 < argc)
       a.gpus = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs] [--gpus N] [--check DIR]\n");
+      std::fprintf(
+          stderr,
+          "usage: gpt2 [--tiny] [--steps N] [--cpu] [--f32] [--graphs] [--two-programs] [--gpus N] [--check DIR]\n");
       return 2;
     }
   }

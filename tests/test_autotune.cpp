@@ -134,6 +134,28 @@ TEST_CASE("autotune: column partials only where the row stays in registers") {
   CHECK(looped);
 }
 
+// Row kernels with column partials over narrow rows also try other row slots a block (the rule's
+// count is a prediction from bytes in flight: NOTES item 154); each such candidate still folds its
+// slots' sums and compiles.
+TEST_CASE("autotune: column partials of narrow rows try other row slots a block") {
+  auto x = k::empty({8192, 768}, k::bf16, k::cpu), dy = k::empty({8192, 768}, k::bf16, k::cpu);
+  auto xf = k::cast(x, k::f32), g = k::cast(dy, k::f32);
+  auto p = plan_tuned(std::make_tuple(k::sum(g * (xf - k::mean(xf, -1, true)), -1), k::sum(g * xf, 0)));
+  REQUIRE(p->kernels.at(0).src.partial_groups > 0);
+  std::set<int> slots;
+  for (const auto& c : p->candidates.at(0)) {
+    if (c.src.partial_groups == 0) continue;
+    slots.insert(c.src.config.rows);
+    if (c.src.config.rows > 1) CHECK(c.src.source.find("fold_row_slots") != std::string::npos);
+    rt::Program unit;
+    unit.kernels.push_back(c);
+    CHECK_NOTHROW(rt::compile_cubin(rt::cuda_translation_unit(unit, rt::program_body(unit)), c.src.name, "sm_90a"));
+  }
+  CHECK(slots.count(1) == 1);
+  CHECK(slots.count(2) == 1);
+  CHECK(slots.count(8) == 1);
+}
+
 TEST_CASE("autotune: a second-round neighbour is the winner with one change on top") {
   k::codegen::Tuning won{.row_elems = 16, .waves = 64};
   CHECK(won.merged({.loads = 1}).str() == "row_elems=16 loads=1 waves=64");

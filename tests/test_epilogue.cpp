@@ -191,16 +191,56 @@ TEST_CASE("epilogue: a GPT-2 block's training step: which GEMM takes which epilo
     return k::mean(k::square(a + k::cast(k::matmul(m, h(wp)) + h(bp), k::f32)));
   };
   const std::int64_t d = 64, f = 256;
-  auto x = rnd({96, d}, 30), wa = rnd({d, d}, 31), ba = rnd({d}, 32), wf = rnd({d, f}, 33), bf = rnd({f}, 34),
-       wp = rnd({f, d}, 35), bp = rnd({d}, 36);
-  auto p = plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2, 3, 4, 5, 6>)), x, wa, ba, wf,
-                    bf, wp, bp);
-  std::vector<std::string> chosen;
-  for (const auto& e : p->sched.epilogues) chosen.push_back(e.str());
-  CHECK(chosen == std::vector<std::string>{"bias", "bias_gelu_tanh_aux", "bias"});
-  int gemms = 0;
-  for (const auto& kern : p->kernels) gemms += kern.extern_node >= 0 && p->graph[kern.extern_node].op == k::Op::matmul;
-  CHECK(gemms == 3 + 5);  // the backward's five GEMMs (dx of two layers, three dW) have no epilogue yet
+  // 8192 rows: split_reductions takes the bias gradient's long column sums in two f32 stages.
+  for (std::int64_t rows : {96, 8192}) {
+    INFO("rows " << rows);
+    auto x = rnd({rows, d}, 30), wa = rnd({d, d}, 31), ba = rnd({d}, 32), wf = rnd({d, f}, 33), bf = rnd({f}, 34),
+         wp = rnd({f, d}, 35), bp = rnd({d}, 36);
+    auto p = plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2, 3, 4, 5, 6>)), x, wa, ba, wf,
+                      bf, wp, bp);
+    std::vector<std::string> chosen;
+    for (const auto& e : p->sched.epilogues) chosen.push_back(e.str());
+    // The backward's GEMM into the gelu (dm = d(out) wp^T) takes gelu's derivative as DGELU, reading
+    // the pre-activation the forward's GELU_AUX kept, and writes bf's gradient (out's column sums,
+    // in bf16) as BGRAD.
+    CHECK(chosen == std::vector<std::string>{"bias", "bias_gelu_tanh_aux", "bias", "dgelu_tanh_bgrad"});
+    REQUIRE(p->sched.epilogues.size() == 4);
+    const sch::MatmulEpilogue &fwd = p->sched.epilogues[1], &bwd = p->sched.epilogues[3];
+    CHECK(bwd.aux_in == fwd.pre);
+    CHECK(bwd.bias < 0);
+    CHECK_FALSE(bwd.aux);
+    CHECK(rt::cuda_epilogue(bwd) == rt::Epilogue::dgelu_tanh_bgrad);
+    REQUIRE(bwd.bias_grad() >= 0);
+    CHECK(p->graph[bwd.bias_grad()].dt == k::bf16);
+    CHECK(p->graph[bwd.bias_grad()].shape.product() == f);
+    CHECK(p->sched.realized[bwd.bias_grad()]);
+    CHECK(p->sched.realized[bwd.out]);
+    const int step = p->sched.kernel_of[bwd.out];
+    int sums = 0;
+    for (int v : bwd.bias_sums) {  // every stage of the sums is the GEMM's step: no kernel of its own
+      CHECK(p->sched.kernel_of[v] == step);
+      sums += p->graph[v].op == k::Op::sum;
+    }
+    CHECK(sums == (rows == 8192 ? 2 : 1));
+    CHECK_FALSE(read_by_a_kernel(*p, bwd.matmul));
+    const std::string described = rt::describe_matmul_step(p->graph, p->env, bwd.matmul, &bwd);
+    CHECK(described.find("gelu_tanh'") != std::string::npos);
+    CHECK(described.find("column sums") != std::string::npos);
+    int gemms = 0;
+    for (const auto& kern : p->kernels)
+      gemms += kern.extern_node >= 0 && p->graph[kern.extern_node].op == k::Op::matmul;
+    CHECK(gemms == 3 + 5);  // the backward's five GEMMs: dx of two layers (one with DGELU), three dW
+    // No generated kernel reads the pre-activation any more: DGELU takes gelu's derivative.
+    CHECK_FALSE(read_by_a_kernel(*p, fwd.pre));
+    std::string tu = rt::cuda_translation_unit(*p, rt::program_body(*p));
+    CHECK_FALSE(rt::compile_cubin(tu, "kiln_epilogue_test", "sm_90a").empty());
+
+    // KILN_TUNE_EPILOGUE=0: no step takes an epilogue, dgelu neither.
+    ScopedEnv off("KILN_TUNE_EPILOGUE", "0");
+    auto q = plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2, 3, 4, 5, 6>)), x, wa, ba, wf,
+                      bf, wp, bp);
+    CHECK(q->sched.epilogues.empty());
+  }
 }
 
 // The weight gradients of a bf16 block over f32 master weights are cast(matmul, f32) returned:
@@ -393,6 +433,39 @@ TEST_CASE("cuda: gradients through a GELU_AUX step match the f64 CPU gradients" 
   const k::kernel_info* kern = find_step(rep, "kiln_extern_matmul_bias_gelu_tanh_aux");
   REQUIRE_MESSAGE(kern != nullptr, rep);
   CHECK(kern->source.find("pre-activation kept") != std::string::npos);
+}
+
+// GPT-2's MLP with its projection: the backward's GEMM into the gelu takes DGELU and the fc bias's
+// gradient BGRAD (one-stage column sums at 200 rows, two f32 stages at 8192).
+TEST_CASE("cuda: DGELU and BGRAD in a bf16 MLP's backward, against the fused kernels and the CPU" * needs_gpu()) {
+  ScopedEnv on("KILN_TUNE_EPILOGUE", "1");
+  auto loss = [](auto x, auto w, auto b, auto wp, auto bp) {
+    auto h = [](auto t) { return k::cast(t, k::bf16); };
+    return k::sum(k::square(k::cast(k::matmul(gpt2_mlp(x, w, b), h(wp)) + h(bp), k::f32)));
+  };
+  for (std::int64_t rows : {200, 8192}) {
+    INFO("rows " << rows);
+    auto x = rnd({rows, 256}, 970), w = rnd({256, 1024}, 971, k::f32, 0.06), b = rnd({1024}, 972),
+         wp = rnd({1024, 256}, 973, k::f32, 0.03), bp = rnd({256}, 974);
+    auto xg = x.to(k::cuda), wg = w.to(k::cuda), bg = b.to(k::cuda), wpg = wp.to(k::cuda), bpg = bp.to(k::cuda);
+    auto step = k::compile(k::value_and_grad(loss, k::wrt<0, 1, 2, 3, 4>));
+    auto [l, dx, dw, db, dwp, dbp] = step(xg, wg, bg, wpg, bpg);
+    CHECK(find_step(k::explain(step, xg, wg, bg, wpg, bpg), "kiln_extern_matmul_dgelu_tanh_bgrad") != nullptr);
+    ScopedEnv off("KILN_TUNE_EPILOGUE", "0");
+    auto [l0, dx0, dw0, db0, dwp0, dbp0] =
+        k::compile(k::value_and_grad(loss, k::wrt<0, 1, 2, 3, 4>))(xg, wg, bg, wpg, bpg);
+    // DGELU multiplies the GEMM's f32 accumulator, the kernels its bf16 product: bf16-sized differences.
+    for (auto [got, want] : {std::pair{l, l0}, std::pair{dx, dx0}, std::pair{dw, dw0}, std::pair{db, db0},
+                             std::pair{dwp, dwp0}, std::pair{dbp, dbp0}}) {
+      auto r = k::testing::allclose(got, want, 3e-2, 1e-2 * largest(want));
+      CHECK_MESSAGE(bool(r), r);
+    }
+    auto [lc, dxc, dwc, dbc, dwpc, dbpc] = k::compile(k::value_and_grad(loss, k::wrt<0, 1, 2, 3, 4>))(x, w, b, wp, bp);
+    for (auto [got, want] : {std::pair{dx, dxc}, std::pair{dw, dwc}, std::pair{db, dbc}}) {
+      auto r = k::testing::allclose(got, want, 3e-2, 1e-2 * largest(want));
+      CHECK_MESSAGE(bool(r), r);
+    }
+  }
 }
 
 TEST_CASE("cuda: GPT-2's bf16 MLP trains the same with and without the epilogue" * needs_gpu()) {

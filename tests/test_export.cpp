@@ -120,6 +120,13 @@ TEST_CASE("export: fused kernels from CPU tensors, without a GPU, build with pla
   std::string ln_source = read_file(all.back().source);
   CHECK(ln_source.find("KILN_ROW_GROUP") != std::string::npos);
   CHECK(ln_source.find("programs = 256LL;") != std::string::npos);
+  // Narrow rows, several to a block: the block's row slots fold their sums before one stores
+  // them (the prelude's fold_row_slots, built by nvcc below).
+  auto narrow = k::randn({8192, 768}), dy_narrow = k::randn({8192, 768}), w768 = k::randn({768});
+  all.push_back(k::export_kernels(ln_grads, narrow, w768, w768, dy_narrow, fresh_dir("ln_grads_narrow"), sm90));
+  std::string narrow_source = read_file(all.back().source);
+  CHECK(narrow_source.find("fold_row_slots<ROWS, ROW_THREADS, RITERS>") != std::string::npos);
+  CHECK(narrow_source.find("programs = 256LL;") != std::string::npos);
   // A held-row kernel with a blocks-an-SM bound (launch_config.hpp's min_blocks_for; the shapes
   // alone matter, so the tensors stay uninitialised): whether its
   // cubin took it is ptxas's to say (NVRTC 13: yes, 81 registers left alone), and the exported

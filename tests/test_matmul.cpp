@@ -619,6 +619,33 @@ TEST_CASE("cuda_matmul: against the reference on the GPU" * needs_gpu()) {
     CHECK_THROWS_AS(rt::cuda_matmul_epilogue(to_cuda(a), to_cuda(w), nullptr, rt::Epilogue::bias, out, nullptr),
                     k::shape_error);
   }
+  SUBCASE("gelu's backward: DGELU reads the pre-activation, BGRAD writes the columns' sums (bf16)") {
+    // out = (a @ w) * gelu_tanh'(pre), the pre-activation a GELU_AUX step keeps; the bias gradient
+    // is out's sum over its rows (cuBLASLt sums its f32 values, before rounding to bf16).
+    const std::int64_t M = 301, K = 1003, N = 520;  // N a multiple of 8 (the aux's leading dimension)
+    Tensor a = random({M, K}, k::bf16), w = random({K, N}, k::bf16), pre = random({M, N}, k::bf16);
+    std::vector<double> want = reference(a, w), sums(static_cast<std::size_t>(N), 0.0);
+    for (std::int64_t i = 0; i < M * N; ++i) {
+      const double x = at(pre, {i / N, i % N}), c = 0.7978845608028654;
+      const double t = std::tanh(c * (x + 0.044715 * x * x * x));
+      want[static_cast<std::size_t>(i)] *= 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x);
+      sums[static_cast<std::size_t>(i % N)] += want[static_cast<std::size_t>(i)];
+    }
+    Tensor pre_dev = to_cuda(pre);
+    Tensor out = Tensor::empty({M, N}, k::bf16, k::cuda), grad = Tensor::empty({N}, k::bf16, k::cuda);
+    rt::cuda_matmul_epilogue(to_cuda(a), to_cuda(w), nullptr, rt::Epilogue::dgelu_tanh, out, nullptr, false, &pre_dev);
+    check_close(to_host(out), want, {0.05, 1e-2});
+    Tensor out2 = Tensor::empty({M, N}, k::bf16, k::cuda);
+    rt::cuda_matmul_epilogue(to_cuda(a), to_cuda(w), &grad, rt::Epilogue::dgelu_tanh_bgrad, out2, nullptr, false,
+                             &pre_dev);
+    check_close(to_host(out2), want, {0.05, 1e-2});
+    check_close(to_host(grad), sums, {0.5, 1e-2});
+    // The columns' sums need a contiguous vector of N in out's dtype.
+    Tensor wrong = Tensor::empty({N}, k::f32, k::cuda);
+    CHECK_THROWS_AS(rt::cuda_matmul_epilogue(to_cuda(a), to_cuda(w), &wrong, rt::Epilogue::dgelu_tanh_bgrad, out2,
+                                             nullptr, false, &pre_dev),
+                    k::shape_error);
+  }
 }
 
 // Host threads queueing matmuls on one stream (the default stream) take turns with its workspace:

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <random>
 #include <vector>
 
 #include <kiln/kiln.hpp>
@@ -183,22 +184,50 @@ TEST_CASE("memory_stats (cuda): a program's intermediates live from the step tha
   CHECK(peak <= 6.0);
 }
 
-TEST_CASE("share_blocks: buffers never live together share a block, the smallest that fits") {
+TEST_CASE("pack_buffers: buffers live together never overlap, and the block is the live peak here") {
   // Steps 0-3; buffers 1 and 2 live together, 3 after 1, 4 after both (larger than either).
   k::runtime::BufferLifetimes life;
   life.allocate_before = {{1, 2}, {}, {3}, {4}};
   life.release_after = {{1}, {2}, {3}, {4}};
   const std::size_t bytes[] = {0, 400, 100, 300, 1000};
-  auto shared = k::runtime::share_blocks(life, 5, [&](int b) { return bytes[b]; });
-  CHECK(shared.slot_of[0] == -1);
-  CHECK(shared.slot_of[1] != shared.slot_of[2]);  // live together at step 0
-  CHECK(shared.slot_of[3] == shared.slot_of[1]);  // 1's block is free after step 0; 2's until step 1
-  CHECK(shared.slot_of[4] >= 0);
-  CHECK(shared.bytes.size() == 2);  // 4 takes the larger free block and grows it
-  std::size_t total = 0;
-  for (auto b : shared.bytes) total += b;
-  CHECK(total == 1000 + 100);
-  CHECK(shared.bytes[static_cast<std::size_t>(shared.slot_of[4])] == 1000);
+  auto packed = k::runtime::pack_buffers(life, 5, [&](int b) { return bytes[b]; });
+  CHECK(packed.offset_of[0] == -1);
+  // Rounded to 256 bytes: 512, 256, 512, 1024; the busiest step is 3 (1024), then 0 (768).
+  CHECK(packed.live_peak == 1024);
+  CHECK(packed.bytes == 1024);  // one block a buffer, grown to fit, took 1100 (rounded, 1280)
+  CHECK(packed.offset_of[1] % 256 == 0);
+  CHECK((packed.offset_of[1] + 512 <= packed.offset_of[2] || packed.offset_of[2] + 256 <= packed.offset_of[1]));
+}
+
+// Random lifetimes over 40 steps: every two buffers live at one step are apart in the block, the
+// block is at least the live peak (it cannot be less) and, greedy by size, within a third of it.
+TEST_CASE("pack_buffers: random lifetimes, no overlap while live, near the live peak") {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 50; ++round) {
+    const int steps = 40, n = 120;
+    k::runtime::BufferLifetimes life;
+    life.allocate_before.assign(steps, {});
+    life.release_after.assign(steps, {});
+    std::vector<std::size_t> size(n, 0);
+    std::vector<int> first(n), last(n);
+    for (int b = 1; b < n; ++b) {
+      first[b] = static_cast<int>(rng() % steps);
+      last[b] = std::min(steps - 1, first[b] + static_cast<int>(rng() % 8));
+      size[b] = 1 + rng() % (rng() % 4 == 0 ? 1 << 20 : 1 << 14);
+      life.allocate_before[first[b]].push_back(b);
+      life.release_after[last[b]].push_back(b);
+    }
+    auto packed = k::runtime::pack_buffers(life, n, [&](int b) { return size[b]; });
+    auto rounded = [&](int b) { return static_cast<std::ptrdiff_t>((size[b] + 255) / 256 * 256); };
+    for (int a = 1; a < n; ++a)
+      for (int b = a + 1; b < n; ++b) {
+        if (first[a] > last[b] || first[b] > last[a]) continue;
+        const std::ptrdiff_t oa = packed.offset_of[a], ob = packed.offset_of[b];
+        CHECK_MESSAGE((oa + rounded(a) <= ob || ob + rounded(b) <= oa), "buffers " << a << " and " << b);
+      }
+    CHECK(packed.bytes >= packed.live_peak);
+    CHECK(packed.bytes <= packed.live_peak + packed.live_peak / 3);
+  }
 }
 
 // A plain run allocates each fresh output as the step that writes it starts: a product that a

@@ -12,7 +12,9 @@
 #include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
+#include "cuda_plan.hpp"
 #include "have_gpu.hpp"
+#include "scoped_env.hpp"
 
 namespace k = kiln;
 
@@ -103,13 +105,79 @@ void check_layer_norm_backward(k::Device dev, std::int64_t rows = 16384 + 256 * 
   check_values(xt, dyt, w, dx, dw, db, 37);
 }
 
+// The same over [batch, seq, cols] (GPT-2's activations): the dx kernel's rows are the leading
+// dims' and it computes dw and db too; on a GPU rows of 768 columns run several to a block, whose
+// row slots fold their sums (seq * batch rows in 256 groups of 33: the last rows of each group
+// leave slots idle).
+void check_layer_norm_backward_3d(k::Device dev, std::int64_t batch, std::int64_t seq, std::int64_t cols) {
+  const std::int64_t rows = batch * seq;
+  auto x = k::randn({rows, cols}, k::f32, k::cpu, 31) * 2.0f + 0.5f;
+  auto dy = k::randn({rows, cols}, k::f32, k::cpu, 32);
+  auto w = k::randn({cols}, k::f32, k::cpu, 33), b = k::randn({cols}, k::f32, k::cpu, 34);
+  k::Tensor x3 = k::reshape(x, {batch, seq, cols}), dy3 = k::reshape(dy, {batch, seq, cols});
+  auto f = k::compile(k::vjp(layer_norm_fn, k::wrt<0, 1, 2>));
+  auto args = std::make_tuple(x3.to(dev), w.to(dev), b.to(dev), dy3.to(dev));
+  auto [dx, dw, db] = std::apply(f, args);
+  auto rep = std::apply([&](auto&... a) { return k::explain(f, a...); }, args);
+  CHECK(rep.kernels.at(0).kind == "per");
+  CHECK(rep.kernels.at(0).source.find("KILN_ROW_GROUP") != std::string::npos);
+  for (std::size_t i = 1; i < rep.kernels.size(); ++i)  // no other kernel re-reads x for x-hat
+    CHECK(rep.kernels[i].source.find("rsqrt") == std::string::npos);
+  check_values(x, dy, w, k::Tensor(k::reshape(dx, {rows, cols})), dw, db, 41);
+}
+
 }  // namespace
+
+TEST_CASE("partials: a layer_norm backward over [batch, seq, cols] sums dw and db in its dx kernel (CPU)") {
+  check_layer_norm_backward_3d(k::cpu, 4, 1056, 768);
+}
+
+TEST_CASE("partials: a layer_norm backward over [batch, seq, cols] sums dw and db in its dx kernel (GPU)" *
+          needs_gpu()) {
+  check_layer_norm_backward_3d(k::cuda, 8, 1056, 768);
+  check_layer_norm_backward_3d(k::cuda, 2, 4224, 1000);
+}
+
+// An odd row count: the GPU's sums take zero-padded chunks (no rest re-read apart), which the row
+// kernel's blocks cover by visiting every row.
+TEST_CASE("partials: an odd row count keeps dw and db in the dx kernel (GPU)" * needs_gpu()) {
+  check_layer_norm_backward(k::cuda, 16411, 1000);
+  check_layer_norm_backward(k::cuda, 16411, 3072);
+}
+
+// A row kernel after the split may be moved before it to host its sums, but only where it reads
+// nothing computed in between: here it reads v, a value stored for sharing (realize_shared) by a
+// kernel between them (found by a review: r came out garbage when the move missed that store).
+TEST_CASE("partials: a row kernel moved before its split still reads what the kernels between store") {
+  const std::int64_t n = 8192, d = 768;
+  auto x = k::randn({n, d}, k::f32, k::cpu, 61);
+  std::vector<k::Tensor> y;
+  for (std::uint64_t i = 0; i < 4; ++i) y.push_back(k::randn({n, 1}, k::f32, k::cpu, 62 + i));
+  auto f = k::compile([](auto x, auto y1, auto y2, auto y3, auto y4) {
+    auto v = y1 + y2 + y3 + y4;
+    return std::tuple{k::sum(x, 0), v * 3.0f, k::sum(x * v, -1)};
+  });
+  auto [a, v3, r] = f(x, y[0], y[1], y[2], y[3]);
+  const std::vector<float> xv = k::to_vector<float>(x);
+  std::vector<std::vector<float>> yv;
+  for (const auto& t : y) yv.push_back(k::to_vector<float>(t));
+  std::vector<double> want_a(static_cast<std::size_t>(d), 0.0), want_r(static_cast<std::size_t>(n), 0.0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double v = double(yv[0][i]) + yv[1][i] + yv[2][i] + yv[3][i];
+    for (std::int64_t j = 0; j < d; ++j) {
+      want_a[j] += xv[i * d + j];
+      want_r[i] += xv[i * d + j] * v;
+    }
+  }
+  check_close(a, want_a, 1e-4);
+  check_close(r, want_r, 1e-4);
+}
 
 TEST_CASE("partials: a layer_norm backward's dw and db come from its dx kernel (CPU)") {
   check_layer_norm_backward(k::cpu);
 }
 
-// A CPU program keeps its partials in arrays, so rows outside the GPU's 2048..8192 columns get
+// A CPU program keeps its partials in arrays, so rows of any length it holds get
 // them too (without, the first stage read down columns, a scalar load a lane: 3x slower).
 TEST_CASE("partials: on the CPU, rows of 520 columns also get column partials") {
   check_layer_norm_backward(k::cpu, 16384 + 256 * 3, 520);
@@ -220,4 +288,34 @@ TEST_CASE("partials: too few rows keep the separate column reduction, with the s
   expected_dw_db(k::to_vector<float>(x), k::to_vector<float>(dy), 300, 2048, want_dw, want_db);
   check_close(dw, want_dw, 1e-5);
   check_close(db, want_db, 1e-5);
+}
+
+// What a GPU would run, planned on the host (no GPU needed): GPT-2's norm backward over [8, 1024,
+// 768] bf16 keeps dw and db in its dx kernel, several 768-column rows a block, its row slots
+// folding their sums; the rule before (KILN_TUNE_PARTIALS=1) read x and dy again in a split
+// kernel. The plan's CUDA unit compiles with NVRTC.
+TEST_CASE("partials: a GPU plan hosts the sums of narrow rows, several to a block (host)") {
+  namespace rt = k::runtime;
+  auto x = k::randn({8, 1024, 768}, k::bf16, k::cpu, 51), dy = k::randn({8, 1024, 768}, k::bf16, k::cpu, 52);
+  auto w = k::randn({768}, k::f32, k::cpu, 53), b = k::randn({768}, k::f32, k::cpu, 54);
+  auto plan = [&] {
+    return plan_for(k::Device(k::cuda), k::compile(k::vjp(layer_norm_fn, k::wrt<0, 1, 2>)), x, w, b, dy);
+  };
+  auto p = plan();
+  const rt::CompiledKernel& dx = p->kernels.at(0);
+  CHECK(dx.src.partial_groups >= 256);
+  CHECK(dx.src.config.rows > 1);
+  CHECK(dx.src.config.threads == dx.src.config.rows * dx.src.config.row_threads);
+  CHECK(dx.src.source.find("fold_row_slots") != std::string::npos);
+  for (std::size_t i = 1; i < p->kernels.size(); ++i)
+    CHECK(p->kernels[i].src.source.find("rsqrt") == std::string::npos);
+  CHECK_FALSE(
+      rt::compile_cubin(rt::cuda_translation_unit(*p, rt::program_body(*p)), "kiln_partials_test", "sm_90a").empty());
+  // An odd row count (the sweep's 43690 rows of 3072 columns): padded chunks, hosted all the same.
+  auto xo = k::randn({4099, 3072}, k::bf16, k::cpu, 55), dyo = k::randn({4099, 3072}, k::bf16, k::cpu, 56);
+  auto wo = k::randn({3072}, k::f32, k::cpu, 57), bo = k::randn({3072}, k::f32, k::cpu, 58);
+  auto odd = plan_for(k::Device(k::cuda), k::compile(k::vjp(layer_norm_fn, k::wrt<0, 1, 2>)), xo, wo, bo, dyo);
+  CHECK(odd->kernels.at(0).src.partial_groups > 0);
+  ScopedEnv rule_before("KILN_TUNE_PARTIALS", "1");
+  CHECK(plan()->kernels.at(0).src.partial_groups == 0);
 }

@@ -140,7 +140,18 @@ Vec map(const Vec& x, F f) {
 
 // The oracle has one rule per op of expr/op.hpp: a new op must be taught to reference/eval.hpp
 // (and tested here) before this count is raised.
-static_assert(k::op_table.size() == 83, "a new op: add its rule to reference/eval.hpp and a test here");
+static_assert(k::op_table.size() == 85, "a new op: add its rule to reference/eval.hpp and a test here");
+
+// grad_leaf and grad_of: a k::grad called with expressions, which the oracle expands first.
+TEST_CASE("reference: a gradient taken inside an expression") {
+  Tensor x = rnd({5, 7}), w = rnd({5, 7});
+  auto g = k::grad([](auto x, auto w) { return k::sum(k::sin(x) * w); }, k::wrt<0>);
+  const Vec got = host(k::reference::eval(g(k::expression(x), k::expression(w))));
+  const Vec xv = host(x), wv = host(w);
+  Vec want(xv.size());
+  for (std::size_t i = 0; i < xv.size(); ++i) want[i] = std::cos(xv[i]) * wv[i];
+  check_vec(got, want, 1e-12);
+}
 
 // ---- pointwise ---------------------------------------------------------------------------------
 

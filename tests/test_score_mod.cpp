@@ -152,6 +152,16 @@ TEST_CASE("score_mod: pointwise mods become functions of one score; their value 
        [](double s, std::int64_t, std::int64_t, std::int64_t, std::int64_t) {
          return 1 - std::tanh(s / 5) * std::tanh(s / 5);
        }});
+  // Quotients: by the score (div.full on the GPU) and by a C++ scalar (times its reciprocal).
+  cases.push_back(
+      {"quotients",
+       capture([](auto s, auto, auto, auto i, auto) { return s / (s * s + 2.0f) - k::cast(i, k::f32) / 3.0f; }), 2,
+       [](double s, std::int64_t, std::int64_t, std::int64_t i, std::int64_t) {
+         return s / (s * s + 2) - double(i) / 3;
+       },
+       [](double s, std::int64_t, std::int64_t, std::int64_t, std::int64_t) {
+         return (2 - s * s) / ((s * s + 2) * (s * s + 2));
+       }});
   // A mask: -inf where i == 3 or j < 2 (the score passes elsewhere).
   cases.push_back(
       {"mask",
@@ -266,6 +276,10 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
     CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(hopper), hopper.name(), "sm_90a").empty());
     const cg::AttentionKernel plain = cg::AttentionKernel::hopper(cg::AttentionKernel::for_head_dim(D));
     CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(plain), plain.name(), "sm_90a").empty());
+    const cg::AttentionKernel one = cg::AttentionKernel::hopper(fwd, 1);  // one warpgroup a block
+    CHECK(one.threads() == 128);
+    CHECK(one.query_rows() == 64);
+    CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(one), one.name(), "sm_90a").empty());
     std::vector<std::pair<std::string, std::string>> sources = {{fwd.name(), cg::attention_forward_kernel_source(fwd)}};
     for (Part part : {Part::stats, Part::dq, Part::dk, Part::dv, Part::dkv}) {
       cg::AttentionBackwardKernel b;

@@ -32,6 +32,8 @@ inline constexpr wrt_t<I...> wrt{};
 namespace detail {
 template <class G, int NumArgs>
 constexpr void check_gradient_fn();
+template <class G, class... T>
+auto inner_gradient(const G& gf, const T&... args);  // autodiff/inner_grad.hpp
 }  // namespace detail
 
 // The function returned by k::grad / k::value_and_grad / k::vjp: F's gradients with respect to the
@@ -50,6 +52,13 @@ struct GradFn {
     if constexpr ((std::is_same_v<T, Tensor> && ...))
       detail::check_gradient_fn<GradFn, static_cast<int>(sizeof...(T))>();
     return compile(*this)(args...);
+  }
+  // Called while another function is traced (with its expressions or placeholders): the value and
+  // gradients as expressions of the caller's graph, differentiated with it (autodiff/inner_grad.hpp).
+  template <class... T>
+  requires(!((std::is_same_v<T, Tensor> || std::is_same_v<T, std::vector<Tensor>>)&&...)) auto operator()(
+      const T&... args) const {
+    return detail::inner_gradient(*this, args...);
   }
 };
 

@@ -37,6 +37,9 @@ constexpr int x0(const Builder& b, int y) { return b[y].in[0]; }
 constexpr int back(Builder& b, int y, int k, int c) { return b.sum_to_shape_of(c, in(b, y, k), y); }
 
 constexpr Cotangents none(Builder&, int, int) { return no_cotangents; }
+// A grad_leaf is its input (autodiff/expand_gradients.hpp: the value's backward ends there, its
+// input needing no gradient of that group).
+constexpr Cotangents grad_leaf(Builder&, int, int g) { return {g, -1, -1, -1}; }
 constexpr Cotangents neg(Builder& b, int, int g) { return {b.neg(g), -1, -1, -1}; }
 constexpr Cotangents abs(Builder& b, int y, int g) { return {b.mul(g, b.unary(Op::sign, x0(b, y))), -1, -1, -1}; }
 constexpr Cotangents exp(Builder& b, int y, int g) { return {b.mul(g, y), -1, -1, -1}; }
@@ -394,6 +397,7 @@ inline constexpr std::array<Rule, rewrite::op_count> derivative_rules = [] {
   set(Op::amax, rules::extremum);
   set(Op::amin, rules::extremum);
   set(Op::sum_to_shape_of, rules::sum_to_shape_of);
+  set(Op::grad_leaf, rules::grad_leaf);
   set(Op::reshape, rules::reshape);
   set(Op::permute, rules::permute);
   set(Op::slice, rules::slice);

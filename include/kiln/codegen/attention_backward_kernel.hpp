@@ -161,9 +161,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   uint4* Qs = reinterpret_cast<uint4*>(kiln_smem);
   uint4* Ks = Qs + BR * CH;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
-  const int bh = blockIdx.z * 65535 + blockIdx.y;
-  if (bh >= BH) return;
+  int rank, bh;  // causal: the tiles with the most keys first (attention_prelude's kiln_block_tile)
+  if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
+  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - rank : rank) * BR;
   const int b = bh / H, hk = (bh % H) / G, Hkv = H / G;
   const u16* qp = q + (i64)bh * Tq * KILN_D;
   const u16* kp = k + (i64)(b * Hkv + hk) * Tk * KILN_D;
@@ -220,8 +220,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
         const int col = n0 + i * 8 + 2 * (lane & 3) + (e & 1), r = row + (e >> 1) * 8;
 #ifdef KILN_SCORE_MOD
         sv[i][e] = p[i][e] * scale;
-        p[i][e] = r < Tq && col < Tk ? kiln_score_mod(sv[i][e], b, bh % H, r, col, mod_scalars) * LOG2E
-                                     : KILN_NEG_INF;  // (the tensors the mod reads end at Tq and Tk)
+        p[i][e] = kiln_mod_score(sv[i][e], b, bh % H, r, col, Tq, Tk, mod_scalars);
 #else
         p[i][e] *= scale_log2;
 #endif
@@ -236,10 +235,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       for (int e = 0; e < 4; ++e) {
         const float pe = kiln_exp2(p[i][e] - lse2[e >> 1]);
         p[i][e] = pe * (dp[i][e] - delta[e >> 1]);  // dS
-#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score (none where the probability
-        if (pe != 0.f)   // is 0: outside Tq and Tk too, where a non-finite dO would give NaN)
-          p[i][e] = kiln_score_mod_vjp(sv[i][e], b, bh % H, row + (e >> 1) * 8, n0 + i * 8 + 2 * (lane & 3) + (e & 1),
-                                       mod_scalars, p[i][e]);
+#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score
+        p[i][e] = kiln_mod_vjp(sv[i][e], b, bh % H, row + (e >> 1) * 8, n0 + i * 8 + 2 * (lane & 3) + (e & 1), Tq, Tk,
+                               mod_scalars, pe, p[i][e]);
 #endif
       }
     scores_times_tile(acc, p, Ks, lane);  // dq += dS k
@@ -290,9 +288,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   float* Ls = reinterpret_cast<float*>(Gs + BC * CH);  // the query tile's lse (exp2 domain) and delta
   float* Ds = Ls + BC;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n0 = blockIdx.x * BR;
-  const int bhk = blockIdx.z * 65535 + blockIdx.y;
-  if (bhk >= BHkv) return;
+  int rank, bhk;  // causal: the key tiles with the most queries (the first) first
+  if (!kiln_block_tile(KILN_CAUSAL, BHkv, 4ll * G * Tq * KILN_D, rank, bhk)) return;
+  const int n0 = rank * BR;
   const int Hkv = H / G, b = bhk / Hkv, hk = bhk % Hkv;
   load_tile<BR>(Ks, k + (i64)bhk * Tk * KILN_D, KILN_D, n0, Tk);
 #ifndef KILN_PART_DV
@@ -343,8 +341,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
           const int c = i * 8 + 2 * (lane & 3) + (e & 1), r = row + (e >> 1) * 8;
 #ifdef KILN_SCORE_MOD  // rows are keys here, columns queries
           sv[i][e] = p[i][e] * scale;
-          float x = r < Tk && i0 + c < Tq ? kiln_score_mod(sv[i][e], b, hk * G + hh, i0 + c, r, mod_scalars) * LOG2E
-                                          : KILN_NEG_INF;  // (the tensors the mod reads end at Tq and Tk)
+          float x = kiln_mod_score(sv[i][e], b, hk * G + hh, i0 + c, r, Tq, Tk, mod_scalars);
 #else
           float x = p[i][e] * scale_log2;
 #endif
@@ -367,10 +364,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
           const float pe = p[i][e];
 #endif
           p[i][e] *= dp[i][e] - Ds[i * 8 + 2 * (lane & 3) + (e & 1)];  // dS^T
-#ifdef KILN_SCORE_MOD  // back through the mod (none where the probability is 0: outside Tq and Tk
-          if (pe != 0.f)   // too, where a non-finite v would give NaN)
-            p[i][e] = kiln_score_mod_vjp(sv[i][e], b, hk * G + hh, i0 + i * 8 + 2 * (lane & 3) + (e & 1),
-                                         row + (e >> 1) * 8, mod_scalars, p[i][e]);
+#ifdef KILN_SCORE_MOD  // back through the mod
+          p[i][e] = kiln_mod_vjp(sv[i][e], b, hk * G + hh, i0 + i * 8 + 2 * (lane & 3) + (e & 1), row + (e >> 1) * 8,
+                                 Tq, Tk, mod_scalars, pe, p[i][e]);
 #endif
         }
       scores_times_tile(acc, p, Qs, lane);  // dk += dS^T q

@@ -88,9 +88,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   const u32 Qs = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u, Gs = Qs + TILE_BYTES(BR);
   const u32 Ks = Gs + TILE_BYTES(BR), Vs = Ks + 2 * TILE_BYTES(BC);  // two stages each
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
-  const int bh = blockIdx.z * 65535 + blockIdx.y;
-  if (bh >= BH) return;
+  int rank, bh;  // causal: the tiles with the most keys first (attention_prelude's kiln_block_tile)
+  if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
+  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - rank : rank) * BR;
   const int b = bh / H, hk = (bh % H) / G, Hkv = H / G;
   const u16* kp = k + (i64)(b * Hkv + hk) * Tk * KILN_D;
   const u16* vp = v + (i64)(b * Hkv + hk) * Tk * KILN_D;
@@ -137,19 +137,17 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #pragma unroll
       for (int i = 0; i < BC / 2; ++i) {
         const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = (i >> 1) & 1;
-#ifdef KILN_SCORE_MOD  // the mod of the scaled score (only inside the scores: the tensors it reads end there)
+#ifdef KILN_SCORE_MOD  // the mod of the scaled score
         const float sv = p[i] * scale;
-        float x = r0 + r * 8 < Tq && col < Tk ? kiln_score_mod(sv, b, bh % H, r0 + r * 8, col, mod_scalars) * LOG2E
-                                              : KILN_NEG_INF;
+        float x = kiln_mod_score(sv, b, bh % H, r0 + r * 8, col, Tq, Tk, mod_scalars);
 #else
         float x = p[i] * scale_log2;
 #endif
         if (masked && (col >= Tk || (KILN_CAUSAL && col > r0 + r * 8))) x = KILN_NEG_INF;
         const float pe = kiln_exp2(x - lse2[r]);
         p[i] = pe * (dp[i] - delta[r]);  // dS
-#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score (none where the probability is
-        // 0: outside Tq and Tk too, where a non-finite dO would give NaN)
-        if (pe != 0.f) p[i] = kiln_score_mod_vjp(sv, b, bh % H, r0 + r * 8, col, mod_scalars, p[i]);
+#ifdef KILN_SCORE_MOD  // back through the mod: dS of the scaled score
+        p[i] = kiln_mod_vjp(sv, b, bh % H, r0 + r * 8, col, Tq, Tk, mod_scalars, pe, p[i]);
 #endif
       }
       u32 f[BC / 16][4];
@@ -185,9 +183,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   float* Ls = reinterpret_cast<float*>(kiln_smem + (Gs + 2 * TILE_BYTES(BC) - kiln_shared_address(kiln_smem)));
   // Ls[stage][0..BC): a query tile's lse (exp2 domain); Ls[stage][BC..2 BC): its delta
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int n0 = blockIdx.x * BR;
-  const int bhk = blockIdx.z * 65535 + blockIdx.y;
-  if (bhk >= BHkv) return;
+  int rank, bhk;  // causal: the key tiles with the most queries (the first) first
+  if (!kiln_block_tile(KILN_CAUSAL, BHkv, 4ll * G * Tq * KILN_D, rank, bhk)) return;
+  const int n0 = rank * BR;
   const int Hkv = H / G, b = bhk / Hkv, hk = bhk % Hkv;
   const int kw0 = n0 + wg * 64, r0 = kw0 + warp * 16 + (lane >> 2);  // this thread's keys: r0 and r0 + 8
   const int first = KILN_CAUSAL ? n0 / BC * BC : 0;  // earlier queries see none of these keys
@@ -238,16 +236,15 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #ifdef KILN_SCORE_MOD  // rows are keys here, columns queries
         const int h = hk * G + t / per_head;
         const float sv = p[i] * scale;
-        float x = r < Tk && i0 + c < Tq ? kiln_score_mod(sv, b, h, i0 + c, r, mod_scalars) * LOG2E : KILN_NEG_INF;
+        float x = kiln_mod_score(sv, b, h, i0 + c, r, Tq, Tk, mod_scalars);
 #else
         float x = p[i] * scale_log2;
 #endif
         if (masked && (i0 + c >= Tq || (KILN_CAUSAL && r > i0 + c))) x = KILN_NEG_INF;
         p[i] = kiln_exp2(x - L[c]);
         dp[i] = p[i] * (dp[i] - L[BC + c]);  // dS^T
-#ifdef KILN_SCORE_MOD  // back through the mod (none where the probability is 0: outside Tq and Tk
-        // too, where a non-finite v would give NaN)
-        if (p[i] != 0.f) dp[i] = kiln_score_mod_vjp(sv, b, h, i0 + c, r, mod_scalars, dp[i]);
+#ifdef KILN_SCORE_MOD  // back through the mod
+        dp[i] = kiln_mod_vjp(sv, b, h, i0 + c, r, Tq, Tk, mod_scalars, p[i], dp[i]);
 #endif
       }
       u32 fp[BC / 16][4], fs[BC / 16][4];

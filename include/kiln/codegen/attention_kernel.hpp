@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "../core/dtype.hpp"
+#include "../core/tuning.hpp"
 #include "prelude.hpp"
 
 namespace kiln::codegen {
@@ -37,7 +38,23 @@ inline std::string score_mod_preamble(std::string_view mod_source) {
   s += "#define KILN_BACKWARD_MOD_PARAMS , kiln_score_scalars mod_scalars\n";
   if (mod_source.find("round_to<") != std::string::npos || mod_source.find("to_compute(") != std::string::npos)
     s += "#define KILN_HALF 1\n";  // (the mod rounds to or reads 16-bit values)
-  return s + prelude + std::string(mod_source);
+  return s + prelude + std::string(mod_source) + R"(
+// The mod at the score of query i and key j, into the exp2 domain (-inf outside Tq x Tk), and back
+// through it (the cotangent ds of the modded score given, none where its probability p is 0:
+// outside the scores too, where a non-finite dO or v gives NaN). Both run at every score without a
+// branch, at indices clamped into the scores (the tensors the mod reads end there): a branch around
+// each score's mod made it a block of its own, and a tile's scores ran one after the other.
+__device__ __forceinline__ float kiln_mod_score(float s, int b, int h, int i, int j, int Tq, int Tk,
+                                                const kiln_score_scalars& S) {
+  const float m = kiln_score_mod(s, b, h, i < Tq ? i : Tq - 1, j < Tk ? j : Tk - 1, S) * 1.4426950408889634f;
+  return i < Tq && j < Tk ? m : -KILN_INF;
+}
+__device__ __forceinline__ float kiln_mod_vjp(float s, int b, int h, int i, int j, int Tq, int Tk,
+                                              const kiln_score_scalars& S, float p, float ds) {
+  const float d = kiln_score_mod_vjp(s, b, h, i < Tq ? i : Tq - 1, j < Tk ? j : Tk - 1, S, ds);
+  return p != 0.f ? d : ds;
+}
+)";
 }
 
 struct AttentionKernel {
@@ -84,11 +101,12 @@ struct AttentionKernel {
     }
     return a;  // the last tried: 1 tile, q in shared memory, 32 keys
   }
-  // The Hopper kernel for a head dim it takes (64 or 128), else nothing changed.
-  static AttentionKernel hopper(AttentionKernel a) {
+  // The Hopper kernel for a head dim it takes (64 or 128), else nothing changed: two warpgroups a
+  // block, or one (64 query rows, several blocks an SM where registers and shared memory allow).
+  static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2) {
     if (a.head_dim != 64 && a.head_dim != 128) return a;
-    a.warpgroups = 2;
-    a.warps = 8;
+    a.warpgroups = warpgroups;
+    a.warps = 4 * warpgroups;
     a.key_rows = 128;
     return a;
   }
@@ -113,7 +131,8 @@ struct AttentionKernel {
 // What the attention kernels share (after their KILN_D and KILN_WARPS defines): the tile primitives
 // and the swizzled shared-memory tiles that cp.async fills.
 inline std::string attention_prelude() {
-  return R"(
+  static const bool longest_first = Tuning::from_environment().attention_order != 0;  // an A/B knob: see Tuning
+  return std::string(longest_first ? "" : "#define KILN_TILE_BY_TILE 1\n") + R"(
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
@@ -181,6 +200,39 @@ __device__ __forceinline__ float kiln_exp2(float x) {  // 2^x, -inf -> 0
   return r;
 }
 
+// ---- which tile of which (batch, head) a block computes ----------------------------------------------
+// Blocks start in the order of their linear index (x fastest, then y, then z: x the tiles of a pair,
+// y and z the pairs). Causal tiles differ in work (a query tile near the sequence's end reads every
+// key before it); tile by tile within each pair put the longest tiles of the last pairs into the
+// final wave. So causal blocks go longest first (LPT): over groups of pairs whose `bytes_a_pair` of
+// re-read operands (keys and values, or queries and their gradient) fit KILN_L2_GROUP_BYTES (half
+// an H100's L2) together, each tile rank in turn over the group's pairs, so the group's operands
+// stay in L2 while all its tiles run. A list schedule of GPT-2's causal forward (96 pairs of 8
+// tiles of 128 rows, 25 MB of keys and values: one group; 1-2 blocks on each of 132 SMs) then ends
+// 13-22% sooner (benchmarks/NOTES.md item 156). Not causal: every tile the same work, tile by tile
+// within each pair as before. rank: the tile's place in the order (0 first); false past the last
+// pair.
+#define KILN_L2_GROUP_BYTES (24ll << 20)
+__device__ __forceinline__ bool kiln_block_tile(bool causal, int pairs, long long bytes_a_pair, int& rank, int& pair) {
+  const int tiles = gridDim.x;
+#ifdef KILN_TILE_BY_TILE
+  causal = false;  // KILN_TUNE_ATTENTION_ORDER=0: the order before
+#endif
+  if (!causal) {
+    rank = blockIdx.x;
+    pair = blockIdx.z * 65535 + blockIdx.y;  // more than 65535 pairs go on along z
+    return pair < pairs;
+  }
+  const long long at = ((long long)blockIdx.z * gridDim.y + blockIdx.y) * tiles + blockIdx.x;
+  const long long group = bytes_a_pair > 0 && bytes_a_pair < KILN_L2_GROUP_BYTES ? KILN_L2_GROUP_BYTES / bytes_a_pair : 1;
+  const long long g = at / (group * tiles), first = g * group;
+  if (first >= pairs) return false;
+  const long long size = pairs - first < group ? pairs - first : group, r = at - g * group * tiles;
+  rank = (int)(r / size);
+  pair = (int)(first + r % size);
+  return rank < tiles;
+}
+
 // ---- shared-memory tiles ---------------------------------------------------------------------------
 #define KILN_NEG_INF __int_as_float(0xff800000)
 #define CH (KILN_D / 8)             // 16-byte chunks a row of a tile
@@ -231,9 +283,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   uint4* Vs = Ks + BN * CH;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // Causal blocks near the end of the sequence have the most keys: they start first.
-  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
-  const int bh = blockIdx.z * 65535 + blockIdx.y;  // more than 65535 (batch, head) pairs go on along z
-  if (bh >= BH) return;
+  int rank, bh;
+  if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
+  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - rank : rank) * BM;
   const int b = bh / H, h = bh % H, hk = h / G;
   const u16* qp = q + b * qb + h * qh;
   const u16* kp = k + b * kb + hk * kh;
@@ -314,12 +366,10 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
         for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-#ifdef KILN_SCORE_MOD  // the mod of the scaled score, then into the exp2 domain (only inside the
-            {                   // scores: the tensors the mod reads end at Tq and Tk)
+#ifdef KILN_SCORE_MOD  // the mod of the scaled score, then into the exp2 domain
+            {
               const int r = w0 + mt * 16 + (lane >> 2) + (e >> 1) * 8, col = n0 + i * 8 + 2 * (lane & 3) + (e & 1);
-              s[mt][i][e] = r < Tq && col < Tk ? kiln_score_mod(s[mt][i][e] * scale, b, h, r, col, mod_scalars) *
-                                                     1.4426950408889634f
-                                               : KILN_NEG_INF;
+              s[mt][i][e] = kiln_mod_score(s[mt][i][e] * scale, b, h, r, col, Tq, Tk, mod_scalars);
             }
 #else
             s[mt][i][e] *= scale_log2;

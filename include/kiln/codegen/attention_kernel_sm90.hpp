@@ -178,8 +178,7 @@ __device__ __forceinline__ void mod_tile(float (&s)[BN / 2], int b, int h, int n
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) {
     const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = r0 + ((i >> 1) & 1) * 8;
-    s[i] = r < Tq && col < Tk ? kiln_score_mod(s[i] * scale, b, h, r, col, mod_scalars) * 1.4426950408889634f
-                              : KILN_NEG_INF;
+    s[i] = kiln_mod_score(s[i] * scale, b, h, r, col, Tq, Tk, mod_scalars);
   }
 }
 #endif
@@ -203,9 +202,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   const u32 Ks = Qs + TILE_BYTES(BM), Vs = Ks + 2 * TILE_BYTES(BN);   // two stages each
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   // Causal blocks near the end of the sequence have the most keys: they start first.
-  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
-  const int bh = blockIdx.z * 65535 + blockIdx.y;  // more than 65535 (batch, head) pairs go on along z
-  if (bh >= BH) return;
+  int rank, bh;
+  if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
+  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - rank : rank) * BM;
   const int b = bh / H, h = bh % H, hk = h / G;
   const u16* qp = q + b * qb + h * qh;
   const u16* kp = k + b * kb + hk * kh;

@@ -1,7 +1,10 @@
 // Column partial sums in row kernels (schedule/partials.hpp): a norm backward's dw and db summed by
 // its dx kernel, each row group writing one row of a [groups, K] buffer that a small kernel sums.
 //
-// Held rows keep one register tile a row tile, across the rows, and store them once at the end.
+// Held rows keep one register tile a row tile, across the rows, and store them once at the end. A
+// GPU block is one row group: its row slots' tiles are folded into the first slot's, which stores
+// them (the prelude's fold_row_slots), so narrow rows, many to a block, still write one row of
+// sums a block (GPT-2's 768-column norms: launch_config.hpp's partial_row_slots).
 // Looped GPU rows (a row length past the held range, or symbolic: the held kernel's twin) keep them
 // in the output instead: the block (one row group) zeroes its row of the buffer, then each row's tile
 // adds to it with a load and a store (write_rows' last loop). A thread adds to the same columns in
@@ -38,12 +41,23 @@ inline bool KernelWriter::open_partials() {
 // rows went).
 inline void KernelWriter::store_partials(bool in_memory) {
   if (in_memory) return;
+  const bool fold = target_ == Target::cuda && config_.rows > 1 && !plan_.partials.empty();
+  if (fold) {
+    for (int p : plan_.partials)
+      line("kiln::fold_row_slots<ROWS, ROW_THREADS, RITERS>(part" + std::to_string(p) + ");");
+    line("if (KILN_FIRST_ROW_SLOT) {");
+    ++indent_;
+  }
   for (int p : plan_.partials) {
     std::string out = param_for(p, true);
     line("KILN_R_TILES(roffset) {");
     line("  auto rindex = roffset + kiln::arange<RVEC, ix>();");
     line("  kiln::store_contig<RVEC>(" + out + ", KILN_ROW_GROUP * rnumel + roffset, part" + std::to_string(p) +
          "[kiln_it], rindex < rnumel);");
+    line("}");
+  }
+  if (fold) {
+    --indent_;
     line("}");
   }
 }

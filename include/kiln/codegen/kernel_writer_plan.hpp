@@ -163,6 +163,25 @@ inline void KernelWriter::plan() {
   if (rows() && !column && target_ == Target::cuda && rnumel_.is_constant() && ks.config.riters == 0 &&
       ks.config.rows == 1 && plan_.partials.empty())
     if (auto wide = wide_rows(xn, rn, max_item, caches, tune_, row_shift_)) ks.config = *wide;
+  // GPU rows with column partials keep their sums in registers within a budget (launch_config.hpp's
+  // partial_config), which may take more threads a row than the rule; a held row past it is not
+  // hosted (holds_partials). A looped row keeps them in the output (partial_buffer_bytes), as a
+  // symbolic one's looped twin always does.
+  bool cuda_partials = !plan_.partials.empty() && target_ == Target::cuda;
+  std::int64_t sum_words = 0, sum_bytes = 4;  // the sums' 4-byte words a lane, all together; the widest's bytes
+  for (int q : plan_.partials) {
+    const auto bytes = static_cast<std::int64_t>(itemsize(compute_dtype(g_[q].dt)));
+    sum_words += std::max<std::int64_t>(1, bytes / 4);
+    sum_bytes = std::max(sum_bytes, bytes);
+  }
+  if (cuda_partials && tune_.partials != 1) {
+    if (auto held = partial_config(ks.config, xn, rn, max_item, rnumel_.is_constant() || held_dynamic, caches, tune_,
+                                   sum_words))
+      ks.config = *held;
+    else
+      cuda_partials = ks.config.riters == 0 &&
+                      (!rnumel_.is_constant() || plan_.partial_groups * rn * sum_words * 4 <= partial_buffer_bytes);
+  }
   if (held_dynamic && ks.config.riters > 0) {
     // Right up to the tiles' capacity; past half of it a smaller configuration would do (unless
     // this one is already the smallest: a warp of threads, one tile each).
@@ -173,15 +192,26 @@ inline void KernelWriter::plan() {
   }
   ks.tuning = tune_;
   ks.column = column;
-  if (!plan_.partials.empty() && (ks.config.riters > 0 || target_ == Target::cuda)) {
+  if (cuda_partials || (!plan_.partials.empty() && target_ == Target::cpu && ks.config.riters > 0)) {
     // Column partials: exactly partial_groups programs. On CUDA a block a group, which visits the
     // rows in turn, any number of them (symbolic too), its sums in registers where it holds the
-    // row, else in the output buffer (write_rows); on the CPU a program over each group's
-    // ceil(rows / groups) consecutive rows (static: schedule/partials.hpp), holding the row.
-    if (target_ == Target::cuda)
-      ks.config.rows = 1, ks.config.threads = ks.config.row_threads;
-    else
+    // row, each of its row slots its own, folded at the end (launch_config.hpp's
+    // partial_row_slots), else in the output buffer (write_rows, a slot a block); on the CPU a
+    // program over each group's ceil(rows / groups) consecutive rows (static:
+    // schedule/partials.hpp), holding the row.
+    if (target_ == Target::cuda) {
+      std::int64_t row_bytes = 0;
+      for (int v : streams) row_bytes += rn * static_cast<std::int64_t>(itemsize(g_[v].dt));
+      const std::int64_t fold_bytes =
+          std::int64_t{ks.config.riters} * ks.config.row_threads * ks.config.rvec * sum_bytes;
+      ks.config.rows =
+          ks.config.riters > 0 && tune_.partials != 1
+              ? partial_row_slots(plan_.partial_groups, xn, row_bytes, ks.config.row_threads, fold_bytes, tune_)
+              : 1;
+      ks.config.threads = ks.config.rows * ks.config.row_threads;
+    } else {
       ks.config.rows = static_cast<int>((xn + plan_.partial_groups - 1) / plan_.partial_groups);
+    }
     ks.partial_groups = plan_.partial_groups;
   }
   // Host column programs whose last kept dim K is a constant no whole number of tiles (the first

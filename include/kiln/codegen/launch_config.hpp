@@ -338,4 +338,59 @@ inline std::optional<LaunchConfig> wide_rows(std::int64_t xnumel, std::int64_t r
   return c;
 }
 
+// GPU row kernels with column partials (schedule/partials.hpp): a block a row group, whose row
+// slots each keep a partial tile a row tile in registers over the rows they visit, folded into the
+// first slot's at the end (the prelude's fold_row_slots). The sums' registers, in 4-byte words a
+// thread, are held to what hosting took before rows of any width were (layer_norm's dw and db over
+// 8192 columns, 16 values a thread each); a row with more goes to more threads, fewer values each
+// (partial_config), or is not hosted.
+inline constexpr std::int64_t partial_registers = 32;
+inline std::int64_t partial_words(const LaunchConfig& c, std::int64_t sum_words) {
+  return std::int64_t{c.riters} * c.rvec * sum_words;
+}
+// The held config of a row whose partials' words (sum_words a lane, all sums together) fit the
+// budget: the rule's own, else the rule's with as many elements a thread as the budget leaves; none
+// where neither holds the row.
+inline std::optional<LaunchConfig> partial_config(const LaunchConfig& rule, std::int64_t xnumel, std::int64_t rnumel,
+                                                  int max_item, bool static_rnumel, const RowCaches& caches,
+                                                  const Tuning& tune, std::int64_t sum_words) {
+  if (rule.riters > 0 && partial_words(rule, sum_words) <= partial_registers) return rule;
+  if (tune.row_elems > 0 || tune.row_threads > 0 || tune.row_iters >= 0) return std::nullopt;  // a knob decides
+  Tuning fewer = tune;
+  fewer.row_elems =
+      static_cast<int>(std::max<std::int64_t>(1, partial_registers / std::max<std::int64_t>(sum_words, 1)));
+  LaunchConfig c = row_config(Target::cuda, xnumel, rnumel, max_item, static_rnumel, false, caches, fewer, false);
+  if (c.riters == 0 || partial_words(c, sum_words) > partial_registers) return std::nullopt;
+  return c;
+}
+// Looped GPU rows add each row's tiles to their group's sums in the partials buffer, a load and a
+// store of 4 bytes a column a row: that pays only where the buffer stays in L2, at most this many
+// bytes (the window hosted before, 256 groups of 8192 f32 columns' dw and db, 16 MiB, a third of an
+// H100's L2); past it (dw and db over 2048 rows of 65536 columns: 64 MiB) the sums stay a split kernel.
+inline constexpr std::int64_t partial_buffer_bytes = std::int64_t{16} << 20;
+// The row slots of such a block: enough that the groups' slots keep partial_bytes_in_flight of
+// rows moving (a slot reads one row at a time: row_bytes of every full-size array), at most a
+// slot a row of the group and 256 threads a block. The bytes are what W5's layer_norm backward had
+// in flight when its partials ran at 82% of the copy ceiling on an H200: 256 groups, a slot each,
+// a 4096-column f32 row of x and dy (8 MiB). The threads: such kernels hold rows, their sums and
+// often hoisted weights, 100-128 registers a thread (ptxas on GPT-2's norm backward, 768 bf16
+// columns), so a block of 512 would be an SM's only one, and 256 groups of them two waves on 132
+// SMs where blocks of 256 fit in one.
+inline constexpr std::int64_t partial_bytes_in_flight = std::int64_t{8} << 20;
+// Several slots need the fold's row of shared memory (a slot's tiles of the widest sum type,
+// fold_bytes): at most partial_fold_bytes, else one slot (static shared memory stops at 48 KiB).
+inline constexpr std::int64_t partial_fold_bytes = 16 * 1024;
+inline int partial_row_slots(std::int64_t groups, std::int64_t rows, std::int64_t row_bytes, int row_threads,
+                             std::int64_t fold_bytes, const Tuning& tune) {
+  if (fold_bytes > partial_fold_bytes) return 1;
+  const std::int64_t most_threads = tune.partial_rows > 0 ? 1024 : 256;
+  const std::int64_t most = std::max<std::int64_t>(1, most_threads / std::max(row_threads, 1));
+  if (tune.partial_rows > 0) return static_cast<int>(std::min<std::int64_t>(tune.partial_rows, most));
+  const std::int64_t per_group = (rows + groups - 1) / std::max<std::int64_t>(groups, 1);
+  std::int64_t slots = 1;
+  while (slots * 2 <= most && slots * 2 <= per_group && groups * slots * row_bytes < partial_bytes_in_flight)
+    slots *= 2;
+  return static_cast<int>(slots);
+}
+
 }  // namespace kiln::codegen

@@ -259,6 +259,34 @@ KILN_UNROLL
 #endif
   return v;
 }
+// Folds the column partials of a block's ROWS row slots into the first slot's, slot by slot in
+// order (the same sums in the same order at every launch), through one row of shared memory: each
+// slot's tiles cover the same columns (KILN_R_TILES), so a thread adds the tiles of the threads
+// ROW_THREADS, 2 * ROW_THREADS, ... after it. Every thread of the block calls it equally often.
+template <int ROWS, int ROW_THREADS, int RITERS, class T, int N> KILN_FN void fold_row_slots(tile<T, N> (&part)[RITERS]) {
+#ifdef KILN_DEVICE_CODE
+  if constexpr (ROWS > 1) {
+    __shared__ T row[RITERS * ROW_THREADS * N];  // [tile][thread][lane]: one row slot's sums
+    const int slot = threadIdx.x / ROW_THREADS, at = (threadIdx.x % ROW_THREADS) * N;
+    for (int s = 1; s < ROWS; ++s) {
+      if (slot == s) {
+KILN_UNROLL
+        for (int it = 0; it < RITERS; ++it)
+KILN_UNROLL
+          for (int i = 0; i < N; ++i) row[it * ROW_THREADS * N + at + i] = part[it].v[i];
+      }
+      __syncthreads();
+      if (slot == 0) {
+KILN_UNROLL
+        for (int it = 0; it < RITERS; ++it)
+KILN_UNROLL
+          for (int i = 0; i < N; ++i) part[it].v[i] += row[it * ROW_THREADS * N + at + i];
+      }
+      __syncthreads();  // the row is free for the next slot (and the next fold)
+    }
+  }
+#endif
+}
 // GPU column blocks (reductions over outer dims): XT threads across the kept elements, each with a
 // tile of adjacent ones, by RT threads down the reduced elements. Combines each thread's tile with
 // those of the RT threads of its columns through shared memory; every thread gets the result.
@@ -311,9 +339,12 @@ template <int ROW_THREADS, int SLOT = -1, class A> KILN_FN auto row_min(const A&
 #define KILN_ROW(xindex)                                                                  \
   for (ix kiln_xbase = (ix)blockIdx.x * ROWS; kiln_xbase < xnumel; kiln_xbase += (ix)gridDim.x * ROWS) \
     if (const ix xindex = kiln_xbase + threadIdx.x / ROW_THREADS; true)
-// The row group whose column partial sums this thread keeps (schedule/partials.hpp): one a row
-// slot of the block; the launch has exactly as many programs as groups over the rows.
-#define KILN_ROW_GROUP ((ix)blockIdx.x * ROWS + threadIdx.x / ROW_THREADS)
+// The row group whose column partial sums this block keeps (schedule/partials.hpp): a block a
+// group, its row slots folding their sums into the first slot's at the end (fold_row_slots); the
+// launch has exactly as many blocks as groups over the rows.
+#define KILN_ROW_GROUP ((ix)blockIdx.x)
+// Whether this thread is in the block's first row slot (the one that stores a group's partials).
+#define KILN_FIRST_ROW_SLOT (threadIdx.x < ROW_THREADS)
 // Looped rows: RUNROLL steps at a time (launch_config.hpp), to keep several loads in flight.
 #define KILN_R_LOOP(roffset, rnumel)                                                      \
   _Pragma("unroll (RUNROLL)") for (ix roffset = (ix)(threadIdx.x % ROW_THREADS) * RVEC; roffset < (rnumel); roffset += (ix)ROW_THREADS * RVEC)

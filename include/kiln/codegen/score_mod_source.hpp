@@ -49,6 +49,16 @@ inline std::string mod_body(const graph::Graph& g, const std::vector<int>& slots
       const auto at = std::find(slots.begin(), slots.end(), n.slot) - slots.begin();
       const std::string s = "S.v[" + std::to_string(at) + "]";
       out = n.floating ? CValue{s, kiln::dtype::f64} : CValue{"((i64)" + s + ")", kiln::dtype::i64};
+    } else if (n.op == Op::div && ct == kiln::dtype::f32) {
+      // Not C's `/` on floats, an IEEE division (a reciprocal, four FMAs and a slow path at every
+      // score): by a divisor the same at every score (a C++ scalar, a constant) x times its
+      // reciprocal, taken in double where the kernel hoists it out of its loops (within 1 ulp of
+      // the quotient); else div.full, as the generated kernels' tiles divide (prelude m_div).
+      const CValue x = cast_value(in(0), ct), d = in(1);
+      const Op by = g[n.in[1]].op;
+      out = d.literal          ? bind(id, x.code + " * " + literal(1.0 / d.value, ct), ct)
+            : by == Op::scalar ? bind(id, x.code + " * (float)(1.0 / (double)" + d.code + ")", ct)
+                               : bind(id, "kiln::div(" + x.code + ", " + cast_value(d, ct).code + ")", ct);
     } else {
       std::vector<CValue> operands;
       for (int k = 0; k < n.n_in; ++k) operands.push_back(in(k));

@@ -24,6 +24,8 @@ struct Tuning {
   int loads = -1;        // 16-byte loads: 0 through the read-only path, 1 plain (kiln::via)
   int waves = -1;        // row kernels: grid of this many times the resident blocks, 0 the
                          // occupancy formula (KILN_TUNE_ROW_WAVES)
+  int partial_rows = -1;  // GPU row kernels with column partials: row slots a block (default from the
+                          // bytes in flight, codegen's partial_row_slots; KILN_TUNE_PARTIAL_ROWS)
   // Experiment knobs only the environment sets, for A/B runs (benchmarks/ab.sh):
   int poi_unroll = -1;     // large pointwise kernels: vectors a thread (KILN_TUNE_POI_UNROLL)
   int row_threads = -1;    // rows: the most threads a row (KILN_TUNE_ROW_THREADS)
@@ -31,7 +33,10 @@ struct Tuning {
   int row_slots = -1;      // 0: reductions of one row kernel share one shared-memory slot (KILN_TUNE_ROW_SLOTS)
   int aligned = -1;        // 0: bounds tests even in exactly tiled kernels (KILN_TUNE_ALIGNED)
   int prelude_loads = -1;  // the prelude's KILN_LOADS, how 16-byte loads reach memory (KILN_TUNE_LOADS)
-  int partials = -1;       // 0: row kernels never compute column partial sums (KILN_TUNE_PARTIALS)
+  int partials = -1;       // column partial sums in row kernels (schedule/partials.hpp): 0 never; 1 the
+                           // rule before on a GPU (rows of 2048-8192 columns, one row a block, chunks
+                           // of 64 rows or more); default rows of any width the block holds, several
+                           // row slots a block folding their sums (KILN_TUNE_PARTIALS)
   int matmul_t = -1;       // 0: a matmul's transpose stays a copy (KILN_TUNE_MATMUL_T)
   int matmul_wide = -1;    // 0: a 16-bit matmul read only as f32 stays a 16-bit product and a cast
                            // (KILN_TUNE_MATMUL_WIDE)
@@ -92,7 +97,13 @@ struct Tuning {
   int attention_wgmma = -1;  // the fused attention kernels on Hopper (compute capability 9.0), head dims 64
                              // and 128, forward and dq, dk/dv: 0 the mma.sync kernels (the rule before),
                              // default (or 1) warpgroup MMA (codegen/attention_kernel_sm90.hpp,
-                             // attention_backward_kernel_sm90.hpp; KILN_TUNE_ATTENTION_WGMMA)
+                             // attention_backward_kernel_sm90.hpp), 2 the same with a forward of one
+                             // warpgroup a block (KILN_TUNE_ATTENTION_WGMMA)
+  int attention_order = -1;  // causal fused attention kernels' block order: 0 tile by tile within each
+                             // (batch, head) pair (the rule before); default the longest tiles first over
+                             // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
+                             // the kernel's source is written, once a process (its name does not carry
+                             // it): an A/B across processes (KILN_TUNE_ATTENTION_ORDER)
   int one_pass = -1;       // looped rows: a sum that reads an earlier reduction of the same row only
                            // through a row value D (sum((x - D)^2), sum(exp(x - D))) is carried beside
                            // it in one pass (Welford, online softmax); 0 two passes (the rule before),
@@ -131,8 +142,9 @@ struct Tuning {
   // that g++ then warns about).
   using Field = int Tuning::*;
   // The candidate fields in order: what autotuning's stored choice holds (its disk format).
-  static constexpr Field fields[] = {&Tuning::poi_threads, &Tuning::poi_vectors, &Tuning::row_elems, &Tuning::row_block,
-                                     &Tuning::row_unroll,  &Tuning::hoist,       &Tuning::loads,     &Tuning::waves};
+  static constexpr Field fields[] = {&Tuning::poi_threads, &Tuning::poi_vectors, &Tuning::row_elems,
+                                     &Tuning::row_block,   &Tuning::row_unroll,  &Tuning::hoist,
+                                     &Tuning::loads,       &Tuning::waves,       &Tuning::partial_rows};
   // Every field with its name, as str() prints it.
   struct Knob {
     Field field;
@@ -153,6 +165,7 @@ struct Tuning {
                                    {&Tuning::aligned, "aligned"},
                                    {&Tuning::prelude_loads, "prelude_loads"},
                                    {&Tuning::partials, "partials"},
+                                   {&Tuning::partial_rows, "partial_rows"},
                                    {&Tuning::matmul_t, "matmul_t"},
                                    {&Tuning::matmul_wide, "matmul_wide"},
                                    {&Tuning::gemm_room, "gemm_room"},
@@ -170,6 +183,7 @@ struct Tuning {
                                    {&Tuning::attention_rows, "attention_rows"},
                                    {&Tuning::attention_backward, "attention_backward"},
                                    {&Tuning::attention_wgmma, "attention_wgmma"},
+                                   {&Tuning::attention_order, "attention_order"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -199,7 +213,8 @@ struct Tuning {
                                    {&Tuning::aligned, "KILN_TUNE_ALIGNED", 0, 1},
                                    {&Tuning::waves, "KILN_TUNE_ROW_WAVES", 0, 1024},
                                    {&Tuning::prelude_loads, "KILN_TUNE_LOADS", 0, 2},
-                                   {&Tuning::partials, "KILN_TUNE_PARTIALS", 0, 1},
+                                   {&Tuning::partials, "KILN_TUNE_PARTIALS", 0, 2},
+                                   {&Tuning::partial_rows, "KILN_TUNE_PARTIAL_ROWS", 1, 32},
                                    {&Tuning::matmul_t, "KILN_TUNE_MATMUL_T", 0, 1},
                                    {&Tuning::matmul_wide, "KILN_TUNE_MATMUL_WIDE", 0, 1},
                                    {&Tuning::gemm_room, "KILN_TUNE_GEMM_ROOM", 0, 1},
@@ -225,7 +240,8 @@ struct Tuning {
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
-                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 1}};
+                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 2},
+                                   {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);

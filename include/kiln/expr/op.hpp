@@ -16,6 +16,9 @@ namespace kiln {
 // before fusion). sum_to_shape_of(g, x) is g summed over the dims x was broadcast along, reshaped to
 // x's shape: a derivative rule's sum that only sizes can settle, so it exists in structural graphs
 // (k::structure) and is settled at once where sizes are known (rewrite::Builder::sum_to_shape_of).
+// grad_of(v, grad_leaf(x)[, cotangent]) is the gradient of value v with respect to x, x taken as
+// an independent input (grad_leaf marks where a compiled k::grad called inside another function
+// receives its argument): autodiff/expand_gradients.hpp replaces both after decomposition.
 #define KILN_OPS(X)                                       \
   X(arg, "arg", leaf, 0)                                  \
   X(scalar, "scalar", leaf, 0)                            \
@@ -99,7 +102,9 @@ namespace kiln {
   X(attention_lse, "attention_lse", extern_, 3)           \
   X(attention_grad, "attention_grad", extern_, 6)         \
   X(score_arg, "score_arg", composite, 3)                 \
-  X(sum_to_shape_of, "sum_to_shape_of", composite, 2)
+  X(sum_to_shape_of, "sum_to_shape_of", composite, 2)     \
+  X(grad_leaf, "grad_leaf", composite, 1)                 \
+  X(grad_of, "grad_of", composite, 3)
 
 enum class Op : std::uint8_t {
 #define KILN_OP_ENUM(e, s, c, n) e,

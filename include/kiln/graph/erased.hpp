@@ -21,7 +21,12 @@ struct ErasedImpl final : ErasedBody {
 
 template <class E>
 requires(Expr<E> && !std::is_same_v<std::remove_cvref_t<E>, expression>) expression::expression(E&& e)
-    : body_(std::make_shared<const expr::ErasedImpl<std::remove_cvref_t<E>>>(std::forward<E>(e))) {}
+    : body_(std::make_shared<const expr::ErasedImpl<std::remove_cvref_t<E>>>(std::forward<E>(e))) {
+  using T = std::remove_cvref_t<E>;
+  static_assert(!graph::detail::is_assign<T>::value && !graph::detail::is_assign_at<T>::value,
+                "a k::assign is a compiled function's result, not a value: return it (in a std::tuple, or a "
+                "std::vector of updates of one type) instead of holding it in a k::expression");
+}
 inline expression::expression(const Tensor& t)
     : body_(std::make_shared<const expr::ErasedImpl<expr::TensorLeaf>>(expr::TensorLeaf{{}, t})) {}
 }  // namespace kiln

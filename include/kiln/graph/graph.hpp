@@ -132,12 +132,14 @@ constexpr std::uint64_t structure_key(const Node& n) {
 // Common-subexpression elimination as a graph grows: adding a node returns the id of an identical
 // one already added through this index, in constant expected time (a hash of the structure, then
 // same_structure on the candidates). Scalars are never merged: their values may differ at the next
-// call. Nodes appended to the graph by other means are not merge targets. An open-addressing table
-// of (key, id) on a std::vector, so that it also runs in constant expressions (k::structure).
+// call; nor are grad_leaf nodes: each is one wrt argument of one gradient call, an independent
+// input even where two wrap the same expression (autodiff/expand_gradients.hpp). Nodes appended to
+// the graph by other means are not merge targets. An open-addressing table of (key, id) on a
+// std::vector, so that it also runs in constant expressions (k::structure).
 class CseIndex {
  public:
   constexpr int find(const Graph& g, const Node& n, std::uint64_t key) const {
-    if (n.op == Op::scalar || slots_.empty()) return -1;
+    if (n.op == Op::scalar || n.op == Op::grad_leaf || slots_.empty()) return -1;
     for (std::size_t i = home(key);; i = (i + 1) & (slots_.size() - 1)) {
       const Slot& s = slots_[i];
       if (s.id < 0) return -1;

@@ -248,6 +248,23 @@ inline void infer_node(Graph& g, Node& n) {
         throw shape_error(op + ": " + in(1).shape.str() + " does not broadcast to " + xs.str());
       n.shape = in(1).shape;
       return;
+    case Op::grad_leaf:
+      n.shape = xs;
+      return;
+    case Op::grad_of:  // (value, grad_leaf(x)[, cotangent]): x's shape
+      if (!is_floating(in(1).dt) || !is_floating(in(0).dt))
+        throw dtype_error(std::string(n.n_in > 2 ? "k::vjp" : "k::grad") +
+                          " inside a compiled function: the value is " + std::string(name(in(0).dt)) +
+                          " and the argument " + std::string(name(in(1).dt)) +
+                          "; only floating-point values and arguments have gradients");
+      if (n.n_in > 2 && !(in(2).shape == xs))
+        throw shape_error("k::vjp inside a compiled function: the cotangent has shape " + in(2).shape.str() +
+                          " but the function's value has shape " + xs.str());
+      if (n.n_in == 2 && xs.product() != 1)
+        throw shape_error("k::grad inside a compiled function: the function's value has shape " + xs.str() +
+                          ", not a single element: reduce it with k::sum or k::mean, or use k::vjp");
+      n.shape = in(1).shape;
+      return;
     case Op::layer_norm:
     case Op::rms_norm: {
       if (rank == 0) throw shape_error(op + ": input must have at least one dimension");

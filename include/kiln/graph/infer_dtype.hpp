@@ -66,6 +66,8 @@ constexpr kiln::dtype composite_dtype(const Graph& g, const Node& n) {
       return promote(in(0).dt, in(1).dt);
     case Op::attention:
       return first;
+    case Op::grad_of:  // a gradient has its argument's dtype
+      return in(1).dt;
     case Op::score_arg:  // 0: the scaled scores (f32, or f64 for f64 inputs); 1..4: indices
       return n.attrs.a != 0 ? kiln::dtype::i64 : first == kiln::dtype::f64 ? kiln::dtype::f64 : kiln::dtype::f32;
     default:

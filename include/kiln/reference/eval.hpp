@@ -1,7 +1,8 @@
 // The oracle: an unfused, obviously-correct evaluator of a flattened graph, in f64 on the host.
 // Every op of expr/op.hpp is computed straight from its definition (composites included: they are
 // NOT decomposed here, so that comparing against the oracle checks the decomposition rules too;
-// custom ops through the user's own functions on CPU tensors).
+// custom ops through the user's own functions on CPU tensors). A graph that takes gradients inside
+// (a compiled k::grad called in an expression) is decomposed and its gradients expanded first.
 // Values stay in f64 whatever the node's floating dtype; integral and boolean nodes are rounded
 // to their dtype after each node so integer arithmetic is exact. Casts to f32/f16/bf16 round
 // through the target type. Speed is not a goal; clarity is.
@@ -13,11 +14,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "../autodiff/expand_gradients.hpp"
+#include "../core/linkage.hpp"
 #include "../core/tensor.hpp"
 #include "../expr/assign.hpp"
 #include "../expr/ops.hpp"
 #include "../graph/flatten.hpp"
-#include "../core/linkage.hpp"
 #include "../graph/graph.hpp"
 #include "../graph/infer.hpp"
 #include "eval_node.hpp"
@@ -62,11 +64,13 @@ KILN_DECL std::vector<Value> infer_and_eval(graph::Graph& g, std::span<const Ten
   std::vector<Tensor> args(ptrs.size());
   for (std::size_t k = 0; k < ptrs.size(); ++k)
     if (ptrs[k]) args[k] = *ptrs[k];
-  graph::infer_shapes(g, [&](int slot) -> const Tensor& {  // only the slots the graph reads must be bound
+  auto arg = [&](int slot) -> const Tensor& {  // only the slots the graph reads must be bound
     if (slot < 0 || static_cast<std::size_t>(slot) >= ptrs.size() || !ptrs[static_cast<std::size_t>(slot)])
       throw error("reference::eval: argument " + std::to_string(slot) + " of the expression is not bound to a tensor");
     return args[static_cast<std::size_t>(slot)];
-  });
+  };
+  graph::infer_shapes(g, arg);
+  g = autodiff::expand_inner_gradients(std::move(g), arg);
   return eval_graph(g, args, scalars);
 }
 #endif

@@ -450,6 +450,13 @@ inline Value eval_node(const graph::Graph& g, int i, const std::vector<Value>& v
       for (auto& v : out.data) v = round_integral(n.dt, v);
       return out;
     }
+    case Op::grad_leaf:  // the value of its input (the gradients that stop at it are expanded first)
+      out.data = in(0).data;
+      return out;
+    case Op::grad_of:
+      throw error(
+          "reference: grad_of is expanded before evaluation (autodiff::expand_gradients; reference::eval "
+          "does so)");
     default:
       break;
   }

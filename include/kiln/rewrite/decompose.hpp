@@ -310,9 +310,13 @@ constexpr bool decomposes_by_size(Op op) {
   return op == Op::attention || op == Op::score_arg || op == Op::sum_to_shape_of;
 }
 
+// A gradient taken inside a function (grad_of over its grad_leaf arguments): kept, for
+// autodiff/expand_gradients.hpp to differentiate the decomposed value.
+constexpr bool expands_later(Op op) { return op == Op::grad_of || op == Op::grad_leaf; }
+
 // Decomposes one composite: inputs to the compute dtype, the rule, the result back to n's dtype.
 constexpr int decompose_node(Builder& b, const Node& n, std::span<const int> in) {
-  if (!b.shaped() && decomposes_by_size(n.op)) return b.rebuild(n, in.data());
+  if ((!b.shaped() && decomposes_by_size(n.op)) || expands_later(n.op)) return b.rebuild(n, in.data());
   b.set_origin(n.capture);
   const DecompositionRule& rule = decompositions[static_cast<int>(n.op)];
   if (!rule.build) throw error("decompose: no decomposition rule for composite op " + std::string(name(n.op)));

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "../autodiff/inner_grad.hpp"
 #include "../expr/ops.hpp"
 #include "extern/custom.hpp"
 #include "function.hpp"
@@ -116,14 +117,7 @@ concept CallArgument = std::is_same_v<T, Tensor> || std::is_same_v<T, std::vecto
 
 // What a compiled function may be called with inside another's trace, and what its body gets.
 template <class T>
-concept InnerArgument = Expr<T> || std::is_same_v<T, Tensor> || is_arg_list<T>::value;
-template <class T>
-decltype(auto) inner_argument(const T& a) {
-  if constexpr (std::is_same_v<T, Tensor>)
-    return expression(a);
-  else
-    return (a);
-}
+concept InnerArgument = Expr<T> || std::is_same_v<T, Tensor> || is_arg_list<T>::value || is_expression_list<T>::value;
 template <class R>
 auto erase_result(R&& r) {
   if constexpr (graph::is_tuple<std::remove_cvref_t<R>>::value)
@@ -226,14 +220,15 @@ class Function {
   // Called while another function is traced (with expressions, or the caller's placeholders): the
   // body is inlined into the caller's graph, as torch.compile inlines a compiled callee, and fused
   // with it. The result is a k::expression (a std::tuple of them), so a loop may apply a block
-  // compiled once any number of times: `for (...) h = block(h, params);`.
+  // compiled once any number of times: `for (...) h = block(h, params);`. A compiled k::grad /
+  // value_and_grad / vjp gives its value and gradients so, differentiated in the caller's graph.
   template <class... T>
   requires(!(detail::CallArgument<T> && ...) && (detail::InnerArgument<T> && ...)) auto operator()(
       const T&... args) const {
-    static_assert(!is_gradient_fn<F>::value,
-                  "a compiled k::grad / value_and_grad / vjp cannot be called inside another function: differentiate "
-                  "the outer function instead");
-    return detail::erase_result(fn_(detail::inner_argument(args)...));
+    if constexpr (is_gradient_fn<F>::value)  // its gradients join the caller's graph (autodiff/inner_grad.hpp)
+      return detail::inner_gradient(fn_, args...);
+    else
+      return detail::erase_result(fn_(detail::inner_argument(args)...));
   }
   // The same, ordered on a caller's stream.
   template <class... T>

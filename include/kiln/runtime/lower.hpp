@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "../autodiff/expand_gradients.hpp"
 #include "../codegen/score_mod_source.hpp"
 #include "../core/linkage.hpp"
 #include "../debug/log.hpp"
@@ -80,8 +81,10 @@ graph::Graph fuse_attention(const graph::Graph& g, int cc, const Tuning& tuning,
     at.c = 0;
     at.custom = mod;
     at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block
-    // row tiles a warp (0: by registers), and 1 where Hopper's warpgroup kernel runs it
-    at.dims = Dims{std::max(tuning.attention_rows, 0), cc == 90 && tuning.attention_wgmma != 0 ? 1 : 0};
+    // row tiles a warp (0: by registers), and where Hopper's warpgroup kernel runs it 1 (two
+    // warpgroups a block) or 2 (one)
+    at.dims = Dims{std::max(tuning.attention_rows, 0),
+                   cc == 90 && tuning.attention_wgmma != 0 ? (tuning.attention_wgmma == 2 ? 2 : 1) : 0};
     at.keepdim = tuning.attention_backward != 0;         // its backward: fused kernels (autodiff/rules.hpp)
     graph::Node f;
     f.op = Op::attention_flash;
@@ -122,6 +125,10 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
   const auto derive_start = std::chrono::steady_clock::now();
   g = rewrite::decompose(g);                         // composites -> primitives
   graph::infer_shapes(g, arg);
+  if (autodiff::has_inner_gradients(g)) {  // compiled gradients called inside the function
+    g = autodiff::expand_gradients(g);
+    graph::infer_shapes(g, arg);
+  }
   g = rewrite::simplify(g);  // x*1, x+0, constant folding, CSE, dead code
   graph::infer_shapes(g, arg);
   log_graph(debug::Channel::decomp, "after decomposition", g);
@@ -152,7 +159,7 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
     g = rewrite::widen_matmul_casts(g, into);
     graph::infer_shapes(g, arg);
   }
-  g = schedule::split_reductions(g, stats.tuning.partials != 0, gpu,
+  g = schedule::split_reductions(g, stats.tuning.partials, gpu,
                                  stats.symbolic);  // long reductions with few outputs in two stages
   graph::infer_shapes(g, arg);
   g = copy_strided_custom_inputs(g, arg);  // custom ops, embedding_backward, attention read contiguous buffers
@@ -165,7 +172,7 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
 
 // The schedule of a graph: fusion, column partials where allowed, buffers, names. epilogues: matmuls
 // may take their bias and activation as cuBLASLt epilogues (CUDA targets). host: for the CPU.
-inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, bool partials,
+inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, int partials,
                                          bool realize = true, bool epilogues = false, bool host = false) {
   std::vector<schedule::MatmulEpilogue> chosen;
   if (epilogues) chosen = schedule::choose_epilogues(g, env);   // bias and activation into the GEMM
@@ -196,9 +203,8 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
   const bool realize = p.tuning.realize != 0,
              epilogues = target == codegen::Target::cuda && p.tuning.epilogue != 0;  // KILN_TUNE_EPILOGUE=0: off
   const bool host = target == codegen::Target::cpu;
-  p.sched = schedule_graph(g, env, p.tuning.partials != 0, realize, epilogues, host);
-  if (!partials_held(g, p.sched, env, target, p.tuning))
-    p.sched = schedule_graph(g, env, false, realize, epilogues, host);
+  p.sched = schedule_graph(g, env, p.tuning.partials, realize, epilogues, host);
+  if (!partials_held(g, p.sched, env, target, p.tuning)) p.sched = schedule_graph(g, env, 0, realize, epilogues, host);
   if (target == codegen::Target::cuda && p.tuning.gemm_room != 0)
     schedule::pad_gemm_buffers(g, p.sched, env);  // 16-bit GEMM operands off 8 stored with room
   if (debug::log_enabled(debug::Channel::fusion)) {
@@ -303,8 +309,9 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
 // compiled function's local memory against what holding the row saves (codegen/launch_config.hpp's
 // held_row_spills) — ptxas's answer instead of the row cache rule's estimate, which prices the
 // caches, not the kernel around them. Not where a tuning sets the tiles (KILN_TUNE_ROW_ITERS,
-// autotuning), nor for column partials (they need the held row); not in export_kernels, which
-// plans without a GPU. Returns whether a kernel changed.
+// autotuning), nor for column partials (the schedule hosted them for the held row: looped, they
+// would keep them in memory, which pays only where the buffer stays in L2); not in
+// export_kernels, which plans without a GPU. Returns whether a kernel changed.
 template <class Rewrite>
 bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
   if (p.device.is_cpu() || p.autotune || p.tuning.row_iters >= 0) return false;

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "../autodiff/rules.hpp"
 #include "../ir/shape_env.hpp"
 #include "../rewrite/decompose.hpp"
 
@@ -38,9 +39,11 @@ namespace kiln::schedule {
 // What a matmul step applies to its product before storing it, as cuBLASLt's epilogues do:
 // out = act(matmul + bias). The nodes are the graph's own (the pattern was recognised on the
 // primitives), so the reference evaluator and the CPU path never see anything new.
-enum class Activation : std::uint8_t { none, relu, gelu_tanh };
+// dgelu_tanh: the backward's GEMM of a gelu's input gradient, out = (a @ b) * gelu'(pre), pre the
+// pre-activation a GELU_AUX step kept (cuBLASLt's DGELU).
+enum class Activation : std::uint8_t { none, relu, gelu_tanh, dgelu_tanh };
 inline const char* activation_name(Activation a) {
-  constexpr const char* names[] = {"none", "relu", "gelu_tanh"};
+  constexpr const char* names[] = {"none", "relu", "gelu_tanh", "dgelu_tanh"};
   return names[static_cast<int>(a)];
 }
 struct MatmulEpilogue {
@@ -50,11 +53,15 @@ struct MatmulEpilogue {
   int out = -1;     // what the step stores: the activation's result, or pre
   Activation act = Activation::none;
   bool aux = false;  // pre is stored too (cuBLASLt's GELU_AUX): other kernels read it
+  int aux_in = -1;   // dgelu_tanh: the kept pre-activation the step reads (DGELU's AUX input)
+  std::vector<int> bias_sums;  // dgelu_tanh: the nodes of out's column sums, which the step writes too (BGRAD)
+  // The column sums the step stores (bias_sums' last), -1 for none.
+  int bias_grad() const { return bias_sums.empty() ? -1 : bias_sums.back(); }
   // The step's name in kernel names and reports: "bias_gelu_tanh", "relu", "bias".
   std::string str() const {
     std::string s = bias >= 0 ? "bias" : "";
     if (act != Activation::none) s += (s.empty() ? "" : "_") + std::string(activation_name(act));
-    return s + (aux ? "_aux" : "");
+    return s + (aux ? "_aux" : "") + (bias_sums.empty() ? "" : "_bgrad");
   }
 };
 
@@ -100,16 +107,25 @@ inline int activation_of(rewrite::Builder& b, int size, int pre, Op op) {
   return id < size ? id : -1;
 }
 
+// The nodes of v's tree (v too) down to those where stop(node) holds, leaves out.
+template <class Stop>
+std::vector<int> tree_above(const graph::Graph& g, int v, Stop&& stop) {
+  std::vector<int> inside, stack{v};
+  while (!stack.empty()) {
+    const int x = stack.back();
+    stack.pop_back();
+    if (stop(x) || info(g[x].op).cls == OpClass::leaf || std::find(inside.begin(), inside.end(), x) != inside.end())
+      continue;
+    inside.push_back(x);
+    for (int c = 0; c < g[x].n_in; ++c) stack.push_back(g[x].in[c]);
+  }
+  return inside;
+}
+
 // The nodes an activation computes between pre and its result: out's tree down to pre, leaves out.
 inline std::vector<int> inner_nodes(const graph::Graph& g, int pre, int out) {
-  std::vector<int> inside, stack(g[out].in.begin(), g[out].in.begin() + g[out].n_in);
-  while (!stack.empty()) {
-    int v = stack.back();
-    stack.pop_back();
-    if (v == pre || info(g[v].op).cls == OpClass::leaf || std::find(inside.begin(), inside.end(), v) != inside.end()) continue;
-    inside.push_back(v);
-    for (int c = 0; c < g[v].n_in; ++c) stack.push_back(g[v].in[c]);
-  }
+  std::vector<int> inside = tree_above(g, out, [&](int x) { return x == pre; });
+  inside.erase(inside.begin());  // (out, visited first)
   return inside;
 }
 
@@ -163,6 +179,116 @@ inline std::optional<MatmulEpilogue> match_epilogue(const graph::Graph& g, const
   return e;
 }
 
+// The cotangent of pre that the differentiator builds from a cotangent m of a gelu's output: the
+// derivative rules of the activation's nodes (`inner`, ascending, out last; `on_path`: those that
+// depend on pre) run again from m, in the differentiator's order (autodiff/differentiate.hpp's
+// backpropagate: reverse node order, each contribution cast to its input's dtype and added in
+// turn). Built with the graph's CSE Builder, so it is an existing node only where the graph
+// computes exactly that.
+inline int gelu_cotangent(rewrite::Builder& b, const graph::Graph& g, const std::vector<int>& inner,
+                          const std::vector<char>& on_path, int pre, int m) {
+  std::vector<int> ct(static_cast<std::size_t>(g.size()), -1);
+  const int out = inner.back();
+  ct[out] = b.cast(m, g[out].dt);
+  for (auto it = inner.rbegin(); it != inner.rend(); ++it) {
+    const int i = *it;
+    if (ct[i] < 0) continue;
+    const autodiff::Rule rule = autodiff::derivative_rules[static_cast<int>(g[i].op)];
+    if (!rule) return -1;
+    const autodiff::Cotangents c = rule(b, i, ct[i]);
+    for (int k = 0; k < std::min<int>(g[i].n_in, static_cast<int>(c.size())); ++k) {
+      const int x = g[i].in[k];
+      if (c[k] < 0 || !on_path[x]) continue;
+      const int cx = b.cast(c[k], g[x].dt);
+      ct[x] = ct[x] < 0 ? cx : b.add(ct[x], cx);
+    }
+  }
+  return ct[pre];
+}
+
+// The sums over the rows of 2-D x that the graph takes in x's dtype (a bias's gradient: cuBLASLt's
+// BGRAD writes them beside the product): sum(x, 0), or as split_reductions leaves a long one,
+// cast(sum(sum(reshape(cast(x, f32), [S, R / S, N]), 1), 0), x's dtype); each node but the last read
+// by nothing else. The nodes from x's reader to the sums, the sums last; empty for none.
+inline std::vector<int> column_sums_of(const graph::Graph& g, const std::vector<std::vector<int>>& readers, int x) {
+  if (g[x].shape.size() != 2) return {};
+  const std::int64_t n = g[x].shape[1];
+  auto only_reader = [&](int v) { return readers[v].size() == 1 && readers[v][0] >= 0 ? readers[v][0] : -1; };
+  auto sum_over = [&](int v, std::int64_t dim) {
+    return v >= 0 && g[v].op == Op::sum && g[v].attrs.dims.size() == 1 && g[v].attrs.dims[0] == dim;
+  };
+  for (int r : readers[x]) {
+    std::vector<int> chain;
+    int v = r;
+    if (v >= 0 && g[v].op == Op::cast && is_floating(g[v].dt)) chain.push_back(v), v = only_reader(v);  // widened
+    if (v >= 0 && g[v].op == Op::reshape && g[v].shape.size() == 3 && g[v].shape[2] == n) {             // in two stages
+      chain.push_back(v), v = only_reader(v);
+      if (!sum_over(v, 1)) continue;
+      chain.push_back(v), v = only_reader(v);
+      if (!sum_over(v, 0)) continue;
+    } else if (!sum_over(v, 0)) {
+      continue;
+    }
+    if (g[v].dt != g[x].dt) {  // back to x's dtype
+      chain.push_back(v), v = only_reader(v);
+      if (v < 0 || g[v].op != Op::cast || g[v].dt != g[x].dt) continue;
+    }
+    if (g[v].shape.product() != n || assigned(g, v)) continue;
+    chain.push_back(v);
+    return chain;
+  }
+  return {};
+}
+
+// The backward GEMM of a gelu that a GELU_AUX step `f` kept: a matmul m whose product is the
+// cotangent of f's output (as the differentiator seeds it), and from which the graph computes
+// pre's cotangent by gelu's derivative rules, m and those nodes read by nothing else: one step,
+// out = m * gelu'(pre), reading the kept pre (cuBLASLt's DGELU), and writing out's column sums
+// where the graph takes them (a bias's gradient: DGELU_BGRAD). Recognised as activation_of
+// recognises the forward: the rules are run again from m and must build only existing nodes.
+inline std::optional<MatmulEpilogue> match_dgelu(const graph::Graph& g, const std::vector<std::vector<int>>& readers,
+                                                 rewrite::Builder& b, const MatmulEpilogue& f,
+                                                 const std::vector<bool>& taken) {
+  if (f.act != Activation::gelu_tanh || !f.aux) return std::nullopt;
+  const int pre = f.pre, out = f.out;
+  std::vector<int> inner = inner_nodes(g, pre, out);
+  inner.push_back(out);
+  std::sort(inner.begin(), inner.end());
+  std::vector<char> on_path(static_cast<std::size_t>(g.size()), 0), forward(static_cast<std::size_t>(g.size()), 0);
+  on_path[pre] = forward[pre] = 1;
+  for (int v : inner) {
+    forward[v] = 1;
+    for (int c = 0; c < g[v].n_in; ++c) on_path[v] = on_path[v] || on_path[g[v].in[c]];
+  }
+  // Candidates: the matmuls of out's shape and 16-bit dtype after pre (the step reads what the
+  // forward's step wrote) that no other step took. (16-bit only: the bf16 and f16 DGELU is what
+  // mixed-precision training runs; whether cuBLASLt offers it for f32 is unmeasured.)
+  if (g[out].dt != kiln::dtype::bf16 && g[out].dt != kiln::dtype::f16) return std::nullopt;
+  std::vector<int> candidates;
+  for (int x = pre + 1; x < g.size(); ++x)
+    if (g[x].op == Op::matmul && !taken[x] && g[x].shape == g[out].shape && g[x].dt == g[out].dt)
+      candidates.push_back(x);
+  for (int m : candidates) {
+    const int grad = gelu_cotangent(b, g, inner, on_path, pre, m);
+    if (grad < 0 || grad >= g.size() || g[grad].dt != g[m].dt || !(g[grad].shape == g[m].shape) || assigned(g, grad))
+      continue;
+    const std::vector<int> between = tree_above(g, grad, [&](int x) { return forward[x] || x == m; });
+    auto within = [&](int r) { return std::find(between.begin(), between.end(), r) != between.end(); };
+    bool alone = std::all_of(readers[m].begin(), readers[m].end(), within);
+    for (int v : between)
+      if (v != grad) alone = alone && std::all_of(readers[v].begin(), readers[v].end(), within);
+    if (!alone) continue;
+    MatmulEpilogue e;
+    e.matmul = e.pre = m;
+    e.out = grad;
+    e.act = Activation::dgelu_tanh;
+    e.aux_in = pre;
+    e.bias_sums = column_sums_of(g, readers, grad);
+    return e;
+  }
+  return std::nullopt;
+}
+
 }  // namespace detail
 
 // The matmul steps of a graph that take an epilogue (see above), in graph order; `env` tells which
@@ -176,6 +302,13 @@ inline std::vector<MatmulEpilogue> choose_epilogues(const graph::Graph& g, const
     if (!b) b.emplace(g);
     if (auto e = detail::match_epilogue(g, env, readers, *b, m)) chosen.push_back(*e);
   }
+  // The backward GEMMs of the gelus kept above, which then step in graph order among the rest.
+  std::vector<bool> taken(static_cast<std::size_t>(g.size()), false);
+  for (const auto& e : chosen) taken[e.matmul] = true;
+  const std::size_t forward = chosen.size();
+  for (std::size_t f = 0; f < forward; ++f)
+    if (auto e = detail::match_dgelu(g, readers, *b, chosen[f], taken)) taken[e->matmul] = true, chosen.push_back(*e);
+  std::sort(chosen.begin(), chosen.end(), [](const auto& x, const auto& y) { return x.matmul < y.matmul; });
   return chosen;
 }
 

@@ -83,6 +83,7 @@ inline std::vector<bool> find_anchors(const graph::Graph& g, const std::vector<M
     anchor[e.matmul] = false;
     anchor[e.out] = true;
     if (e.aux) anchor[e.pre] = true;
+    if (e.aux_in >= 0) anchor[e.aux_in] = true;
     if (e.bias >= 0 && g[e.bias].op != Op::arg) anchor[e.bias] = true;
   }
   return anchor;
@@ -279,6 +280,7 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
   for (int e = 0; e < static_cast<int>(epilogues.size()); ++e) {
     step_at[epilogues[e].pre] = e;
     for (int v : {epilogues[e].matmul, epilogues[e].pre, epilogues[e].out}) in_step[v] = true;
+    for (int v : epilogues[e].bias_sums) in_step[v] = true;
   }
   const std::vector<int> lse_of = detail::lse_written_by_forward(g);
   for (int f = 0; f < g.size(); ++f)
@@ -301,15 +303,21 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
       k.epilogue = step_at[i];
       k.stores = {e.out};
       if (e.aux && e.pre != e.out) k.stores.insert(k.stores.begin(), e.pre);
+      if (e.bias_grad() >= 0) k.stores.push_back(e.bias_grad());
       s.kernels.push_back(k);
       for (int v : {e.matmul, e.pre, e.out}) s.kernel_of[v] = static_cast<int>(s.kernels.size()) - 1;
+      for (int v : e.bias_sums) s.kernel_of[v] = static_cast<int>(s.kernels.size()) - 1;
       continue;
     }
     if (!anchor[i] || in_step[i]) continue;
     const auto& n = g[i];
-    int first = detail::first_possible_kernel(g, anchor, s.kernel_of, i);
+    const int first = detail::first_possible_kernel(g, anchor, s.kernel_of, i);
+    // Stored in place (k::assign): in no kernel before one that still reads that argument.
+    const int slot = detail::assigned_slot(g, i);
+    auto reader_after = [&](int k) { return slot >= 0 && detail::last_reader(g, anchor, s, slot, k + 1) >= 0; };
+    const int floor = slot >= 0 ? std::max(first, detail::last_reader(g, anchor, s, slot, first)) : first;
     int chosen = -1;
-    for (int k = static_cast<int>(s.kernels.size()) - 1; k >= first && chosen < 0; --k)
+    for (int k = static_cast<int>(s.kernels.size()) - 1; k >= floor && chosen < 0; --k)
       if (detail::joins(g, anchor, s.kernel_of, s.kernels[k], k, i)) chosen = k;
     // A kernel it could join that runs before kernels it reads: join it there when those kernels may
     // run before that one instead (detail::may_run_before), moved in their order.
@@ -325,14 +333,15 @@ inline Schedule fuse(const graph::Graph& g, const std::vector<bool>& anchor,
       for (std::size_t m = 0; m < later.size(); ++m) detail::move_kernel(s, later[m], j + static_cast<int>(m));
       moved = true;
       const int moved_j = j + static_cast<int>(later.size());
-      if (detail::joins(g, anchor, s.kernel_of, s.kernels[moved_j], moved_j, i)) chosen = moved_j;
+      if (detail::joins(g, anchor, s.kernel_of, s.kernels[moved_j], moved_j, i) && !reader_after(moved_j))
+        chosen = moved_j;
       break;  // (the order stays valid either way)
     }
     // A row reduction over a pointwise kernel's domain whose stores all have that shape (a
     // residual sum the norm after it reads): that kernel becomes the row kernel and stores them as
     // it walks the row (Inductor's add + layer_norm in one kernel).
     if (chosen < 0 && is_reduction(n.op) && n.attrs.c != 1)
-      for (int k = static_cast<int>(s.kernels.size()) - 1; k >= first && chosen < 0; --k)
+      for (int k = static_cast<int>(s.kernels.size()) - 1; k >= floor && chosen < 0; --k)
         if (detail::takes_rows(g, s.kernels[k], i)) {
           KernelPlan& plan = s.kernels[k];
           plan.kind = Kind::per;
@@ -391,6 +400,7 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
     if (plan.epilogue >= 0) {  // a matmul step and its epilogue: reads its operands and bias, writes out (and pre)
       const MatmulEpilogue& e = s.epilogues[plan.epilogue];
       plan.members = {e.matmul, e.pre, e.out};
+      plan.members.insert(plan.members.end(), e.bias_sums.begin(), e.bias_sums.end());
       std::sort(plan.members.begin(), plan.members.end());
       plan.members.erase(std::unique(plan.members.begin(), plan.members.end()), plan.members.end());
       for (int c = 0; c < 2; ++c) {
@@ -398,6 +408,7 @@ inline void plan_buffers(const graph::Graph& g, Schedule& s) {
         needed[src] = needed[src] || g[src].op != Op::arg;
       }
       if (e.bias >= 0) needed[e.bias] = needed[e.bias] || g[e.bias].op != Op::arg;
+      if (e.aux_in >= 0) needed[e.aux_in] = true;
       for (int v : plan.stores) needed[v] = true;
       continue;
     }

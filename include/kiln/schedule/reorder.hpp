@@ -61,6 +61,20 @@ inline bool may_run_before(const graph::Graph& g, const std::vector<bool>& ancho
   return true;
 }
 
+// The last kernel so far, from kernel `from` on, whose inlined trees (or extern step's operands)
+// read argument `slot`, or -1.
+// A value stored into that argument in place (k::assign) joins no kernel before it: a training
+// step's update of a norm's weight, whose gradient's column sum runs before the backward kernel
+// that still reads the weight, gets a kernel after that one.
+inline int last_reader(const graph::Graph& g, const std::vector<bool>& anchor, const Schedule& s, int slot, int from) {
+  for (int m = static_cast<int>(s.kernels.size()) - 1; m >= from; --m) {
+    const std::vector<int> read =
+        args_read(g, anchor, s.kernel_of, roots_of(s.kernels[static_cast<std::size_t>(m)]), m);
+    if (std::find(read.begin(), read.end(), slot) != read.end()) return m;
+  }
+  return -1;
+}
+
 // Whether a kernel reads an argument that an earlier kernel writes in place.
 inline bool reads_after_assign(const graph::Graph& g, const std::vector<bool>& anchor, const Schedule& s) {
   const int n = static_cast<int>(s.kernels.size());

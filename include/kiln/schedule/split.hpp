@@ -45,7 +45,11 @@ inline ReductionShape describe_reduction(const graph::Graph& g, const graph::Nod
 // that divides R, when one reaches at least half the wanted chunks, avoids that remainder; row
 // reductions (inner dims) take only such a divisor.
 // hosted: a row reduction reads the same [rows, columns] domain, so a row kernel may compute the
-// first stage itself (schedule/partials.hpp), a program a chunk: then at least 256 chunks.
+// first stage itself (schedule/partials.hpp), a program a chunk: then at least 256 chunks, and on a
+// GPU chunks of 16 rows or more (`min_chunk`; 64 under KILN_TUNE_PARTIALS=1, the rule before): a
+// chunk's partials, 4 bytes a column written and 4 read again, stay at an eighth of what a norm
+// backward's row kernel reads of its two 16-bit arrays (x, dy) over the chunk; 64 rows left
+// GPT-2's 8192 rows of 768 columns 128 chunks, too few blocks to host them (NOTES item 154).
 // Column partials: a thread per (chunk, kept element) walks its chunk with strided loads, so
 // ~256K threads (an H200 holds 270K) keep enough loads in flight; 64K left W5's dw/db stage at
 // 34% of DRAM bandwidth.
@@ -53,7 +57,8 @@ inline constexpr std::int64_t column_threads = 262144;
 
 // gpu: the program runs on a GPU (else the host, whose first stages walk down columns a scalar a
 // lane unless a row kernel hosts them: there wide column sums stay one stage, as before).
-inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false, bool gpu = true) {
+inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false, bool gpu = true,
+                                  std::int64_t min_chunk = 64) {
   if (r.dims.empty()) return 1;
   // Outer dims reduced: one thread a kept element, so fewer than column_threads of them leave
   // loads out of flight on a GPU (a layer_norm backward's dw over 2670x50257 bf16: 197 blocks,
@@ -67,7 +72,8 @@ inline std::int64_t choose_splits(const ReductionShape& r, bool hosted = false, 
   std::int64_t target = r.prefix && !r.suffix ? std::max(column_threads, hosted ? 256 * r.kept : 0) : 65536;
   std::int64_t want = std::max<std::int64_t>(2, target / std::max<std::int64_t>(r.kept, 1));
   std::int64_t s = 1, exact = 1;
-  while (s * 2 <= want && r.reduced / (s * 2) >= 64) s *= 2;
+  if (!(hosted && gpu)) min_chunk = 64;
+  while (s * 2 <= want && r.reduced / (s * 2) >= min_chunk) s *= 2;
   while (exact * 2 <= s && r.reduced % (exact * 2) == 0) exact *= 2;
   // Rows (inner dims reduced) split only by a divisor: unsplit, a row still has up to 512 threads.
   // Outer dims (laid out [S, R/S, K]) and full reductions ([S, R/S]) take any S, the rest reduced
@@ -100,27 +106,47 @@ inline std::vector<std::uint32_t> chunk_count_dims(const graph::Graph& g) {
   return bits;
 }
 
-// Rewrites reductions as described above; other nodes are copied unchanged. partials: row kernels
-// may compute the first stage of column sums over their own rows (partials.hpp; a Tuning's
-// `partials` knob turns that off), which also sets how many chunks such sums get. gpu: the
+// Rewrites reductions as described above; other nodes are copied unchanged. partials (a Tuning's
+// `partials`): row kernels may compute the first stage of column sums over their own rows
+// (partials.hpp) unless 0, which also sets how many chunks such sums get (1: as before rows of any
+// width were hosted on a GPU). gpu: the
 // program's device is a GPU (choose_splits). symbolic: the program will have symbolic sizes, so
 // split sums over outer dims read zero-padded chunks (any length).
-inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true, bool gpu = true,
-                                     bool symbolic = false) {
-  std::vector<Dims> row_domains;  // inputs of reductions over their last dim, 2-D
+inline graph::Graph split_reductions(const graph::Graph& g, int partials = -1, bool gpu = true, bool symbolic = false) {
+  std::vector<Dims> row_domains;  // inputs of reductions over their last dim alone
   for (const auto& n : g.nodes) {
     if (!is_reduction(n.op)) continue;
     auto r = detail::describe_reduction(g, n);
-    if (r.in.size() == 2 && r.suffix && r.dims.size() == 1) row_domains.push_back(r.in);
+    if (r.in.size() >= 2 && r.suffix && r.dims.size() == 1) row_domains.push_back(r.in);
   }
   return rewrite::rebuild_graph(g, [&](rewrite::Builder& b, const graph::Node& n, const int* in) {
     if (!is_reduction(n.op)) return b.rebuild(n, in);
     auto r = detail::describe_reduction(g, n);
     // Over size-1 dims only: a view, in the reduction's dtype (a sum of booleans or i32 is i64).
     if (r.reduced == 1 && r.in.product() > 0) return b.cast(b.reshape(in[0], n.shape), n.dt);
-    bool hosted =
-        partials && n.op == Op::sum && std::find(row_domains.begin(), row_domains.end(), r.in) != row_domains.end();
-    std::int64_t s = detail::choose_splits(r, hosted, gpu);
+    // A column sum over every dim but the last of a row reduction's input: what a row kernel may
+    // host (2-D only under partials 1, the rule before).
+    auto row_domain = [&](const Dims& in) {
+      return std::find(row_domains.begin(), row_domains.end(), in) != row_domains.end();
+    };
+    const bool all_but_last = partials != 0 && n.op == Op::sum && r.prefix && r.dims.size() + 1 == r.in.size() &&
+                              (partials != 1 || r.in.size() == 2);
+    bool hosted = all_but_last && row_domain(r.in);
+    // A sum over a view that only merges leading dims (a linear's [B * T, d] view of [B, T, d],
+    // whose bias gradient it sums) sums the tensor behind the view instead where a row kernel over
+    // that tensor may host it: the chunks are the same rows.
+    int source = in[0];
+    if (all_but_last && !hosted && partials != 1 && b[source].op == Op::reshape && !b[source].unsized) {
+      const Dims t = b[b[source].in[0]].shape;
+      if (t.size() > r.in.size() && t.back() == r.in.back() && t.product() == r.in.product() && row_domain(t)) {
+        source = b[source].in[0];
+        r.in = t;
+        r.dims = Dims{};
+        for (int d = 0; d + 1 < t.size(); ++d) r.dims.push_back(d);
+        hosted = true;
+      }
+    }
+    std::int64_t s = detail::choose_splits(r, hosted, gpu, partials == 1 ? 64 : 16);
     if (s == 1 || !(r.prefix || r.suffix)) return b.rebuild(n, in);
     // prefix: [S, R/S, K] reduce 1 then 0; suffix: [K, S, R/S] reduce 2 then 1. A full reduction
     // (K = 1) is [S, R/S]: its chunks are rows, contiguous, read by a row kernel's threads side by
@@ -135,21 +161,25 @@ inline graph::Graph split_reductions(const graph::Graph& g, bool partials = true
     Dims shape = r.prefix ? kept_last(Dims{s, chunk}) : Dims{r.kept, s, chunk};
     // 16-bit sums keep their partial results in f32, as one accumulation would.
     bool narrow = n.dt == kiln::dtype::f16 || n.dt == kiln::dtype::bf16;
-    int wide = narrow ? b.cast(in[0], kiln::dtype::f32) : in[0];
+    int wide = narrow ? b.cast(source, kiln::dtype::f32) : source;
     // Outer dims reduced: the chunk length is left to inference ([S, -1, K]). A sum in a program
     // with symbolic sizes reads its input through a zero-padded reshape (graph/infer_views.hpp): the last
     // chunks run past the input's end and read 0, so one program serves every length (a
     // layer_norm backward with shapes::dynamic was compiled again at every new row count: its
     // chunks and a rest covered exactly the first call's rows). With static sizes a length that is
     // no multiple of S keeps the rest below (the padded chunks' tests measured up to 1.16x slower
-    // there: a column sum over 4194x32000 bf16, NOTES item 121).
-    if (r.prefix && (covered == r.reduced || (symbolic && n.op == Op::sum))) {
+    // there: a column sum over 4194x32000 bf16, NOTES item 121), except a sum a GPU row kernel may
+    // host: its blocks visit every row whatever their number, so padded chunks let it take the sums
+    // of an odd row count too (the sweep's layer_norm backward over 43690 rows of 3072 columns
+    // re-read x and dy in a split kernel; NOTES item 154), and are read only where it does not.
+    const bool padded_host = hosted && gpu && partials != 1 && n.op == Op::sum;
+    if (r.prefix && (covered == r.reduced || (symbolic && n.op == Op::sum) || padded_host)) {
       Attrs view;
       view.dims = kept_last(Dims{s, -1});
-      view.keepdim = symbolic && n.op == Op::sum;  // zero-padded
+      view.keepdim = n.op == Op::sum && (symbolic || covered != r.reduced);  // zero-padded
       // Padded, the kept length is the input's own (a dynamic norm backward over 16K+ rows named
       // the compiling call's K and compiled again at every other row length).
-      if (view.keepdim && !full && r.in.size() == 2) view.dims[2] = Attrs::input_dim(1);
+      if (view.keepdim && !full) view.dims[2] = Attrs::input_dim(r.in.size() - 1);
       Attrs first;
       first.dims = {1};
       first.c = split_stage_mark;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../autodiff/expand_gradients.hpp"
 #include "../autodiff/grad.hpp"
 #include "../core/linkage.hpp"
 #include "../graph/flatten.hpp"
@@ -97,6 +98,7 @@ KILN_DECL GradcheckResult check_graph(graph::Graph g, std::vector<Tensor> bound,
   }
   auto at = [&](int slot) -> const Tensor& { return bound[static_cast<std::size_t>(slot)]; };
   graph::infer_shapes(g, at);
+  g = autodiff::expand_inner_gradients(std::move(g), at);  // a k::grad called inside fn
   const graph::Node& out = g[g.outputs[0]];
   const int cot_slot = static_cast<int>(bound.size());
   bound.push_back(random_cotangent(out.shape, opt.seed));

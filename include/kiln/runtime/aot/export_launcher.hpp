@@ -117,7 +117,9 @@ inline std::string LauncherWriter::numel_of_arg(const ExportedArg& a) const {
 inline std::string LauncherWriter::numel_of_node(int node) const {
   Sym n(1);
   for (const Sym& d : p_.env[node]) n = n * d;
-  return "(" + n.c_expr() + ")";
+  std::string s = "(";  // (appended: GCC 12's -Wrestrict misfires on "(" + std::string&&)
+  s += n.c_expr();
+  return s += ")";
 }
 
 // ---- the header ---------------------------------------------------------------------------------
@@ -305,7 +307,7 @@ inline std::string LauncherWriter::launch_kernel(const CompiledKernel& k) const 
   s += "    long long programs = (xnumel + " + std::to_string(per_program - 1) + ") / " + std::to_string(per_program) +
        ";\n";
   if (k.src.partial_groups > 0)  // column partials: a program a row group, exactly
-    s += "    programs = " + std::to_string(k.src.partial_groups / c.rows) + "LL;\n";
+    s += "    programs = " + std::to_string(k.src.partial_groups) + "LL;\n";
   else if (!poi)
     s += "    if (programs > sms * " + std::to_string(row_grid_limit(1, c.threads)) + "LL) programs = sms * " +
          std::to_string(row_grid_limit(1, c.threads)) + "LL;\n";

@@ -97,21 +97,23 @@ inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars =
 
 // The forward kernel for head dim D: `warps` warps a block and `row_tiles` 16-row tiles a warp
 // (0: AttentionKernel::for_head_dim's choice), or Hopper's warpgroup kernel where `hopper` and it
-// takes D; either inlines the score_mod `mod` (null: none).
-inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, int row_tiles, bool hopper, bool causal,
+// takes D (hopper 1: two warpgroups a block, 2: one; attention_flash's attrs.dims[1]); either
+// inlines the score_mod `mod` (null: none).
+inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, int row_tiles, int hopper, bool causal,
                                                      dtype dt, const autodiff::ScoreMod* mod = nullptr) {
   codegen::AttentionKernel a = codegen::AttentionKernel::for_head_dim(static_cast<int>(D), row_tiles);
   a.warps = warps;
   a.causal = causal;
   a.dt = dt;
   if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
-  return hopper ? codegen::AttentionKernel::hopper(a) : a;
+  return hopper ? codegen::AttentionKernel::hopper(a, hopper == 2 ? 1 : 2) : a;
 }
 // An attention_flash node's: attrs.d warps, attrs.dims {row tiles, Hopper}, attrs.custom its mod.
 inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const graph::Node& n) {
   const Dims& d = n.attrs.dims;
   return attention_kernel_for(g[n.in[0]].shape[3], static_cast<int>(n.attrs.d), static_cast<int>(d[0]),
-                              d.size() > 1 && d[1] != 0, n.attrs.a != 0, g[n.in[0]].dt, score_mod_call(n).mod);
+                              d.size() > 1 ? static_cast<int>(d[1]) : 0, n.attrs.a != 0, g[n.in[0]].dt,
+                              score_mod_call(n).mod);
 }
 // A backward kernel: Hopper's warpgroup kernels for dq and dk/dv where `hopper` and they take D;
 // either kind inlines the score_mod `mod` (null: none).
@@ -253,10 +255,10 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
 }
 
 // out = softmax(q k^T * scale [causal]) v, written by the fused kernel attention_kernel_for picks
-// (`hopper`: the warpgroup kernel where it takes the head dim); given lse, each row's log-sum-exp
-// into it ([B, H, Tq] f32, attention_lse's value).
+// (`hopper`: the warpgroup kernel where it takes the head dim, attention_kernel_for's); given lse, each row's
+// log-sum-exp into it ([B, H, Tq] f32, attention_lse's value).
 inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int warps,
-                            int row_tiles, bool hopper, Tensor& out, Tensor* lse, ScoreModCall mod, CUstream stream) {
+                            int row_tiles, int hopper, Tensor& out, Tensor* lse, ScoreModCall mod, CUstream stream) {
   if (!q.device().is_cuda()) throw error("attention: the fused kernel runs on CUDA devices only");
   attention_detail::check(q, "q");
   attention_detail::check(k, "k");
@@ -270,7 +272,7 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
                       " (sizes changed under dynamic shapes): compile it again");
   const int device = out.device().index;
   const codegen::AttentionKernel a = attention_kernel_for(
-      qs[3], warps, row_tiles, hopper && driver::compute_capability(device) == 90, causal, q.dtype(), mod.mod);
+      qs[3], warps, row_tiles, driver::compute_capability(device) == 90 ? hopper : 0, causal, q.dtype(), mod.mod);
   CUfunction f = attention_detail::function(a, device);
   driver::make_current(device);
   int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]),

@@ -43,15 +43,30 @@ namespace kiln::runtime {
 // only k::gelu(x, k::approximate::tanh) may be fused into gelu_tanh*; exact gelu may not. The *_aux
 // forms also store the pre-activation (product + bias) in a second buffer, for readers such as
 // gelu's backward (GELU_AUX).
-enum class Epilogue { none, bias, relu, relu_bias, gelu_tanh, gelu_tanh_bias, gelu_tanh_aux, gelu_tanh_aux_bias };
+// dgelu_tanh: out = (a @ b) * gelu_tanh'(aux), aux the pre-activation a gelu_tanh_aux step stored;
+// dgelu_tanh_bgrad: the same, and out's column sums written into the bias (a bias's gradient).
+enum class Epilogue {
+  none,
+  bias,
+  relu,
+  relu_bias,
+  gelu_tanh,
+  gelu_tanh_bias,
+  gelu_tanh_aux,
+  gelu_tanh_aux_bias,
+  dgelu_tanh,
+  dgelu_tanh_bgrad
+};
 
 constexpr bool epilogue_has_bias(Epilogue e) {
   return e == Epilogue::bias || e == Epilogue::relu_bias || e == Epilogue::gelu_tanh_bias ||
          e == Epilogue::gelu_tanh_aux_bias;
 }
-constexpr bool epilogue_has_aux(Epilogue e) {
-  return e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias;
+constexpr bool epilogue_has_aux(Epilogue e) {  // (written by the *_aux epilogues, read by dgelu)
+  return e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias || e == Epilogue::dgelu_tanh ||
+         e == Epilogue::dgelu_tanh_bgrad;
 }
+constexpr bool epilogue_writes_bias(Epilogue e) { return e == Epilogue::dgelu_tanh_bgrad; }
 
 // The storage shapes of a GEMM's operands and output where they have room (empty: none).
 struct GemmRooms {
@@ -130,7 +145,8 @@ inline GemmRoom gemm_room(const GemmPlan& p, const GemmRooms* rooms, const Tenso
 // autotune: the first call of a problem times cuBLASLt's best few algorithms on these operands
 // (synchronising) and keeps the fastest, instead of taking the heuristic's first answer.
 // aux (the *_aux epilogues): a contiguous tensor of out's shape in the type cuBLASLt writes (out's
-// dtype when out is written in place), N a multiple of 8, that receives the pre-activation.
+// dtype when out is written in place), N a multiple of 8, that receives the pre-activation; for
+// dgelu_tanh, the same tensor as that step wrote it, read.
 // rooms: the storage shapes of a, b and out where they have room for a padded problem, zeroed
 // (a program's buffers, schedule/pad_buffers.hpp); views with the operands' strides.
 inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const Tensor* bias_in, Epilogue e,
@@ -154,6 +170,20 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
       throw device_error("matmul: the bias is on " + bias.device().str() + ", the output on " + dev.str());
     if (!is_floating(bias.dtype()))
       throw dtype_error("matmul: the bias must be floating, got " + std::string(name(bias.dtype())));
+  }
+  const bool writes_bias = epilogue_writes_bias(e);
+  if (writes_bias) {  // a bias gradient: written in place, a contiguous vector of N in out's dtype
+    const bool usable = bias_in && bias_in->defined() && bias_in->numel() == g.N && bias_in->is_contiguous() &&
+                        bias_in->device() == dev && bias_in->dtype() == out.dtype() && g.batch == 1 &&
+                        alignment(bias_in->data_ptr()) >= 16;
+    if (!usable)
+      throw shape_error("matmul: this epilogue writes the columns' sums of an output " + out.shape().str() +
+                        " (one matrix) into a contiguous, 16-byte-aligned vector of " + std::to_string(g.N) + " " +
+                        std::string(name(out.dtype())) + "; got " +
+                        (bias_in && bias_in->defined()
+                             ? bias_in->shape().str() + " " + std::string(name(bias_in->dtype()))
+                             : std::string("none")));
+    if (g.M == 0) driver::memset_async(bias_in->data_ptr(), 0, bias_in->nbytes(), stream);  // sums of no rows
   }
   if (g.batch == 0 || g.M == 0 || g.N == 0) return;
   if (g.batch > INT32_MAX)
@@ -226,12 +256,18 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
     case Epilogue::gelu_tanh_aux_bias:
       epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
       break;
+    case Epilogue::dgelu_tanh:
+      epi = CUBLASLT_EPILOGUE_DGELU;
+      break;
+    case Epilogue::dgelu_tanh_bgrad:
+      epi = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+      break;
   }
   if (epilogue_has_aux(e)) {
     const bool usable = aux && aux->defined() && aux->shape() == out.shape() && aux->is_contiguous() &&
                         aux->device() == dev && g.N % 8 == 0;
     if (!usable)
-      throw shape_error("matmul: this epilogue stores the pre-activation into a contiguous tensor of " +
+      throw shape_error("matmul: this epilogue keeps the pre-activation in a contiguous tensor of " +
                         out.shape().str() + " with a multiple of 8 columns; got " +
                         (aux && aux->defined() ? aux->shape().str() + " on " + aux->device().str() : "none"));
     if (aux->dtype() != dt)
@@ -294,6 +330,10 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, std::int64_t{0});
   }
+  if (writes_bias) {  // BGRAD: the sums over D's columns (kiln's rows), a vector of N, into it
+    void* grad_ptr = bias_in->data_ptr();
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, grad_ptr);
+  }
   if (epilogue_has_aux(e)) {  // contiguous like kiln's out: cuBLAS's column-major N x M, ld N
     void* aux_ptr = aux->data_ptr();
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux_ptr);
@@ -309,7 +349,9 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   layout_d.batch(count, q.stride_d);
 
   const std::uint32_t align_a = alignment(pa), align_b = alignment(pb), align_d = alignment(pd);
-  const std::uint32_t align_bias = with_bias ? alignment(bias.data_ptr()) : 0;
+  const std::uint32_t align_bias = with_bias     ? alignment(bias.data_ptr())
+                                   : writes_bias ? alignment(bias_in->data_ptr())
+                                                 : 0;
   const std::uint32_t align_aux = epilogue_has_aux(e) ? alignment(aux->data_ptr()) : 0;
 
   DeviceState& st = state(device);

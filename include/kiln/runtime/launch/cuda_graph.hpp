@@ -98,8 +98,8 @@ class GraphReplay {
   // The intermediates of one set of sizes, shared by the graphs captured with those sizes.
   struct Temps {
     std::vector<std::int64_t> sizes;
-    std::vector<Tensor> buffers;  // views of `blocks` where the program's lifetimes are known
-    std::vector<Tensor> blocks;   // storage shared by intermediates that are never live together
+    std::vector<Tensor> buffers;  // views into `block` where the program's lifetimes are known
+    Tensor block;                 // the intermediates, at offsets that never overlap while both live
   };
   struct Graph {
     std::vector<std::uint64_t> key;
@@ -152,18 +152,25 @@ class GraphReplay {
     if (has_capturable_custom_ops()) (void)cond_node::unavailable(p.device.index);  // loads the set kernel now
     auto temps = temps_for_sizes();
     temps->buffers.resize(std::max<std::size_t>(temps->buffers.size(), p.graph.nodes.size()));
-    if (temps->blocks.empty() && p.lifetimes.allocate_before.size() == p.kernels.size()) {
-      // Intermediates never live together share a block (launch/buffer_lifetimes.hpp).
+    if (!temps->block.defined() && p.lifetimes.allocate_before.size() == p.kernels.size()) {
+      // Intermediates at offsets in one block, apart wherever their lifetimes overlap
+      // (launch/buffer_lifetimes.hpp).
       auto bytes_of = [&](int b) {
         return static_cast<std::size_t>(p.storage_shape(b, shape_of(b)).product()) * itemsize(p.graph[b].dt);
       };
-      const SharedBlocks shared = share_blocks(p.lifetimes, p.graph.nodes.size(), bytes_of);
-      for (std::size_t bytes : shared.bytes)
-        temps->blocks.push_back(Tensor::empty(Dims{static_cast<std::int64_t>((bytes + 3) / 4)}, dtype::f32, p.device, stream));
+      const PackedBuffers packed = pack_buffers(p.lifetimes, p.graph.nodes.size(), bytes_of);
+      debug::log_lazy(debug::Channel::cache, [&] {
+        return "CUDA graph of a program of " + std::to_string(p.kernels.size()) +
+               " steps: its intermediates in one block of " + std::to_string(packed.bytes >> 20) +
+               " MiB (their live peak " + std::to_string(packed.live_peak >> 20) + " MiB)";
+      });
+      if (packed.bytes > 0)
+        temps->block =
+            Tensor::empty(Dims{static_cast<std::int64_t>((packed.bytes + 3) / 4)}, dtype::f32, p.device, stream);
       for (int b : p.buffers) {
-        const int slot = shared.slot_of[static_cast<std::size_t>(b)];
-        if (slot >= 0 && !temps->buffers[b].defined())
-          temps->buffers[b] = p.wrap_buffer(b, temps->blocks[static_cast<std::size_t>(slot)].data_ptr(), shape_of(b));
+        const std::ptrdiff_t at = packed.offset_of[static_cast<std::size_t>(b)];
+        if (at >= 0 && !temps->buffers[b].defined())
+          temps->buffers[b] = p.wrap_buffer(b, static_cast<char*>(temps->block.data_ptr()) + at, shape_of(b));
       }
     }
     for (int b : p.buffers) {  // allocated outside the capture, on the stream the replays go to

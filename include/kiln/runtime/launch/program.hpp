@@ -257,7 +257,7 @@ inline std::int64_t row_grid_limit(int sms, int threads) {
 inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k, int device) {
   const auto shared = static_cast<unsigned>(k.config.shared_bytes);
   allow_shared(f, shared, k.name.c_str());
-  if (k.partial_groups > 0) return k.partial_groups / k.config.rows;  // a program a row group, exactly
+  if (k.partial_groups > 0) return k.partial_groups;  // a block a row group, exactly
   bool several_rows = k.kind == schedule::Kind::per && k.config.rows >= 2 && k.config.row_threads > 1 &&
                       !k.config.x_lanes;  // not columns (held or not)
   int waves = k.tuning.waves >= 0 ? k.tuning.waves : several_rows ? 64 : 16;
@@ -515,7 +515,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         attention_flash(buffer(n.in[0]), buffer(n.in[1]), buffer(n.in[2]),
                         attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
                         static_cast<int>(n.attrs.d), static_cast<int>(n.attrs.dims[0]),
-                        n.attrs.dims.size() > 1 && n.attrs.dims[1] != 0, temps[k.extern_node],
+                        n.attrs.dims.size() > 1 ? static_cast<int>(n.attrs.dims[1]) : 0, temps[k.extern_node],
                         lse >= 0 ? &temps[lse] : nullptr, mod_of(n), stream);
         return;
       }

@@ -47,7 +47,8 @@ class ObserveSteps {
 
 // The graph nodes whose buffers step `k` of a program reads or writes: a kernel's pointer
 // parameters; an extern step's node and its inputs (a matmul's transposed operand: its source
-// too; its epilogue's bias, pre-activation and result).
+// too; its epilogue's bias, pre-activation and result, and the kept pre-activation a dgelu reads and
+// the bias gradient it writes).
 template <class ProgramT>
 std::vector<int> nodes_touched(const ProgramT& p, std::size_t k) {
   std::vector<int> out;
@@ -61,7 +62,8 @@ std::vector<int> nodes_touched(const ProgramT& p, std::size_t k) {
     }
     if (step.epilogue >= 0) {  // a GEMM with its cuBLASLt epilogue: reads the bias, writes out (and pre)
       const auto& e = p.sched.epilogues[static_cast<std::size_t>(step.epilogue)];
-      const int nodes[] = {e.bias, e.pre, e.out};  // (nvcc's front end: no braced list in a range-for here)
+      const int nodes[] = {e.bias, e.pre, e.out, e.aux_in,
+                           e.bias_grad()};  // (nvcc's front end: no braced list in a range-for here)
       for (int node : nodes)
         if (node >= 0) out.push_back(node);
     }

@@ -50,7 +50,10 @@ inline std::vector<codegen::Tuning> tuning_candidates(schedule::Kind kind, bool 
           T{.loads = 0},
           T{.loads = 1},
           T{.row_unroll = 1},
-          T{.row_unroll = 4}};
+          T{.row_unroll = 4},
+          T{.partial_rows = 1},  // row kernels with column partials only (the others' sources repeat)
+          T{.partial_rows = 2},
+          T{.partial_rows = 8}};
 }
 
 // Row grids tried for each compiled row candidate besides the rules' own (a launch choice: no
@@ -78,7 +81,8 @@ void add_candidate(std::vector<CompiledKernel>& list, const std::vector<std::str
 // The disk cache's name for a program's choice: every first-round candidate's source and the device.
 inline std::string choice_key(const Program& p) {
   Hasher h;
-  h.update("kiln autotune 2").update(driver::device_name(p.device.index)).update(driver::arch(p.device.index));
+  // 3: Tuning::fields (the stored choice's format) gained partial_rows.
+  h.update("kiln autotune 3").update(driver::device_name(p.device.index)).update(driver::arch(p.device.index));
   for (const auto& list : p.candidates)
     for (const auto& c : list) h.update(c.src.source).update(c.src.tuning.str());
   return hex(h.digest());
