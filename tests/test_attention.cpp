@@ -146,8 +146,10 @@ TEST_CASE("attention: the fused kernel against the oracle, and its gradients (cu
 // On Hopper (compute capability 9.0) head dims 64 and 128 run the warpgroup-MMA forward
 // (codegen/attention_kernel_sm90.hpp): 128 query rows a block, key tiles of 128 in two stages. Several
 // tiles each way, lengths no multiple of a tile, Tq != Tk both ways, grouped heads, causal rows that
-// see fewer keys than a tile, both 16-bit dtypes: the default kernels and KILN_TUNE_ATTENTION_WGMMA=0's
-// mma.sync kernels against the oracle, forward and gradients (Hopper's dq and dk/dv kernels).
+// see fewer keys than a tile, both 16-bit dtypes: the default kernels, KILN_TUNE_ATTENTION_WGMMA=2's
+// forward of one warpgroup a block, =3's fed by a producer warpgroup
+// (codegen/attention_kernel_sm90_pingpong.hpp) and =0's mma.sync kernels against the oracle, forward
+// and gradients (Hopper's dq and dk/dv kernels, which read the forward's log-sum-exp).
 TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracle (cuda)" * needs_gpu()) {
   struct Case {
     int B, H, Hkv, Tq, Tk, D;
@@ -160,7 +162,7 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
   const bool hopper = k::driver::compute_capability(0) == 90;
   int seed = 90;
   for (const Case& c : cases)
-    for (const char* wgmma : {"1", "0"}) {
+    for (const char* wgmma : {"1", "2", "3", "0"}) {
       ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
       INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq
                                         << " Tk " << c.Tk << " D " << c.D << " causal " << c.causal << " "
@@ -177,7 +179,10 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
       std::string source;
       for (const auto& kernel : k::explain(compiled, gq, gk, gv).kernels)
         if (kernel.source.find("kiln_attention_fwd_") != std::string::npos) source = kernel.source;
-      CHECK((source.find("kiln_attention_fwd_wgmma_") != std::string::npos) == (hopper && wgmma[0] == '1'));
+      const bool warpgroups = hopper && wgmma[0] != '0';
+      CHECK((source.find("kiln_attention_fwd_wgmma_") != std::string::npos) == warpgroups);
+      CHECK((source.find("_wg1_k128") != std::string::npos) == (warpgroups && wgmma[0] == '2'));
+      CHECK((source.find("_k128_pp") != std::string::npos) == (warpgroups && wgmma[0] == '3'));
       // The gradients (Hopper: the warpgroup kernels for dq and dk/dv too) read the forward's
       // log-sum-exp: a wrong one shows there.
       auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };
@@ -189,8 +194,8 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
         wgmma_dq = wgmma_dq || kernel.source.find("kiln_attention_bwd_dq_wgmma_") != std::string::npos;
         wgmma_dkv = wgmma_dkv || kernel.source.find("kiln_attention_bwd_dkv_wgmma_") != std::string::npos;
       }
-      CHECK(wgmma_dq == (hopper && wgmma[0] == '1'));
-      CHECK(wgmma_dkv == (hopper && wgmma[0] == '1'));
+      CHECK(wgmma_dq == warpgroups);
+      CHECK(wgmma_dkv == warpgroups);
       k::Attrs at;
       at.a = c.causal;
       auto stats = k::expr::make<k::Op::attention_lse>(at, q, kk, 0.0);
@@ -204,19 +209,19 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
     }
 }
 
-// Sizes at the edges, both kernel sets (KILN_TUNE_ATTENTION_WGMMA 1 and 0) against the oracle: no
+// Sizes at the edges, every kernel set (KILN_TUNE_ATTENTION_WGMMA 1, 2, 3 and 0) against the oracle: no
 // keys (Tk = 0: every row empty, the output zeros) and no queries, causal grouped heads with
 // Tq > Tk, and a batch past 2^31 elements with more than 65535 (batch, head) pairs (the grid's z;
 // 64-bit offsets), checked on batches before and after element 2^31. The big inputs are drawn on
 // the GPU (k::rand_like); the oracle sees single batches.
-TEST_CASE("attention: no keys, no queries, and more than 2^31 elements on both kernel sets (cuda)" * needs_gpu()) {
+TEST_CASE("attention: no keys, no queries, and more than 2^31 elements on every kernel set (cuda)" * needs_gpu()) {
   struct Case {
     int B, H, Hkv, Tq, Tk;
     bool causal;
   };
   const Case small[] = {{1, 2, 2, 70, 0, false}, {1, 2, 1, 0, 70, true}, {2, 4, 2, 200, 70, true}};
   int seed = 300;
-  for (const char* wgmma : {"1", "0"}) {
+  for (const char* wgmma : {"1", "2", "3", "0"}) {
     ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
     for (const Case& c : small) {
       INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq
@@ -305,25 +310,29 @@ TEST_CASE("attention: the Hopper kernels' sources") {
 
 // Keys scaled up along the sequence: each row's max passes the fused kernel's base (the running max
 // it exponentiates against) by more than 2^8 at several key tiles, so o is rescaled there; scaled
-// down, the first tile sets it for good. Both against the oracle, causal and not.
+// down, the first tile sets it for good. Both against the oracle, causal and not, on Hopper's
+// kernels with and without the producer warpgroup (whose o is rescaled a step later).
 TEST_CASE("attention: the fused forward where each row's max keeps growing along the keys (cuda)" * needs_gpu()) {
   const int T = 333, D = 64;
   std::vector<float> up(T), down(T);
   for (int j = 0; j < T; ++j) up[j] = 0.2f + 0.05f * static_cast<float>(j);
   for (int j = 0; j < T; ++j) down[j] = up[T - 1 - j];
   int seed = 70;
-  for (bool causal : {false, true})
-    for (const std::vector<float>* ramp : {&up, &down}) {
-      INFO("causal " << causal << (ramp == &up ? " growing" : " shrinking"));
-      k::Tensor q = k::randn({1, 2, T, D}, k::bf16, k::cpu, ++seed);
-      k::Tensor kk =
-          k::cast(k::randn({1, 2, T, D}, k::f32, k::cpu, ++seed) * k::from_vector(*ramp, {1, 1, T, 1}), k::bf16);
-      k::Tensor v = k::randn({1, 2, T, D}, k::bf16, k::cpu, ++seed);
-      auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = causal, .scale = 1.0}); };
-      auto r = k::testing::allclose(k::Tensor(f(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda))),
-                                    k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
-      CHECK_MESSAGE(bool(r), r);
-    }
+  for (const char* wgmma : {"1", "3"})
+    for (bool causal : {false, true})
+      for (const std::vector<float>* ramp : {&up, &down}) {
+        ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
+        INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " causal " << causal
+                                          << (ramp == &up ? " growing" : " shrinking"));
+        k::Tensor q = k::randn({1, 2, T, D}, k::bf16, k::cpu, ++seed);
+        k::Tensor kk =
+            k::cast(k::randn({1, 2, T, D}, k::f32, k::cpu, ++seed) * k::from_vector(*ramp, {1, 1, T, 1}), k::bf16);
+        k::Tensor v = k::randn({1, 2, T, D}, k::bf16, k::cpu, ++seed);
+        auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = causal, .scale = 1.0}); };
+        auto r = k::testing::allclose(k::Tensor(f(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda))),
+                                      k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+        CHECK_MESSAGE(bool(r), r);
+      }
 }
 
 TEST_CASE("attention: gradients of q, k and v pass gradcheck (causal, grouped-query heads)") {

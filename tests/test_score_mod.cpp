@@ -280,6 +280,16 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
     CHECK(one.threads() == 128);
     CHECK(one.query_rows() == 64);
     CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(one), one.name(), "sm_90a").empty());
+    for (bool causal : {false, true}) {  // two warpgroups fed by a producer warpgroup, with the mod and without
+      cg::AttentionKernel pp =
+          cg::AttentionKernel::hopper(causal ? fwd : cg::AttentionKernel::for_head_dim(D), 2, true);
+      pp.causal = causal;
+      CHECK(pp.threads() == 384);
+      CHECK(pp.stages() == 3);
+      CHECK(pp.shared_bytes() <= 227 * 1024);
+      CHECK(pp.name().find("_pp") != std::string::npos);
+      CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(pp), pp.name(), "sm_90a").empty());
+    }
     std::vector<std::pair<std::string, std::string>> sources = {{fwd.name(), cg::attention_forward_kernel_source(fwd)}};
     for (Part part : {Part::stats, Part::dq, Part::dk, Part::dv, Part::dkv}) {
       cg::AttentionBackwardKernel b;

@@ -70,6 +70,9 @@ struct AttentionKernel {
   // block, 128 keys a tile, q and two stages of k and v in shared memory; warps, row_tiles and
   // q_in_registers are then unused.
   int warpgroups = 0;
+  // Hopper only: a producer warpgroup loads q and the key tiles behind mbarriers into `stages()` stages,
+  // and the two warpgroups take turns on the tensor cores (attention_kernel_sm90_pingpong.hpp).
+  bool producer = false;
   // A score_mod's functions (codegen/score_mod_source.hpp), applied to each scaled score before the
   // mask and the softmax; empty: none. Both kinds take one, as do both kinds of backward kernels.
   // Views of the registered
@@ -103,25 +106,34 @@ struct AttentionKernel {
   }
   // The Hopper kernel for a head dim it takes (64 or 128), else nothing changed: two warpgroups a
   // block, or one (64 query rows, several blocks an SM where registers and shared memory allow).
-  static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2) {
+  // With `producer`, two warpgroups fed by a producer warpgroup.
+  static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2, bool producer = false) {
     if (a.head_dim != 64 && a.head_dim != 128) return a;
-    a.warpgroups = warpgroups;
-    a.warps = 4 * warpgroups;
+    a.warpgroups = producer ? 2 : warpgroups;
+    a.warps = 4 * a.warpgroups;
     a.key_rows = 128;
+    a.producer = producer;
     return a;
   }
-  int threads() const { return 32 * warps; }
+  int threads() const { return 32 * warps + (producer ? 128 : 0); }
   int query_rows() const { return warpgroups > 0 ? 64 * warpgroups : 16 * row_tiles * warps; }
-  // Hopper: q and two stages of k and v, and 1024 bytes to align the tiles on the swizzle's period.
+  // Stages of key and value tiles in shared memory: two, or with a producer three where they fit
+  // the 227 KB a block may have on Hopper (they do at D 64 and 128: 112 and 225 KB).
+  int stages() const {
+    if (!producer) return 2;
+    return (query_rows() + 6 * key_rows) * head_dim * 2 + 1024 + 64 <= 227 * 1024 ? 3 : 2;
+  }
+  // Hopper: q and the stages of k and v, 1024 bytes to align the tiles on the swizzle's period, and
+  // with a producer its mbarriers.
   int shared_bytes() const {
-    return warpgroups > 0 ? (query_rows() + 4 * key_rows) * head_dim * 2 + 1024
+    return warpgroups > 0 ? (query_rows() + 2 * stages() * key_rows) * head_dim * 2 + 1024 + (producer ? 64 : 0)
                           : (query_rows() + 2 * key_rows) * head_dim * 2;
   }
   std::string name() const {
     if (warpgroups > 0)
       return "kiln_attention_fwd_wgmma_d" + std::to_string(head_dim) + "_wg" + std::to_string(warpgroups) + "_k" +
-             std::to_string(key_rows) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) +
-             score_mod_suffix(score_mod, score_mod_tag);
+             std::to_string(key_rows) + (producer ? "_pp" : "") + (causal ? "_causal" : "") + "_" +
+             std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);
     return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" +
            std::to_string(row_tiles) + "_k" + std::to_string(key_rows) + (q_in_registers ? "" : "_qs") +
            (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);

@@ -99,10 +99,12 @@ __device__ __forceinline__ void load_tile_sw128(u32 tile, const u16* src, i64 st
 )";
 }
 
-inline std::string attention_forward_source_sm90(const AttentionKernel& a) {
-  using attention_sm90_detail::wgmma_function;
+namespace attention_sm90_detail {
+
+// The forward kernels' defines, score_mod, wgmma prelude and the products they issue.
+inline std::string forward_header(const AttentionKernel& a) {
   if ((a.head_dim != 64 && a.head_dim != 128) || a.warpgroups < 1)  // (AttentionKernel::hopper chooses it only there)
-    throw error("attention: the Hopper forward kernel takes head dims 64 and 128 with warpgroups, not " + a.name());
+    throw error("attention: the Hopper forward kernels take head dims 64 and 128 with warpgroups, not " + a.name());
   const std::string type = a.dt == dtype::bf16 ? "bf16" : "f16";
   std::string s = "// " + a.name() + ": fused attention forward, warpgroup MMA (codegen/attention_kernel_sm90.hpp)\n";
   s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
@@ -117,7 +119,12 @@ inline std::string attention_forward_source_sm90(const AttentionKernel& a) {
   s += wgmma_function("kiln_wgmma_qk_first", a.key_rows, false, true, 0, type);
   s += wgmma_function("kiln_wgmma_qk", a.key_rows, false, false, 0, type);
   s += wgmma_function("kiln_wgmma_pv", a.head_dim, true, false, 1, type);
-  s += R"(
+  return s;
+}
+
+// What every forward tile does: the online softmax, a score_mod, p packed as A fragments.
+inline std::string forward_tile_steps() {
+  return R"(
 // ---- shared-memory tiles -----------------------------------------------------------------------------
 #define WG KILN_WARPGROUPS
 #define BM (64 * WG)
@@ -190,6 +197,15 @@ __device__ __forceinline__ void pack_probabilities(u32 (&p)[BN / 16][4], const f
     for (int e = 0; e < 4; ++e) p[kk][e] = KILN_PACK(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
 }
 
+)";
+}
+
+}  // namespace attention_sm90_detail
+
+inline std::string attention_forward_source_sm90(const AttentionKernel& a) {
+  std::string s = attention_sm90_detail::forward_header(a);
+  s += attention_sm90_detail::forward_tile_steps();
+  s += R"(
 // ---- the forward kernel ------------------------------------------------------------------------------
 // Each step waits for key tile j (tile j + 1 may still be loading), runs s = q k_j^T, the softmax and
 // o += p v_j, and after a barrier loads tile j + 2 into the stage it used.
@@ -300,11 +316,6 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 }
 )";
   return s;
-}
-
-// The forward kernel's source for either kind (AttentionKernel::warpgroups picks).
-inline std::string attention_forward_kernel_source(const AttentionKernel& a) {
-  return a.warpgroups > 0 ? attention_forward_source_sm90(a) : attention_forward_source(a);
 }
 
 }  // namespace kiln::codegen

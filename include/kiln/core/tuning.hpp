@@ -98,7 +98,9 @@ struct Tuning {
                              // and 128, forward and dq, dk/dv: 0 the mma.sync kernels (the rule before),
                              // default (or 1) warpgroup MMA (codegen/attention_kernel_sm90.hpp,
                              // attention_backward_kernel_sm90.hpp), 2 the same with a forward of one
-                             // warpgroup a block (KILN_TUNE_ATTENTION_WGMMA)
+                             // warpgroup a block, 3 with a forward fed by a producer warpgroup whose two
+                             // warpgroups take turns (attention_kernel_sm90_pingpong.hpp;
+                             // KILN_TUNE_ATTENTION_WGMMA)
   int attention_order = -1;  // causal fused attention kernels' block order: 0 tile by tile within each
                              // (batch, head) pair (the rule before); default the longest tiles first over
                              // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
@@ -240,7 +242,7 @@ struct Tuning {
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
-                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 2},
+                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 3},
                                    {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
