@@ -156,9 +156,15 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
     bool causal;
     k::dtype dt;
   };
-  const Case cases[] = {{1, 3, 1, 300, 517, 64, true, k::bf16}, {1, 4, 2, 517, 300, 128, false, k::bf16},
-                        {2, 2, 2, 391, 391, 128, true, k::f16}, {1, 2, 2, 129, 129, 64, false, k::f16},
-                        {1, 2, 1, 1, 260, 128, false, k::bf16}, {1, 2, 2, 257, 5, 64, true, k::bf16}};
+  const Case cases[] = {{1, 3, 1, 300, 517, 64, true, k::bf16},
+                        {1, 4, 2, 517, 300, 128, false, k::bf16},
+                        {2, 2, 2, 391, 391, 128, true, k::f16},
+                        {1, 2, 2, 129, 129, 64, false, k::f16},
+                        {1, 2, 1, 1, 260, 128, false, k::bf16},
+                        {1, 2, 2, 257, 5, 64, true, k::bf16},
+                        // past a producer's stages twice over (key tiles of 128 in three stages)
+                        {1, 2, 2, 1000, 1100, 64, false, k::bf16},
+                        {1, 2, 1, 1000, 1000, 128, true, k::bf16}};
   const bool hopper = k::driver::compute_capability(0) == 90;
   int seed = 90;
   for (const Case& c : cases)
@@ -207,6 +213,70 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
         CHECK_MESSAGE(bool(rg), "gradient " << which << ": " << rg);
       }
     }
+}
+
+// KILN_TUNE_ATTENTION_DQ=1 on Hopper: where q, k and v have one shape, one kernel computes dk, dv
+// and dq (dq's sums added with atomic reductions: attention_backward_kernel_sm90.hpp's dqkv), with
+// and without an inlined score_mod; its gradients against the oracle and against the two kernels'.
+// Elsewhere (grouped heads, Tq != Tk) dq keeps its own kernel.
+TEST_CASE("attention: dq, dk and dv from one Hopper kernel against the oracle (cuda)" * needs_gpu()) {
+  struct Case {
+    int B, H, Hkv, Tq, Tk, D;
+    bool causal;
+    k::dtype dt;
+  };
+  const Case cases[] = {{1, 3, 3, 300, 300, 64, true, k::bf16},     {2, 2, 2, 391, 391, 128, true, k::f16},
+                        {1, 2, 2, 129, 129, 64, false, k::bf16},    {1, 4, 4, 1024, 1024, 64, true, k::bf16},
+                        {1, 2, 2, 1000, 1000, 128, false, k::bf16}, {1, 4, 2, 200, 200, 64, true, k::bf16},
+                        {1, 2, 2, 100, 170, 64, false, k::bf16}};
+  const bool hopper = k::driver::compute_capability(0) == 90;
+  int seed = 500;
+  for (const Case& c : cases) {
+    auto plain = [&](auto q, auto k, auto v, auto w) {
+      return k::sum(k::cast(k::attention(q, k, v, {.causal = c.causal}), k::f32) * w);
+    };
+    auto capped = [&](auto q, auto k, auto v, auto w) {
+      auto mod = [](auto s, auto, auto, auto, auto) { return k::tanh(s / 7.0f) * 7.0f; };
+      return k::sum(k::cast(k::attention(q, k, v, mod, {.causal = c.causal}), k::f32) * w);
+    };
+    auto check = [&](auto loss, bool mod) {
+      INFO("B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq << " Tk " << c.Tk << " D " << c.D
+                << " causal " << c.causal << " " << k::name(c.dt) << (mod ? " soft-capped" : ""));
+      k::Tensor q = k::randn({c.B, c.H, c.Tq, c.D}, c.dt, k::cpu, ++seed);
+      k::Tensor kk = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
+      k::Tensor v = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
+      k::Tensor w = k::randn({c.B, c.H, c.Tq, c.D}, k::f32, k::cpu, ++seed);
+      auto gq = q.to(k::cuda), gk = kk.to(k::cuda), gv = v.to(k::cuda), gw = w.to(k::cuda);
+      auto f64 = [](const k::Tensor& t) { return k::Tensor(k::cast(t.to(k::cpu), k::f64)); };
+      std::array<k::Tensor, 3> before, after;
+      for (const char* dq : {"0", "1"}) {
+        ScopedEnv knob("KILN_TUNE_ATTENTION_DQ", dq);
+        auto vg = k::value_and_grad(loss, k::wrt<0, 1, 2>);
+        auto got = vg(gq, gk, gv, gw);
+        (dq[0] == '1' ? after : before) =
+            std::array<k::Tensor, 3>{std::get<1>(got), std::get<2>(got), std::get<3>(got)};
+        bool one = false, own_dq = false;
+        for (const auto& kernel : k::explain(vg, gq, gk, gv, gw).kernels) {
+          one = one || kernel.source.find("kiln_attention_bwd_dqkv_wgmma_") != std::string::npos;
+          own_dq = own_dq || kernel.source.find("kiln_attention_bwd_dq_wgmma_") != std::string::npos;
+        }
+        const bool same_shapes = c.H == c.Hkv && c.Tq == c.Tk;
+        CHECK(one == (hopper && dq[0] == '1' && same_shapes));
+        CHECK(own_dq == (hopper && !one));
+      }
+      // The oracle: the loss's gradients in f64 on the CPU.
+      auto want = k::value_and_grad(loss, k::wrt<0, 1, 2>)(f64(q), f64(kk), f64(v), f64(w));
+      const k::Tensor wanted[3] = {std::get<1>(want), std::get<2>(want), std::get<3>(want)};
+      for (int which = 0; which < 3; ++which) {
+        auto r = k::testing::allclose(f64(after[which]), wanted[which], 3e-2, 3e-2);
+        CHECK_MESSAGE(bool(r), "gradient " << which << ": " << r);
+        auto rb = k::testing::allclose(f64(after[which]), f64(before[which]), 2e-2, 2e-2);  // one kernel against two
+        CHECK_MESSAGE(bool(rb), "gradient " << which << " against dq's own kernel: " << rb);
+      }
+    };
+    check(plain, false);
+    check(capped, true);
+  }
 }
 
 // Sizes at the edges, every kernel set (KILN_TUNE_ATTENTION_WGMMA 1, 2, 3 and 0) against the oracle: no
@@ -296,6 +366,14 @@ TEST_CASE("attention: the Hopper kernels' sources") {
       CHECK(bwd.find("_wgmma_d" + std::to_string(D) + "_f16") != std::string::npos);
       CHECK(bwd.find("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16") != std::string::npos);
     }
+    cg::AttentionBackwardKernel one;  // dq, dk and dv: dq's sums by atomic reductions, Hopper only
+    one.part = cg::AttentionBackwardKernel::Part::dqkv;
+    one.head_dim = D;
+    one.hopper = true;
+    CHECK(one.shared_bytes() <= 227 * 1024);
+    CHECK(cg::attention_backward_kernel_source(one).find("red.global.add.v2.f32") != std::string::npos);
+    one.hopper = false;
+    CHECK_THROWS_AS(cg::attention_backward_kernel_source(one), k::error);
   }
   cg::AttentionKernel other = cg::AttentionKernel::hopper(cg::AttentionKernel::for_head_dim(96));
   CHECK(other.warpgroups == 0);
@@ -341,6 +419,38 @@ TEST_CASE("attention: gradients of q, k and v pass gradcheck (causal, grouped-qu
   CHECK(
       k::testing::gradcheck([](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = true}); }, q, kk, v));
   CHECK(k::testing::gradcheck([](auto q, auto k, auto v) { return k::attention(q, k, v, {.scale = 0.7}); }, q, kk, v));
+}
+
+// The oracle of the one-kernel backward's node (attention_grad, attrs.c = 4): dk, dv and dq stacked
+// in f32 as [3, B, H, T, D], each third the oracle's own gradient; q, k and v of other shapes are an
+// error naming them.
+TEST_CASE("attention: dq, dk and dv stacked by one node, against each gradient's own (cpu)") {
+  k::Tensor q = k::randn({2, 3, 37, 16}, k::bf16, k::cpu, 41), kk = k::randn({2, 3, 37, 16}, k::bf16, k::cpu, 42);
+  k::Tensor v = k::randn({2, 3, 37, 16}, k::bf16, k::cpu, 43), g = k::randn({2, 3, 37, 16}, k::bf16, k::cpu, 44);
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    k::Attrs at;
+    at.a = causal;
+    auto stats = k::expr::make<k::Op::attention_lse>(at, q, kk, 0.0);
+    at.c = 4;
+    k::Tensor all = k::reference::eval(k::expr::make<k::Op::attention_grad>(at, q, kk, v, g, stats, 0.0));
+    CHECK(all.shape() == k::Dims{3, 2, 3, 37, 16});
+    CHECK(all.dtype() == k::f64);       // (the oracle's values; the kernel's node is f32)
+    const int third_of[3] = {2, 0, 1};  // dq, dk, dv
+    for (int which = 0; which < 3; ++which) {
+      at.c = which;
+      k::Tensor want = k::reference::eval(k::expr::make<k::Op::attention_grad>(at, q, kk, v, g, stats, 0.0));
+      k::Tensor got = k::reshape(k::slice(all, 0, third_of[which], third_of[which] + 1), want.shape());
+      auto r = k::testing::allclose(got, want, 1e-12, 1e-12);
+      CHECK_MESSAGE(bool(r), "gradient " << which << ": " << r);
+    }
+  }
+  k::Attrs at;
+  at.c = 4;
+  k::Tensor k2 = k::randn({2, 1, 37, 16}, k::bf16, k::cpu, 45);
+  auto stats = k::expr::make<k::Op::attention_lse>(at, q, k2, 0.0);
+  CHECK_THROWS_WITH_AS(k::reference::eval(k::expr::make<k::Op::attention_grad>(at, q, k2, k2, g, stats, 0.0)),
+                       doctest::Contains("one shape"), k::shape_error);
 }
 
 TEST_CASE("attention: mismatched shapes and dtypes are errors naming them") {

@@ -300,11 +300,11 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
       b.score_mod_tag = "test";
       sources.emplace_back(b.name(), cg::attention_backward_kernel_source(b));
     }
-    for (int n = 0; n < 4; ++n) {  // Hopper's dq and dk/dv kernels, causal and not (sm_90a only)
+    for (int n = 0; n < 6; ++n) {  // Hopper's dq, dk/dv and dq/dk/dv kernels, causal and not (sm_90a only)
       cg::AttentionBackwardKernel b;
-      b.part = n % 2 ? Part::dkv : Part::dq;
+      b.part = n % 3 == 0 ? Part::dq : n % 3 == 1 ? Part::dkv : Part::dqkv;
       b.head_dim = D;
-      b.causal = n >= 2;
+      b.causal = n >= 3;
       b.hopper = true;
       b.score_mod = mod;
       b.score_mod_tag = "test";

@@ -303,12 +303,26 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   const int stats = b.where(b.cmp(Op::eq, pair, b.constant(0)), b.reshape(lse, row), delta);
   Cotangents c = no_cotangents;
   if (n.attrs.custom >= 0) captured_cotangents(b, n, g16, lse, delta, c);
+  const std::int64_t D = b.shape(k)[3];
+  const bool warpgroup = at.d != 0 && (D == 64 || D == 128);
+  // Hopper, asked for (KILN_TUNE_ATTENTION_DQ), q, k and v of one shape: dq, dk and dv from one
+  // kernel, stacked in f32 as [3, B, H, T, D] (dk, dv, dq), views of its thirds in q's dtype.
+  if (warpgroup && n.attrs.dims.size() > 2 && n.attrs.dims[2] != 0 && b.shape(q) == b.shape(k) &&
+      b.shape(q) == b.shape(v)) {
+    at.c = 4;
+    const int all = fused(Op::attention_grad, {q, k, v, g16, stats, scale});
+    for (int which = 0; which < 3; ++which) {
+      Attrs third;
+      const int at_ = which == 0 ? 2 : which - 1;  // dq is the last third
+      third.a = 0, third.b = at_, third.c = at_ + 1, third.d = 1;
+      c[static_cast<std::size_t>(which)] = b.cast(b.reshape(b.op(Op::slice, {all}, third), b.shape(q)), b.dt(q));
+    }
+    return c;
+  }
   at.c = 0;  // dq
   c[0] = fused(Op::attention_grad, {q, k, v, g16, stats, scale});
   // (dk and dv join in one kernel where it holds both; with a mod, the mma.sync kernel also holds
   // the scaled scores, Hopper's warpgroup kernel not: it takes D 64 and 128)
-  const std::int64_t D = b.shape(k)[3];
-  const bool warpgroup = at.d != 0 && (D == 64 || D == 128);
   if (graph::detail::fused_attention_joins_dk_dv(D, n.attrs.custom >= 0 && !warpgroup)) {
     at.c = 3;  // dk and dv in one kernel, stacked: views of its halves
     const int both = fused(Op::attention_grad, {q, k, v, g16, stats, scale});

@@ -12,6 +12,9 @@
 //   dkv    dk and dv in one pass (four products a tile instead of five, each q and dO tile loaded
 //          once) into [2, B, Hkv, Tk, D], where both accumulators fit the registers
 //          (graph/infer_attention.hpp's fused_attention_joins_dk_dv)
+//   dqkv   (Hopper only, attention_backward_kernel_sm90.hpp) dk and dv as dkv, and dq's sums over
+//          the block's keys added into f32 with atomic reductions, one kernel instead of two: the
+//          dq kernel's recomputed q k^T and dO v^T are gone; into [3, B, H, T, D] f32
 // Four warps, 16 rows each; the block's own rows and the streamed tiles sit in swizzled shared
 // memory and the fragments are read from there (the registers hold the accumulators, the scores and
 // dP: at D 128, 128 of them), except a warp's own rows at D <= 64, read once and held (OwnRows).
@@ -20,12 +23,13 @@
 #pragma once
 #include <string>
 
+#include "../core/error.hpp"
 #include "attention_kernel.hpp"
 
 namespace kiln::codegen {
 
 struct AttentionBackwardKernel {
-  enum class Part { stats, dq, dk, dv, dkv };
+  enum class Part { stats, dq, dk, dv, dkv, dqkv };
   Part part = Part::dq;
   int head_dim = 64;
   bool causal = false;
@@ -44,7 +48,9 @@ struct AttentionBackwardKernel {
   int streamed_rows() const { return cols; }
   int shared_bytes() const {
     if (hopper)  // the block's two tiles, two stages of two streamed tiles, dk/dv's statistics, alignment
-      return 2 * block_rows() * head_dim * 2 + 4 * streamed_rows() * head_dim * 2 + 4 * streamed_rows() * 4 + 1024;
+                 // (dqkv: and each warpgroup's dS tile, 64 keys x 64 queries)
+      return 2 * block_rows() * head_dim * 2 + 4 * streamed_rows() * head_dim * 2 + 4 * streamed_rows() * 4 + 1024 +
+             (part == Part::dqkv ? block_rows() * streamed_rows() * 2 : 0);
     const int tile = rows * head_dim * 2;
     switch (part) {
       case Part::stats: return 2 * tile;
@@ -53,7 +59,7 @@ struct AttentionBackwardKernel {
     }
   }
   std::string name() const {
-    const char* parts[] = {"stats", "dq", "dk", "dv", "dkv"};
+    const char* parts[] = {"stats", "dq", "dk", "dv", "dkv", "dqkv"};
     return std::string("kiln_attention_bwd_") + parts[static_cast<int>(part)] + (hopper ? "_wgmma" : "") + "_d" +
            std::to_string(head_dim) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) +
            score_mod_suffix(score_mod, score_mod_tag);
@@ -61,6 +67,8 @@ struct AttentionBackwardKernel {
 };
 
 inline std::string attention_backward_source(const AttentionBackwardKernel& a) {
+  if (a.part == AttentionBackwardKernel::Part::dqkv)
+    throw error("attention: dq, dk and dv in one kernel are Hopper's warpgroup kernels only, not " + a.name());
   const std::string t = a.dt == dtype::bf16 ? "bf16" : "f16";
   std::string s = "// " + a.name() + ": fused attention backward (codegen/attention_backward_kernel.hpp)\n";
   s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
@@ -69,7 +77,7 @@ inline std::string attention_backward_source(const AttentionBackwardKernel& a) {
   s += "#define KILN_MMA(d, a, b0, b1) kiln_mma_16816_" + t + "(d, a, b0, b1)\n";
   s += "#define KILN_PACK kiln_pack_" + t + "\n";
   s += "#define KILN_NAME " + a.name() + "\n";
-  const char* part_macros[] = {"STATS", "DQ", "DK", "DV", "DKV"};
+  const char* part_macros[] = {"STATS", "DQ", "DK", "DV", "DKV", "DQKV"};
   s += "#define KILN_PART_" + std::string(part_macros[static_cast<int>(a.part)]) + " 1\n";
   s += score_mod_preamble(a.score_mod);
   s += attention_prelude();

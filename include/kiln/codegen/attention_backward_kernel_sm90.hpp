@@ -8,6 +8,9 @@
 // in the forward kernel.
 //   dq   s = q k^T, dP = dO v^T (two products from shared memory), dS = p (dP - delta), dq += dS k
 //   dkv  s^T = k q^T, dP^T = v dO^T, dv += p^T dO, dk += dS^T q; into [2, B, Hkv, Tk, D]
+//   dqkv dkv's, and each warpgroup's dS^T (scaled) into shared memory, then its part of dq, dS k
+//        over its 64 keys (a product from shared memory, A read MN-major), added into dq's f32 rows
+//        with atomic reductions; into [3, B, H, T, D] f32 (dk, dv, then dq, which the launcher zeroes)
 #pragma once
 #include <string>
 
@@ -19,9 +22,11 @@ namespace kiln::codegen {
 inline std::string attention_backward_source_sm90(const AttentionBackwardKernel& a) {
   using attention_sm90_detail::wgmma_function;
   const std::string t = a.dt == dtype::bf16 ? "bf16" : "f16";
-  const bool dq = a.part == AttentionBackwardKernel::Part::dq;
-  if ((!dq && a.part != AttentionBackwardKernel::Part::dkv) || (a.head_dim != 64 && a.head_dim != 128) || !a.hopper)
-    throw error("attention: the Hopper backward kernels are dq and dk/dv at head dims 64 and 128, not " + a.name());
+  using Part = AttentionBackwardKernel::Part;
+  const bool dq = a.part == Part::dq, dqkv = a.part == Part::dqkv;
+  if ((!dq && !dqkv && a.part != Part::dkv) || (a.head_dim != 64 && a.head_dim != 128) || !a.hopper)
+    throw error("attention: the Hopper backward kernels are dq, dk/dv and dq/dk/dv at head dims 64 and 128, not " +
+                a.name());
   std::string s =
       "// " + a.name() + ": fused attention backward, warpgroup MMA (codegen/attention_backward_kernel_sm90.hpp)\n";
   s += "#define KILN_D " + std::to_string(a.head_dim) + "\n";
@@ -30,11 +35,16 @@ inline std::string attention_backward_source_sm90(const AttentionBackwardKernel&
   s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
   s += "#define KILN_PACK kiln_pack_" + t + "\n";
   s += "#define KILN_NAME " + a.name() + "\n";
+  if (dqkv) s += "#define KILN_DQKV 1\n";
   s += score_mod_preamble(a.score_mod);
   s += wgmma_prelude();
   s += wgmma_function("kiln_wgmma_rows_first", a.streamed_rows(), false, true, 0, t);  // own rows x streamed rows^T
   s += wgmma_function("kiln_wgmma_rows", a.streamed_rows(), false, false, 0, t);
   s += wgmma_function("kiln_wgmma_tile", a.head_dim, true, false, 1, t);  // (registers) x a streamed tile
+  if (dqkv) {  // dS (shared memory, MN-major) x 64 dims of the block's keys (MN-major)
+    s += wgmma_function("kiln_wgmma_ds_first", 64, false, true, 1, t, 1);
+    s += wgmma_function("kiln_wgmma_ds", 64, false, false, 1, t, 1);
+  }
   s += R"(
 #define BR 128             // rows a block: two warpgroups of 64
 #define BC KILN_STREAMED   // rows a streamed tile
@@ -76,6 +86,54 @@ __device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KILN_D /
       *reinterpret_cast<u32*>(o + i * 8) = KILN_PACK(acc[4 * i + 2 * r] * scale, acc[4 * i + 2 * r + 1] * scale);
   }
 }
+#ifdef KILN_DQKV
+#define KILN_OUT_T float
+// store_rows in f32.
+__device__ __forceinline__ void store_rows(float* out, const float (&acc)[KILN_D / 2], float scale, int r0, int T) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = r0 + r * 8;
+    if (t >= T) continue;
+    float* o = out + (i64)t * KILN_D + 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < KILN_D / 8; ++i)
+      asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(o + i * 8), "f"(acc[4 * i + 2 * r] * scale),
+                   "f"(acc[4 * i + 2 * r + 1] * scale) : "memory");
+  }
+}
+// This warpgroup's part of dq for query tile rows [i0, i0 + 64) of head bh: its dS^T tile (scaled,
+// in shared memory at ds: 64 keys of 128 bytes of queries, swizzled) times its 64 keys' rows of the
+// block's k tile, 64 dims at a time, added into dq's f32 rows.
+__device__ __forceinline__ void add_dq(float* dq, u32 ds, u32 keys, int i0, int Tq) {
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const u64 a_desc = kiln_wgmma_desc(ds, 64 * 128, 1024);
+#pragma unroll
+  for (int half = 0; half < KILN_D / 64; ++half) {
+    float part[32];
+    const u64 b_desc = kiln_wgmma_desc(keys + half * (TILE_BYTES(BR) / (KILN_D / 64)), TILE_BYTES(BR) / (KILN_D / 64), 1024);
+    kiln_wgmma_fence();
+    kiln_wgmma_ds_first(part, a_desc, b_desc);
+#pragma unroll
+    for (int kk = 1; kk < 4; ++kk) kiln_wgmma_ds(part, a_desc + ((kk * 2048) >> 4), b_desc + ((kk * 2048) >> 4));
+    kiln_wgmma_commit();
+    kiln_wgmma_wait<0>();
+    kiln_hold(part);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int t = i0 + warp * 16 + (lane >> 2) + 8 * r;
+      if (t >= Tq) continue;
+      float* row = dq + (i64)t * KILN_D + half * 64 + 2 * (lane & 3);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(row + i * 8), "f"(part[4 * i + 2 * r]),
+                     "f"(part[4 * i + 2 * r + 1]) : "memory");
+    }
+  }
+}
+#else
+#define KILN_OUT_T u16
+#endif
 )";
   if (dq)
     s += R"(
@@ -175,13 +233,17 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 // ---- dk and dv: one block 128 keys of one (batch, key/value head); the query tiles of its G heads ------
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32, 1)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, const u16* __restrict__ g,
-          const float* __restrict__ stats, u16* __restrict__ out, int BHkv, int H, int G, int Tq, int Tk,
+          const float* __restrict__ stats, KILN_OUT_T* __restrict__ out, int BHkv, int H, int G, int Tq, int Tk,
           float scale_log2, float scale KILN_BACKWARD_MOD_PARAMS) {
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   const u32 Ks = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u, Vs = Ks + TILE_BYTES(BR);
   const u32 Qs = Vs + TILE_BYTES(BR), Gs = Qs + 2 * TILE_BYTES(BC);  // two stages each
   float* Ls = reinterpret_cast<float*>(kiln_smem + (Gs + 2 * TILE_BYTES(BC) - kiln_shared_address(kiln_smem)));
   // Ls[stage][0..BC): a query tile's lse (exp2 domain); Ls[stage][BC..2 BC): its delta
+#ifdef KILN_DQKV  // after them, each warpgroup's dS^T tile; dq's f32 sums after dk's and dv's
+  const u32 DSw = Gs + 2 * TILE_BYTES(BC) + 4 * BC * 4 + (threadIdx.x >> 7) * 64 * 128;
+  float* dq_sums = out + 2 * (i64)BHkv * Tk * KILN_D;
+#endif
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   int rank, bhk;  // causal: the key tiles with the most queries (the first) first
   if (!kiln_block_tile(KILN_CAUSAL, BHkv, 4ll * G * Tq * KILN_D, rank, bhk)) return;
@@ -250,6 +312,19 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       u32 fp[BC / 16][4], fs[BC / 16][4];
       pack_fragments(fp, p);
       pack_fragments(fs, dp);
+#ifdef KILN_DQKV  // dS^T * scale into this warpgroup's tile: rows keys, columns queries
+#pragma unroll
+      for (int blk = 0; blk < BC / 8; ++blk)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = warp * 16 + (lane >> 2) + 8 * r;
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(DSw + key * 128 + ((blk ^ (key & 7)) << 4) + (lane & 3) * 4),
+                       "r"(KILN_PACK(dp[4 * blk + 2 * r] * scale, dp[4 * blk + 2 * r + 1] * scale))
+                       : "memory");
+        }
+      kiln_fence_proxy_async();                                          // for wgmma's reads
+      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // the warpgroup's tile is written
+#endif
       kiln_hold(acc_v);
       kiln_hold(acc_k);
       kiln_wgmma_fence();
@@ -259,6 +334,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       kiln_wgmma_wait<0>();
       kiln_hold(acc_v);
       kiln_hold(acc_k);
+#ifdef KILN_DQKV
+      add_dq(dq_sums + ((i64)b * H + hk * G + t / per_head) * Tq * KILN_D, DSw, Ks + wg * 64 * 128, i0, Tq);
+#endif
     }
     __syncthreads();  // every warpgroup is done with this stage
     if (t + 2 < n_tiles) load(t + 2);

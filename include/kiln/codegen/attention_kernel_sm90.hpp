@@ -25,9 +25,10 @@ namespace attention_sm90_detail {
 
 // A wgmma m64nNk16 with f32 accumulators d[N/2] (the warpgroup's 64 x N tile), B from a shared-memory
 // descriptor, A from one (`a_registers` false) or from four registers a thread. `first`: d = a b
-// (its outputs are written, not read), else d += a b. trans_b: B is MN-major (v, read transposed).
+// (its outputs are written, not read), else d += a b. trans_b: B is MN-major (v, read transposed);
+// trans_a: A (from shared memory) is MN-major.
 inline std::string wgmma_function(const std::string& name, int n, bool a_registers, bool first, int trans_b,
-                                  const std::string& type) {
+                                  const std::string& type, int trans_a = 0) {
   const int regs = n / 2;
   std::string operands, outs;
   for (int i = 0; i < regs; ++i) {
@@ -47,7 +48,8 @@ inline std::string wgmma_function(const std::string& name, int n, bool a_registe
   }
   const std::string b_operand = "%" + std::to_string(next++);
   ins += "\"l\"(b)";
-  const std::string tail = a_registers ? ", 1, 1, " + std::to_string(trans_b) : ", 1, 1, 0, " + std::to_string(trans_b);
+  const std::string tail = a_registers ? ", 1, 1, " + std::to_string(trans_b)
+                                       : ", 1, 1, " + std::to_string(trans_a) + ", " + std::to_string(trans_b);
   std::string s = "__device__ __forceinline__ void " + name + "(float (&d)[" + std::to_string(regs) + "], " +
                   (a_registers ? "const u32 (&a)[4]" : "u64 a") + ", u64 b) {\n";
   s += "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, " + std::string(first ? "0" : "1") +

@@ -103,6 +103,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   }
   __syncthreads();
 
+  // 384 threads at one block an SM: ptxas allocates 168 registers a thread (65536 / 384), so the
+  // producer's 40 and the consumers' 232 add up (128 * (40 + 2 * 232) = 64512); a change of the
+  // launch bounds must keep that sum within the register file, or setmaxnreg.inc waits forever.
   if (wg == 2) {  // ---- the producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     const int t = threadIdx.x - 256;
@@ -135,7 +138,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   u32 p[BN / 16][4];  // the last tile's probabilities, waiting for their product with its v
   float alpha[2];
   // Causal: a warpgroup whose rows all come before a tile's first key has nothing to add from it
-  // (those tiles come last).
+  // (those tiles come last; with query and key tiles of 128 rows no warpgroup has any, but the
+  // turns and releases below stay balanced should the tiles differ).
   const int n_active = KILN_CAUSAL ? min(n_tiles, (w0 + 63) / BN + 1) : n_tiles;
 
   // Step j: this warpgroup's turn on the tensor cores (warpgroup 0 first: barrier 1 is its turn, 2

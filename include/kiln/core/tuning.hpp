@@ -106,6 +106,10 @@ struct Tuning {
                              // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
                              // the kernel's source is written, once a process (its name does not carry
                              // it): an A/B across processes (KILN_TUNE_ATTENTION_ORDER)
+  int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
+                             // (default) dq in a kernel of its own, 1 dq's sums added with atomic
+                             // reductions by the dk/dv kernel, which has dS already
+                             // (attention_backward_kernel_sm90.hpp's dqkv; KILN_TUNE_ATTENTION_DQ)
   int one_pass = -1;       // looped rows: a sum that reads an earlier reduction of the same row only
                            // through a row value D (sum((x - D)^2), sum(exp(x - D))) is carried beside
                            // it in one pass (Welford, online softmax); 0 two passes (the rule before),
@@ -186,6 +190,7 @@ struct Tuning {
                                    {&Tuning::attention_backward, "attention_backward"},
                                    {&Tuning::attention_wgmma, "attention_wgmma"},
                                    {&Tuning::attention_order, "attention_order"},
+                                   {&Tuning::attention_dq, "attention_dq"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -243,7 +248,8 @@ struct Tuning {
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
                                    {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 3},
-                                   {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1}};
+                                   {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1},
+                                   {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
       if (auto value = config::env_int(v.name, v.lo, v.hi)) t.*v.field = static_cast<int>(*value);

@@ -134,7 +134,8 @@ inline void eval_attention_lse(const graph::Node& n, const Value& q, const Value
 
 // attention_grad(q, k, v, g, stats, scale), attrs.c = 0, 1, 2: the gradient of q, k or v of
 // attention given g, its output's cotangent (from the definition; the statistics are not read);
-// attrs.c = 3: k's and v's, stacked as [2, B, Hkv, Tk, D]. mod: the modded scores of an inlined
+// attrs.c = 3: k's and v's, stacked as [2, B, Hkv, Tk, D]; attrs.c = 4: k's, v's and q's, stacked as
+// [3, B, H, T, D] (q, k and v of one shape). mod: the modded scores of an inlined
 // score_mod, and `through(dS)` dS of the modded scores [B, H, Tq, Tk] sent back through it.
 template <class Through>
 void eval_attention_grad(const graph::Node& n, const Value& q, const Value& k, const Value& v, const Value& g,
@@ -143,7 +144,9 @@ void eval_attention_grad(const graph::Node& n, const Value& q, const Value& k, c
   const std::int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3], G = H / Hkv;
   const double scale = n.attrs.b ? given_scale : 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(D, 1)));
   std::fill(out.data.begin(), out.data.end(), 0.0);
-  const std::int64_t dv_at = n.attrs.c == 3 ? B * Hkv * Tk * D : 0;  // where v's gradient starts
+  const std::int64_t c = n.attrs.c;
+  const std::int64_t dv_at = c >= 3 ? B * Hkv * Tk * D : 0;      // where v's gradient starts
+  const std::int64_t dq_at = c == 4 ? 2 * B * Hkv * Tk * D : 0;  // and q's
   std::vector<double> p, lse;
   Value probs = make_value(Dims{B, H, Tq, Tk}, kiln::dtype::f64), dS = probs;
   for (std::int64_t b = 0; b < B; ++b)
@@ -177,11 +180,12 @@ void eval_attention_grad(const graph::Node& n, const Value& q, const Value& k, c
       for (std::int64_t i = 0; i < Tq; ++i)
         for (std::int64_t j = 0; j < Tk; ++j) {
           const double pij = pr[i * Tk + j], dsij = ds[i * Tk + j] * scale;
-          if (n.attrs.c == 0)
-            for (std::int64_t d = 0; d < D; ++d) out.data[((b * H + h) * Tq + i) * D + d] += dsij * kh[j * D + d];
-          if (n.attrs.c == 1 || n.attrs.c == 3)
+          if (c == 0 || c == 4)
+            for (std::int64_t d = 0; d < D; ++d)
+              out.data[dq_at + ((b * H + h) * Tq + i) * D + d] += dsij * kh[j * D + d];
+          if (c == 1 || c >= 3)
             for (std::int64_t d = 0; d < D; ++d) out.data[(hk * Tk + j) * D + d] += dsij * qh[i * D + d];
-          if (n.attrs.c == 2 || n.attrs.c == 3)
+          if (c == 2 || c >= 3)
             for (std::int64_t d = 0; d < Dv; ++d) out.data[dv_at + (hk * Tk + j) * Dv + d] += pij * gh[i * Dv + d];
         }
     }

@@ -128,7 +128,7 @@ inline codegen::AttentionBackwardKernel attention_backward_kernel_for(codegen::A
   a.causal = causal;
   a.dt = dt;
   if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
-  a.hopper = hopper && (part == Part::dq || part == Part::dkv) && (D == 64 || D == 128);
+  a.hopper = hopper && (part == Part::dq || part == Part::dkv || part == Part::dqkv) && (D == 64 || D == 128);
   return a;
 }
 inline std::string describe_attention_step(const graph::Graph& g, int node) {
@@ -227,9 +227,10 @@ inline void attention_lse(const Tensor& q, const Tensor& k, double scale, bool c
                                 stream);
 }
 
-// One gradient of attention (part: dq, dk or dv) into out, from q, k, v, g (the output's cotangent)
-// and the row statistics [B, H, Tq, 2] (each row's log-sum-exp and delta = sum(g * o)); `hopper`:
-// the warpgroup kernels on a device of compute capability 9.0.
+// One gradient of attention (part: dq, dk or dv; dk and dv stacked; dk, dv and dq stacked in f32)
+// into out, from q, k, v, g (the output's cotangent) and the row statistics [B, H, Tq, 2] (each
+// row's log-sum-exp and delta = sum(g * o)); `hopper`: the warpgroup kernels on a device of compute
+// capability 9.0 (which dq, dk and dv together need).
 inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Tensor& q, const Tensor& k,
                            const Tensor& v, const Tensor& g, const Tensor& stats, double scale, bool causal,
                            bool hopper, Tensor& out, ScoreModCall mod, CUstream stream) {
@@ -239,6 +240,13 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
   const int device = out.device().index;
   const codegen::AttentionBackwardKernel a = attention_backward_kernel_for(
       part, q.shape()[3], causal, hopper && driver::compute_capability(device) == 90, q.dtype(), mod.mod);
+  if (part == codegen::AttentionBackwardKernel::Part::dqkv) {
+    if (!a.hopper)
+      throw error("attention: dq, dk and dv in one kernel run on compute capability 9.0 at head dims 64 and 128, not " +
+                  a.name() + " on device " + std::to_string(device));
+    const std::size_t third = out.nbytes() / 3;  // dq's sums, added by every key tile, start at zero
+    driver::memset_async(static_cast<char*>(out.data_ptr()) + 2 * third, 0, third, stream);
+  }
   const Dims &qs = q.shape(), &ks = k.shape();
   int BH = static_cast<int>(qs[0] * qs[1]), BHkv = static_cast<int>(ks[0] * ks[1]), H = static_cast<int>(qs[1]),
       G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(ks[2]);
