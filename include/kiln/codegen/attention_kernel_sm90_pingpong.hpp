@@ -210,22 +210,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     if (wg == 0 || j + 1 < n_tiles) kiln_named_arrive(2 - wg);
     if (lane == 0) kiln_mbar_arrive(EMPTY((j - 1) % KILN_STAGES));
   }
-  // Normalise and store: each quad of lanes holds two rows' sums in four parts.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l == 0.f ? 0.f : 1.f / l;
-    const int t = r0 + r * 8;
-    if (t >= Tq) continue;
-    if (lse && (lane & 3) == 0)  // the row's log-sum-exp for the backward (+inf: no key, p = 0)
-      lse[(i64)bh * Tq + t] = l == 0.f ? __int_as_float(0x7f800000) : (row_max[r] + kiln_log2(l)) * 0.6931471805599453f;
-    u16* out = o + b * ob + h * oh + (i64)t * ot + 2 * (lane & 3);
-#pragma unroll
-    for (int i = 0; i < KILN_D / 8; ++i)
-      *reinterpret_cast<u32*>(out + i * 8) = KILN_PACK(acc[4 * i + 2 * r] * inv, acc[4 * i + 2 * r + 1] * inv);
-  }
+  store_output(o + b * ob + h * oh, ot, lse ? lse + (i64)bh * Tq : nullptr, acc, row_max, row_sum, r0, Tq);
 }
 )";
   return s;
