@@ -422,8 +422,8 @@ TEST_CASE("attention: gradients of q, k and v pass gradcheck (causal, grouped-qu
 }
 
 // The oracle of the one-kernel backward's node (attention_grad, attrs.c = 4): dk, dv and dq stacked
-// in f32 as [3, B, H, T, D], each third the oracle's own gradient; q, k and v of other shapes are an
-// error naming them.
+// as [5, B, H, T, D] (the last two slots the kernel's f32 sums of dq), each of the first three the
+// oracle's own gradient; q, k and v of other shapes are an error naming them.
 TEST_CASE("attention: dq, dk and dv stacked by one node, against each gradient's own (cpu)") {
   k::Tensor q = k::randn({2, 3, 37, 16}, k::bf16, k::cpu, 41), kk = k::randn({2, 3, 37, 16}, k::bf16, k::cpu, 42);
   k::Tensor v = k::randn({2, 3, 37, 16}, k::bf16, k::cpu, 43), g = k::randn({2, 3, 37, 16}, k::bf16, k::cpu, 44);
@@ -434,8 +434,7 @@ TEST_CASE("attention: dq, dk and dv stacked by one node, against each gradient's
     auto stats = k::expr::make<k::Op::attention_lse>(at, q, kk, 0.0);
     at.c = 4;
     k::Tensor all = k::reference::eval(k::expr::make<k::Op::attention_grad>(at, q, kk, v, g, stats, 0.0));
-    CHECK(all.shape() == k::Dims{3, 2, 3, 37, 16});
-    CHECK(all.dtype() == k::f64);       // (the oracle's values; the kernel's node is f32)
+    CHECK(all.shape() == k::Dims{5, 2, 3, 37, 16});
     const int third_of[3] = {2, 0, 1};  // dq, dk, dv
     for (int which = 0; which < 3; ++which) {
       at.c = which;

@@ -314,6 +314,8 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
       b.score_mod = {};
       CHECK(!k::runtime::compile_cubin(cg::attention_backward_kernel_source(b), b.name(), "sm_90a").empty());
     }
+    for (k::dtype dt : {k::bf16, k::f16})  // the dqkv kernel's conversion of dq's f32 sums
+      sources.emplace_back(cg::attention_dq_convert_name(dt), cg::attention_dq_convert_source(dt));
     for (const auto& [name, source] : sources)
       for (const char* arch : {"sm_80", "sm_90a"}) {
         INFO(name << " for " << arch);

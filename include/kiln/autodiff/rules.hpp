@@ -306,7 +306,7 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   const std::int64_t D = b.shape(k)[3];
   const bool warpgroup = at.d != 0 && (D == 64 || D == 128);
   // Hopper, asked for (KILN_TUNE_ATTENTION_DQ), q, k and v of one shape: dq, dk and dv from one
-  // kernel, stacked in f32 as [3, B, H, T, D] (dk, dv, dq), views of its thirds in q's dtype.
+  // kernel, stacked as [5, B, H, T, D] (dk, dv, dq, then the kernel's f32 sums of dq): views.
   if (warpgroup && n.attrs.dims.size() > 2 && n.attrs.dims[2] != 0 && b.shape(q) == b.shape(k) &&
       b.shape(q) == b.shape(v)) {
     at.c = 4;
@@ -315,7 +315,7 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
       Attrs third;
       const int at_ = which == 0 ? 2 : which - 1;  // dq is the last third
       third.a = 0, third.b = at_, third.c = at_ + 1, third.d = 1;
-      c[static_cast<std::size_t>(which)] = b.cast(b.reshape(b.op(Op::slice, {all}, third), b.shape(q)), b.dt(q));
+      c[static_cast<std::size_t>(which)] = b.reshape(b.op(Op::slice, {all}, third), b.shape(q));
     }
     return c;
   }

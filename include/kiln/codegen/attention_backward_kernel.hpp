@@ -14,7 +14,8 @@
 //          (graph/infer_attention.hpp's fused_attention_joins_dk_dv)
 //   dqkv   (Hopper only, attention_backward_kernel_sm90.hpp) dk and dv as dkv, and dq's sums over
 //          the block's keys added into f32 with atomic reductions, one kernel instead of two: the
-//          dq kernel's recomputed q k^T and dO v^T are gone; into [3, B, H, T, D] f32
+//          dq kernel's recomputed q k^T and dO v^T are gone; into [5, B, H, T, D] (dk, dv, dq, then
+//          dq's f32 sums in the last two slots)
 // Four warps, 16 rows each; the block's own rows and the streamed tiles sit in swizzled shared
 // memory and the fragments are read from there (the registers hold the accumulators, the scores and
 // dP: at D 128, 128 of them), except a warp's own rows at D <= 64, read once and held (OwnRows).
@@ -65,6 +66,9 @@ struct AttentionBackwardKernel {
            score_mod_suffix(score_mod, score_mod_tag);
   }
 };
+
+// The kernel that converts the dqkv kernel's f32 sums of dq to its 16-bit dtype.
+inline std::string attention_dq_convert_name(dtype dt) { return "kiln_attention_dq_to_" + std::string(kiln::name(dt)); }
 
 inline std::string attention_backward_source(const AttentionBackwardKernel& a) {
   if (a.part == AttentionBackwardKernel::Part::dqkv)

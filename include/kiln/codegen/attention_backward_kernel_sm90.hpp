@@ -10,7 +10,9 @@
 //   dkv  s^T = k q^T, dP^T = v dO^T, dv += p^T dO, dk += dS^T q; into [2, B, Hkv, Tk, D]
 //   dqkv dkv's, and each warpgroup's dS^T (scaled) into shared memory, then its part of dq, dS k
 //        over its 64 keys (a product from shared memory, A read MN-major), added into dq's f32 rows
-//        with atomic reductions; into [3, B, H, T, D] f32 (dk, dv, then dq, which the launcher zeroes)
+//        with atomic reductions; into [5, B, H, T, D]: dk, dv, dq (16-bit, converted from the sums
+//        by attention_dq_convert_source's kernel after this one), then the f32 sums (which the
+//        launcher zeroes) in the last two slots
 #pragma once
 #include <string>
 
@@ -87,21 +89,6 @@ __device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KILN_D /
   }
 }
 #ifdef KILN_DQKV
-#define KILN_OUT_T float
-// store_rows in f32.
-__device__ __forceinline__ void store_rows(float* out, const float (&acc)[KILN_D / 2], float scale, int r0, int T) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int t = r0 + r * 8;
-    if (t >= T) continue;
-    float* o = out + (i64)t * KILN_D + 2 * (lane & 3);
-#pragma unroll
-    for (int i = 0; i < KILN_D / 8; ++i)
-      asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(o + i * 8), "f"(acc[4 * i + 2 * r] * scale),
-                   "f"(acc[4 * i + 2 * r + 1] * scale) : "memory");
-  }
-}
 // This warpgroup's part of dq for query tile rows [i0, i0 + 64) of head bh: its dS^T tile (scaled,
 // in shared memory at ds: 64 keys of 128 bytes of queries, swizzled) times its 64 keys' rows of the
 // block's k tile, 64 dims at a time, added into dq's f32 rows.
@@ -131,8 +118,6 @@ __device__ __forceinline__ void add_dq(float* dq, u32 ds, u32 keys, int i0, int 
     }
   }
 }
-#else
-#define KILN_OUT_T u16
 #endif
 )";
   if (dq)
@@ -233,16 +218,16 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 // ---- dk and dv: one block 128 keys of one (batch, key/value head); the query tiles of its G heads ------
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32, 1)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, const u16* __restrict__ g,
-          const float* __restrict__ stats, KILN_OUT_T* __restrict__ out, int BHkv, int H, int G, int Tq, int Tk,
+          const float* __restrict__ stats, u16* __restrict__ out, int BHkv, int H, int G, int Tq, int Tk,
           float scale_log2, float scale KILN_BACKWARD_MOD_PARAMS) {
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   const u32 Ks = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u, Vs = Ks + TILE_BYTES(BR);
   const u32 Qs = Vs + TILE_BYTES(BR), Gs = Qs + 2 * TILE_BYTES(BC);  // two stages each
   float* Ls = reinterpret_cast<float*>(kiln_smem + (Gs + 2 * TILE_BYTES(BC) - kiln_shared_address(kiln_smem)));
   // Ls[stage][0..BC): a query tile's lse (exp2 domain); Ls[stage][BC..2 BC): its delta
-#ifdef KILN_DQKV  // after them, each warpgroup's dS^T tile; dq's f32 sums after dk's and dv's
+#ifdef KILN_DQKV  // after them, each warpgroup's dS^T tile; dq's f32 sums in the output's last two slots
   const u32 DSw = Gs + 2 * TILE_BYTES(BC) + 4 * BC * 4 + (threadIdx.x >> 7) * 64 * 128;
-  float* dq_sums = out + 2 * (i64)BHkv * Tk * KILN_D;
+  float* dq_sums = reinterpret_cast<float*>(out + 3 * (i64)BHkv * Tk * KILN_D);
 #endif
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   int rank, bhk;  // causal: the key tiles with the most queries (the first) first
@@ -348,6 +333,22 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 }
 )";
   return s;
+}
+
+// After the dqkv kernel: dq's f32 sums (n values, a multiple of 8, at `sums`) into 16-bit values at `dq`.
+inline std::string attention_dq_convert_source(dtype dt) {
+  const std::string t = dt == dtype::bf16 ? "bf16" : "f16";
+  return "// " + attention_dq_convert_name(dt) + ": dq's f32 sums to " + t +
+         " (codegen/attention_backward_kernel_sm90.hpp)\ntypedef unsigned int u32;\ntypedef long long i64;\n"
+         "__device__ __forceinline__ u32 pack(float x0, float x1) {\n  u32 r;\n  asm(\"cvt.rn." +
+         t +
+         "x2.f32 %0, %2, %1;\" : \"=r\"(r) : \"f\"(x0), \"f\"(x1));\n  return r;\n}\n"
+         "extern \"C\" __global__ void " +
+         attention_dq_convert_name(dt) +
+         "(const float4* __restrict__ sums, uint4* __restrict__ dq, i64 n) {\n"
+         "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n / 8; i += (i64)gridDim.x * blockDim.x) {\n"
+         "    const float4 a = sums[2 * i], b = sums[2 * i + 1];\n"
+         "    dq[i] = make_uint4(pack(a.x, a.y), pack(a.z, a.w), pack(b.x, b.y), pack(b.z, b.w));\n  }\n}\n";
 }
 
 // The backward kernel's source for either kind (AttentionBackwardKernel::hopper picks).

@@ -172,11 +172,12 @@ inline void infer_node(Graph& g, Node& n) {
         return;
       }
       if (n.op == Op::attention_grad) {  // the gradient of q, k or v (attrs.c): that input's shape
-        if (n.attrs.c == 3 || n.attrs.c == 4) {  // dk and dv together: [2, B, Hkv, Tk, D]; dq too: [3, ...]
+        // dk and dv together: [2, B, Hkv, Tk, D]; dq too: [5, ...] (dk, dv, dq, and dq's f32 sums)
+        if (n.attrs.c == 3 || n.attrs.c == 4) {
           if (n.attrs.c == 4 && !(in(0).shape == in(1).shape && in(0).shape == in(2).shape))
             throw shape_error("attention: dq, dk and dv from one kernel need q, k and v of one shape (q " +
                               in(0).shape.str() + ", k " + in(1).shape.str() + ", v " + in(2).shape.str() + ")");
-          n.shape = Dims{n.attrs.c == 4 ? 3 : 2};
+          n.shape = Dims{n.attrs.c == 4 ? 5 : 2};
           for (auto d : in(1).shape) n.shape.push_back(d);
           return;
         }

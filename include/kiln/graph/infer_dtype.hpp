@@ -120,7 +120,7 @@ constexpr void infer_dtype(const Graph& g, Node& n) {
         if (n.op == Op::custom_backward) n.dt = in(static_cast<int>(n.attrs.a)).dt;
       } else if (n.op == Op::embedding_backward || n.op == Op::attention_flash || n.op == Op::attention_grad) {
         n.weak = false;
-        n.dt = n.op == Op::attention_grad && n.attrs.c == 4 ? kiln::dtype::f32 : in(0).dt;  // (dq's sums: f32)
+        n.dt = in(0).dt;
       } else if (n.op == Op::attention_lse) {
         n.weak = false;
         n.dt = kiln::dtype::f32;

@@ -135,7 +135,8 @@ inline void eval_attention_lse(const graph::Node& n, const Value& q, const Value
 // attention_grad(q, k, v, g, stats, scale), attrs.c = 0, 1, 2: the gradient of q, k or v of
 // attention given g, its output's cotangent (from the definition; the statistics are not read);
 // attrs.c = 3: k's and v's, stacked as [2, B, Hkv, Tk, D]; attrs.c = 4: k's, v's and q's, stacked as
-// [3, B, H, T, D] (q, k and v of one shape). mod: the modded scores of an inlined
+// [5, B, H, T, D] (q, k and v of one shape; the last two slots are the kernel's scratch, zeros
+// here). mod: the modded scores of an inlined
 // score_mod, and `through(dS)` dS of the modded scores [B, H, Tq, Tk] sent back through it.
 template <class Through>
 void eval_attention_grad(const graph::Node& n, const Value& q, const Value& k, const Value& v, const Value& g,

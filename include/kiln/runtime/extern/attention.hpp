@@ -244,8 +244,8 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
     if (!a.hopper)
       throw error("attention: dq, dk and dv in one kernel run on compute capability 9.0 at head dims 64 and 128, not " +
                   a.name() + " on device " + std::to_string(device));
-    const std::size_t third = out.nbytes() / 3;  // dq's sums, added by every key tile, start at zero
-    driver::memset_async(static_cast<char*>(out.data_ptr()) + 2 * third, 0, third, stream);
+    const std::size_t slot = out.nbytes() / 5;  // dq's f32 sums, added by every key tile, start at zero
+    driver::memset_async(static_cast<char*>(out.data_ptr()) + 3 * slot, 0, 2 * slot, stream);
   }
   const Dims &qs = q.shape(), &ks = k.shape();
   int BH = static_cast<int>(qs[0] * qs[1]), BHkv = static_cast<int>(ks[0] * ks[1]), H = static_cast<int>(qs[1]),
@@ -259,6 +259,18 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
   } else {
     attention_detail::launch_part(
         a, device, Tk, BHkv, {&qp, &kp, &vp, &gp, &sp, &op, &BHkv, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod, stream);
+  }
+  if (part == codegen::AttentionBackwardKernel::Part::dqkv) {  // dq's sums (slots 3 and 4) into slot 2
+    const std::string name = codegen::attention_dq_convert_name(q.dtype());
+    CUfunction f = attention_detail::function(
+        name, [&] { return codegen::attention_dq_convert_source(q.dtype()); }, device);
+    std::int64_t n = out.numel() / 5;  // (a multiple of 8: D is 64 or 128)
+    const std::size_t slot = out.nbytes() / 5;
+    void* sums = static_cast<char*>(out.data_ptr()) + 3 * slot;
+    void* dq = static_cast<char*>(out.data_ptr()) + 2 * slot;
+    std::vector<void*> args = {&sums, &dq, &n};
+    const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n / 8 + 255) / 256, 4096));
+    if (blocks > 0) launch(f, Dim3{blocks}, Dim3{256}, 0, stream, args.data(), name.c_str());
   }
 }
 
