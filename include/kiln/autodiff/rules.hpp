@@ -313,7 +313,7 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
     const int all = fused(Op::attention_grad, {q, k, v, g16, stats, scale});
     for (int which = 0; which < 3; ++which) {
       Attrs third;
-      const int at_ = which == 0 ? 2 : which - 1;  // dq is the last third
+      const int at_ = which == 0 ? 2 : which - 1;  // slots: dk, dv, dq
       third.a = 0, third.b = at_, third.c = at_ + 1, third.d = 1;
       c[static_cast<std::size_t>(which)] = b.reshape(b.op(Op::slice, {all}, third), b.shape(q));
     }

@@ -89,6 +89,7 @@ __device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KILN_D /
   }
 }
 #ifdef KILN_DQKV
+#define KILN_KEYS_MASKED 1
 // This warpgroup's part of dq for query tile rows [i0, i0 + 64) of head bh: its dS^T tile (scaled,
 // in shared memory at ds: 64 keys of 128 bytes of queries, swizzled) times its 64 keys' rows of the
 // block's k tile, 64 dims at a time, added into dq's f32 rows.
@@ -118,6 +119,8 @@ __device__ __forceinline__ void add_dq(float* dq, u32 ds, u32 keys, int i0, int 
     }
   }
 }
+#else
+#define KILN_KEYS_MASKED 0
 #endif
 )";
   if (dq)
@@ -276,7 +279,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       kiln_wgmma_wait<0>();
       kiln_hold(p);
       kiln_hold(dp);
-      const bool masked = i0 + BC > Tq || (KILN_CAUSAL && kw0 + 63 > i0);
+      // (dqkv: keys past Tk too, whose dS would reach dq; dk/dv drops their rows at the store)
+      const bool masked = i0 + BC > Tq || (KILN_CAUSAL && kw0 + 63 > i0) || (KILN_KEYS_MASKED && kw0 + 64 > Tk);
 #pragma unroll
       for (int i = 0; i < BC / 2; ++i) {
         const int c = (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = r0 + ((i >> 1) & 1) * 8;
@@ -287,7 +291,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #else
         float x = p[i] * scale_log2;
 #endif
-        if (masked && (i0 + c >= Tq || (KILN_CAUSAL && r > i0 + c))) x = KILN_NEG_INF;
+        if (masked && (i0 + c >= Tq || (KILN_CAUSAL && r > i0 + c) || (KILN_KEYS_MASKED && r >= Tk))) x = KILN_NEG_INF;
         p[i] = kiln_exp2(x - L[c]);
         dp[i] = p[i] * (dp[i] - L[BC + c]);  // dS^T
 #ifdef KILN_SCORE_MOD  // back through the mod

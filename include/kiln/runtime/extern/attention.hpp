@@ -227,7 +227,7 @@ inline void attention_lse(const Tensor& q, const Tensor& k, double scale, bool c
                                 stream);
 }
 
-// One gradient of attention (part: dq, dk or dv; dk and dv stacked; dk, dv and dq stacked in f32)
+// One gradient of attention (part: dq, dk or dv; dk and dv stacked; dk, dv and dq stacked with dq's f32 sums)
 // into out, from q, k, v, g (the output's cotangent) and the row statistics [B, H, Tq, 2] (each
 // row's log-sum-exp and delta = sum(g * o)); `hopper`: the warpgroup kernels on a device of compute
 // capability 9.0 (which dq, dk and dv together need).
@@ -245,7 +245,7 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
       throw error("attention: dq, dk and dv in one kernel run on compute capability 9.0 at head dims 64 and 128, not " +
                   a.name() + " on device " + std::to_string(device));
     const std::size_t slot = out.nbytes() / 5;  // dq's f32 sums, added by every key tile, start at zero
-    driver::memset_async(static_cast<char*>(out.data_ptr()) + 3 * slot, 0, 2 * slot, stream);
+    if (slot > 0) driver::memset_async(static_cast<char*>(out.data_ptr()) + 3 * slot, 0, 2 * slot, stream);
   }
   const Dims &qs = q.shape(), &ks = k.shape();
   int BH = static_cast<int>(qs[0] * qs[1]), BHkv = static_cast<int>(ks[0] * ks[1]), H = static_cast<int>(qs[1]),
