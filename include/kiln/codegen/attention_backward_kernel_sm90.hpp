@@ -43,9 +43,9 @@ inline std::string attention_backward_source_sm90(const AttentionBackwardKernel&
   s += wgmma_function("kiln_wgmma_rows_first", a.streamed_rows(), false, true, 0, t);  // own rows x streamed rows^T
   s += wgmma_function("kiln_wgmma_rows", a.streamed_rows(), false, false, 0, t);
   s += wgmma_function("kiln_wgmma_tile", a.head_dim, true, false, 1, t);  // (registers) x a streamed tile
-  if (dqkv) {  // dS (shared memory, MN-major) x 64 dims of the block's keys (MN-major)
-    s += wgmma_function("kiln_wgmma_ds_first", 64, false, true, 1, t, 1);
-    s += wgmma_function("kiln_wgmma_ds", 64, false, false, 1, t, 1);
+  if (dqkv) {  // dS (shared memory, MN-major) x half the dims of the block's keys (MN-major)
+    s += wgmma_function("kiln_wgmma_ds_first", a.head_dim / 2, false, true, 1, t, 1);
+    s += wgmma_function("kiln_wgmma_ds", a.head_dim / 2, false, false, 1, t, 1);
   }
   s += R"(
 #define BR 128             // rows a block: two warpgroups of 64
@@ -90,34 +90,46 @@ __device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KILN_D /
 }
 #ifdef KILN_DQKV
 #define KILN_KEYS_MASKED 1
-// This warpgroup's part of dq for query tile rows [i0, i0 + 64) of head bh: its dS^T tile (scaled,
-// in shared memory at ds: 64 keys of 128 bytes of queries, swizzled) times its 64 keys' rows of the
-// block's k tile, 64 dims at a time, added into dq's f32 rows.
+// dq's sums for query tile rows [i0, i0 + 64) of one head, from the block's dS^T (scaled, in shared
+// memory at ds: 128 keys of 128 bytes of queries, swizzled; both warpgroups' rows) times the block's
+// k tile over all 128 keys: this warpgroup takes half the dims (a 64-byte step into the 128-byte
+// rows at D 64, the second column block at D 128), so each element of dq gets one reduction a block.
 __device__ __forceinline__ void add_dq(float* dq, u32 ds, u32 keys, int i0, int Tq) {
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const u64 a_desc = kiln_wgmma_desc(ds, BR * 128, 1024);
+  const u32 half = KILN_D == 64 ? wg * 64 : wg * (TILE_BYTES(BR) / 2);
+  const u64 b_desc = kiln_wgmma_desc(keys + half, TILE_BYTES(BR) / (KILN_D / 64), 1024);
+  float part[KILN_D / 4];
+  kiln_wgmma_fence();
+  kiln_wgmma_ds_first(part, a_desc, b_desc);
+#pragma unroll
+  for (int kk = 1; kk < BR / 16; ++kk) kiln_wgmma_ds(part, a_desc + ((kk * 2048) >> 4), b_desc + ((kk * 2048) >> 4));
+  kiln_wgmma_commit();
+  kiln_wgmma_wait<0>();
+  kiln_hold(part);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = i0 + warp * 16 + (lane >> 2) + 8 * r;
+    if (t >= Tq) continue;
+    float* row = dq + (i64)t * KILN_D + wg * (KILN_D / 2) + 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < KILN_D / 16; ++i)
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(row + i * 8), "f"(part[4 * i + 2 * r]),
+                   "f"(part[4 * i + 2 * r + 1]) : "memory");
+  }
+}
+// This warpgroup's rows of the block's dS^T tile (keys; 64 queries a row), 16-bit.
+__device__ __forceinline__ void store_ds(u32 ds, const float (&x)[BC / 2], float scale) {
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const u64 a_desc = kiln_wgmma_desc(ds, 64 * 128, 1024);
 #pragma unroll
-  for (int half = 0; half < KILN_D / 64; ++half) {
-    float part[32];
-    const u64 b_desc = kiln_wgmma_desc(keys + half * (TILE_BYTES(BR) / (KILN_D / 64)), TILE_BYTES(BR) / (KILN_D / 64), 1024);
-    kiln_wgmma_fence();
-    kiln_wgmma_ds_first(part, a_desc, b_desc);
-#pragma unroll
-    for (int kk = 1; kk < 4; ++kk) kiln_wgmma_ds(part, a_desc + ((kk * 2048) >> 4), b_desc + ((kk * 2048) >> 4));
-    kiln_wgmma_commit();
-    kiln_wgmma_wait<0>();
-    kiln_hold(part);
+  for (int blk = 0; blk < BC / 8; ++blk)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int t = i0 + warp * 16 + (lane >> 2) + 8 * r;
-      if (t >= Tq) continue;
-      float* row = dq + (i64)t * KILN_D + half * 64 + 2 * (lane & 3);
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(row + i * 8), "f"(part[4 * i + 2 * r]),
-                     "f"(part[4 * i + 2 * r + 1]) : "memory");
+      const int key = warp * 16 + (lane >> 2) + 8 * r;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds + key * 128 + ((blk ^ (key & 7)) << 4) + (lane & 3) * 4),
+                   "r"(KILN_PACK(x[4 * blk + 2 * r] * scale, x[4 * blk + 2 * r + 1] * scale))
+                   : "memory");
     }
-  }
 }
 #else
 #define KILN_KEYS_MASKED 0
@@ -228,8 +240,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   const u32 Qs = Vs + TILE_BYTES(BR), Gs = Qs + 2 * TILE_BYTES(BC);  // two stages each
   float* Ls = reinterpret_cast<float*>(kiln_smem + (Gs + 2 * TILE_BYTES(BC) - kiln_shared_address(kiln_smem)));
   // Ls[stage][0..BC): a query tile's lse (exp2 domain); Ls[stage][BC..2 BC): its delta
-#ifdef KILN_DQKV  // after them, each warpgroup's dS^T tile; dq's f32 sums in the output's last two slots
-  const u32 DSw = Gs + 2 * TILE_BYTES(BC) + 4 * BC * 4 + (threadIdx.x >> 7) * 64 * 128;
+#ifdef KILN_DQKV  // after them, the block's dS^T tile (128 keys); dq's f32 sums in the output's last two slots
+  const u32 DS = Gs + 2 * TILE_BYTES(BC) + 4 * BC * 4, DSw = DS + (threadIdx.x >> 7) * 64 * 128;
   float* dq_sums = reinterpret_cast<float*>(out + 3 * (i64)BHkv * Tk * KILN_D);
 #endif
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
@@ -301,18 +313,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       u32 fp[BC / 16][4], fs[BC / 16][4];
       pack_fragments(fp, p);
       pack_fragments(fs, dp);
-#ifdef KILN_DQKV  // dS^T * scale into this warpgroup's tile: rows keys, columns queries
-#pragma unroll
-      for (int blk = 0; blk < BC / 8; ++blk)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int key = warp * 16 + (lane >> 2) + 8 * r;
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(DSw + key * 128 + ((blk ^ (key & 7)) << 4) + (lane & 3) * 4),
-                       "r"(KILN_PACK(dp[4 * blk + 2 * r] * scale, dp[4 * blk + 2 * r + 1] * scale))
-                       : "memory");
-        }
-      kiln_fence_proxy_async();                                          // for wgmma's reads
-      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // the warpgroup's tile is written
+#ifdef KILN_DQKV
+      store_ds(DSw, dp, scale);  // dS^T * scale: rows keys, columns queries
 #endif
       kiln_hold(acc_v);
       kiln_hold(acc_k);
@@ -323,10 +325,16 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       kiln_wgmma_wait<0>();
       kiln_hold(acc_v);
       kiln_hold(acc_k);
-#ifdef KILN_DQKV
-      add_dq(dq_sums + ((i64)b * H + hk * G + t / per_head) * Tq * KILN_D, DSw, Ks + wg * 64 * 128, i0, Tq);
-#endif
     }
+#ifdef KILN_DQKV
+    else {  // (causal: queries all before this warpgroup's keys: its rows of dS are zeros)
+      float zeros[BC / 2] = {};
+      store_ds(DSw, zeros, 0.f);
+    }
+    kiln_fence_proxy_async();  // the dS tile, for wgmma's reads
+    __syncthreads();           // both warpgroups' rows are in
+    add_dq(dq_sums + ((i64)b * H + hk * G + t / per_head) * Tq * KILN_D, DS, Ks, first + (t % per_head) * BC, Tq);
+#endif
     __syncthreads();  // every warpgroup is done with this stage
     if (t + 2 < n_tiles) load(t + 2);
     kiln_cp_async_commit();
