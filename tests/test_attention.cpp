@@ -112,11 +112,13 @@ TEST_CASE("attention: the fused kernel against the oracle, and its gradients (cu
     auto vg = k::value_and_grad(loss, k::wrt<0, 1, 2>);
     auto wc = w.to(k::cuda);
     auto got = vg(gq, gk, gv, wc);
-    // dk and dv come from one kernel at every head dim the fused kernels take (D <= 128).
+    // dk and dv come from one kernel at every head dim the fused kernels take (D <= 128), on Hopper
+    // with dq too where q, k and v have one shape and the registers hold it (D 64).
     // The forward's kernel writes the rows' log-sum-exp the backward reads: no kernel of its own.
     bool joined = false, lse_in_forward = false, lse_alone = false;
     for (const auto& kernel : k::explain(vg, gq, gk, gv, wc).kernels) {
-      joined = joined || kernel.source.find("kiln_attention_bwd_dkv_") != std::string::npos;
+      joined = joined || kernel.source.find("kiln_attention_bwd_dkv_") != std::string::npos ||
+               kernel.source.find("kiln_attention_bwd_dqkv_") != std::string::npos;
       const auto& ops = kernel.fused_ops;
       bool lse = std::find(ops.begin(), ops.end(), "attention_lse") != ops.end();
       lse_in_forward = lse_in_forward || (lse && ops.front() == "attention_flash");
@@ -197,8 +199,9 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
       const k::Tensor grads[3] = {std::get<1>(got), std::get<2>(got), std::get<3>(got)};
       bool wgmma_dq = false, wgmma_dkv = false;
       for (const auto& kernel : k::explain(vg, gq, gk, gv, gw).kernels) {
-        wgmma_dq = wgmma_dq || kernel.source.find("kiln_attention_bwd_dq_wgmma_") != std::string::npos;
-        wgmma_dkv = wgmma_dkv || kernel.source.find("kiln_attention_bwd_dkv_wgmma_") != std::string::npos;
+        const bool all = kernel.source.find("kiln_attention_bwd_dqkv_wgmma_") != std::string::npos;
+        wgmma_dq = wgmma_dq || all || kernel.source.find("kiln_attention_bwd_dq_wgmma_") != std::string::npos;
+        wgmma_dkv = wgmma_dkv || all || kernel.source.find("kiln_attention_bwd_dkv_wgmma_") != std::string::npos;
       }
       CHECK(wgmma_dq == warpgroups);
       CHECK(wgmma_dkv == warpgroups);
@@ -596,7 +599,7 @@ TEST_CASE("attention: score_mods inlined into the fused kernels, forward and gra
     for (const auto& kernel : k::explain(vg, gq, gk, gv, gw).kernels)
       mod_kernels += kernel.source.find("kiln_score_mod_vjp(") != std::string::npos &&
                      kernel.source.find("_mod") != std::string::npos;
-    CHECK(mod_kernels >= 3);  // forward, dq, dk/dv (or dk and dv)
+    CHECK(mod_kernels >= 2);  // forward, dq, dk/dv (or dk and dv; on Hopper at D 64 one kernel for the three)
     const k::Tensor g[3] = {std::get<1>(got), std::get<2>(got), std::get<3>(got)};
     const k::Tensor g64[3] = {std::get<1>(want), std::get<2>(want), std::get<3>(want)};
     for (int which = 0; which < 3; ++which) {

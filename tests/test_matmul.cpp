@@ -634,11 +634,18 @@ TEST_CASE("cuda_matmul: against the reference on the GPU" * needs_gpu()) {
     Tensor pre_dev = to_cuda(pre);
     Tensor out = Tensor::empty({M, N}, k::bf16, k::cuda), grad = Tensor::empty({N}, k::bf16, k::cuda);
     rt::cuda_matmul_epilogue(to_cuda(a), to_cuda(w), nullptr, rt::Epilogue::dgelu_tanh, out, nullptr, false, &pre_dev);
-    check_close(to_host(out), want, {0.05, 1e-2});
+    {
+      INFO("DGELU's product");
+      check_close(to_host(out), want, {0.05, 1e-2});
+    }
     Tensor out2 = Tensor::empty({M, N}, k::bf16, k::cuda);
     rt::cuda_matmul_epilogue(to_cuda(a), to_cuda(w), &grad, rt::Epilogue::dgelu_tanh_bgrad, out2, nullptr, false,
                              &pre_dev);
-    check_close(to_host(out2), want, {0.05, 1e-2});
+    {
+      INFO("DGELU_BGRAD's product");
+      check_close(to_host(out2), want, {0.05, 1e-2});
+    }
+    INFO("BGRAD's column sums");
     check_close(to_host(grad), sums, {0.5, 1e-2});
     // The columns' sums need a contiguous vector of N in out's dtype.
     Tensor wrong = Tensor::empty({N}, k::f32, k::cuda);

@@ -305,10 +305,12 @@ constexpr Cotangents attention_flash(Builder& b, int y, int g) {
   if (n.attrs.custom >= 0) captured_cotangents(b, n, g16, lse, delta, c);
   const std::int64_t D = b.shape(k)[3];
   const bool warpgroup = at.d != 0 && (D == 64 || D == 128);
-  // Hopper, asked for (KILN_TUNE_ATTENTION_DQ), q, k and v of one shape: dq, dk and dv from one
-  // kernel, stacked as [5, B, H, T, D] (dk, dv, dq, then the kernel's f32 sums of dq): views.
-  if (warpgroup && n.attrs.dims.size() > 2 && n.attrs.dims[2] != 0 && b.shape(q) == b.shape(k) &&
-      b.shape(q) == b.shape(v)) {
+  // Hopper, q, k and v of one shape, where the registers hold it (or KILN_TUNE_ATTENTION_DQ=1
+  // asks): dq, dk and dv from one kernel, stacked as [5, B, H, T, D] (dk, dv, dq, then the
+  // kernel's f32 sums of dq): views.
+  const std::int64_t dq_knob = n.attrs.dims.size() > 2 ? n.attrs.dims[2] : 0;
+  if (warpgroup && (dq_knob > 0 || (dq_knob < 0 && graph::detail::fused_attention_joins_dq(D))) &&
+      b.shape(q) == b.shape(k) && b.shape(q) == b.shape(v)) {
     at.c = 4;
     const int all = fused(Op::attention_grad, {q, k, v, g16, stats, scale});
     for (int which = 0; which < 3; ++which) {

@@ -96,20 +96,21 @@ struct Tuning {
                            // codegen/attention_kernel.hpp; KILN_TUNE_ATTENTION_ROWS)
   int attention_wgmma = -1;  // the fused attention kernels on Hopper (compute capability 9.0), head dims 64
                              // and 128, forward and dq, dk/dv: 0 the mma.sync kernels (the rule before),
-                             // default (or 1) warpgroup MMA (codegen/attention_kernel_sm90.hpp,
-                             // attention_backward_kernel_sm90.hpp), 2 the same with a forward of one
-                             // warpgroup a block, 3 with a forward fed by a producer warpgroup whose two
-                             // warpgroups take turns (attention_kernel_sm90_pingpong.hpp;
-                             // KILN_TUNE_ATTENTION_WGMMA)
+                             // otherwise warpgroup MMA (codegen/attention_kernel_sm90.hpp,
+                             // attention_backward_kernel_sm90.hpp): 1 with a forward of two warpgroups
+                             // in step (the rule before), 2 of one warpgroup a block, default (or 3) fed
+                             // by a producer warpgroup whose two warpgroups take turns
+                             // (attention_kernel_sm90_pingpong.hpp; KILN_TUNE_ATTENTION_WGMMA)
   int attention_order = -1;  // causal fused attention kernels' block order: 0 tile by tile within each
                              // (batch, head) pair (the rule before); default the longest tiles first over
                              // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
                              // the kernel's source is written, once a process (its name does not carry
                              // it): an A/B across processes (KILN_TUNE_ATTENTION_ORDER)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
-                             // (default) dq in a kernel of its own, 1 dq's sums added with atomic
-                             // reductions by the dk/dv kernel, which has dS already
-                             // (attention_backward_kernel_sm90.hpp's dqkv; KILN_TUNE_ATTENTION_DQ)
+                             // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
+                             // the dk/dv kernel, which has dS already (attention_backward_kernel_sm90.hpp's
+                             // dqkv); default: 1 where the registers hold it (graph/infer_attention.hpp's
+                             // fused_attention_joins_dq: D 64; KILN_TUNE_ATTENTION_DQ)
   int one_pass = -1;       // looped rows: a sum that reads an earlier reduction of the same row only
                            // through a row value D (sum((x - D)^2), sum(exp(x - D))) is carried beside
                            // it in one pass (Welford, online softmax); 0 two passes (the rule before),

@@ -37,6 +37,12 @@ inline bool fused_attention_head_dims(const Dims& q, const Dims& k, const Dims& 
 constexpr bool fused_attention_joins_dk_dv(std::int64_t D, bool score_mod = false) {
   return D + 64 + (score_mod ? 32 : 0) <= 192;
 }
+// Whether Hopper's dk/dv kernel also takes dq (attention_grad with attrs.c = 4) by default: its
+// thread then holds dk's and dv's accumulators, a tile's scores and dP, and a quarter-row of dq's
+// product (D/4), within the same 192 (ptxas, sm_90a: D 64 takes 209-212 registers without
+// spilling; D 128 spills, and measured 2% slower than dq apart on an H200, D 64 5% faster:
+// benchmarks/NOTES.md item 159).
+constexpr bool fused_attention_joins_dq(std::int64_t D) { return D + D / 4 + 64 <= 192; }
 
 inline void infer_attention(const Graph& g, Node& n) {
   const Node &q = g.nodes[n.in[0]], &k = g.nodes[n.in[1]], &v = g.nodes[n.in[2]];
