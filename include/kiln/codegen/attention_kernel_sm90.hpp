@@ -198,6 +198,13 @@ __device__ __forceinline__ void pack_probabilities(u32 (&p)[BN / 16][4], const f
 #pragma unroll
     for (int e = 0; e < 4; ++e) p[kk][e] = KILN_PACK(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
 }
+// The descriptor of a key tile's values at shared address v, read MN-major by o += p v.
+__device__ __forceinline__ u64 values_desc(u32 v) { return kiln_wgmma_desc(v, TILE_BYTES(BN) / (KILN_D / 64), 1024); }
+// Issues o += p v over the values of v_desc; not committed.
+__device__ __forceinline__ void issue_pv(float (&acc)[KILN_D / 2], const u32 (&p)[BN / 16][4], u64 v_desc) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) kiln_wgmma_pv(acc, p[kk], v_desc + ((kk * 2048) >> 4));
+}
 // Normalise o and store this thread's rows r0 and r0 + 8 (below Tq) at rows of `out` ot apart, and
 // where `lse` is given their log-sum-exp for the backward (+inf: no key, p = 0). Each quad of lanes
 // holds two rows' sums in four parts.
@@ -304,11 +311,10 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #pragma unroll
         for (int i = 0; i < KILN_D / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
       pack_probabilities(p, s);
-      const u64 v_desc = kiln_wgmma_desc(Vs + stage * TILE_BYTES(BN), TILE_BYTES(BN) / (KILN_D / 64), 1024);
+      const u64 v_desc = values_desc(Vs + stage * TILE_BYTES(BN));
       kiln_hold(acc);
       kiln_wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) kiln_wgmma_pv(acc, p[kk], v_desc + ((kk * 2048) >> 4));
+      issue_pv(acc, p, v_desc);
       kiln_wgmma_commit();
       kiln_wgmma_wait<0>();
       kiln_hold(acc);

@@ -161,9 +161,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       kiln_wgmma_qk(s, q_desc + (DIM_STEP(kk, BM) >> 4), k_desc + (DIM_STEP(kk, BN) >> 4));
     kiln_wgmma_commit();
     if constexpr (!FIRST) {
-      const u64 v_desc = kiln_wgmma_desc(STAGE_V((j - 1) % KILN_STAGES), TILE_BYTES(BN) / (KILN_D / 64), 1024);
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) kiln_wgmma_pv(acc, p[kk], v_desc + ((kk * 2048) >> 4));
+      issue_pv(acc, p, values_desc(STAGE_V((j - 1) % KILN_STAGES)));
       kiln_wgmma_commit();
     }
     if (wg == 0 || j + 1 < n_tiles) kiln_named_arrive(2 - wg);
@@ -195,11 +193,10 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     step(0, kiln_bool<true>{});
     for (int j = 1; j < n_active; ++j) step(j, kiln_bool<false>{});
     // The last active tile's o += p v.
-    const u64 v_desc = kiln_wgmma_desc(STAGE_V((n_active - 1) % KILN_STAGES), TILE_BYTES(BN) / (KILN_D / 64), 1024);
+    const u64 v_desc = values_desc(STAGE_V((n_active - 1) % KILN_STAGES));
     kiln_hold(acc);
     kiln_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) kiln_wgmma_pv(acc, p[kk], v_desc + ((kk * 2048) >> 4));
+    issue_pv(acc, p, v_desc);
     kiln_wgmma_commit();
     kiln_wgmma_wait<0>();
     kiln_hold(acc);
