@@ -6,7 +6,7 @@
 #   --two-programs        a flag for gpt2 (several: --two-programs+--f32)
 #   tree:DIR              the gpt2 of another source tree, e.g. an older commit unpacked on the host
 #                         with `git archive REV | tar -x -C DIR` and carried to the device
-# e.g. benchmarks/w14_ab.sh base EPILOGUE=0 PARTIALS=1 --two-programs tree:.snap/old
+# e.g. benchmarks/w14_ab.sh base EPILOGUE=2 PARTIALS=1 ATTENTION_ORDER=0 --two-programs tree:.snap/old
 # Every variant runs ${W14_ROUNDS:-2} rounds of `gpt2 --steps 12` (--graphs unless W14_PLAIN=1),
 # after one warm-up run a tree that fills its kernel cache (one cache a tree, so the rounds time
 # steps, not compiles). Prints each variant's median step (ms) a round and tokens/s; logs in $OUT

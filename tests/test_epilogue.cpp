@@ -235,6 +235,18 @@ TEST_CASE("epilogue: a GPT-2 block's training step: which GEMM takes which epilo
     std::string tu = rt::cuda_translation_unit(*p, rt::program_body(*p));
     CHECK_FALSE(rt::compile_cubin(tu, "kiln_epilogue_test", "sm_90a").empty());
 
+    // KILN_TUNE_EPILOGUE=2: the forward's epilogues only; a generated kernel takes gelu's derivative
+    // from the kept pre-activation again, and the bias sums are kernels' (the rule before DGELU).
+    {
+      ScopedEnv forward_only("KILN_TUNE_EPILOGUE", "2");
+      auto f = plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2, 3, 4, 5, 6>)), x, wa, ba,
+                        wf, bf, wp, bp);
+      std::vector<std::string> forward;
+      for (const auto& e : f->sched.epilogues) forward.push_back(e.str());
+      CHECK(forward == std::vector<std::string>{"bias", "bias_gelu_tanh_aux", "bias"});
+      REQUIRE(f->sched.epilogues.size() == 3);
+      CHECK(read_by_a_kernel(*f, f->sched.epilogues[1].pre));
+    }
     // KILN_TUNE_EPILOGUE=0: no step takes an epilogue, dgelu neither.
     ScopedEnv off("KILN_TUNE_EPILOGUE", "0");
     auto q = plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2, 3, 4, 5, 6>)), x, wa, ba, wf,

@@ -174,11 +174,12 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
 #endif
 
 // The schedule of a graph: fusion, column partials where allowed, buffers, names. epilogues: matmuls
-// may take their bias and activation as cuBLASLt epilogues (CUDA targets). host: for the CPU.
+// may take their bias and activation as cuBLASLt epilogues (CUDA targets; 2: the forward's only,
+// no DGELU/BGRAD). host: for the CPU.
 inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, int partials,
-                                         bool realize = true, bool epilogues = false, bool host = false) {
+                                         bool realize = true, int epilogues = 0, bool host = false) {
   std::vector<schedule::MatmulEpilogue> chosen;
-  if (epilogues) chosen = schedule::choose_epilogues(g, env);   // bias and activation into the GEMM
+  if (epilogues) chosen = schedule::choose_epilogues(g, env, epilogues != 2);  // bias and activation into the GEMM
   schedule::Schedule s = schedule::fuse(g, chosen);             // group anchors into kernels
   if (realize) schedule::realize_shared(g, s);                  // buffers for values kernels would recompute
   schedule::absorb_column_partials(g, s, env, partials, host);  // dw/db-like column sums into row kernels
@@ -203,8 +204,9 @@ inline bool partials_held(const graph::Graph& g, const schedule::Schedule& s, co
 template <class ArgAt>
 void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg) {
   p.kernels.clear();
-  const bool realize = p.tuning.realize != 0,
-             epilogues = target == codegen::Target::cuda && p.tuning.epilogue != 0;  // KILN_TUNE_EPILOGUE=0: off
+  const bool realize = p.tuning.realize != 0;
+  // KILN_TUNE_EPILOGUE: 0 off, 2 the forward's only
+  const int epilogues = target == codegen::Target::cuda ? (p.tuning.epilogue < 0 ? 1 : p.tuning.epilogue) : 0;
   const bool host = target == codegen::Target::cpu;
   p.sched = schedule_graph(g, env, p.tuning.partials, realize, epilogues, host);
   if (!partials_held(g, p.sched, env, target, p.tuning)) p.sched = schedule_graph(g, env, 0, realize, epilogues, host);
