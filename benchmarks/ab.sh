@@ -3,7 +3,7 @@
 #   benchmarks/ab.sh W1,W4,W8 base HOIST=1 POI_UNROLL=4,POI_THREADS=256
 # Each variant after the workload list is `base` or comma-separated KILN_TUNE_* settings without
 # the prefix; every variant runs ${AB_ROUNDS:-2} times on a fresh kernel cache. Prints one row per
-# workload (and per kiln sub-variant, e.g. W4-dynamic) with each variant's medians (ms); raw JSON
+# workload (and per kiln sub-variant, e.g. W4-dynamic) with each variant's times (ms) and the last against the first; raw JSON
 # lines go to $OUT/ab.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,17 +27,4 @@ for round in $(seq "${AB_ROUNDS:-2}"); do
       sed "s/\"impl\": \"kiln/\"impl\": \"$v/" >> "$raw"
   done
 done
-python3 - "$raw" "$@" <<'PY'
-import collections, json, sys
-rows, variants = collections.defaultdict(list), sys.argv[2:]
-for line in open(sys.argv[1]):
-    try: d = json.loads(line)
-    except ValueError: continue
-    if 'error' in d: print('error', d)
-    if 'ms' not in d: continue
-    v = max((v for v in variants if d['impl'] == v or d['impl'].startswith(v + '-')), key=len, default=None)
-    if v is not None: rows[(d['id'] + d['impl'][len(v):], v)].append(d['ms'])
-print('workload'.ljust(12) + ''.join(v[:22].rjust(24) for v in variants))
-for w in sorted({k[0] for k in rows}):
-    print(w.ljust(12) + ''.join('/'.join('%.4f' % x for x in rows[(w, v)]).rjust(24) for v in variants))
-PY
+python3 benchmarks/ab_table.py "$raw" "$@"
