@@ -303,10 +303,11 @@ inline std::vector<MatmulEpilogue> choose_epilogues(const graph::Graph& g, const
     if (!b) b.emplace(g);
     if (auto e = detail::match_epilogue(g, env, readers, *b, m)) chosen.push_back(*e);
   }
+  if (!backward) return chosen;  // (already in graph order)
   // The backward GEMMs of the gelus kept above, which then step in graph order among the rest.
   std::vector<bool> taken(static_cast<std::size_t>(g.size()), false);
   for (const auto& e : chosen) taken[e.matmul] = true;
-  const std::size_t forward = backward ? chosen.size() : 0;
+  const std::size_t forward = chosen.size();
   for (std::size_t f = 0; f < forward; ++f)
     if (auto e = detail::match_dgelu(g, readers, *b, chosen[f], taken)) taken[e->matmul] = true, chosen.push_back(*e);
   std::sort(chosen.begin(), chosen.end(), [](const auto& x, const auto& y) { return x.matmul < y.matmul; });
