@@ -247,6 +247,26 @@ TEST_CASE("epilogue: a GPT-2 block's training step: which GEMM takes which epilo
       REQUIRE(f->sched.epilogues.size() == 3);
       CHECK(read_by_a_kernel(*f, f->sched.epilogues[1].pre));
     }
+    // KILN_TUNE_EPILOGUE=3: DGELU without BGRAD; the bias gradient's column sums are kernels' again.
+    {
+      ScopedEnv no_bgrad("KILN_TUNE_EPILOGUE", "3");
+      auto f = plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2, 3, 4, 5, 6>)), x, wa, ba,
+                        wf, bf, wp, bp);
+      std::vector<std::string> steps;
+      for (const auto& e : f->sched.epilogues) steps.push_back(e.str());
+      CHECK(steps == std::vector<std::string>{"bias", "bias_gelu_tanh_aux", "bias", "dgelu_tanh"});
+      REQUIRE(f->sched.epilogues.size() == 4);
+      const sch::MatmulEpilogue& d = f->sched.epilogues[3];
+      CHECK(rt::cuda_epilogue(d) == rt::Epilogue::dgelu_tanh);
+      CHECK(d.bias_grad() == -1);
+      CHECK_FALSE(read_by_a_kernel(*f, f->sched.epilogues[1].pre));
+      const std::string described = rt::describe_matmul_step(f->graph, f->env, d.matmul, &d);
+      CHECK(described.find("gelu_tanh'") != std::string::npos);
+      CHECK(described.find("column sums") == std::string::npos);
+      CHECK_FALSE(
+          rt::compile_cubin(rt::cuda_translation_unit(*f, rt::program_body(*f)), "kiln_epilogue_test3", "sm_90a")
+              .empty());
+    }
     // KILN_TUNE_EPILOGUE=0: no step takes an epilogue, dgelu neither.
     ScopedEnv off("KILN_TUNE_EPILOGUE", "0");
     auto q = plan_for(k::Device(k::cuda), k::compile(k::value_and_grad(loss, k::wrt<1, 2, 3, 4, 5, 6>)), x, wa, ba, wf,

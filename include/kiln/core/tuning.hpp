@@ -144,7 +144,8 @@ struct Tuning {
   int epilogue = -1;       // a matmul's bias and activation become cuBLASLt epilogues where the
                            // pattern matches (default; 0 keeps them in the fused pointwise kernel;
                            // GPT-2: 19.4 against 19.6 ms a step, benchmarks/NOTES.md; 2 the forward's
-                           // only, without item 153's DGELU/BGRAD; KILN_TUNE_EPILOGUE)
+                           // only, without item 153's DGELU/BGRAD; 3 DGELU without BGRAD;
+                           // KILN_TUNE_EPILOGUE)
 
   // A field, named through an alias (nvcc's host pass writes `int Tuning::*f[]` with parentheses
   // that g++ then warns about).
@@ -228,7 +229,7 @@ struct Tuning {
                                    {&Tuning::matmul_wide, "KILN_TUNE_MATMUL_WIDE", 0, 1},
                                    {&Tuning::gemm_room, "KILN_TUNE_GEMM_ROOM", 0, 1},
                                    {&Tuning::realize, "KILN_TUNE_REALIZE", 0, 1},
-                                   {&Tuning::epilogue, "KILN_TUNE_EPILOGUE", 0, 2},
+                                   {&Tuning::epilogue, "KILN_TUNE_EPILOGUE", 0, 3},
                                    {&Tuning::row_tiling, "KILN_TUNE_ROW_TILING", 0, 1},
                                    {&Tuning::row_cache, "KILN_TUNE_ROW_CACHE", 0, any},
                                    {&Tuning::vector_masks, "KILN_TUNE_VECTOR_MASKS", 0, 2},

@@ -175,11 +175,12 @@ KILN_DECL graph::Graph lower_graph(graph::Graph g, ArgRef arg, FunctionRef<graph
 
 // The schedule of a graph: fusion, column partials where allowed, buffers, names. epilogues: matmuls
 // may take their bias and activation as cuBLASLt epilogues (CUDA targets; 2: the forward's only,
-// no DGELU/BGRAD). host: for the CPU.
+// no DGELU/BGRAD; 3: DGELU without BGRAD). host: for the CPU.
 inline schedule::Schedule schedule_graph(const graph::Graph& g, const ir::ShapeEnv& env, int partials,
                                          bool realize = true, int epilogues = 0, bool host = false) {
   std::vector<schedule::MatmulEpilogue> chosen;
-  if (epilogues) chosen = schedule::choose_epilogues(g, env, epilogues != 2);  // bias and activation into the GEMM
+  if (epilogues)
+    chosen = schedule::choose_epilogues(g, env, epilogues != 2, epilogues != 3);  // bias and activation into the GEMM
   schedule::Schedule s = schedule::fuse(g, chosen);             // group anchors into kernels
   if (realize) schedule::realize_shared(g, s);                  // buffers for values kernels would recompute
   schedule::absorb_column_partials(g, s, env, partials, host);  // dw/db-like column sums into row kernels

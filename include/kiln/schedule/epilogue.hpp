@@ -1,7 +1,8 @@
 // choose_epilogues: which matmuls take the bias add and activation that follow them as a library
 // epilogue (cuBLASLt's BIAS, RELU_BIAS, GELU_BIAS, GELU_AUX_BIAS, ...) instead of a fused pointwise
 // kernel: out = act(a @ b + bias) as one extern step. CUDA only; the CPU keeps its matmul and fused
-// kernels. KILN_TUNE_EPILOGUE=0 turns it off, =2 keeps the forward's only (core/tuning.hpp).
+// kernels. KILN_TUNE_EPILOGUE=0 turns it off, =2 keeps the forward's only, =3 takes DGELU without
+// BGRAD (core/tuning.hpp).
 //
 // The pattern is recognised on the primitive graph, after decomposition and differentiation, not
 // marked on the composite before it: the backward of a fused gelu needs its pre-activation, which
@@ -292,9 +293,10 @@ inline std::optional<MatmulEpilogue> match_dgelu(const graph::Graph& g, const st
 }  // namespace detail
 
 // The matmul steps of a graph that take an epilogue (see above), in graph order; `env` tells which
-// sizes are static. backward: also the backward GEMMs of kept gelus (DGELU, BGRAD).
+// sizes are static. backward: also the backward GEMMs of kept gelus (DGELU), with their bias
+// gradients' column sums where bias_grads (BGRAD; else those stay kernels').
 inline std::vector<MatmulEpilogue> choose_epilogues(const graph::Graph& g, const ir::ShapeEnv& env,
-                                                    bool backward = true) {
+                                                    bool backward = true, bool bias_grads = true) {
   std::vector<MatmulEpilogue> chosen;
   std::optional<rewrite::Builder> b;  // a copy of the graph to build candidate activations in
   const auto readers = detail::readers_of(g);
@@ -309,7 +311,11 @@ inline std::vector<MatmulEpilogue> choose_epilogues(const graph::Graph& g, const
   for (const auto& e : chosen) taken[e.matmul] = true;
   const std::size_t forward = chosen.size();
   for (std::size_t f = 0; f < forward; ++f)
-    if (auto e = detail::match_dgelu(g, readers, *b, chosen[f], taken)) taken[e->matmul] = true, chosen.push_back(*e);
+    if (auto e = detail::match_dgelu(g, readers, *b, chosen[f], taken)) {
+      taken[e->matmul] = true;
+      if (!bias_grads) e->bias_sums.clear();
+      chosen.push_back(*e);
+    }
   std::sort(chosen.begin(), chosen.end(), [](const auto& x, const auto& y) { return x.matmul < y.matmul; });
   return chosen;
 }
