@@ -150,7 +150,8 @@ TEST_CASE("attention: the fused kernel against the oracle, and its gradients (cu
 // tiles each way, lengths no multiple of a tile, Tq != Tk both ways, grouped heads, causal rows that
 // see fewer keys than a tile, both 16-bit dtypes: the default kernels, KILN_TUNE_ATTENTION_WGMMA=2's
 // forward of one warpgroup a block, =3's fed by a producer warpgroup
-// (codegen/attention_kernel_sm90_pingpong.hpp) and =0's mma.sync kernels against the oracle, forward
+// (codegen/attention_kernel_sm90_pingpong.hpp), =4's the same one tile a block and =0's mma.sync
+// kernels against the oracle, forward
 // and gradients (Hopper's dq and dk/dv kernels, which read the forward's log-sum-exp).
 TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracle (cuda)" * needs_gpu()) {
   struct Case {
@@ -170,7 +171,7 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
   const bool hopper = k::driver::compute_capability(0) == 90;
   int seed = 90;
   for (const Case& c : cases)
-    for (const char* wgmma : {"1", "2", "3", "0"}) {
+    for (const char* wgmma : {"1", "2", "3", "4", "0"}) {
       ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
       INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq
                                         << " Tk " << c.Tk << " D " << c.D << " causal " << c.causal << " "
@@ -282,7 +283,43 @@ TEST_CASE("attention: dq, dk and dv from one Hopper kernel against the oracle (c
   }
 }
 
-// Sizes at the edges, every kernel set (KILN_TUNE_ATTENTION_WGMMA 1, 2, 3 and 0) against the oracle: no
+// The producer forward's blocks, one an SM, loop over query tiles (KILN_TUNE_ATTENTION_WGMMA=3):
+// more tiles than an H100/H200 has SMs, of different lengths (causal, Tq != Tk, a last tile cut
+// short), grouped heads. Each tile's arithmetic is that of the same kernel one tile a block (=4),
+// so the outputs match it bit for bit; one batch against the oracle as well.
+TEST_CASE("attention: the producer forward looping over query tiles, against one tile a block (cuda)" * needs_gpu()) {
+  if (k::driver::compute_capability(0) != 90) return;  // (the producer kernel is Hopper's)
+  struct Case {
+    int B, H, Hkv, Tq, Tk, D;
+    bool causal;
+  };
+  const Case cases[] = {{3, 20, 5, 700, 700, 64, true},
+                        {2, 24, 24, 1000, 650, 64, false},
+                        {3, 16, 4, 700, 900, 128, true},
+                        {2, 12, 6, 390, 1200, 128, false}};
+  int seed = 500;
+  for (const Case& c : cases) {
+    INFO("B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq << " Tk " << c.Tk << " D " << c.D
+              << " causal " << c.causal);
+    k::Tensor q = k::randn({c.B, c.H, c.Tq, c.D}, k::bf16, k::cpu, ++seed);
+    k::Tensor kk = k::randn({c.B, c.Hkv, c.Tk, c.D}, k::bf16, k::cpu, ++seed);
+    k::Tensor v = k::randn({c.B, c.Hkv, c.Tk, c.D}, k::bf16, k::cpu, ++seed);
+    auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = c.causal}); };
+    k::Tensor out[2];
+    for (int i = 0; i < 2; ++i) {
+      ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", i == 0 ? "3" : "4");
+      out[i] = k::Tensor(k::compile(f)(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda))).to(k::cpu);
+    }
+    auto same = k::testing::allclose(out[0], out[1], 0.0, 0.0);
+    CHECK_MESSAGE(bool(same), "one block an SM against one tile a block: " << same);
+    const int b = c.B - 1;
+    auto one = [&](const k::Tensor& t) { return k::Tensor(k::slice(t, 0, b, b + 1)); };
+    auto r = k::testing::allclose(one(out[0]), k::reference::eval(f(one(q), one(kk), one(v))), 2e-2, 2e-2);
+    CHECK_MESSAGE(bool(r), r);
+  }
+}
+
+// Sizes at the edges, every kernel set (KILN_TUNE_ATTENTION_WGMMA 1, 2, 3, 4 and 0) against the oracle: no
 // keys (Tk = 0: every row empty, the output zeros) and no queries, causal grouped heads with
 // Tq > Tk, and a batch past 2^31 elements with more than 65535 (batch, head) pairs (the grid's z;
 // 64-bit offsets), checked on batches before and after element 2^31. The big inputs are drawn on
@@ -294,47 +331,50 @@ TEST_CASE("attention: no keys, no queries, and more than 2^31 elements on every 
   };
   const Case small[] = {{1, 2, 2, 70, 0, false}, {1, 2, 1, 0, 70, true}, {2, 4, 2, 200, 70, true}};
   int seed = 300;
-  for (const char* wgmma : {"1", "2", "3", "0"}) {
-    ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
-    for (const Case& c : small) {
-      INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq
-                                        << " Tk " << c.Tk << " causal " << c.causal);
-      k::Tensor q = k::randn({c.B, c.H, c.Tq, 64}, k::bf16, k::cpu, ++seed);
-      k::Tensor kk = k::randn({c.B, c.Hkv, c.Tk, 64}, k::bf16, k::cpu, ++seed);
-      k::Tensor v = k::randn({c.B, c.Hkv, c.Tk, 64}, k::bf16, k::cpu, ++seed);
-      auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = c.causal}); };
-      auto r = k::testing::allclose(k::Tensor(k::compile(f)(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda))),
-                                    k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
-      CHECK_MESSAGE(bool(r), r);
-    }
-    // q [2100, 128, 128, 64]: 2^31 + 2^25 elements, batch 2048 on past element 2^31; k, v of 32
-    // heads and 130 keys.
-    const std::int64_t B = 2100, H = 128, Hkv = 32, Tq = 128, Tk = 130, D = 64;
-    INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " q [" << B << ", " << H << ", " << Tq << ", " << D << "]");
-    auto draw = k::compile([](auto x) { return (k::rand_like(x, 5) - 0.5) * 3.0; });
-    k::Tensor q = draw(k::Tensor::empty({B, H, Tq, D}, k::bf16, k::cuda));
-    k::Tensor kk = draw(k::Tensor::empty({B, Hkv, Tk, D}, k::bf16, k::cuda));
-    k::Tensor v = draw(k::Tensor::empty({B, Hkv, Tk, D}, k::bf16, k::cuda));
-    k::Tensor w = draw(k::Tensor::empty({B, H, Tq, D}, k::bf16, k::cuda));
-    auto f = [](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = true}); };
-    auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v) * w, k::f32)); };
-    k::Tensor o = k::compile(f)(q, kk, v);
-    auto got = k::value_and_grad(loss, k::wrt<0, 1, 2>)(q, kk, v, w);
-    const k::Tensor grads[3] = {std::get<1>(got), std::get<2>(got), std::get<3>(got)};
-    for (std::int64_t b : {std::int64_t{0}, std::int64_t{2047}, std::int64_t{2048}, B - 1}) {
-      INFO("batch " << b);
-      auto one = [&](const k::Tensor& t) { return k::Tensor(k::slice(t, 0, b, b + 1)).to(k::cpu); };
-      k::Tensor qb = one(q), kb = one(kk), vb = one(v), wb = one(w);
-      auto r = k::testing::allclose(one(o), k::reference::eval(f(qb, kb, vb)), 2e-2, 2e-2);
-      CHECK_MESSAGE(bool(r), r);
-      k::Attrs at;
-      at.a = true;
-      auto stats = k::expr::make<k::Op::attention_lse>(at, qb, kb, 0.0);
-      for (int which = 0; which < 3; ++which) {  // dq, dk, dv
-        at.c = which;
-        auto want = k::reference::eval(k::expr::make<k::Op::attention_grad>(at, qb, kb, vb, wb, stats, 0.0));
-        auto rg = k::testing::allclose(one(grads[which]).to(k::f64), want, 3e-2, 3e-2);
-        CHECK_MESSAGE(bool(rg), "gradient " << which << ": " << rg);
+  for (const char* wgmma : {"1", "2", "3", "4", "0"}) {
+    // (a subcase each: --subcase='*=3' runs one kernel set)
+    SUBCASE((std::string("KILN_TUNE_ATTENTION_WGMMA=") + wgmma).c_str()) {
+      ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
+      for (const Case& c : small) {
+        INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq
+                                          << " Tk " << c.Tk << " causal " << c.causal);
+        k::Tensor q = k::randn({c.B, c.H, c.Tq, 64}, k::bf16, k::cpu, ++seed);
+        k::Tensor kk = k::randn({c.B, c.Hkv, c.Tk, 64}, k::bf16, k::cpu, ++seed);
+        k::Tensor v = k::randn({c.B, c.Hkv, c.Tk, 64}, k::bf16, k::cpu, ++seed);
+        auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = c.causal}); };
+        auto r = k::testing::allclose(k::Tensor(k::compile(f)(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda))),
+                                      k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+        CHECK_MESSAGE(bool(r), r);
+      }
+      // q [2100, 128, 128, 64]: 2^31 + 2^25 elements, batch 2048 on past element 2^31; k, v of 32
+      // heads and 130 keys.
+      const std::int64_t B = 2100, H = 128, Hkv = 32, Tq = 128, Tk = 130, D = 64;
+      INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " q [" << B << ", " << H << ", " << Tq << ", " << D << "]");
+      auto draw = k::compile([](auto x) { return (k::rand_like(x, 5) - 0.5) * 3.0; });
+      k::Tensor q = draw(k::Tensor::empty({B, H, Tq, D}, k::bf16, k::cuda));
+      k::Tensor kk = draw(k::Tensor::empty({B, Hkv, Tk, D}, k::bf16, k::cuda));
+      k::Tensor v = draw(k::Tensor::empty({B, Hkv, Tk, D}, k::bf16, k::cuda));
+      k::Tensor w = draw(k::Tensor::empty({B, H, Tq, D}, k::bf16, k::cuda));
+      auto f = [](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = true}); };
+      auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v) * w, k::f32)); };
+      k::Tensor o = k::compile(f)(q, kk, v);
+      auto got = k::value_and_grad(loss, k::wrt<0, 1, 2>)(q, kk, v, w);
+      const k::Tensor grads[3] = {std::get<1>(got), std::get<2>(got), std::get<3>(got)};
+      for (std::int64_t b : {std::int64_t{0}, std::int64_t{2047}, std::int64_t{2048}, B - 1}) {
+        INFO("batch " << b);
+        auto one = [&](const k::Tensor& t) { return k::Tensor(k::slice(t, 0, b, b + 1)).to(k::cpu); };
+        k::Tensor qb = one(q), kb = one(kk), vb = one(v), wb = one(w);
+        auto r = k::testing::allclose(one(o), k::reference::eval(f(qb, kb, vb)), 2e-2, 2e-2);
+        CHECK_MESSAGE(bool(r), r);
+        k::Attrs at;
+        at.a = true;
+        auto stats = k::expr::make<k::Op::attention_lse>(at, qb, kb, 0.0);
+        for (int which = 0; which < 3; ++which) {  // dq, dk, dv
+          at.c = which;
+          auto want = k::reference::eval(k::expr::make<k::Op::attention_grad>(at, qb, kb, vb, wb, stats, 0.0));
+          auto rg = k::testing::allclose(one(grads[which]).to(k::f64), want, 3e-2, 3e-2);
+          CHECK_MESSAGE(bool(rg), "gradient " << which << ": " << rg);
+        }
       }
     }
   }

@@ -8,9 +8,10 @@
 // in the forward kernel.
 //   dq   s = q k^T, dP = dO v^T (two products from shared memory), dS = p (dP - delta), dq += dS k
 //   dkv  s^T = k q^T, dP^T = v dO^T, dv += p^T dO, dk += dS^T q; into [2, B, Hkv, Tk, D]
-//   dqkv dkv's, and each warpgroup's dS^T (scaled) into shared memory, then its part of dq, dS k
-//        over its 64 keys (a product from shared memory, A read MN-major), added into dq's f32 rows
-//        with atomic reductions; into [5, B, H, T, D]: dk, dv, dq (16-bit, converted from the sums
+//   dqkv dkv's, and each warpgroup's dS^T (scaled) into shared memory while its dk/dv products run,
+//        then its half of dq's dims, dS k over the block's 128 keys (a product from shared memory, A
+//        read MN-major; one wait for it and the dk/dv products), added into dq's f32 rows with
+//        atomic reductions; into [5, B, H, T, D]: dk, dv, dq (16-bit, converted from the sums
 //        by attention_dq_convert_source's kernel after this one), then the f32 sums (which the
 //        launcher zeroes) in the last two slots
 #pragma once
@@ -90,23 +91,25 @@ __device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KILN_D /
 }
 #ifdef KILN_DQKV
 #define KILN_KEYS_MASKED 1
-// dq's sums for query tile rows [i0, i0 + 64) of one head, from the block's dS^T (scaled, in shared
-// memory at ds: 128 keys of 128 bytes of queries, swizzled; both warpgroups' rows) times the block's
-// k tile over all 128 keys: this warpgroup takes half the dims (a 64-byte step into the 128-byte
-// rows at D 64, the second column block at D 128), so each element of dq gets one reduction a block.
-__device__ __forceinline__ void add_dq(float* dq, u32 ds, u32 keys, int i0, int Tq) {
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+// Issues this warpgroup's part of dq for one query tile: the block's dS^T (scaled, in shared memory
+// at ds: 128 keys of 128 bytes of queries, swizzled; both warpgroups' rows) times the block's k tile
+// over all 128 keys. This warpgroup takes half the dims (a 64-byte step into the 128-byte rows at
+// D 64, the second column block at D 128), so each element of dq gets one reduction a block. The
+// caller commits the group and waits for it (with the dk/dv products still in flight).
+__device__ __forceinline__ void issue_dq_part(float (&part)[KILN_D / 4], u32 ds, u32 keys) {
+  const int wg = threadIdx.x >> 7;
   const u64 a_desc = kiln_wgmma_desc(ds, BR * 128, 1024);
   const u32 half = KILN_D == 64 ? wg * 64 : wg * (TILE_BYTES(BR) / 2);
   const u64 b_desc = kiln_wgmma_desc(keys + half, TILE_BYTES(BR) / (KILN_D / 64), 1024);
-  float part[KILN_D / 4];
   kiln_wgmma_fence();
   kiln_wgmma_ds_first(part, a_desc, b_desc);
 #pragma unroll
   for (int kk = 1; kk < BR / 16; ++kk) kiln_wgmma_ds(part, a_desc + ((kk * 2048) >> 4), b_desc + ((kk * 2048) >> 4));
-  kiln_wgmma_commit();
-  kiln_wgmma_wait<0>();
-  kiln_hold(part);
+}
+// Adds this warpgroup's part of dq (issue_dq_part's, waited for) into dq's f32 sums for query tile
+// rows [i0, i0 + 64) of one head, rows below Tq, with atomic reductions.
+__device__ __forceinline__ void add_dq(float* dq, const float (&part)[KILN_D / 4], int i0, int Tq) {
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int t = i0 + warp * 16 + (lane >> 2) + 8 * r;
@@ -313,18 +316,19 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       u32 fp[BC / 16][4], fs[BC / 16][4];
       pack_fragments(fp, p);
       pack_fragments(fs, dp);
-#ifdef KILN_DQKV
-      store_ds(DSw, dp, scale);  // dS^T * scale: rows keys, columns queries
-#endif
       kiln_hold(acc_v);
       kiln_hold(acc_k);
       kiln_wgmma_fence();
       fragments_times_tile(acc_v, fp, gt);  // dv += p^T dO
       fragments_times_tile(acc_k, fs, qt);  // dk += dS^T q
       kiln_wgmma_commit();
+#ifdef KILN_DQKV
+      store_ds(DSw, dp, scale);  // dS^T * scale (rows keys, columns queries), while the products run
+#else
       kiln_wgmma_wait<0>();
       kiln_hold(acc_v);
       kiln_hold(acc_k);
+#endif
     }
 #ifdef KILN_DQKV
     else {  // (causal: queries all before this warpgroup's keys: its rows of dS are zeros)
@@ -333,7 +337,14 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     }
     kiln_fence_proxy_async();  // the dS tile, for wgmma's reads
     __syncthreads();           // both warpgroups' rows are in
-    add_dq(dq_sums + ((i64)b * H + hk * G + t / per_head) * Tq * KILN_D, DS, Ks, first + (t % per_head) * BC, Tq);
+    float part[KILN_D / 4];
+    issue_dq_part(part, DS, Ks);
+    kiln_wgmma_commit();
+    kiln_wgmma_wait<0>();  // dq's part, and dk's and dv's products before it
+    kiln_hold(acc_v);
+    kiln_hold(acc_k);
+    kiln_hold(part);
+    add_dq(dq_sums + ((i64)b * H + hk * G + t / per_head) * Tq * KILN_D, part, first + (t % per_head) * BC, Tq);
 #endif
     __syncthreads();  // every warpgroup is done with this stage
     if (t + 2 < n_tiles) load(t + 2);

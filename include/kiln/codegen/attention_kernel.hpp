@@ -38,6 +38,9 @@ struct AttentionKernel {
   // Hopper only: a producer warpgroup loads q and the key tiles behind mbarriers into `stages()` stages,
   // and the two warpgroups take turns on the tensor cores (attention_kernel_sm90_pingpong.hpp).
   bool producer = false;
+  // With a producer: one block an SM, each looping over query tiles (else one tile a block). The
+  // kernel is the same either way: only its launch differs.
+  bool persistent = false;
   // A score_mod's functions (codegen/score_mod_source.hpp), applied to each scaled score before the
   // mask and the softmax; empty: none. Both kinds take one, as do both kinds of backward kernels.
   // Views of the registered
@@ -71,13 +74,14 @@ struct AttentionKernel {
   }
   // The Hopper kernel for a head dim it takes (64 or 128), else nothing changed: two warpgroups a
   // block, or one (64 query rows, several blocks an SM where registers and shared memory allow).
-  // With `producer`, two warpgroups fed by a producer warpgroup.
-  static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2, bool producer = false) {
+  // With `producer`, two warpgroups fed by a producer warpgroup (`persistent`: one block an SM).
+  static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2, bool producer = false, bool persistent = false) {
     if (a.head_dim != 64 && a.head_dim != 128) return a;
     a.warpgroups = producer ? 2 : warpgroups;
     a.warps = 4 * a.warpgroups;
     a.key_rows = 128;
     a.producer = producer;
+    a.persistent = producer && persistent;
     return a;
   }
   int threads() const { return 32 * warps + (producer ? 128 : 0); }

@@ -99,8 +99,9 @@ struct Tuning {
                              // otherwise warpgroup MMA (codegen/attention_kernel_sm90.hpp,
                              // attention_backward_kernel_sm90.hpp): 1 with a forward of two warpgroups
                              // in step (the rule before), 2 of one warpgroup a block, default (or 3) fed
-                             // by a producer warpgroup whose two warpgroups take turns
-                             // (attention_kernel_sm90_pingpong.hpp; KILN_TUNE_ATTENTION_WGMMA)
+                             // by a producer warpgroup whose two warpgroups take turns, one block an SM
+                             // looping over query tiles (attention_kernel_sm90_pingpong.hpp), 4 the same
+                             // kernel one tile a block (the rule before; KILN_TUNE_ATTENTION_WGMMA)
   int attention_order = -1;  // causal fused attention kernels' block order: 0 tile by tile within each
                              // (batch, head) pair (the rule before); default the longest tiles first over
                              // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
@@ -250,7 +251,7 @@ struct Tuning {
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
-                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 3},
+                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 4},
                                    {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1},
                                    {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;

@@ -82,7 +82,8 @@ graph::Graph fuse_attention(const graph::Graph& g, int cc, const Tuning& tuning,
     at.custom = mod;
     at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block
     // row tiles a warp (0: by registers), and where Hopper's warpgroup kernel runs it 1 (two
-    // warpgroups a block), 2 (one) or 3 (two fed by a producer warpgroup), and whether the backward
+    // warpgroups a block), 2 (one), 3 (two fed by a producer warpgroup, one block an SM) or 4 (the
+    // same, one query tile a block), and whether the backward
     // adds dq's sums in its dk/dv kernel (KILN_TUNE_ATTENTION_DQ)
     // (default 3); dims[2]: dq in the dk/dv kernel where it fits (-1), always (1) or never (0)
     const int hopper =
