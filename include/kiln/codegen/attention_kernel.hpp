@@ -90,12 +90,12 @@ struct AttentionKernel {
   // the 227 KB a block may have on Hopper (they do at D 64 and 128: 113 and 225 KB).
   int stages() const {
     if (!producer) return 2;
-    return (query_rows() + 6 * key_rows) * head_dim * 2 + 1024 + 64 <= 227 * 1024 ? 3 : 2;
+    return (query_rows() + 6 * key_rows) * head_dim * 2 + 1024 + 80 <= 227 * 1024 ? 3 : 2;
   }
   // Hopper: q and the stages of k and v, 1024 bytes to align the tiles on the swizzle's period, and
   // with a producer its mbarriers.
   int shared_bytes() const {
-    return warpgroups > 0 ? (query_rows() + 2 * stages() * key_rows) * head_dim * 2 + 1024 + (producer ? 64 : 0)
+    return warpgroups > 0 ? (query_rows() + 2 * stages() * key_rows) * head_dim * 2 + 1024 + (producer ? 80 : 0)
                           : (query_rows() + 2 * key_rows) * head_dim * 2;
   }
   std::string name() const {

@@ -60,14 +60,15 @@ struct kiln_bool {
 };
 __device__ __forceinline__ void kiln_named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 
-// Rows [r0, r0 + ROWS) of a [T, D] operand into a swizzled tile by the producer's 128 threads (t).
-template <int ROWS>
-__device__ __forceinline__ void produce_tile(u32 tile, const u16* src, i64 st, int r0, int T, int t) {
-#pragma unroll 4
+// Rows [r0 + FIRST, r0 + FIRST + ROWS) of a [T, D] operand into rows [FIRST, FIRST + ROWS) of a
+// swizzled tile of TILE_ROWS rows, by the producer's 128 threads (t).
+template <int ROWS, int TILE_ROWS = ROWS>
+__device__ __forceinline__ void produce_tile(u32 tile, const u16* src, i64 st, int r0, int T, int t, int first = 0) {
+#pragma unroll 2  // by 4, the halves of q spill the producer's 40 registers
   for (int c = t; c < ROWS * CH; c += 128) {
-    const int r = c / CH, ch = c % CH;
+    const int r = first + c / CH, ch = c % CH;
     const bool in = r0 + r < T;
-    const u32 dst = tile + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+    const u32 dst = tile + (ch >> 3) * (TILE_ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
                  "l"(in ? src + (i64)(r0 + r) * st + ch * 8 : src), "r"(in ? 16 : 0));
   }
@@ -85,21 +86,23 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
           i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse KILN_MOD_PARAMS) {
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   // q, then stage i's k at Ks + i * 2 * TILE_BYTES(BN) and its v right after, then the mbarriers:
-  // q's "full" and "empty", each stage's "full" and each stage's "empty".
+  // "full" and "empty" for each warpgroup's 64 rows of q, each stage's "full" and each stage's "empty".
   const u32 Qs = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u;
   const u32 Ks = Qs + TILE_BYTES(BM), bars = Ks + KILN_STAGES * 2 * TILE_BYTES(BN);
 #define STAGE_K(i) (Ks + (i) * 2 * TILE_BYTES(BN))
 #define STAGE_V(i) (STAGE_K(i) + TILE_BYTES(BN))
-#define Q_FULL bars
-#define Q_EMPTY (bars + 8)
-#define FULL(i) (bars + 16 + 8 * (i))
-#define EMPTY(i) (bars + 16 + 8 * KILN_STAGES + 8 * (i))
+#define Q_FULL(w) (bars + 8 * (w))
+#define Q_EMPTY(w) (bars + 16 + 8 * (w))
+#define FULL(i) (bars + 32 + 8 * (i))
+#define EMPTY(i) (bars + 32 + 8 * KILN_STAGES + 8 * (i))
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int tiles = (Tq + BM - 1) / BM;
   const long long places = (long long)tiles * BH;
   if (threadIdx.x == 0) {
-    kiln_mbar_init(Q_FULL, 128);  // the producer's threads, as their copies land
-    kiln_mbar_init(Q_EMPTY, 8);   // the consumer warps, done with q
+    for (int w = 0; w < 2; ++w) {
+      kiln_mbar_init(Q_FULL(w), 128);  // the producer's threads, as their copies land
+      kiln_mbar_init(Q_EMPTY(w), 4);   // warpgroup w's warps, done with their rows of q
+    }
     for (int i = 0; i < KILN_STAGES; ++i) {
       kiln_mbar_init(FULL(i), 128);
       kiln_mbar_init(EMPTY(i), 8);
@@ -129,9 +132,12 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       const int hk = h / G;
       const u16* kp = k + b * kb + hk * kh;
       const u16* vp = v + b * vb + hk * vh;
-      if (round > 0) kiln_mbar_wait(Q_EMPTY, (round - 1) & 1);  // the consumers' last q k^T of the tile before
-      produce_tile<BM>(Qs, q + b * qb + h * qh, qt, m0, Tq, t);
-      kiln_cp_async_arrive(Q_FULL);
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {  // each warpgroup's rows as soon as its last q k^T of the tile before is in
+        if (round > 0) kiln_mbar_wait(Q_EMPTY(w), (round - 1) & 1);
+        produce_tile<64, BM>(Qs, q + b * qb + h * qh, qt, m0, Tq, t, 64 * w);
+        kiln_cp_async_arrive(Q_FULL(w));
+      }
       for (int j = 0; j < n_tiles; ++j, ++seen) {
         const int stage = seen % KILN_STAGES;
         if (seen >= KILN_STAGES) kiln_mbar_wait(EMPTY(stage), (seen / KILN_STAGES - 1) & 1);
@@ -155,6 +161,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   float alpha[2];
   int seen = 0, round = 0;  // key tiles and query tiles before this one
   for (long long at = blockIdx.x; at < places && tile(at); at += gridDim.x, ++round, seen += n_tiles) {
+    // Whether this block has another query tile with keys (every place below `places` is a tile):
+    // then warpgroup 1's last turn of this tile hands the tensor cores to warpgroup 0 for the next.
+    const bool more = Tk > 0 && at + gridDim.x < places;
     const int w0 = m0 + wg * 64;                  // this warpgroup's first query row
     const int r0 = w0 + warp * 16 + (lane >> 2);  // this thread's rows: r0 and r0 + 8
 #pragma unroll
@@ -188,7 +197,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
         issue_pv(acc, p, values_desc(STAGE_V((seen + j - 1) % KILN_STAGES)));
         kiln_wgmma_commit();
       }
-      if (wg == 0 || j + 1 < n_tiles) kiln_named_arrive(2 - wg);
+      if (wg == 0 || j + 1 < n_tiles || more) kiln_named_arrive(2 - wg);
       if constexpr (FIRST)
         kiln_wgmma_wait<0>();
       else
@@ -211,13 +220,13 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       pack_probabilities(p, s);
     };
 
-    if (wg == 1 && n_tiles > 0) kiln_named_arrive(1);
-    kiln_mbar_wait(Q_FULL, round & 1);
+    if (wg == 1 && n_tiles > 0 && round == 0) kiln_named_arrive(1);  // later tiles: at the last turn of the one before
+    kiln_mbar_wait(Q_FULL(wg), round & 1);
     if (n_active > 0) {
       step(0, kiln_bool<true>{});
       for (int j = 1; j < n_active; ++j) step(j, kiln_bool<false>{});
     }
-    if (lane == 0) kiln_mbar_arrive(Q_EMPTY);  // this warp's products with q are done: the next q may load
+    if (lane == 0) kiln_mbar_arrive(Q_EMPTY(wg));  // this warp's products with q are done: its rows of the next q may load
     if (n_active > 0) {  // the last active key tile's o += p v
       const u64 v_desc = values_desc(STAGE_V((seen + n_active - 1) % KILN_STAGES));
       kiln_hold(acc);
@@ -230,7 +239,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     for (int j = n_active; j < n_tiles; ++j) {  // causal tiles past this warpgroup's rows: turns and releases
       kiln_mbar_wait(FULL((seen + j) % KILN_STAGES), ((seen + j) / KILN_STAGES) & 1);
       kiln_named_sync(1 + wg);
-      if (wg == 0 || j + 1 < n_tiles) kiln_named_arrive(2 - wg);
+      if (wg == 0 || j + 1 < n_tiles || more) kiln_named_arrive(2 - wg);
       if (lane == 0 && j > 0) kiln_mbar_arrive(EMPTY((seen + j - 1) % KILN_STAGES));
     }
     if (lane == 0 && n_tiles > 0) kiln_mbar_arrive(EMPTY((seen + n_tiles - 1) % KILN_STAGES));  // the last key tile
