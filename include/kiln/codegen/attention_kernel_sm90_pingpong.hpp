@@ -132,19 +132,24 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       const int hk = h / G;
       const u16* kp = k + b * kb + hk * kh;
       const u16* vp = v + b * vb + hk * vh;
-#pragma unroll
-      for (int w = 0; w < 2; ++w) {  // each warpgroup's rows as soon as its last q k^T of the tile before is in
+      // Warpgroup w's rows of q once its last q k^T of the tile before is in: warpgroup 0's first
+      // (it leads by half a step), then the first key tile, so that warpgroup 0 can start before
+      // warpgroup 1 has finished the tile before; then warpgroup 1's rows and the other key tiles.
+      auto produce_q = [&](int w) {
         if (round > 0) kiln_mbar_wait(Q_EMPTY(w), (round - 1) & 1);
         produce_tile<64, BM>(Qs, q + b * qb + h * qh, qt, m0, Tq, t, 64 * w);
         kiln_cp_async_arrive(Q_FULL(w));
-      }
+      };
+      produce_q(0);
       for (int j = 0; j < n_tiles; ++j, ++seen) {
         const int stage = seen % KILN_STAGES;
         if (seen >= KILN_STAGES) kiln_mbar_wait(EMPTY(stage), (seen / KILN_STAGES - 1) & 1);
         produce_tile<BN>(STAGE_K(stage), kp, kt, j * BN, Tk, t);
         produce_tile<BN>(STAGE_V(stage), vp, vt, j * BN, Tk, t);
         kiln_cp_async_arrive(FULL(stage));
+        if (j == 0) produce_q(1);
       }
+      if (n_tiles == 0) produce_q(1);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
