@@ -142,10 +142,10 @@ struct Tuning {
                            // did not move, the GPU's is to be measured (benchmarks/NOTES.md item 107;
                            // KILN_TUNE_ROW_SCALARS)
   int epilogue = -1;       // a matmul's bias and activation become cuBLASLt epilogues where the
-                           // pattern matches (default; 0 keeps them in the fused pointwise kernel;
-                           // GPT-2: 19.4 against 19.6 ms a step, benchmarks/NOTES.md; 2 the forward's
-                           // only, without item 153's DGELU/BGRAD; 3 DGELU without BGRAD;
-                           // KILN_TUNE_EPILOGUE)
+                           // pattern matches (0 keeps them in the fused pointwise kernel; GPT-2: 19.4
+                           // against 19.6 ms a step, benchmarks/NOTES.md); 1 with item 153's DGELU
+                           // and BGRAD; 2 the forward's only; 3 DGELU without BGRAD (the default:
+                           // BGRAD cost GPT-2's step 6%, NOTES item 164; KILN_TUNE_EPILOGUE)
 
   // A field, named through an alias (nvcc's host pass writes `int Tuning::*f[]` with parentheses
   // that g++ then warns about).

@@ -1,8 +1,8 @@
 // choose_epilogues: which matmuls take the bias add and activation that follow them as a library
 // epilogue (cuBLASLt's BIAS, RELU_BIAS, GELU_BIAS, GELU_AUX_BIAS, ...) instead of a fused pointwise
 // kernel: out = act(a @ b + bias) as one extern step. CUDA only; the CPU keeps its matmul and fused
-// kernels. KILN_TUNE_EPILOGUE=0 turns it off, =2 keeps the forward's only, =3 takes DGELU without
-// BGRAD (core/tuning.hpp).
+// kernels. KILN_TUNE_EPILOGUE=0 turns it off, =1 takes DGELU with BGRAD, =2 keeps the forward's
+// only, =3 (the default) takes DGELU without BGRAD (core/tuning.hpp).
 //
 // The pattern is recognised on the primitive graph, after decomposition and differentiation, not
 // marked on the composite before it: the backward of a fused gelu needs its pre-activation, which
