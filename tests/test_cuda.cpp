@@ -345,16 +345,23 @@ TEST_CASE("cuda: rows of odd length, tiles from the vector before the row" * nee
   // and one a block, a looped row, both dtypes, layer_norm (unshifted) beside it, its backward;
   // KILN_TUNE_ROW_SHIFT=1 keeps every row with weights unshifted (the rule before), 2 shifts every
   // held row with weights (layer_norm and the norm backwards too); weights sliced at an offset of a
-  // whole vector and of less.
+  // whole vector and of less. With KILN_TUNE_SHIFTED_WEIGHTS=1 short 16-bit rows read their
+  // weights from shifted copies in shared memory (layer_norm's rows shifted for them too: rms_norm
+  // over 501 columns has two tiles a thread, layer_norm's copies do not fit there).
   auto ln = [](auto a, auto w, auto b) { return k::layer_norm(a, w, b); };
   auto rms = [](auto a, auto w) { return k::rms_norm(a, w); };
   auto rms_at3 = [](auto a, auto w) { return k::rms_norm(a, k::slice(w, 0, 3, 200)); };
   auto ln_at8 = [](auto a, auto w, auto b) { return k::layer_norm(a, k::slice(w, 0, 8, 205), k::slice(b, 0, 3, 200)); };
   auto ln_bwd = k::vjp([](auto a, auto w, auto b) { return k::layer_norm(a, w, b); }, k::wrt<0, 1, 2>);
-  for (const char* shift : {"", "1", "2"}) {
+  const std::pair<const char*, const char*> settings[] = {{"", ""}, {"1", ""}, {"2", ""}, {"", "1"}, {"2", "1"}};
+  for (const auto& setting : settings) {
+    const char* shift = setting.first;
+    const char* copies_knob = setting.second;
     CAPTURE(shift);
+    CAPTURE(copies_knob);
     if (*shift) ::setenv("KILN_TUNE_ROW_SHIFT", shift, 1);
-    for (std::int64_t n : {197, 1001, 30011}) {
+    if (*copies_knob) ::setenv("KILN_TUNE_SHIFTED_WEIGHTS", copies_knob, 1);
+    for (std::int64_t n : {197, 501, 1001, 30011}) {
       CAPTURE(n);
       k::Tensor a = k::randn({37, n}, k::f32, k::cpu, 36), w = k::randn({n}, k::f32, k::cpu, 37) + 1.0f,
                 b = k::randn({n}, k::f32, k::cpu, 38);
@@ -381,7 +388,14 @@ TEST_CASE("cuda: rows of odd length, tiles from the vector before the row" * nee
     std::string src = k::explain(k::compile(rms), a, w).kernels.at(0).source;
     const bool shifted = std::string(shift) != "1";
     CHECK(shifted == (src.find("KILN_R_TILES_SHIFTED(roffset, kiln_shift)") != std::string::npos));
+    const bool copies = shifted && std::string(copies_knob) == "1";
+    CHECK(copies == (src.find("kiln_weight_copies0[") != std::string::npos));
+    k::Tensor b = k::randn({197}, k::bf16, k::cuda, 45);
+    std::string ln_src = k::explain(k::compile(ln), a, w, b).kernels.at(0).source;
+    CHECK(copies == (ln_src.find("kiln_weight_copies1[") != std::string::npos));
+    CHECK((ln_src.find("KILN_R_TILES_SHIFTED") != std::string::npos) == (copies || std::string(shift) == "2"));
     ::unsetenv("KILN_TUNE_ROW_SHIFT");
+    ::unsetenv("KILN_TUNE_SHIFTED_WEIGHTS");
   }
 }
 

@@ -197,6 +197,8 @@ class KernelWriter {
 
   Value load(int node, const std::vector<Sym>& idx, const std::string& extra_mask);
   std::optional<Value> kept_row_load(int node, const std::string& code, kiln::dtype ct);
+  // A shifted row's weight tile from its block's shifted copies in shared memory (weight_copies_).
+  std::optional<Value> weight_copy_load(int node, const std::string& ptr, const Sym& offset, kiln::dtype ct);
   Value emit(int node, const std::vector<Sym>& idx, const std::string& extra_mask = "");
   Value emit_uncached(int node, const std::vector<Sym>& idx, const std::string& extra_mask);
   std::vector<Sym> broadcast_index(int child, int parent, const std::vector<Sym>& idx);
@@ -324,6 +326,17 @@ class KernelWriter {
   bool row_shift_ = false;                 // GPU rows: tiles start on the vector before the row (plan())
   bool rows_on_vectors_ = false;           // GPU rows: every full-size array's rows start on a vector (plan())
   bool shifted_weights_ = false;           // ... and the row reads weights (plan())
+  // ... from RVEC shifted copies a weight in shared memory (plan(); kernel_writer_access.hpp's
+  // weight_copy_load), of at most weight_copies_bytes_ a block.
+  bool weight_copies_ = false;
+  std::int64_t weight_copies_bytes_ = 0;
+  struct WeightCopies {
+    std::string name;  // the shared array
+    kiln::dtype dt;    // its elements' (the weight's stored dtype)
+    std::string fill;  // the load of a tile of it, for the copy at roffset
+  };
+  std::vector<WeightCopies> weight_copies_list_;
+  std::string fill_weight_copies(std::string& signature) const;
   // Host rows whose loops' rmask is all true by construction (whole programs of rows, whole tiles).
   // GPU column reductions split down the reduced elements too (launch_config.hpp's column blocks).
   bool column_block() const { return target_ == Target::cuda && config_.x_lanes && config_.row_threads > 1; }

@@ -274,6 +274,51 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature) co
   return pre;
 }
 
+// Shifted rows' weights (weight_copies_, planned where they fit: launch_config.hpp's
+// weight_copies_budget): a shifted row's tiles start `kiln_shift` elements before the row, so its
+// weights' tiles start anywhere and each lane's load is tested, element by element, in most rows.
+// Instead a block keeps RVEC copies of each weight in shared memory, copy s shifted by s elements
+// (zero where the tile reaches past the weight's ends) and laid out as the rows' tiles are, so
+// that a row reads its weight tile at its own shift as one aligned 16-byte load from shared
+// memory, conflict-free across a warp's consecutive tiles. The block's threads fill the copies
+// once, before the row loop (fill_weight_copies). Copies past the planned bytes (a row-invariant
+// load the plan did not count as a weight) are read as before.
+inline std::optional<KernelWriter::Value> KernelWriter::weight_copy_load(int node, const std::string& ptr,
+                                                                         const Sym& offset, kiln::dtype ct) {
+  const kiln::dtype st = g_[node].dt;
+  const std::string fill = "kiln::load_raw(" + ptr + ", " + index_code(offset) + ", (rindex >= 0) & (rindex < rnumel))";
+  auto found = std::find_if(weight_copies_list_.begin(), weight_copies_list_.end(),
+                            [&](const WeightCopies& w) { return w.fill == fill; });
+  if (found == weight_copies_list_.end()) {
+    std::int64_t bytes = static_cast<std::int64_t>(itemsize(st));
+    for (const auto& w : weight_copies_list_) bytes += static_cast<std::int64_t>(itemsize(w.dt));
+    if (weight_copy_bytes(config_, bytes) > weight_copies_bytes_) return std::nullopt;
+    weight_copies_list_.push_back({"kiln_weight_copies" + std::to_string(weight_copies_list_.size()), st, fill});
+    found = std::prev(weight_copies_list_.end());
+  }
+  const std::string tile = found->name + "[(kiln_shift * RITERS + kiln_it) * ROW_THREADS + threadIdx.x % ROW_THREADS]";
+  const bool narrow = st == kiln::dtype::f16 || st == kiln::dtype::bf16;
+  return bind(narrow ? "kiln::widen(" + tile + ")" : tile, ct);
+}
+
+// The shared arrays of weight_copy_load (declared in the signature: one a block, outside the
+// alignment split's two bodies) and their fill before the row loop: entry (s * RITERS + it) *
+// ROW_THREADS + lane holds the weight's elements of tile `it` of lane `lane` in a row of shift s.
+inline std::string KernelWriter::fill_weight_copies(std::string& signature) const {
+  std::string pre =
+      "  // each weight's RVEC copies, shifted by 0 .. RVEC-1 elements: a row reads its own\n"
+      "  for (int kiln_q = threadIdx.x; kiln_q < RVEC * RITERS * ROW_THREADS; kiln_q += ROWS * ROW_THREADS) {\n"
+      "    const ix kiln_copy = kiln_q / (RITERS * ROW_THREADS);\n"
+      "    const ix roffset = (kiln_q % (RITERS * ROW_THREADS)) * RVEC - kiln_copy;\n"
+      "    auto rindex = roffset + kiln::arange<RVEC, ix>();\n";
+  for (const auto& w : weight_copies_list_) {
+    signature += "  __shared__ __align__(16) kiln::tile<" + detail::storage_c_type(w.dt) + ", RVEC> " + w.name +
+                 "[RVEC * RITERS * ROW_THREADS];\n";
+    pre += "    " + w.name + "[kiln_q] = " + w.fill + ";\n";
+  }
+  return pre + "  }\n  __syncthreads();\n";
+}
+
 namespace detail {
 // A load's call without the widening of 16-bit values (a cache keeps them 16-bit, widened on use).
 inline std::string unwidened(std::string code) {
@@ -380,6 +425,9 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
     if (!base.empty()) code = "kiln::load_contig<" + load_via(width) + ">(" + ptr + ", " + base + ", " + m + ")";
   }
   if (code.empty()) code = "kiln::load(" + ptr + ", " + index_code(offset) + ", " + m + ")";
+  if (weight_copies_ && rows() && !config_.x_lanes && in_rloop_ && config_.riters > 0 && per_tile && !by_row &&
+      extra_mask.empty())
+    if (auto copy = weight_copy_load(node, ptr, offset, ct)) return *copy;
   // A persistent row: the tiles of a row read in one loop stay in registers for the next loops.
   // Row-invariant arrays past the register budget (launch_config.hpp) are re-read each loop (from L1).
   if (rows() && per_tile && !by_row && !config_.cache_invariants) return bind(code, ct);

@@ -395,6 +395,7 @@ inline KernelSource KernelWriter::write() {
   std::string caches;
   for (const auto& d : cache_decls_) caches += "    " + d + "\n";
   std::string hoisted = column_loads_.empty() ? "" : hoist_row_invariants(signature);
+  if (!weight_copies_list_.empty()) hoisted += fill_weight_copies(signature);
   std::string body = section(Section::before_rows) + hoisted + section(Section::row_open) + caches +
                      section(Section::stage) + (staged_.empty() ? "" : "    __syncthreads();\n") +
                      section(Section::body);

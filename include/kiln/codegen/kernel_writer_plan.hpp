@@ -138,12 +138,22 @@ inline void KernelWriter::plan() {
   const bool one_row = xnumel_.is_constant() && xnumel_.constant_value() == 1;
   const bool shift_symbolic = !rnumel_.is_constant() && invariants.empty() && !one_row &&
                               (rn % vec != 0 || tune_.dynamic_rows == 0);
-  row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && !streams.empty() &&
-               plan_.partials.empty() && !rows_on_vectors &&
-               (shift_symbolic || (rnumel_.is_constant() && rnumel_.constant_value() % vec != 0 &&
-                                   (invariants.empty() || tune_.row_shift == 2 ||
-                                    (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 &&
-                                     caches.loops <= 2 && streams.size() + full_stores > invariants.size()))));
+  // With KILN_TUNE_SHIFTED_WEIGHTS=1, 16-bit held rows of one full-size array whose weights fit as
+  // shifted copies in shared memory (weight_copy_load: one aligned tile a weight a row, no tested
+  // loads) shift whatever their walks and weights (layer_norm), where the copies fit (checked
+  // below, once the tiles are known). Off by default: 1.4-2.1x slower on an H100 with the grid of
+  // 64 waves, a block filling its copies for about one group of rows (NOTES item 166).
+  const bool by_copies =
+      tune_.row_shift != 1 && tune_.shifted_weights == 1 && max_item == 2 && streams.size() == 1 && !invariants.empty();
+  const bool shift_rows = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && !streams.empty() &&
+                          plan_.partials.empty() && !rows_on_vectors && rnumel_.is_constant() &&
+                          rnumel_.constant_value() % vec != 0;
+  const bool shift_by_rule = shift_rows && (invariants.empty() || tune_.row_shift == 2 ||
+                                            (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 &&
+                                             caches.loops <= 2 && streams.size() + full_stores > invariants.size()));
+  row_shift_ = (rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && !streams.empty() &&
+                plan_.partials.empty() && !rows_on_vectors && shift_symbolic) ||
+               shift_by_rule || (shift_rows && by_copies);
   // GPU rows of symbolic length held as at the compiling call's length (Triton's persistent
   // reduction, its tiles sized from the size hint): the lengths it serves are held_min..held_max;
   // the program launches the kernel written looped at others (runtime's CompiledKernel::looped).
@@ -158,6 +168,16 @@ inline void KernelWriter::plan() {
     row_shift_ = false;
     ks.config = row_config(target_, xn, rn, max_item, true, column, caches, tune_, false);
   }
+  std::int64_t weight_items = 0;
+  for (int v : invariants) weight_items += static_cast<std::int64_t>(itemsize(g_[v].dt));
+  const std::int64_t copies_budget = row_shift_ && !invariants.empty() ? weight_copies_budget(ks.config, tune_) : 0;
+  const bool copies_fit = copies_budget > 0 && weight_copy_bytes(ks.config, weight_items) <= copies_budget;
+  if (row_shift_ && !shift_by_rule && !shift_symbolic && !copies_fit) {  // shifted only for copies that do not fit
+    row_shift_ = false;
+    ks.config = row_config(target_, xn, rn, max_item, true, column, caches, tune_, false);
+  }
+  weight_copies_ = row_shift_ && copies_fit;
+  weight_copies_bytes_ = weight_copies_ ? copies_budget : 0;
   shifted_weights_ = row_shift_ && !invariants.empty();
   // A static row that 512 threads cannot hold: 1024 threads may (launch_config.hpp's wide_rows).
   if (rows() && !column && target_ == Target::cuda && rnumel_.is_constant() && ks.config.riters == 0 &&

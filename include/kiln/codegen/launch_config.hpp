@@ -177,6 +177,24 @@ inline int min_blocks_for(int threads, std::int64_t cached, const Tuning& tune) 
   return cached * 4 <= registers * 2 * 3 ? static_cast<int>(occupancy / threads) : 0;
 }
 
+// Shifted GPU rows' weights as RVEC shifted copies in shared memory (kernel_writer_access.hpp's
+// weight_copy_load): the bytes a block's copies take (`item_bytes`: the weights' element sizes,
+// summed), and the most they may take: the SM's shared memory (weight_copy_smem_bytes, three
+// quarters of an sm_90 SM's 256 KB of L1 and shared memory, as held_row_l1_bytes) shared out over
+// the blocks that `occupancy` threads make (1024 by default, as min_blocks_for), within static
+// shared memory's 48 KB less the kernel's own reduction slots. 0: no copies.
+inline constexpr std::int64_t weight_copy_smem_bytes = 192 * 1024;
+inline constexpr std::int64_t weight_copy_static_bytes = 40 * 1024;
+inline std::int64_t weight_copy_bytes(const LaunchConfig& c, std::int64_t item_bytes) {
+  return std::int64_t{c.rvec} * c.riters * c.row_threads * c.rvec * item_bytes;
+}
+inline std::int64_t weight_copies_budget(const LaunchConfig& c, const Tuning& tune) {
+  if (tune.shifted_weights != 1 || c.riters <= 0 || c.x_lanes) return 0;
+  const std::int64_t occupancy = tune.occupancy > 0 ? tune.occupancy : 1024;
+  const std::int64_t blocks = std::max<std::int64_t>(1, occupancy / std::max(c.threads, 1));
+  return std::min(weight_copy_smem_bytes / blocks, weight_copy_static_bytes);
+}
+
 // Where a held row's weights live: 0 reloaded each row, 1 hoisted into registers (blocks of several
 // rows, by default), 2 shared memory (KILN_TUNE_HOIST).
 inline int hoist_mode(const Tuning& tune, int rows) { return tune.hoist >= 0 ? tune.hoist : rows >= 2 ? 1 : 0; }

@@ -141,6 +141,12 @@ struct Tuning {
                            // mask, not lane by lane (1); default lane by lane: the host's cross_entropy
                            // did not move, the GPU's is to be measured (benchmarks/NOTES.md item 107;
                            // KILN_TUNE_ROW_SCALARS)
+  int shifted_weights = -1;  // GPU rows shifted to whole vectors (codegen's row_shift_) that read weights:
+                             // 1 keeps each weight's RVEC shifted copies in shared memory a block, read
+                             // back a whole tile at the row's shift, where they fit (codegen's
+                             // weight_copies_budget), which also lets 16-bit layer_norm rows shift;
+                             // default element by element from L1, shifted only where that measured
+                             // a gain (1 ran 1.4-2.1x slower: NOTES item 166; KILN_TUNE_SHIFTED_WEIGHTS)
   int epilogue = -1;       // a matmul's bias and activation become cuBLASLt epilogues where the
                            // pattern matches (0 keeps them in the fused pointwise kernel; GPT-2: 19.4
                            // against 19.6 ms a step, benchmarks/NOTES.md); 1 with item 153's DGELU
@@ -201,7 +207,8 @@ struct Tuning {
                                    {&Tuning::row_split, "row_split"},
                                    {&Tuning::row_smem, "row_smem"},
                                    {&Tuning::wide_rows, "wide_rows"},
-                                   {&Tuning::row_scalars, "row_scalars"}};
+                                   {&Tuning::row_scalars, "row_scalars"},
+                                   {&Tuning::shifted_weights, "shifted_weights"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -246,6 +253,7 @@ struct Tuning {
                                    {&Tuning::row_smem, "KILN_TUNE_ROW_SMEM", 0, any},
                                    {&Tuning::wide_rows, "KILN_TUNE_WIDE_ROWS", 0, 1},
                                    {&Tuning::row_scalars, "KILN_TUNE_ROW_SCALARS", 0, 1},
+                                   {&Tuning::shifted_weights, "KILN_TUNE_SHIFTED_WEIGHTS", 0, 1},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 1},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
