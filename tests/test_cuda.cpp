@@ -564,6 +564,12 @@ TEST_CASE("cuda: dynamic rows of odd length with a weight, shifted as static one
     }
     CHECK(f.cache().compiles() == 1);
     CHECK(g.cache().compiles() == 1);
+    // A length the held kernel serves, its weight one element past a 16-byte boundary.
+    k::Tensor a = k::randn({37, 211}, k::f32, k::cpu, 94).to(dt);
+    k::Tensor flat = k::Tensor(k::randn({212}, k::f32, k::cpu, 95) + 1.0f).to(dt);
+    auto r = k::testing::allclose(f(a.to(k::cuda), flat.to(k::cuda).as_strided({211}, {1}, 1)),
+                                  k::reference::eval(rms(a, flat.as_strided({211}, {1}, 1))), tol, tol);
+    CHECK_MESSAGE(bool(r), r);
     k::report rep =
         k::explain(f, k::randn({5, 199}, k::f32, k::cuda, 92).to(dt), k::randn({199}, k::f32, k::cuda, 93).to(dt));
     INFO(rep);
