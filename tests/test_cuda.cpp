@@ -537,6 +537,48 @@ TEST_CASE("cuda: dynamic rows of odd length, shifted to whole vectors" * needs_g
   }
 }
 
+TEST_CASE("cuda: dynamic rows of odd length with a weight, shifted as static ones are" * needs_gpu()) {
+  // rms_norm's 16-bit rows with their weight, the row length symbolic (NOTES item 167): shifted
+  // and held at the first call's length, serving the lengths its tiles hold; the looped twin
+  // (unshifted: a looped row with weights) past them; one program throughout. f32 rows stay
+  // unshifted, as static ones do; layer_norm (as many weights as full-size arrays) too.
+  auto rms = [](auto a, auto w) { return k::rms_norm(a, w); };
+  auto ln = [](auto a, auto w, auto b) { return k::layer_norm(a, w, b); };
+  const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
+  for (k::dtype dt : {k::bf16, k::f32}) {
+    CAPTURE(dt);
+    const double tol = dt == k::bf16 ? 2e-2 : 1e-4;
+    auto f = k::compile(rms, dyn);
+    auto g = k::compile(ln, dyn);
+    for (std::int64_t cols : {197, 251, 8, 64, 249, 1001, 3073, 200, 5, 30011}) {
+      CAPTURE(cols);
+      const int seed = 70 + static_cast<int>(cols % 1000);
+      k::Tensor a = k::randn({37, cols}, k::f32, k::cpu, seed).to(dt);
+      k::Tensor w = k::Tensor(k::randn({cols}, k::f32, k::cpu, seed + 1) + 1.0f).to(dt);
+      k::Tensor b = k::randn({cols}, k::f32, k::cpu, seed + 2).to(dt);
+      auto r = k::testing::allclose(f(a.to(k::cuda), w.to(k::cuda)), k::reference::eval(rms(a, w)), tol, tol);
+      CHECK_MESSAGE(bool(r), r);
+      r = k::testing::allclose(g(a.to(k::cuda), w.to(k::cuda), b.to(k::cuda)), k::reference::eval(ln(a, w, b)), tol,
+                               tol);
+      CHECK_MESSAGE(bool(r), r);
+    }
+    CHECK(f.cache().compiles() == 1);
+    CHECK(g.cache().compiles() == 1);
+    // A length the held kernel serves, its weight one element past a 16-byte boundary.
+    k::Tensor a = k::randn({37, 211}, k::f32, k::cpu, 94).to(dt);
+    k::Tensor flat = k::Tensor(k::randn({212}, k::f32, k::cpu, 95) + 1.0f).to(dt);
+    auto r = k::testing::allclose(f(a.to(k::cuda), flat.to(k::cuda).as_strided({211}, {1}, 1)),
+                                  k::reference::eval(rms(a, flat.as_strided({211}, {1}, 1))), tol, tol);
+    CHECK_MESSAGE(bool(r), r);
+    k::report rep =
+        k::explain(f, k::randn({5, 199}, k::f32, k::cuda, 92).to(dt), k::randn({199}, k::f32, k::cuda, 93).to(dt));
+    INFO(rep);
+    REQUIRE_FALSE(rep.kernels.empty());
+    const bool shifted = rep.kernels[0].source.find("KILN_R_TILES_SHIFTED(roffset, kiln_shift)") != std::string::npos;
+    CHECK(shifted == (dt == k::bf16));
+  }
+}
+
 // A training loss whose vocabulary changes (its one-hot's indices and views are sized from the
 // logits, not named: NOTES 124): one program serves every class count, rows of odd length and
 // whole vectors, both dtypes.

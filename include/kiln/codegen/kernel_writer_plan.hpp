@@ -113,12 +113,15 @@ inline void KernelWriter::plan() {
   // (three walks) up to 2.3x (NOTES 118). KILN_TUNE_ROW_SHIFT=0 turns it off, 1 keeps rows with
   // weights unshifted (the rule before), 2 shifts every row with weights (for A/Bs: NOTES 122
   // measured it, and weights read as two whole vectors and a funnel shift, slower still).
-  // Rows of symbolic length (a sequence length that changes) without weights are shifted too, each
-  // row's shift computed as it starts: where the compiling call's length is no whole number of
-  // vectors (the row held at it, serving any length its tiles hold) and in the looped twin, which
-  // serves every length; held rows of a length of whole vectors keep their one test a vector. Not
-  // a single row (a full reduction: its shift is 0, and the split loop's unmasked vectors measured
-  // 6% faster on cross_entropy's loss over 1335 rows, NOTES 123).
+  // Rows of symbolic length (a sequence length that changes) are shifted too where a static row of
+  // the same form would be (no weights, or the weights rule above), each row's shift computed as it
+  // starts: where the compiling call's length is no whole number of vectors (the row held at it,
+  // serving any length its tiles hold) and in the looped twin, which serves every length (a looped
+  // row with weights stays unshifted, below); held rows of a length of whole vectors keep their one
+  // test a vector. Not a single row (a full reduction: its shift is 0, and the split loop's unmasked
+  // vectors measured 6% faster on cross_entropy's loss over 1335 rows, NOTES 123). Rows with
+  // weights of symbolic length ran unshifted before NOTES item 167: dynamic rms_norm over 197 bf16
+  // columns at 1.8x its static kernel.
   const std::int64_t vec = row_vector(max_item);
   // Rows whose every full-size array has a row stride of whole vectors (buffers with room for a
   // GEMM, schedule/pad_buffers.hpp) start on a vector as they are: nothing to shift.
@@ -136,14 +139,15 @@ inline void KernelWriter::plan() {
       rows_on_vectors = rows_on_vectors && row_stride_whole(v);
   rows_on_vectors_ = rows_on_vectors;
   const bool one_row = xnumel_.is_constant() && xnumel_.constant_value() == 1;
-  const bool shift_symbolic = !rnumel_.is_constant() && invariants.empty() && !one_row &&
+  const bool weights_shift =
+      tune_.row_shift == 2 || (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 && caches.loops <= 2 &&
+                               streams.size() + full_stores > invariants.size());
+  const bool shift_symbolic = !rnumel_.is_constant() && (invariants.empty() || weights_shift) && !one_row &&
                               (rn % vec != 0 || tune_.dynamic_rows == 0);
   row_shift_ = rows() && !column && target_ == Target::cuda && tune_.row_shift != 0 && !streams.empty() &&
                plan_.partials.empty() && !rows_on_vectors &&
                (shift_symbolic || (rnumel_.is_constant() && rnumel_.constant_value() % vec != 0 &&
-                                   (invariants.empty() || tune_.row_shift == 2 ||
-                                    (tune_.row_shift != 1 && max_item == 2 && streams.size() == 1 &&
-                                     caches.loops <= 2 && streams.size() + full_stores > invariants.size()))));
+                                   (invariants.empty() || weights_shift)));
   // GPU rows of symbolic length held as at the compiling call's length (Triton's persistent
   // reduction, its tiles sized from the size hint): the lengths it serves are held_min..held_max;
   // the program launches the kernel written looped at others (runtime's CompiledKernel::looped).
@@ -156,7 +160,9 @@ inline void KernelWriter::plan() {
                      : pointwise_config(target_, xn, max_item, tune_);
   if (row_shift_ && !invariants.empty() && ks.config.riters == 0) {  // a looped row with weights: unshifted
     row_shift_ = false;
-    ks.config = row_config(target_, xn, rn, max_item, true, column, caches, tune_, false);
+    // (A symbolic row unshifted is held only at a length of whole vectors, as held_dynamic says.)
+    const bool static_rows = rnumel_.is_constant() || (held_dynamic && rn % vec == 0);
+    ks.config = row_config(target_, xn, rn, max_item, static_rows, column, caches, tune_, false);
   }
   shifted_weights_ = row_shift_ && !invariants.empty();
   // A static row that 512 threads cannot hold: 1024 threads may (launch_config.hpp's wide_rows).

@@ -206,8 +206,8 @@ template <class ArgAt>
 void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, codegen::Target target, ArgAt&& arg) {
   p.kernels.clear();
   const bool realize = p.tuning.realize != 0;
-  // KILN_TUNE_EPILOGUE (schedule_graph's epilogues), by default 3, DGELU without BGRAD: with BGRAD (1)
-  // GPT-2's step ran 6% slower on an H100 (NOTES item 164).
+  // KILN_TUNE_EPILOGUE: 0 off, 2 the forward's only
+  // By default DGELU without BGRAD (3): with BGRAD (1) GPT-2's step ran 6% slower on an H100 (NOTES item 164).
   const int epilogues = target == codegen::Target::cuda ? (p.tuning.epilogue < 0 ? 3 : p.tuning.epilogue) : 0;
   const bool host = target == codegen::Target::cpu;
   p.sched = schedule_graph(g, env, p.tuning.partials, realize, epilogues, host);
