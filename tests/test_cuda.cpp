@@ -579,6 +579,56 @@ TEST_CASE("cuda: dynamic rows of odd length with a weight, shifted as static one
   }
 }
 
+// Unshifted rows of symbolic length at an odd first length (layer_norm's weight and bias, and its
+// backward's column partials: NOTES item 169): held in registers as the static kernel at that
+// length is, a mask test a lane, serving the lengths its tiles hold; the looped twin past them.
+// dx, dw and db against the f64 oracle at changing lengths, one program.
+TEST_CASE("cuda: dynamic unshifted rows of odd length held, forward and backward" * needs_gpu()) {
+  auto loss = [](auto a, auto w, auto b, auto g) { return k::sum(k::layer_norm(a, w, b) * g); };
+  auto ln = [](auto a, auto w, auto b) { return k::layer_norm(a, w, b); };
+  const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
+  for (k::dtype dt : {k::f32, k::bf16}) {
+    CAPTURE(dt);
+    const double tol = dt == k::bf16 ? 5e-2 : 1e-3;
+    auto grad = k::compile(k::grad(loss, k::wrt<0, 1, 2>), dyn);
+    auto fwd = k::compile(ln, dyn);
+    for (std::int64_t cols : {197, 203, 131, 1001, 64, 7, 4099}) {
+      CAPTURE(cols);
+      const int seed = 300 + static_cast<int>(cols % 1000);
+      auto in = [&](std::vector<std::int64_t> shape, int s, float shift) {
+        return k::Tensor(k::randn(shape, k::f32, k::cpu, seed + s) + shift).to(dt);
+      };
+      k::Tensor a = in({53, cols}, 0, 0.5f), w = in({cols}, 1, 1.0f), b = in({cols}, 2, 0.0f),
+                g = in({53, cols}, 3, 0.0f);
+      auto [da, dw, db] = grad(a.to(k::cuda), w.to(k::cuda), b.to(k::cuda), g.to(k::cuda));
+      auto f64 = [](const k::Tensor& x) { return k::Tensor(k::cast(x, k::f64)); };
+      const auto want = oracle_outputs(k::grad(loss, k::wrt<0, 1, 2>), f64(a), f64(w), f64(b), f64(g));
+      int i = 0;
+      for (const k::Tensor& got : {da, dw, db}) {
+        CAPTURE(i);
+        // dw and db sum 53 rows of 16-bit products: a looser bound in bf16.
+        auto r = k::testing::allclose(got.to(k::f64), k::reference::to_tensor(want[i++]), tol, tol);
+        CHECK_MESSAGE(bool(r), r);
+      }
+      auto r = k::testing::allclose(fwd(a.to(k::cuda), w.to(k::cuda), b.to(k::cuda)), k::reference::eval(ln(a, w, b)),
+                                    dt == k::bf16 ? 2e-2 : 1e-4, dt == k::bf16 ? 2e-2 : 1e-4);
+      CHECK_MESSAGE(bool(r), r);
+    }
+    CHECK(grad.cache().compiles() == 1);
+    CHECK(fwd.cache().compiles() == 1);
+    // A fresh program at an odd length: its row kernel holds the row (register tiles, lane masks).
+    auto fresh = k::compile(ln, dyn);
+    k::report rep =
+        k::explain(fresh, k::randn({5, 199}, k::f32, k::cuda, 96).to(dt), k::randn({199}, k::f32, k::cuda, 97).to(dt),
+                   k::randn({199}, k::f32, k::cuda, 98).to(dt));
+    INFO(rep);
+    REQUIRE_FALSE(rep.kernels.empty());
+    const std::string& src = rep.kernels[0].source;
+    CHECK(src.find("KILN_R_TILES(roffset)") != std::string::npos);
+    CHECK(src.find("auto rmask = (rindex < rnumel) & xmask;") != std::string::npos);
+  }
+}
+
 // A training loss whose vocabulary changes (its one-hot's indices and views are sized from the
 // logits, not named: NOTES 124): one program serves every class count, rows of odd length and
 // whole vectors, both dtypes.

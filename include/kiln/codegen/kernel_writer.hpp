@@ -320,6 +320,7 @@ class KernelWriter {
   // GPU rows of symbolic length held in registers: served only at lengths of whole vectors (the
   // launch tests it, KernelSource::held_multiple, as Triton specialises sizes divisible by 16).
   bool dyn_vector_rows_ = false;
+  bool dyn_held_unshifted_ = false;  // GPU rows of symbolic length held in registers, unshifted
   Assumptions assumed_;  // GPU kernels over symbolic sizes (plan())
   bool row_shift_ = false;                 // GPU rows: tiles start on the vector before the row (plan())
   bool rows_on_vectors_ = false;           // GPU rows: every full-size array's rows start on a vector (plan())
@@ -343,6 +344,10 @@ class KernelWriter {
   bool whole_lanes_ = false;  // host column programs: writing the body of a program of whole tiles (write_rows)
   bool unmasked_part_ = false;  // host rows: writing the whole vectors of a split row (write_rows)
   bool tail_part_ = false;      // writing the vector with a split row's end (its caches: stored before)
+  // Held GPU rows (Tuning::row_prefetch): the head of the loop being written, and the first loop's
+  // register-cache loads with its head, which write() puts in a loop of their own before it.
+  std::vector<std::string> loop_head_, prefetch_head_, prefetch_loads_;
+  bool prefetched(const std::string& load, kiln::dtype stored) const;
   // Host rows: the loop over a row being written, its halves one loop (a split row's register
   // caches and kept values are stored in both halves, read in later loops).
   int loop_id_ = 0;

@@ -274,6 +274,25 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature) co
   return pre;
 }
 
+// Whether a register cache's load goes to the prefetch loop before the row's first loop
+// (Tuning::row_prefetch): a GPU row of static length held in registers, the cache made by the
+// first loop of the row, not split in two halves, of values of 4 bytes or more, and a load that
+// reads only what the loop's head defines (no value the loop computes). ptxas issues the row's
+// loads back to back there; written where the first loop uses them, it had interleaved each tile's
+// load with the previous tile's arithmetic (rms_norm over 1001 f32 columns: one tile in flight a
+// warp, 80% of the copy ceiling; its backward 1.6x faster so). A 16-bit tile read element by
+// element needs a register an element in flight, twice its cache's (softmax over 3073 bf16
+// columns: 128 -> 165 registers, 1.23x slower); rows of symbolic length measured level (geomean
+// 1.001, worst 1.04x): benchmarks/NOTES.md item 168.
+inline bool KernelWriter::prefetched(const std::string& load, kiln::dtype stored) const {
+  if (tune_.row_prefetch == 0 || target_ != Target::cuda || config_.x_lanes || loop_id_ != 0 || unmasked_part_ ||
+      tail_part_ || loop_head_.empty() || !rnumel_.is_constant() || itemsize(stored) < 4)
+    return false;
+  for (const char* computed : {"tmp", "acc", "kept", "weights"})
+    if (load.find(computed) != std::string::npos) return false;
+  return true;
+}
+
 namespace detail {
 // A load's call without the widening of 16-bit values (a cache keeps them 16-bit, widened on use).
 inline std::string unwidened(std::string code) {
@@ -427,7 +446,12 @@ inline KernelWriter::Value KernelWriter::load(int node, const std::vector<Sym>& 
       cache_decls_.push_back("kiln::tile<" + (narrow ? detail::storage_c_type(st) : detail::c_type(ct)) +
                              (config_.x_lanes ? ", XVEC> " : ", RVEC> ") + it->second + "[RITERS];");
       cached_cost_ += held_cost(static_cast<std::int64_t>(itemsize(st)));
-      line(it->second + "[kiln_it] = " + raw + ";");
+      if (prefetched(raw, st)) {
+        if (prefetch_head_.empty()) prefetch_head_ = loop_head_;
+        prefetch_loads_.push_back(it->second + "[kiln_it] = " + raw + ";");
+      } else {
+        line(it->second + "[kiln_it] = " + raw + ";");
+      }
     }
     return narrow ? bind("kiln::widen(" + it->second + "[kiln_it])", ct) : bind_held(it->second + "[kiln_it]", ct);
   }

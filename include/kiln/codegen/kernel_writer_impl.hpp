@@ -91,18 +91,26 @@ inline void KernelWriter::write_rows() {
   // symbolic length (where no row shift applies) test one mask a vector instead of one a lane
   // (NOTES 103). Both halves are one loop to the register caches (loop_id_).
   enum class Part { whole, full, tail };
-  const bool split = tune_.row_split != 0 && !x_lanes && !full_tiles_ && !vector_rows_ && !row_shift_ &&
-                     (target_ == Target::cpu || (tune_.vector_masks != 0 && !rnumel_.is_constant()));
+  // (GPU rows of symbolic length held in registers at a length off the vector test each lane, as
+  // the static kernel at that length does.)
+  const bool split =
+      tune_.row_split != 0 && !x_lanes && !full_tiles_ && !vector_rows_ && !row_shift_ &&
+      (target_ == Target::cpu || (tune_.vector_masks != 0 && !rnumel_.is_constant() && config_.riters == 0));
   auto open_loop = [&](Part part) {
     const bool held = config_.riters > 0;
-    line(x_lanes                ? (!column_block() ? "KILN_R_STEPS(rindex) {"
-                                   : held          ? "KILN_R_COLUMN_TILES(rindex) {"
-                                                   : "KILN_R_COLUMN_STEPS(rindex) {")
-         : part == Part::full   ? (held ? "KILN_R_TILES_FULL(roffset) {" : "KILN_R_LOOP_FULL(roffset, rnumel) {")
-         : part == Part::tail   ? (held ? "KILN_R_TILES_TAIL(roffset) {" : "KILN_R_LOOP_TAIL(roffset, rnumel) {")
-         : held                 ? (row_shift_ ? "KILN_R_TILES_SHIFTED(roffset, kiln_shift) {" : "KILN_R_TILES(roffset) {")
-         : row_shift_           ? "KILN_R_LOOP_SHIFTED(roffset, rnumel, kiln_shift) {"
-                                : "KILN_R_LOOP(roffset, rnumel) {");
+    loop_head_.clear();
+    auto head = [&](const std::string& l) {  // a line of the loop's head, kept for a prefetch loop
+      line(l);
+      loop_head_.push_back(l);
+    };
+    head(x_lanes              ? (!column_block() ? "KILN_R_STEPS(rindex) {"
+                                 : held          ? "KILN_R_COLUMN_TILES(rindex) {"
+                                                 : "KILN_R_COLUMN_STEPS(rindex) {")
+         : part == Part::full ? (held ? "KILN_R_TILES_FULL(roffset) {" : "KILN_R_LOOP_FULL(roffset, rnumel) {")
+         : part == Part::tail ? (held ? "KILN_R_TILES_TAIL(roffset) {" : "KILN_R_LOOP_TAIL(roffset, rnumel) {")
+         : held               ? (row_shift_ ? "KILN_R_TILES_SHIFTED(roffset, kiln_shift) {" : "KILN_R_TILES(roffset) {")
+         : row_shift_         ? "KILN_R_LOOP_SHIFTED(roffset, rnumel, kiln_shift) {"
+                              : "KILN_R_LOOP(roffset, rnumel) {");
     ++indent_;
     ++scope_;
     in_rloop_ = true;
@@ -112,17 +120,17 @@ inline void KernelWriter::write_rows() {
       line("auto rmask = xmask;");
       return;
     }
-    line("auto rindex = roffset + kiln::arange<RVEC, ix>();");
+    head("auto rindex = roffset + kiln::arange<RVEC, ix>();");
     if (part == Part::full)
-      line("auto rmask = kiln::full<RVEC>(xmask);");
+      head("auto rmask = kiln::full<RVEC>(xmask);");
     else if (full_tiles_ || (vector_rows_ && config_.riters == 0))  // a looped row's vectors are all in it
-      line("auto rmask = kiln::full<RVEC>(xmask);");
+      head("auto rmask = kiln::full<RVEC>(xmask);");
     else if (vector_rows_)  // each vector wholly in the row or past it: one test a vector
-      line("auto rmask = kiln::full<RVEC>(roffset < rnumel && xmask);");
+      head("auto rmask = kiln::full<RVEC>(roffset < rnumel && xmask);");
     else if (row_shift_)
-      line("auto rmask = (rindex >= 0) & (rindex < rnumel) & xmask;");
+      head("auto rmask = (rindex >= 0) & (rindex < rnumel) & xmask;");
     else
-      line("auto rmask = (rindex < rnumel) & xmask;");
+      head("auto rmask = (rindex < rnumel) & xmask;");
   };
   auto close_loop = [&] {
     in_rloop_ = false;
@@ -332,7 +340,7 @@ inline KernelSource KernelWriter::write() {
   // do not (a dynamic layer_norm over 4096 f32 columns: 144 against 127, one 256-thread block an SM
   // instead of two, 1.6x its static kernel). Ask ptxas for two blocks, taken only without spilling
   // (runtime/compile/nvrtc.hpp), as many as the same kernel at a static length fits.
-  if (dyn_vector_rows_ && ks.config.min_blocks == 0 && ks.config.threads <= 512 && tune_.occupancy < 0)
+  if (dyn_held_unshifted_ && ks.config.min_blocks == 0 && ks.config.threads <= 512 && tune_.occupancy < 0)
     ks.config.min_blocks = 2;
   if (ks.config.min_blocks > 0)
     os << "KILN_KERNEL KILN_HELD_BOUNDS(" << ks.config.threads << ", " << ks.config.min_blocks << ") " << ks.name << "(";
@@ -394,6 +402,12 @@ inline KernelSource KernelWriter::write() {
   // the row's register caches, the rest.
   std::string caches;
   for (const auto& d : cache_decls_) caches += "    " + d + "\n";
+  if (!prefetch_loads_.empty()) {  // the first loop's cached tiles, all loaded before it uses one
+    caches += "    " + prefetch_head_[0] + "  // the row's cached tiles, all in flight at once\n";
+    for (std::size_t i = 1; i < prefetch_head_.size(); ++i) caches += "      " + prefetch_head_[i] + "\n";
+    for (const auto& l : prefetch_loads_) caches += "      " + l + "\n";
+    caches += "    }\n";
+  }
   std::string hoisted = column_loads_.empty() ? "" : hoist_row_invariants(signature);
   std::string body = section(Section::before_rows) + hoisted + section(Section::row_open) + caches +
                      section(Section::stage) + (staged_.empty() ? "" : "    __syncthreads();\n") +

@@ -151,17 +151,26 @@ inline void KernelWriter::plan() {
   // GPU rows of symbolic length held as at the compiling call's length (Triton's persistent
   // reduction, its tiles sized from the size hint): the lengths it serves are held_min..held_max;
   // the program launches the kernel written looped at others (runtime's CompiledKernel::looped).
-  // Only lengths of whole vectors (the compiling call's too): one mask test a vector, as at static
-  // lengths; or shifted rows (above), any length that the tiles hold with the row's shift.
+  // At a compiling call's length of whole vectors, only such lengths: one mask test a vector, as at
+  // static lengths. Shifted rows (above): any length that the tiles hold with the row's shift.
+  // Unshifted rows of another length (rows with weights and bias, f32 rows with weights, norm
+  // backwards with column partials): any length the tiles hold, a mask test a lane, as the static
+  // kernel at that length does (KILN_TUNE_DYNAMIC_ROWS=1 loops them, the rule before: a dynamic
+  // layer_norm over 197 bf16 columns read x three times, 1.9x its static kernel, and its backward
+  // kept its column partials in memory, 4x; benchmarks/NOTES.md item 169). Not a single row (a
+  // full reduction, one block either way: cross_entropy's mean over 5461 rows measured 1.05-1.09x
+  // slower held).
+  const bool odd_held = tune_.dynamic_rows != 1 && !one_row;
   const bool held_dynamic = rows() && !column && target_ == Target::cuda && !rnumel_.is_constant() &&
-                            tune_.dynamic_rows != 0 && tune_.vector_masks != 0 && (rn % vec == 0 || row_shift_);
+                            tune_.dynamic_rows != 0 && tune_.vector_masks != 0 &&
+                            (rn % vec == 0 || row_shift_ || odd_held);
   ks.config = rows() ? row_config(target_, xn, rn, max_item, rnumel_.is_constant() || held_dynamic, column, caches,
                                   tune_, row_shift_)
                      : pointwise_config(target_, xn, max_item, tune_);
   if (row_shift_ && !invariants.empty() && ks.config.riters == 0) {  // a looped row with weights: unshifted
     row_shift_ = false;
-    // (A symbolic row unshifted is held only at a length of whole vectors, as held_dynamic says.)
-    const bool static_rows = rnumel_.is_constant() || (held_dynamic && rn % vec == 0);
+    // (Unshifted, a symbolic row is held where held_dynamic says it would be without the shift.)
+    const bool static_rows = rnumel_.is_constant() || (held_dynamic && (rn % vec == 0 || odd_held));
     ks.config = row_config(target_, xn, rn, max_item, static_rows, column, caches, tune_, false);
   }
   shifted_weights_ = row_shift_ && !invariants.empty();
@@ -272,7 +281,8 @@ inline void KernelWriter::plan() {
     exact_tiles_ = full_rows_ && full_tiles_;
     vector_rows_ = tune_.vector_masks != 0 && !config_.x_lanes && rnumel_.is_constant() &&
                    rnumel_.constant_value() % config_.rvec == 0;  // (columns' lanes run across rows)
-    if (held_dynamic && config_.riters > 0 && !row_shift_) {
+    dyn_held_unshifted_ = held_dynamic && config_.riters > 0 && !row_shift_;
+    if (dyn_held_unshifted_ && rn % config_.rvec == 0) {
       dyn_vector_rows_ = vector_rows_ = true;
       ks.held_multiple = config_.rvec;
     }

@@ -76,9 +76,11 @@ struct Tuning {
   int index32 = -1;        // GPU index arithmetic in int where it fits: 0 never (the rule before), 1
                            // static sizes only, default also symbolic sizes under a guard on the
                            // program's sizes (codegen's narrow_indices; KILN_TUNE_INDEX32)
-  int dynamic_rows = -1;   // GPU rows of symbolic length: 0 looped (the rule before); default (or 1)
+  int dynamic_rows = -1;   // GPU rows of symbolic length: 0 looped (the rule before); default (or 2)
                            // held in registers as at the compiling call's length, the program keeping
-                           // the kernel written looped for other lengths (KILN_TUNE_DYNAMIC_ROWS). Not
+                           // the kernel written looped for other lengths; 1 unshifted rows held only at
+                           // lengths of whole vectors (the rule before item 169; codegen's plan,
+                           // held_dynamic; KILN_TUNE_DYNAMIC_ROWS). Not
                            // a knob: merged() keeps it (autotuning's candidates stay looped) and str()
                            // leaves it out
   int row_shift = -1;      // GPU rows of a length no whole number of vectors: start their tiles on the
@@ -136,6 +138,12 @@ struct Tuning {
                            // 50257 f32 columns ran 1.24x and 1.45x faster, cross_entropy's value
                            // and gradient 1.28x slower (benchmarks/NOTES.md item 106;
                            // KILN_TUNE_WIDE_ROWS)
+  int row_prefetch = -1;   // GPU rows of static length held in registers: 0 loads each cached tile where
+                           // the first loop uses it (the rule before); default caches of 4-byte values
+                           // loaded by a loop of their own before it, all of a row's loads in flight
+                           // at once (ptxas had interleaved rms_norm's with their squares: one tile in
+                           // flight; codegen's prefetched, benchmarks/NOTES.md item 168;
+                           // KILN_TUNE_ROW_PREFETCH)
   int row_scalars = -1;    // rows: a load the same for every lane of a row's tile (cross_entropy's target,
                            // a norm backward's mean and rstd) read as one scalar under the row's
                            // mask, not lane by lane (1); default lane by lane: the host's cross_entropy
@@ -201,7 +209,8 @@ struct Tuning {
                                    {&Tuning::row_split, "row_split"},
                                    {&Tuning::row_smem, "row_smem"},
                                    {&Tuning::wide_rows, "wide_rows"},
-                                   {&Tuning::row_scalars, "row_scalars"}};
+                                   {&Tuning::row_scalars, "row_scalars"},
+                                   {&Tuning::row_prefetch, "row_prefetch"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -246,7 +255,8 @@ struct Tuning {
                                    {&Tuning::row_smem, "KILN_TUNE_ROW_SMEM", 0, any},
                                    {&Tuning::wide_rows, "KILN_TUNE_WIDE_ROWS", 0, 1},
                                    {&Tuning::row_scalars, "KILN_TUNE_ROW_SCALARS", 0, 1},
-                                   {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 1},
+                                   {&Tuning::row_prefetch, "KILN_TUNE_ROW_PREFETCH", 0, 1},
+                                   {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 2},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
