@@ -277,18 +277,18 @@ inline std::string KernelWriter::hoist_row_invariants(std::string& signature) co
 // Whether a register cache's load goes to the prefetch loop before the row's first loop
 // (Tuning::row_prefetch): a GPU row of static length held in registers, the cache made by the
 // first loop of the row, not split in two halves, of values of 4 bytes or more, and a load that
-// reads only what the loop's head defines (no value the loop computes). ptxas issues the row's
-// loads back to back there; written where the first loop uses them, it had interleaved each tile's
-// load with the previous tile's arithmetic (rms_norm over 1001 f32 columns: one tile in flight a
-// warp, 80% of the copy ceiling; its backward 1.6x faster so). A 16-bit tile read element by
-// element needs a register an element in flight, twice its cache's (softmax over 3073 bf16
-// columns: 128 -> 165 registers, 1.23x slower); rows of symbolic length measured level (geomean
-// 1.001, worst 1.04x): benchmarks/NOTES.md item 168.
+// reads only what the loop's head defines (no value the loop computes, no other cache). ptxas
+// issues the row's loads back to back there; written where the first loop uses them, it had
+// interleaved each tile's load with the previous tile's arithmetic (rms_norm over 1001 f32
+// columns: one tile in flight a warp, 80% of the copy ceiling; its backward 1.6x faster so). A
+// 16-bit tile read element by element needs a register an element in flight, twice its cache's
+// (softmax over 3073 bf16 columns: 128 -> 165 registers, 1.23x slower); rows of symbolic length
+// measured level (geomean 1.001, worst 1.04x): benchmarks/NOTES.md item 168.
 inline bool KernelWriter::prefetched(const std::string& load, kiln::dtype stored) const {
   if (tune_.row_prefetch == 0 || target_ != Target::cuda || config_.x_lanes || loop_id_ != 0 || unmasked_part_ ||
       tail_part_ || loop_head_.empty() || !rnumel_.is_constant() || itemsize(stored) < 4)
     return false;
-  for (const char* computed : {"tmp", "acc", "kept", "weights"})
+  for (const char* computed : {"tmp", "acc", "kept", "weights", "cache"})
     if (load.find(computed) != std::string::npos) return false;
   return true;
 }
