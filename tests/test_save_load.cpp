@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <kiln/io/json.hpp>
 #include <kiln/kiln.hpp>
 #include <kiln/pipeline.hpp>
 
@@ -347,6 +348,76 @@ TEST_CASE("load: malformed files are kiln errors that name the file and the faul
   check_malformed("metadata_list", safetensors_file(R"({"__metadata__":["x"]})", ""), "\"__metadata__\"");
   std::string bad_bool = safetensors_file(R"({"m":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02");
   check_malformed("bool", bad_bool, "holds the byte 2 at element 1", false);
+}
+
+TEST_CASE("json: the header's reader and writer (io/json.hpp)") {
+  namespace json = k::detail::json;
+  using Kind = json::Value::Kind;
+  // Every kind of value, whitespace between tokens, and the compact text written back.
+  json::Value v = json::parse(" {\"a\" : [1, -2.5e3, 0, true, false, null, \"x\"],\n\t\"b\":{}, \"c\":[]}\r\n");
+  REQUIRE(v.is_object());
+  CHECK(v.dump() == R"({"a":[1,-2.5e3,0,true,false,null,"x"],"b":{},"c":[]})");
+  const json::Value* a = v.find("a");
+  REQUIRE(a);
+  REQUIRE(a->items.size() == 7);
+  CHECK(a->items[3].kind == Kind::boolean);
+  CHECK(a->items[5].kind == Kind::null);
+  CHECK(v.find("d") == nullptr);
+  // Sizes: integers in [0, 2^63) exactly; fractions, exponents, negatives and 2^63 are not.
+  CHECK(json::parse("9223372036854775807").size_value() == 9223372036854775807LL);
+  for (const char* no : {"9223372036854775808", "18446744073709551616", "-1", "2.0", "1e3", "\"3\""})
+    CHECK_MESSAGE(json::parse(no).size_value() == -1, no);
+  CHECK(json::parse("-0").size_value() == 0);
+  // Escapes, \u escapes with a surrogate pair, and raw UTF-8: the characters, and back.
+  json::Value s = json::parse(R"("q\"b\\s\/n\nt\tu\u00e9\u20ac\ud83d\ude00 \u0001")");
+  CHECK(s.text == "q\"b\\s/n\nt\tu\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80 \x01");
+  CHECK(s.dump() == "\"q\\\"b\\\\s/n\\nt\\tu\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80 \\u0001\"");
+  CHECK(json::parse(s.dump()).text == s.text);
+  CHECK(json::parse("\"\xe6\x97\xa5\"").text == "\xe6\x97\xa5");
+  // A key given twice: the last value, in the first one's place.
+  CHECK(json::parse(R"({"k":1,"j":2,"k":3})").dump() == R"({"k":3,"j":2})");
+  // Malformed text: a parse_error naming the byte.
+  for (const char* bad : {"",
+                          "{",
+                          "[1,]",
+                          "{\"a\"}",
+                          "{\"a\":1,}",
+                          "01",
+                          "1.",
+                          "-",
+                          "1e",
+                          "tru",
+                          "nul",
+                          "[1] 2",
+                          "\"abc",
+                          "\"\\x\"",
+                          "\"\\u12g4\"",
+                          "\"\\ud800\"",
+                          "\"\\udc00\"",
+                          "\"\\ud800\\u0041\"",
+                          "\"a\x01b\"",
+                          "\"\xff\"",
+                          "\"\xc0\xaf\"",
+                          "\"\xed\xa0\x80\"",
+                          "\"\xf4\x90\x80\x80\"",
+                          "\"\xe2\x82\"",
+                          "{1:2}",
+                          "[1 2]"})
+    CHECK_THROWS_AS_MESSAGE(json::parse(bad), json::parse_error, bad);
+  std::string what;
+  try {
+    json::parse("[1, 2, }");
+  } catch (const json::parse_error& e) {
+    what = e.what();
+  }
+  CHECK(what.find("at byte 7") != std::string::npos);
+  // Nesting: 256 levels read, deeper refused (not a stack overflow).
+  CHECK(json::parse(std::string(256, '[') + std::string(256, ']')).is_array());
+  CHECK_THROWS_AS(json::parse(std::string(100000, '[') + std::string(100000, ']')), json::parse_error);
+  // Writing: control characters escaped, strings that are not UTF-8 refused.
+  CHECK(json::quote(std::string("a\0b\x1f\x7f", 5)) == "\"a\\u0000b\\u001f\x7f\"");
+  CHECK_THROWS_AS(json::quote("\xc3"), json::parse_error);
+  CHECK_THROWS_AS(json::quote("\xed\xa0\x80"), json::parse_error);
 }
 
 TEST_CASE("save: names and metadata that are not UTF-8 fail and write nothing") {

@@ -16,8 +16,8 @@
 //   #if KILN_DEFINITIONS
 //   KILN_DECL void run_entry(...) { ... }   // the definition: header-only, or <kiln/src.hpp>
 //   #endif
-// The headers the definitions need (fusion, codegen, the lowering driver, launches, nlohmann's
-// JSON) are included under `#if KILN_DEFINITIONS` too, and types user templates only hold (a
+// The headers the definitions need (fusion, codegen, the lowering driver, launches, the JSON
+// reader) are included under `#if KILN_DEFINITIONS` too, and types user templates only hold (a
 // compiled Program) are declared, so a user TU in separate mode parses less than half of what a
 // header-only one does. Code that reaches into the internals includes <kiln/pipeline.hpp>.
 // Mixing the two modes in one program breaks the one-definition rule: define the macro everywhere.

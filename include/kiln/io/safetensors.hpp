@@ -36,11 +36,11 @@
 #include <vector>
 
 #include "../core/linkage.hpp"
-// nlohmann's JSON is parsed where the file functions are defined: every TU in header-only mode,
-// only <kiln/src.hpp>'s with KILN_SEPARATE_COMPILATION (core/linkage.hpp), where the other TUs see
+// The file functions are defined where definitions are: every TU in header-only mode, only
+// <kiln/src.hpp>'s with KILN_SEPARATE_COMPILATION (core/linkage.hpp), where the other TUs see
 // k::save, k::load and k::load_metadata as plain functions declared below.
 #if KILN_DEFINITIONS
-#include <nlohmann/json.hpp>
+#include "json.hpp"
 #endif
 
 #include "../runtime/api.hpp"
@@ -109,44 +109,33 @@ class Reader {
   std::FILE* file_;
 };
 
-// The JSON-handling functions here and k::save / k::load are templates over the JSON type, so that
-// a translation unit that includes kiln but never saves or loads does not instantiate nlohmann's
-// templates (about 67 MB of g++'s memory and 0.3 s a TU; benchmarks/RESULTS.md, issue 18).
-
 // A size or offset of the header: an integer in [0, 2^63).
 #if KILN_DEFINITIONS
-template <class Json>
-bool is_size(const Json& x) {
-  if (x.is_number_unsigned())
-    return x.template get<std::uint64_t>() <= std::uint64_t(std::numeric_limits<std::int64_t>::max());
-  return x.is_number_integer() && x.template get<std::int64_t>() >= 0;
-}
-
-template <class Json>
-Entry parse_entry(const Reader& file, const std::string& name, const Json& j, std::uint64_t data_size) {
+inline Entry parse_entry(const Reader& file, const std::string& name, const json::Value& j, std::uint64_t data_size) {
   const std::string what = "tensor '" + name + "'";
   if (!j.is_object()) throw file.malformed(what + " is described by " + j.dump() + ", not a JSON object");
   Entry e;
   e.name = name;
-  auto dt = j.find("dtype");
-  if (dt == j.end() || !dt->is_string()) throw file.malformed(what + " has no \"dtype\" string");
-  auto known = std::find_if(std::begin(dtype_names), std::end(dtype_names),
-                            [&](const auto& n) { return n.second == dt->template get_ref<const std::string&>(); });
+  const json::Value* dt = j.find("dtype");
+  if (!dt || !dt->is_string()) throw file.malformed(what + " has no \"dtype\" string");
+  auto known =
+      std::find_if(std::begin(dtype_names), std::end(dtype_names), [&](const auto& n) { return n.second == dt->text; });
   if (known == std::end(dtype_names))
     throw file.malformed(what + " has dtype " + dt->dump() +
                          ", which kiln does not have (it reads F64, F32, F16, BF16, I64, I32 and BOOL)");
   e.dt = known->first;
 
-  auto shape = j.find("shape");
-  if (shape == j.end() || !shape->is_array() || !std::all_of(shape->begin(), shape->end(), is_size<Json>))
+  const json::Value* shape = j.find("shape");
+  auto is_size = [](const json::Value& v) { return v.size_value() >= 0; };
+  if (!shape || !shape->is_array() || !std::all_of(shape->items.begin(), shape->items.end(), is_size))
     throw file.malformed(what + " has no \"shape\" array of non-negative integers");
-  if (shape->size() > std::size_t(max_rank))
-    throw file.malformed(what + " has " + std::to_string(shape->size()) + " dimensions; kiln supports at most " +
+  if (shape->items.size() > std::size_t(max_rank))
+    throw file.malformed(what + " has " + std::to_string(shape->items.size()) + " dimensions; kiln supports at most " +
                          std::to_string(max_rank));
   // A zero size empties a tensor, but the product of the others must still fit an int64 (strides).
   std::uint64_t numel = 1, nonzero = 1;
-  for (const auto& s : *shape) {
-    std::uint64_t n = s.template get<std::uint64_t>();
+  for (const auto& s : shape->items) {
+    auto n = static_cast<std::uint64_t>(s.size_value());
     if (n != 0 && nonzero > std::uint64_t(std::numeric_limits<std::int64_t>::max()) / n)
       throw file.malformed(what + " has shape " + shape->dump() + ", too many elements for kiln");
     e.shape.push_back(static_cast<std::int64_t>(n));
@@ -154,26 +143,25 @@ Entry parse_entry(const Reader& file, const std::string& name, const Json& j, st
     numel *= n;
   }
 
-  auto offsets = j.find("data_offsets");
-  if (offsets == j.end() || !offsets->is_array() || offsets->size() != 2 || !is_size<Json>((*offsets)[0]) ||
-      !is_size<Json>((*offsets)[1]))
+  const json::Value* offsets = j.find("data_offsets");
+  if (!offsets || !offsets->is_array() || offsets->items.size() != 2 || !is_size(offsets->items[0]) ||
+      !is_size(offsets->items[1]))
     throw file.malformed(what + " has no \"data_offsets\" pair of non-negative integers");
-  e.begin = (*offsets)[0].template get<std::uint64_t>();
-  e.end = (*offsets)[1].template get<std::uint64_t>();
+  e.begin = static_cast<std::uint64_t>(offsets->items[0].size_value());
+  e.end = static_cast<std::uint64_t>(offsets->items[1].size_value());
   if (e.begin > e.end || e.end > data_size)
     throw file.malformed(what + " has data_offsets " + offsets->dump() + ", outside the data buffer of " +
                          std::to_string(data_size) + " bytes");
   std::uint64_t item = itemsize(e.dt), have = e.end - e.begin;
   if (numel != have / item || have % item != 0)
-    throw file.malformed(what + " has shape " + shape->dump() + " of " + dt->template get<std::string>() + " (" +
-                         std::to_string(numel) + " elements of " + std::to_string(item) + " bytes), but data_offsets " +
-                         offsets->dump() + " hold " + std::to_string(have) + " bytes");
+    throw file.malformed(what + " has shape " + shape->dump() + " of " + dt->text + " (" + std::to_string(numel) +
+                         " elements of " + std::to_string(item) + " bytes), but data_offsets " + offsets->dump() +
+                         " hold " + std::to_string(have) + " bytes");
   return e;
 }
 
 // Reads and checks the header of an open file (see the top of this file for what is checked).
-template <class Json = nlohmann::json>
-Header read_header(Reader& file) {
+inline Header read_header(Reader& file) {
   std::uint64_t size = file.size();
   if (size < 8)
     throw file.malformed("it is " + std::to_string(size) + " bytes long, too short to hold the 8-byte header length");
@@ -186,27 +174,26 @@ Header read_header(Reader& file) {
                          " bytes follow it");
   std::string text(static_cast<std::size_t>(n), '\0');
   file.read_at(8, text.data(), n);
-  Json json;
+  json::Value header;
   try {
-    json = Json::parse(text);
-  } catch (const typename Json::exception& e) {
+    header = json::parse(text);
+  } catch (const json::parse_error& e) {
     throw file.malformed("its header is not valid JSON (" + std::string(e.what()) + ")");
   }
-  if (!json.is_object()) throw file.malformed("its header is not a JSON object");
+  if (!header.is_object()) throw file.malformed("its header is not a JSON object");
 
   Header h;
   h.data_start = 8 + n;
-  for (const auto& item : json.items()) {
-    if (item.key() != "__metadata__") {
-      h.entries.push_back(parse_entry<Json>(file, item.key(), item.value(), size - h.data_start));
+  for (const auto& [key, value] : header.members) {
+    if (key != "__metadata__") {
+      h.entries.push_back(parse_entry(file, key, value, size - h.data_start));
       continue;
     }
-    if (!item.value().is_object()) throw file.malformed("its \"__metadata__\" is not a JSON object");
-    for (const auto& kv : item.value().items()) {
-      if (!kv.value().is_string())
-        throw file.malformed("its \"__metadata__\" maps '" + kv.key() + "' to " + kv.value().dump() +
-                             ", not to a string");
-      h.metadata[kv.key()] = kv.value().template get<std::string>();
+    if (!value.is_object()) throw file.malformed("its \"__metadata__\" is not a JSON object");
+    for (const auto& [k, v] : value.members) {
+      if (!v.is_string())
+        throw file.malformed("its \"__metadata__\" maps '" + k + "' to " + v.dump() + ", not to a string");
+      h.metadata[k] = v.text;
     }
   }
   std::sort(h.entries.begin(), h.entries.end(),
@@ -268,14 +255,10 @@ class AtomicWriter {
 };
 #endif
 
-}  // namespace detail::safetensors
-
 #if KILN_DEFINITIONS
-// Writes the tensors and optional string metadata to `path` in the safetensors format, replacing
-// any file there: `k::save("model.safetensors", {{"wte", wte}, {"wpe", wpe}})`.
-template <class Json = nlohmann::ordered_json>
-void save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-          const std::map<std::string, std::string>& metadata = {}) {
+// k::save, k::load and k::load_metadata's work (below).
+inline void write_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
   namespace st = detail::safetensors;
   st::require_little_endian("k::save");
   std::vector<const std::pair<std::string, Tensor>*> order;
@@ -289,23 +272,28 @@ void save(const std::string& path, const std::vector<std::pair<std::string, Tens
     if (!t.defined()) throw fail("tensor '" + name + "' is undefined");
   }
 
-  Json header = Json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::uint64_t offset = 0;
-  for (const auto* named : order) {
-    const Tensor& t = named->second;
-    Json& entry = header[named->first];
-    entry["dtype"] = st::name_of(t.dtype());
-    entry["shape"] = t.shape().vec();
-    entry["data_offsets"] = {offset, offset + t.nbytes()};
-    offset += t.nbytes();
-  }
-  std::string text;
+  // Compact JSON, the metadata first and each tensor's keys in the order Python's library writes.
+  std::string text = "{";
   try {
-    text = header.dump();
-  } catch (const typename Json::exception& e) {  // a name or metadata string that is not UTF-8
+    if (!metadata.empty()) {
+      text += "\"__metadata__\":{";
+      for (const auto& [k, v] : metadata)
+        text += (text.back() == '{' ? "" : ",") + detail::json::quote(k) + ":" + detail::json::quote(v);
+      text += "}";
+    }
+    std::uint64_t offset = 0;
+    for (const auto* named : order) {
+      const Tensor& t = named->second;
+      text += (text.size() == 1 ? "" : ",") + detail::json::quote(named->first) + ":{\"dtype\":\"" +
+              std::string(st::name_of(t.dtype())) + "\",\"shape\":[";
+      for (int d = 0; d < t.shape().size(); ++d) text += (d ? "," : "") + std::to_string(t.shape()[d]);
+      text += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.nbytes()) + "]}";
+      offset += t.nbytes();
+    }
+  } catch (const detail::json::parse_error& e) {  // a name or metadata string that is not UTF-8
     throw error("k::save: cannot write " + path + ": " + e.what());
   }
+  text += "}";
   text.append((8 - text.size() % 8) % 8, ' ');
 
   st::AtomicWriter out(path);
@@ -320,13 +308,11 @@ void save(const std::string& path, const std::vector<std::pair<std::string, Tens
   out.commit();
 }
 
-// Reads every tensor of a safetensors file, onto `device` (the host by default), by name.
-template <class Json = nlohmann::json>
-std::map<std::string, Tensor> load(const std::string& path, Device device = cpu) {
+inline std::map<std::string, Tensor> read_file(const std::string& path, Device device) {
   namespace st = detail::safetensors;
   st::require_little_endian("k::load");
   st::Reader file(path, "k::load");
-  st::Header header = st::read_header<Json>(file);
+  st::Header header = st::read_header(file);
   std::map<std::string, Tensor> out;
   for (const st::Entry& e : header.entries) {
     Tensor t = Tensor::empty(e.shape, e.dt, cpu);
@@ -343,16 +329,15 @@ std::map<std::string, Tensor> load(const std::string& path, Device device = cpu)
   return out;
 }
 
-// The "__metadata__" strings of a safetensors file (empty if it has none); reads only the header.
-template <class Json = nlohmann::json>
-std::map<std::string, std::string> load_metadata(const std::string& path) {
+inline std::map<std::string, std::string> read_metadata(const std::string& path) {
   detail::safetensors::Reader file(path, "k::load_metadata");
-  return detail::safetensors::read_header<Json>(file).metadata;
+  return detail::safetensors::read_header(file).metadata;
 }
 #endif
+}  // namespace detail::safetensors
 
 #ifdef KILN_SEPARATE_COMPILATION
-// Separate compilation: the three functions for nlohmann's JSON, as entry points.
+// Separate compilation: the three functions as entry points, defined in <kiln/src.hpp>'s TU.
 namespace detail::safetensors {
 KILN_DECL void save_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata);
@@ -361,26 +346,40 @@ KILN_DECL std::map<std::string, std::string> load_file_metadata(const std::strin
 #if KILN_DEFINITIONS
 KILN_DECL void save_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata) {
-  save(path, tensors, metadata);
+  write_file(path, tensors, metadata);
 }
-KILN_DECL std::map<std::string, Tensor> load_file(const std::string& path, Device device) { return load(path, device); }
-KILN_DECL std::map<std::string, std::string> load_file_metadata(const std::string& path) {
-  return load_metadata(path);
+KILN_DECL std::map<std::string, Tensor> load_file(const std::string& path, Device device) {
+  return read_file(path, device);
 }
+KILN_DECL std::map<std::string, std::string> load_file_metadata(const std::string& path) { return read_metadata(path); }
 #endif
 }  // namespace detail::safetensors
-#if !KILN_DEFINITIONS
+#else
+namespace detail::safetensors {
+inline void save_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  write_file(path, tensors, metadata);
+}
+inline std::map<std::string, Tensor> load_file(const std::string& path, Device device) {
+  return read_file(path, device);
+}
+inline std::map<std::string, std::string> load_file_metadata(const std::string& path) { return read_metadata(path); }
+}  // namespace detail::safetensors
+#endif
+
+// Writes the tensors and optional string metadata to `path` in the safetensors format, replacing
+// any file there: `k::save("model.safetensors", {{"wte", wte}, {"wpe", wpe}})`.
 inline void save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                  const std::map<std::string, std::string>& metadata = {}) {
   detail::safetensors::save_file(path, tensors, metadata);
 }
+// Reads every tensor of a safetensors file, onto `device` (the host by default), by name.
 inline std::map<std::string, Tensor> load(const std::string& path, Device device = cpu) {
   return detail::safetensors::load_file(path, device);
 }
+// The "__metadata__" strings of a safetensors file (empty if it has none); reads only the header.
 inline std::map<std::string, std::string> load_metadata(const std::string& path) {
   return detail::safetensors::load_file_metadata(path);
 }
-#endif
-#endif
 
 }  // namespace kiln
