@@ -336,8 +336,8 @@ inline std::map<std::string, std::string> read_metadata(const std::string& path)
 #endif
 }  // namespace detail::safetensors
 
-#ifdef KILN_SEPARATE_COMPILATION
-// Separate compilation: the three functions as entry points, defined in <kiln/src.hpp>'s TU.
+// The three functions as entry points: inline in header-only mode, defined in <kiln/src.hpp>'s TU
+// with KILN_SEPARATE_COMPILATION (core/linkage.hpp's KILN_DECL).
 namespace detail::safetensors {
 KILN_DECL void save_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata);
@@ -354,18 +354,6 @@ KILN_DECL std::map<std::string, Tensor> load_file(const std::string& path, Devic
 KILN_DECL std::map<std::string, std::string> load_file_metadata(const std::string& path) { return read_metadata(path); }
 #endif
 }  // namespace detail::safetensors
-#else
-namespace detail::safetensors {
-inline void save_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  write_file(path, tensors, metadata);
-}
-inline std::map<std::string, Tensor> load_file(const std::string& path, Device device) {
-  return read_file(path, device);
-}
-inline std::map<std::string, std::string> load_file_metadata(const std::string& path) { return read_metadata(path); }
-}  // namespace detail::safetensors
-#endif
 
 // Writes the tensors and optional string metadata to `path` in the safetensors format, replacing
 // any file there: `k::save("model.safetensors", {{"wte", wte}, {"wpe", wpe}})`.
