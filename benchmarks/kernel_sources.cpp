@@ -121,15 +121,24 @@ void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
       kernels.push_back(&kk.src);
       if (kk.looped) kernels.push_back(&kk.looped->src);
     }
-  // A unit with held-row bounds also as the runtime's second compile makes it (KILN_HELD_BOUND:
-  // runtime/compile/nvrtc.hpp takes it when ptxas fits the bound without spilling).
+  // A unit with held-row bounds also as the runtime compiles it (runtime/compile/nvrtc.hpp's
+  // compile_cubin: the bound it took, KILN_HELD_BOUND, and ptxas's report at that bound).
   for (std::size_t unit = 0; unit < kernels.size(); ++unit) {
     const k::codegen::KernelSource* ks = kernels[unit];
     k::runtime::KernelUnit u = k::runtime::kernel_unit(*ks, false);
-    const bool held = !k::runtime::detail::held_bounds(u.source).empty();
-    for (int bounded = 0; bounded <= int(held); ++bounded) {
+    int bound = 0;
+    if (!k::runtime::detail::held_bounds(u.source).empty()) {
+      k::runtime::compile_cubin(u.source, u.name, ptxas_arch, {}, &bound);
+      std::printf("// %s: the runtime's compile took %s\n", ks->name.c_str(),
+                  bound == 0 ? "no held bound"
+                  : bound == k::runtime::detail::own_bounds
+                      ? "the kernel's own held bound"
+                      : ("a held bound of " + std::to_string(bound) + " blocks").c_str());
+    }
+    for (int bounded = 0; bounded <= int(bound != 0); ++bounded) {
       std::vector<std::string> extra{"--ptxas-options=-v"};
-      if (bounded) extra.push_back("-DKILN_HELD_BOUND=1");
+      if (k::runtime::nvrtc_version() >= 12090) extra.push_back("--no-cache");  // else no report on a hit
+      if (bounded) extra.push_back("-DKILN_HELD_BOUND=" + std::to_string(bound));
       std::vector<std::string> options = k::runtime::nvrtc_options(ptxas_arch, extra);
       std::vector<const char*> argv;
       for (const std::string& o : options) argv.push_back(o.c_str());

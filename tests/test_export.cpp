@@ -137,7 +137,7 @@ TEST_CASE("export: fused kernels from CPU tensors, without a GPU, build with pla
   std::string rms_source = read_file(all.back().source);
   CHECK(rms_source.find("KILN_HELD_BOUNDS(512, 2) ") != std::string::npos);
   MESSAGE("rms_norm over 16384 bf16 columns: held-row bound "
-          << std::string(rms_source.find("#define KILN_HELD_BOUND 1") != std::string::npos ? "taken" : "not taken"));
+          << std::string(rms_source.find("#define KILN_HELD_BOUND ") != std::string::npos ? "taken" : "not taken"));
   for (const auto& e : all) check_files(e);
 
   if (!have_nvcc()) return;

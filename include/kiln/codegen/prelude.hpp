@@ -27,10 +27,12 @@ inline constexpr std::string_view prelude_core = R"KILN(
 #endif
 #define KILN_BOUNDS(threads) __launch_bounds__(threads)
 // A held-row kernel's bound with blocks an SM (launch_config.hpp's min_blocks_for): taken only in
-// the second compile that runtime/compile/nvrtc.hpp makes when ptxas, left alone, gave the kernel
-// more registers than that many blocks leave a thread.
+// the compiles that runtime/compile/nvrtc.hpp makes again when ptxas, left alone, gave the kernel
+// more registers than that many blocks leave a thread. KILN_HELD_BOUND is the most blocks those
+// compiles ask for: the kernel's own, then one block more than ptxas gave it alone.
 #ifdef KILN_HELD_BOUND
-#define KILN_HELD_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+#define KILN_HELD_BOUNDS(threads, blocks) \
+  __launch_bounds__(threads, (blocks) < KILN_HELD_BOUND ? (blocks) : KILN_HELD_BOUND)
 #else
 #define KILN_HELD_BOUNDS(threads, blocks) __launch_bounds__(threads)
 #endif

@@ -205,18 +205,19 @@ KILN_DECL exported_kernels export_lowered(graph::Graph g, const runtime::Lowerin
   out.arch = spec.arch;
   for (const auto& k : p->kernels) out.kernels.push_back(k.src.name);
   std::string tu = runtime::cuda_translation_unit(*p, runtime::program_body(*p));
-  bool held_bound = false;  // the cubin took its held-row kernels' bounds: the source must too
+  int held_bound = 0;  // the bound the cubin's held-row kernels took: the source must too
   std::vector<char> cubin = runtime::compile_cubin(tu, spec.name, spec.arch, {}, &held_bound);
   runtime::LauncherWriter writer(*p, spec);
-  std::string source = "// " + spec.name +
-                       ".cu: kernels exported ahead of time by kiln (k::export_kernels) with their launcher.\n"
-                       "// Build: nvcc -std=c++17 -arch=" +
-                       spec.arch + " -c " + spec.name +
-                       ".cu (no kiln, no NVRTC).\n"
-                       "#define KILN_KERNEL static __global__ void\n" +
-                       std::string(held_bound ? "#define KILN_HELD_BOUND 1  // as its cubin was compiled\n" : "") +
-                       "#pragma nv_diag_suppress 177  // kernels declare all their block constants, used or not\n" +
-                       tu + writer.host_source();
+  std::string source =
+      "// " + spec.name +
+      ".cu: kernels exported ahead of time by kiln (k::export_kernels) with their launcher.\n"
+      "// Build: nvcc -std=c++17 -arch=" +
+      spec.arch + " -c " + spec.name +
+      ".cu (no kiln, no NVRTC).\n"
+      "#define KILN_KERNEL static __global__ void\n" +
+      (held_bound ? "#define KILN_HELD_BOUND " + std::to_string(held_bound) + "  // as its cubin was compiled\n" : "") +
+      "#pragma nv_diag_suppress 177  // kernels declare all their block constants, used or not\n" + tu +
+      writer.host_source();
   std::string header = writer.header();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

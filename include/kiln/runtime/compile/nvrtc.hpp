@@ -5,6 +5,7 @@
 #include <nvrtc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -135,6 +136,11 @@ inline std::string dump_source(const std::string& source, const std::string& ker
   return path.string();
 }
 
+// Whether compile_cubin asks ptxas for one block an SM more than it gave held-row kernels alone
+// where their own bounds spill: KILN_TUNE_HELD_BOUND_STEPS=0 keeps the rule before (their own
+// bounds or none). Part of the disk cache's key (cached_cubin.hpp).
+inline bool held_bound_steps() { return kiln::config::env_int("KILN_TUNE_HELD_BOUND_STEPS", 0, 1).value_or(1) != 0; }
+
 // The exact options compile_cubin passes for this architecture ("sm_90a") and these extras.
 // C++17 unless the extras choose a standard; no --use_fast_math unless they ask for it.
 inline std::vector<std::string> nvrtc_options(const std::string& arch, const std::vector<std::string>& extra = {}) {
@@ -165,7 +171,10 @@ namespace detail {
 struct HeldBound {
   std::string kernel;
   long registers;
+  long threads = 0, blocks = 0;
 };
+// KILN_HELD_BOUND's value that leaves every kernel its own bound: more blocks than an SM holds.
+inline constexpr long own_bounds = 64;
 inline std::vector<HeldBound> held_bounds(const std::string& source) {
   std::vector<HeldBound> found;
   const std::string mark = "KILN_HELD_BOUNDS(";
@@ -179,7 +188,7 @@ inline std::vector<HeldBound> held_bounds(const std::string& source) {
     std::size_t name = source.find_first_not_of(' ', static_cast<std::size_t>(end - source.c_str()) + 1);
     std::size_t paren = source.find('(', name);
     if (name == std::string::npos || paren == std::string::npos) continue;
-    found.push_back({source.substr(name, paren - name), 65536 / (threads * blocks)});
+    found.push_back({source.substr(name, paren - name), 65536 / (threads * blocks), threads, blocks});
   }
   return found;
 }
@@ -191,8 +200,9 @@ inline bool names(const std::string& entry, const std::string& kernel) {
   return entry == kernel || entry.rfind("_Z" + std::to_string(kernel.size()) + kernel, 0) == 0;
 }
 
-// Whether ptxas (its -v log) gave one of `held` more registers than its bound leaves a thread.
-inline bool exceeds(const std::string& log, const std::vector<HeldBound>& held) {
+// Calls f(h, registers) for each of `held` that ptxas's -v log reports, with the registers it used.
+template <class F>
+void each_held(const std::string& log, const std::vector<HeldBound>& held, F&& f) {
   std::string entry;
   std::istringstream in(log);
   for (std::string line; std::getline(in, line);) {
@@ -201,10 +211,29 @@ inline bool exceeds(const std::string& log, const std::vector<HeldBound>& held) 
     } else if (auto used = line.find("Used "); used != std::string::npos && !entry.empty()) {
       long registers = std::strtol(line.c_str() + used + 5, nullptr, 10);
       for (const HeldBound& h : held)
-        if (names(entry, h.kernel) && registers > h.registers) return true;
+        if (names(entry, h.kernel)) f(h, registers);
     }
   }
-  return false;
+}
+
+// Whether ptxas (its -v log) gave one of `held` more registers than its bound leaves a thread.
+inline bool exceeds(const std::string& log, const std::vector<HeldBound>& held) {
+  bool any = false;
+  each_held(log, held, [&](const HeldBound& h, long registers) { any = any || registers > h.registers; });
+  return any;
+}
+
+// The fewest blocks an SM that ptxas's registers (its -v log) leave one of `held` that took more
+// than its bound leaves: a warp's registers are allocated 256 at a time (8 a thread), 64K an SM.
+// 0 where none of them did.
+inline long blocks_alone(const std::string& log, const std::vector<HeldBound>& held) {
+  long fewest = 0;
+  each_held(log, held, [&](const HeldBound& h, long registers) {
+    if (registers <= h.registers || h.threads <= 0) return;
+    long blocks = 65536 / (h.threads * ((registers + 7) / 8 * 8));
+    fewest = fewest == 0 ? blocks : std::min(fewest, blocks);
+  });
+  return fewest;
 }
 
 // The bytes ptxas spilled (stores), over the whole unit: its -v log.
@@ -225,13 +254,14 @@ inline long spilled(const std::string& log) {
 // be a real architecture (sm_XY or sm_XYa). Throws kiln::compile_error with NVRTC's log.
 // A unit with held-row kernels (KILN_HELD_BOUNDS) is compiled with ptxas's register report, and
 // again with their bounds on (KILN_HELD_BOUND) when one of them took more registers than its bound
-// leaves (launch_config.hpp's min_blocks_for); the bounded CUBIN is taken when ptxas fitted it
+// leaves (launch_config.hpp's min_blocks_for); a bounded CUBIN is taken when ptxas fitted it
 // without spilling more than a few words beyond the first (a norm backward's f32 kernel, squeezed
-// from 125 registers to 64, ran 1.8x slower). `held_bound` says which (an export writes it into
-// its source).
+// from 125 registers to 64, ran 1.8x slower). Where the kernels' own bounds spill, one block an SM
+// more than ptxas gave them alone is asked for (held_bound_steps). `held_bound` says which bound
+// the CUBIN took, 0 for none (an export writes it into its source).
 inline std::vector<char> compile_cubin(const std::string& source, const std::string& kernel_name,
                                        const std::string& arch, const std::vector<std::string>& extra_options = {},
-                                       bool* held_bound = nullptr) {
+                                       int* held_bound = nullptr) {
   std::string log;
   auto compile = [&](const std::vector<std::string>& extra) {
     std::vector<std::string> options = nvrtc_options(arch, extra);
@@ -252,20 +282,32 @@ inline std::vector<char> compile_cubin(const std::string& source, const std::str
       throw_compile_error(source, kernel_name, arch, "nvrtcGetCUBIN failed");
     return cubin;
   };
-  if (held_bound) *held_bound = false;
+  if (held_bound) *held_bound = 0;
   std::vector<detail::HeldBound> held = detail::held_bounds(source);
   if (held.empty()) return compile(extra_options);
   std::vector<std::string> report = extra_options;
   report.push_back("--ptxas-options=-v");
+  // NVRTC 12.9 and later keep a cache of their own, and a unit they found there comes back without
+  // ptxas's report: a second process compiling the same held kernel took it for one within its
+  // bound and ran it unbounded (a norm backward at 141 registers, one block an SM: 1.6x slower).
+  if (nvrtc_version() >= 12090) report.push_back("--no-cache");
   std::vector<char> cubin = compile(report);
   if (!detail::exceeds(log, held)) return cubin;
   const long spilled = detail::spilled(log);
-  std::vector<std::string> bounded = report;
-  bounded.push_back("-DKILN_HELD_BOUND=1");
-  std::vector<char> fitted = compile(bounded);
-  if (detail::spilled(log) > spilled + 16) return cubin;
-  if (held_bound) *held_bound = true;
-  return fitted;
+  const long alone = detail::blocks_alone(log, held);
+  std::vector<long> caps{detail::own_bounds};
+  if (held_bound_steps() &&
+      std::any_of(held.begin(), held.end(), [&](const detail::HeldBound& h) { return h.blocks > alone + 1; }))
+    caps.push_back(alone + 1);
+  for (long cap : caps) {
+    std::vector<std::string> bounded = report;
+    bounded.push_back("-DKILN_HELD_BOUND=" + std::to_string(cap));
+    std::vector<char> fitted = compile(bounded);
+    if (detail::spilled(log) > spilled + 16) continue;
+    if (held_bound) *held_bound = static_cast<int>(cap);
+    return fitted;
+  }
+  return cubin;
 }
 
 }  // namespace kiln::runtime
