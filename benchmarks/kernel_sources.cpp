@@ -20,7 +20,7 @@
 //   makes them after a call with another row count
 //   OP: colsum (sum over dim 0), softmax (last dim), layer_norm and rms_norm (forward, with a weight
 //       and layer_norm's bias), softmax3d (dim 1 of [ROWS, COLS, DIM]),
-//       layer_norm_bwd (vjp of layer_norm: dx, dw, db), cross_entropy (loss and dlogits), block
+//       layer_norm_bwd (vjp of layer_norm: dx, dw, db), rms_norm_bwd (dx, dw), cross_entropy (loss and dlogits), block
 //       (the vjp of W12's MLP block over [ROWS, COLS], hidden 4 * COLS), gpt2 (examples/gpt2.cpp's
 //       value_and_grad with one layer: ROWS tokens in sequences of up to 1024, d COLS, vocab DIM or 50257)
 #include <algorithm>
@@ -191,10 +191,12 @@ int main(int argc, char** argv) {
       pos.push_back(s);
   }
   if (pos.size() < 3) {
-    std::fprintf(stderr,
-                 "usage: %s OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas ARCH]\n"
-                 "OP: colsum, softmax, layer_norm, rms_norm, softmax3d, layer_norm_bwd, cross_entropy, block, gpt2\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s OP ROWS COLS [DIM] [--bf16] [--dynamic | --rows-dynamic] [--ptxas ARCH]\n"
+        "OP: colsum, softmax, layer_norm, rms_norm, softmax3d, layer_norm_bwd, rms_norm_bwd, cross_entropy, block, "
+        "gpt2\n",
+        argv[0]);
     return 2;
   }
   const std::string op = pos[0];
@@ -218,6 +220,9 @@ int main(int argc, char** argv) {
     } else if (op == "layer_norm_bwd") {
       auto f = k::vjp([](auto x, auto w, auto b) { return k::layer_norm(x, w, b); }, k::wrt<0, 1, 2>);
       print_kernels(f, sizes, rows, randn({rows, cols}), randn({cols}), randn({cols}), randn({rows, cols}));
+    } else if (op == "rms_norm_bwd") {
+      auto f = k::vjp([](auto x, auto w) { return k::rms_norm(x, w, 1e-6); }, k::wrt<0, 1>);
+      print_kernels(f, sizes, rows, randn({rows, cols}), randn({cols}), randn({rows, cols}));
     } else if (op == "block") {  // W12's block: vjp of layer_norm(x + linear(gelu(linear(x, w1, b1)), w2, b2))
       auto block = [](auto x, auto w1, auto b1, auto w2, auto b2, auto g, auto be) {
         return k::layer_norm(x + k::linear(k::gelu(k::linear(x, w1, b1)), w2, b2), g, be);
