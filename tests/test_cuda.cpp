@@ -15,6 +15,7 @@
 #include "cross_entropy_oracle.hpp"
 #include "gradient_oracle.hpp"
 #include "have_gpu.hpp"
+#include "scoped_env.hpp"
 
 namespace k = kiln;
 
@@ -626,6 +627,45 @@ TEST_CASE("cuda: dynamic unshifted rows of odd length held, forward and backward
     const std::string& src = rep.kernels[0].source;
     CHECK(src.find("KILN_R_TILES(roffset)") != std::string::npos);
     CHECK(src.find("auto rmask = (rindex < rnumel) & xmask;") != std::string::npos);
+  }
+}
+
+// A held row of symbolic length whose hoisted weights cost it blocks an SM (rms_norm's backward over
+// 3073 f32 columns: two rows a block, 156 registers, one block where its bound asked for two):
+// written again with the weights in shared memory (runtime/lower.hpp's share_held_weights, NOTES
+// item 170), its dx and dw against the f64 oracle at the compiling length and others, both rules.
+TEST_CASE("cuda: held dynamic rows whose weights cost blocks an SM, weights in shared memory" * needs_gpu()) {
+  auto loss = [](auto a, auto w, auto g) { return k::sum(k::rms_norm(a, w, 1e-6) * g); };
+  const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
+  for (const char* rule : {static_cast<const char*>("0"), static_cast<const char*>(nullptr)}) {
+    ScopedEnv held_weights("KILN_TUNE_HELD_WEIGHTS", rule);
+    CAPTURE(rule ? rule : "default");
+    auto grad = k::compile(k::grad(loss, k::wrt<0, 1>), dyn);
+    for (std::int64_t cols : {3073, 3001, 2049}) {
+      CAPTURE(cols);
+      const int seed = 700 + static_cast<int>(cols % 1000);
+      k::Tensor a = k::randn({517, cols}, k::f32, k::cpu, seed) + 0.5f,
+                w = k::randn({cols}, k::f32, k::cpu, seed + 1) + 1.0f,
+                g = k::randn({517, cols}, k::f32, k::cpu, seed + 2);
+      auto [da, dw] = grad(a.to(k::cuda), w.to(k::cuda), g.to(k::cuda));
+      auto f64 = [](const k::Tensor& x) { return k::Tensor(k::cast(x, k::f64)); };
+      const auto want = oracle_outputs(k::grad(loss, k::wrt<0, 1>), f64(a), f64(w), f64(g));
+      int i = 0;
+      for (const k::Tensor& got : {da, dw}) {
+        CAPTURE(i);
+        auto r = k::testing::allclose(got.to(k::f64), k::reference::to_tensor(want[i++]), 1e-3, 1e-3);
+        CHECK_MESSAGE(bool(r), r);
+      }
+    }
+    CHECK(grad.cache().compiles() == 1);
+    k::report rep = k::explain(grad, k::randn({517, 3073}, k::f32, k::cuda, 90), k::randn({3073}, k::f32, k::cuda, 91),
+                               k::randn({517, 3073}, k::f32, k::cuda, 92));
+    REQUIRE_FALSE(rep.kernels.empty());
+    const bool shared = rep.kernels[0].source.find("weights0_rows") != std::string::npos;
+    MESSAGE("rms_norm backward over 3073 f32 columns, dynamic, " << (rule ? "KILN_TUNE_HELD_WEIGHTS=0" : "default")
+                                                                 << ": weights in "
+                                                                 << (shared ? "shared memory" : "registers"));
+    if (rule) CHECK_FALSE(shared);
   }
 }
 

@@ -54,6 +54,9 @@ struct KernelSource {
   // kernel written looped for other lengths (runtime's CompiledKernel::looped). held_max 0: none.
   Sym held_rnumel{Sym(0)};
   std::int64_t held_min = 0, held_max = 0, held_multiple = 1;
+  // A held GPU row whose row-invariant loads (weights) live in registers (hoist_mode 1): the
+  // runtime may write it again with them in shared memory (lower.hpp's share_held_weights).
+  bool weights_in_registers = false;
   // Sizes this kernel assumed multiples of assumed_by (Assumptions below); empty: none.
   std::vector<Sym> assumed_multiples;
   std::int64_t assumed_by = 1;
@@ -302,6 +305,7 @@ class KernelWriter {
   // default: no change measured on the host, not yet run on a GPU; benchmarks/NOTES.md item 107).
   bool row_scalars() const { return tune_.row_scalars == 1; }
   std::string hoist_row_invariants(std::string& signature) const;
+  bool weights_shared() const;  // the hoisted weights go to shared memory (hoist_row_invariants)
   std::map<int, std::string> ins_, outs_, scalars_, sizes_;
   std::map<int, Value> reduced_;  // in-kernel reduction results (per row)
   int accumulators_ = 0;

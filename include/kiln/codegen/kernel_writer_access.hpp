@@ -247,12 +247,15 @@ inline std::string KernelWriter::load_via(std::string width) const {
 // layer_norm's w and b take 64 of a thread's 128 registers) or, with KILN_TUNE_HOIST=2, into shared
 // memory when they fit (one copy a block, read back per row with conflict-free 16-byte loads: a row
 // of the array is a thread's tiles, padded by one tile).
-inline std::string KernelWriter::hoist_row_invariants(std::string& signature) const {
+inline bool KernelWriter::weights_shared() const {
   std::int64_t bytes = 0;
   for (kiln::dtype ct : column_types_)
     bytes += std::int64_t{config_.row_threads} * (config_.riters + 1) * config_.rvec *
              static_cast<std::int64_t>(itemsize(ct));
-  bool shared = hoist_mode() == 2 && bytes <= 40 * 1024;
+  return hoist_mode() == 2 && bytes <= 40 * 1024;
+}
+inline std::string KernelWriter::hoist_row_invariants(std::string& signature) const {
+  const bool shared = weights_shared();
   std::string pre;
   for (std::size_t i = 0; i < column_types_.size(); ++i) {
     std::string tile = "kiln::tile<" + detail::c_type(column_types_[i]) + ", RVEC>",

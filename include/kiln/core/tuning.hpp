@@ -144,6 +144,11 @@ struct Tuning {
                            // at once (ptxas had interleaved rms_norm's with their squares: one tile in
                            // flight; codegen's prefetched, benchmarks/NOTES.md item 168;
                            // KILN_TUNE_ROW_PREFETCH)
+  int held_weights = -1;   // held GPU rows whose weights live in registers: 0 keeps them there (the
+                           // rule before); default: written again with them in shared memory where
+                           // ptxas left the compiled kernel fewer blocks an SM than its bound asked
+                           // for (runtime/lower.hpp's share_held_weights, benchmarks/NOTES.md item
+                           // 171; KILN_TUNE_HELD_WEIGHTS)
   int row_scalars = -1;    // rows: a load the same for every lane of a row's tile (cross_entropy's target,
                            // a norm backward's mean and rstd) read as one scalar under the row's
                            // mask, not lane by lane (1); default lane by lane: the host's cross_entropy
@@ -210,7 +215,8 @@ struct Tuning {
                                    {&Tuning::row_smem, "row_smem"},
                                    {&Tuning::wide_rows, "wide_rows"},
                                    {&Tuning::row_scalars, "row_scalars"},
-                                   {&Tuning::row_prefetch, "row_prefetch"}};
+                                   {&Tuning::row_prefetch, "row_prefetch"},
+                                   {&Tuning::held_weights, "held_weights"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -256,6 +262,7 @@ struct Tuning {
                                    {&Tuning::wide_rows, "KILN_TUNE_WIDE_ROWS", 0, 1},
                                    {&Tuning::row_scalars, "KILN_TUNE_ROW_SCALARS", 0, 1},
                                    {&Tuning::row_prefetch, "KILN_TUNE_ROW_PREFETCH", 0, 1},
+                                   {&Tuning::held_weights, "KILN_TUNE_HELD_WEIGHTS", 0, 1},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 2},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},

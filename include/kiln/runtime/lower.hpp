@@ -362,6 +362,39 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
   return changed;
 }
 
+// Held-row GPU kernels that keep their weights in registers (blocks of several rows) and that ptxas
+// left fewer blocks an SM than their bound asked for (the bound spilled, so compile_cubin kept them
+// unbounded), written again with the weights in shared memory (KILN_TUNE_HOIST=2's form; call
+// compile_program again). ptxas's answer again, not an estimate: a static kernel whose dead lanes
+// ptxas drops fits its bound and keeps its registers (rms_norm's backward over 3073 f32 columns:
+// 126 registers, two blocks), where the same kernel of symbolic length took 156 and one block, and
+// ran 0.73 ms against 0.49 with the weights shared (benchmarks/NOTES.md item 170). Not where a
+// tuning places the weights (KILN_TUNE_HOIST, autotuning). Returns whether a kernel changed.
+template <class Rewrite>
+bool share_held_weights(Program& p, Rewrite&& rewrite) {
+  if (p.device.is_cpu() || p.autotune || p.tuning.hoist >= 0 || p.tuning.held_weights == 0) return false;
+  bool changed = false;
+  for (std::size_t k = 0; k < p.kernels.size(); ++k) {
+    CompiledKernel& kern = p.kernels[k];
+    if (kern.extern_node >= 0 || !kern.cuda || !kern.src.weights_in_registers || kern.src.config.min_blocks <= 0)
+      continue;
+    const int blocks = driver::resident_blocks(kern.cuda, kern.src.config.threads,
+                                               static_cast<std::size_t>(kern.src.config.shared_bytes));
+    if (blocks >= kern.src.config.min_blocks) continue;
+    codegen::Tuning shared_weights;
+    shared_weights.hoist = 2;
+    std::optional<codegen::KernelSource> shared = rewrite(static_cast<int>(k), shared_weights);
+    if (!shared || shared->weights_in_registers) continue;  // past shared memory's room: they stay
+    if (debug::log_enabled(debug::Channel::fusion))
+      debug::log(debug::Channel::fusion,
+                 kern.src.name + ": " + std::to_string(blocks) + " block(s) an SM where its bound asked for " +
+                     std::to_string(kern.src.config.min_blocks) + "; written again with its weights in shared memory");
+    kern.src = std::move(*shared);
+    changed = true;
+  }
+  return changed;
+}
+
 // Primitive graph -> compiled program for one device and shape environment. With autotune, the
 // candidates are compiled too, unless a stored choice names the winners (then only they are).
 template <class ArgAt>
@@ -379,6 +412,7 @@ std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device 
   bool tune = p->autotune && !apply_stored_choice(*p, rewrite);
   compile_program(*p, name);                                      // NVRTC or the host compiler, cached
   if (loop_spilled_rows(*p, rewrite)) compile_program(*p, name);  // with the spilling held rows looped
+  if (share_held_weights(*p, rewrite)) compile_program(*p, name);  // with weights that cost blocks shared
   if (tune) compile_candidates(*p, name);                         // timed at the first call (tune_program)
   if (debug::log_enabled(debug::Channel::output_code)) debug::log(debug::Channel::output_code, p->source);
   return p;
