@@ -631,9 +631,11 @@ TEST_CASE("cuda: dynamic unshifted rows of odd length held, forward and backward
 }
 
 // A held row of symbolic length whose hoisted weights cost it blocks an SM (rms_norm's backward over
-// 3073 f32 columns: two rows a block, 156 registers, one block where its bound asked for two):
-// written again with the weights in shared memory (runtime/lower.hpp's share_held_weights, NOTES
-// item 170), its dx and dw against the f64 oracle at the compiling length and others, both rules.
+// 1024 rows of 3073 f32 columns: two rows a block, 156 registers, one block where its bound asked
+// for two): written again with the weights in shared memory (runtime/lower.hpp's
+// share_held_weights, NOTES item 170), its dx and dw against the f64 oracle at the compiling length,
+// others the held kernel serves (3001, 2049) and lengths its looped twin serves (4097, 1001), both
+// rules.
 TEST_CASE("cuda: held dynamic rows whose weights cost blocks an SM, weights in shared memory" * needs_gpu()) {
   auto loss = [](auto a, auto w, auto g) { return k::sum(k::rms_norm(a, w, 1e-6) * g); };
   const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
@@ -641,12 +643,12 @@ TEST_CASE("cuda: held dynamic rows whose weights cost blocks an SM, weights in s
     ScopedEnv held_weights("KILN_TUNE_HELD_WEIGHTS", rule);
     CAPTURE(rule ? rule : "default");
     auto grad = k::compile(k::grad(loss, k::wrt<0, 1>), dyn);
-    for (std::int64_t cols : {3073, 3001, 2049}) {
+    for (std::int64_t cols : {3073, 3001, 2049, 4097, 1001}) {
       CAPTURE(cols);
       const int seed = 700 + static_cast<int>(cols % 1000);
-      k::Tensor a = k::randn({517, cols}, k::f32, k::cpu, seed) + 0.5f,
+      k::Tensor a = k::randn({1024, cols}, k::f32, k::cpu, seed) + 0.5f,
                 w = k::randn({cols}, k::f32, k::cpu, seed + 1) + 1.0f,
-                g = k::randn({517, cols}, k::f32, k::cpu, seed + 2);
+                g = k::randn({1024, cols}, k::f32, k::cpu, seed + 2);
       auto [da, dw] = grad(a.to(k::cuda), w.to(k::cuda), g.to(k::cuda));
       auto f64 = [](const k::Tensor& x) { return k::Tensor(k::cast(x, k::f64)); };
       const auto want = oracle_outputs(k::grad(loss, k::wrt<0, 1>), f64(a), f64(w), f64(g));
@@ -658,14 +660,16 @@ TEST_CASE("cuda: held dynamic rows whose weights cost blocks an SM, weights in s
       }
     }
     CHECK(grad.cache().compiles() == 1);
-    k::report rep = k::explain(grad, k::randn({517, 3073}, k::f32, k::cuda, 90), k::randn({3073}, k::f32, k::cuda, 91),
-                               k::randn({517, 3073}, k::f32, k::cuda, 92));
+    k::report rep = k::explain(grad, k::randn({1024, 3073}, k::f32, k::cuda, 90), k::randn({3073}, k::f32, k::cuda, 91),
+                               k::randn({1024, 3073}, k::f32, k::cuda, 92));
     REQUIRE_FALSE(rep.kernels.empty());
     const bool shared = rep.kernels[0].source.find("weights0_rows") != std::string::npos;
     MESSAGE("rms_norm backward over 3073 f32 columns, dynamic, " << (rule ? "KILN_TUNE_HELD_WEIGHTS=0" : "default")
                                                                  << ": weights in "
                                                                  << (shared ? "shared memory" : "registers"));
-    if (rule) CHECK_FALSE(shared);
+    // ptxas's registers decide (NVRTC 13 on an H100: 156 alone, so the weights move); the rule
+    // before never moves them.
+    CHECK(shared == !rule);
   }
 }
 

@@ -54,9 +54,9 @@ struct KernelSource {
   // kernel written looped for other lengths (runtime's CompiledKernel::looped). held_max 0: none.
   Sym held_rnumel{Sym(0)};
   std::int64_t held_min = 0, held_max = 0, held_multiple = 1;
-  // A held GPU row whose row-invariant loads (weights) live in registers (hoist_mode 1): the
-  // runtime may write it again with them in shared memory (lower.hpp's share_held_weights).
-  bool weights_in_registers = false;
+  // Where a held GPU row's row-invariant loads (weights) live: 0 none hoisted, 1 registers, 2 shared
+  // memory. The runtime may write a kernel of 1 again as 2 (lower.hpp's share_held_weights).
+  int hoisted_weights = 0;
   // Sizes this kernel assumed multiples of assumed_by (Assumptions below); empty: none.
   std::vector<Sym> assumed_multiples;
   std::int64_t assumed_by = 1;

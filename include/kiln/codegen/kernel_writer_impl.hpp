@@ -368,7 +368,7 @@ inline KernelSource KernelWriter::write() {
     os << ";  // at most 2^30 (the program's guard)\n";
   }
   note_index_bound(ks);
-  ks.weights_in_registers = target_ == Target::cuda && !column_types_.empty() && !weights_shared();
+  ks.hoisted_weights = target_ != Target::cuda || column_types_.empty() ? 0 : weights_shared() ? 2 : 1;
   ks.assumed_multiples = assumed_.used;
   ks.assumed_by = assumed_.by > 0 ? assumed_.by : 1;
   const auto& c = ks.config;

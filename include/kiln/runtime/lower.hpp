@@ -364,19 +364,26 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
 
 // Held-row GPU kernels that keep their weights in registers (blocks of several rows) and that ptxas
 // left fewer blocks an SM than their bound asked for (the bound spilled, so compile_cubin kept them
-// unbounded), written again with the weights in shared memory (KILN_TUNE_HOIST=2's form; call
-// compile_program again). ptxas's answer again, not an estimate: a static kernel whose dead lanes
-// ptxas drops fits its bound and keeps its registers (rms_norm's backward over 3073 f32 columns:
-// 126 registers, two blocks), where the same kernel of symbolic length took 156 and one block, and
-// ran 0.73 ms against 0.49 with the weights shared (benchmarks/NOTES.md item 170). Not where a
-// tuning places the weights (KILN_TUNE_HOIST, autotuning). Returns whether a kernel changed.
+// unbounded), written again with the weights in shared memory (KILN_TUNE_HOIST=2's form) and
+// compiled again; kept only where the compiled kernel then holds more blocks an SM, else the
+// register form comes back (from the caches). ptxas's answer, not an estimate: a static kernel
+// whose dead lanes ptxas drops fits its bound and keeps its registers (rms_norm's backward over
+// 3073 f32 columns: 126 registers, two blocks), where the same kernel of symbolic length took 156
+// and one block, and ran 0.73 ms against 0.49 with the weights shared (benchmarks/NOTES.md item
+// 170). Not where a tuning places the weights (KILN_TUNE_HOIST, autotuning). Compiles the program
+// again where a kernel changed; returns whether one did.
 template <class Rewrite>
-bool share_held_weights(Program& p, Rewrite&& rewrite) {
+bool share_held_weights(Program& p, Rewrite&& rewrite, const std::string& name) {
   if (p.device.is_cpu() || p.autotune || p.tuning.hoist >= 0 || p.tuning.held_weights == 0) return false;
-  bool changed = false;
+  struct Before {
+    std::size_t k;
+    codegen::KernelSource src;
+    int blocks;
+  };
+  std::vector<Before> before;
   for (std::size_t k = 0; k < p.kernels.size(); ++k) {
     CompiledKernel& kern = p.kernels[k];
-    if (kern.extern_node >= 0 || !kern.cuda || !kern.src.weights_in_registers || kern.src.config.min_blocks <= 0)
+    if (kern.extern_node >= 0 || !kern.cuda || kern.src.hoisted_weights != 1 || kern.src.config.min_blocks <= 0)
       continue;
     const int blocks = driver::resident_blocks(kern.cuda, kern.src.config.threads,
                                                static_cast<std::size_t>(kern.src.config.shared_bytes));
@@ -384,15 +391,36 @@ bool share_held_weights(Program& p, Rewrite&& rewrite) {
     codegen::Tuning shared_weights;
     shared_weights.hoist = 2;
     std::optional<codegen::KernelSource> shared = rewrite(static_cast<int>(k), shared_weights);
-    if (!shared || shared->weights_in_registers) continue;  // past shared memory's room: they stay
+    // Past shared memory's room the weights stay in registers; a kernel that now assumes a size
+    // its twin-less form did not would need a twin (loop_spilled_rows writes one): left alone.
+    if (!shared || shared->hoisted_weights != 2 || (codegen::specialised(*shared) && !kern.looped)) continue;
+    before.push_back({k, std::move(kern.src), blocks});
+    kern.src = std::move(*shared);
+  }
+  if (before.empty()) return false;
+  auto restore = [&](Before& b) { p.kernels[b.k].src = std::move(b.src); };
+  try {
+    compile_program(p, name);
+  } catch (const compile_error&) {  // its other shared memory and the weights past the static limit
+    for (Before& b : before) restore(b);
+    compile_program(p, name);
+    return true;
+  }
+  bool restored = false;
+  for (Before& b : before) {
+    CompiledKernel& kern = p.kernels[b.k];
+    const int blocks = driver::resident_blocks(kern.cuda, kern.src.config.threads,
+                                               static_cast<std::size_t>(kern.src.config.shared_bytes));
+    const bool keep = blocks > b.blocks;
     if (debug::log_enabled(debug::Channel::fusion))
       debug::log(debug::Channel::fusion,
-                 kern.src.name + ": " + std::to_string(blocks) + " block(s) an SM where its bound asked for " +
-                     std::to_string(kern.src.config.min_blocks) + "; written again with its weights in shared memory");
-    kern.src = std::move(*shared);
-    changed = true;
+                 kern.src.name + ": " + std::to_string(b.blocks) + " block(s) an SM where its bound asked for " +
+                     std::to_string(b.src.config.min_blocks) + "; with its weights in shared memory " +
+                     std::to_string(blocks) + (keep ? ", kept" : ", the registers' form kept"));
+    if (!keep) restore(b), restored = true;
   }
-  return changed;
+  if (restored) compile_program(p, name);
+  return true;
 }
 
 // Primitive graph -> compiled program for one device and shape environment. With autotune, the
@@ -412,7 +440,7 @@ std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device 
   bool tune = p->autotune && !apply_stored_choice(*p, rewrite);
   compile_program(*p, name);                                      // NVRTC or the host compiler, cached
   if (loop_spilled_rows(*p, rewrite)) compile_program(*p, name);  // with the spilling held rows looped
-  if (share_held_weights(*p, rewrite)) compile_program(*p, name);  // with weights that cost blocks shared
+  share_held_weights(*p, rewrite, name);                          // weights that cost blocks an SM, in shared memory
   if (tune) compile_candidates(*p, name);                         // timed at the first call (tune_program)
   if (debug::log_enabled(debug::Channel::output_code)) debug::log(debug::Channel::output_code, p->source);
   return p;
