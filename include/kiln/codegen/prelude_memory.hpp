@@ -24,8 +24,11 @@ KILN_UNROLL
 }
 // How a contiguous access finds out whether it may move whole 16-byte vectors: `test` at each
 // access; `vector`: the kernel tested its pointers once and the tile starts on a vector; `scalar`:
-// that test failed (an offset or foreign buffer), element by element with no per-access test.
-enum class align { test, vector, scalar };
+// that test failed (an offset or foreign buffer), element by element with no per-access test;
+// `tile` (stores): as `test`, and a tile whose lanes are all live but which starts off a vector
+// moves element by element without a test a lane (16-bit rows of odd length, where most tiles
+// are such; benchmarks/NOTES.md item 172).
+enum class align { test, vector, scalar, tile };
 template <bool B> struct bool_c { static constexpr bool value = B; };
 // Whether every pointer is 16-byte aligned (kernels test this once: KILN_ALIGNED).
 template <class... P> KILN_FN bool aligned16(const P*... p) {
@@ -163,6 +166,13 @@ KILN_UNROLL
         store_words(p + base + c * L, w.u);
       }
       return;
+    }
+    if constexpr (A == align::tile) {
+      if (all) {
+KILN_UNROLL
+        for (int i = 0; i < N; ++i) p[base + i] = store_cast<T>(lane(v, i));
+        return;
+      }
     }
   }
 #endif

@@ -149,6 +149,10 @@ struct Tuning {
                            // ptxas left the compiled kernel fewer blocks an SM than its bound asked
                            // for (runtime/lower.hpp's share_held_weights, benchmarks/NOTES.md item
                            // 171; KILN_TUNE_HELD_WEIGHTS)
+  int tile_stores = -1;    // GPU rows of 16-bit values, unshifted: a tile all of whose lanes are in the
+                           // row but which starts off a vector is stored element by element without
+                           // a test a lane (the prelude's align::tile); 0 tests each lane (the rule
+                           // before; benchmarks/NOTES.md item 172; KILN_TUNE_TILE_STORES)
   int row_scalars = -1;    // rows: a load the same for every lane of a row's tile (cross_entropy's target,
                            // a norm backward's mean and rstd) read as one scalar under the row's
                            // mask, not lane by lane (1); default lane by lane: the host's cross_entropy
@@ -216,7 +220,8 @@ struct Tuning {
                                    {&Tuning::wide_rows, "wide_rows"},
                                    {&Tuning::row_scalars, "row_scalars"},
                                    {&Tuning::row_prefetch, "row_prefetch"},
-                                   {&Tuning::held_weights, "held_weights"}};
+                                   {&Tuning::held_weights, "held_weights"},
+                                   {&Tuning::tile_stores, "tile_stores"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -263,6 +268,7 @@ struct Tuning {
                                    {&Tuning::row_scalars, "KILN_TUNE_ROW_SCALARS", 0, 1},
                                    {&Tuning::row_prefetch, "KILN_TUNE_ROW_PREFETCH", 0, 1},
                                    {&Tuning::held_weights, "KILN_TUNE_HELD_WEIGHTS", 0, 1},
+                                   {&Tuning::tile_stores, "KILN_TUNE_TILE_STORES", 0, 1},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 2},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
