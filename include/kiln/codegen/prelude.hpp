@@ -10,11 +10,12 @@
 #include "prelude_cpu_math.hpp"
 #include "prelude_cpu_tiles.hpp"
 #include "prelude_memory.hpp"
+#include "prelude_programs.hpp"
 
 namespace kiln::codegen {
 
 // Types, tiles and their arithmetic (prelude_ops below: scalar math); prelude_memory.hpp has loads,
-// stores, reductions and loops.
+// stores and reductions, prelude_programs.hpp the loops.
 inline constexpr std::string_view prelude_core = R"KILN(
 // Device code under NVRTC, and under nvcc for kernels exported ahead of time (k::export_kernels).
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
@@ -446,7 +447,7 @@ KILN_UNROLL
 inline std::string joined_prelude() {
   std::string s;
   for (std::string_view part : {prelude_core, prelude_libmvec, prelude_cpu_math, prelude_ops, prelude_libmvec_ops,
-                                prelude_memory, prelude_cpu_tiles})
+                                prelude_memory, prelude_programs, prelude_cpu_tiles})
     s += part;
   return s;
 }

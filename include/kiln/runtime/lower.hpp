@@ -369,8 +369,8 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
 // register form comes back (from the caches). ptxas's answer, not an estimate: a static kernel
 // whose dead lanes ptxas drops fits its bound and keeps its registers (rms_norm's backward over
 // 3073 f32 columns: 126 registers, two blocks), where the same kernel of symbolic length took 156
-// and one block, and ran 0.73 ms against 0.49 with the weights shared (benchmarks/NOTES.md item
-// 170). Not where a tuning places the weights (KILN_TUNE_HOIST, autotuning). Compiles the program
+// and one block, and ran 0.73 ms against 0.49 with the weights shared (benchmarks/NOTES.md items 170-
+// 171). Not where a tuning places the weights (KILN_TUNE_HOIST, autotuning). Compiles the program
 // again where a kernel changed; returns whether one did.
 template <class Rewrite>
 bool share_held_weights(Program& p, Rewrite&& rewrite, const std::string& name) {
