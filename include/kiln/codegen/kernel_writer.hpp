@@ -324,6 +324,7 @@ class KernelWriter {
   // GPU rows of symbolic length held in registers: served only at lengths of whole vectors (the
   // launch tests it, KernelSource::held_multiple, as Triton specialises sizes divisible by 16).
   bool dyn_vector_rows_ = false;
+  int live_tiles_ = 0;               // GPU rows of symbolic length held: leading tiles inside every length served
   bool dyn_held_unshifted_ = false;  // GPU rows of symbolic length held in registers, unshifted
   Assumptions assumed_;  // GPU kernels over symbolic sizes (plan())
   bool row_shift_ = false;                 // GPU rows: tiles start on the vector before the row (plan())

@@ -127,16 +127,21 @@ inline void KernelWriter::write_rows() {
       return;
     }
     head("auto rindex = roffset + kiln::arange<RVEC, ix>();");
+    // (Held tiles inside every length served: all lanes live, the test folded after unrolling.)
+    const std::string live = held && part == Part::whole && live_tiles_ > (row_shift_ ? 1 : 0)
+                                 ? (row_shift_ ? "kiln_it >= 1 && " : "") + std::string("kiln_it < ") +
+                                       std::to_string(live_tiles_) + " ? kiln::full<RVEC>(xmask) : "
+                                 : "";
     if (part == Part::full)
       head("auto rmask = kiln::full<RVEC>(xmask);");
     else if (full_tiles_ || (vector_rows_ && config_.riters == 0))  // a looped row's vectors are all in it
       head("auto rmask = kiln::full<RVEC>(xmask);");
     else if (vector_rows_)  // each vector wholly in the row or past it: one test a vector
-      head("auto rmask = kiln::full<RVEC>(roffset < rnumel && xmask);");
+      head("auto rmask = " + live + "kiln::full<RVEC>(roffset < rnumel && xmask);");
     else if (row_shift_)
-      head("auto rmask = (rindex >= 0) & (rindex < rnumel) & xmask;");
+      head("auto rmask = " + live + "(rindex >= 0) & (rindex < rnumel) & xmask;");
     else
-      head("auto rmask = (rindex < rnumel) & xmask;");
+      head("auto rmask = " + live + "(rindex < rnumel) & xmask;");
   };
   auto close_loop = [&] {
     in_rloop_ = false;

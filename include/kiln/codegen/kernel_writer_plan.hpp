@@ -275,13 +275,23 @@ inline void KernelWriter::plan() {
   // Programs that tile the domain exactly need no bounds tests: whole programs of rows, and
   // register tiles that cover a row exactly (a constant mask folds away).
   if (rows()) {
-    full_rows_ = divides(config_.rows, xnumel_);
+    // A GPU block of one row: its KILN_ROW loop stops at xnumel, so every row it visits is in the
+    // domain at any (symbolic) number of rows too.
+    full_rows_ = divides(config_.rows, xnumel_) ||
+                 (target_ == Target::cuda && tune_.live_tiles != 0 && tune_.live_tiles != 1 && config_.rows == 1 &&
+                  !config_.x_lanes && config_.threads == config_.row_threads);
     full_tiles_ = config_.riters > 0 && !config_.x_lanes && rnumel_.is_constant() &&
                   rnumel_.constant_value() == std::int64_t{config_.riters} * config_.row_threads * config_.rvec;
     exact_tiles_ = full_rows_ && full_tiles_;
     vector_rows_ = tune_.vector_masks != 0 && !config_.x_lanes && rnumel_.is_constant() &&
                    rnumel_.constant_value() % config_.rvec == 0;  // (columns' lanes run across rows)
     dyn_held_unshifted_ = held_dynamic && config_.riters > 0 && !row_shift_;
+    // A held row of symbolic length: its first tiles lie inside every length the kernel serves
+    // (held_min up), so their lanes need no test, as a static kernel's tiles inside its row fold
+    // theirs (a shifted row's first tile starts before the row).
+    if (held_dynamic && config_.riters > 0 && tune_.live_tiles != 0 && tune_.live_tiles != 2)
+      live_tiles_ = static_cast<int>(
+          std::min<std::int64_t>(config_.riters, ks.held_min / (std::int64_t{config_.row_threads} * config_.rvec)));
     if (dyn_held_unshifted_ && rn % config_.rvec == 0) {
       dyn_vector_rows_ = vector_rows_ = true;
       ks.held_multiple = config_.rvec;

@@ -149,6 +149,11 @@ struct Tuning {
                            // ptxas left the compiled kernel fewer blocks an SM than its bound asked
                            // for (runtime/lower.hpp's share_held_weights, benchmarks/NOTES.md item
                            // 171; KILN_TUNE_HELD_WEIGHTS)
+  int live_tiles = -1;     // GPU rows: 0 tests every lane of a held row of symbolic length and the
+                           // row of each one-row block at a symbolic number of rows (the rule
+                           // before); default: the tiles inside every length the kernel serves and
+                           // the rows a one-row block visits are known live; 1 the tiles only, 2 the
+                           // rows only (benchmarks/NOTES.md item 173; KILN_TUNE_LIVE_TILES)
   int tile_stores = -1;    // GPU rows of 16-bit values, unshifted: a tile all of whose lanes are in the
                            // row but which starts off a vector is stored element by element without
                            // a test a lane (the prelude's align::tile); 0 tests each lane (the rule
@@ -221,7 +226,8 @@ struct Tuning {
                                    {&Tuning::row_scalars, "row_scalars"},
                                    {&Tuning::row_prefetch, "row_prefetch"},
                                    {&Tuning::held_weights, "held_weights"},
-                                   {&Tuning::tile_stores, "tile_stores"}};
+                                   {&Tuning::tile_stores, "tile_stores"},
+                                   {&Tuning::live_tiles, "live_tiles"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -269,6 +275,7 @@ struct Tuning {
                                    {&Tuning::row_prefetch, "KILN_TUNE_ROW_PREFETCH", 0, 1},
                                    {&Tuning::held_weights, "KILN_TUNE_HELD_WEIGHTS", 0, 1},
                                    {&Tuning::tile_stores, "KILN_TUNE_TILE_STORES", 0, 1},
+                                   {&Tuning::live_tiles, "KILN_TUNE_LIVE_TILES", 0, 2},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 2},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
