@@ -276,10 +276,12 @@ inline void KernelWriter::plan() {
   // register tiles that cover a row exactly (a constant mask folds away).
   if (rows()) {
     // A GPU block of one row: its KILN_ROW loop stops at xnumel, so every row it visits is in the
-    // domain at any (symbolic) number of rows too.
-    full_rows_ = divides(config_.rows, xnumel_) ||
-                 (target_ == Target::cuda && tune_.live_tiles != 0 && tune_.live_tiles != 1 && config_.rows == 1 &&
-                  !config_.x_lanes && config_.threads == config_.row_threads);
+    // domain at any (symbolic) number of rows too. Not by default where the row is shifted: with the
+    // row test gone ptxas issued all its tiles' loads at once, rms_norm over 3073 bf16 columns took
+    // 96 -> 121 registers and ran 1.11x slower (NOTES item 173).
+    const bool one_row_live = tune_.live_tiles >= 2 || (tune_.live_tiles < 0 && !row_shift_);
+    full_rows_ = divides(config_.rows, xnumel_) || (target_ == Target::cuda && one_row_live && config_.rows == 1 &&
+                                                    !config_.x_lanes && config_.threads == config_.row_threads);
     full_tiles_ = config_.riters > 0 && !config_.x_lanes && rnumel_.is_constant() &&
                   rnumel_.constant_value() == std::int64_t{config_.riters} * config_.row_threads * config_.rvec;
     exact_tiles_ = full_rows_ && full_tiles_;

@@ -152,8 +152,9 @@ struct Tuning {
   int live_tiles = -1;     // GPU rows: 0 tests every lane of a held row of symbolic length and the
                            // row of each one-row block at a symbolic number of rows (the rule
                            // before); default: the tiles inside every length the kernel serves and
-                           // the rows a one-row block visits are known live; 1 the tiles only, 2 the
-                           // rows only (benchmarks/NOTES.md item 173; KILN_TUNE_LIVE_TILES)
+                           // the rows an unshifted one-row block visits are known live; 1 the tiles
+                           // only, 2 every one-row block's rows only, 3 the tiles and every one-row
+                           // block's rows (benchmarks/NOTES.md item 173; KILN_TUNE_LIVE_TILES)
   int tile_stores = -1;    // GPU rows of 16-bit values, unshifted: a tile all of whose lanes are in the
                            // row but which starts off a vector is stored element by element without
                            // a test a lane (the prelude's align::tile); 0 tests each lane (the rule
@@ -275,7 +276,7 @@ struct Tuning {
                                    {&Tuning::row_prefetch, "KILN_TUNE_ROW_PREFETCH", 0, 1},
                                    {&Tuning::held_weights, "KILN_TUNE_HELD_WEIGHTS", 0, 1},
                                    {&Tuning::tile_stores, "KILN_TUNE_TILE_STORES", 0, 1},
-                                   {&Tuning::live_tiles, "KILN_TUNE_LIVE_TILES", 0, 2},
+                                   {&Tuning::live_tiles, "KILN_TUNE_LIVE_TILES", 0, 3},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 2},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
