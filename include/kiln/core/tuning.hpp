@@ -155,6 +155,11 @@ struct Tuning {
                            // the rows an unshifted one-row block visits are known live; 1 the tiles
                            // only, 2 every one-row block's rows only, 3 the tiles and every one-row
                            // block's rows (benchmarks/NOTES.md item 173; KILN_TUNE_LIVE_TILES)
+  int shifted_row_test = -1;  // 1: a static GPU kernel's one-row blocks over shifted rows test their
+                              // row (`xmask = xindex < xnumel`) as their dynamic twins do; default
+                              // `xmask = true`: the test made log_softmax over 3073 bf16 columns
+                              // 0.85x and over 50257 1.64x (benchmarks/NOTES.md item 174;
+                              // KILN_TUNE_SHIFTED_ROW_TEST)
   int tile_stores = -1;    // GPU rows of 16-bit values, unshifted: a tile all of whose lanes are in the
                            // row but which starts off a vector is stored element by element without
                            // a test a lane (the prelude's align::tile); 0 tests each lane (the rule
@@ -228,7 +233,8 @@ struct Tuning {
                                    {&Tuning::row_prefetch, "row_prefetch"},
                                    {&Tuning::held_weights, "held_weights"},
                                    {&Tuning::tile_stores, "tile_stores"},
-                                   {&Tuning::live_tiles, "live_tiles"}};
+                                   {&Tuning::live_tiles, "live_tiles"},
+                                   {&Tuning::shifted_row_test, "shifted_row_test"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -277,6 +283,7 @@ struct Tuning {
                                    {&Tuning::held_weights, "KILN_TUNE_HELD_WEIGHTS", 0, 1},
                                    {&Tuning::tile_stores, "KILN_TUNE_TILE_STORES", 0, 1},
                                    {&Tuning::live_tiles, "KILN_TUNE_LIVE_TILES", 0, 3},
+                                   {&Tuning::shifted_row_test, "KILN_TUNE_SHIFTED_ROW_TEST", 0, 1},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 2},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
