@@ -104,6 +104,43 @@ TEST_CASE("cond: gradients flow through the taken branch and pass gradcheck") {
   CHECK_MESSAGE(r.ok, r);
 }
 
+TEST_CASE("cond: five operands, both outcomes and their gradients") {
+  // Up to six operands (API.md: operands...); a graph node holds eight inputs, the branch's
+  // backward reads the predicate's operands and the cotangent.
+  auto f = [](auto a, auto b, auto c, auto d, auto e) {
+    return k::sum(k::cond(
+        k::mean(a) > 0.0f, [](auto p, auto q, auto r, auto s, auto t) { return p * q + r * s - t; },
+        [](auto p, auto q, auto r, auto s, auto t) { return k::exp(p) * t + q - r * s; }, a, b, c, d, e));
+  };
+  std::vector<k::Tensor> in;
+  for (unsigned i = 0; i < 5; ++i) in.push_back(k::randn({3, 7}, k::f32, k::cpu, 410 + i));
+  k::Tensor up = k::Tensor(k::abs(in[0]) + 0.1f), down = k::Tensor(-k::abs(in[0]) - 0.1f);
+  auto vg = k::compile(k::value_and_grad(f, k::wrt<0, 1, 2, 3, 4>));
+  {
+    auto [v, g0, g1, g2, g3, g4] = vg(up, in[1], in[2], in[3], in[4]);
+    check_close(v, k::reference::eval(k::sum(up * in[1] + in[2] * in[3] - in[4])), 1e-4);
+    check_close(g0, in[1]);
+    check_close(g1, up);
+    check_close(g2, in[3]);
+    check_close(g3, in[2]);
+    check_close(g4, k::reference::eval(k::full({3, 7}, -1.0f, k::f32, k::cpu)));
+  }
+  {
+    auto [v, g0, g1, g2, g3, g4] = vg(down, in[1], in[2], in[3], in[4]);
+    check_close(v, k::reference::eval(k::sum(k::exp(down) * in[4] + in[1] - in[2] * in[3])), 1e-4);
+    check_close(g0, k::reference::eval(k::exp(down) * in[4]));
+    check_close(g1, k::reference::eval(k::full({3, 7}, 1.0f, k::f32, k::cpu)));
+    check_close(g2, k::reference::eval(-in[3]));
+    check_close(g3, k::reference::eval(-in[2]));
+    check_close(g4, k::reference::eval(k::exp(down)));
+  }
+  CHECK(vg.cache().entries().size() == 1);
+  auto r = k::testing::gradcheck(f, down, in[1], in[2], in[3], in[4]);
+  CHECK_MESSAGE(r.ok, r);
+  bool converts = k::testing::gradcheck(f, up, in[1], in[2], in[3], in[4]);  // API.md: converts to bool
+  CHECK(converts);
+}
+
 TEST_CASE("cond: branches that disagree, and a predicate that is not one boolean, are typed errors") {
   k::Tensor x = k::randn({4, 6}, k::f32, k::cpu, 407);
   try {

@@ -243,6 +243,57 @@ TEST_CASE("custom_op: gradients through its backward, against analytic values an
   check_close(vx, want_vx, 1e-12);
 }
 
+// mix7(x0..x6) = sum_k (k + 1) * x_k * x_0: the most inputs an op takes (its backward node reads
+// them and the cotangent: eight, a graph node's limit).
+k::CustomOp mix7 = k::custom_op(
+    "mix7", {
+                .inputs = 7,
+                .forward =
+                    [](std::span<const k::Tensor> in, k::Tensor& out, k::Stream) {
+                      for (std::int64_t i = 0; i < out.numel(); ++i) {
+                        double v = 0;
+                        for (std::size_t k = 0; k < 7; ++k) v += double(k + 1) * at(in[k], i) * at(in[0], i);
+                        put(out, i, v);
+                      }
+                    },
+                .backward =
+                    [](std::span<const k::Tensor> in, const k::Tensor& g, std::span<k::Tensor> grad_in, k::Stream) {
+                      for (std::size_t k = 0; k < 7; ++k) {
+                        if (!grad_in[k].defined()) continue;
+                        for (std::int64_t i = 0; i < g.numel(); ++i) {
+                          double d = double(k + 1) * at(in[0], i);  // d/dx_k of (k + 1) x_k x_0
+                          if (k == 0)
+                            for (std::size_t j = 0; j < 7; ++j) d += double(j + 1) * at(in[j], i);
+                          put(grad_in[k], i, d * at(g, i));
+                        }
+                      }
+                    },
+            });
+
+TEST_CASE("custom_op: seven inputs, the most a graph node leaves an op") {
+  std::vector<k::Tensor> x;
+  for (unsigned k = 0; k < 7; ++k) x.push_back(nonzero({3, 4}, 20 + k, k::f64));
+  auto f = [](auto a, auto b, auto c, auto d, auto e, auto g, auto h) { return k::sum(mix7(a, b, c, d, e, g, h)); };
+  auto grads = k::compile(k::grad(f, k::wrt<0, 1, 2, 3, 4, 5, 6>))(x[0], x[1], x[2], x[3], x[4], x[5], x[6]);
+  std::vector<std::vector<double>> xv;
+  for (const k::Tensor& t : x) xv.push_back(values(t));
+  std::vector<std::vector<double>> want(7, std::vector<double>(12));
+  for (std::size_t i = 0; i < 12; ++i) {
+    double sum = 0;
+    for (std::size_t j = 0; j < 7; ++j) sum += double(j + 1) * xv[j][i];
+    want[0][i] = xv[0][i] + sum;
+    for (std::size_t k = 1; k < 7; ++k) want[k][i] = double(k + 1) * xv[0][i];
+  }
+  std::apply(
+      [&](const auto&... g) {
+        int k = 0;
+        (check_close(g, want[k++], 1e-12), ...);
+      },
+      grads);
+  auto gc = k::testing::gradcheck(f, x[0], x[1], x[2], x[3], x[4], x[5], x[6]);
+  CHECK_MESSAGE(bool(gc), gc);
+}
+
 TEST_CASE("custom_op: gradcheck catches a wrong backward") {
   k::CustomOp wrong = k::custom_op(
       "wrong_square",
@@ -337,8 +388,8 @@ TEST_CASE("custom_op: arity, shape-rule and function errors name the op") {
                        doctest::Contains("needs a name"), k::error);
   CHECK_THROWS_WITH_AS(k::custom_op("no_forward", {}), doctest::Contains("'no_forward' needs a .forward"), k::error);
   CHECK_THROWS_WITH_AS(
-      k::custom_op("five", {.inputs = 5, .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) {}}),
-      doctest::Contains("custom ops take 1 to 4"), k::error);
+      k::custom_op("eight", {.inputs = 8, .forward = [](std::span<const k::Tensor>, k::Tensor&, k::Stream) {}}),
+      doctest::Contains("custom ops take 1 to 7"), k::error);
   CHECK_THROWS_AS(k::CustomOp{}(x), k::error);  // never registered
 }
 

@@ -35,7 +35,7 @@ struct TensorSpec {
 // out): it is called once per input that needs a gradient, with only that grad_in[j] preallocated
 // and the others undefined. Without a backward, differentiating through the op is a k::error.
 struct CustomOpFunctions {
-  int inputs = 0;  // the number of inputs it takes, 1 to 4; 0 accepts any
+  int inputs = 0;  // the number of inputs it takes, 1 to 7; 0 accepts any
   std::function<TensorSpec(std::span<const TensorSpec> in)> infer{};  // default: input 0's shape and dtype
   std::function<void(std::span<const Tensor> in, Tensor& out, Stream s)> forward{};
   std::function<void(std::span<const Tensor> in, const Tensor& grad_out, std::span<Tensor> grad_in, Stream s)>
@@ -49,7 +49,7 @@ struct CustomOpFunctions {
 
 namespace custom_ops {
 
-inline constexpr int max_inputs = 4;  // graph nodes hold 5 inputs: the backward node reads one more
+inline constexpr int max_inputs = 7;  // graph nodes hold 8 inputs: the backward node reads one more
 
 struct Entry {
   std::string name;
@@ -144,7 +144,7 @@ inline std::string identifier(const std::string& name) {
 
 }  // namespace custom_ops
 
-// A registered custom op: call it like any kiln op, with 1 to 4 tensors or expressions.
+// A registered custom op: call it like any kiln op, with 1 to 7 tensors or expressions.
 class CustomOp {
  public:
   CustomOp() = default;
@@ -156,7 +156,7 @@ class CustomOp {
   template <class... T>
   auto operator()(T&&... x) const {
     static_assert(sizeof...(T) >= 1 && sizeof...(T) <= custom_ops::max_inputs,
-                  "a k::custom_op takes 1 to 4 inputs (graph nodes hold four, and the op's backward node one more)");
+                  "a k::custom_op takes 1 to 7 inputs (graph nodes hold eight: the op's backward node reads one more)");
     static_assert(((Expr<T> || std::is_same_v<std::remove_cvref_t<T>, Tensor>)&&...),
                   "the inputs of a k::custom_op are tensors or expressions: a C++ number can be captured by its "
                   "functions instead");
@@ -176,7 +176,7 @@ inline CustomOp custom_op(std::string name, CustomOpFunctions fns) {
   if (!fns.forward) throw error("k::custom_op: '" + name + "' needs a .forward function");
   if (fns.inputs < 0 || fns.inputs > custom_ops::max_inputs)
     throw error("k::custom_op: '" + name + "' declares " + std::to_string(fns.inputs) +
-                " inputs; custom ops take 1 to 4");
+                " inputs; custom ops take 1 to " + std::to_string(custom_ops::max_inputs));
   std::string ident = custom_ops::identifier(name);
   return CustomOp(custom_ops::Registry::instance().add({std::move(name), std::move(ident), std::move(fns)}));
 }

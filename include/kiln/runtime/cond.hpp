@@ -220,7 +220,7 @@ auto cond(const P& pred, TF, FF, const X&... operands) {
   constexpr bool counted = sizeof...(X) >= 1 && sizeof...(X) < custom_ops::max_inputs;
   constexpr bool tensors = (Expr<P> || std::is_same_v<P, Tensor>)&&((Expr<X> || std::is_same_v<X, Tensor>)&&...);
   static_assert(stateless, "k::cond's branches are capture-less lambdas: pass the tensors they need as operands");
-  static_assert(!stateless || counted, "k::cond takes 1 to 3 operands after the two branches");
+  static_assert(!stateless || counted, "k::cond takes 1 to 6 operands after the two branches");
   static_assert(!stateless || !counted || tensors, "k::cond's predicate and operands are tensors or expressions");
   if constexpr (stateless && counted && tensors)
     return detail::cond::op<TF, FF, static_cast<int>(sizeof...(X))>()(pred, operands...);

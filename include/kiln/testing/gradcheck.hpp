@@ -40,7 +40,7 @@ struct GradcheckResult {
   double analytic = 0, numeric = 0, tolerance = 0;
   std::int64_t checked = 0;  // elements compared
 
-  explicit operator bool() const { return ok; }
+  operator bool() const { return ok; }  // NOLINT: converts as allclose's result does (API.md)
 
   friend std::ostream& operator<<(std::ostream& os, const GradcheckResult& r) {
     os << (r.ok ? "gradcheck passed" : "gradcheck FAILED") << " (" << r.checked << " elements)";
