@@ -349,6 +349,8 @@ inline Cotangents attention_backward_node(Builder&, int, int) {
 // that input's gradient through the user's backward (nodes whose gradient nobody needs are dropped as
 // dead code, so backward runs once per needed gradient). Without a backward this is the error.
 // (Not constexpr: the registry is a run-time table; k::structure does not differentiate custom ops.)
+static_assert(custom_ops::max_inputs < graph::max_inputs,
+              "a custom op's backward node holds its inputs and the cotangent");
 inline Cotangents custom(Builder& b, int y, int g) {
   const graph::Node n = b[y];  // a copy: adding nodes below may move the table
   const custom_ops::Entry& e = custom_ops::entry(n.attrs.custom);

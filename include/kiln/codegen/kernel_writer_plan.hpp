@@ -278,14 +278,14 @@ inline void KernelWriter::plan() {
     // A GPU block of one row: its KILN_ROW loop stops at xnumel, so every row it visits is in the
     // domain at any (symbolic) number of rows too. Not by default where the row is shifted: with the
     // row test gone ptxas issued all its tiles' loads at once, rms_norm over 3073 bf16 columns took
-    // 96 -> 121 registers and ran 1.11x slower (NOTES item 173).
+    // 96 -> 121 registers and ran 1.11x slower (NOTES item 173). KILN_TUNE_SHIFTED_ROW_TEST=1 keeps
+    // that test in static kernels too (measured mixed, 0.85x to 1.64x: NOTES item 174).
     const bool one_row_block =
         target_ == Target::cuda && config_.rows == 1 && !config_.x_lanes && config_.threads == config_.row_threads;
     const bool one_row_live = tune_.live_tiles >= 2 || (tune_.live_tiles < 0 && !row_shift_);
-    full_rows_ = divides(config_.rows, xnumel_) || (one_row_block && one_row_live);
-    // KILN_TUNE_SHIFTED_ROW_TEST=1: a static kernel's shifted one-row blocks keep the test too
-    // (measured mixed, 0.85x to 1.64x: NOTES item 174).
-    if (one_row_block && row_shift_ && tune_.shifted_row_test == 1 && xnumel_.is_constant()) full_rows_ = false;
+    full_rows_ = divides(config_.rows, xnumel_)  // (only at a constant row count)
+                     ? !(one_row_block && row_shift_ && tune_.shifted_row_test == 1)
+                     : one_row_block && one_row_live;
     full_tiles_ = config_.riters > 0 && !config_.x_lanes && rnumel_.is_constant() &&
                   rnumel_.constant_value() == std::int64_t{config_.riters} * config_.row_threads * config_.rvec;
     exact_tiles_ = full_rows_ && full_tiles_;
