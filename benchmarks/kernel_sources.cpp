@@ -136,8 +136,7 @@ void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
                       : ("a held bound of " + std::to_string(bound) + " blocks").c_str());
     }
     for (int bounded = 0; bounded <= int(bound != 0); ++bounded) {
-      std::vector<std::string> extra{"--ptxas-options=-v"};
-      if (k::runtime::nvrtc_version() >= 12090) extra.push_back("--no-cache");  // else no report on a hit
+      std::vector<std::string> extra = k::runtime::ptxas_report_options();
       if (bounded) extra.push_back("-DKILN_HELD_BOUND=" + std::to_string(bound));
       std::vector<std::string> options = k::runtime::nvrtc_options(ptxas_arch, extra);
       std::vector<const char*> argv;

@@ -250,6 +250,16 @@ inline long spilled(const std::string& log) {
 
 }  // namespace detail
 
+// NVRTC options that make ptxas report every kernel's registers and spills. NVRTC 12.9 and later
+// keep a cache of their own, and a unit they found there comes back without ptxas's report: a
+// second process compiling the same held kernel took it for one within its bound and ran it
+// unbounded (a norm backward at 141 registers, one block an SM: 1.6x slower).
+inline std::vector<std::string> ptxas_report_options() {
+  std::vector<std::string> options{"--ptxas-options=-v"};
+  if (nvrtc_version() >= 12090) options.push_back("--no-cache");
+  return options;
+}
+
 // Compiles source (a whole translation unit defining kernel_name) to a CUBIN for arch, which must
 // be a real architecture (sm_XY or sm_XYa). Throws kiln::compile_error with NVRTC's log.
 // A unit with held-row kernels (KILN_HELD_BOUNDS) is compiled with ptxas's register report, and
@@ -286,11 +296,7 @@ inline std::vector<char> compile_cubin(const std::string& source, const std::str
   std::vector<detail::HeldBound> held = detail::held_bounds(source);
   if (held.empty()) return compile(extra_options);
   std::vector<std::string> report = extra_options;
-  report.push_back("--ptxas-options=-v");
-  // NVRTC 12.9 and later keep a cache of their own, and a unit they found there comes back without
-  // ptxas's report: a second process compiling the same held kernel took it for one within its
-  // bound and ran it unbounded (a norm backward at 141 registers, one block an SM: 1.6x slower).
-  if (nvrtc_version() >= 12090) report.push_back("--no-cache");
+  for (std::string& option : ptxas_report_options()) report.push_back(std::move(option));
   std::vector<char> cubin = compile(report);
   if (!detail::exceeds(log, held)) return cubin;
   const long spilled = detail::spilled(log);
