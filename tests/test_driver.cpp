@@ -160,6 +160,16 @@ TEST_CASE("NVRTC: a held-row kernel whose own bound spills asks for one block mo
   REQUIRE(held.size() == 1);
   CHECK(held[0].registers == 64);
   CHECK(held[0].blocks == 4);
+  // Registers are allocated 8 a thread: 256 threads x 6 blocks leave 40, not 65536 / 1536 = 42.
+  std::string six = source;
+  six.replace(six.find("KILN_HELD_BOUNDS(256, 4)"), 24, "KILN_HELD_BOUNDS(256, 6)");
+  auto held6 = rt::detail::held_bounds(six);
+  REQUIRE(held6.size() == 1);
+  CHECK(held6[0].registers == 40);
+  CHECK(
+      rt::detail::exceeds("ptxas info    : Compiling entry function 'held' for 'sm_90a'\n"
+                          "ptxas info    : Used 42 registers, used 1 barriers\n",
+                          held6));
   // blocks_alone: registers allocated 8 a thread, 64K an SM.
   const std::string log =
       "ptxas info    : Compiling entry function 'held' for 'sm_90a'\n"

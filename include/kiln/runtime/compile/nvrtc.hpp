@@ -167,7 +167,9 @@ inline std::string nvrtc_options_string(const std::string& arch, const std::vect
 namespace detail {
 
 // The held-row kernels of a translation unit, declared `KILN_HELD_BOUNDS(threads, blocks) name(`
-// (codegen/prelude.hpp), each with the registers a thread has when that many blocks share an SM.
+// (codegen/prelude.hpp), each with the registers a thread has when that many blocks share an SM:
+// 64K an SM, allocated 8 a thread (a warp's 256 at a time), so 256 threads x 6 blocks leave 40,
+// not 42 (ptxas's cap under that bound; a kernel it gave 42 alone holds only 5 blocks).
 struct HeldBound {
   std::string kernel;
   long registers;
@@ -188,7 +190,7 @@ inline std::vector<HeldBound> held_bounds(const std::string& source) {
     std::size_t name = source.find_first_not_of(' ', static_cast<std::size_t>(end - source.c_str()) + 1);
     std::size_t paren = source.find('(', name);
     if (name == std::string::npos || paren == std::string::npos) continue;
-    found.push_back({source.substr(name, paren - name), 65536 / (threads * blocks), threads, blocks});
+    found.push_back({source.substr(name, paren - name), 65536 / (threads * blocks) / 8 * 8, threads, blocks});
   }
   return found;
 }
