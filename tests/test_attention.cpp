@@ -244,7 +244,7 @@ TEST_CASE("attention: dq, dk and dv from one Hopper kernel against the oracle (c
     };
     auto check = [&](auto loss, bool mod) {
       INFO("B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq << " Tk " << c.Tk << " D " << c.D
-                << " causal " << c.causal << " " << k::name(c.dt) << (mod ? " soft-capped" : ""));
+                << " causal " << c.causal << " " << k::name(c.dt) << std::string(mod ? " soft-capped" : ""));
       k::Tensor q = k::randn({c.B, c.H, c.Tq, c.D}, c.dt, k::cpu, ++seed);
       k::Tensor kk = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
       k::Tensor v = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
@@ -414,7 +414,7 @@ TEST_CASE("attention: the fused forward where each row's max keeps growing along
       for (const std::vector<float>* ramp : {&up, &down}) {
         ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
         INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " causal " << causal
-                                          << (ramp == &up ? " growing" : " shrinking"));
+                                          << std::string(ramp == &up ? " growing" : " shrinking"));
         k::Tensor q = k::randn({1, 2, T, D}, k::bf16, k::cpu, ++seed);
         k::Tensor kk =
             k::cast(k::randn({1, 2, T, D}, k::f32, k::cpu, ++seed) * k::from_vector(*ramp, {1, 1, T, 1}), k::bf16);

@@ -155,7 +155,8 @@ TEST_CASE("cpu threads: host work runs on the kernels' OpenMP team, each task on
 
 TEST_CASE("cpu blas: products cut into tiles on the kernels' team equal the whole calls" *
           doctest::skip(k::runtime::cpu_blas_name().empty())) {
-  INFO("BLAS: " << k::runtime::cpu_blas_name() << ", team: " << (k::runtime::host_team() ? "OpenMP" : "none"));
+  INFO("BLAS: " << k::runtime::cpu_blas_name()
+                << ", team: " << std::string(k::runtime::host_team() ? "OpenMP" : "none"));
   ScopedEnv threads("KILN_NUM_THREADS", "5");  // several tiles even on a 2-core machine
   for (k::dtype dt : {k::f32, k::f64}) {
     const double tol = dt == k::f32 ? 2e-5 : 1e-12;

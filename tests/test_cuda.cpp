@@ -643,7 +643,8 @@ TEST_CASE("cuda: held dynamic rows whose weights cost blocks an SM, weights in s
   const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
   for (const char* rule : {static_cast<const char*>("0"), static_cast<const char*>(nullptr)}) {
     ScopedEnv held_weights("KILN_TUNE_HELD_WEIGHTS", rule);
-    CAPTURE(rule ? rule : "default");
+    const std::string rule_name = rule ? rule : "default";  // (a const char* would print as its address)
+    CAPTURE(rule_name);
     auto grad = k::compile(k::grad(loss, k::wrt<0, 1>), dyn);
     for (std::int64_t cols : {3073, 3001, 2049, 4097, 1001}) {
       CAPTURE(cols);
@@ -666,9 +667,8 @@ TEST_CASE("cuda: held dynamic rows whose weights cost blocks an SM, weights in s
                                k::randn({1024, 3073}, k::f32, k::cuda, 92));
     REQUIRE_FALSE(rep.kernels.empty());
     const bool shared = rep.kernels[0].source.find("weights0_rows") != std::string::npos;
-    MESSAGE("rms_norm backward over 3073 f32 columns, dynamic, " << (rule ? "KILN_TUNE_HELD_WEIGHTS=0" : "default")
-                                                                 << ": weights in "
-                                                                 << (shared ? "shared memory" : "registers"));
+    const std::string weights = shared ? "shared memory" : "registers";  // (not a const char*: its address)
+    MESSAGE("rms_norm backward over 3073 f32 columns, dynamic, " << rule_name << ": weights in " << weights);
     // ptxas's registers decide (NVRTC 13 on an H100: 156 alone, so the weights move); the rule
     // before never moves them.
     CHECK(shared == !rule);

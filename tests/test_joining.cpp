@@ -48,7 +48,7 @@ void check_argmax_rows(k::Device dev) {
   xv[5 * C + 90] = std::numeric_limits<double>::quiet_NaN();
   k::Tensor x = k::from_vector(xv, {R, C}, k::f32, dev);
   for (bool max : {true, false}) {
-    INFO((max ? "argmax" : "argmin") << " on " << dev);
+    INFO(std::string(max ? "argmax" : "argmin") << " on " << dev);
     k::Tensor got = max ? k::Tensor(k::argmax(x, 1)) : k::Tensor(k::argmin(x, -1));
     CHECK(got.dtype() == k::i64);
     CHECK(got.shape() == std::vector<std::int64_t>{R});

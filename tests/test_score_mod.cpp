@@ -335,7 +335,7 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
 TEST_CASE("score_mod: fused attention nodes with an inlined mod give the decomposition's value and gradients") {
   for (bool with_mod : {true, false})  // (without a mod: the fused nodes' rule as the GPU runs it)
     for (bool causal : {false, true}) {
-      INFO("causal " << causal << (with_mod ? "" : ", no score_mod"));
+      INFO("causal " << causal << std::string(with_mod ? "" : ", no score_mod"));
       std::vector<k::Tensor> args = {
           k::randn({2, 4, 7, 16}, k::bf16, k::cpu, 31), k::randn({2, 2, 9, 16}, k::bf16, k::cpu, 32),
           k::randn({2, 2, 9, 16}, k::bf16, k::cpu, 33), k::randn({4, 7, 9}, k::f32, k::cpu, 34),
