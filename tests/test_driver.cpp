@@ -162,7 +162,8 @@ TEST_CASE("NVRTC: a held-row kernel whose own bound spills asks for one block mo
   CHECK(held[0].blocks == 4);
   // Registers are allocated 8 a thread: 256 threads x 6 blocks leave 40, not 65536 / 1536 = 42.
   std::string six = source;
-  six.replace(six.find("KILN_HELD_BOUNDS(256, 4)"), 24, "KILN_HELD_BOUNDS(256, 6)");
+  const std::string four_blocks = "KILN_HELD_BOUNDS(256, 4)";
+  six.replace(six.find(four_blocks), four_blocks.size(), "KILN_HELD_BOUNDS(256, 6)");
   auto held6 = rt::detail::held_bounds(six);
   REQUIRE(held6.size() == 1);
   CHECK(held6[0].registers == 40);

@@ -166,10 +166,13 @@ inline std::string nvrtc_options_string(const std::string& arch, const std::vect
 
 namespace detail {
 
+// An SM's registers, and the step a thread's are allocated in (a warp's 256 at a time).
+inline constexpr long sm_registers = 65536, register_step = 8;
+
 // The held-row kernels of a translation unit, declared `KILN_HELD_BOUNDS(threads, blocks) name(`
-// (codegen/prelude.hpp), each with the registers a thread has when that many blocks share an SM:
-// 64K an SM, allocated 8 a thread (a warp's 256 at a time), so 256 threads x 6 blocks leave 40,
-// not 42 (ptxas's cap under that bound; a kernel it gave 42 alone holds only 5 blocks).
+// (codegen/prelude.hpp), each with the registers a thread has when that many blocks share an SM,
+// in whole steps: 256 threads x 6 blocks leave 40, not 42 (ptxas's cap under that bound; a kernel
+// it gave 42 alone holds only 5 blocks).
 struct HeldBound {
   std::string kernel;
   long registers;
@@ -190,7 +193,8 @@ inline std::vector<HeldBound> held_bounds(const std::string& source) {
     std::size_t name = source.find_first_not_of(' ', static_cast<std::size_t>(end - source.c_str()) + 1);
     std::size_t paren = source.find('(', name);
     if (name == std::string::npos || paren == std::string::npos) continue;
-    found.push_back({source.substr(name, paren - name), 65536 / (threads * blocks) / 8 * 8, threads, blocks});
+    found.push_back({source.substr(name, paren - name),
+                     sm_registers / (threads * blocks) / register_step * register_step, threads, blocks});
   }
   return found;
 }
@@ -232,7 +236,7 @@ inline long blocks_alone(const std::string& log, const std::vector<HeldBound>& h
   long fewest = 0;
   each_held(log, held, [&](const HeldBound& h, long registers) {
     if (registers <= h.registers || h.threads <= 0) return;
-    long blocks = 65536 / (h.threads * ((registers + 7) / 8 * 8));
+    long blocks = sm_registers / (h.threads * ((registers + register_step - 1) / register_step * register_step));
     fewest = fewest == 0 ? blocks : std::min(fewest, blocks);
   });
   return fewest;
