@@ -746,6 +746,9 @@ TEST_CASE("launch rules: a held row whose function spills more than holding save
   CHECK(cg::held_row_spills(304, 13, 512, 1));   // a spilling row that leaves one block an SM
   CHECK(!cg::held_row_spills(304, 13, 512, 2));  // ... that leaves two
   CHECK(!cg::held_row_spills(224, 13, 512, 1));  // under the floor: ptxas's own small arrays
+  CHECK(!cg::held_row_spills(256, 13, 512, 1));  // at the floor, one block an SM: held (NOTES 174)
+  CHECK(cg::held_row_spills(256, 13, 512, 1, 64));   // under a lower floor (KILN_TUNE_SPILL_FLOOR)
+  CHECK(!cg::held_row_spills(256, 13, 512, 2, 64));  // two blocks an SM, under what the row saves
   CHECK(cg::held_row_spills(257, 1, 256));
   CHECK(!cg::held_row_spills(0, 13, 512));      // nothing spilled
   CHECK(!cg::held_row_spills(100000, 0, 512));  // a looped row has nothing to give up

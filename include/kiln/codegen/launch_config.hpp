@@ -155,8 +155,10 @@ inline std::int64_t held_row_saves(int riters) { return 2 * 16 * std::int64_t{ri
 // cross_entropy's value and gradient over rows of 50257 bf16 values a GEMM stores with room
 // (schedule/pad_buffers.hpp), held at 128 registers with 304 bytes of stack (under the 416 its row
 // saves), ran 1.38 ms at 8192 rows on an H200 where looped it ran 0.88 (NOTES item 142).
-inline bool held_row_spills(std::int64_t local_bytes, int riters, int threads, int blocks = 2) {
-  return riters > 0 && local_bytes > min_spill_bytes &&
+// `floor`: the frame taken for ptxas's own (KILN_TUNE_SPILL_FLOOR sets it; NOTES item 176).
+inline bool held_row_spills(std::int64_t local_bytes, int riters, int threads, int blocks = 2,
+                            std::int64_t floor = min_spill_bytes) {
+  return riters > 0 && local_bytes > floor &&
          (local_bytes > held_row_saves(riters) || local_bytes * threads > held_row_l1_bytes || blocks <= 1);
 }
 

@@ -160,6 +160,12 @@ struct Tuning {
                               // `xmask = true`: the test made log_softmax over 3073 bf16 columns
                               // 0.85x and over 50257 1.64x (benchmarks/NOTES.md item 174;
                               // KILN_TUNE_SHIFTED_ROW_TEST)
+  int spill_floor = -1;       // GPU rows: the stack frame in bytes a held-row kernel may reach before
+                              // runtime/lower.hpp's loop_spilled_rows weighs writing it looped
+                              // (launch_config.hpp's held_row_spills); default min_spill_bytes (256), above
+                              // ptxas's own small arrays. A frame of exactly 256 bytes (340 of spill
+                              // stores) at one block an SM stayed held, 1.5x slower than looped
+                              // (benchmarks/NOTES.md item 174; KILN_TUNE_SPILL_FLOOR)
   int tile_stores = -1;    // GPU rows of 16-bit values, unshifted: a tile all of whose lanes are in the
                            // row but which starts off a vector is stored element by element without
                            // a test a lane (the prelude's align::tile); 0 tests each lane (the rule
@@ -234,7 +240,8 @@ struct Tuning {
                                    {&Tuning::held_weights, "held_weights"},
                                    {&Tuning::tile_stores, "tile_stores"},
                                    {&Tuning::live_tiles, "live_tiles"},
-                                   {&Tuning::shifted_row_test, "shifted_row_test"}};
+                                   {&Tuning::shifted_row_test, "shifted_row_test"},
+                                   {&Tuning::spill_floor, "spill_floor"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -284,6 +291,7 @@ struct Tuning {
                                    {&Tuning::tile_stores, "KILN_TUNE_TILE_STORES", 0, 1},
                                    {&Tuning::live_tiles, "KILN_TUNE_LIVE_TILES", 0, 3},
                                    {&Tuning::shifted_row_test, "KILN_TUNE_SHIFTED_ROW_TEST", 0, 1},
+                                   {&Tuning::spill_floor, "KILN_TUNE_SPILL_FLOOR", 0, 65536},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 2},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},

@@ -331,7 +331,9 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
     const std::int64_t local = driver::local_bytes(kern.cuda);
     const int blocks = driver::resident_blocks(kern.cuda, kern.src.config.threads,
                                                static_cast<std::size_t>(kern.src.config.shared_bytes));
-    if (!codegen::held_row_spills(local, kern.src.config.riters, kern.src.config.threads, blocks)) continue;
+    const std::int64_t spill_floor = p.tuning.spill_floor >= 0 ? p.tuning.spill_floor : codegen::min_spill_bytes;
+    if (!codegen::held_row_spills(local, kern.src.config.riters, kern.src.config.threads, blocks, spill_floor))
+      continue;
     codegen::Tuning looped_rows;
     looped_rows.row_iters = 0;
     std::optional<codegen::KernelSource> looped = rewrite(static_cast<int>(k), looped_rows);
