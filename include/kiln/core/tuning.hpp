@@ -154,7 +154,9 @@ struct Tuning {
                            // before); default: the tiles inside every length the kernel serves and
                            // the rows an unshifted one-row block visits are known live; 1 the tiles
                            // only, 2 every one-row block's rows only, 3 the tiles and every one-row
-                           // block's rows (benchmarks/NOTES.md item 173; KILN_TUNE_LIVE_TILES)
+                           // block's rows, 4 as the default with the tiles inside the compiling
+                           // call's length, served from there up (benchmarks/NOTES.md item 173;
+                           // KILN_TUNE_LIVE_TILES)
   int shifted_row_test = -1;  // 1: a static GPU kernel's one-row blocks over shifted rows test their
                               // row (`xmask = xindex < xnumel`) as their dynamic twins do; default
                               // `xmask = true`: the test made log_softmax over 3073 bf16 columns
@@ -282,7 +284,7 @@ struct Tuning {
                                    {&Tuning::row_prefetch, "KILN_TUNE_ROW_PREFETCH", 0, 1},
                                    {&Tuning::held_weights, "KILN_TUNE_HELD_WEIGHTS", 0, 1},
                                    {&Tuning::tile_stores, "KILN_TUNE_TILE_STORES", 0, 1},
-                                   {&Tuning::live_tiles, "KILN_TUNE_LIVE_TILES", 0, 3},
+                                   {&Tuning::live_tiles, "KILN_TUNE_LIVE_TILES", 0, 4},
                                    {&Tuning::shifted_row_test, "KILN_TUNE_SHIFTED_ROW_TEST", 0, 1},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 2},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
