@@ -632,18 +632,17 @@ TEST_CASE("cuda: dynamic unshifted rows of odd length held, forward and backward
   }
 }
 
-// KILN_TUNE_LIVE_TILES=4 (NOTES 175): a held row of symbolic length whose live tiles were counted
-// from the compiling call's length (3073 bf16, shifted rows) serves lengths from those tiles' end
-// up; the default rule's held kernel serves the lengths between, the looped twin the rest. Values
+// NOTES 175: a held row of symbolic length whose live tiles were counted from the compiling call's
+// length (3073 bf16, shifted rows) serves lengths from those tiles' end up; the held kernel of the
+// rule before (KILN_TUNE_LIVE_TILES=4) serves the lengths between, the looped twin the rest. Values
 // and gradients against the f64 oracle at lengths each of the three kernels launches for.
 TEST_CASE("cuda: live tiles from the compiling length, the chain of held and looped twins" * needs_gpu()) {
-  ScopedEnv four("KILN_TUNE_LIVE_TILES", "4");
   auto loss = [](auto a, auto w, auto g) { return k::sum(k::rms_norm(a, w, 1e-6) * g); };
   auto sm = [](auto a) { return k::softmax(a, -1); };
   const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
   auto grad = k::compile(k::grad(loss, k::wrt<0, 1>), dyn);
   auto fwd = k::compile(sm, dyn);
-  // 3073 first (the compiling length); 3080 the same kernel; 2500 and 1900 the default's held
+  // 3073 first (the compiling length); 3080 the same kernel; 2500 and 1900 the middle held
   // kernel; 1001 and 4099 the looped twin.
   for (std::int64_t cols : {3073, 3080, 2500, 1900, 1001, 4099}) {
     CAPTURE(cols);

@@ -296,11 +296,12 @@ inline void KernelWriter::plan() {
     // A held row of symbolic length: its first tiles lie inside every length the kernel serves
     // (held_min up), so their lanes need no test, as a static kernel's tiles inside its row fold
     // theirs (a shifted row's first tile starts before the row).
-    // KILN_TUNE_LIVE_TILES=4: as many as lie inside the compiling call's length, the kernel then
-    // serving lengths from those tiles' end up (shorter ones go to its looped twin).
+    // By default as many as lie inside the compiling call's length, the kernel then serving
+    // lengths from those tiles' end up (shorter ones go to its twins: runtime/lower.hpp's
+    // plan_kernels; NOTES item 175).
     if (held_dynamic && config_.riters > 0 && tune_.live_tiles != 0 && tune_.live_tiles != 2) {
       const std::int64_t tile = std::int64_t{config_.row_threads} * config_.rvec;
-      if (tune_.live_tiles == 4)
+      if (tune_.live_tiles < 0)
         ks.held_min = std::max(ks.held_min, std::min<std::int64_t>(config_.riters, rn / tile) * tile);
       live_tiles_ = static_cast<int>(std::min<std::int64_t>(config_.riters, ks.held_min / tile));
     }

@@ -49,7 +49,7 @@ struct CompiledKernel {
   // A kernel specialised on symbolic sizes (codegen's KernelSource::held_rnumel, assumed_multiples):
   // the same kernel written looped and assuming nothing, launched when a call's sizes are outside
   // what src serves. Its twin may itself be specialised, with a twin of its own (a held kernel
-  // serving a wider range of lengths, then the looped one: KILN_TUNE_LIVE_TILES=4); the chain ends
+  // serving a wider range of lengths, then the looped one: NOTES item 175); the chain ends
   // in a kernel that serves every size.
   std::shared_ptr<CompiledKernel> looped;
 };
