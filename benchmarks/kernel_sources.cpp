@@ -113,14 +113,12 @@ void print_kernels(const F& fn, Sizes sizes, std::int64_t rows, const T&... a) {
                   h[bad].shape.str().c_str());
   }
   if (ptxas_arch.empty()) return;
-  // NVRTC on each kernel's unit, as the runtime compiles them (a specialised kernel and its looped
-  // twin share a name: one unit each), with ptxas's register and spill report.
+  // NVRTC on each kernel's unit, as the runtime compiles them (a specialised kernel and its twins
+  // share a name: one unit each), with ptxas's register and spill report.
   std::vector<const k::codegen::KernelSource*> kernels;
   for (const auto& kk : p->kernels)
-    if (kk.extern_node < 0) {
-      kernels.push_back(&kk.src);
-      if (kk.looped) kernels.push_back(&kk.looped->src);
-    }
+    if (kk.extern_node < 0)
+      k::runtime::each_twin(kk, [&](const k::runtime::CompiledKernel& t) { kernels.push_back(&t.src); });
   // A unit with held-row bounds also as the runtime compiles it (runtime/compile/nvrtc.hpp's
   // compile_cubin: the bound it took, KILN_HELD_BOUND, and ptxas's report at that bound).
   for (std::size_t unit = 0; unit < kernels.size(); ++unit) {

@@ -270,6 +270,55 @@ TEST_CASE("autotune: CUDA graphs replay the tuned kernels" * needs_gpu()) {
   }
 }
 
+// NOTES 175: a held row's live tiles counted from the compiling call's length (the default) narrow
+// the lengths its kernel serves to those tiles' end up; the held kernel of the rule before
+// (KILN_TUNE_LIVE_TILES=4) serves the lengths between, before the looped twin. Planned for CUDA from CPU
+// tensors; which kernel a call launches (rt::kernel_for) at lengths in each range.
+TEST_CASE("a held row of symbolic length with live tiles from the compiling length keeps the lengths below") {
+  auto x = k::randn({37, 3073}, k::bf16, k::cpu, 3);
+  auto e = k::softmax(x, -1);
+  auto held_kernel = [](const rt::Program& p) -> const rt::CompiledKernel* {
+    for (const auto& kern : p.kernels)
+      if (kern.extern_node < 0 && kern.src.held_max > 0) return &kern;
+    return nullptr;
+  };
+  auto launched = [](const rt::Program& p, const rt::CompiledKernel& kern, std::int64_t n) {
+    std::vector<std::int64_t> sizes = p.env.example;
+    sizes.at(static_cast<std::size_t>(kern.src.held_rnumel.symbol_id())) = n;
+    return &rt::kernel_for(kern, k::Bindings(sizes.data(), sizes.size()));
+  };
+  std::shared_ptr<rt::Program> before;
+  {
+    ScopedEnv four("KILN_TUNE_LIVE_TILES", "4");
+    before = plan_tuned(e, k::Device(k::cuda), false, true);
+  }
+  const rt::CompiledKernel* plain = held_kernel(*before);
+  REQUIRE(plain);
+  REQUIRE(plain->looped);
+  CHECK_FALSE(k::codegen::specialised(plain->looped->src));  // the rule before: held, then looped
+  std::shared_ptr<rt::Program> p = plan_tuned(e, k::Device(k::cuda), false, true);
+  const rt::CompiledKernel* held = held_kernel(*p);
+  REQUIRE(held);
+  INFO(held->src.source);
+  const std::int64_t tile = std::int64_t{held->src.config.row_threads} * held->src.config.rvec;
+  CHECK(held->src.held_min == 3073 / tile * tile);  // the whole tiles inside 3073
+  REQUIRE(held->looped);
+  const rt::CompiledKernel& middle = *held->looped;
+  CHECK(middle.src.held_min == plain->src.held_min);  // the rule before's range
+  CHECK(middle.src.held_max == held->src.held_max);
+  CHECK(middle.src.source != held->src.source);
+  REQUIRE(middle.looped);
+  CHECK_FALSE(k::codegen::specialised(middle.looped->src));
+  CHECK(launched(*p, *held, 3073) == held);
+  CHECK(launched(*p, *held, held->src.held_min) == held);
+  CHECK(launched(*p, *held, held->src.held_min - 1) == &middle);
+  CHECK(launched(*p, *held, middle.src.held_min) == &middle);
+  CHECK(launched(*p, *held, middle.src.held_min - 1) == middle.looped.get());
+  CHECK(launched(*p, *held, held->src.held_max + 1) == middle.looped.get());
+  // Every kernel of the chain is in the program's source, each compiled as a unit of its own.
+  CHECK(rt::program_body(*p).find(middle.src.source) != std::string::npos);
+}
+
 TEST_CASE("autotune: a row of symbolic length is held with a looped twin by the rules, looped in every candidate") {
   // Planned for CUDA from CPU tensors (no GPU needed). The rules hold a row of 3000 f32 values as
   // at that length and keep the kernel written looped for the lengths the held one does not serve;
@@ -289,9 +338,13 @@ TEST_CASE("autotune: a row of symbolic length is held with a looped twin by the 
   CHECK(held->src.held_min <= 3000);
   CHECK(held->src.held_max >= 3000);
   CHECK(held->src.held_multiple == 4);
+  // Its chain of twins (a held one serving the shorter lengths first, NOTES 175) ends looped.
   REQUIRE(held->looped);
-  CHECK(held->looped->src.config.riters == 0);
-  CHECK(held->looped->src.held_max == 0);
+  const rt::CompiledKernel* last = held;
+  rt::each_twin(*held, [&](const rt::CompiledKernel& t) { last = &t; });
+  CHECK(last != held);
+  CHECK(last->src.config.riters == 0);
+  CHECK(last->src.held_max == 0);
   REQUIRE(held->src.held_rnumel.kind() == k::SymKind::symbol);
   std::vector<std::int64_t> sizes = p->env.example;
   auto served = [&](std::int64_t n) {

@@ -632,6 +632,41 @@ TEST_CASE("cuda: dynamic unshifted rows of odd length held, forward and backward
   }
 }
 
+// NOTES 175: a held row of symbolic length whose live tiles were counted from the compiling call's
+// length (3073 bf16, shifted rows) serves lengths from those tiles' end up; the held kernel of the
+// rule before (KILN_TUNE_LIVE_TILES=4) serves the lengths between, the looped twin the rest. Values
+// and gradients against the f64 oracle at lengths each of the three kernels launches for.
+TEST_CASE("cuda: live tiles from the compiling length, the chain of held and looped twins" * needs_gpu()) {
+  auto loss = [](auto a, auto w, auto g) { return k::sum(k::rms_norm(a, w, 1e-6) * g); };
+  auto sm = [](auto a) { return k::softmax(a, -1); };
+  const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
+  auto grad = k::compile(k::grad(loss, k::wrt<0, 1>), dyn);
+  auto fwd = k::compile(sm, dyn);
+  // 3073 first (the compiling length); 3080 the same kernel; 2500 and 1900 the middle held
+  // kernel; 1001 and 4099 the looped twin.
+  for (std::int64_t cols : {3073, 3080, 2500, 1900, 1001, 4099}) {
+    CAPTURE(cols);
+    const int seed = 500 + static_cast<int>(cols % 1000);
+    auto in = [&](std::vector<std::int64_t> shape, int s, float shift) {
+      return k::Tensor(k::randn(shape, k::f32, k::cpu, seed + s) + shift).to(k::bf16);
+    };
+    k::Tensor a = in({41, cols}, 0, 0.5f), w = in({cols}, 1, 1.0f), g = in({41, cols}, 2, 0.0f);
+    auto [da, dw] = grad(a.to(k::cuda), w.to(k::cuda), g.to(k::cuda));
+    auto f64 = [](const k::Tensor& x) { return k::Tensor(k::cast(x, k::f64)); };
+    const auto want = oracle_outputs(k::grad(loss, k::wrt<0, 1>), f64(a), f64(w), f64(g));
+    int i = 0;
+    for (const k::Tensor& got : {da, dw}) {
+      CAPTURE(i);
+      auto r = k::testing::allclose(got.to(k::f64), k::reference::to_tensor(want[i++]), 5e-2, 5e-2);
+      CHECK_MESSAGE(bool(r), r);
+    }
+    auto r = k::testing::allclose(fwd(a.to(k::cuda)), k::reference::eval(sm(a)), 2e-2, 2e-2);
+    CHECK_MESSAGE(bool(r), r);
+  }
+  CHECK(grad.cache().compiles() == 1);
+  CHECK(fwd.cache().compiles() == 1);
+}
+
 // A held row of symbolic length whose hoisted weights cost it blocks an SM (rms_norm's backward over
 // 1024 rows of 3073 f32 columns: two rows a block, 156 registers, one block where its bound asked
 // for two): written again with the weights in shared memory (runtime/lower.hpp's

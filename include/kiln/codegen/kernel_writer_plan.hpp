@@ -282,7 +282,8 @@ inline void KernelWriter::plan() {
     // that test in static kernels too (measured mixed, 0.85x to 1.64x: NOTES item 174).
     const bool one_row_block =
         target_ == Target::cuda && config_.rows == 1 && !config_.x_lanes && config_.threads == config_.row_threads;
-    const bool one_row_live = tune_.live_tiles >= 2 || (tune_.live_tiles < 0 && !row_shift_);
+    const bool one_row_live = tune_.live_tiles == 2 || tune_.live_tiles == 3 ||
+                              ((tune_.live_tiles < 0 || tune_.live_tiles == 4) && !row_shift_);
     full_rows_ = divides(config_.rows, xnumel_)  // (only at a constant row count)
                      ? !(one_row_block && row_shift_ && tune_.shifted_row_test == 1)
                      : one_row_block && one_row_live;
@@ -295,9 +296,15 @@ inline void KernelWriter::plan() {
     // A held row of symbolic length: its first tiles lie inside every length the kernel serves
     // (held_min up), so their lanes need no test, as a static kernel's tiles inside its row fold
     // theirs (a shifted row's first tile starts before the row).
-    if (held_dynamic && config_.riters > 0 && tune_.live_tiles != 0 && tune_.live_tiles != 2)
-      live_tiles_ = static_cast<int>(
-          std::min<std::int64_t>(config_.riters, ks.held_min / (std::int64_t{config_.row_threads} * config_.rvec)));
+    // By default as many as lie inside the compiling call's length, the kernel then serving
+    // lengths from those tiles' end up (shorter ones go to its twins: runtime/lower.hpp's
+    // plan_kernels; NOTES item 175).
+    if (held_dynamic && config_.riters > 0 && tune_.live_tiles != 0 && tune_.live_tiles != 2) {
+      const std::int64_t tile = std::int64_t{config_.row_threads} * config_.rvec;
+      if (tune_.live_tiles < 0)
+        ks.held_min = std::max(ks.held_min, std::min<std::int64_t>(config_.riters, rn / tile) * tile);
+      live_tiles_ = static_cast<int>(std::min<std::int64_t>(config_.riters, ks.held_min / tile));
+    }
     if (dyn_held_unshifted_ && rn % config_.rvec == 0) {
       dyn_vector_rows_ = vector_rows_ = true;
       ks.held_multiple = config_.rvec;

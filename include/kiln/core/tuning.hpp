@@ -151,10 +151,14 @@ struct Tuning {
                            // 171; KILN_TUNE_HELD_WEIGHTS)
   int live_tiles = -1;     // GPU rows: 0 tests every lane of a held row of symbolic length and the
                            // row of each one-row block at a symbolic number of rows (the rule
-                           // before); default: the tiles inside every length the kernel serves and
-                           // the rows an unshifted one-row block visits are known live; 1 the tiles
-                           // only, 2 every one-row block's rows only, 3 the tiles and every one-row
-                           // block's rows (benchmarks/NOTES.md item 173; KILN_TUNE_LIVE_TILES)
+                           // before); default: the tiles inside the compiling call's length and the
+                           // rows an unshifted one-row block visits are known live, the kernel
+                           // serving lengths from those tiles' end up and a held twin with the
+                           // tiles inside every length it serves the lengths below (NOTES item
+                           // 175); 1 the tiles inside every served length only, 2 every one-row
+                           // block's rows only, 3 both, 4 the tiles inside every served length and
+                           // an unshifted one-row block's rows (item 173's rule, the default
+                           // before; KILN_TUNE_LIVE_TILES)
   int shifted_row_test = -1;  // 1: a static GPU kernel's one-row blocks over shifted rows test their
                               // row (`xmask = xindex < xnumel`) as their dynamic twins do; default
                               // `xmask = true`: the test made log_softmax over 3073 bf16 columns
@@ -289,7 +293,7 @@ struct Tuning {
                                    {&Tuning::row_prefetch, "KILN_TUNE_ROW_PREFETCH", 0, 1},
                                    {&Tuning::held_weights, "KILN_TUNE_HELD_WEIGHTS", 0, 1},
                                    {&Tuning::tile_stores, "KILN_TUNE_TILE_STORES", 0, 1},
-                                   {&Tuning::live_tiles, "KILN_TUNE_LIVE_TILES", 0, 3},
+                                   {&Tuning::live_tiles, "KILN_TUNE_LIVE_TILES", 0, 4},
                                    {&Tuning::shifted_row_test, "KILN_TUNE_SHIFTED_ROW_TEST", 0, 1},
                                    {&Tuning::spill_floor, "KILN_TUNE_SPILL_FLOOR", 0, 65536},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 2},

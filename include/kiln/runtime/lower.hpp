@@ -250,6 +250,20 @@ void plan_kernels(Program& p, const graph::Graph& g, const ir::ShapeEnv& env, co
         looped.dynamic_rows = 0;
         ck.looped = std::make_shared<CompiledKernel>();
         ck.looped->src = write_kernel(g, p.sched, env, k, target, arg, looped).value();
+        // A held row whose live tiles were counted from the compiling call's length serves only
+        // lengths from their end up (the default): the held kernel with the tiles inside every
+        // length it serves (KILN_TUNE_LIVE_TILES=4's rule), serving from half its tiles up, goes
+        // between it and the looped twin (NOTES 175).
+        if (p.tuning.live_tiles < 0 && ck.src.held_max > 0) {
+          Tuning wider = p.tuning;
+          wider.live_tiles = 4;
+          auto middle = std::make_shared<CompiledKernel>();
+          middle->src = write_kernel(g, p.sched, env, k, target, arg, wider).value();
+          if (middle->src.held_max > 0 && middle->src.held_min < ck.src.held_min) {
+            middle->looped = std::move(ck.looped);
+            ck.looped = std::move(middle);
+          }
+        }
       }
     }
     p.kernels.push_back(std::move(ck));

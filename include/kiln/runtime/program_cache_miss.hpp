@@ -54,8 +54,9 @@ void ProgramCache::guard_index_limit(Entry& e, Rebuild&& rebuild) {
         gs.index_nodes.push_back(n);
         if (p.graph[n].op == Op::arg) gs.index_args.push_back(p.graph[n].slot);
       }
-      gs.index_spans.push_back(k.src.index_span);
-      if (k.looped && k.looped->src.index_bound) gs.index_spans.push_back(k.looped->src.index_span);
+      each_twin(k, [&](const CompiledKernel& t) {
+        if (t.src.index_bound) gs.index_spans.push_back(t.src.index_span);
+      });
     }
     auto unique = [](std::vector<int>& v) {
       std::sort(v.begin(), v.end());

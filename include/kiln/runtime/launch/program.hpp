@@ -48,9 +48,17 @@ struct CompiledKernel {
   int variant = 0;              // autotuning: which of the kernel's candidate sources this is
   // A kernel specialised on symbolic sizes (codegen's KernelSource::held_rnumel, assumed_multiples):
   // the same kernel written looped and assuming nothing, launched when a call's sizes are outside
-  // what src serves.
+  // what src serves. Its twin may itself be specialised, with a twin of its own (a held kernel
+  // serving a wider range of lengths, then the looped one: NOTES item 175); the chain ends
+  // in a kernel that serves every size.
   std::shared_ptr<CompiledKernel> looped;
 };
+
+// f(kernel) for k and each twin after it, in the order a call tries them.
+template <class K, class F>
+void each_twin(K& k, F&& f) {
+  for (K* t = &k; t; t = t->looped.get()) f(*t);
+}
 
 // The argument slots of one kernel launch, bound for a given kernel source's parameters.
 using BindParams = void** (*)(const void* run_state, const codegen::KernelSource& src);
@@ -228,8 +236,7 @@ inline std::string program_body(const Program& p) {
   std::string body = std::string(sym_c_helpers) + "\n";
   for (auto& k : p.kernels)
     if (k.extern_node < 0) {
-      body += "\n" + k.src.source;
-      if (k.looped) body += "\n" + k.looped->src.source;
+      each_twin(k, [&](const CompiledKernel& t) { body += "\n" + t.src.source; });
     }
   return body;
 }
@@ -272,13 +279,10 @@ inline std::int64_t row_grid_limit(CUfunction f, const codegen::KernelSource& k,
 inline void compile_program(Program& p, const std::string& /*name: each unit is named after its kernel*/) {
   p.source = program_body(p);
   const bool cpu = p.device.is_cpu();
-  // The generated kernels, each one's looped twin after it.
+  // The generated kernels, each one's twins after it.
   std::vector<CompiledKernel*> kernels;
   for (auto& k : p.kernels)
-    if (k.extern_node < 0) {
-      kernels.push_back(&k);
-      if (k.looped) kernels.push_back(k.looped.get());
-    }
+    if (k.extern_node < 0) each_twin(k, [&](CompiledKernel& t) { kernels.push_back(&t); });
   std::vector<KernelUnit> units;
   std::vector<int> unit_of(kernels.size(), -1);
   std::unordered_map<std::string, int> by_source;
@@ -325,6 +329,16 @@ inline void compile_program(Program& p, const std::string& /*name: each unit is 
 [[noreturn]] inline void held_row_without_twin(const std::string& kernel) {
   throw error("internal error: " + kernel + " is specialised on the compiling call's sizes, was called at others " +
               "and has no unspecialised kernel for them (runtime/lower.hpp plan_kernels)");
+}
+
+// The kernel a call with these sizes launches: k where it serves them, else the first twin that does.
+inline const CompiledKernel& kernel_for(const CompiledKernel& k, Bindings sizes) {
+  const CompiledKernel* t = &k;
+  while (!codegen::serves(t->src, sizes)) {
+    if (!t->looped) held_row_without_twin(t->src.name);
+    t = t->looped.get();
+  }
+  return *t;
 }
 
 inline void Program::run(const Tensor* const* args, const double* scalars, Tensor* outputs, ShapeFn shape_of,
@@ -547,12 +561,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         probe->launch(static_cast<std::size_t>(&k - kernels.data()), bind_params, &state, bind, stream);
       return;
     }
-    if (!codegen::serves(k.src, bind)) {
-      if (!k.looped) held_row_without_twin(k.src.name);
-      run_generated(*k.looped);
-      return;
-    }
-    run_generated(k);
+    run_generated(kernel_for(k, bind));
   };
   for (const auto& k : kernels) {
     const auto step = static_cast<std::size_t>(&k - kernels.data());
@@ -563,8 +572,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
     if (check_indices) check_after(static_cast<int>(step) - 1);
     if (prof.active()) {
       // a specialised kernel's twin, where this call launches it, under its own name
-      const bool twin = k.extern_node < 0 && k.looped && !codegen::serves(k.src, bind);
-      std::string what = unit_name(twin ? k.looped->src.name : k.src.name);
+      std::string what = unit_name(k.extern_node < 0 ? kernel_for(k, bind).src.name : k.src.name);
       if (k.extern_node >= 0 && graph[k.extern_node].op == Op::matmul)
         what += " " + shape_of(graph[k.extern_node].in[0]).str() + " x " + shape_of(graph[k.extern_node].in[1]).str() +
                 " " + std::string(name(graph[k.extern_node].dt));
