@@ -6,7 +6,8 @@
 // length). Each length is also compiled static, and both results must agree before either is timed.
 // bf16, about 128 MiB of input a case; one JSON line a (case, length) on stdout.
 //   served_range [--at 3073] [--cols 3073,2560,2049,1801] [--reps 30] [--impl NAME]
-// Run it once per tuning variant (KILN_TUNE_LIVE_TILES=4 served_range --impl lt4) and compare.
+// Run it once per tuning variant (KILN_TUNE_LIVE_TILES=4 served_range --impl lt4, the rule before
+// NOTES item 175) and compare.
 #include <cstdio>
 #include <functional>
 #include <sstream>
