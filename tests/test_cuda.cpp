@@ -386,21 +386,18 @@ TEST_CASE("cuda: rows of odd length, tiles from the vector before the row" * nee
   }
 }
 
-// cross_entropy's fused forward and backward over GPT-2's vocabulary in bf16: the held row spilled
-// (ptxas gave it 64 registers), so the program writes it again looped (runtime/lower.hpp's
-// loop_spilled_rows). Values against the oracle whichever kernel ptxas's registers led to; the
-// kernels are printed.
-static void check_cross_entropy_50257(k::Device dev) {
-  k::Tensor x = k::randn({67, 50257}, k::bf16, k::cpu, 31);
-  k::Tensor t = k::cast(k::rand({67}, k::f32, k::cpu, 32) * 50257.0f, k::i64);
-  auto step =
-      k::compile(k::value_and_grad([](auto a, auto b) { return k::cross_entropy(k::cast(a, k::f32), b); }, k::wrt<0>));
+// cross_entropy's fused forward and backward over rows of n bf16 values, by `step` (a compiled
+// value_and_grad), against the oracle; the kernels are printed.
+template <class Step>
+static void check_cross_entropy(k::Device dev, Step& step, std::int64_t n) {
+  CAPTURE(n);
+  k::Tensor x = k::randn({67, n}, k::bf16, k::cpu, 31);
+  k::Tensor t = k::cast(k::rand({67}, k::f32, k::cpu, 32) * static_cast<float>(n), k::i64);
   auto [loss, dx] = step(x.to(dev), t.to(dev));
   CHECK(dx.dtype() == k::bf16);
   auto xf = k::cast(x, k::f32);
   auto want_loss = k::reference::eval(k::cross_entropy(xf, t));
-  auto want_dx =
-      k::reference::eval((k::softmax(xf, -1) - k::cast(k::unsqueeze(t, 1) == k::arange(50257), k::f32)) / 67.0f);
+  auto want_dx = k::reference::eval((k::softmax(xf, -1) - k::cast(k::unsqueeze(t, 1) == k::arange(n), k::f32)) / 67.0f);
   auto close = k::testing::allclose(loss, want_loss, 1e-5, 1e-5);
   CHECK_MESSAGE(bool(close), close);
   close = k::testing::allclose(dx, want_dx, 1e-2, 1e-9);  // one bf16 rounding of each gradient
@@ -410,8 +407,33 @@ static void check_cross_entropy_50257(k::Device dev) {
   MESSAGE("kernels:" << names);
 }
 
+static auto cross_entropy_step(k::options opts = {}) {
+  return k::compile(
+      k::value_and_grad([](auto a, auto b) { return k::cross_entropy(k::cast(a, k::f32), b); }, k::wrt<0>), opts);
+}
+
+// Over GPT-2's vocabulary: the held row spilled (ptxas gave it 64 registers), so the program writes
+// it again looped (runtime/lower.hpp's loop_spilled_rows). Values whichever kernel ptxas's
+// registers led to.
+static void check_cross_entropy_50257(k::Device dev) {
+  auto step = cross_entropy_step();
+  check_cross_entropy(dev, step, 50257);
+}
+
 TEST_CASE("cuda: cross_entropy over 50257 bf16 columns, forward and backward" * needs_gpu()) {
   check_cross_entropy_50257(k::cuda);
+}
+
+// Rows of symbolic length compiled at 50257 and 32003: each held kernel of the chain of twins (NOTES
+// item 175) that spills is looped or leaves the chain (loop_spilled_rows); lengths for the compiled
+// kernel, the middle range and the looped twin, against the oracle.
+TEST_CASE("cuda: cross_entropy over bf16 rows of symbolic length, spilling twins" * needs_gpu()) {
+  for (std::int64_t first : {50257, 32003}) {
+    CAPTURE(first);
+    auto step = cross_entropy_step({.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise});
+    for (std::int64_t n : {first, first - first / 5, first / 2 + 1, first / 3}) check_cross_entropy(k::cuda, step, n);
+    CHECK(step.cache().compiles() == 1);
+  }
 }
 
 TEST_CASE("cuda: views and compiled functions with dynamic shapes" * needs_gpu()) {

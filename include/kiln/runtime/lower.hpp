@@ -332,22 +332,37 @@ std::shared_ptr<Program> plan_program(graph::Graph g, ir::ShapeEnv env, Device d
 // caches, not the kernel around them. Not where a tuning sets the tiles (KILN_TUNE_ROW_ITERS,
 // autotuning), nor for column partials (the schedule hosted them for the held row: looped, they
 // would keep them in memory, which pays only where the buffer stays in L2); not in
-// export_kernels, which plans without a GPU. Returns whether a kernel changed.
+// export_kernels, which plans without a GPU. A held twin inside a chain (plan_kernels) that spills
+// leaves the chain. Returns whether a kernel changed.
 template <class Rewrite>
 bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
   if (p.device.is_cpu() || p.autotune || p.tuning.row_iters >= 0) return false;
+  const std::int64_t spill_floor = p.tuning.spill_floor >= 0 ? p.tuning.spill_floor : codegen::min_spill_bytes;
+  auto local_bytes = [](const CompiledKernel& kern) { return driver::local_bytes(kern.cuda); };
+  auto spills = [&](const CompiledKernel& kern) {
+    const int blocks = driver::resident_blocks(kern.cuda, kern.src.config.threads,
+                                               static_cast<std::size_t>(kern.src.config.shared_bytes));
+    return codegen::held_row_spills(local_bytes(kern), kern.src.config.riters, kern.src.config.threads, blocks,
+                                    spill_floor);
+  };
   bool changed = false;
   for (std::size_t k = 0; k < p.kernels.size(); ++k) {
     CompiledKernel& kern = p.kernels[k];
     if (kern.extern_node >= 0 || !kern.cuda || kern.src.kind != schedule::Kind::per || kern.src.config.riters <= 0 ||
         kern.src.partial_groups > 0)
       continue;
-    const std::int64_t local = driver::local_bytes(kern.cuda);
-    const int blocks = driver::resident_blocks(kern.cuda, kern.src.config.threads,
-                                               static_cast<std::size_t>(kern.src.config.shared_bytes));
-    const std::int64_t spill_floor = p.tuning.spill_floor >= 0 ? p.tuning.spill_floor : codegen::min_spill_bytes;
-    if (!codegen::held_row_spills(local, kern.src.config.riters, kern.src.config.threads, blocks, spill_floor))
-      continue;
+    // A held twin inside the chain (NOTES item 175) that spills leaves it: the looped kernel at the
+    // chain's end serves its lengths.
+    for (CompiledKernel* t = &kern; t->looped && t->looped->looped;) {
+      const CompiledKernel& middle = *t->looped;
+      if (middle.cuda && middle.src.config.riters > 0 && spills(middle)) {
+        t->looped = middle.looped;
+        changed = true;
+      } else {
+        t = t->looped.get();
+      }
+    }
+    if (!spills(kern)) continue;
     codegen::Tuning looped_rows;
     looped_rows.row_iters = 0;
     std::optional<codegen::KernelSource> looped = rewrite(static_cast<int>(k), looped_rows);
@@ -362,7 +377,7 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
       if (!twin || codegen::specialised(*twin)) continue;  // keep the held row, which serves every size
     }
     if (debug::log_enabled(debug::Channel::fusion))
-      debug::log(debug::Channel::fusion, kern.src.name + ": " + std::to_string(local) +
+      debug::log(debug::Channel::fusion, kern.src.name + ": " + std::to_string(local_bytes(kern)) +
                                              " bytes of local memory a thread where holding its row saves " +
                                              std::to_string(codegen::held_row_saves(kern.src.config.riters)) +
                                              "; written looped as " + looped->name);
@@ -372,6 +387,8 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
     } else if (twin) {
       kern.looped = std::make_shared<CompiledKernel>();
       kern.looped->src = std::move(*twin);
+    } else {
+      while (kern.looped->looped) kern.looped = kern.looped->looped;  // no held twin after a looped kernel
     }
     changed = true;
   }
