@@ -654,15 +654,30 @@ TEST_CASE("cuda: dynamic unshifted rows of odd length held, forward and backward
   }
 }
 
+// sum(rms_norm(a, w) * g) and its gradients dx and dw by `grad` (a compiled k::grad of it) on the
+// GPU, against the f64 oracle's.
+static constexpr auto rms_norm_loss = [](auto a, auto w, auto g) { return k::sum(k::rms_norm(a, w, 1e-6) * g); };
+template <class Grad>
+static void check_rms_norm_grads(Grad& grad, const k::Tensor& a, const k::Tensor& w, const k::Tensor& g, double tol) {
+  auto [da, dw] = grad(a.to(k::cuda), w.to(k::cuda), g.to(k::cuda));
+  auto f64 = [](const k::Tensor& x) { return k::Tensor(k::cast(x, k::f64)); };
+  const auto want = oracle_outputs(k::grad(rms_norm_loss, k::wrt<0, 1>), f64(a), f64(w), f64(g));
+  int i = 0;
+  for (const k::Tensor& got : {da, dw}) {
+    CAPTURE(i);
+    auto r = k::testing::allclose(got.to(k::f64), k::reference::to_tensor(want[i++]), tol, tol);
+    CHECK_MESSAGE(bool(r), r);
+  }
+}
+
 // NOTES 175: a held row of symbolic length whose live tiles were counted from the compiling call's
 // length (3073 bf16, shifted rows) serves lengths from those tiles' end up; the held kernel of the
 // rule before (KILN_TUNE_LIVE_TILES=4) serves the lengths between, the looped twin the rest. Values
 // and gradients against the f64 oracle at lengths each of the three kernels launches for.
 TEST_CASE("cuda: live tiles from the compiling length, the chain of held and looped twins" * needs_gpu()) {
-  auto loss = [](auto a, auto w, auto g) { return k::sum(k::rms_norm(a, w, 1e-6) * g); };
   auto sm = [](auto a) { return k::softmax(a, -1); };
   const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
-  auto grad = k::compile(k::grad(loss, k::wrt<0, 1>), dyn);
+  auto grad = k::compile(k::grad(rms_norm_loss, k::wrt<0, 1>), dyn);
   auto fwd = k::compile(sm, dyn);
   // 3073 first (the compiling length); 3080 the same kernel; 2500 and 1900 the middle held
   // kernel; 1001 and 4099 the looped twin.
@@ -673,15 +688,7 @@ TEST_CASE("cuda: live tiles from the compiling length, the chain of held and loo
       return k::Tensor(k::randn(shape, k::f32, k::cpu, seed + s) + shift).to(k::bf16);
     };
     k::Tensor a = in({41, cols}, 0, 0.5f), w = in({cols}, 1, 1.0f), g = in({41, cols}, 2, 0.0f);
-    auto [da, dw] = grad(a.to(k::cuda), w.to(k::cuda), g.to(k::cuda));
-    auto f64 = [](const k::Tensor& x) { return k::Tensor(k::cast(x, k::f64)); };
-    const auto want = oracle_outputs(k::grad(loss, k::wrt<0, 1>), f64(a), f64(w), f64(g));
-    int i = 0;
-    for (const k::Tensor& got : {da, dw}) {
-      CAPTURE(i);
-      auto r = k::testing::allclose(got.to(k::f64), k::reference::to_tensor(want[i++]), 5e-2, 5e-2);
-      CHECK_MESSAGE(bool(r), r);
-    }
+    check_rms_norm_grads(grad, a, w, g, 5e-2);
     auto r = k::testing::allclose(fwd(a.to(k::cuda)), k::reference::eval(sm(a)), 2e-2, 2e-2);
     CHECK_MESSAGE(bool(r), r);
   }
@@ -696,28 +703,19 @@ TEST_CASE("cuda: live tiles from the compiling length, the chain of held and loo
 // others the held kernel serves (3001, 2049) and lengths its looped twin serves (4097, 1001), both
 // rules.
 TEST_CASE("cuda: held dynamic rows whose weights cost blocks an SM, weights in shared memory" * needs_gpu()) {
-  auto loss = [](auto a, auto w, auto g) { return k::sum(k::rms_norm(a, w, 1e-6) * g); };
   const k::options dyn{.shapes = k::shapes::dynamic, .on_limit = k::on_limit::raise};
   for (const char* rule : {static_cast<const char*>("0"), static_cast<const char*>(nullptr)}) {
     ScopedEnv held_weights("KILN_TUNE_HELD_WEIGHTS", rule);
     const std::string rule_name = rule ? rule : "default";  // (a const char* would print as its address)
     CAPTURE(rule_name);
-    auto grad = k::compile(k::grad(loss, k::wrt<0, 1>), dyn);
+    auto grad = k::compile(k::grad(rms_norm_loss, k::wrt<0, 1>), dyn);
     for (std::int64_t cols : {3073, 3001, 2049, 4097, 1001}) {
       CAPTURE(cols);
       const int seed = 700 + static_cast<int>(cols % 1000);
       k::Tensor a = k::randn({1024, cols}, k::f32, k::cpu, seed) + 0.5f,
                 w = k::randn({cols}, k::f32, k::cpu, seed + 1) + 1.0f,
                 g = k::randn({1024, cols}, k::f32, k::cpu, seed + 2);
-      auto [da, dw] = grad(a.to(k::cuda), w.to(k::cuda), g.to(k::cuda));
-      auto f64 = [](const k::Tensor& x) { return k::Tensor(k::cast(x, k::f64)); };
-      const auto want = oracle_outputs(k::grad(loss, k::wrt<0, 1>), f64(a), f64(w), f64(g));
-      int i = 0;
-      for (const k::Tensor& got : {da, dw}) {
-        CAPTURE(i);
-        auto r = k::testing::allclose(got.to(k::f64), k::reference::to_tensor(want[i++]), 1e-3, 1e-3);
-        CHECK_MESSAGE(bool(r), r);
-      }
+      check_rms_norm_grads(grad, a, w, g, 1e-3);
     }
     CHECK(grad.cache().compiles() == 1);
     k::report rep = k::explain(grad, k::randn({1024, 3073}, k::f32, k::cuda, 90), k::randn({3073}, k::f32, k::cuda, 91),
