@@ -413,15 +413,11 @@ static auto cross_entropy_step(k::options opts = {}) {
 }
 
 // Over GPT-2's vocabulary: the held row spilled (ptxas gave it 64 registers), so the program writes
-// it again looped (runtime/lower.hpp's loop_spilled_rows). Values whichever kernel ptxas's
+// it again looped (runtime/refit_held_rows.hpp's loop_spilled_rows). Values whichever kernel ptxas's
 // registers led to.
-static void check_cross_entropy_50257(k::Device dev) {
-  auto step = cross_entropy_step();
-  check_cross_entropy(dev, step, 50257);
-}
-
 TEST_CASE("cuda: cross_entropy over 50257 bf16 columns, forward and backward" * needs_gpu()) {
-  check_cross_entropy_50257(k::cuda);
+  auto step = cross_entropy_step();
+  check_cross_entropy(k::cuda, step, 50257);
 }
 
 // Rows of symbolic length compiled at 50257 and 32003: each held kernel of the chain of twins (NOTES
@@ -698,7 +694,7 @@ TEST_CASE("cuda: live tiles from the compiling length, the chain of held and loo
 
 // A held row of symbolic length whose hoisted weights cost it blocks an SM (rms_norm's backward over
 // 1024 rows of 3073 f32 columns: two rows a block, 156 registers, one block where its bound asked
-// for two): written again with the weights in shared memory (runtime/lower.hpp's
+// for two): written again with the weights in shared memory (runtime/refit_held_rows.hpp's
 // share_held_weights, NOTES item 170), its dx and dw against the f64 oracle at the compiling length,
 // others the held kernel serves (3001, 2049) and lengths its looped twin serves (4097, 1001), both
 // rules.

@@ -732,7 +732,7 @@ TEST_CASE("fusion: row-uniform loads are one scalar a row") {
   ::unsetenv("KILN_TUNE_ROW_SCALARS");
 }
 
-// The rule by which a compiled held-row GPU kernel is written again looped (runtime/lower.hpp's
+// The rule by which a compiled held-row GPU kernel is written again looped (runtime/refit_held_rows.hpp's
 // loop_spilled_rows): its stack frame against the two passes over its held tiles that holding
 // saves, with a floor for ptxas's own small arrays. The numbers are ptxas's for the kernels of
 // benchmarks/NOTES.md item 78 (RITERS 13: 1,008 bytes for cross_entropy, 224 for softmax).

@@ -55,7 +55,7 @@ struct KernelSource {
   Sym held_rnumel{Sym(0)};
   std::int64_t held_min = 0, held_max = 0, held_multiple = 1;
   // Where a held GPU row's row-invariant loads (weights) live: 0 none hoisted, 1 registers, 2 shared
-  // memory. The runtime may write a kernel of 1 again as 2 (lower.hpp's share_held_weights).
+  // memory. The runtime may write a kernel of 1 again as 2 (runtime/refit_held_rows.hpp's share_held_weights).
   int hoisted_weights = 0;
   // Sizes this kernel assumed multiples of assumed_by (Assumptions below); empty: none.
   std::vector<Sym> assumed_multiples;

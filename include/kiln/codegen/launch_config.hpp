@@ -134,7 +134,7 @@ inline int hoisted_cost(std::int64_t compute_bytes) { return static_cast<int>(st
 // faster re-reading w and b than hoisting them.
 inline constexpr std::int64_t row_cache_half_registers = 384;
 
-// Whether a compiled held-row GPU kernel should be written again looped (runtime/lower.hpp's
+// Whether a compiled held-row GPU kernel should be written again looped (runtime/refit_held_rows.hpp's
 // loop_spilled_rows), from the local memory a thread of its function uses (ptxas's stack frame:
 // spills, arrays it could not keep in registers) and its RITERS. Holding a row saves a looped
 // kernel's re-reads of it, about two passes over the 16 * RITERS bytes a thread holds (a softmax

@@ -147,7 +147,7 @@ struct Tuning {
   int held_weights = -1;   // held GPU rows whose weights live in registers: 0 keeps them there (the
                            // rule before); default: written again with them in shared memory where
                            // ptxas left the compiled kernel fewer blocks an SM than its bound asked
-                           // for (runtime/lower.hpp's share_held_weights, benchmarks/NOTES.md item
+                           // for (runtime/refit_held_rows.hpp's share_held_weights, benchmarks/NOTES.md item
                            // 171; KILN_TUNE_HELD_WEIGHTS)
   int live_tiles = -1;     // GPU rows: 0 tests every lane of a held row of symbolic length and the
                            // row of each one-row block at a symbolic number of rows (the rule
@@ -165,7 +165,7 @@ struct Tuning {
                               // 0.85x and over 50257 1.64x (benchmarks/NOTES.md item 174;
                               // KILN_TUNE_SHIFTED_ROW_TEST)
   int spill_floor = -1;       // GPU rows: the stack frame in bytes a held-row kernel may reach before
-                              // runtime/lower.hpp's loop_spilled_rows weighs writing it looped
+                              // runtime/refit_held_rows.hpp's loop_spilled_rows weighs writing it looped
                               // (launch_config.hpp's held_row_spills); default min_spill_bytes (256), above
                               // ptxas's own small arrays. A frame of exactly 256 bytes (340 of spill
                               // stores) at one block an SM stayed held, 1.5x slower than looped
