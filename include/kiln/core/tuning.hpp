@@ -164,6 +164,12 @@ struct Tuning {
                               // `xmask = true`: the test made log_softmax over 3073 bf16 columns
                               // 0.85x and over 50257 1.64x (benchmarks/NOTES.md item 174;
                               // KILN_TUNE_SHIFTED_ROW_TEST)
+  int fuller_twins = -1;      // 1: a held GPU row of symbolic length whose chain's middle twin (NOTES item
+                              // 175) holds more blocks an SM than the kernel compiled with the live tiles
+                              // of the compiling call's length gives way to it (runtime/refit_held_rows.hpp's
+                              // keep_fuller_twins; rms_norm over 3073 bf16 columns: 105 against 91
+                              // registers, 9 against 10 blocks of 64 threads, 1.06-1.08x slower; NOTES
+                              // item 177; KILN_TUNE_FULLER_TWINS). Default off
   int spill_floor = -1;       // GPU rows: the stack frame in bytes a held-row kernel may reach before
                               // runtime/refit_held_rows.hpp's loop_spilled_rows weighs writing it looped
                               // (launch_config.hpp's held_row_spills); default min_spill_bytes (256), above
@@ -245,7 +251,8 @@ struct Tuning {
                                    {&Tuning::tile_stores, "tile_stores"},
                                    {&Tuning::live_tiles, "live_tiles"},
                                    {&Tuning::shifted_row_test, "shifted_row_test"},
-                                   {&Tuning::spill_floor, "spill_floor"}};
+                                   {&Tuning::spill_floor, "spill_floor"},
+                                   {&Tuning::fuller_twins, "fuller_twins"}};
 
   // The KILN_TUNE_* variables set now, each clamped to its range.
   static Tuning from_environment() {
@@ -296,6 +303,7 @@ struct Tuning {
                                    {&Tuning::live_tiles, "KILN_TUNE_LIVE_TILES", 0, 4},
                                    {&Tuning::shifted_row_test, "KILN_TUNE_SHIFTED_ROW_TEST", 0, 1},
                                    {&Tuning::spill_floor, "KILN_TUNE_SPILL_FLOOR", 0, 65536},
+                                   {&Tuning::fuller_twins, "KILN_TUNE_FULLER_TWINS", 0, 1},
                                    {&Tuning::dynamic_rows, "KILN_TUNE_DYNAMIC_ROWS", 0, 2},
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},

@@ -343,6 +343,7 @@ std::shared_ptr<Program> build_program(graph::Graph g, ir::ShapeEnv env, Device 
   bool tune = p->autotune && !apply_stored_choice(*p, rewrite);
   compile_program(*p, name);                                      // NVRTC or the host compiler, cached
   if (loop_spilled_rows(*p, rewrite)) compile_program(*p, name);  // with the spilling held rows looped
+  if (keep_fuller_twins(*p)) compile_program(*p, name);           // a held twin with more blocks an SM first
   share_held_weights(*p, rewrite, name);                          // weights that cost blocks an SM, in shared memory
   if (tune) compile_candidates(*p, name);                         // timed at the first call (tune_program)
   if (debug::log_enabled(debug::Channel::output_code)) debug::log(debug::Channel::output_code, p->source);

@@ -89,6 +89,37 @@ bool loop_spilled_rows(Program& p, Rewrite&& rewrite) {
   return changed;
 }
 
+// A held row of symbolic length compiled with the live tiles of the compiling call's length (plan_kernels)
+// whose chain's held middle twin, serving the same lengths and more, holds more blocks an SM: the
+// middle one takes its place (KILN_TUNE_FULLER_TWINS=1). ptxas's answer, not an estimate: more live
+// tiles cost cross_entropy over 3073 bf16 columns fewer registers (208 -> 168) and rms_norm more (91
+// -> 105, a block of 64 threads fewer an SM; NOTES item 177). Returns whether a kernel changed.
+inline bool keep_fuller_twins(Program& p) {
+  if (p.device.is_cpu() || p.autotune || p.tuning.fuller_twins != 1) return false;
+  bool changed = false;
+  for (CompiledKernel& kern : p.kernels) {
+    if (kern.extern_node >= 0 || !kern.cuda || kern.src.config.riters <= 0 || !kern.looped) continue;
+    const CompiledKernel& middle = *kern.looped;
+    if (!middle.cuda || middle.src.config.riters <= 0 || middle.src.held_max < kern.src.held_max ||
+        middle.src.held_min >= kern.src.held_min)
+      continue;
+    const int blocks = resident_blocks(kern), middle_blocks = resident_blocks(middle);
+    if (middle_blocks <= blocks) continue;
+    if (debug::log_enabled(debug::Channel::fusion))
+      debug::log(debug::Channel::fusion, kern.src.name + ": " + std::to_string(blocks) +
+                                             " block(s) an SM with the compiling call's live tiles, " +
+                                             std::to_string(middle_blocks) +
+                                             " with its middle twin's, which replaces it");
+    std::shared_ptr<CompiledKernel> keep = kern.looped;
+    kern.src = keep->src;
+    kern.cuda = keep->cuda;
+    kern.grid_limit = keep->grid_limit;
+    kern.looped = keep->looped;
+    changed = true;
+  }
+  return changed;
+}
+
 // Held-row GPU kernels that keep their weights in registers (blocks of several rows) and that ptxas
 // left fewer blocks an SM than their bound asked for (the bound spilled, so compile_cubin kept them
 // unbounded), written again with the weights in shared memory (KILN_TUNE_HOIST=2's form) and
