@@ -116,6 +116,8 @@ inline std::string forward_header(const AttentionKernel& a) {
   s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
   s += "#define KILN_PACK kiln_pack_" + type + "\n";
   s += "#define KILN_NAME " + a.name() + "\n";
+  static const bool fma_softmax = Tuning::from_environment().attention_softmax == 1;  // an A/B knob: see Tuning
+  if (fma_softmax) s += "#define KILN_SOFTMAX_FMA 1\n";
   s += score_mod_preamble(a.score_mod);
   s += wgmma_prelude();
   s += wgmma_function("kiln_wgmma_qk_first", a.key_rows, false, true, 0, type);
@@ -139,6 +141,49 @@ inline std::string forward_tile_steps() {
 // the online softmax: the scores become probabilities against the row's base, its sum is carried,
 // and alpha[r] is what o must be multiplied by (the base moves only when the tile's max exceeds it
 // by more than KILN_RESCALE, codegen/attention_kernel.hpp). Returns whether some row's base moved.
+#ifdef KILN_SOFTMAX_FMA
+// KILN_TUNE_ATTENTION_SOFTMAX=1 (scale_log2 > 0): the tile's max over the raw scores, scaled once
+// (rounding is monotonic: the same max as over the scaled scores), each probability
+// exp2(s * scale_log2 - base) from one FFMA, and the max and the sum as trees of four chains.
+__device__ __forceinline__ bool softmax_tile(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
+                                             float (&alpha)[2], int n0, int w0, int r0, int Tk, float scale_log2) {
+  const int lane = threadIdx.x & 31;
+  if (n0 + BN > Tk || (KILN_CAUSAL && n0 + BN - 1 > w0)) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) {
+      const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = r0 + ((i >> 1) & 1) * 8;
+      if (col >= Tk || (KILN_CAUSAL && col > r)) s[i] = KILN_NEG_INF;
+    }
+  }
+  bool moved = false;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float m[4] = {KILN_NEG_INF, KILN_NEG_INF, KILN_NEG_INF, KILN_NEG_INF};
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) m[i & 3] = fmaxf(m[i & 3], fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+    float mx = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx *= scale_log2;
+    alpha[r] = 1.f;
+    if (mx > row_max[r] + KILN_RESCALE) {
+      alpha[r] = kiln_exp2(row_max[r] - mx);
+      row_max[r] = mx;
+      moved = true;
+    }
+    const float neg_base = row_max[r] == KILN_NEG_INF ? 0.f : -row_max[r];
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) {
+      s[4 * i + 2 * r] = kiln_exp2(fmaf(s[4 * i + 2 * r], scale_log2, neg_base));
+      s[4 * i + 2 * r + 1] = kiln_exp2(fmaf(s[4 * i + 2 * r + 1], scale_log2, neg_base));
+      sum[i & 3] += s[4 * i + 2 * r] + s[4 * i + 2 * r + 1];
+    }
+    row_sum[r] = row_sum[r] * alpha[r] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
+  }
+  return moved;
+}
+#else
 __device__ __forceinline__ bool softmax_tile(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                              float (&alpha)[2], int n0, int w0, int r0, int Tk, float scale_log2) {
   const int lane = threadIdx.x & 31;
@@ -177,6 +222,7 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[BN / 2], float (&row_max
   }
   return moved;
 }
+#endif
 #ifdef KILN_SCORE_MOD
 // A score_mod on a tile of scores, before softmax_tile (which then scales by 1): the mod of each
 // scaled score, into the exp2 domain; -inf outside the scores (the tensors the mod reads end at Tq

@@ -108,6 +108,11 @@ struct Tuning {
                              // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
                              // the kernel's source is written, once a process (its name does not carry
                              // it): an A/B across processes (KILN_TUNE_ATTENTION_ORDER)
+  int attention_softmax = -1;  // the Hopper forward's online softmax: 1 takes each tile's max over the raw
+                               // scores and scales in the exponent's FFMA, with tree reductions
+                               // (codegen/attention_kernel_sm90.hpp's softmax_tile; NOTES item 178);
+                               // default the scaled scores' max, one chain a row. Read where the kernel's
+                               // source is written, once a process (KILN_TUNE_ATTENTION_SOFTMAX)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
                              // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
                              // the dk/dv kernel, which has dS already (attention_backward_kernel_sm90.hpp's
@@ -238,6 +243,7 @@ struct Tuning {
                                    {&Tuning::attention_wgmma, "attention_wgmma"},
                                    {&Tuning::attention_order, "attention_order"},
                                    {&Tuning::attention_dq, "attention_dq"},
+                                   {&Tuning::attention_softmax, "attention_softmax"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -310,6 +316,7 @@ struct Tuning {
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
                                    {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 3},
                                    {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1},
+                                   {&Tuning::attention_softmax, "KILN_TUNE_ATTENTION_SOFTMAX", 0, 1},
                                    {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
