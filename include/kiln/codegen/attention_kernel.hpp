@@ -29,7 +29,7 @@ struct AttentionKernel {
   bool causal = false;
   dtype dt = dtype::bf16;  // bf16 or f16
 
-  int key_rows = 64;           // keys a tile (64 or 32)
+  int key_rows = 64;           // keys a tile (64 or 32; Hopper: 128, or 192 under KILN_TUNE_ATTENTION_KEYS)
   bool q_in_registers = true;  // else q's fragments are read from shared memory at each key tile
   // > 0: the Hopper kernel (attention_kernel_sm90.hpp), this many warpgroups of 64 query rows a
   // block, 128 keys a tile, q and two stages of k and v in shared memory; warps, row_tiles and
@@ -76,7 +76,8 @@ struct AttentionKernel {
     if (a.head_dim != 64 && a.head_dim != 128) return a;
     a.warpgroups = producer ? 2 : warpgroups;
     a.warps = 4 * a.warpgroups;
-    a.key_rows = 128;
+    static const int keys = Tuning::from_environment().attention_keys;  // an A/B knob: see Tuning
+    a.key_rows = producer && a.head_dim == 64 && keys == 192 ? 192 : 128;
     a.producer = producer;
     return a;
   }

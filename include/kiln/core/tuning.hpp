@@ -113,6 +113,9 @@ struct Tuning {
                                // (codegen/attention_kernel_sm90.hpp's softmax_tile; NOTES item 178);
                                // default the scaled scores' max, one chain a row. Read where the kernel's
                                // source is written, once a process (KILN_TUNE_ATTENTION_SOFTMAX)
+  int attention_keys = -1;     // the Hopper producer forward's key rows a tile at head dim 64: 192 (FlashAttention-3's
+                               // non-causal tile; NOTES item 179) or 128 (the default). Read where the kernel
+                               // is chosen (codegen/attention_kernel.hpp's hopper; KILN_TUNE_ATTENTION_KEYS)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
                              // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
                              // the dk/dv kernel, which has dS already (attention_backward_kernel_sm90.hpp's
@@ -244,6 +247,7 @@ struct Tuning {
                                    {&Tuning::attention_order, "attention_order"},
                                    {&Tuning::attention_dq, "attention_dq"},
                                    {&Tuning::attention_softmax, "attention_softmax"},
+                                   {&Tuning::attention_keys, "attention_keys"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -317,6 +321,7 @@ struct Tuning {
                                    {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 3},
                                    {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1},
                                    {&Tuning::attention_softmax, "KILN_TUNE_ATTENTION_SOFTMAX", 0, 1},
+                                   {&Tuning::attention_keys, "KILN_TUNE_ATTENTION_KEYS", 128, 192},
                                    {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
