@@ -150,7 +150,8 @@ TEST_CASE("attention: the fused kernel against the oracle, and its gradients (cu
 // tiles each way, lengths no multiple of a tile, Tq != Tk both ways, grouped heads, causal rows that
 // see fewer keys than a tile, both 16-bit dtypes: the default kernels, KILN_TUNE_ATTENTION_WGMMA=2's
 // forward of one warpgroup a block, =3's fed by a producer warpgroup
-// (codegen/attention_kernel_sm90_pingpong.hpp) and =0's mma.sync kernels against the oracle, forward
+// (codegen/attention_kernel_sm90_pingpong.hpp), =4's three consumer warpgroups (at D 64) and =0's
+// mma.sync kernels against the oracle, forward
 // and gradients (Hopper's dq and dk/dv kernels, which read the forward's log-sum-exp).
 TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracle (cuda)" * needs_gpu()) {
   struct Case {
@@ -170,7 +171,7 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
   const bool hopper = k::driver::compute_capability(0) == 90;
   int seed = 90;
   for (const Case& c : cases)
-    for (const char* wgmma : {"1", "2", "3", "0"}) {
+    for (const char* wgmma : {"1", "2", "3", "4", "0"}) {
       ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
       INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq
                                         << " Tk " << c.Tk << " D " << c.D << " causal " << c.causal << " "
@@ -282,7 +283,7 @@ TEST_CASE("attention: dq, dk and dv from one Hopper kernel against the oracle (c
   }
 }
 
-// Sizes at the edges, every kernel set (KILN_TUNE_ATTENTION_WGMMA 1, 2, 3 and 0) against the oracle: no
+// Sizes at the edges, every kernel set (KILN_TUNE_ATTENTION_WGMMA 1, 2, 3, 4 and 0) against the oracle: no
 // keys (Tk = 0: every row empty, the output zeros) and no queries, causal grouped heads with
 // Tq > Tk, and a batch past 2^31 elements with more than 65535 (batch, head) pairs (the grid's z;
 // 64-bit offsets), checked on batches before and after element 2^31. The big inputs are drawn on
@@ -297,7 +298,7 @@ TEST_CASE("attention: no keys, no queries, and more than 2^31 elements on every 
   // The big batch needs more memory than an 80 GB H100 has (it ran out there with 66 GB in use and
   // 17 GB more asked for; a 139 GB H200 runs it): a device with less than 96 GiB skips it, visibly.
   const bool big_fits = k::driver::memory_info(0).second >= (std::size_t{96} << 30);
-  for (const char* wgmma : {"1", "2", "3", "0"}) {
+  for (const char* wgmma : {"1", "2", "3", "4", "0"}) {
     // (a subcase each: --subcase='*=3' runs one kernel set)
     SUBCASE((std::string("KILN_TUNE_ATTENTION_WGMMA=") + wgmma).c_str()) {
       ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
@@ -409,7 +410,7 @@ TEST_CASE("attention: the fused forward where each row's max keeps growing along
   for (int j = 0; j < T; ++j) up[j] = 0.2f + 0.05f * static_cast<float>(j);
   for (int j = 0; j < T; ++j) down[j] = up[T - 1 - j];
   int seed = 70;
-  for (const char* wgmma : {"1", "3"})
+  for (const char* wgmma : {"1", "3", "4"})
     for (bool causal : {false, true})
       for (const std::vector<float>* ramp : {&up, &down}) {
         ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);

@@ -36,7 +36,8 @@ struct AttentionKernel {
   // q_in_registers are then unused.
   int warpgroups = 0;
   // Hopper only: a producer warpgroup loads q and the key tiles behind mbarriers into `stages()` stages,
-  // and the two warpgroups take turns on the tensor cores (attention_kernel_sm90_pingpong.hpp).
+  // and the two warpgroups (three at head dim 64 under KILN_TUNE_ATTENTION_WGMMA=4) take turns on the
+  // tensor cores (attention_kernel_sm90_pingpong.hpp).
   bool producer = false;
   // A score_mod's functions (codegen/score_mod_source.hpp), applied to each scaled score before the
   // mask and the softmax; empty: none. Both kinds take one, as do both kinds of backward kernels.
@@ -74,10 +75,10 @@ struct AttentionKernel {
   // With `producer`, two warpgroups fed by a producer warpgroup.
   static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2, bool producer = false) {
     if (a.head_dim != 64 && a.head_dim != 128) return a;
-    a.warpgroups = producer ? 2 : warpgroups;
+    a.warpgroups = producer ? (warpgroups == 3 && a.head_dim == 64 ? 3 : 2) : warpgroups;
     a.warps = 4 * a.warpgroups;
     static const int keys = Tuning::from_environment().attention_keys;  // an A/B knob: see Tuning
-    a.key_rows = producer && a.head_dim == 64 && keys == 192 ? 192 : 128;
+    a.key_rows = producer && a.warpgroups == 2 && a.head_dim == 64 && keys == 192 ? 192 : 128;
     a.producer = producer;
     return a;
   }

@@ -22,10 +22,19 @@
 namespace kiln::codegen {
 
 inline std::string attention_forward_source_sm90_pingpong(const AttentionKernel& a) {
-  if (!a.producer || a.warpgroups != 2)
-    throw error("attention: the producer/ping-pong forward takes two consumer warpgroups, not " + a.name());
+  if (!a.producer || (a.warpgroups != 2 && (a.warpgroups != 3 || a.head_dim != 64)))
+    throw error(
+        "attention: the producer/ping-pong forward takes two consumer warpgroups, or three at head dim 64, not " +
+        a.name());
   std::string s = attention_sm90_detail::forward_header(a);
   s += "#define KILN_STAGES " + std::to_string(a.stages()) + "\n";
+  // The registers each role keeps (setmaxnreg): the producer's and the consumers' add up to the
+  // register file at one block an SM of (warpgroups + 1) * 128 threads (two consumers: 128 * (40 + 2 *
+  // 232) = 64512; three: 128 * (32 + 3 * 160) = 65536, FlashAttention-3's split).
+  // At 32 registers the producer's copies unrolled by 4 spill (ptxas, sm_90a): by 2 they do not.
+  s += a.warpgroups == 2
+           ? "#define KILN_PRODUCER_REGS 40\n#define KILN_CONSUMER_REGS 232\n#define KILN_PRODUCE_UNROLL 4\n"
+           : "#define KILN_PRODUCER_REGS 32\n#define KILN_CONSUMER_REGS 160\n#define KILN_PRODUCE_UNROLL 2\n";
   s += attention_sm90_detail::forward_tile_steps();
   s += R"(
 // ---- mbarriers and named barriers --------------------------------------------------------------------
@@ -59,9 +68,10 @@ struct kiln_bool {
 __device__ __forceinline__ void kiln_named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 
 // Rows [r0, r0 + ROWS) of a [T, D] operand into a swizzled tile by the producer's 128 threads (t).
+constexpr int kiln_produce_unroll = KILN_PRODUCE_UNROLL;  // (a pragma's argument is not macro-expanded)
 template <int ROWS>
 __device__ __forceinline__ void produce_tile(u32 tile, const u16* src, i64 st, int r0, int T, int t) {
-#pragma unroll 4
+#pragma unroll kiln_produce_unroll
   for (int c = t; c < ROWS * CH; c += 128) {
     const int r = c / CH, ch = c % CH;
     const bool in = r0 + r < T;
@@ -72,7 +82,7 @@ __device__ __forceinline__ void produce_tile(u32 tile, const u16* src, i64 st, i
 }
 
 // ---- the forward kernel ------------------------------------------------------------------------------
-// Threads 0-255: the consumer warpgroups (64 query rows each); 256-383: the producer.
+// Threads 0 to 128 * WG - 1: the consumer warpgroups (64 query rows each); the last 128: the producer.
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32 + 128, 1)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ o,
           int BH, int H, int G, int Tq, int Tk, float scale_log2, i64 qb, i64 qh, i64 qt, i64 kb, i64 kh, i64 kt, i64 vb,
@@ -88,6 +98,11 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #define FULL(i) (bars + 8 + 8 * (i))
 #define EMPTY(i) (bars + 8 + 8 * KILN_STAGES + 8 * (i))
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+// The named barrier of the next warpgroup's turn, and whether this one hands it a turn after step j
+// (the last warpgroup hands warpgroup 0 the next step's). Two warpgroups keep the expressions of the
+// kernel measured before three existed (ptxas schedules the same cubin).
+#define NEXT_TURN (WG == 2 ? 2 - wg : wg + 1 < WG ? wg + 2 : 1)
+#define HANDS_ON(j) ((WG == 2 ? wg == 0 : wg + 1 < WG) || (j) + 1 < n_tiles)
   int rank, bh;  // causal: the tiles with the most keys first (attention_prelude's kiln_block_tile)
   if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
   const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - rank : rank) * BM;
@@ -98,17 +113,17 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     kiln_mbar_init(Q_FULL, 128);
     for (int i = 0; i < KILN_STAGES; ++i) {
       kiln_mbar_init(FULL(i), 128);  // the producer's threads, as their copies land
-      kiln_mbar_init(EMPTY(i), 8);  // the consumer warps
+      kiln_mbar_init(EMPTY(i), KILN_WARPS);  // the consumer warps
     }
   }
   __syncthreads();
 
-  // 384 threads at one block an SM: ptxas allocates 168 registers a thread (65536 / 384), so the
-  // producer's 40 and the consumers' 232 add up (128 * (40 + 2 * 232) = 64512); a change of the
-  // launch bounds must keep that sum within the register file, or setmaxnreg.inc waits forever.
-  if (wg == 2) {  // ---- the producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    const int t = threadIdx.x - 256;
+  // One block an SM: ptxas allocates 65536 / threads registers a thread (168 at 384 threads, 128 at
+  // 512), and the producer's and the consumers' counts add up within the register file (above); a
+  // change of the launch bounds must keep that sum, or setmaxnreg.inc waits forever.
+  if (wg == WG) {  // ---- the producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(KILN_PRODUCER_REGS) : "memory");
+    const int t = threadIdx.x - WG * 128;
     const u16* kp = k + b * kb + hk * kh;
     const u16* vp = v + b * vb + hk * vh;
     produce_tile<BM>(Qs, q + b * qb + h * qh, qt, m0, Tq, t);
@@ -125,7 +140,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   }
 
   // ---- the consumer warpgroups
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(KILN_CONSUMER_REGS) : "memory");
   const int w0 = m0 + wg * 64;                  // this warpgroup's first query row
   const int r0 = w0 + warp * 16 + (lane >> 2);  // this thread's rows: r0 and r0 + 8
   const u64 q_desc = kiln_wgmma_desc(Qs + wg * 64 * 128, 16, 1024);
@@ -142,9 +157,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   // turns and releases below stay balanced should the tiles differ).
   const int n_active = KILN_CAUSAL ? min(n_tiles, (w0 + 63) / BN + 1) : n_tiles;
 
-  // Step j: this warpgroup's turn on the tensor cores (warpgroup 0 first: barrier 1 is its turn, 2
-  // warpgroup 1's) issues s_j = q k_j^T and, after the first step, o += p_{j-1} v_{j-1}; the other
-  // warpgroup's turn follows at once. The softmax of s_j runs while o's product does, then o is
+  // Step j: this warpgroup's turn on the tensor cores (warpgroup 0 first: barrier 1 + w is warpgroup
+  // w's turn) issues s_j = q k_j^T and, after the first step, o += p_{j-1} v_{j-1}; the next
+  // warpgroup's turn follows at once (round robin: the last one hands step j + 1 to warpgroup 0). The softmax of s_j runs while o's product does, then o is
   // rescaled and tile j - 1 released. (A template on FIRST: no wgmma sits in a branch.)
   auto step = [&](int j, auto first) {
     constexpr bool FIRST = decltype(first)::value;
@@ -164,7 +179,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       issue_pv(acc, p, values_desc(STAGE_V((j - 1) % KILN_STAGES)));
       kiln_wgmma_commit();
     }
-    if (wg == 0 || j + 1 < n_tiles) kiln_named_arrive(2 - wg);
+    if (HANDS_ON(j)) kiln_named_arrive(NEXT_TURN);
     if constexpr (FIRST)
       kiln_wgmma_wait<0>();
     else
@@ -187,7 +202,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     pack_probabilities(p, s);
   };
 
-  if (wg == 1 && n_tiles > 0) kiln_named_arrive(1);
+  if (wg == WG - 1 && n_tiles > 0) kiln_named_arrive(1);
   kiln_mbar_wait(Q_FULL, 0);
   if (n_active > 0) {
     step(0, kiln_bool<true>{});
@@ -204,7 +219,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   for (int j = n_active; j < n_tiles; ++j) {  // causal tiles past this warpgroup's rows: turns and releases
     kiln_mbar_wait(FULL(j % KILN_STAGES), (j / KILN_STAGES) & 1);
     kiln_named_sync(1 + wg);
-    if (wg == 0 || j + 1 < n_tiles) kiln_named_arrive(2 - wg);
+    if (HANDS_ON(j)) kiln_named_arrive(NEXT_TURN);
     if (lane == 0) kiln_mbar_arrive(EMPTY((j - 1) % KILN_STAGES));
   }
   store_output(o + b * ob + h * oh, ot, lse ? lse + (i64)bh * Tq : nullptr, acc, row_max, row_sum, r0, Tq);

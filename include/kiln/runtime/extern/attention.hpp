@@ -97,7 +97,8 @@ inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars =
 
 // The forward kernel for head dim D: `warps` warps a block and `row_tiles` 16-row tiles a warp
 // (0: AttentionKernel::for_head_dim's choice), or Hopper's warpgroup kernel where `hopper` and it
-// takes D (hopper 1: two warpgroups a block, 2: one, 3: two fed by a producer warpgroup; attention_flash's
+// takes D (hopper 1: two warpgroups a block, 2: one, 3: two fed by a producer warpgroup, 4: three at D 64
+// fed by one; attention_flash's
 // attrs.dims[1]); either inlines the score_mod `mod` (null: none).
 inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, int row_tiles, int hopper, bool causal,
                                                      dtype dt, const autodiff::ScoreMod* mod = nullptr) {
@@ -106,7 +107,7 @@ inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, 
   a.causal = causal;
   a.dt = dt;
   if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
-  return hopper ? codegen::AttentionKernel::hopper(a, hopper == 2 ? 1 : 2, hopper == 3) : a;
+  return hopper ? codegen::AttentionKernel::hopper(a, hopper == 2 ? 1 : hopper == 4 ? 3 : 2, hopper >= 3) : a;
 }
 // An attention_flash node's: attrs.d warps, attrs.dims {row tiles, Hopper}, attrs.custom its mod.
 inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const graph::Node& n) {
