@@ -11,6 +11,10 @@
 
 namespace kiln::codegen {
 
+// An SM's 32-bit registers (every GPU kiln compiles for, compute capability 7.0 to 9.0), and the step a
+// thread's are allocated in (a warp's 256 at a time).
+inline constexpr long sm_registers = 65536, register_step = 8;
+
 enum class Target { cpu, cuda };
 
 struct LaunchConfig {
@@ -175,7 +179,7 @@ inline bool held_row_spills(std::int64_t local_bytes, int riters, int threads, i
 inline int min_blocks_for(int threads, std::int64_t cached, const Tuning& tune) {
   const std::int64_t occupancy = tune.occupancy >= 0 ? tune.occupancy : 1024;
   if (occupancy < threads || occupancy <= 0) return 0;
-  const std::int64_t registers = std::min<std::int64_t>(65536 / occupancy, 255);
+  const std::int64_t registers = std::min<std::int64_t>(sm_registers / occupancy, 255);
   return cached * 4 <= registers * 2 * 3 ? static_cast<int>(occupancy / threads) : 0;
 }
 

@@ -15,6 +15,7 @@
 #include <system_error>
 #include <vector>
 
+#include "../../codegen/launch_config.hpp"
 #include "../../core/config.hpp"
 #include "../../core/error.hpp"
 
@@ -166,8 +167,7 @@ inline std::string nvrtc_options_string(const std::string& arch, const std::vect
 
 namespace detail {
 
-// An SM's registers, and the step a thread's are allocated in (a warp's 256 at a time).
-inline constexpr long sm_registers = 65536, register_step = 8;
+using codegen::register_step, codegen::sm_registers;  // (codegen/launch_config.hpp)
 
 // The held-row kernels of a translation unit, declared `KILN_HELD_BOUNDS(threads, blocks) name(`
 // (codegen/prelude.hpp), each with the registers a thread has when that many blocks share an SM,
