@@ -173,9 +173,9 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
   for (const Case& c : cases)
     for (const char* wgmma : {"1", "2", "3", "4", "0"}) {
       ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
-      INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq
-                                        << " Tk " << c.Tk << " D " << c.D << " causal " << c.causal << " "
-                                        << k::name(c.dt));
+      INFO("KILN_TUNE_ATTENTION_WGMMA=" << std::string(wgmma) << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv
+                                        << " Tq " << c.Tq << " Tk " << c.Tk << " D " << c.D << " causal " << c.causal
+                                        << " " << k::name(c.dt));
       k::Tensor q = k::randn({c.B, c.H, c.Tq, c.D}, c.dt, k::cpu, ++seed);
       k::Tensor kk = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
       k::Tensor v = k::randn({c.B, c.Hkv, c.Tk, c.D}, c.dt, k::cpu, ++seed);
@@ -191,7 +191,9 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
       const bool warpgroups = hopper && wgmma[0] != '0';
       CHECK((source.find("kiln_attention_fwd_wgmma_") != std::string::npos) == warpgroups);
       CHECK((source.find("_wg1_k128") != std::string::npos) == (warpgroups && wgmma[0] == '2'));
-      CHECK((source.find("_k128_pp") != std::string::npos) == (warpgroups && wgmma[0] == '3'));
+      const bool producer = warpgroups && (wgmma[0] == '3' || wgmma[0] == '4');
+      CHECK((source.find("_pp") != std::string::npos) == producer);
+      CHECK((source.find("_wg3_") != std::string::npos) == (producer && wgmma[0] == '4' && c.D == 64));
       // The gradients (Hopper: the warpgroup kernels for dq and dk/dv too) read the forward's
       // log-sum-exp: a wrong one shows there.
       auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };
@@ -303,8 +305,8 @@ TEST_CASE("attention: no keys, no queries, and more than 2^31 elements on every 
     SUBCASE((std::string("KILN_TUNE_ATTENTION_WGMMA=") + wgmma).c_str()) {
       ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
       for (const Case& c : small) {
-        INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq
-                                          << " Tk " << c.Tk << " causal " << c.causal);
+        INFO("KILN_TUNE_ATTENTION_WGMMA=" << std::string(wgmma) << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv
+                                          << " Tq " << c.Tq << " Tk " << c.Tk << " causal " << c.causal);
         k::Tensor q = k::randn({c.B, c.H, c.Tq, 64}, k::bf16, k::cpu, ++seed);
         k::Tensor kk = k::randn({c.B, c.Hkv, c.Tk, 64}, k::bf16, k::cpu, ++seed);
         k::Tensor v = k::randn({c.B, c.Hkv, c.Tk, 64}, k::bf16, k::cpu, ++seed);
@@ -320,7 +322,8 @@ TEST_CASE("attention: no keys, no queries, and more than 2^31 elements on every 
       // q [2100, 128, 128, 64]: 2^31 + 2^25 elements, batch 2048 on past element 2^31; k, v of 32
       // heads and 130 keys.
       const std::int64_t B = 2100, H = 128, Hkv = 32, Tq = 128, Tk = 130, D = 64;
-      INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " q [" << B << ", " << H << ", " << Tq << ", " << D << "]");
+      INFO("KILN_TUNE_ATTENTION_WGMMA=" << std::string(wgmma) << " q [" << B << ", " << H << ", " << Tq << ", " << D
+                                        << "]");
       auto draw = k::compile([](auto x) { return (k::rand_like(x, 5) - 0.5) * 3.0; });
       k::Tensor q = draw(k::Tensor::empty({B, H, Tq, D}, k::bf16, k::cuda));
       k::Tensor kk = draw(k::Tensor::empty({B, Hkv, Tk, D}, k::bf16, k::cuda));
@@ -367,6 +370,26 @@ TEST_CASE("attention: the Hopper kernels' sources") {
     CHECK(fwd.find("kiln_attention_fwd_wgmma_d" + std::to_string(D) + "_wg2_k128_bf16") != std::string::npos);
     CHECK(fwd.find("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") != std::string::npos);
     CHECK(fwd.find("wgmma.mma_async.sync.aligned.m64n" + std::to_string(D) + "k16.f32.bf16.bf16") != std::string::npos);
+    // The softmax scales inside the exponent's FFMA where the scale is positive (the default); a
+    // kernel for another scale is named apart and scales every score first.
+    CHECK(fwd.find("#define KILN_SOFTMAX_FMA 1") != std::string::npos);
+    cg::AttentionKernel scaled = a;
+    scaled.raw_max = false;
+    const std::string scaled_fwd = cg::attention_forward_kernel_source(scaled);
+    CHECK(scaled_fwd.find("#define KILN_SOFTMAX_FMA") == std::string::npos);
+    CHECK(scaled.name() == "kiln_attention_fwd_wgmma_d" + std::to_string(D) + "_wg2_k128_scaled_bf16");
+    // Fed by a producer: three consumer warpgroups at D 64 without a score_mod (192 query rows,
+    // 512 threads), two at D 128 and with a mod.
+    cg::AttentionKernel pp = cg::AttentionKernel::hopper(cg::AttentionKernel::for_head_dim(D), 3, true);
+    CHECK(pp.warpgroups == (D == 64 ? 3 : 2));
+    CHECK(pp.threads() == 128 * (pp.warpgroups + 1));
+    CHECK(pp.shared_bytes() <= 227 * 1024);
+    CHECK(cg::attention_forward_kernel_source(pp).find(D == 64 ? "setmaxnreg.inc.sync.aligned.u32 %0" : "_wg2_") !=
+          std::string::npos);
+    cg::AttentionKernel with_mod = cg::AttentionKernel::for_head_dim(D);
+    with_mod.score_mod = "float kiln_score_mod(float s) { return s; }";
+    with_mod.score_mod_tag = "t";
+    CHECK(cg::AttentionKernel::hopper(with_mod, 3, true).warpgroups == 2);
     for (auto part : {cg::AttentionBackwardKernel::Part::dq, cg::AttentionBackwardKernel::Part::dkv}) {
       cg::AttentionBackwardKernel b;
       b.part = part;
@@ -414,7 +437,7 @@ TEST_CASE("attention: the fused forward where each row's max keeps growing along
     for (bool causal : {false, true})
       for (const std::vector<float>* ramp : {&up, &down}) {
         ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
-        INFO("KILN_TUNE_ATTENTION_WGMMA=" << wgmma << " causal " << causal
+        INFO("KILN_TUNE_ATTENTION_WGMMA=" << std::string(wgmma) << " causal " << causal
                                           << std::string(ramp == &up ? " growing" : " shrinking"));
         k::Tensor q = k::randn({1, 2, T, D}, k::bf16, k::cpu, ++seed);
         k::Tensor kk =
@@ -651,4 +674,33 @@ TEST_CASE("attention: score_mods inlined into the fused kernels, forward and gra
       inlined = inlined || kernel.source.find("S.t[1]") != std::string::npos;
     CHECK(inlined);
   }
+}
+
+// A scale that is not positive (a user's choice the softmax must still honour): Hopper's forwards
+// then take the kernel that scales every score before its max (named _scaled), on every producer
+// kernel set, against the oracle, forward and gradients.
+TEST_CASE("attention: a negative scale on the Hopper kernels (cuda)" * needs_gpu()) {
+  int seed = 800;
+  for (const char* wgmma : {"1", "3", "4"})
+    for (bool causal : {false, true}) {
+      ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
+      INFO("KILN_TUNE_ATTENTION_WGMMA=" << std::string(wgmma) << " causal " << causal);
+      k::Tensor q = k::randn({1, 2, 200, 64}, k::bf16, k::cpu, ++seed);
+      k::Tensor kk = k::randn({1, 2, 300, 64}, k::bf16, k::cpu, ++seed);
+      k::Tensor v = k::randn({1, 2, 300, 64}, k::bf16, k::cpu, ++seed);
+      k::Tensor w = k::randn({1, 2, 200, 64}, k::f32, k::cpu, ++seed);
+      auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = causal, .scale = -0.2}); };
+      auto r = k::testing::allclose(k::Tensor(k::compile(f)(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda))),
+                                    k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+      CHECK_MESSAGE(bool(r), r);
+      auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };
+      auto got = k::value_and_grad(loss, k::wrt<0, 1, 2>)(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda), w.to(k::cuda));
+      auto want = k::value_and_grad(loss, k::wrt<0, 1, 2>)(q, kk, v, w);
+      auto g0 = k::testing::allclose(std::get<1>(got), std::get<1>(want), 5e-2, 5e-2);
+      CHECK_MESSAGE(bool(g0), g0);
+      auto g1 = k::testing::allclose(std::get<2>(got), std::get<2>(want), 5e-2, 5e-2);
+      CHECK_MESSAGE(bool(g1), g1);
+      auto g2 = k::testing::allclose(std::get<3>(got), std::get<3>(want), 5e-2, 5e-2);
+      CHECK_MESSAGE(bool(g2), g2);
+    }
 }

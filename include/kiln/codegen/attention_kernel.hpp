@@ -36,9 +36,14 @@ struct AttentionKernel {
   // q_in_registers are then unused.
   int warpgroups = 0;
   // Hopper only: a producer warpgroup loads q and the key tiles behind mbarriers into `stages()` stages,
-  // and the two warpgroups (three at head dim 64 under KILN_TUNE_ATTENTION_WGMMA=4) take turns on the
-  // tensor cores (attention_kernel_sm90_pingpong.hpp).
+  // and the two warpgroups (three at head dim 64 without a score_mod, KILN_TUNE_ATTENTION_WGMMA's
+  // default) take turns on the tensor cores (attention_kernel_sm90_pingpong.hpp).
   bool producer = false;
+  // Hopper's forwards: each key tile's max taken over the raw scores and the scale applied inside the
+  // exponent's FFMA (attention_kernel_sm90.hpp's softmax_tile; benchmarks/NOTES.md item 178), which
+  // needs a positive scale (a score_mod's scores come scaled, so it always holds there); false scales
+  // every score first (the launcher's choice for a scale that is not positive).
+  bool raw_max = true;
   // A score_mod's functions (codegen/score_mod_source.hpp), applied to each scaled score before the
   // mask and the softmax; empty: none. Both kinds take one, as do both kinds of backward kernels.
   // Views of the registered
@@ -75,7 +80,9 @@ struct AttentionKernel {
   // With `producer`, two warpgroups fed by a producer warpgroup.
   static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2, bool producer = false) {
     if (a.head_dim != 64 && a.head_dim != 128) return a;
-    a.warpgroups = producer ? (warpgroups == 3 && a.head_dim == 64 ? 3 : 2) : warpgroups;
+    // Three consumer warpgroups only without a score_mod: with one they spill at 160 registers a thread
+    // (ptxas, sm_90a: a soft-cap 80-100 bytes, a bias and mask mod 460-520).
+    a.warpgroups = producer ? (warpgroups == 3 && a.head_dim == 64 && a.score_mod.empty() ? 3 : 2) : warpgroups;
     a.warps = 4 * a.warpgroups;
     static const int keys = Tuning::from_environment().attention_keys;  // an A/B knob: see Tuning
     a.key_rows = producer && a.warpgroups == 2 && a.head_dim == 64 && keys == 192 ? 192 : 128;
@@ -99,8 +106,8 @@ struct AttentionKernel {
   std::string name() const {
     if (warpgroups > 0)
       return "kiln_attention_fwd_wgmma_d" + std::to_string(head_dim) + "_wg" + std::to_string(warpgroups) + "_k" +
-             std::to_string(key_rows) + (producer ? "_pp" : "") + (causal ? "_causal" : "") + "_" +
-             std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);
+             std::to_string(key_rows) + (producer ? "_pp" : "") + (raw_max ? "" : "_scaled") +
+             (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);
     return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" +
            std::to_string(row_tiles) + "_k" + std::to_string(key_rows) + (q_in_registers ? "" : "_qs") +
            (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);

@@ -116,8 +116,8 @@ inline std::string forward_header(const AttentionKernel& a) {
   s += "#define KILN_CAUSAL " + std::string(a.causal ? "1" : "0") + "\n";
   s += "#define KILN_PACK kiln_pack_" + type + "\n";
   s += "#define KILN_NAME " + a.name() + "\n";
-  static const bool fma_softmax = Tuning::from_environment().attention_softmax == 1;  // an A/B knob: see Tuning
-  if (fma_softmax) s += "#define KILN_SOFTMAX_FMA 1\n";
+  static const bool fma_softmax = Tuning::from_environment().attention_softmax != 0;  // an A/B knob: see Tuning
+  if (fma_softmax && a.raw_max) s += "#define KILN_SOFTMAX_FMA 1\n";
   s += score_mod_preamble(a.score_mod);
   s += wgmma_prelude();
   s += wgmma_function("kiln_wgmma_qk_first", a.key_rows, false, true, 0, type);
@@ -142,7 +142,8 @@ inline std::string forward_tile_steps() {
 // and alpha[r] is what o must be multiplied by (the base moves only when the tile's max exceeds it
 // by more than KILN_RESCALE, codegen/attention_kernel.hpp). Returns whether some row's base moved.
 #ifdef KILN_SOFTMAX_FMA
-// KILN_TUNE_ATTENTION_SOFTMAX=1 (scale_log2 > 0): the tile's max over the raw scores, scaled once
+// By default where scale_log2 > 0 (AttentionKernel::raw_max; KILN_TUNE_ATTENTION_SOFTMAX=0: the form
+// below the #else): the tile's max over the raw scores, scaled once
 // (rounding is monotonic: the same max as over the scaled scores), each probability
 // exp2(s * scale_log2 - base) from one FFMA, and the max and the sum as trees of four chains.
 __device__ __forceinline__ bool softmax_tile(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],

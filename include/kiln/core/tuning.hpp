@@ -100,20 +100,21 @@ struct Tuning {
                              // and 128, forward and dq, dk/dv: 0 the mma.sync kernels (the rule before),
                              // otherwise warpgroup MMA (codegen/attention_kernel_sm90.hpp,
                              // attention_backward_kernel_sm90.hpp): 1 with a forward of two warpgroups
-                             // in step (the rule before), 2 of one warpgroup a block, default (or 3) fed
-                             // by a producer warpgroup whose two warpgroups take turns
-                             // (attention_kernel_sm90_pingpong.hpp; KILN_TUNE_ATTENTION_WGMMA), 4 the
-                             // same with three at head dim 64 (192 query rows a block; NOTES item 180)
+                             // in step, 2 of one warpgroup a block, 3 fed by a producer warpgroup whose
+                             // two warpgroups take turns (attention_kernel_sm90_pingpong.hpp; the rule
+                             // before), default (or 4) the same with three at head dim 64 without a
+                             // score_mod (192 query rows a block; NOTES item 180; KILN_TUNE_ATTENTION_WGMMA)
   int attention_order = -1;  // causal fused attention kernels' block order: 0 tile by tile within each
                              // (batch, head) pair (the rule before); default the longest tiles first over
                              // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
                              // the kernel's source is written, once a process (its name does not carry
                              // it): an A/B across processes (KILN_TUNE_ATTENTION_ORDER)
-  int attention_softmax = -1;  // the Hopper forward's online softmax: 1 takes each tile's max over the raw
-                               // scores and scales in the exponent's FFMA, with tree reductions
-                               // (codegen/attention_kernel_sm90.hpp's softmax_tile; NOTES item 178);
-                               // default the scaled scores' max, one chain a row. Read where the kernel's
-                               // source is written, once a process (KILN_TUNE_ATTENTION_SOFTMAX)
+  int attention_softmax = -1;  // the Hopper forwards' online softmax: by default (or 1) each tile's max over
+                               // the raw scores and the scale inside the exponent's FFMA, with tree
+                               // reductions, where the scale is positive (codegen/attention_kernel_sm90.hpp's
+                               // softmax_tile; NOTES item 178); 0 scales every score first, one chain a
+                               // row (the rule before). Read where the kernel's source is written, once a
+                               // process (KILN_TUNE_ATTENTION_SOFTMAX)
   int attention_keys = -1;     // the Hopper producer forward's key rows a tile at head dim 64: 192 (FlashAttention-3's
                                // non-causal tile; NOTES item 179) or 128 (the default). Read where the kernel
                                // is chosen (codegen/attention_kernel.hpp's hopper; KILN_TUNE_ATTENTION_KEYS)

@@ -292,8 +292,9 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
                       ks.str() + ", v " + v.shape().str() + " " + std::string(name(q.dtype())) +
                       " (sizes changed under dynamic shapes): compile it again");
   const int device = out.device().index;
-  const codegen::AttentionKernel a = attention_kernel_for(
+  codegen::AttentionKernel a = attention_kernel_for(
       qs[3], warps, row_tiles, driver::compute_capability(device) == 90 ? hopper : 0, causal, q.dtype(), mod.mod);
+  a.raw_max = mod.mod || scale > 0;  // (a mod's scores come scaled: softmax_tile scales them by 1)
   CUfunction f = attention_detail::function(a, device);
   driver::make_current(device);
   int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]),
