@@ -118,6 +118,11 @@ struct Tuning {
   int attention_keys = -1;     // the Hopper producer forward's key rows a tile at head dim 64: 192 (FlashAttention-3's
                                // non-causal tile; NOTES item 179) or 128 (the default). Read where the kernel
                                // is chosen (codegen/attention_kernel.hpp's hopper; KILN_TUNE_ATTENTION_KEYS)
+  int attention_mask_steps = -1;  // the Hopper producer forward's key tiles: 1 runs tiles with no masked score
+                                  // through a step without the mask's code
+                                  // (codegen/attention_kernel_sm90_pingpong.hpp; NOTES item 181); default (or
+                                  // 0) one step for every tile (the rule before). Read where the kernel's
+                                  // source is written, once a process (KILN_TUNE_ATTENTION_MASK_STEPS)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
                              // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
                              // the dk/dv kernel, which has dS already (attention_backward_kernel_sm90.hpp's
@@ -250,6 +255,7 @@ struct Tuning {
                                    {&Tuning::attention_dq, "attention_dq"},
                                    {&Tuning::attention_softmax, "attention_softmax"},
                                    {&Tuning::attention_keys, "attention_keys"},
+                                   {&Tuning::attention_mask_steps, "attention_mask_steps"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -324,6 +330,7 @@ struct Tuning {
                                    {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1},
                                    {&Tuning::attention_softmax, "KILN_TUNE_ATTENTION_SOFTMAX", 0, 1},
                                    {&Tuning::attention_keys, "KILN_TUNE_ATTENTION_KEYS", 128, 192},
+                                   {&Tuning::attention_mask_steps, "KILN_TUNE_ATTENTION_MASK_STEPS", 0, 1},
                                    {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
