@@ -706,6 +706,13 @@ TEST_CASE("attention: a negative scale on the Hopper kernels (cuda)" * needs_gpu
       auto r = k::testing::allclose(k::Tensor(k::compile(f)(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda))),
                                     k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
       CHECK_MESSAGE(bool(r), r);
+      // explain names the kernel this scale's sign picks (the scale is a call's scalar: the report
+      // adds the _scaled name to the warpgroup kernels' source).
+      std::string source;
+      for (const auto& kernel : k::explain(k::compile(f), q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda)).kernels)
+        if (kernel.source.find("kiln_attention_fwd_") != std::string::npos) source = kernel.source;
+      CHECK((source.find("_scaled") != std::string::npos) ==
+            (source.find("kiln_attention_fwd_wgmma_") != std::string::npos));
       auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };
       auto [dq, dk, dv] = k::grad(loss, k::wrt<0, 1, 2>)(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda), w.to(k::cuda));
       auto f64 = [](const k::Tensor& x) { return k::Tensor(k::cast(x, k::f64)); };

@@ -134,7 +134,17 @@ inline codegen::AttentionBackwardKernel attention_backward_kernel_for(codegen::A
 }
 inline std::string describe_attention_step(const graph::Graph& g, int node) {
   const graph::Node& n = g[node];
-  if (n.op == Op::attention_flash) return codegen::attention_forward_kernel_source(attention_kernel_of(g, n));
+  if (n.op == Op::attention_flash) {
+    codegen::AttentionKernel a = attention_kernel_of(g, n);
+    std::string source = codegen::attention_forward_kernel_source(a);
+    // The scale's sign is a call's (a run-time scalar): attention_flash picks the _scaled kernel for one
+    // that is not positive, and the report names it.
+    if (a.warpgroups > 0 && !score_mod_call(n).mod) {
+      a.raw_max = false;
+      source = "// with a scale that is not positive: " + a.name() + "\n" + source;
+    }
+    return source;
+  }
   codegen::AttentionBackwardKernel a = attention_backward_kernel_for(
       n.op == Op::attention_lse ? codegen::AttentionBackwardKernel::Part::stats
                                 : static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1),
