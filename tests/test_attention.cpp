@@ -399,6 +399,11 @@ TEST_CASE("attention: the Hopper kernels' sources") {
       ScopedEnv knob("KILN_TUNE_ATTENTION_MASK_STEPS", "2");  // clamped to its range
       CHECK(k::Tuning::from_environment().attention_mask_steps == 1);
     }
+    // Warpgroups whose rows all lie past Tq keep only their turns and releases under
+    // KILN_TUNE_ATTENTION_IDLE_WARPGROUPS=1 (item 182; its GPU check is a whole-process run of this file).
+    CHECK((pp_fwd.find("#define KILN_IDLE_WARPGROUPS 1") != std::string::npos) ==
+          (k::Tuning::from_environment().attention_idle_warpgroups == 1));
+    CHECK(pp_fwd.find("w0 >= Tq ? 0 :") != std::string::npos);
     cg::AttentionKernel with_mod = cg::AttentionKernel::for_head_dim(D);
     with_mod.score_mod = "float kiln_score_mod(float s) { return s; }";
     with_mod.score_mod_tag = "t";

@@ -15,7 +15,9 @@
 // The tile steps, the masks, the lazily rescaled o, the causal order of blocks and the arguments are
 // attention_kernel_sm90.hpp's; KILN_TUNE_ATTENTION_WGMMA=3 chooses this kernel. Under
 // KILN_TUNE_ATTENTION_MASK_STEPS=1 the key tiles with no masked score (a prefix of them) take a step
-// without the mask's code, which ptxas otherwise if-converts into every tile (NOTES item 181).
+// without the mask's code, which ptxas otherwise if-converts into every tile (NOTES item 181); under
+// KILN_TUNE_ATTENTION_IDLE_WARPGROUPS=1 a warpgroup with no rows before Tq keeps only its turns and
+// releases (item 182).
 #pragma once
 #include <string>
 
@@ -32,6 +34,8 @@ inline std::string attention_forward_source_sm90_pingpong(const AttentionKernel&
   s += "#define KILN_STAGES " + std::to_string(a.stages()) + "\n";
   static const bool mask_steps = Tuning::from_environment().attention_mask_steps == 1;  // an A/B knob: see Tuning
   if (mask_steps) s += "#define KILN_MASK_STEPS 1\n";
+  static const bool idle = Tuning::from_environment().attention_idle_warpgroups == 1;  // an A/B knob: see Tuning
+  if (idle) s += "#define KILN_IDLE_WARPGROUPS 1\n";
   // The registers each role keeps (setmaxnreg): the producer's and the consumers' add up to the
   // register file at one block an SM of (warpgroups + 1) * 128 threads (two consumers: 128 * (40 + 2 *
   // 232) = 64512; three: 128 * (32 + 3 * 160) = 65536, FlashAttention-3's split).
@@ -159,7 +163,13 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   // Causal: a warpgroup whose rows all come before a tile's first key has nothing to add from it
   // (those tiles come last; with query and key tiles of 128 rows no warpgroup has any, but the
   // turns and releases below stay balanced should the tiles differ).
+#ifdef KILN_IDLE_WARPGROUPS
+  // A warpgroup whose rows all lie past Tq (the last query tile, where Tq is not a multiple of BM)
+  // has nothing to compute: it only keeps its turns and releases (NOTES item 182).
+  const int n_active = w0 >= Tq ? 0 : KILN_CAUSAL ? min(n_tiles, (w0 + 63) / BN + 1) : n_tiles;
+#else
   const int n_active = KILN_CAUSAL ? min(n_tiles, (w0 + 63) / BN + 1) : n_tiles;
+#endif
 
   // Step j: this warpgroup's turn on the tensor cores (warpgroup 0 first: barrier 1 + w is warpgroup
   // w's turn) issues s_j = q k_j^T and, after the first step, o += p_{j-1} v_{j-1}; the next
@@ -236,7 +246,11 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     kiln_mbar_wait(FULL(j % KILN_STAGES), (j / KILN_STAGES) & 1);
     kiln_named_sync(1 + wg);
     if (HANDS_ON(j)) kiln_named_arrive(NEXT_TURN);
+#ifdef KILN_IDLE_WARPGROUPS
+    if (lane == 0 && j > 0) kiln_mbar_arrive(EMPTY((j - 1) % KILN_STAGES));  // (an idle warpgroup: from tile 0)
+#else
     if (lane == 0) kiln_mbar_arrive(EMPTY((j - 1) % KILN_STAGES));
+#endif
   }
   store_output(o + b * ob + h * oh, ot, lse ? lse + (i64)bh * Tq : nullptr, acc, row_max, row_sum, r0, Tq);
 }

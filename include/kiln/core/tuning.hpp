@@ -123,6 +123,13 @@ struct Tuning {
                                   // (codegen/attention_kernel_sm90_pingpong.hpp; NOTES item 181); default (or
                                   // 0) one step for every tile (the rule before). Read where the kernel's
                                   // source is written, once a process (KILN_TUNE_ATTENTION_MASK_STEPS)
+  int attention_idle_warpgroups = -1;  // the Hopper producer forward's consumer warpgroups whose query rows all
+                                       // lie past Tq (the last query tile where Tq is not a multiple of the
+                                       // block's rows, as 1024 of three warpgroups' 192): 1 they only keep
+                                       // their turns and releases (codegen/attention_kernel_sm90_pingpong.hpp;
+                                       // NOTES item 182); default (or 0) they run every tile as the others do
+                                       // (the rule before). Read where the kernel's source is written, once a
+                                       // process (KILN_TUNE_ATTENTION_IDLE_WARPGROUPS)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
                              // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
                              // the dk/dv kernel, which has dS already (attention_backward_kernel_sm90.hpp's
@@ -256,6 +263,7 @@ struct Tuning {
                                    {&Tuning::attention_softmax, "attention_softmax"},
                                    {&Tuning::attention_keys, "attention_keys"},
                                    {&Tuning::attention_mask_steps, "attention_mask_steps"},
+                                   {&Tuning::attention_idle_warpgroups, "attention_idle_warpgroups"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -331,6 +339,7 @@ struct Tuning {
                                    {&Tuning::attention_softmax, "KILN_TUNE_ATTENTION_SOFTMAX", 0, 1},
                                    {&Tuning::attention_keys, "KILN_TUNE_ATTENTION_KEYS", 128, 192},
                                    {&Tuning::attention_mask_steps, "KILN_TUNE_ATTENTION_MASK_STEPS", 0, 1},
+                                   {&Tuning::attention_idle_warpgroups, "KILN_TUNE_ATTENTION_IDLE_WARPGROUPS", 0, 1},
                                    {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
