@@ -716,6 +716,7 @@ TEST_CASE("attention: a negative scale on the Hopper kernels (cuda)" * needs_gpu
       std::string source;
       for (const auto& kernel : k::explain(k::compile(f), q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda)).kernels)
         if (kernel.source.find("kiln_attention_fwd_") != std::string::npos) source = kernel.source;
+      CHECK(!source.empty());
       CHECK((source.find("_scaled") != std::string::npos) ==
             (source.find("kiln_attention_fwd_wgmma_") != std::string::npos));
       auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };

@@ -242,12 +242,12 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     kiln_wgmma_wait<0>();
     kiln_hold(acc);
   }
-  for (int j = n_active; j < n_tiles; ++j) {  // causal tiles past this warpgroup's rows: turns and releases
+  for (int j = n_active; j < n_tiles; ++j) {  // causal tiles past its rows (idle: every tile): turns, releases
     kiln_mbar_wait(FULL(j % KILN_STAGES), (j / KILN_STAGES) & 1);
     kiln_named_sync(1 + wg);
     if (HANDS_ON(j)) kiln_named_arrive(NEXT_TURN);
 #ifdef KILN_IDLE_WARPGROUPS
-    if (lane == 0 && j > 0) kiln_mbar_arrive(EMPTY((j - 1) % KILN_STAGES));  // (an idle warpgroup: from tile 0)
+    if (lane == 0 && j > 0) kiln_mbar_arrive(EMPTY((j - 1) % KILN_STAGES));  // (idle: from tile 0, no tile -1)
 #else
     if (lane == 0) kiln_mbar_arrive(EMPTY((j - 1) % KILN_STAGES));
 #endif

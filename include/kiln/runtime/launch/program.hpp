@@ -1,6 +1,7 @@
 // A compiled program: the kernels of one graph for one guard set, compiled for one device, plus
 // the buffer plan. Running it allocates outputs and intermediates, binds arguments, scalars and
 // symbolic sizes, and launches every kernel in order on one stream; it never synchronises.
+// Program::run itself is in program_run.hpp, included at the end.
 #pragma once
 #include <array>
 #include <cstdlib>
