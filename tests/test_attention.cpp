@@ -387,22 +387,16 @@ TEST_CASE("attention: the Hopper kernels' sources") {
     CHECK(pp.shared_bytes() <= 227 * 1024);
     CHECK(cg::attention_forward_kernel_source(pp).find(D == 64 ? "setmaxnreg.inc.sync.aligned.u32 %0" : "_wg2_") !=
           std::string::npos);
-    // Its tile steps take the mask's code as a template parameter; only KILN_TUNE_ATTENTION_MASK_STEPS=1
-    // (read once a process, where the source is written) gives the tiles with no masked score a step
-    // without it (NOTES item 181).
     const std::string pp_fwd = cg::attention_forward_kernel_source(pp);
-    CHECK(pp_fwd.find("softmax_tile<MASKS>(") != std::string::npos);
-    CHECK(pp_fwd.find("template <bool MASKS = true>") != std::string::npos);
-    CHECK((pp_fwd.find("#define KILN_MASK_STEPS 1") != std::string::npos) ==
-          (k::Tuning::from_environment().attention_mask_steps == 1));
-    {
-      ScopedEnv knob("KILN_TUNE_ATTENTION_MASK_STEPS", "2");  // clamped to its range
-      CHECK(k::Tuning::from_environment().attention_mask_steps == 1);
-    }
     // Warpgroups whose rows all lie past Tq keep only their turns and releases under
-    // KILN_TUNE_ATTENTION_IDLE_WARPGROUPS=1 (item 182; its GPU check is a whole-process run of this file).
+    // KILN_TUNE_ATTENTION_IDLE_WARPGROUPS=1 (NOTES item 182; read once a process, where the source is
+    // written: its GPU check is a whole-process run of this file).
     CHECK((pp_fwd.find("#define KILN_IDLE_WARPGROUPS 1") != std::string::npos) ==
           (k::Tuning::from_environment().attention_idle_warpgroups == 1));
+    {
+      ScopedEnv knob("KILN_TUNE_ATTENTION_IDLE_WARPGROUPS", "2");  // clamped to its range
+      CHECK(k::Tuning::from_environment().attention_idle_warpgroups == 1);
+    }
     CHECK(pp_fwd.find("w0 >= Tq ? 0 :") != std::string::npos);
     cg::AttentionKernel with_mod = cg::AttentionKernel::for_head_dim(D);
     with_mod.score_mod = "float kiln_score_mod(float s) { return s; }";

@@ -141,17 +141,15 @@ inline std::string forward_tile_steps() {
 // the online softmax: the scores become probabilities against the row's base, its sum is carried,
 // and alpha[r] is what o must be multiplied by (the base moves only when the tile's max exceeds it
 // by more than KILN_RESCALE, codegen/attention_kernel.hpp). Returns whether some row's base moved.
-// MASKS false: a tile the caller knows has no masked score, without the mask's code.
 #ifdef KILN_SOFTMAX_FMA
 // By default where scale_log2 > 0 (AttentionKernel::raw_max; KILN_TUNE_ATTENTION_SOFTMAX=0: the form
 // below the #else): the tile's max over the raw scores, scaled once
 // (rounding is monotonic: the same max as over the scaled scores), each probability
 // exp2(s * scale_log2 - base) from one FFMA, and the max and the sum as trees of four chains.
-template <bool MASKS = true>
 __device__ __forceinline__ bool softmax_tile(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                              float (&alpha)[2], int n0, int w0, int r0, int Tk, float scale_log2) {
   const int lane = threadIdx.x & 31;
-  if (MASKS && (n0 + BN > Tk || (KILN_CAUSAL && n0 + BN - 1 > w0))) {
+  if (n0 + BN > Tk || (KILN_CAUSAL && n0 + BN - 1 > w0)) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) {
       const int col = n0 + (i >> 2) * 8 + 2 * (lane & 3) + (i & 1), r = r0 + ((i >> 1) & 1) * 8;
@@ -187,11 +185,10 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[BN / 2], float (&row_max
   return moved;
 }
 #else
-template <bool MASKS = true>
 __device__ __forceinline__ bool softmax_tile(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                              float (&alpha)[2], int n0, int w0, int r0, int Tk, float scale_log2) {
   const int lane = threadIdx.x & 31;
-  const bool masked = MASKS && (n0 + BN > Tk || (KILN_CAUSAL && n0 + BN - 1 > w0));
+  const bool masked = n0 + BN > Tk || (KILN_CAUSAL && n0 + BN - 1 > w0);
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) {
     s[i] *= scale_log2;

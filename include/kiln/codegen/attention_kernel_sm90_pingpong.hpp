@@ -14,10 +14,8 @@
 //   releases tile j - 1. So one warpgroup's exponentials run under the other's products.
 // The tile steps, the masks, the lazily rescaled o, the causal order of blocks and the arguments are
 // attention_kernel_sm90.hpp's; KILN_TUNE_ATTENTION_WGMMA=3 chooses this kernel. Under
-// KILN_TUNE_ATTENTION_MASK_STEPS=1 the key tiles with no masked score (a prefix of them) take a step
-// without the mask's code, which ptxas otherwise if-converts into every tile (NOTES item 181); under
 // KILN_TUNE_ATTENTION_IDLE_WARPGROUPS=1 a warpgroup with no rows before Tq keeps only its turns and
-// releases (item 182).
+// releases (NOTES item 182).
 #pragma once
 #include <string>
 
@@ -32,8 +30,6 @@ inline std::string attention_forward_source_sm90_pingpong(const AttentionKernel&
         a.name());
   std::string s = attention_sm90_detail::forward_header(a);
   s += "#define KILN_STAGES " + std::to_string(a.stages()) + "\n";
-  static const bool mask_steps = Tuning::from_environment().attention_mask_steps == 1;  // an A/B knob: see Tuning
-  if (mask_steps) s += "#define KILN_MASK_STEPS 1\n";
   static const bool idle = Tuning::from_environment().attention_idle_warpgroups == 1;  // an A/B knob: see Tuning
   if (idle) s += "#define KILN_IDLE_WARPGROUPS 1\n";
   // The registers each role keeps (setmaxnreg): the producer's and the consumers' add up to the
@@ -175,11 +171,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   // w's turn) issues s_j = q k_j^T and, after the first step, o += p_{j-1} v_{j-1}; the next
   // warpgroup's turn follows at once (round robin: the last one hands step j + 1 to warpgroup 0).
   // The softmax of s_j runs while o's product does, then o is rescaled and tile j - 1 released.
-  // (A template on FIRST: no wgmma sits in a branch. MASKS false: a tile with no masked score,
-  // softmax_tile without the mask's code.)
-  auto step = [&](int j, auto first, auto masks) {
+  // (A template on FIRST: no wgmma sits in a branch.)
+  auto step = [&](int j, auto first) {
     constexpr bool FIRST = decltype(first)::value;
-    constexpr bool MASKS = decltype(masks)::value;
     const int n0 = j * BN, stage = j % KILN_STAGES;
     kiln_mbar_wait(FULL(stage), (j / KILN_STAGES) & 1);
     kiln_fence_proxy_async();  // the producer's copies, for wgmma's reads
@@ -204,9 +198,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     kiln_hold(s);
 #ifdef KILN_SCORE_MOD
     mod_tile(s, b, h, n0, r0, Tq, Tk, scale, mod_scalars);
-    const bool moved = softmax_tile<MASKS>(s, row_max, row_sum, alpha, n0, w0, r0, Tk, 1.f);
+    const bool moved = softmax_tile(s, row_max, row_sum, alpha, n0, w0, r0, Tk, 1.f);
 #else
-    const bool moved = softmax_tile<MASKS>(s, row_max, row_sum, alpha, n0, w0, r0, Tk, scale_log2);
+    const bool moved = softmax_tile(s, row_max, row_sum, alpha, n0, w0, r0, Tk, scale_log2);
 #endif
     if constexpr (!FIRST) {
       kiln_wgmma_wait<0>();
@@ -222,17 +216,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   if (wg == WG - 1 && n_tiles > 0) kiln_named_arrive(1);
   kiln_mbar_wait(Q_FULL, 0);
   if (n_active > 0) {
-#ifdef KILN_MASK_STEPS
-    // Tiles whose every key is below Tk and (causal) at or before the warpgroup's first row have no
-    // masked score (softmax_tile's test): they take the step without the mask's code (NOTES item 181).
-    const int n_clean = min(n_active, KILN_CAUSAL ? min(Tk / BN, (w0 + 1) / BN) : Tk / BN);
-    step(0, kiln_bool<true>{}, kiln_bool<true>{});
-    for (int j = 1; j < n_clean; ++j) step(j, kiln_bool<false>{}, kiln_bool<false>{});
-    for (int j = max(n_clean, 1); j < n_active; ++j) step(j, kiln_bool<false>{}, kiln_bool<true>{});
-#else
-    step(0, kiln_bool<true>{}, kiln_bool<true>{});
-    for (int j = 1; j < n_active; ++j) step(j, kiln_bool<false>{}, kiln_bool<true>{});
-#endif
+    step(0, kiln_bool<true>{});
+    for (int j = 1; j < n_active; ++j) step(j, kiln_bool<false>{});
     // The last active tile's o += p v.
     const u64 v_desc = values_desc(STAGE_V((n_active - 1) % KILN_STAGES));
     kiln_hold(acc);

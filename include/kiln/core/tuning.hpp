@@ -118,11 +118,6 @@ struct Tuning {
   int attention_keys = -1;     // the Hopper producer forward's key rows a tile at head dim 64: 192 (FlashAttention-3's
                                // non-causal tile; NOTES item 179) or 128 (the default). Read where the kernel
                                // is chosen (codegen/attention_kernel.hpp's hopper; KILN_TUNE_ATTENTION_KEYS)
-  int attention_mask_steps = -1;  // the Hopper producer forward's key tiles: 1 runs tiles with no masked score
-                                  // through a step without the mask's code
-                                  // (codegen/attention_kernel_sm90_pingpong.hpp; NOTES item 181); default (or
-                                  // 0) one step for every tile (the rule before). Read where the kernel's
-                                  // source is written, once a process (KILN_TUNE_ATTENTION_MASK_STEPS)
   int attention_idle_warpgroups = -1;  // the Hopper producer forward's consumer warpgroups whose query rows all
                                        // lie past Tq (the last query tile where Tq is not a multiple of the
                                        // block's rows, as 1024 of three warpgroups' 192): 1 they only keep
@@ -262,7 +257,6 @@ struct Tuning {
                                    {&Tuning::attention_dq, "attention_dq"},
                                    {&Tuning::attention_softmax, "attention_softmax"},
                                    {&Tuning::attention_keys, "attention_keys"},
-                                   {&Tuning::attention_mask_steps, "attention_mask_steps"},
                                    {&Tuning::attention_idle_warpgroups, "attention_idle_warpgroups"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
@@ -338,7 +332,6 @@ struct Tuning {
                                    {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1},
                                    {&Tuning::attention_softmax, "KILN_TUNE_ATTENTION_SOFTMAX", 0, 1},
                                    {&Tuning::attention_keys, "KILN_TUNE_ATTENTION_KEYS", 128, 192},
-                                   {&Tuning::attention_mask_steps, "KILN_TUNE_ATTENTION_MASK_STEPS", 0, 1},
                                    {&Tuning::attention_idle_warpgroups, "KILN_TUNE_ATTENTION_IDLE_WARPGROUPS", 0, 1},
                                    {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;
