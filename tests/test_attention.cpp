@@ -172,7 +172,7 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
   const bool hopper = k::driver::compute_capability(0) == 90;
   int seed = 90;
   for (const Case& c : cases)
-    for (const char* wgmma : {"1", "2", "3", "4", "0"}) {
+    for (const char* wgmma : {"1", "2", "3", "4", "5", "0"}) {
       ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
       INFO("KILN_TUNE_ATTENTION_WGMMA=" << std::string(wgmma) << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv
                                         << " Tq " << c.Tq << " Tk " << c.Tk << " D " << c.D << " causal " << c.causal
@@ -192,9 +192,10 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
       const bool warpgroups = hopper && wgmma[0] != '0';
       CHECK((source.find("kiln_attention_fwd_wgmma_") != std::string::npos) == warpgroups);
       CHECK((source.find("_wg1_k128") != std::string::npos) == (warpgroups && wgmma[0] == '2'));
-      const bool producer = warpgroups && (wgmma[0] == '3' || wgmma[0] == '4');
+      const bool producer = warpgroups && wgmma[0] >= '3';
       CHECK((source.find("_pp") != std::string::npos) == producer);
-      CHECK((source.find("_wg3_") != std::string::npos) == (producer && wgmma[0] == '4' && c.D == 64));
+      CHECK((source.find("_wg3_") != std::string::npos) == (producer && wgmma[0] >= '4' && c.D == 64));
+      CHECK((source.find("_pp_loop") != std::string::npos) == (producer && wgmma[0] == '5'));
       // The gradients (Hopper: the warpgroup kernels for dq and dk/dv too) read the forward's
       // log-sum-exp: a wrong one shows there.
       auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };
@@ -220,6 +221,60 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
         CHECK_MESSAGE(bool(rg), "gradient " << which << ": " << rg);
       }
     }
+}
+
+// KILN_TUNE_ATTENTION_WGMMA=5 on Hopper: the producer forward looping, one block an SM, over more
+// query tiles than there are SMs (each block two or more: q's two buffers, key stages and their
+// phases counted across tiles, turns handed from one tile to the next). Each tile's arithmetic is
+// =4's, so the outputs and the gradients (which read its log-sum-exp) match =4's bit for bit; the
+// forward also against the oracle.
+TEST_CASE("attention: the looping Hopper forward over more query tiles than SMs (cuda)" * needs_gpu()) {
+  if (k::driver::compute_capability(0) != 90) {
+    MESSAGE("the looping forward is Hopper's: skipped on compute capability " << k::driver::compute_capability(0));
+    return;
+  }
+  struct Case {
+    int B, H, Hkv, Tq, Tk, D;
+    bool causal;
+  };
+  // 288 to 420 query tiles on 132 SMs; Tq 1000: a last tile of 40 rows (192 a tile) or 104 (128).
+  const Case cases[] = {{3, 16, 4, 1000, 1000, 64, true},   {3, 16, 16, 1000, 1000, 64, false},
+                        {2, 15, 5, 700, 1300, 64, true},    {3, 16, 4, 1000, 1000, 128, true},
+                        {2, 20, 20, 1000, 777, 128, false}, {4, 21, 7, 333, 1100, 64, false}};
+  int seed = 500;
+  for (const Case& c : cases) {
+    INFO("B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq << " Tk " << c.Tk << " D " << c.D
+              << " causal " << c.causal);
+    k::Tensor q = k::randn({c.B, c.H, c.Tq, c.D}, k::bf16, k::cpu, ++seed);
+    k::Tensor kk = k::randn({c.B, c.Hkv, c.Tk, c.D}, k::bf16, k::cpu, ++seed);
+    k::Tensor v = k::randn({c.B, c.Hkv, c.Tk, c.D}, k::bf16, k::cpu, ++seed);
+    k::Tensor w = k::randn({c.B, c.H, c.Tq, c.D}, k::f32, k::cpu, ++seed);
+    auto gq = q.to(k::cuda), gk = kk.to(k::cuda), gv = v.to(k::cuda), gw = w.to(k::cuda);
+    auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = c.causal}); };
+    auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };
+    k::Tensor out[2], grads[2][3];
+    for (int run = 0; run < 2; ++run) {  // =4, then =5
+      ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", run ? "5" : "4");
+      auto compiled = k::compile(f);
+      out[run] = k::Tensor(compiled(gq, gk, gv)).to(k::cpu);
+      std::string source;
+      for (const auto& kernel : k::explain(compiled, gq, gk, gv).kernels)
+        if (kernel.source.find("kiln_attention_fwd_") != std::string::npos) source = kernel.source;
+      CHECK((source.find("_pp_loop") != std::string::npos) == (run == 1));
+      auto got = k::value_and_grad(loss, k::wrt<0, 1, 2>)(gq, gk, gv, gw);
+      grads[run][0] = std::get<1>(got).to(k::cpu);
+      grads[run][1] = std::get<2>(got).to(k::cpu);
+      grads[run][2] = std::get<3>(got).to(k::cpu);
+    }
+    auto r = k::testing::allclose(out[1], k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+    CHECK_MESSAGE(bool(r), r);
+    auto same = k::testing::allclose(out[1], out[0], 0, 0);
+    CHECK_MESSAGE(bool(same), "=5 against =4: " << same);
+    for (int which = 0; which < 3; ++which) {
+      auto g = k::testing::allclose(grads[1][which], grads[0][which], 0, 0);
+      CHECK_MESSAGE(bool(g), "gradient " << which << ", =5 against =4: " << g);
+    }
+  }
 }
 
 // KILN_TUNE_ATTENTION_DQ=1 on Hopper: where q, k and v have one shape, one kernel computes dk, dv
@@ -301,7 +356,7 @@ TEST_CASE("attention: no keys, no queries, and more than 2^31 elements on every 
   // The big batch needs more memory than an 80 GB H100 has (it ran out there with 66 GB in use and
   // 17 GB more asked for; a 139 GB H200 runs it): a device with less than 96 GiB skips it, visibly.
   const bool big_fits = k::driver::memory_info(0).second >= (std::size_t{96} << 30);
-  for (const char* wgmma : {"1", "2", "3", "4", "0"}) {
+  for (const char* wgmma : {"1", "2", "3", "4", "5", "0"}) {
     // (a subcase each: --subcase='*=3' runs one kernel set)
     SUBCASE((std::string("KILN_TUNE_ATTENTION_WGMMA=") + wgmma).c_str()) {
       ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);

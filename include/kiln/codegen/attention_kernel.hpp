@@ -39,6 +39,9 @@ struct AttentionKernel {
   // and the two warpgroups (three at head dim 64 without a score_mod, KILN_TUNE_ATTENTION_WGMMA's
   // default) take turns on the tensor cores (attention_kernel_sm90_pingpong.hpp).
   bool producer = false;
+  // With a producer (KILN_TUNE_ATTENTION_WGMMA=5): one block an SM loops over the query tiles, q in two
+  // buffers (the launcher's grid is the SMs, attention_flash's; NOTES item 183).
+  bool persistent = false;
   // Hopper's forwards: each key tile's max taken over the raw scores and the scale applied inside the
   // exponent's FFMA (attention_kernel_sm90.hpp's softmax_tile; benchmarks/NOTES.md item 178), which
   // needs a positive scale (a score_mod's scores come scaled, so it always holds there); false scales
@@ -77,8 +80,8 @@ struct AttentionKernel {
   }
   // The Hopper kernel for a head dim it takes (64 or 128), else nothing changed: two warpgroups a
   // block, or one (64 query rows, several blocks an SM where registers and shared memory allow).
-  // With `producer`, two warpgroups fed by a producer warpgroup.
-  static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2, bool producer = false) {
+  // With `producer`, two warpgroups fed by a producer warpgroup, `persistent` one block an SM.
+  static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2, bool producer = false, bool persistent = false) {
     if (a.head_dim != 64 && a.head_dim != 128) return a;
     // Three consumer warpgroups only without a score_mod: with one they spill at 160 registers a thread
     // (ptxas, sm_90a: a soft-cap 80-100 bytes, a bias and mask mod 460-520).
@@ -87,6 +90,7 @@ struct AttentionKernel {
     static const int keys = Tuning::from_environment().attention_keys;  // an A/B knob: see Tuning
     a.key_rows = producer && a.warpgroups == 2 && a.head_dim == 64 && keys == 192 ? 192 : 128;
     a.producer = producer;
+    a.persistent = producer && persistent;
     return a;
   }
   int threads() const { return 32 * warps + (producer ? 128 : 0); }
@@ -95,19 +99,24 @@ struct AttentionKernel {
   // the 227 KB a block may have on Hopper (they do at D 64 and 128: 113 and 225 KB).
   int stages() const {
     if (!producer) return 2;
-    return (query_rows() + 6 * key_rows) * head_dim * 2 + 1024 + 64 <= 227 * 1024 ? 3 : 2;
+    return (q_buffers() * query_rows() + 6 * key_rows) * head_dim * 2 + 1024 + barrier_bytes() <= 227 * 1024 ? 3 : 2;
   }
+  int q_buffers() const { return persistent ? 2 : 1; }
+  // A producer's mbarriers: q's "full" (and, looping, "empty") a buffer, each stage's "full" and "empty".
+  int barrier_bytes() const { return producer ? (persistent ? 128 : 64) : 0; }
   // Hopper: q and the stages of k and v, 1024 bytes to align the tiles on the swizzle's period, and
   // with a producer its mbarriers.
   int shared_bytes() const {
-    return warpgroups > 0 ? (query_rows() + 2 * stages() * key_rows) * head_dim * 2 + 1024 + (producer ? 64 : 0)
-                          : (query_rows() + 2 * key_rows) * head_dim * 2;
+    return warpgroups > 0
+               ? (q_buffers() * query_rows() + 2 * stages() * key_rows) * head_dim * 2 + 1024 + barrier_bytes()
+               : (query_rows() + 2 * key_rows) * head_dim * 2;
   }
   std::string name() const {
     if (warpgroups > 0)
       return "kiln_attention_fwd_wgmma_d" + std::to_string(head_dim) + "_wg" + std::to_string(warpgroups) + "_k" +
-             std::to_string(key_rows) + (producer ? "_pp" : "") + (raw_max ? "" : "_scaled") +
-             (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);
+             std::to_string(key_rows) + (producer ? "_pp" : "") + (persistent ? "_loop" : "") +
+             (raw_max ? "" : "_scaled") + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) +
+             score_mod_suffix(score_mod, score_mod_tag);
     return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" +
            std::to_string(row_tiles) + "_k" + std::to_string(key_rows) + (q_in_registers ? "" : "_qs") +
            (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);

@@ -32,6 +32,7 @@ inline std::string attention_forward_source_sm90_pingpong(const AttentionKernel&
   s += "#define KILN_STAGES " + std::to_string(a.stages()) + "\n";
   static const bool idle = Tuning::from_environment().attention_idle_warpgroups == 1;  // an A/B knob: see Tuning
   if (idle) s += "#define KILN_IDLE_WARPGROUPS 1\n";
+  if (a.persistent) s += "#define KILN_PERSISTENT 1\n";
   // The registers each role keeps (setmaxnreg): the producer's and the consumers' add up to the
   // register file at one block an SM of (warpgroups + 1) * 128 threads (two consumers: 128 * (40 + 2 *
   // 232) = 64512; three: 128 * (32 + 3 * 160) = 65536, FlashAttention-3's split).
@@ -92,29 +93,63 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
           int BH, int H, int G, int Tq, int Tk, float scale_log2, i64 qb, i64 qh, i64 qt, i64 kb, i64 kh, i64 kt, i64 vb,
           i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse KILN_MOD_PARAMS) {
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
-  // q, then stage i's k at Ks + i * 2 * TILE_BYTES(BN) and its v right after, then the mbarriers:
-  // q's, each stage's "full" and each stage's "empty".
+  // q (looping: two buffers), then stage i's k at Ks + i * 2 * TILE_BYTES(BN) and its v right after,
+  // then the mbarriers: q's "full", each stage's "full" and each stage's "empty" (looping: q's "full"
+  // and "empty" a buffer).
   const u32 Qs = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u;
+#ifdef KILN_PERSISTENT
+  const u32 Ks = Qs + 2 * TILE_BYTES(BM), bars = Ks + KILN_STAGES * 2 * TILE_BYTES(BN);
+#define Q_BUF (Qs + (it & 1) * TILE_BYTES(BM))  // query tile it's buffer
+#define Q_FULL(i) (bars + 8 * (i))
+#define FULL(i) (bars + 16 + 8 * (i))
+#define EMPTY(i) (bars + 16 + 8 * KILN_STAGES + 8 * (i))
+#define Q_EMPTY(i) (bars + 16 + 16 * KILN_STAGES + 8 * (i))
+#define KV(j) (kv0 + (j))  // key tiles are counted across query tiles: stages and phases run on
+#else
   const u32 Ks = Qs + TILE_BYTES(BM), bars = Ks + KILN_STAGES * 2 * TILE_BYTES(BN);
-#define STAGE_K(i) (Ks + (i) * 2 * TILE_BYTES(BN))
-#define STAGE_V(i) (STAGE_K(i) + TILE_BYTES(BN))
-#define Q_FULL bars
+#define Q_BUF Qs
+#define Q_FULL(i) bars
 #define FULL(i) (bars + 8 + 8 * (i))
 #define EMPTY(i) (bars + 8 + 8 * KILN_STAGES + 8 * (i))
+#define KV(j) (j)
+#endif
+#define STAGE_K(i) (Ks + (i) * 2 * TILE_BYTES(BN))
+#define STAGE_V(i) (STAGE_K(i) + TILE_BYTES(BN))
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 // The named barrier of the next warpgroup's turn, and whether this one hands it a turn after step j
-// (the last warpgroup hands warpgroup 0 the next step's). Two warpgroups keep the expressions of the
-// kernel measured before three existed (ptxas schedules the same cubin).
+// (the last warpgroup hands warpgroup 0 the next step's, looping the next query tile's first).
+// Two warpgroups keep the expressions of the kernel measured before three existed (ptxas schedules
+// the same cubin).
 #define NEXT_TURN (WG == 2 ? 2 - wg : wg + 1 < WG ? wg + 2 : 1)
+#ifdef KILN_PERSISTENT
+#define HANDS_ON(j) ((WG == 2 ? wg == 0 : wg + 1 < WG) || (j) + 1 < n_tiles || more)
+#else
 #define HANDS_ON(j) ((WG == 2 ? wg == 0 : wg + 1 < WG) || (j) + 1 < n_tiles)
-  int rank, bh;  // causal: the tiles with the most keys first (attention_prelude's kiln_block_tile)
-  if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
-  const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - rank : rank) * BM;
-  const int b = bh / H, h = bh % H, hk = h / G;
-  const int n_end = KILN_CAUSAL && m0 + BM < Tk ? m0 + BM : Tk;
+#endif
+  // A query tile's place: causal, the tiles with the most keys first (attention_prelude's
+  // kiln_block_tile); its first row m0 and its key tiles.
+#define PLACE_TILE(tiles)                                                \
+  const int m0 = (KILN_CAUSAL ? (tiles) - 1 - rank : rank) * BM;         \
+  const int b = bh / H, h = bh % H, hk = h / G;                          \
+  const int n_end = KILN_CAUSAL && m0 + BM < Tk ? m0 + BM : Tk;          \
   const int n_tiles = (n_end + BN - 1) / BN;
+#ifdef KILN_PERSISTENT
+  // One block an SM: this block's query tiles are those at blockIdx.x, + gridDim.x, ... of the order.
+  const int q_tiles = (Tq + BM - 1) / BM;
+#define TILE_AT(it, rank, bh) \
+  kiln_tile_at(blockIdx.x + (long long)(it) * gridDim.x, q_tiles, KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)
   if (threadIdx.x == 0) {
-    kiln_mbar_init(Q_FULL, 128);
+    for (int i = 0; i < 2; ++i) {
+      kiln_mbar_init(Q_FULL(i), 128);
+      kiln_mbar_init(Q_EMPTY(i), KILN_WARPS);
+    }
+#else
+  int rank, bh;
+  if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
+  PLACE_TILE(gridDim.x)
+  if (threadIdx.x == 0) {
+    kiln_mbar_init(Q_FULL(0), 128);
+#endif
     for (int i = 0; i < KILN_STAGES; ++i) {
       kiln_mbar_init(FULL(i), 128);  // the producer's threads, as their copies land
       kiln_mbar_init(EMPTY(i), KILN_WARPS);  // the consumer warps
@@ -128,26 +163,44 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   if (wg == WG) {  // ---- the producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(KILN_PRODUCER_REGS) : "memory");
     const int t = threadIdx.x - WG * 128;
+#ifdef KILN_PERSISTENT
+    int rank, bh, kv0 = 0;
+    for (int it = 0; TILE_AT(it, rank, bh); ++it) {
+      PLACE_TILE(q_tiles)
+      // q's buffer is free once every consumer warp is done with query tile it - 2.
+      if (it >= 2) kiln_mbar_wait(Q_EMPTY(it & 1), ((it >> 1) - 1) & 1);
+#endif
     const u16* kp = k + b * kb + hk * kh;
     const u16* vp = v + b * vb + hk * vh;
-    produce_tile<BM>(Qs, q + b * qb + h * qh, qt, m0, Tq, t);
-    kiln_cp_async_arrive(Q_FULL);
+    produce_tile<BM>(Q_BUF, q + b * qb + h * qh, qt, m0, Tq, t);
+    kiln_cp_async_arrive(Q_FULL(it & 1));
     for (int j = 0; j < n_tiles; ++j) {
-      const int stage = j % KILN_STAGES;
-      if (j >= KILN_STAGES) kiln_mbar_wait(EMPTY(stage), (j / KILN_STAGES - 1) & 1);
+      const int stage = KV(j) % KILN_STAGES;
+      if (KV(j) >= KILN_STAGES) kiln_mbar_wait(EMPTY(stage), (KV(j) / KILN_STAGES - 1) & 1);
       produce_tile<BN>(STAGE_K(stage), kp, kt, j * BN, Tk, t);
       produce_tile<BN>(STAGE_V(stage), vp, vt, j * BN, Tk, t);
       kiln_cp_async_arrive(FULL(stage));
     }
+#ifdef KILN_PERSISTENT
+      kv0 += n_tiles;
+    }
+#endif
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
   }
 
   // ---- the consumer warpgroups
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(KILN_CONSUMER_REGS) : "memory");
+#ifdef KILN_PERSISTENT
+  int rank, bh, kv0 = 0;
+  for (int it = 0; TILE_AT(it, rank, bh); ++it) {
+    PLACE_TILE(q_tiles)
+    int next_rank, next_bh;
+    const bool more = TILE_AT(it + 1, next_rank, next_bh);
+#endif
   const int w0 = m0 + wg * 64;                  // this warpgroup's first query row
   const int r0 = w0 + warp * 16 + (lane >> 2);  // this thread's rows: r0 and r0 + 8
-  const u64 q_desc = kiln_wgmma_desc(Qs + wg * 64 * 128, 16, 1024);
+  const u64 q_desc = kiln_wgmma_desc(Q_BUF + wg * 64 * 128, 16, 1024);
 #define DIM_STEP(kk, rows) (((kk) >> 2) * (rows) * 128 + ((kk) & 3) * 32)
   float acc[KILN_D / 2];  // o, unnormalised, in the accumulator layout (attention_kernel_sm90.hpp)
 #pragma unroll
@@ -174,8 +227,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   // (A template on FIRST: no wgmma sits in a branch.)
   auto step = [&](int j, auto first) {
     constexpr bool FIRST = decltype(first)::value;
-    const int n0 = j * BN, stage = j % KILN_STAGES;
-    kiln_mbar_wait(FULL(stage), (j / KILN_STAGES) & 1);
+    const int n0 = j * BN, stage = KV(j) % KILN_STAGES;
+    kiln_mbar_wait(FULL(stage), (KV(j) / KILN_STAGES) & 1);
     kiln_fence_proxy_async();  // the producer's copies, for wgmma's reads
     kiln_named_sync(1 + wg);
     kiln_hold(acc);
@@ -187,7 +240,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       kiln_wgmma_qk(s, q_desc + (DIM_STEP(kk, BM) >> 4), k_desc + (DIM_STEP(kk, BN) >> 4));
     kiln_wgmma_commit();
     if constexpr (!FIRST) {
-      issue_pv(acc, p, values_desc(STAGE_V((j - 1) % KILN_STAGES)));
+      issue_pv(acc, p, values_desc(STAGE_V(KV(j - 1) % KILN_STAGES)));
       kiln_wgmma_commit();
     }
     if (HANDS_ON(j)) kiln_named_arrive(NEXT_TURN);
@@ -208,18 +261,23 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       if (__any_sync(0xffffffffu, moved))
 #pragma unroll
         for (int i = 0; i < KILN_D / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
-      if (lane == 0) kiln_mbar_arrive(EMPTY((j - 1) % KILN_STAGES));  // this warp is done with tile j - 1
+      if (lane == 0) kiln_mbar_arrive(EMPTY(KV(j - 1) % KILN_STAGES));  // this warp is done with tile j - 1
     }
     pack_probabilities(p, s);
   };
 
+#ifdef KILN_PERSISTENT
+  if (wg == WG - 1 && n_tiles > 0 && it == 0) kiln_named_arrive(1);  // (later tiles: the last one's HANDS_ON)
+  kiln_mbar_wait(Q_FULL(it & 1), (it >> 1) & 1);
+#else
   if (wg == WG - 1 && n_tiles > 0) kiln_named_arrive(1);
-  kiln_mbar_wait(Q_FULL, 0);
+  kiln_mbar_wait(Q_FULL(0), 0);
+#endif
   if (n_active > 0) {
     step(0, kiln_bool<true>{});
     for (int j = 1; j < n_active; ++j) step(j, kiln_bool<false>{});
     // The last active tile's o += p v.
-    const u64 v_desc = values_desc(STAGE_V((n_active - 1) % KILN_STAGES));
+    const u64 v_desc = values_desc(STAGE_V(KV(n_active - 1) % KILN_STAGES));
     kiln_hold(acc);
     kiln_wgmma_fence();
     issue_pv(acc, p, v_desc);
@@ -228,16 +286,29 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     kiln_hold(acc);
   }
   for (int j = n_active; j < n_tiles; ++j) {  // causal tiles past its rows (idle: every tile): turns, releases
-    kiln_mbar_wait(FULL(j % KILN_STAGES), (j / KILN_STAGES) & 1);
+    kiln_mbar_wait(FULL(KV(j) % KILN_STAGES), (KV(j) / KILN_STAGES) & 1);
     kiln_named_sync(1 + wg);
     if (HANDS_ON(j)) kiln_named_arrive(NEXT_TURN);
 #ifdef KILN_IDLE_WARPGROUPS
-    if (lane == 0 && j > 0) kiln_mbar_arrive(EMPTY((j - 1) % KILN_STAGES));  // (idle: from tile 0, no tile -1)
+    if (lane == 0 && j > 0) kiln_mbar_arrive(EMPTY(KV(j - 1) % KILN_STAGES));  // (idle: from tile 0, no tile -1)
 #else
-    if (lane == 0) kiln_mbar_arrive(EMPTY((j - 1) % KILN_STAGES));
+    if (lane == 0) kiln_mbar_arrive(EMPTY(KV(j - 1) % KILN_STAGES));
 #endif
   }
+#ifdef KILN_PERSISTENT
+  // The next query tile's q may load into this one's buffer once every warp is past its last
+  // q k^T, and its keys into the stage of this one's last tile (before the store: neither is read
+  // by it).
+  if (lane == 0) {
+    kiln_mbar_arrive(Q_EMPTY(it & 1));
+    if (n_tiles > 0) kiln_mbar_arrive(EMPTY(KV(n_tiles - 1) % KILN_STAGES));
+  }
+#endif
   store_output(o + b * ob + h * oh, ot, lse ? lse + (i64)bh * Tq : nullptr, acc, row_max, row_sum, r0, Tq);
+#ifdef KILN_PERSISTENT
+    kv0 += n_tiles;
+  }
+#endif
 }
 )";
   return s;

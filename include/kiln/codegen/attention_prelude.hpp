@@ -128,19 +128,18 @@ __device__ __forceinline__ float kiln_exp2(float x) {  // 2^x, -inf -> 0
 // tiles of 128 rows, 25 MB of keys and values: one group; 1-2 blocks on each of 132 SMs) then ends
 // 13-22% sooner (benchmarks/NOTES.md item 156). Not causal: every tile the same work, tile by tile
 // within each pair as before. rank: the tile's place in the order (0 first); false past the last
-// pair.
+// pair. kiln_tile_at places the tile at `at` of that order (a looping block's tiles: tiles a pair).
 #define KILN_L2_GROUP_BYTES (24ll << 20)
-__device__ __forceinline__ bool kiln_block_tile(bool causal, int pairs, long long bytes_a_pair, int& rank, int& pair) {
-  const int tiles = gridDim.x;
+__device__ __forceinline__ bool kiln_tile_at(long long at, int tiles, bool causal, int pairs, long long bytes_a_pair,
+                                             int& rank, int& pair) {
 #ifdef KILN_TILE_BY_TILE
   causal = false;  // KILN_TUNE_ATTENTION_ORDER=0: the order before
 #endif
   if (!causal) {
-    rank = blockIdx.x;
-    pair = blockIdx.z * 65535 + blockIdx.y;  // more than 65535 pairs go on along z
+    rank = (int)(at % tiles);
+    pair = (int)(at / tiles);
     return pair < pairs;
   }
-  const long long at = ((long long)blockIdx.z * gridDim.y + blockIdx.y) * tiles + blockIdx.x;
   const long long group = bytes_a_pair > 0 && bytes_a_pair < KILN_L2_GROUP_BYTES ? KILN_L2_GROUP_BYTES / bytes_a_pair : 1;
   const long long g = at / (group * tiles), first = g * group;
   if (first >= pairs) return false;
@@ -148,6 +147,19 @@ __device__ __forceinline__ bool kiln_block_tile(bool causal, int pairs, long lon
   rank = (int)(r / size);
   pair = (int)(first + r % size);
   return rank < tiles;
+}
+__device__ __forceinline__ bool kiln_block_tile(bool causal, int pairs, long long bytes_a_pair, int& rank, int& pair) {
+  const int tiles = gridDim.x;
+#ifdef KILN_TILE_BY_TILE
+  causal = false;
+#endif
+  if (!causal) {
+    rank = blockIdx.x;
+    pair = blockIdx.z * 65535 + blockIdx.y;  // more than 65535 pairs go on along z
+    return pair < pairs;
+  }
+  return kiln_tile_at(((long long)blockIdx.z * gridDim.y + blockIdx.y) * tiles + blockIdx.x, tiles, true, pairs,
+                      bytes_a_pair, rank, pair);
 }
 
 // ---- shared-memory tiles ---------------------------------------------------------------------------

@@ -103,7 +103,8 @@ struct Tuning {
                              // in step, 2 of one warpgroup a block, 3 fed by a producer warpgroup whose
                              // two warpgroups take turns (attention_kernel_sm90_pingpong.hpp; the rule
                              // before), default (or 4) the same with three at head dim 64 without a
-                             // score_mod (192 query rows a block; NOTES item 180; KILN_TUNE_ATTENTION_WGMMA)
+                             // score_mod (192 query rows a block; NOTES item 180), 5 the same looping: one
+                             // block an SM over the query tiles (NOTES item 183; KILN_TUNE_ATTENTION_WGMMA)
   int attention_order = -1;  // causal fused attention kernels' block order: 0 tile by tile within each
                              // (batch, head) pair (the rule before); default the longest tiles first over
                              // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
@@ -328,7 +329,7 @@ struct Tuning {
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
-                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 4},
+                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 5},
                                    {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1},
                                    {&Tuning::attention_softmax, "KILN_TUNE_ATTENTION_SOFTMAX", 0, 1},
                                    {&Tuning::attention_keys, "KILN_TUNE_ATTENTION_KEYS", 128, 192},

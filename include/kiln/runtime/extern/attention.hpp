@@ -98,7 +98,7 @@ inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars =
 // The forward kernel for head dim D: `warps` warps a block and `row_tiles` 16-row tiles a warp
 // (0: AttentionKernel::for_head_dim's choice), or Hopper's warpgroup kernel where `hopper` and it
 // takes D (hopper 1: two warpgroups a block, 2: one, 3: two fed by a producer warpgroup, 4: three at D 64
-// fed by one; attention_flash's
+// fed by one, 5: 4's looping, one block an SM; attention_flash's
 // attrs.dims[1]); either inlines the score_mod `mod` (null: none).
 inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, int row_tiles, int hopper, bool causal,
                                                      dtype dt, const autodiff::ScoreMod* mod = nullptr) {
@@ -107,7 +107,12 @@ inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, 
   a.causal = causal;
   a.dt = dt;
   if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
-  return hopper ? codegen::AttentionKernel::hopper(a, hopper == 2 ? 1 : hopper == 4 ? 3 : 2, hopper >= 3) : a;
+  return hopper ? codegen::AttentionKernel::hopper(a,
+                                                   hopper == 2   ? 1
+                                                   : hopper >= 4 ? 3
+                                                                 : 2,
+                                                   hopper >= 3, hopper == 5)
+                : a;
 }
 // An attention_flash node's: attrs.d warps, attrs.dims {row tiles, Hopper}, attrs.custom its mod.
 inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const graph::Node& n) {
@@ -324,10 +329,13 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
   const unsigned blocks = static_cast<unsigned>((Tq + a.query_rows() - 1) / a.query_rows());
   const std::int64_t heads = qs[0] * qs[1], most = 65535;  // (batch, head) pairs along y, then z
   if (blocks == 0 || heads == 0) return;
-  launch(f,
-         Dim3{blocks, static_cast<unsigned>(std::min(heads, most)), static_cast<unsigned>((heads + most - 1) / most)},
-         Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream, args.data(),
-         a.name().c_str());
+  // Looping (AttentionKernel::persistent): one block an SM, each taking every SMs-th query tile.
+  const Dim3 grid = a.persistent
+                        ? Dim3{static_cast<unsigned>(std::min<std::int64_t>(blocks * heads, driver::sm_count(device)))}
+                        : Dim3{blocks, static_cast<unsigned>(std::min(heads, most)),
+                               static_cast<unsigned>((heads + most - 1) / most)};
+  launch(f, grid, Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream,
+         args.data(), a.name().c_str());
 }
 
 }  // namespace kiln::runtime
