@@ -195,7 +195,8 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
       const bool producer = warpgroups && wgmma[0] >= '3';
       CHECK((source.find("_pp") != std::string::npos) == producer);
       CHECK((source.find("_wg3_") != std::string::npos) == (producer && wgmma[0] >= '4' && c.D == 64));
-      CHECK((source.find("_pp_loop") != std::string::npos) == (producer && wgmma[0] == '5'));
+      // (=5 loops where q's second buffer leaves three key stages: at D 64)
+      CHECK((source.find("_pp_loop") != std::string::npos) == (producer && wgmma[0] == '5' && c.D == 64));
       // The gradients (Hopper: the warpgroup kernels for dq and dk/dv too) read the forward's
       // log-sum-exp: a wrong one shows there.
       auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };
@@ -226,8 +227,9 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
 // KILN_TUNE_ATTENTION_WGMMA=5 on Hopper: the producer forward looping, one block an SM, over more
 // query tiles than there are SMs (each block two or more: q's two buffers, key stages and their
 // phases counted across tiles, turns handed from one tile to the next). Each tile's arithmetic is
-// =4's, so the outputs and the gradients (which read its log-sum-exp) match =4's bit for bit; the
-// forward also against the oracle.
+// =4's, so the outputs match =4's bit for bit, and the gradients (which read its log-sum-exp) to the
+// order of dq's atomic sums where the dk/dv kernel adds them; the forward also against the oracle.
+// At D 128 =5 does not loop (two q buffers would cost a key stage): the same kernel as =4.
 TEST_CASE("attention: the looping Hopper forward over more query tiles than SMs (cuda)" * needs_gpu()) {
   if (k::driver::compute_capability(0) != 90) {
     MESSAGE("the looping forward is Hopper's: skipped on compute capability " << k::driver::compute_capability(0));
@@ -237,10 +239,10 @@ TEST_CASE("attention: the looping Hopper forward over more query tiles than SMs 
     int B, H, Hkv, Tq, Tk, D;
     bool causal;
   };
-  // 288 to 420 query tiles on 132 SMs; Tq 1000: a last tile of 40 rows (192 a tile) or 104 (128).
-  const Case cases[] = {{3, 16, 4, 1000, 1000, 64, true},   {3, 16, 16, 1000, 1000, 64, false},
-                        {2, 15, 5, 700, 1300, 64, true},    {3, 16, 4, 1000, 1000, 128, true},
-                        {2, 20, 20, 1000, 777, 128, false}, {4, 21, 7, 333, 1100, 64, false}};
+  // 168 to 576 query tiles of 192 rows on 132 SMs; Tq 1000: a last tile of 40 rows.
+  const Case cases[] = {{3, 16, 4, 1000, 1000, 64, true}, {3, 16, 16, 1000, 1000, 64, false},
+                        {3, 16, 4, 700, 1300, 64, true},  {4, 21, 7, 333, 1100, 64, false},
+                        {4, 24, 8, 1000, 600, 64, true},  {1, 2, 2, 1000, 1000, 128, false}};
   int seed = 500;
   for (const Case& c : cases) {
     INFO("B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq " << c.Tq << " Tk " << c.Tk << " D " << c.D
@@ -260,7 +262,7 @@ TEST_CASE("attention: the looping Hopper forward over more query tiles than SMs 
       std::string source;
       for (const auto& kernel : k::explain(compiled, gq, gk, gv).kernels)
         if (kernel.source.find("kiln_attention_fwd_") != std::string::npos) source = kernel.source;
-      CHECK((source.find("_pp_loop") != std::string::npos) == (run == 1));
+      CHECK((source.find("_pp_loop") != std::string::npos) == (run == 1 && c.D == 64));
       auto got = k::value_and_grad(loss, k::wrt<0, 1, 2>)(gq, gk, gv, gw);
       grads[run][0] = std::get<1>(got).to(k::cpu);
       grads[run][1] = std::get<2>(got).to(k::cpu);
@@ -271,7 +273,8 @@ TEST_CASE("attention: the looping Hopper forward over more query tiles than SMs 
     auto same = k::testing::allclose(out[1], out[0], 0, 0);
     CHECK_MESSAGE(bool(same), "=5 against =4: " << same);
     for (int which = 0; which < 3; ++which) {
-      auto g = k::testing::allclose(grads[1][which], grads[0][which], 0, 0);
+      // (one bf16 rounding apart, up to 2^-7 relative, where dq's atomic sums land in another order)
+      auto g = k::testing::allclose(grads[1][which], grads[0][which], 1e-2, 1e-6);
       CHECK_MESSAGE(bool(g), "gradient " << which << ", =5 against =4: " << g);
     }
   }

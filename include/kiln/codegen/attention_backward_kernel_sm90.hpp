@@ -97,7 +97,7 @@ __device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KILN_D /
 // D 64, the second column block at D 128), so each element of dq gets one reduction a block. The
 // caller commits the group and waits for it (with the dk/dv products still in flight).
 __device__ __forceinline__ void issue_dq_part(float (&part)[KILN_D / 4], u32 ds, u32 keys) {
-  const int wg = threadIdx.x >> 7;
+  const int wg = KILN_WARPGROUP_INDEX;
   const u64 a_desc = kiln_wgmma_desc(ds, BR * 128, 1024);
   const u32 half = KILN_D == 64 ? wg * 64 : wg * (TILE_BYTES(BR) / 2);
   const u64 b_desc = kiln_wgmma_desc(keys + half, TILE_BYTES(BR) / (KILN_D / 64), 1024);
@@ -109,7 +109,7 @@ __device__ __forceinline__ void issue_dq_part(float (&part)[KILN_D / 4], u32 ds,
 // Adds this warpgroup's part of dq (issue_dq_part's, waited for) into dq's f32 sums for query tile
 // rows [i0, i0 + 64) of one head, rows below Tq, with atomic reductions.
 __device__ __forceinline__ void add_dq(float* dq, const float (&part)[KILN_D / 4], int i0, int Tq) {
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int wg = KILN_WARPGROUP_INDEX, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int t = i0 + warp * 16 + (lane >> 2) + 8 * r;
@@ -148,7 +148,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   const u32 Qs = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u, Gs = Qs + TILE_BYTES(BR);
   const u32 Ks = Gs + TILE_BYTES(BR), Vs = Ks + 2 * TILE_BYTES(BC);  // two stages each
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int wg = KILN_WARPGROUP_INDEX, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   int rank, bh;  // causal: the tiles with the most keys first (attention_prelude's kiln_block_tile)
   if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
   const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - rank : rank) * BR;
@@ -244,10 +244,10 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   float* Ls = reinterpret_cast<float*>(kiln_smem + (Gs + 2 * TILE_BYTES(BC) - kiln_shared_address(kiln_smem)));
   // Ls[stage][0..BC): a query tile's lse (exp2 domain); Ls[stage][BC..2 BC): its delta
 #ifdef KILN_DQKV  // after them, the block's dS^T tile (128 keys); dq's f32 sums in the output's last two slots
-  const u32 DS = Gs + 2 * TILE_BYTES(BC) + 4 * BC * 4, DSw = DS + (threadIdx.x >> 7) * 64 * 128;
+  const u32 DS = Gs + 2 * TILE_BYTES(BC) + 4 * BC * 4, DSw = DS + KILN_WARPGROUP_INDEX * 64 * 128;
   float* dq_sums = reinterpret_cast<float*>(out + 3 * (i64)BHkv * Tk * KILN_D);
 #endif
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int wg = KILN_WARPGROUP_INDEX, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   int rank, bhk;  // causal: the key tiles with the most queries (the first) first
   if (!kiln_block_tile(KILN_CAUSAL, BHkv, 4ll * G * Tq * KILN_D, rank, bhk)) return;
   const int n0 = rank * BR;

@@ -90,7 +90,10 @@ struct AttentionKernel {
     static const int keys = Tuning::from_environment().attention_keys;  // an A/B knob: see Tuning
     a.key_rows = producer && a.warpgroups == 2 && a.head_dim == 64 && keys == 192 ? 192 : 128;
     a.producer = producer;
+    // Looping where q's second buffer still leaves three stages (D 64; at D 128 it would cost one,
+    // 27-38% slower: NOTES item 183).
     a.persistent = producer && persistent;
+    if (a.persistent && a.stages() < 3) a.persistent = false;
     return a;
   }
   int threads() const { return 32 * warps + (producer ? 128 : 0); }

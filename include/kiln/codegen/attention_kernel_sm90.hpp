@@ -64,8 +64,18 @@ inline std::string wgmma_function(const std::string& name, int n, bool a_registe
 // What the warpgroup-MMA kernels share (after their KILN_D and KILN_WARPS defines): attention_prelude's
 // primitives, wgmma's descriptors, fences and waits, and the loader of 128-byte-swizzled tiles.
 inline std::string wgmma_prelude() {
-  return attention_prelude() + R"(
+  static const bool uniform = Tuning::from_environment().attention_uniform == 1;  // an A/B knob: see Tuning
+  return (uniform ? "#define KILN_UNIFORM_WARPGROUP 1\n" : "") + attention_prelude() + R"(
 typedef unsigned long long u64;
+// This thread's warpgroup of 128 threads. Under KILN_UNIFORM_WARPGROUP lane 0's, broadcast: ptxas then
+// knows it is one value across the warp and keeps what derives from it (a warpgroup's tile count and
+// so the tile loop's counter, stage addresses, wgmma descriptors) in uniform registers, as it does
+// where nothing derives from it (benchmarks/NOTES.md item 184).
+#ifdef KILN_UNIFORM_WARPGROUP
+#define KILN_WARPGROUP_INDEX __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0)
+#else
+#define KILN_WARPGROUP_INDEX (threadIdx.x >> 7)
+#endif
 // ---- warpgroup MMA -----------------------------------------------------------------------------------
 // A shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units),
 // 128-byte swizzle (layout type 1, bits 62-63).
@@ -294,7 +304,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   const u32 Qs = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u;  // the swizzle repeats every 1024 bytes
   const u32 Ks = Qs + TILE_BYTES(BM), Vs = Ks + 2 * TILE_BYTES(BN);   // two stages each
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int wg = KILN_WARPGROUP_INDEX, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   // Causal blocks near the end of the sequence have the most keys: they start first.
   int rank, bh;
   if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;

@@ -115,7 +115,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #endif
 #define STAGE_K(i) (Ks + (i) * 2 * TILE_BYTES(BN))
 #define STAGE_V(i) (STAGE_K(i) + TILE_BYTES(BN))
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int wg = KILN_WARPGROUP_INDEX, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 // The named barrier of the next warpgroup's turn, and whether this one hands it a turn after step j
 // (the last warpgroup hands warpgroup 0 the next step's, looping the next query tile's first).
 // Two warpgroups keep the expressions of the kernel measured before three existed (ptxas schedules
@@ -134,10 +134,13 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   const int n_end = KILN_CAUSAL && m0 + BM < Tk ? m0 + BM : Tk;          \
   const int n_tiles = (n_end + BN - 1) / BN;
 #ifdef KILN_PERSISTENT
-  // One block an SM: this block's query tiles are those at blockIdx.x, + gridDim.x, ... of the order.
+  // One block an SM: round `it` of the blocks takes the order's tiles [it * gridDim.x, (it + 1) *
+  // gridDim.x), block b the b-th of them, the last first in odd rounds (causal: the block that took
+  // the longest tile of a round takes the shortest of the next, as a snake draft).
   const int q_tiles = (Tq + BM - 1) / BM;
-#define TILE_AT(it, rank, bh) \
-  kiln_tile_at(blockIdx.x + (long long)(it) * gridDim.x, q_tiles, KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)
+#define TILE_AT(it, rank, bh)                                                                                  \
+  kiln_tile_at((long long)(it) * gridDim.x + ((it) & 1 ? gridDim.x - 1 - blockIdx.x : blockIdx.x), q_tiles, \
+               KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2; ++i) {
       kiln_mbar_init(Q_FULL(i), 128);

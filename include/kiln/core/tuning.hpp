@@ -126,6 +126,12 @@ struct Tuning {
                                        // NOTES item 182); default (or 0) they run every tile as the others do
                                        // (the rule before). Read where the kernel's source is written, once a
                                        // process (KILN_TUNE_ATTENTION_IDLE_WARPGROUPS)
+  int attention_uniform = -1;          // the Hopper attention kernels (forward and backward): 1 each thread's
+                                       // warpgroup index is lane 0's, broadcast, so that ptxas keeps what derives
+                                       // from it in uniform registers (codegen/attention_kernel_sm90.hpp's
+                                       // wgmma_prelude; NOTES item 184); default (or 0) threadIdx.x / 128 (the
+                                       // rule before). Read where the kernels' source is written, once a process
+                                       // (KILN_TUNE_ATTENTION_UNIFORM)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
                              // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
                              // the dk/dv kernel, which has dS already (attention_backward_kernel_sm90.hpp's
@@ -259,6 +265,7 @@ struct Tuning {
                                    {&Tuning::attention_softmax, "attention_softmax"},
                                    {&Tuning::attention_keys, "attention_keys"},
                                    {&Tuning::attention_idle_warpgroups, "attention_idle_warpgroups"},
+                                   {&Tuning::attention_uniform, "attention_uniform"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -334,6 +341,7 @@ struct Tuning {
                                    {&Tuning::attention_softmax, "KILN_TUNE_ATTENTION_SOFTMAX", 0, 1},
                                    {&Tuning::attention_keys, "KILN_TUNE_ATTENTION_KEYS", 128, 192},
                                    {&Tuning::attention_idle_warpgroups, "KILN_TUNE_ATTENTION_IDLE_WARPGROUPS", 0, 1},
+                                   {&Tuning::attention_uniform, "KILN_TUNE_ATTENTION_UNIFORM", 0, 1},
                                    {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
