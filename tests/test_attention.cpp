@@ -456,6 +456,18 @@ TEST_CASE("attention: the Hopper kernels' sources") {
       CHECK(k::Tuning::from_environment().attention_idle_warpgroups == 1);
     }
     CHECK(pp_fwd.find("w0 >= Tq ? 0 :") != std::string::npos);
+    // Looping (=5): q in two buffers and mbarriers for each, where that leaves three key stages.
+    cg::AttentionKernel loop = cg::AttentionKernel::hopper(cg::AttentionKernel::for_head_dim(D), 3, true, true);
+    CHECK(loop.persistent == (D == 64));
+    CHECK(loop.q_buffers() == (D == 64 ? 2 : 1));
+    CHECK(loop.shared_bytes() == (D == 64 ? (2 * 192 + 6 * 128) * 64 * 2 + 1024 + 128 : pp.shared_bytes()));
+    CHECK((cg::attention_forward_kernel_source(loop).find("#define KILN_PERSISTENT 1") != std::string::npos) ==
+          (D == 64));
+    // The warpgroup index from lane 0 under KILN_TUNE_ATTENTION_UNIFORM=1 (NOTES item 184; read once a
+    // process), in every Hopper kernel's prelude.
+    CHECK((pp_fwd.find("#define KILN_UNIFORM_WARPGROUP 1") != std::string::npos) ==
+          (k::Tuning::from_environment().attention_uniform == 1));
+    CHECK(pp_fwd.find("const int wg = KILN_WARPGROUP_INDEX") != std::string::npos);
     cg::AttentionKernel with_mod = cg::AttentionKernel::for_head_dim(D);
     with_mod.score_mod = "float kiln_score_mod(float s) { return s; }";
     with_mod.score_mod_tag = "t";
