@@ -99,7 +99,8 @@ struct AttentionKernel {
   int threads() const { return 32 * warps + (producer ? 128 : 0); }
   int query_rows() const { return warpgroups > 0 ? 64 * warpgroups : 16 * row_tiles * warps; }
   // Stages of key and value tiles in shared memory: two, or with a producer three where they fit
-  // the 227 KB a block may have on Hopper (they do at D 64 and 128: 113 and 225 KB).
+  // the 227 KB a block may have on Hopper (they do at D 64 and 128: 113 and 225 KB; looping, with q's
+  // second buffer, 145 KB at D 64 and not at D 128).
   int stages() const {
     if (!producer) return 2;
     return (q_buffers() * query_rows() + 6 * key_rows) * head_dim * 2 + 1024 + barrier_bytes() <= 227 * 1024 ? 3 : 2;

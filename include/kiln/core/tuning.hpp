@@ -104,7 +104,8 @@ struct Tuning {
                              // two warpgroups take turns (attention_kernel_sm90_pingpong.hpp; the rule
                              // before), default (or 4) the same with three at head dim 64 without a
                              // score_mod (192 query rows a block; NOTES item 180), 5 the same looping: one
-                             // block an SM over the query tiles (NOTES item 183; KILN_TUNE_ATTENTION_WGMMA)
+                             // block an SM over the query tiles where q's second buffer leaves three key
+                             // stages, at D 64 (NOTES item 183; KILN_TUNE_ATTENTION_WGMMA)
   int attention_order = -1;  // causal fused attention kernels' block order: 0 tile by tile within each
                              // (batch, head) pair (the rule before); default the longest tiles first over
                              // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
