@@ -243,11 +243,11 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   const u32 Qs = Vs + TILE_BYTES(BR), Gs = Qs + 2 * TILE_BYTES(BC);  // two stages each
   float* Ls = reinterpret_cast<float*>(kiln_smem + (Gs + 2 * TILE_BYTES(BC) - kiln_shared_address(kiln_smem)));
   // Ls[stage][0..BC): a query tile's lse (exp2 domain); Ls[stage][BC..2 BC): its delta
+  const int wg = KILN_WARPGROUP_INDEX, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 #ifdef KILN_DQKV  // after them, the block's dS^T tile (128 keys); dq's f32 sums in the output's last two slots
-  const u32 DS = Gs + 2 * TILE_BYTES(BC) + 4 * BC * 4, DSw = DS + KILN_WARPGROUP_INDEX * 64 * 128;
+  const u32 DS = Gs + 2 * TILE_BYTES(BC) + 4 * BC * 4, DSw = DS + wg * 64 * 128;
   float* dq_sums = reinterpret_cast<float*>(out + 3 * (i64)BHkv * Tk * KILN_D);
 #endif
-  const int wg = KILN_WARPGROUP_INDEX, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   int rank, bhk;  // causal: the key tiles with the most queries (the first) first
   if (!kiln_block_tile(KILN_CAUSAL, BHkv, 4ll * G * Tq * KILN_D, rank, bhk)) return;
   const int n0 = rank * BR;

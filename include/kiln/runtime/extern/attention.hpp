@@ -107,12 +107,9 @@ inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, 
   a.causal = causal;
   a.dt = dt;
   if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
-  return hopper ? codegen::AttentionKernel::hopper(a,
-                                                   hopper == 2   ? 1
-                                                   : hopper >= 4 ? 3
-                                                                 : 2,
-                                                   hopper >= 3, hopper == 5)
-                : a;
+  if (!hopper) return a;
+  const int warpgroups = hopper == 2 ? 1 : hopper >= 4 ? 3 : 2;
+  return codegen::AttentionKernel::hopper(a, warpgroups, hopper >= 3, hopper == 5);
 }
 // An attention_flash node's: attrs.d warps, attrs.dims {row tiles, Hopper}, attrs.custom its mod.
 inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const graph::Node& n) {
@@ -329,7 +326,8 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
   const unsigned blocks = static_cast<unsigned>((Tq + a.query_rows() - 1) / a.query_rows());
   const std::int64_t heads = qs[0] * qs[1], most = 65535;  // (batch, head) pairs along y, then z
   if (blocks == 0 || heads == 0) return;
-  // Looping (AttentionKernel::persistent): one block an SM, each taking every SMs-th query tile.
+  // Looping (AttentionKernel::persistent): one block an SM, each taking one query tile a round of the
+  // blocks (attention_kernel_sm90_pingpong.hpp's TILE_AT).
   const Dim3 grid = a.persistent
                         ? Dim3{static_cast<unsigned>(std::min<std::int64_t>(blocks * heads, driver::sm_count(device)))}
                         : Dim3{blocks, static_cast<unsigned>(std::min(heads, most)),
