@@ -459,11 +459,11 @@ TEST_CASE("attention: the Hopper kernels' sources") {
     CHECK(cg::attention_forward_kernel_source(pp).find(D == 64 ? "setmaxnreg.inc.sync.aligned.u32 %0" : "_wg2_") !=
           std::string::npos);
     const std::string pp_fwd = cg::attention_forward_kernel_source(pp);
-    // Warpgroups whose rows all lie past Tq keep only their turns and releases under
-    // KILN_TUNE_ATTENTION_IDLE_WARPGROUPS=1 (NOTES item 182; read once a process, where the source is
+    // Warpgroups whose rows all lie past Tq keep only their turns and releases, unless
+    // KILN_TUNE_ATTENTION_IDLE_WARPGROUPS=0 (NOTES item 182; read once a process, where the source is
     // written: its GPU check is a whole-process run of this file).
     CHECK((pp_fwd.find("#define KILN_IDLE_WARPGROUPS 1") != std::string::npos) ==
-          (k::Tuning::from_environment().attention_idle_warpgroups == 1));
+          (k::Tuning::from_environment().attention_idle_warpgroups != 0));
     {
       ScopedEnv knob("KILN_TUNE_ATTENTION_IDLE_WARPGROUPS", "2");  // clamped to its range
       CHECK(k::Tuning::from_environment().attention_idle_warpgroups == 1);
@@ -476,10 +476,10 @@ TEST_CASE("attention: the Hopper kernels' sources") {
     CHECK(loop.shared_bytes() == (D == 64 ? (2 * 192 + 6 * 128) * 64 * 2 + 1024 + 128 : pp.shared_bytes()));
     CHECK((cg::attention_forward_kernel_source(loop).find("#define KILN_PERSISTENT 1") != std::string::npos) ==
           (D == 64));
-    // The warpgroup index from lane 0 under KILN_TUNE_ATTENTION_UNIFORM=1 (NOTES item 184; read once a
-    // process), in every Hopper kernel's prelude.
-    CHECK((pp_fwd.find("#define KILN_UNIFORM_WARPGROUP 1") != std::string::npos) ==
-          (k::Tuning::from_environment().attention_uniform == 1));
+    // The warpgroup index from lane 0 (NOTES item 184; read once a process): in the forwards unless
+    // KILN_TUNE_ATTENTION_UNIFORM=0, in the backwards only under =1.
+    const int uniform = k::Tuning::from_environment().attention_uniform;
+    CHECK((pp_fwd.find("#define KILN_UNIFORM_WARPGROUP 1") != std::string::npos) == (uniform != 0));
     CHECK(pp_fwd.find("const int wg = KILN_WARPGROUP_INDEX") != std::string::npos);
     cg::AttentionKernel with_mod = cg::AttentionKernel::for_head_dim(D);
     with_mod.score_mod = "float kiln_score_mod(float s) { return s; }";
@@ -496,6 +496,7 @@ TEST_CASE("attention: the Hopper kernels' sources") {
       const std::string bwd = cg::attention_backward_kernel_source(b);
       CHECK(bwd.find(b.name()) != std::string::npos);
       CHECK(bwd.find("_wgmma_d" + std::to_string(D) + "_f16") != std::string::npos);
+      CHECK((bwd.find("#define KILN_UNIFORM_WARPGROUP 1") != std::string::npos) == (uniform == 1));
       CHECK(bwd.find("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16") != std::string::npos);
     }
     cg::AttentionBackwardKernel one;  // dq, dk and dv: dq's sums by atomic reductions, Hopper only

@@ -91,8 +91,10 @@ struct AttentionKernel {
     a.key_rows = producer && a.warpgroups == 2 && a.head_dim == 64 && keys == 192 ? 192 : 128;
     a.producer = producer;
     // Looping where q's second buffer still leaves three stages (D 64; at D 128 it would cost one,
-    // 27-38% slower: NOTES item 183).
-    a.persistent = producer && persistent;
+    // 27-38% slower: NOTES item 183), and without a score_mod: the loop's q buffers and phases cost
+    // registers, and with a mod it spills 72-148 bytes a thread where the tile-a-block kernel spills
+    // 16-44 (ptxas, sm_90a).
+    a.persistent = producer && persistent && a.score_mod.empty();
     if (a.persistent && a.stages() < 3) a.persistent = false;
     return a;
   }

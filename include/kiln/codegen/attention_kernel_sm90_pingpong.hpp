@@ -31,7 +31,7 @@ inline std::string attention_forward_source_sm90_pingpong(const AttentionKernel&
         a.name());
   std::string s = attention_sm90_detail::forward_header(a);
   s += "#define KILN_STAGES " + std::to_string(a.stages()) + "\n";
-  static const bool idle = Tuning::from_environment().attention_idle_warpgroups == 1;  // an A/B knob: see Tuning
+  static const bool idle = Tuning::from_environment().attention_idle_warpgroups != 0;  // an A/B knob: see Tuning
   if (idle) s += "#define KILN_IDLE_WARPGROUPS 1\n";
   if (a.persistent) s += "#define KILN_PERSISTENT 1\n";
   // The registers each role keeps (setmaxnreg): the producer's and the consumers' add up to the

@@ -101,11 +101,12 @@ struct Tuning {
                              // otherwise warpgroup MMA (codegen/attention_kernel_sm90.hpp,
                              // attention_backward_kernel_sm90.hpp): 1 with a forward of two warpgroups
                              // in step, 2 of one warpgroup a block, 3 fed by a producer warpgroup whose
-                             // two warpgroups take turns (attention_kernel_sm90_pingpong.hpp; the rule
-                             // before), default (or 4) the same with three at head dim 64 without a
-                             // score_mod (192 query rows a block; NOTES item 180), 5 the same looping: one
-                             // block an SM over the query tiles where q's second buffer leaves three key
-                             // stages, at D 64 (NOTES item 183; KILN_TUNE_ATTENTION_WGMMA)
+                             // two warpgroups take turns (attention_kernel_sm90_pingpong.hpp), 4 the same
+                             // with three at head dim 64 without a score_mod (192 query rows a block; NOTES
+                             // item 180; the rule before), default (or 5) the same looping: one block an SM
+                             // over the query tiles where q's second buffer leaves three key stages and
+                             // there is no score_mod, at D 64 (NOTES items 183, 185;
+                             // KILN_TUNE_ATTENTION_WGMMA)
   int attention_order = -1;  // causal fused attention kernels' block order: 0 tile by tile within each
                              // (batch, head) pair (the rule before); default the longest tiles first over
                              // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
@@ -122,16 +123,18 @@ struct Tuning {
                                // is chosen (codegen/attention_kernel.hpp's hopper; KILN_TUNE_ATTENTION_KEYS)
   int attention_idle_warpgroups = -1;  // the Hopper producer forward's consumer warpgroups whose query rows all
                                        // lie past Tq (the last query tile where Tq is not a multiple of the
-                                       // block's rows, as 1024 of three warpgroups' 192): 1 they only keep
-                                       // their turns and releases (codegen/attention_kernel_sm90_pingpong.hpp;
-                                       // NOTES item 182); default (or 0) they run every tile as the others do
-                                       // (the rule before). Read where the kernel's source is written, once a
-                                       // process (KILN_TUNE_ATTENTION_IDLE_WARPGROUPS)
-  int attention_uniform = -1;          // the Hopper attention kernels (forward and backward): 1 each thread's
-                                       // warpgroup index is lane 0's, broadcast, so that ptxas keeps what derives
-                                       // from it in uniform registers (codegen/attention_kernel_sm90.hpp's
-                                       // wgmma_prelude; NOTES item 184); default (or 0) threadIdx.x / 128 (the
-                                       // rule before). Read where the kernels' source is written, once a process
+                                       // block's rows, as 1024 of three warpgroups' 192): default (or 1) they
+                                       // only keep their turns and releases
+                                       // (codegen/attention_kernel_sm90_pingpong.hpp; NOTES items 182, 185); 0
+                                       // they run every tile as the others do (the rule before). Read where
+                                       // the kernel's source is written, once a process
+                                       // (KILN_TUNE_ATTENTION_IDLE_WARPGROUPS)
+  int attention_uniform = -1;          // the Hopper attention kernels: each thread's warpgroup index is lane
+                                       // 0's, broadcast, so that ptxas keeps what derives from it in uniform
+                                       // registers (codegen/attention_kernel_sm90.hpp's wgmma_prelude; NOTES
+                                       // items 184, 185): by default in the forwards only, 1 in the backwards
+                                       // too, 0 nowhere (threadIdx.x / 128, the rule before). Read where the
+                                       // kernels' source is written, once a process
                                        // (KILN_TUNE_ATTENTION_UNIFORM)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
                              // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
