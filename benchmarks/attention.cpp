@@ -11,8 +11,9 @@
 // with the same score_mod; --softcap-only C: those cases alone). Usage: attention [--T 1024,4096] [--D 64,128] [--bwd-T
 // 1024] [--reps N]
 // [--softcap C | --softcap-only C] [--B 16] [--H 16]
-#include <cmath>
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -55,6 +56,12 @@ int batch = 16, heads = 16;  // W13's B and H (--B, --H: other shapes, ids marke
 template <bool Causal>
 void run(int T, int D, bool backward, int reps, float cap) {
   const int B = batch, H = heads;
+  // Where a case's time goes besides the timed calls (stderr): making the inputs, the first call
+  // (the compile: capture, passes, NVRTC), the check.
+  using clock = std::chrono::steady_clock;
+  auto since = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  auto t0 = clock::now();
+  double inputs_s = 0, first_s = 0, check_s = 0;
   k::Tensor q = k::randn({B, H, T, D}, k::bf16, k::cuda, 1), kk = k::randn({B, H, T, D}, k::bf16, k::cuda, 2);
   k::Tensor v = k::randn({B, H, T, D}, k::bf16, k::cuda, 3);
   const double fwd_flops = 4.0 * B * H * double(T) * T * D * (Causal ? 0.5 : 1.0);
@@ -63,8 +70,12 @@ void run(int T, int D, bool backward, int reps, float cap) {
                    (B != 16 || H != 16 ? "-B" + std::to_string(B) + "H" + std::to_string(H) : "");
   double ms = 0, flops = fwd_flops;
   if (!backward) {
+    k::synchronize();
+    inputs_s = since(t0), t0 = clock::now();
     auto f = k::compile(forward<Causal>(cap));
     k::Tensor o = f(q, kk, v);
+    k::synchronize();
+    first_s = since(t0), t0 = clock::now();
     // The oracle on a slice: the first head's first 256 queries against all its keys (a naive f64
     // loop; causal rows i < 256 see the same keys in the slice as in the whole).
     const std::int64_t rows = std::min(T, 256);
@@ -77,21 +88,28 @@ void run(int T, int D, bool backward, int reps, float cap) {
       std::fprintf(stderr, "%s: kiln's result is wrong: %s\n", id.c_str(), close.str().c_str());
       std::exit(1);
     }
+    check_s = since(t0);
     ms = kiln_bench::cuda_time_ms([&] { o = f(q, kk, v); }, reps);
   } else {
     k::Tensor g = k::randn({B, H, T, D}, k::f32, k::cuda, 4);
+    k::synchronize();
+    inputs_s = since(t0), t0 = clock::now();
     auto step = k::compile(k::value_and_grad(loss<Causal>(cap), k::wrt<0, 1, 2>));
     auto [value, dq, dk, dv] = step(q, kk, v, g);
+    k::synchronize();
+    first_s = since(t0), t0 = clock::now();
     for (const k::Tensor* t : {&dq, &dk, &dv})
       if (!std::isfinite(k::to_vector<float>(k::sum(k::cast(*t, k::f32)))[0])) {
         std::fprintf(stderr, "%s: kiln's gradient is not finite\n", id.c_str());
         std::exit(1);
       }
+    check_s = since(t0);
     ms = kiln_bench::cuda_time_ms([&] { std::tie(value, dq, dk, dv) = step(q, kk, v, g); }, reps);
     flops *= 3.5;
   }
   std::printf("{\"id\": \"%s\", \"impl\": \"kiln\", \"ms\": %.4f, \"tflops\": %.1f}\n", id.c_str(), ms,
               flops / ms * 1e-9);
+  std::fprintf(stderr, "%s: inputs %.2f s, first call %.2f s, check %.2f s\n", id.c_str(), inputs_s, first_s, check_s);
   std::fflush(stdout);
 }
 
