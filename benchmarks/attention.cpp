@@ -6,10 +6,10 @@
 // One JSON object a line:
 //   {"id": "W13-fwd-causal-T1024-D64", "impl": "kiln", "ms": ..., "tflops": ...}
 // FLOPs: 4 B H Tq Tk D for the forward (half of it causal), 3.5x that for forward + backward (as
-// FlashAttention's benchmarks count). With --softcap C every case also runs with the score_mod
-// tanh(s / C) * C (Gemma 2's soft-capping, ids ending in -softcap; torch's side: flex_attention
-// with the same score_mod; --softcap-only C: those cases alone). Usage: attention [--T 1024,4096] [--D 64,128] [--bwd-T
-// 1024] [--reps N]
+// FlashAttention's benchmarks count); `--bwd-T none` leaves the forward + backward cases out. With --softcap C every
+// case also runs with the score_mod tanh(s / C) * C (Gemma 2's soft-capping, ids ending in -softcap; torch's side:
+// flex_attention with the same score_mod; --softcap-only C: those cases alone). Usage: attention [--T 1024,4096] [--D
+// 64,128] [--bwd-T 1024] [--reps N]
 // [--softcap C | --softcap-only C] [--B 16] [--H 16]
 #include <algorithm>
 #include <chrono>
@@ -32,7 +32,8 @@ std::vector<int> ints(const char* s) {
   std::vector<int> v;
   std::stringstream in(s);
   std::string item;
-  while (std::getline(in, item, ',')) v.push_back(std::stoi(item));
+  while (std::getline(in, item, ','))
+    if (item != "none") v.push_back(std::stoi(item));  // (--bwd-T none: no forward + backward cases)
   return v;
 }
 

@@ -137,11 +137,13 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #ifdef KILN_PERSISTENT
   // One block an SM: round `it` of the blocks takes the order's tiles [it * gridDim.x, (it + 1) *
   // gridDim.x), block b the b-th of them, the last first in odd rounds (causal: the block that took
-  // the longest tile of a round takes the shortest of the next, as a snake draft).
+  // the longest tile of a round takes the shortest of the next, as a snake draft; not causal, short
+  // last tiles after the full ones).
   const int q_tiles = (Tq + BM - 1) / BM;
+  const bool short_last = Tq % BM != 0;
 #define TILE_AT(it, rank, bh)                                                                                  \
   kiln_tile_at((long long)(it) * gridDim.x + ((it) & 1 ? gridDim.x - 1 - blockIdx.x : blockIdx.x), q_tiles, \
-               KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)
+               KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh, short_last)
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2; ++i) {
       kiln_mbar_init(Q_FULL(i), 128);

@@ -48,8 +48,11 @@ __device__ __forceinline__ float kiln_mod_vjp(float s, int b, int h, int i, int 
 // What the attention kernels share (after their KILN_D and KILN_WARPS defines): the tile primitives
 // and the swizzled shared-memory tiles that cp.async fills.
 inline std::string attention_prelude() {
-  static const bool longest_first = Tuning::from_environment().attention_order != 0;  // an A/B knob: see Tuning
-  return std::string(longest_first ? "" : "#define KILN_TILE_BY_TILE 1\n") + R"(
+  static const int order = Tuning::from_environment().attention_order;  // an A/B knob: see Tuning
+  return std::string(order == 0   ? "#define KILN_TILE_BY_TILE 1\n"
+                     : order == 2 ? "#define KILN_SHORT_TILES_LAST 1\n"
+                                  : "") +
+         R"(
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
@@ -129,16 +132,31 @@ __device__ __forceinline__ float kiln_exp2(float x) {  // 2^x, -inf -> 0
 // 13-22% sooner (benchmarks/NOTES.md item 156). Not causal: every tile the same work, tile by tile
 // within each pair as before. rank: the tile's place in the order (0 first); false past the last
 // pair. kiln_tile_at places the tile at `at` of that order (a looping block's tiles: tiles a pair).
+// A looping block's tiles are fixed in advance (round robin), so where the last tile of each pair
+// is `short_last` (Tq no multiple of the block's rows) and not causal, those short tiles go after
+// every full one: tile by tile, the short ones all fall to the same blocks whenever the number of
+// blocks is a multiple of the tiles a pair (132 SMs, 6 tiles of 192 rows at T 1024), which then
+// take a whole tile more than the rest (NOTES item 186; under KILN_TUNE_ATTENTION_ORDER=2 for now).
 #define KILN_L2_GROUP_BYTES (24ll << 20)
 __device__ __forceinline__ bool kiln_tile_at(long long at, int tiles, bool causal, int pairs, long long bytes_a_pair,
-                                             int& rank, int& pair) {
+                                             int& rank, int& pair, bool short_last = false) {
 #ifdef KILN_TILE_BY_TILE
   causal = false;  // KILN_TUNE_ATTENTION_ORDER=0: the order before
 #endif
+#ifndef KILN_SHORT_TILES_LAST
+  short_last = false;
+#endif
   if (!causal) {
-    rank = (int)(at % tiles);
-    pair = (int)(at / tiles);
-    return pair < pairs;
+    const int full = short_last ? tiles - 1 : tiles;
+    const long long whole = (long long)pairs * full;
+    if (at < whole) {
+      rank = (int)(at % full);
+      pair = (int)(at / full);
+      return true;
+    }
+    rank = tiles - 1;  // past the full tiles: each pair's short one, or (not short_last) the end
+    pair = (int)(at - whole);
+    return short_last && pair < pairs;
   }
   const long long group = bytes_a_pair > 0 && bytes_a_pair < KILN_L2_GROUP_BYTES ? KILN_L2_GROUP_BYTES / bytes_a_pair : 1;
   const long long g = at / (group * tiles), first = g * group;

@@ -107,9 +107,11 @@ struct Tuning {
                              // over the query tiles where q's second buffer leaves three key stages and
                              // there is no score_mod, at D 64 (NOTES items 183, 185;
                              // KILN_TUNE_ATTENTION_WGMMA)
-  int attention_order = -1;  // causal fused attention kernels' block order: 0 tile by tile within each
-                             // (batch, head) pair (the rule before); default the longest tiles first over
-                             // groups of pairs (codegen/attention_kernel.hpp's kiln_block_tile). Read where
+  int attention_order = -1;  // fused attention kernels' block order: 0 tile by tile within each (batch,
+                             // head) pair (the rule before); default (or 1) causal, the longest tiles first
+                             // over groups of pairs (codegen/attention_prelude.hpp's kiln_tile_at); 2 also,
+                             // not causal, a looping forward's short last tiles after the full ones (NOTES
+                             // item 186). Read where
                              // the kernel's source is written, once a process (its name does not carry
                              // it): an A/B across processes (KILN_TUNE_ATTENTION_ORDER)
   int attention_softmax = -1;  // the Hopper forwards' online softmax: by default (or 1) each tile's max over
@@ -341,7 +343,7 @@ struct Tuning {
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
                                    {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 5},
-                                   {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 1},
+                                   {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 2},
                                    {&Tuning::attention_softmax, "KILN_TUNE_ATTENTION_SOFTMAX", 0, 1},
                                    {&Tuning::attention_keys, "KILN_TUNE_ATTENTION_KEYS", 128, 192},
                                    {&Tuning::attention_idle_warpgroups, "KILN_TUNE_ATTENTION_IDLE_WARPGROUPS", 0, 1},
