@@ -3,6 +3,7 @@
 // promotion rules, and the typed errors that bad graphs raise.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <kiln/core/factories.hpp>
 #include <kiln/core/tensor.hpp>
 #include <kiln/expr/ops.hpp>
 #include <kiln/graph/flatten.hpp>
@@ -295,6 +297,32 @@ TEST_CASE("expr: load_as_double / store_from_double round once per dtype") {
   CHECK(k::load_as_double(buf, k::boolean, 3) == 1);
   CHECK(k::itemsize(k::bf16) == 2);
   CHECK(k::name(k::boolean) == "boolean");
+}
+
+TEST_CASE("expr: factories fill large tensors in parts, each element as if alone") {
+  const std::int64_t n = (std::int64_t{1} << 20) + 37;  // parts of at least 2^18 elements where there are cores
+  const std::vector<std::int64_t> idx = k::to_vector<std::int64_t>(k::arange(n));
+  bool every = true;  // every element written once, by its own index
+  for (std::int64_t i = 0; i < n; ++i) every = every && idx[static_cast<std::size_t>(i)] == i;
+  CHECK(every);
+  // randn: element i depends on (seed, i) alone. The first values match a small tensor's (one
+  // part); the bf16 tensor is the f64 one rounded once; the values are standard normal throughout.
+  const std::vector<double> big = k::to_vector<double>(k::randn({n}, k::f64, k::cpu, 11));
+  const std::vector<double> small = k::to_vector<double>(k::randn({1000}, k::f64, k::cpu, 11));
+  CHECK(std::equal(small.begin(), small.end(), big.begin()));
+  const std::vector<float> half16 = k::to_vector<float>(k::randn({n}, k::bf16, k::cpu, 11));
+  bool rounded = true;
+  double sum = 0, squares = 0;
+  for (std::size_t i = 0; i < big.size(); ++i) {
+    rounded = rounded && half16[i] == static_cast<float>(k::bfloat16(static_cast<float>(big[i])));
+    sum += big[i], squares += big[i] * big[i];
+  }
+  CHECK(rounded);
+  const double mean = sum / double(n);
+  CHECK(std::abs(mean) < 0.01);
+  CHECK(std::abs(squares / double(n) - mean * mean - 1) < 0.01);
+  const std::vector<float> sevens = k::to_vector<float>(k::full({n}, 7.25, k::f16));
+  CHECK(std::all_of(sevens.begin(), sevens.end(), [](float v) { return v == 7.25f; }));
 }
 
 // ---- building and flattening ---------------------------------------------------------------------------
