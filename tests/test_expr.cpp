@@ -306,10 +306,17 @@ TEST_CASE("expr: factories fill large tensors in parts, each element as if alone
   for (std::int64_t i = 0; i < n; ++i) every = every && idx[static_cast<std::size_t>(i)] == i;
   CHECK(every);
   // randn: element i depends on (seed, i) alone. The first values match a small tensor's (one
-  // part); the bf16 tensor is the f64 one rounded once; the values are standard normal throughout.
+  // part), the last ones a one-element tensor's at each index (Box-Muller of the test's own
+  // uniforms); the bf16 tensor is the f64 one rounded as store_from_double rounds (through f32);
+  // the values are standard normal throughout.
   const std::vector<double> big = k::to_vector<double>(k::randn({n}, k::f64, k::cpu, 11));
   const std::vector<double> small = k::to_vector<double>(k::randn({1000}, k::f64, k::cpu, 11));
   CHECK(std::equal(small.begin(), small.end(), big.begin()));
+  for (std::int64_t i : {n - 1, n - 2, n / 2 + 1, 3 * n / 4}) {
+    const double u1 = k::detail::uniform(11, static_cast<std::uint64_t>(i), 1),
+                 u2 = k::detail::uniform(11, static_cast<std::uint64_t>(i), 2);
+    CHECK(big[static_cast<std::size_t>(i)] == std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
   const std::vector<float> half16 = k::to_vector<float>(k::randn({n}, k::bf16, k::cpu, 11));
   bool rounded = true;
   double sum = 0, squares = 0;

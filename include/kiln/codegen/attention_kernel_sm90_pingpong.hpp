@@ -13,10 +13,10 @@
 //   (named barriers 1 and 2), runs the softmax of s_j while its o product finishes, rescales o, and
 //   releases tile j - 1. So one warpgroup's exponentials run under the other's products.
 // The tile steps, the masks, the lazily rescaled o, the causal order of blocks and the arguments are
-// attention_kernel_sm90.hpp's; KILN_TUNE_ATTENTION_WGMMA=3 chooses this kernel (=4, the default, with
-// three consumer warpgroups at D 64; =5 looping over query tiles under KILN_PERSISTENT). Under
-// KILN_TUNE_ATTENTION_IDLE_WARPGROUPS=1 a warpgroup with no rows before Tq keeps only its turns and
-// releases (NOTES item 182).
+// attention_kernel_sm90.hpp's; KILN_TUNE_ATTENTION_WGMMA=3 chooses this kernel (=4 with three
+// consumer warpgroups at D 64; =5, the default, also looping over query tiles under KILN_PERSISTENT).
+// By default (KILN_TUNE_ATTENTION_IDLE_WARPGROUPS) a warpgroup with no rows before Tq keeps only its
+// turns and releases (NOTES items 182, 185).
 #pragma once
 #include <string>
 

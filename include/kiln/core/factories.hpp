@@ -24,8 +24,13 @@ void fill_in_parts(std::int64_t n, const Fill& fill) {
   if (parts <= 1) return fill(std::int64_t{0}, n);
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(parts - 1));
-  for (std::int64_t k = 1; k < parts; ++k) threads.emplace_back(fill, n * k / parts, n * (k + 1) / parts);
+  std::int64_t k = 1;
+  try {  // where the system gives fewer threads, this one fills the parts left
+    for (; k < parts; ++k) threads.emplace_back(fill, n * k / parts, n * (k + 1) / parts);
+  } catch (...) {
+  }
   fill(std::int64_t{0}, n / parts);
+  for (; k < parts; ++k) fill(n * k / parts, n * (k + 1) / parts);
   for (std::thread& t : threads) t.join();
 }
 // Fills a host tensor of the shape with f(i) for each linear index (f: thread-safe, no throw), then
