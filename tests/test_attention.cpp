@@ -152,7 +152,7 @@ TEST_CASE("attention: the fused kernel against the oracle, and its gradients (cu
 // see fewer keys than a tile, both 16-bit dtypes: the default kernels, KILN_TUNE_ATTENTION_WGMMA=2's
 // forward of one warpgroup a block, =3's fed by a producer warpgroup
 // (codegen/attention_kernel_sm90_pingpong.hpp), =4's three consumer warpgroups (at D 64), =5's looping
-// forward (at D 64) and =0's mma.sync kernels against the oracle, forward
+// forward (at D 64), =6's taking tiles from a counter, and =0's mma.sync kernels against the oracle, forward
 // and gradients (Hopper's dq and dk/dv kernels, which read the forward's log-sum-exp).
 TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracle (cuda)" * needs_gpu()) {
   struct Case {
@@ -172,7 +172,7 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
   const bool hopper = k::driver::compute_capability(0) == 90;
   int seed = 90;
   for (const Case& c : cases)
-    for (const char* wgmma : {"1", "2", "3", "4", "5", "0"}) {
+    for (const char* wgmma : {"1", "2", "3", "4", "5", "6", "0"}) {
       ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
       INFO("KILN_TUNE_ATTENTION_WGMMA=" << std::string(wgmma) << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv
                                         << " Tq " << c.Tq << " Tk " << c.Tk << " D " << c.D << " causal " << c.causal
@@ -226,7 +226,8 @@ TEST_CASE("attention: the Hopper kernels and the mma.sync ones against the oracl
 
 // KILN_TUNE_ATTENTION_WGMMA=5 on Hopper: the producer forward looping, one block an SM, over more
 // query tiles than there are SMs (each block one to five: q's two buffers reused from a block's third
-// tile, key stages and their phases counted across tiles, turns handed from one tile to the next).
+// tile, key stages and their phases counted across tiles, turns handed from one tile to the next),
+// and =6 taking each block's next tile from a counter (NOTES item 188).
 // Each tile's arithmetic is =4's, so the outputs match =4's bit for bit, and so do dk and dv (which
 // read its log-sum-exp); dq to one bf16 rounding where the dk/dv kernel adds its sums atomically.
 // The forward also against the oracle, and with no keys (every row empty: zeros) over 576 tiles.
@@ -256,15 +257,16 @@ TEST_CASE("attention: the looping Hopper forward over more query tiles than SMs 
     auto gq = q.to(k::cuda), gk = kk.to(k::cuda), gv = v.to(k::cuda), gw = w.to(k::cuda);
     auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = c.causal}); };
     auto loss = [&](auto q, auto k, auto v, auto w) { return k::sum(k::cast(f(q, k, v), k::f32) * w); };
-    k::Tensor out[2], grads[2][3];
-    for (int run = 0; run < 2; ++run) {  // =4, then =5
-      ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", run ? "5" : "4");
+    k::Tensor out[3], grads[3][3];
+    for (int run = 0; run < 3; ++run) {  // =4, =5, =6
+      ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", run == 0 ? "4" : run == 1 ? "5" : "6");
       auto compiled = k::compile(f);
       out[run] = k::Tensor(compiled(gq, gk, gv)).to(k::cpu);
       std::string source;
       for (const auto& kernel : k::explain(compiled, gq, gk, gv).kernels)
         if (kernel.source.find("kiln_attention_fwd_") != std::string::npos) source = kernel.source;
       CHECK((source.find("_pp_loop") != std::string::npos) == (run == 1 && c.D == 64));
+      CHECK((source.find("_pp_dyn") != std::string::npos) == (run == 2 && c.D == 64));
       auto got = k::value_and_grad(loss, k::wrt<0, 1, 2>)(gq, gk, gv, gw);
       grads[run][0] = std::get<1>(got).to(k::cpu);
       grads[run][1] = std::get<2>(got).to(k::cpu);
@@ -272,25 +274,28 @@ TEST_CASE("attention: the looping Hopper forward over more query tiles than SMs 
     }
     auto r = k::testing::allclose(out[1], k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
     CHECK_MESSAGE(bool(r), r);
-    auto same = k::testing::allclose(out[1], out[0], 0, 0);
-    CHECK_MESSAGE(bool(same), "=5 against =4: " << same);
-    for (int which = 0; which < 3; ++which) {
-      // dq: one bf16 rounding apart (up to 2^-7 relative) where its atomic sums land in another order
-      auto g = k::testing::allclose(grads[1][which], grads[0][which], which == 0 ? 1e-2 : 0, which == 0 ? 1e-6 : 0);
-      CHECK_MESSAGE(bool(g), "gradient " << which << ", =5 against =4: " << g);
+    for (int run = 1; run < 3; ++run) {
+      auto same = k::testing::allclose(out[run], out[0], 0, 0);
+      CHECK_MESSAGE(bool(same), "=" << run + 4 << " against =4: " << same);
+      for (int which = 0; which < 3; ++which) {
+        // dq: one bf16 rounding apart (up to 2^-7 relative) where its atomic sums land in another order
+        auto g = k::testing::allclose(grads[run][which], grads[0][which], which == 0 ? 1e-2 : 0, which == 0 ? 1e-6 : 0);
+        CHECK_MESSAGE(bool(g), "gradient " << which << ", =" << run + 4 << " against =4: " << g);
+      }
     }
   }
-  for (bool causal : {false, true}) {  // no keys: each tile loads q and no key stage, its rows zeros
-    INFO("no keys, 576 query tiles, causal " << causal);
-    ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", "5");
-    k::Tensor q = k::randn({4, 24, 1000, 64}, k::bf16, k::cpu, ++seed);
-    k::Tensor kk = k::randn({4, 8, 0, 64}, k::bf16, k::cpu, ++seed);
-    k::Tensor v = k::randn({4, 8, 0, 64}, k::bf16, k::cpu, ++seed);
-    auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = causal}); };
-    auto r = k::testing::allclose(k::Tensor(k::compile(f)(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda))),
-                                  k::reference::eval(f(q, kk, v)), 0, 0);
-    CHECK_MESSAGE(bool(r), r);
-  }
+  for (const char* wgmma : {"5", "6"})
+    for (bool causal : {false, true}) {  // no keys: each tile loads q and no key stage, its rows zeros
+      INFO("no keys, 576 query tiles, causal " << causal << ", KILN_TUNE_ATTENTION_WGMMA=" << wgmma);
+      ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
+      k::Tensor q = k::randn({4, 24, 1000, 64}, k::bf16, k::cpu, ++seed);
+      k::Tensor kk = k::randn({4, 8, 0, 64}, k::bf16, k::cpu, ++seed);
+      k::Tensor v = k::randn({4, 8, 0, 64}, k::bf16, k::cpu, ++seed);
+      auto f = [&](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = causal}); };
+      auto r = k::testing::allclose(k::Tensor(k::compile(f)(q.to(k::cuda), kk.to(k::cuda), v.to(k::cuda))),
+                                    k::reference::eval(f(q, kk, v)), 0, 0);
+      CHECK_MESSAGE(bool(r), r);
+    }
 }
 
 // KILN_TUNE_ATTENTION_DQ=1 on Hopper: where q, k and v have one shape, one kernel computes dk, dv
@@ -357,7 +362,7 @@ TEST_CASE("attention: dq, dk and dv from one Hopper kernel against the oracle (c
   }
 }
 
-// Sizes at the edges, every kernel set (KILN_TUNE_ATTENTION_WGMMA 1, 2, 3, 4, 5 and 0) against the oracle: no
+// Sizes at the edges, every kernel set (KILN_TUNE_ATTENTION_WGMMA 1-6 and 0) against the oracle: no
 // keys (Tk = 0: every row empty, the output zeros) and no queries, causal grouped heads with
 // Tq > Tk, and a batch past 2^31 elements with more than 65535 (batch, head) pairs (the grid's z;
 // 64-bit offsets), checked on batches before and after element 2^31. The big inputs are drawn on
@@ -372,7 +377,7 @@ TEST_CASE("attention: no keys, no queries, and more than 2^31 elements on every 
   // The big batch needs more memory than an 80 GB H100 has (it ran out there with 66 GB in use and
   // 17 GB more asked for; a 139 GB H200 runs it): a device with less than 96 GiB skips it, visibly.
   const bool big_fits = k::driver::memory_info(0).second >= (std::size_t{96} << 30);
-  for (const char* wgmma : {"1", "2", "3", "4", "5", "0"}) {
+  for (const char* wgmma : {"1", "2", "3", "4", "5", "6", "0"}) {
     // (a subcase each: --subcase='*=3' runs one kernel set)
     SUBCASE((std::string("KILN_TUNE_ATTENTION_WGMMA=") + wgmma).c_str()) {
       ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);

@@ -299,6 +299,16 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
       CHECK(loop.shared_bytes() <= 227 * 1024);
       CHECK((loop.name().find("_pp_loop") != std::string::npos) == (D == 64 && !causal));
       CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(loop), loop.name(), "sm_90a").empty());
+      // Taking tiles from a counter (=6): the same kernel with a counter parameter, named apart.
+      cg::AttentionKernel dyn =
+          cg::AttentionKernel::hopper(causal ? fwd : cg::AttentionKernel::for_head_dim(D), 3, true, true, true);
+      dyn.causal = causal;
+      CHECK(dyn.dynamic == loop.persistent);
+      CHECK(dyn.shared_bytes() == loop.shared_bytes());
+      CHECK((dyn.name().find("_pp_dyn") != std::string::npos) == loop.persistent);
+      const std::string dyn_source = cg::attention_forward_kernel_source(dyn);
+      CHECK((dyn_source.find("#define KILN_DYNAMIC_TILES 1") != std::string::npos) == loop.persistent);
+      CHECK(!k::runtime::compile_cubin(dyn_source, dyn.name(), "sm_90a").empty());
     }
     std::vector<std::pair<std::string, std::string>> sources = {{fwd.name(), cg::attention_forward_kernel_source(fwd)}};
     for (Part part : {Part::stats, Part::dq, Part::dk, Part::dv, Part::dkv}) {

@@ -42,6 +42,10 @@ struct AttentionKernel {
   // With a producer (KILN_TUNE_ATTENTION_WGMMA=5): one block an SM loops over the query tiles, q in two
   // buffers (the launcher's grid is the SMs, attention_flash's; NOTES item 183).
   bool persistent = false;
+  // Looping (KILN_TUNE_ATTENTION_WGMMA=6): each block's tiles after its first come from a counter in
+  // device memory, one at a time as it finishes, instead of a round robin fixed in advance (NOTES
+  // item 188; the launcher zeroes the counter before each launch).
+  bool dynamic = false;
   // Hopper's forwards: each key tile's max taken over the raw scores and the scale applied inside the
   // exponent's FFMA (attention_kernel_sm90.hpp's softmax_tile; benchmarks/NOTES.md item 178), which
   // needs a positive scale (a score_mod's scores come scaled, so it always holds there); false scales
@@ -81,7 +85,8 @@ struct AttentionKernel {
   // The Hopper kernel for a head dim it takes (64 or 128), else nothing changed: two warpgroups a
   // block, or one (64 query rows, several blocks an SM where registers and shared memory allow).
   // With `producer`, two warpgroups fed by a producer warpgroup, `persistent` one block an SM.
-  static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2, bool producer = false, bool persistent = false) {
+  static AttentionKernel hopper(AttentionKernel a, int warpgroups = 2, bool producer = false, bool persistent = false,
+                                bool dynamic = false) {
     if (a.head_dim != 64 && a.head_dim != 128) return a;
     // Three consumer warpgroups only without a score_mod: with one they spill at 160 registers a thread
     // (ptxas, sm_90a: a soft-cap 80-100 bytes, a bias and mask mod 460-520).
@@ -96,6 +101,7 @@ struct AttentionKernel {
     // 16-44 (ptxas, sm_90a).
     a.persistent = producer && persistent && a.score_mod.empty();
     if (a.persistent && a.stages() < 3) a.persistent = false;
+    a.dynamic = a.persistent && dynamic;
     return a;
   }
   int threads() const { return 32 * warps + (producer ? 128 : 0); }
@@ -109,6 +115,7 @@ struct AttentionKernel {
   }
   int q_buffers() const { return persistent ? 2 : 1; }
   // A producer's mbarriers: q's "full" (and, looping, "empty") a buffer, each stage's "full" and "empty".
+  // (Dynamic: also each q buffer's tile index and its "ready" mbarrier, within the 128 bytes.)
   int barrier_bytes() const { return producer ? (persistent ? 128 : 64) : 0; }
   // Hopper: q and the stages of k and v, 1024 bytes to align the tiles on the swizzle's period, and
   // with a producer its mbarriers.
@@ -120,7 +127,10 @@ struct AttentionKernel {
   std::string name() const {
     if (warpgroups > 0)
       return "kiln_attention_fwd_wgmma_d" + std::to_string(head_dim) + "_wg" + std::to_string(warpgroups) + "_k" +
-             std::to_string(key_rows) + (producer ? "_pp" : "") + (persistent ? "_loop" : "") +
+             std::to_string(key_rows) + (producer ? "_pp" : "") +
+             (dynamic      ? "_dyn"
+              : persistent ? "_loop"
+                           : "") +
              (raw_max ? "" : "_scaled") + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) +
              score_mod_suffix(score_mod, score_mod_tag);
     return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" +

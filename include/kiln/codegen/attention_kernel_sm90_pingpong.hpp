@@ -34,6 +34,7 @@ inline std::string attention_forward_source_sm90_pingpong(const AttentionKernel&
   static const bool idle = Tuning::from_environment().attention_idle_warpgroups != 0;  // an A/B knob: see Tuning
   if (idle) s += "#define KILN_IDLE_WARPGROUPS 1\n";
   if (a.persistent) s += "#define KILN_PERSISTENT 1\n";
+  if (a.dynamic) s += "#define KILN_DYNAMIC_TILES 1\n";
   // The registers each role keeps (setmaxnreg): the producer's and the consumers' add up to the
   // register file at one block an SM of (warpgroups + 1) * 128 threads (two consumers: 128 * (40 + 2 *
   // 232) = 64512; three: 128 * (32 + 3 * 160) = 65536, FlashAttention-3's split).
@@ -72,6 +73,19 @@ struct kiln_bool {
   static constexpr bool value = B;
 };
 __device__ __forceinline__ void kiln_named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+#ifdef KILN_DYNAMIC_TILES
+__device__ __forceinline__ void kiln_st_shared(u32 addr, int v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ int kiln_ld_shared(u32 addr) {
+  int v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+#define KILN_COUNTER_PARAM , int* __restrict__ kiln_counter
+#else
+#define KILN_COUNTER_PARAM
+#endif
 
 // Rows [r0, r0 + ROWS) of a [T, D] operand into a swizzled tile by the producer's 128 threads (t).
 constexpr int kiln_produce_unroll = KILN_PRODUCE_UNROLL;  // (a pragma's argument is not macro-expanded)
@@ -92,7 +106,7 @@ __device__ __forceinline__ void produce_tile(u32 tile, const u16* src, i64 st, i
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32 + 128, 1)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ o,
           int BH, int H, int G, int Tq, int Tk, float scale_log2, i64 qb, i64 qh, i64 qt, i64 kb, i64 kh, i64 kt, i64 vb,
-          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse KILN_MOD_PARAMS) {
+          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse KILN_MOD_PARAMS KILN_COUNTER_PARAM) {
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   // q (looping: two buffers), then stage i's k at Ks + i * 2 * TILE_BYTES(BN) and its v right after,
   // then the mbarriers: q's "full", each stage's "full" and each stage's "empty" (looping: q's "full"
@@ -105,6 +119,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #define FULL(i) (bars + 16 + 8 * (i))
 #define EMPTY(i) (bars + 16 + 8 * KILN_STAGES + 8 * (i))
 #define Q_EMPTY(i) (bars + 16 + 16 * KILN_STAGES + 8 * (i))
+#define TILE_READY(i) (bars + 32 + 16 * KILN_STAGES + 8 * (i))  // (dynamic) q buffer i's tile index is in
+#define TILE_SLOT(i) (bars + 48 + 16 * KILN_STAGES + 4 * (i))   // (dynamic) that index
 #define KV(j) (kv0 + (j))  // key tiles are counted across query tiles: stages and phases run on
 #else
   const u32 Ks = Qs + TILE_BYTES(BM), bars = Ks + KILN_STAGES * 2 * TILE_BYTES(BN);
@@ -122,7 +138,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 // Two warpgroups keep the expressions of the kernel measured before three existed (ptxas schedules
 // the same cubin).
 #define NEXT_TURN (WG == 2 ? 2 - wg : wg + 1 < WG ? wg + 2 : 1)
-#ifdef KILN_PERSISTENT
+#if defined(KILN_DYNAMIC_TILES)
+#define HANDS_ON(j) ((WG == 2 ? wg == 0 : wg + 1 < WG) || (j) + 1 < n_tiles || next_tile())
+#elif defined(KILN_PERSISTENT)
 #define HANDS_ON(j) ((WG == 2 ? wg == 0 : wg + 1 < WG) || (j) + 1 < n_tiles || more)
 #else
 #define HANDS_ON(j) ((WG == 2 ? wg == 0 : wg + 1 < WG) || (j) + 1 < n_tiles)
@@ -144,10 +162,17 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #define TILE_AT(it, rank, bh)                                                                                  \
   kiln_tile_at((long long)(it) * gridDim.x + ((it) & 1 ? gridDim.x - 1 - blockIdx.x : blockIdx.x), q_tiles, \
                KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh, short_last)
+  // Dynamic: the tile at `index` of the order; a block's first is blockIdx.x, each later one the
+  // counter's next value past the first round, taken by the producer as it starts that tile (NOTES
+  // item 188).
+#define TILE_OF(index, rank, bh) kiln_tile_at(index, q_tiles, KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh, short_last)
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2; ++i) {
       kiln_mbar_init(Q_FULL(i), 128);
       kiln_mbar_init(Q_EMPTY(i), KILN_WARPS);
+#ifdef KILN_DYNAMIC_TILES
+      kiln_mbar_init(TILE_READY(i), 1);
+#endif
     }
 #else
   int rank, bh;
@@ -169,7 +194,24 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   if (wg == WG) {  // ---- the producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(KILN_PRODUCER_REGS) : "memory");
     const int t = threadIdx.x - WG * 128;
-#ifdef KILN_PERSISTENT
+#if defined(KILN_DYNAMIC_TILES)
+    int rank, bh, kv0 = 0;
+    long long index = blockIdx.x;
+    for (int it = 0;; ++it) {
+      // q's buffer (and its index slot) is free once every consumer warp is done with query tile
+      // it - 2; then thread 0 takes tile it's index and publishes it (release: the mbarrier's arrive).
+      if (it >= 2) kiln_mbar_wait(Q_EMPTY(it & 1), ((it >> 1) - 1) & 1);
+      if (it >= 1) {
+        if (t == 0) {
+          kiln_st_shared(TILE_SLOT(it & 1), atomicAdd(kiln_counter, 1) + (int)gridDim.x);
+          kiln_mbar_arrive(TILE_READY(it & 1));
+        }
+        kiln_mbar_wait(TILE_READY(it & 1), ((it - 1) >> 1) & 1);
+        index = kiln_ld_shared(TILE_SLOT(it & 1));
+      }
+      if (!TILE_OF(index, rank, bh)) break;
+      PLACE_TILE(q_tiles)
+#elif defined(KILN_PERSISTENT)
     int rank, bh, kv0 = 0;
     for (int it = 0; TILE_AT(it, rank, bh); ++it) {
       PLACE_TILE(q_tiles)
@@ -197,7 +239,24 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 
   // ---- the consumer warpgroups
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(KILN_CONSUMER_REGS) : "memory");
-#ifdef KILN_PERSISTENT
+#if defined(KILN_DYNAMIC_TILES)
+  int rank, bh, kv0 = 0;
+  long long index = blockIdx.x;
+  for (int it = 0; TILE_OF(index, rank, bh); ++it) {
+    PLACE_TILE(q_tiles)
+    // The next tile's index: published by the producer as it starts that tile, a few key tiles
+    // before this one ends; waited for only where needed (the last warpgroup's last turn, and
+    // after the store).
+    long long next_index = -1;
+    auto next_tile = [&]() {
+      if (next_index < 0) {
+        kiln_mbar_wait(TILE_READY((it + 1) & 1), (it >> 1) & 1);
+        next_index = kiln_ld_shared(TILE_SLOT((it + 1) & 1));
+      }
+      int next_rank, next_bh;
+      return TILE_OF(next_index, next_rank, next_bh);
+    };
+#elif defined(KILN_PERSISTENT)
   int rank, bh, kv0 = 0;
   for (int it = 0; TILE_AT(it, rank, bh); ++it) {
     PLACE_TILE(q_tiles)
@@ -311,6 +370,10 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   }
 #endif
   store_output(o + b * ob + h * oh, ot, lse ? lse + (i64)bh * Tq : nullptr, acc, row_max, row_sum, r0, Tq);
+#ifdef KILN_DYNAMIC_TILES
+    next_tile();
+    index = next_index;
+#endif
 #ifdef KILN_PERSISTENT
     kv0 += n_tiles;
   }

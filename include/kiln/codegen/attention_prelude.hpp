@@ -143,20 +143,23 @@ __device__ __forceinline__ bool kiln_tile_at(long long at, int tiles, bool causa
 #ifdef KILN_TILE_BY_TILE
   causal = false;  // KILN_TUNE_ATTENTION_ORDER=0: the order before
 #endif
-#ifndef KILN_SHORT_TILES_LAST
-  short_last = false;
-#endif
   if (!causal) {
-    const int full = short_last ? tiles - 1 : tiles;
-    const long long whole = (long long)pairs * full;
-    if (at < whole) {
-      rank = (int)(at % full);
-      pair = (int)(at / full);
-      return true;
+#ifdef KILN_SHORT_TILES_LAST
+    if (short_last) {
+      const long long whole = (long long)pairs * (tiles - 1);
+      if (at < whole) {
+        rank = (int)(at % (tiles - 1));
+        pair = (int)(at / (tiles - 1));
+        return true;
+      }
+      rank = tiles - 1;  // past the full tiles: each pair's short one
+      pair = (int)(at - whole);
+      return pair < pairs;
     }
-    rank = tiles - 1;  // past the full tiles: each pair's short one, or (not short_last) the end
-    pair = (int)(at - whole);
-    return short_last && pair < pairs;
+#endif
+    rank = (int)(at % tiles);
+    pair = (int)(at / tiles);
+    return pair < pairs;
   }
   const long long group = bytes_a_pair > 0 && bytes_a_pair < KILN_L2_GROUP_BYTES ? KILN_L2_GROUP_BYTES / bytes_a_pair : 1;
   const long long g = at / (group * tiles), first = g * group;

@@ -105,7 +105,8 @@ struct Tuning {
                              // with three at head dim 64 without a score_mod (192 query rows a block; NOTES
                              // item 180; the rule before), default (or 5) the same looping: one block an SM
                              // over the query tiles where q's second buffer leaves three key stages and
-                             // there is no score_mod, at D 64 (NOTES items 183, 185;
+                             // there is no score_mod, at D 64 (NOTES items 183, 185), 6 the same with
+                             // each block's next tile from a counter (NOTES item 188;
                              // KILN_TUNE_ATTENTION_WGMMA)
   int attention_order = -1;  // fused attention kernels' block order: 0 tile by tile within each (batch,
                              // head) pair (the rule before); default (or 1) causal, the longest tiles first
@@ -342,7 +343,7 @@ struct Tuning {
                                    {&Tuning::attention, "KILN_TUNE_ATTENTION", 0, 8},
                                    {&Tuning::attention_rows, "KILN_TUNE_ATTENTION_ROWS", 1, 2},
                                    {&Tuning::attention_backward, "KILN_TUNE_ATTENTION_BACKWARD", 0, 1},
-                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 5},
+                                   {&Tuning::attention_wgmma, "KILN_TUNE_ATTENTION_WGMMA", 0, 6},
                                    {&Tuning::attention_order, "KILN_TUNE_ATTENTION_ORDER", 0, 2},
                                    {&Tuning::attention_softmax, "KILN_TUNE_ATTENTION_SOFTMAX", 0, 1},
                                    {&Tuning::attention_keys, "KILN_TUNE_ATTENTION_KEYS", 128, 192},

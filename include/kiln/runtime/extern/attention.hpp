@@ -98,7 +98,7 @@ inline ScoreModCall score_mod_call(const graph::Node& n, const double* scalars =
 // The forward kernel for head dim D: `warps` warps a block and `row_tiles` 16-row tiles a warp
 // (0: AttentionKernel::for_head_dim's choice), or Hopper's warpgroup kernel where `hopper` and it
 // takes D (hopper 1: two warpgroups a block, 2: one, 3: two fed by a producer warpgroup, 4: three at D 64
-// fed by one, 5: 4's looping, one block an SM; attention_flash's
+// fed by one, 5: 4's looping, one block an SM, 6: 5 taking tiles from a counter; attention_flash's
 // attrs.dims[1]); either inlines the score_mod `mod` (null: none).
 inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, int row_tiles, int hopper, bool causal,
                                                      dtype dt, const autodiff::ScoreMod* mod = nullptr) {
@@ -109,7 +109,7 @@ inline codegen::AttentionKernel attention_kernel_for(std::int64_t D, int warps, 
   if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
   if (!hopper) return a;
   const int warpgroups = hopper == 2 ? 1 : hopper >= 4 ? 3 : 2;
-  return codegen::AttentionKernel::hopper(a, warpgroups, hopper >= 3, hopper == 5);
+  return codegen::AttentionKernel::hopper(a, warpgroups, hopper >= 3, hopper >= 5, hopper == 6);
 }
 // An attention_flash node's: attrs.d warps, attrs.dims {row tiles, Hopper}, attrs.custom its mod.
 inline codegen::AttentionKernel attention_kernel_of(const graph::Graph& g, const graph::Node& n) {
@@ -179,6 +179,26 @@ CUfunction function(const std::string& name, Source&& source, int device) {
 inline CUfunction function(const codegen::AttentionKernel& a, int device) {
   return function(
       a.name(), [&] { return codegen::attention_forward_kernel_source(a); }, device);
+}
+
+// The dynamic looping forward's tile counter (codegen::AttentionKernel::dynamic): one word a stream,
+// zeroed before each launch on it, so launches on two streams never share one and a captured graph
+// replays the zeroing with the launch; `busy` keeps two host threads on one stream from interleaving
+// their zeroings and launches. Never freed: captured graphs may still point at it.
+struct TileCounter {
+  void* ptr = nullptr;
+  std::mutex busy;
+};
+inline TileCounter& tile_counter(int device, CUstream stream) {
+  static std::mutex mutex;
+  static auto* counters = new std::map<std::tuple<int, CUstream>, std::unique_ptr<TileCounter>>();
+  std::lock_guard lock(mutex);
+  std::unique_ptr<TileCounter>& c = (*counters)[{device, stream}];
+  if (!c) {
+    c = std::make_unique<TileCounter>();
+    c->ptr = driver::allocate(sizeof(int), device, stream);
+  }
+  return *c;
 }
 
 inline void check_contiguous(const Tensor& t, const char* what) {
@@ -327,11 +347,21 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
   const std::int64_t heads = qs[0] * qs[1], most = 65535;  // (batch, head) pairs along y, then z
   if (blocks == 0 || heads == 0) return;
   // Looping (AttentionKernel::persistent): one block an SM, each taking one query tile a round of the
-  // blocks (attention_kernel_sm90_pingpong.hpp's TILE_AT).
+  // blocks (attention_kernel_sm90_pingpong.hpp's TILE_AT), or dynamic: the next from a counter.
   const Dim3 grid = a.persistent
                         ? Dim3{static_cast<unsigned>(std::min<std::int64_t>(blocks * heads, driver::sm_count(device)))}
                         : Dim3{blocks, static_cast<unsigned>(std::min(heads, most)),
                                static_cast<unsigned>((heads + most - 1) / most)};
+  if (a.dynamic) {  // (never with a mod: its parameters would come first)
+    attention_detail::TileCounter& counter = attention_detail::tile_counter(device, stream);
+    std::lock_guard lock(counter.busy);
+    void* cp = counter.ptr;
+    args.push_back(&cp);
+    driver::memset_async(cp, 0, sizeof(int), stream);
+    launch(f, grid, Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream,
+           args.data(), a.name().c_str());
+    return;
+  }
   launch(f, grid, Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream,
          args.data(), a.name().c_str());
 }
