@@ -364,6 +364,12 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   // The next query tile's q may load into this one's buffer once every warp is past its last
   // q k^T, and its keys into the stage of this one's last tile (before the store: neither is read
   // by it).
+#ifdef KILN_DYNAMIC_TILES
+  // Every lane has read the next tile's index (next_tile) before lane 0 frees its slot: without a
+  // product in the tile (Tk = 0) nothing else gathers the warp between the two (a helper's model,
+  // lanes apart; NOTES item 188 says the same holds, formally, for =5's q buffer).
+  __syncwarp();
+#endif
   if (lane == 0) {
     kiln_mbar_arrive(Q_EMPTY(it & 1));
     if (n_tiles > 0) kiln_mbar_arrive(EMPTY(KV(n_tiles - 1) % KILN_STAGES));
