@@ -352,15 +352,14 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
                         ? Dim3{static_cast<unsigned>(std::min<std::int64_t>(blocks * heads, driver::sm_count(device)))}
                         : Dim3{blocks, static_cast<unsigned>(std::min(heads, most)),
                                static_cast<unsigned>((heads + most - 1) / most)};
+  std::unique_lock<std::mutex> zeroing;  // (dynamic: held from the counter's zeroing through the launch)
+  void* cp = nullptr;
   if (a.dynamic) {  // (never with a mod: its parameters would come first)
     attention_detail::TileCounter& counter = attention_detail::tile_counter(device, stream);
-    std::lock_guard lock(counter.busy);
-    void* cp = counter.ptr;
+    zeroing = std::unique_lock(counter.busy);
+    cp = counter.ptr;
     args.push_back(&cp);
     driver::memset_async(cp, 0, sizeof(int), stream);
-    launch(f, grid, Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream,
-           args.data(), a.name().c_str());
-    return;
   }
   launch(f, grid, Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream,
          args.data(), a.name().c_str());
