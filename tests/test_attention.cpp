@@ -534,7 +534,7 @@ TEST_CASE("attention: the fused forward where each row's max keeps growing along
   for (int j = 0; j < T; ++j) up[j] = 0.2f + 0.05f * static_cast<float>(j);
   for (int j = 0; j < T; ++j) down[j] = up[T - 1 - j];
   int seed = 70;
-  for (const char* wgmma : {"1", "3", "4", "5"})
+  for (const char* wgmma : {"1", "3", "4", "5", "6"})
     for (bool causal : {false, true})
       for (const std::vector<float>* ramp : {&up, &down}) {
         ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
@@ -782,7 +782,7 @@ TEST_CASE("attention: score_mods inlined into the fused kernels, forward and gra
 // kernel set, against the oracle, forward and gradients.
 TEST_CASE("attention: a negative scale on the Hopper kernels (cuda)" * needs_gpu()) {
   int seed = 800;
-  for (const char* wgmma : {"1", "3", "4", "5"})
+  for (const char* wgmma : {"1", "3", "4", "5", "6"})
     for (bool causal : {false, true}) {
       ScopedEnv knob("KILN_TUNE_ATTENTION_WGMMA", wgmma);
       INFO("KILN_TUNE_ATTENTION_WGMMA=" << std::string(wgmma) << " causal " << causal);

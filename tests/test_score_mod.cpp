@@ -289,7 +289,7 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
       CHECK(pp.shared_bytes() <= 227 * 1024);
       CHECK(pp.name().find("_pp") != std::string::npos);
       CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(pp), pp.name(), "sm_90a").empty());
-      // Looping (KILN_TUNE_ATTENTION_WGMMA=5, the default), three warpgroups where they take it: at D 64,
+      // Looping (KILN_TUNE_ATTENTION_WGMMA=5), three warpgroups where they take it: at D 64,
       // where q's second buffer leaves three stages, and without a mod (here: not causal).
       cg::AttentionKernel loop =
           cg::AttentionKernel::hopper(causal ? fwd : cg::AttentionKernel::for_head_dim(D), 3, true, true);
@@ -299,7 +299,7 @@ TEST_CASE("score_mod: the fused kernels' sources with a mod compile under NVRTC 
       CHECK(loop.shared_bytes() <= 227 * 1024);
       CHECK((loop.name().find("_pp_loop") != std::string::npos) == (D == 64 && !causal));
       CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(loop), loop.name(), "sm_90a").empty());
-      // Taking tiles from a counter (=6): the same kernel with a counter parameter, named apart.
+      // Taking tiles from a counter (=6, the default): the same kernel with a counter parameter, named apart.
       cg::AttentionKernel dyn =
           cg::AttentionKernel::hopper(causal ? fwd : cg::AttentionKernel::for_head_dim(D), 3, true, true, true);
       dyn.causal = causal;

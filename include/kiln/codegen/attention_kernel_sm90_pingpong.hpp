@@ -14,7 +14,8 @@
 //   releases tile j - 1. So one warpgroup's exponentials run under the other's products.
 // The tile steps, the masks, the lazily rescaled o, the causal order of blocks and the arguments are
 // attention_kernel_sm90.hpp's; KILN_TUNE_ATTENTION_WGMMA=3 chooses this kernel (=4 with three
-// consumer warpgroups at D 64; =5, the default, also looping over query tiles under KILN_PERSISTENT).
+// consumer warpgroups at D 64; =5 also looping over query tiles under KILN_PERSISTENT; =6, the default,
+// taking each block's next tile from a counter under KILN_DYNAMIC_TILES).
 // By default (KILN_TUNE_ATTENTION_IDLE_WARPGROUPS) a warpgroup with no rows before Tq keeps only its
 // turns and releases (NOTES items 182, 185).
 #pragma once
@@ -364,12 +365,10 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   // The next query tile's q may load into this one's buffer once every warp is past its last
   // q k^T, and its keys into the stage of this one's last tile (before the store: neither is read
   // by it).
-#ifdef KILN_DYNAMIC_TILES
-  // Every lane has read the next tile's index (next_tile) before lane 0 frees its slot: without a
-  // product in the tile (Tk = 0) nothing else gathers the warp between the two (a helper's model,
-  // lanes apart; NOTES item 188 says the same holds, formally, for =5's q buffer).
+  // Every lane has passed q's Q_FULL wait (and, under KILN_DYNAMIC_TILES, read the next tile's
+  // index) before lane 0 frees the buffer: without a product in the tile (Tk = 0) nothing else
+  // gathers the warp between the two (a helper's lane-level model, NOTES item 188).
   __syncwarp();
-#endif
   if (lane == 0) {
     kiln_mbar_arrive(Q_EMPTY(it & 1));
     if (n_tiles > 0) kiln_mbar_arrive(EMPTY(KV(n_tiles - 1) % KILN_STAGES));

@@ -103,10 +103,10 @@ struct Tuning {
                              // in step, 2 of one warpgroup a block, 3 fed by a producer warpgroup whose
                              // two warpgroups take turns (attention_kernel_sm90_pingpong.hpp), 4 the same
                              // with three at head dim 64 without a score_mod (192 query rows a block; NOTES
-                             // item 180; the rule before), default (or 5) the same looping: one block an SM
-                             // over the query tiles where q's second buffer leaves three key stages and
-                             // there is no score_mod, at D 64 (NOTES items 183, 185), 6 the same with
-                             // each block's next tile from a counter (NOTES item 188;
+                             // item 180), 5 the same looping: one block an SM over the query tiles where
+                             // q's second buffer leaves three key stages and there is no score_mod, at D
+                             // 64 (NOTES items 183, 185; the rule before), default (or 6) the same with
+                             // each block's next tile from a counter (NOTES items 188, 189;
                              // KILN_TUNE_ATTENTION_WGMMA)
   int attention_order = -1;  // fused attention kernels' block order: 0 tile by tile within each (batch,
                              // head) pair (the rule before); default (or 1) causal, the longest tiles first

@@ -84,11 +84,12 @@ graph::Graph fuse_attention(const graph::Graph& g, int cc, const Tuning& tuning,
     at.d = tuning.attention > 0 ? tuning.attention : 4;  // warps a block
     // row tiles a warp (0: by registers), and where Hopper's warpgroup kernel runs it 1 (two
     // warpgroups a block), 2 (one), 3 (two fed by a producer warpgroup) or 4 (three at head dim 64
-    // without a score_mod, else two, fed by one; 5 the same looping over query tiles), and whether the backward adds
-    // dq's sums in its dk/dv kernel (KILN_TUNE_ATTENTION_DQ) (default 5; NOTES items 180, 183, 185); dims[2]: dq in the
+    // without a score_mod, else two, fed by one; 5 the same looping over query tiles; 6 5 taking its tiles from a
+    // counter), and whether the backward adds dq's sums in its dk/dv kernel (KILN_TUNE_ATTENTION_DQ) (default 6;
+    // NOTES items 180, 183, 185, 189); dims[2]: dq in the
     // dk/dv kernel where it fits (-1), always (1) or never (0)
     const int hopper =
-        cc == 90 && tuning.attention_wgmma != 0 ? (tuning.attention_wgmma > 0 ? tuning.attention_wgmma : 5) : 0;
+        cc == 90 && tuning.attention_wgmma != 0 ? (tuning.attention_wgmma > 0 ? tuning.attention_wgmma : 6) : 0;
     at.dims = Dims{std::max(tuning.attention_rows, 0), hopper, hopper ? std::clamp(tuning.attention_dq, -1, 1) : 0};
     at.keepdim = tuning.attention_backward != 0;         // its backward: fused kernels (autodiff/rules.hpp)
     graph::Node f;
