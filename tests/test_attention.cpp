@@ -486,6 +486,12 @@ TEST_CASE("attention: the Hopper kernels' sources") {
     const int uniform = k::Tuning::from_environment().attention_uniform;
     CHECK((pp_fwd.find("#define KILN_UNIFORM_WARPGROUP 1") != std::string::npos) == (uniform != 0));
     CHECK(pp_fwd.find("const int wg = KILN_WARPGROUP_INDEX") != std::string::npos);
+    // The lean copies (NOTES item 190; read once a process): only under KILN_TUNE_ATTENTION_COPIES=1,
+    // where the looping three-warpgroup producer does not unroll them.
+    const bool lean = k::Tuning::from_environment().attention_copies == 1;
+    const std::string loop_fwd = cg::attention_forward_kernel_source(loop);
+    CHECK((pp_fwd.find("#define KILN_LEAN_COPIES 1") != std::string::npos) == lean);
+    CHECK((loop_fwd.find("#define KILN_PRODUCE_UNROLL 1\n") != std::string::npos) == (lean && D == 64));
     cg::AttentionKernel with_mod = cg::AttentionKernel::for_head_dim(D);
     with_mod.score_mod = "float kiln_score_mod(float s) { return s; }";
     with_mod.score_mod_tag = "t";

@@ -65,7 +65,9 @@ inline std::string wgmma_function(const std::string& name, int n, bool a_registe
 // primitives, wgmma's descriptors, fences and waits, and the loader of 128-byte-swizzled tiles;
 // `uniform`: the warpgroup index broadcast from lane 0 (KILN_UNIFORM_WARPGROUP below).
 inline std::string wgmma_prelude(bool uniform) {
-  return (uniform ? "#define KILN_UNIFORM_WARPGROUP 1\n" : "") + attention_prelude() + R"(
+  static const bool lean = Tuning::from_environment().attention_copies == 1;  // an A/B knob: see Tuning
+  return std::string(uniform ? "#define KILN_UNIFORM_WARPGROUP 1\n" : "") +
+         (lean ? "#define KILN_LEAN_COPIES 1\n" : "") + attention_prelude() + R"(
 typedef unsigned long long u64;
 // This thread's warpgroup of 128 threads. Under KILN_UNIFORM_WARPGROUP lane 0's, broadcast: ptxas then
 // knows it is one value across the warp and keeps what derives from it (a warpgroup's tile count and
@@ -94,6 +96,34 @@ __device__ __forceinline__ void kiln_hold(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+#ifdef KILN_LEAN_COPIES
+// Rows [r0, r0 + ROWS) of a [T, D] operand with row stride st into a swizzled tile at shared address
+// `tile`, by THREADS threads (t: this one's index among them); rows past T read zeros. CH divides
+// THREADS, so a thread keeps one 16-byte chunk column (t % CH) and walks rows t / CH, + STEP, ...;
+// STEP is a multiple of 8, so the swizzle's row term stays put and each copy's destination and
+// source move by a constant: a few instructions a copy, where recomputing the row and column from
+// a running index took about 38 (ncu, benchmarks/NOTES.md item 190;
+// KILN_TUNE_ATTENTION_COPIES=1, which defines KILN_LEAN_COPIES).
+template <int ROWS, int THREADS = KILN_WARPS * 32, int UNROLL = 4>
+__device__ __forceinline__ void load_tile_sw128(u32 tile, const u16* src, i64 st, int r0, int T, int t = threadIdx.x) {
+  constexpr int STEP = THREADS / CH;
+  static_assert(THREADS % CH == 0 && STEP % 8 == 0, "each thread walks whole rows of one chunk column");
+  const int ch = t % CH, rt = t / CH;
+  u32 dst = tile + (ch >> 3) * (ROWS * 128) + rt * 128 + (((ch & 7) ^ (rt & 7)) << 4);
+  const u16* from = src + (i64)(r0 + rt) * st + ch * 8;
+  const i64 step = STEP * st;
+  int left = T - r0 - rt;  // rows from this thread's first one to T
+  // (a row past T reads nothing: its copy's source size is 0, and the rest of the 16 bytes is
+  // zero-filled, as CUTLASS's cp_async_zfill does; its address is never dereferenced)
+#pragma unroll UNROLL
+  for (int r = rt; r < ROWS; r += STEP) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from), "r"(left > 0 ? 16 : 0));
+    dst += STEP * 128;
+    from += step;
+    left -= STEP;
+  }
+}
+#else
 // Rows [r0, r0 + ROWS) of a [T, D] operand with row stride st into a swizzled tile at shared address
 // `tile`; rows past T read zeros.
 template <int ROWS>
@@ -107,6 +137,7 @@ __device__ __forceinline__ void load_tile_sw128(u32 tile, const u16* src, i64 st
                  "l"(in ? src + (i64)(r0 + r) * st + ch * 8 : src), "r"(in ? 16 : 0));
   }
 }
+#endif
 
 )";
 }

@@ -39,10 +39,13 @@ inline std::string attention_forward_source_sm90_pingpong(const AttentionKernel&
   // The registers each role keeps (setmaxnreg): the producer's and the consumers' add up to the
   // register file at one block an SM of (warpgroups + 1) * 128 threads (two consumers: 128 * (40 + 2 *
   // 232) = 64512; three: 128 * (32 + 3 * 160) = 65536, FlashAttention-3's split).
-  // At 32 registers the producer's copies unrolled by 4 spill (ptxas, sm_90a): by 2 they do not.
-  s += a.warpgroups == 2
-           ? "#define KILN_PRODUCER_REGS 40\n#define KILN_CONSUMER_REGS 232\n#define KILN_PRODUCE_UNROLL 4\n"
-           : "#define KILN_PRODUCER_REGS 32\n#define KILN_CONSUMER_REGS 160\n#define KILN_PRODUCE_UNROLL 2\n";
+  // At 32 registers the producer's copies unrolled by 4 spill (ptxas, sm_90a): by 2 they do not. Under
+  // KILN_TUNE_ATTENTION_COPIES=1 (load_tile_sw128's lean copies) those unrolled at all spill 4-16 bytes
+  // in the kernels taking tiles from a counter: there they are not unrolled.
+  static const bool lean = Tuning::from_environment().attention_copies == 1;  // an A/B knob: see Tuning
+  s += a.warpgroups == 2 ? "#define KILN_PRODUCER_REGS 40\n#define KILN_CONSUMER_REGS 232\n"
+                         : "#define KILN_PRODUCER_REGS 32\n#define KILN_CONSUMER_REGS 160\n";
+  s += std::string("#define KILN_PRODUCE_UNROLL ") + (a.warpgroups == 2 ? "4" : lean ? "1" : "2") + "\n";
   s += attention_sm90_detail::forward_tile_steps();
   s += R"(
 // ---- mbarriers and named barriers --------------------------------------------------------------------
@@ -92,6 +95,9 @@ __device__ __forceinline__ int kiln_ld_shared(u32 addr) {
 constexpr int kiln_produce_unroll = KILN_PRODUCE_UNROLL;  // (a pragma's argument is not macro-expanded)
 template <int ROWS>
 __device__ __forceinline__ void produce_tile(u32 tile, const u16* src, i64 st, int r0, int T, int t) {
+#ifdef KILN_LEAN_COPIES
+  load_tile_sw128<ROWS, 128, kiln_produce_unroll>(tile, src, st, r0, T, t);  // (NOTES item 190)
+#else
 #pragma unroll kiln_produce_unroll
   for (int c = t; c < ROWS * CH; c += 128) {
     const int r = c / CH, ch = c % CH;
@@ -100,6 +106,7 @@ __device__ __forceinline__ void produce_tile(u32 tile, const u16* src, i64 st, i
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
                  "l"(in ? src + (i64)(r0 + r) * st + ch * 8 : src), "r"(in ? 16 : 0));
   }
+#endif
 }
 
 // ---- the forward kernel ------------------------------------------------------------------------------

@@ -139,6 +139,12 @@ struct Tuning {
                                        // too, 0 nowhere (threadIdx.x / 128, the rule before). Read where the
                                        // kernels' source is written, once a process
                                        // (KILN_TUNE_ATTENTION_UNIFORM)
+  int attention_copies = -1;           // the Hopper attention kernels' cp.async copies into swizzled tiles: 1
+                                       // each thread walks one chunk column's rows, its addresses advanced by
+                                       // constants (a few instructions a copy; NOTES item 190, not yet run on
+                                       // a GPU); default (or 0) each copy's row and column recomputed from a
+                                       // running index (about 38 instructions a copy). Read where the kernels'
+                                       // source is written, once a process (KILN_TUNE_ATTENTION_COPIES)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
                              // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
                              // the dk/dv kernel, which has dS already (attention_backward_kernel_sm90.hpp's
@@ -273,6 +279,7 @@ struct Tuning {
                                    {&Tuning::attention_keys, "attention_keys"},
                                    {&Tuning::attention_idle_warpgroups, "attention_idle_warpgroups"},
                                    {&Tuning::attention_uniform, "attention_uniform"},
+                                   {&Tuning::attention_copies, "attention_copies"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -349,6 +356,7 @@ struct Tuning {
                                    {&Tuning::attention_keys, "KILN_TUNE_ATTENTION_KEYS", 128, 192},
                                    {&Tuning::attention_idle_warpgroups, "KILN_TUNE_ATTENTION_IDLE_WARPGROUPS", 0, 1},
                                    {&Tuning::attention_uniform, "KILN_TUNE_ATTENTION_UNIFORM", 0, 1},
+                                   {&Tuning::attention_copies, "KILN_TUNE_ATTENTION_COPIES", 0, 1},
                                    {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;
     for (const auto& v : vars)
