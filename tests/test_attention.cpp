@@ -298,6 +298,39 @@ TEST_CASE("attention: the looping Hopper forward over more query tiles than SMs 
     }
 }
 
+// `.cuda_graphs` records a program on a private stream of its own: the looping forward's tile
+// counter for that stream is first asked for inside the capture (the default on Hopper, =6, NOTES
+// item 189). The program must still be captured (not fall back to plain launches) and each replay
+// zero the counter again: three replays, each bit for bit the plain launch's output.
+TEST_CASE("attention: the default forward replayed from a CUDA graph (cuda)" * needs_gpu()) {
+  k::Tensor q = k::randn({2, 16, 1000, 64}, k::bf16, k::cpu, 611);
+  k::Tensor kk = k::randn({2, 4, 900, 64}, k::bf16, k::cpu, 612);
+  k::Tensor v = k::randn({2, 4, 900, 64}, k::bf16, k::cpu, 613);
+  auto gq = q.to(k::cuda), gk = kk.to(k::cuda), gv = v.to(k::cuda);
+  auto f = [](auto q, auto k, auto v) { return k::attention(q, k, v); };
+  auto plain = k::compile(f);
+  const k::Tensor expected = k::Tensor(plain(gq, gk, gv)).to(k::cpu);
+  auto r = k::testing::allclose(expected, k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+  CHECK_MESSAGE(bool(r), r);
+  if (k::driver::compute_capability(0) == 90) {
+    std::string source;
+    for (const auto& kernel : k::explain(plain, gq, gk, gv).kernels)
+      if (kernel.source.find("kiln_attention_fwd_") != std::string::npos) source = kernel.source;
+    CHECK(source.find("_pp_dyn") != std::string::npos);
+  }
+  auto replayed = k::compile(f, {.cuda_graphs = true});
+  for (int call = 0; call < 3; ++call) {
+    INFO("replay " << call);
+    auto same = k::testing::allclose(k::Tensor(replayed(gq, gk, gv)).to(k::cpu), expected, 0, 0);
+    CHECK_MESSAGE(bool(same), same);
+  }
+  auto entries = replayed.cache().entries();
+  REQUIRE(entries.size() == 1);
+  REQUIRE(entries[0]->graphs);
+  CHECK_FALSE(entries[0]->graphs->disabled());
+  CHECK(entries[0]->graphs->replays() == 3);
+}
+
 // KILN_TUNE_ATTENTION_DQ=1 on Hopper: where q, k and v have one shape, one kernel computes dk, dv
 // and dq (dq's sums added with atomic reductions: attention_backward_kernel_sm90.hpp's dqkv), with
 // and without an inlined score_mod; its gradients against the oracle and against the two kernels'.

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <numbers>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "../../graph/graph.hpp"
 #include "../../graph/infer_attention.hpp"
 #include "../compile/cached_cubin.hpp"
+#include "../launch/capture_keep.hpp"
 #include "../launch/cuda_module.hpp"
 
 namespace kiln::runtime {
@@ -184,7 +186,11 @@ inline CUfunction function(const codegen::AttentionKernel& a, int device) {
 // The dynamic looping forward's tile counter (codegen::AttentionKernel::dynamic): one word a stream,
 // zeroed before each launch on it, so launches on two streams never share one and a captured graph
 // replays the zeroing with the launch; `busy` keeps two host threads on one stream from interleaving
-// their zeroings and launches. Never freed: captured graphs may still point at it.
+// their zeroings and launches. Never freed: captured graphs may still point at it. A stream's first
+// one may be asked for inside kiln's own capture (`.cuda_graphs` records on a private stream of its
+// own, in relaxed mode): the word then comes fresh from the driver, as a k::cond body's buffers do
+// (launch/capture_keep.hpp); inside a caller's capture the allocator says to run the function once
+// before capturing, as it does for any buffer.
 struct TileCounter {
   void* ptr = nullptr;
   std::mutex busy;
@@ -195,8 +201,11 @@ inline TileCounter& tile_counter(int device, CUstream stream) {
   std::lock_guard lock(mutex);
   std::unique_ptr<TileCounter>& c = (*counters)[{device, stream}];
   if (!c) {
+    std::optional<KeptAllocations> fresh;
+    if (active_capture_keep()) fresh.emplace();
+    void* word = driver::allocate(sizeof(int), device, stream);  // (throws before the map holds an empty one)
     c = std::make_unique<TileCounter>();
-    c->ptr = driver::allocate(sizeof(int), device, stream);
+    c->ptr = word;
   }
   return *c;
 }
