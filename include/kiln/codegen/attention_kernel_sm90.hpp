@@ -113,11 +113,12 @@ __device__ __forceinline__ void load_tile_sw128(u32 tile, const u16* src, i64 st
   const u16* from = src + (i64)(r0 + rt) * st + ch * 8;
   const i64 step = STEP * st;
   int left = T - r0 - rt;  // rows from this thread's first one to T
-  // (a row past T reads nothing: its copy's source size is 0, and the rest of the 16 bytes is
-  // zero-filled, as CUTLASS's cp_async_zfill does; its address is never dereferenced)
 #pragma unroll UNROLL
   for (int r = rt; r < ROWS; r += STEP) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from), "r"(left > 0 ? 16 : 0));
+    // (a row past T copies 0 bytes and zero-fills; its source is the operand's start, not an
+    // address past the allocation, which the PTX ISA does not say may be invalid)
+    const bool in = left > 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(in ? from : src), "r"(in ? 16 : 0));
     dst += STEP * 128;
     from += step;
     left -= STEP;
