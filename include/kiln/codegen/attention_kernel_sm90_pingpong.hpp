@@ -211,7 +211,12 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       if (it >= 2) kiln_mbar_wait(Q_EMPTY(it & 1), ((it >> 1) - 1) & 1);
       if (it >= 1) {
         if (t == 0) {
-          kiln_st_shared(TILE_SLOT(it & 1), atomicAdd(kiln_counter, 1) + (int)gridDim.x);
+          // A launch adds once a tile: each block once for each tile past its first and once to
+          // find none left. So the add that takes the last value is the launch's last, and puts
+          // the word back to zero for the next launch on this stream (runtime's tile_counter).
+          const int taken = atomicAdd(kiln_counter, 1);
+          if (taken == (long long)q_tiles * BH - 1) atomicExch(kiln_counter, 0);
+          kiln_st_shared(TILE_SLOT(it & 1), taken + (int)gridDim.x);
           kiln_mbar_arrive(TILE_READY(it & 1));
         }
         kiln_mbar_wait(TILE_READY(it & 1), ((it - 1) >> 1) & 1);

@@ -183,31 +183,30 @@ inline CUfunction function(const codegen::AttentionKernel& a, int device) {
       a.name(), [&] { return codegen::attention_forward_kernel_source(a); }, device);
 }
 
-// The dynamic looping forward's tile counter (codegen::AttentionKernel::dynamic): one word a stream,
-// zeroed before each launch on it, so launches on two streams never share one and a captured graph
-// replays the zeroing with the launch; `busy` keeps two host threads on one stream from interleaving
-// their zeroings and launches. Never freed: captured graphs may still point at it. A stream's first
-// one may be asked for inside kiln's own capture (`.cuda_graphs` records on a private stream of its
-// own, in relaxed mode): the word then comes fresh from the driver, as a k::cond body's buffers do
-// (launch/capture_keep.hpp); inside a caller's capture the allocator says to run the function once
-// before capturing, as it does for any buffer.
-struct TileCounter {
-  void* ptr = nullptr;
-  std::mutex busy;
-};
-inline TileCounter& tile_counter(int device, CUstream stream) {
-  static std::mutex mutex;
-  static auto* counters = new std::map<std::tuple<int, CUstream>, std::unique_ptr<TileCounter>>();
-  std::lock_guard lock(mutex);
-  std::unique_ptr<TileCounter>& c = (*counters)[{device, stream}];
-  if (!c) {
-    std::optional<KeptAllocations> fresh;
-    if (active_capture_keep()) fresh.emplace();
-    void* word = driver::allocate(sizeof(int), device, stream);  // (throws before the map holds an empty one)
-    c = std::make_unique<TileCounter>();
-    c->ptr = word;
+// The dynamic looping forward's tile counter (codegen::AttentionKernel::dynamic). A launch adds to
+// it exactly once a tile, and the add that takes the last value puts it back to zero
+// (attention_kernel_sm90_pingpong.hpp), so a launch leaves the word as it found it and launches
+// need no zeroing of their own: one word a stream (launches on two streams never share one,
+// launches on one are ordered by it), zeroed once when made. Never freed. Inside a capture a word
+// of the stream's would be shared by every graph recorded on it, which may replay at once on
+// different streams; there the word is the graph's own (capture_temporary) and the graph zeroes it
+// before the launch, as a later node of the same graph may reuse it.
+inline void* tile_counter(int device, CUstream stream, Tensor& captured) {
+  if (stream && driver::is_capturing(stream)) {
+    captured = capture_temporary(Dims{1}, dtype::i32, Device{Device::Kind::cuda, device}, stream);
+    driver::memset_async(captured.data_ptr(), 0, sizeof(int), stream);
+    return captured.data_ptr();
   }
-  return *c;
+  static std::mutex mutex;
+  static auto* counters = new std::map<std::tuple<int, CUstream>, void*>();
+  std::lock_guard lock(mutex);
+  void*& word = (*counters)[{device, stream}];
+  if (!word) {
+    void* fresh = driver::allocate(sizeof(int), device, stream);
+    driver::memset_async(fresh, 0, sizeof(int), stream);
+    word = fresh;
+  }
+  return word;
 }
 
 inline void check_contiguous(const Tensor& t, const char* what) {
@@ -361,14 +360,11 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
                         ? Dim3{static_cast<unsigned>(std::min<std::int64_t>(blocks * heads, driver::sm_count(device)))}
                         : Dim3{blocks, static_cast<unsigned>(std::min(heads, most)),
                                static_cast<unsigned>((heads + most - 1) / most)};
-  std::unique_lock<std::mutex> zeroing;  // (dynamic: held from the counter's zeroing through the launch)
+  Tensor captured;  // (dynamic inside a capture: the graph's own counter)
   void* cp = nullptr;
   if (a.dynamic) {  // (never with a mod: its parameters would come first)
-    attention_detail::TileCounter& counter = attention_detail::tile_counter(device, stream);
-    zeroing = std::unique_lock(counter.busy);
-    cp = counter.ptr;
+    cp = attention_detail::tile_counter(device, stream, captured);
     args.push_back(&cp);
-    driver::memset_async(cp, 0, sizeof(int), stream);
   }
   launch(f, grid, Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream,
          args.data(), a.name().c_str());
