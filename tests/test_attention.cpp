@@ -525,6 +525,15 @@ TEST_CASE("attention: the Hopper kernels' sources") {
     const std::string loop_fwd = cg::attention_forward_kernel_source(loop);
     CHECK((pp_fwd.find("#define KILN_LEAN_COPIES 1") != std::string::npos) == lean);
     CHECK((loop_fwd.find("#define KILN_PRODUCE_UNROLL 1\n") != std::string::npos) == (lean && D == 64));
+    // The producer's copies by TMA (NOTES item 191; read once a process): only under
+    // KILN_TUNE_ATTENTION_TMA=1, named apart, and in the producer kernels only.
+    const bool tma = k::Tuning::from_environment().attention_tma == 1;
+    CHECK(pp.tma == tma);
+    CHECK(!a.tma);
+    CHECK((pp.name().find("_tma") != std::string::npos) == tma);
+    CHECK((pp_fwd.find("#define KILN_TMA 1") != std::string::npos) == tma);
+    CHECK(pp_fwd.find("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes") !=
+          std::string::npos);
     cg::AttentionKernel with_mod = cg::AttentionKernel::for_head_dim(D);
     with_mod.score_mod = "float kiln_score_mod(float s) { return s; }";
     with_mod.score_mod_tag = "t";

@@ -44,8 +44,13 @@ struct AttentionKernel {
   bool persistent = false;
   // Looping (KILN_TUNE_ATTENTION_WGMMA=6): each block's tiles after its first come from a counter in
   // device memory, one at a time as it finishes, instead of a round robin fixed in advance (NOTES
-  // item 188; the launcher zeroes the counter before each launch).
+  // item 188; each launch leaves it zero for the next: runtime tile_counter).
   bool dynamic = false;
+  // With a producer (KILN_TUNE_ATTENTION_TMA=1): its thread 0 loads q and each key tile by TMA, from
+  // tensor maps of q, k and v the launcher encodes (the kernel's last parameters; NOTES item 191), rows
+  // past T filled with zeros by the copy engine. The launcher takes the cp.async kernel where a map
+  // cannot describe an operand (no keys, strides the copy engine does not take).
+  bool tma = false;
   // Hopper's forwards: each key tile's max taken over the raw scores and the scale applied inside the
   // exponent's FFMA (attention_kernel_sm90.hpp's softmax_tile; benchmarks/NOTES.md item 178), which
   // needs a positive scale (a score_mod's scores come scaled, so it always holds there); false scales
@@ -102,6 +107,8 @@ struct AttentionKernel {
     a.persistent = producer && persistent && a.score_mod.empty();
     if (a.persistent && a.stages() < 3) a.persistent = false;
     a.dynamic = a.persistent && dynamic;
+    static const bool tma = Tuning::from_environment().attention_tma == 1;  // an A/B knob: see Tuning
+    a.tma = producer && tma;
     return a;
   }
   int threads() const { return 32 * warps + (producer ? 128 : 0); }
@@ -131,8 +138,8 @@ struct AttentionKernel {
              (dynamic      ? "_dyn"
               : persistent ? "_loop"
                            : "") +
-             (raw_max ? "" : "_scaled") + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) +
-             score_mod_suffix(score_mod, score_mod_tag);
+             (tma ? "_tma" : "") + (raw_max ? "" : "_scaled") + (causal ? "_causal" : "") + "_" +
+             std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);
     return "kiln_attention_fwd_d" + std::to_string(head_dim) + "_w" + std::to_string(warps) + "x" +
            std::to_string(row_tiles) + "_k" + std::to_string(key_rows) + (q_in_registers ? "" : "_qs") +
            (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);

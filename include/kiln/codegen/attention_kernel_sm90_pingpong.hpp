@@ -36,6 +36,7 @@ inline std::string attention_forward_source_sm90_pingpong(const AttentionKernel&
   if (idle) s += "#define KILN_IDLE_WARPGROUPS 1\n";
   if (a.persistent) s += "#define KILN_PERSISTENT 1\n";
   if (a.dynamic) s += "#define KILN_DYNAMIC_TILES 1\n";
+  if (a.tma) s += "#define KILN_TMA 1\n";
   // The registers each role keeps (setmaxnreg): the producer's and the consumers' add up to the
   // register file at one block an SM of (warpgroups + 1) * 128 threads (two consumers: 128 * (40 + 2 *
   // 232) = 64512; three: 128 * (32 + 3 * 160) = 65536, FlashAttention-3's split).
@@ -91,6 +92,41 @@ __device__ __forceinline__ int kiln_ld_shared(u32 addr) {
 #define KILN_COUNTER_PARAM
 #endif
 
+#ifdef KILN_TMA
+// ---- the producer's copies by TMA (NOTES item 191) -----------------------------------------------------
+// A tensor map (CUtensorMap: 128 opaque bytes the launcher encodes with cuTensorMapEncodeTiled) of a
+// [B, H, T, D] operand: dims {D, T, H, B} innermost first, boxes of 64 columns and a tile's rows,
+// the 128-byte swizzle, which is the tiles' layout (attention_kernel_sm90.hpp's load_tile_sw128).
+struct __align__(64) kiln_tensor_map {
+  unsigned long long opaque[16];
+};
+#define KILN_TMA_PARAMS                                                                         \
+  , const __grid_constant__ kiln_tensor_map q_map, const __grid_constant__ kiln_tensor_map k_map, \
+      const __grid_constant__ kiln_tensor_map v_map
+#define KILN_LOAD_ARRIVALS 1  // the producer's thread 0 arrives once, expecting the tile's bytes
+// One arrival on `bar` that also expects `bytes` more to land on it.
+__device__ __forceinline__ void kiln_mbar_expect(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Rows [r0, r0 + ROWS) of (batch, head) into a swizzled tile, one 64-column panel a box; its bytes
+// land on `bar` (rows past T count too: the copy engine writes them as zeros).
+template <int ROWS>
+__device__ __forceinline__ void kiln_tma_tile(u32 tile, const kiln_tensor_map& map, int r0, int head, int batch,
+                                              u32 bar) {
+  const unsigned long long m = reinterpret_cast<unsigned long long>(&map);
+#pragma unroll
+  for (int p = 0; p < KILN_D / 64; ++p)
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+        "%5}], [%6];\n" ::"r"(tile + p * (ROWS * 128)),
+        "l"(m), "r"(p * 64), "r"(r0), "r"(head), "r"(batch), "r"(bar)
+        : "memory");
+}
+#else
+#define KILN_TMA_PARAMS
+#define KILN_LOAD_ARRIVALS 128  // the producer's threads, as their copies land
+#endif
+
 // Rows [r0, r0 + ROWS) of a [T, D] operand into a swizzled tile by the producer's 128 threads (t).
 constexpr int kiln_produce_unroll = KILN_PRODUCE_UNROLL;  // (a pragma's argument is not macro-expanded)
 template <int ROWS>
@@ -114,7 +150,7 @@ __device__ __forceinline__ void produce_tile(u32 tile, const u16* src, i64 st, i
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32 + 128, 1)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ o,
           int BH, int H, int G, int Tq, int Tk, float scale_log2, i64 qb, i64 qh, i64 qt, i64 kb, i64 kh, i64 kt, i64 vb,
-          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse KILN_MOD_PARAMS KILN_COUNTER_PARAM) {
+          i64 vh, i64 vt, i64 ob, i64 oh, i64 ot, float* __restrict__ lse KILN_MOD_PARAMS KILN_COUNTER_PARAM KILN_TMA_PARAMS) {
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   // q (looping: two buffers), then stage i's k at Ks + i * 2 * TILE_BYTES(BN) and its v right after,
   // then the mbarriers: q's "full", each stage's "full" and each stage's "empty" (looping: q's "full"
@@ -176,7 +212,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #define TILE_OF(index, rank, bh) kiln_tile_at(index, q_tiles, KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh, short_last)
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2; ++i) {
-      kiln_mbar_init(Q_FULL(i), 128);
+      kiln_mbar_init(Q_FULL(i), KILN_LOAD_ARRIVALS);
       kiln_mbar_init(Q_EMPTY(i), KILN_WARPS);
 #ifdef KILN_DYNAMIC_TILES
       kiln_mbar_init(TILE_READY(i), 1);
@@ -187,12 +223,15 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
   PLACE_TILE(gridDim.x)
   if (threadIdx.x == 0) {
-    kiln_mbar_init(Q_FULL(0), 128);
+    kiln_mbar_init(Q_FULL(0), KILN_LOAD_ARRIVALS);
 #endif
     for (int i = 0; i < KILN_STAGES; ++i) {
-      kiln_mbar_init(FULL(i), 128);  // the producer's threads, as their copies land
+      kiln_mbar_init(FULL(i), KILN_LOAD_ARRIVALS);
       kiln_mbar_init(EMPTY(i), KILN_WARPS);  // the consumer warps
     }
+#ifdef KILN_TMA
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // (seen by the copy engine)
+#endif
   }
   __syncthreads();
 
@@ -202,6 +241,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   if (wg == WG) {  // ---- the producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(KILN_PRODUCER_REGS) : "memory");
     const int t = threadIdx.x - WG * 128;
+#ifdef KILN_TMA
+    if (t != 0) return;  // one thread issues every copy
+#endif
 #if defined(KILN_DYNAMIC_TILES)
     int rank, bh, kv0 = 0;
     long long index = blockIdx.x;
@@ -231,6 +273,17 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       // q's buffer is free once every consumer warp is done with query tile it - 2.
       if (it >= 2) kiln_mbar_wait(Q_EMPTY(it & 1), ((it >> 1) - 1) & 1);
 #endif
+#ifdef KILN_TMA
+    kiln_mbar_expect(Q_FULL(it & 1), TILE_BYTES(BM));
+    kiln_tma_tile<BM>(Q_BUF, q_map, m0, h, b, Q_FULL(it & 1));
+    for (int j = 0; j < n_tiles; ++j) {
+      const int stage = KV(j) % KILN_STAGES;
+      if (KV(j) >= KILN_STAGES) kiln_mbar_wait(EMPTY(stage), (KV(j) / KILN_STAGES - 1) & 1);
+      kiln_mbar_expect(FULL(stage), 2 * TILE_BYTES(BN));
+      kiln_tma_tile<BN>(STAGE_K(stage), k_map, j * BN, hk, b, FULL(stage));
+      kiln_tma_tile<BN>(STAGE_V(stage), v_map, j * BN, hk, b, FULL(stage));
+    }
+#else
     const u16* kp = k + b * kb + hk * kh;
     const u16* vp = v + b * vb + hk * vh;
     produce_tile<BM>(Q_BUF, q + b * qb + h * qh, qt, m0, Tq, t);
@@ -242,6 +295,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       produce_tile<BN>(STAGE_V(stage), vp, vt, j * BN, Tk, t);
       kiln_cp_async_arrive(FULL(stage));
     }
+#endif
 #ifdef KILN_PERSISTENT
       kv0 += n_tiles;
     }

@@ -62,7 +62,8 @@ namespace kiln::driver {
   X(graph_exec_update, cuGraphExecUpdate_v2)                                  \
   X(stream_wait_event, cuStreamWaitEvent)                                     \
   X(graph_exec_destroy, cuGraphExecDestroy)                                   \
-  X(graph_destroy, cuGraphDestroy)
+  X(graph_destroy, cuGraphDestroy)                                            \
+  X(tensor_map_encode_tiled, cuTensorMapEncodeTiled)
 
 // The driver's entry points, e.g. api().launch_kernel(...) calls cuLaunchKernel.
 struct Api {

@@ -2,6 +2,7 @@
 // and asking about its attributes, memory and pointers.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -84,6 +85,25 @@ inline int sm_count(int device) { return attribute(CU_DEVICE_ATTRIBUTE_MULTIPROC
 inline int shared_optin(int device) { return attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device); }
 // The shared memory of one SM, all of its blocks together: 228 KiB on sm_90.
 inline int shared_per_sm(int device) { return attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, device); }
+
+// A TMA tensor map of a rank-`rank` tensor of 2-byte elements (f16 or bf16) at `base`: dims and byte
+// strides innermost first (strides of dims 1 and up), boxes of `box` elements a dim, the 128-byte
+// swizzle, zeros where a box passes the dims. False where the copy engine does not take the
+// operand (a zero dim, a stride not a multiple of 16 bytes, a misaligned base): the caller then
+// copies another way.
+inline bool encode_tile_map(CUtensorMap& map, bool bf16, void* base, int rank, const std::uint64_t* dims,
+                            const std::uint64_t* strides, const std::uint32_t* box) {
+  const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
+  cuuint64_t d[5], s[4];
+  cuuint32_t b[5];
+  for (int i = 0; i < rank; ++i) d[i] = dims[i], b[i] = box[i];
+  for (int i = 0; i + 1 < rank; ++i) s[i] = strides[i];
+  return api().tensor_map_encode_tiled(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                                       static_cast<cuuint32_t>(rank), base, d, s, b, ones,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 
 // How many blocks of `threads` threads (and their static shared memory) of f one SM holds at once.
 inline int resident_blocks(CUfunction f, int threads, std::size_t shared_bytes = 0) {

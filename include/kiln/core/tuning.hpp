@@ -145,6 +145,12 @@ struct Tuning {
                                        // a GPU); default (or 0) each copy's row and column recomputed from a
                                        // running index (about 38 instructions a copy). Read where the kernels'
                                        // source is written, once a process (KILN_TUNE_ATTENTION_COPIES)
+  int attention_tma = -1;              // the Hopper attention forwards fed by a producer warpgroup: 1 its
+                                       // thread 0 loads each tile by TMA (cp.async.bulk.tensor, tensor maps
+                                       // the launcher encodes; NOTES item 191, not yet run on a GPU), where
+                                       // the operands' strides allow a map, else the cp.async copies; default
+                                       // (or 0) its 128 threads' cp.async copies. Read where the kernel is
+                                       // chosen, once a process (KILN_TUNE_ATTENTION_TMA)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
                              // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
                              // the dk/dv kernel, which has dS already (attention_backward_kernel_sm90.hpp's
@@ -280,6 +286,7 @@ struct Tuning {
                                    {&Tuning::attention_idle_warpgroups, "attention_idle_warpgroups"},
                                    {&Tuning::attention_uniform, "attention_uniform"},
                                    {&Tuning::attention_copies, "attention_copies"},
+                                   {&Tuning::attention_tma, "attention_tma"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -357,6 +364,7 @@ struct Tuning {
                                    {&Tuning::attention_idle_warpgroups, "KILN_TUNE_ATTENTION_IDLE_WARPGROUPS", 0, 1},
                                    {&Tuning::attention_uniform, "KILN_TUNE_ATTENTION_UNIFORM", 0, 1},
                                    {&Tuning::attention_copies, "KILN_TUNE_ATTENTION_COPIES", 0, 1},
+                                   {&Tuning::attention_tma, "KILN_TUNE_ATTENTION_TMA", 0, 1},
                                    {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;
     for (const auto& v : vars)

@@ -209,6 +209,21 @@ inline void* tile_counter(int device, CUstream stream, Tensor& captured) {
   return word;
 }
 
+// A TMA map of a [B, H, T, D] operand for the producer forward's copies (AttentionKernel::tma):
+// boxes of 64 columns and `rows` rows, as its tiles' 64-column panels; false where the copy engine
+// does not take it.
+inline bool tile_map(CUtensorMap& map, const Tensor& t, int rows) {
+  const Dims &s = t.shape(), &st = t.strides();
+  const std::uint64_t dims[4] = {static_cast<std::uint64_t>(s[3]), static_cast<std::uint64_t>(s[2]),
+                                 static_cast<std::uint64_t>(s[1]), static_cast<std::uint64_t>(s[0])};
+  const std::uint64_t strides[3] = {static_cast<std::uint64_t>(st[2]) * 2, static_cast<std::uint64_t>(st[1]) * 2,
+                                    static_cast<std::uint64_t>(st[0]) * 2};
+  const std::uint32_t box[4] = {64, static_cast<std::uint32_t>(rows), 1, 1};
+  for (int i = 0; i < 3; ++i)
+    if (st[i] < 0) return false;
+  return driver::encode_tile_map(map, t.dtype() == dtype::bf16, t.data_ptr(), 4, dims, strides, box);
+}
+
 inline void check_contiguous(const Tensor& t, const char* what) {
   if (!t.is_contiguous() || reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 != 0)
     throw error(std::string("attention: the fused backward reads ") + what + " " + t.shape().str() +
@@ -335,6 +350,12 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
   codegen::AttentionKernel a = attention_kernel_for(
       qs[3], warps, row_tiles, driver::compute_capability(device) == 90 ? hopper : 0, causal, q.dtype(), mod.mod);
   a.raw_max = mod.mod || scale > 0;  // (a mod's scores come scaled: softmax_tile scales them by 1)
+  CUtensorMap maps[3];               // (TMA: q's, k's and v's, the kernel's last parameters)
+  if (a.tma) {
+    driver::make_current(device);
+    a.tma = attention_detail::tile_map(maps[0], q, a.query_rows()) &&
+            attention_detail::tile_map(maps[1], k, a.key_rows) && attention_detail::tile_map(maps[2], v, a.key_rows);
+  }
   CUfunction f = attention_detail::function(a, device);
   driver::make_current(device);
   int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]),
@@ -366,6 +387,7 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
     cp = attention_detail::tile_counter(device, stream, captured);
     args.push_back(&cp);
   }
+  if (a.tma) args.insert(args.end(), {&maps[0], &maps[1], &maps[2]});
   launch(f, grid, Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream,
          args.data(), a.name().c_str());
 }
