@@ -52,6 +52,13 @@ void check_values(k::Device dev, k::dtype dt, double tol) {
 
 }  // namespace
 
+namespace {
+std::string& autotune_text() {  // the autotune channel's lines, collected by a test's log sink
+  static std::string t;
+  return t;
+}
+}  // namespace
+
 TEST_CASE("attention: against the oracle, causal and not, grouped-query heads, Tq != Tk (cpu)") {
   check_values(k::cpu, k::f32, 1e-5);
   check_values(k::cpu, k::bf16, 3e-2);
@@ -331,6 +338,87 @@ TEST_CASE("attention: the default forward replayed from a CUDA graph (cuda)" * n
   CHECK(entries[0]->graphs->replays() == 3);
 }
 
+// options.autotune on Hopper: the first call times the producer forwards (warpgroups, looping or a
+// counter, cp.async or TMA) on its operands and keeps the fastest; its output is the oracle's, a
+// second call times nothing, and a graph-captured program runs the choice too.
+TEST_CASE("attention: the autotuned forward (cuda)" * needs_gpu()) {
+  if (k::driver::compute_capability(0) != 90) return;  // (elsewhere nothing is tuned: the rules' kernel)
+  k::Tensor q = k::randn({2, 8, 777, 64}, k::bf16, k::cpu, 621);
+  k::Tensor kk = k::randn({2, 4, 1003, 64}, k::bf16, k::cpu, 622);
+  k::Tensor v = k::randn({2, 4, 1003, 64}, k::bf16, k::cpu, 623);
+  auto gq = q.to(k::cuda), gk = kk.to(k::cuda), gv = v.to(k::cuda);
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    auto f = [causal](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = causal}); };
+    std::string log;
+    auto old = k::debug::set_log_sink([](k::debug::Channel c, std::string_view s) {
+      if (c == k::debug::Channel::autotune) autotune_text() += s;
+    });
+    k::debug::set_log_channels("autotune");
+    autotune_text().clear();
+    auto tuned = k::compile(f, {.autotune = true});
+    const k::Tensor got = k::Tensor(tuned(gq, gk, gv)).to(k::cpu);
+    log = autotune_text();
+    autotune_text().clear();
+    const k::Tensor again = k::Tensor(tuned(gq, gk, gv)).to(k::cpu);
+    const std::string second = autotune_text();
+    k::debug::set_log_sink(old);
+    k::debug::set_log_channels("");
+    auto r = k::testing::allclose(got, k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+    CHECK_MESSAGE(bool(r), r);
+    auto same = k::testing::allclose(again, got, 0, 0);
+    CHECK_MESSAGE(bool(same), same);
+    CHECK(log.find("forwards timed, fastest kiln_attention_fwd_wgmma_d64_") != std::string::npos);
+    CHECK(log.find("_tma") != std::string::npos);  // (a TMA candidate was timed)
+    CHECK(second.find("forwards timed") == std::string::npos);
+    MESSAGE(log);
+  }
+}
+
+// A caller's own capture of the default forward, after one call on its stream (the looping
+// forward's tile counter for that stream is made then; each launch leaves it zero for the next):
+// replays give the plain call's output bit for bit.
+TEST_CASE("attention: the default forward inside a capture the caller started (cuda)" * needs_gpu()) {
+  const auto& api = k::driver::api();
+  k::driver::make_current(0);
+  CUstream s = nullptr;
+  k::driver::check(api.stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  auto gq = k::randn({2, 12, 1000, 64}, k::bf16, k::cuda, 631), gk = k::randn({2, 12, 1000, 64}, k::bf16, k::cuda, 632),
+       gv = k::randn({2, 12, 1000, 64}, k::bf16, k::cuda, 633);
+  auto f = k::compile([](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = true}); });
+  k::Tensor out = k::empty({2, 12, 1000, 64}, k::bf16, k::cuda);
+  k::synchronize();
+  {  // warm: the forward compiled, its counter and buffers made on this stream
+    k::Tensor y = f(k::Stream(s), gq, gk, gv);
+    k::eval(out, y * 1.0f, s);
+    k::eval(out, gq * 0.0f, s);
+    k::eval(out, y * 1.0f, s);
+    k::Stream(s).synchronize();
+  }
+  const k::Tensor expected = out.to(k::cpu);
+  k::driver::check(api.stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+  {
+    k::Tensor y = f(k::Stream(s), gq, gk, gv);  // captured, not run
+    k::eval(out, y * 1.0f, s);
+  }
+  CUgraph graph = nullptr;
+  k::driver::check(api.stream_end_capture(s, &graph), "cuStreamEndCapture");
+  CUgraphExec exec = nullptr;
+  k::driver::check(api.graph_instantiate(&exec, graph, 0), "cuGraphInstantiate");
+  for (int i = 0; i < 3; ++i) {
+    INFO("replay " << i);
+    k::eval(out, gq * 0.0f, s);
+    k::driver::check(api.graph_launch(exec, s), "cuGraphLaunch");
+    k::Stream(s).synchronize();
+    auto same = k::testing::allclose(out.to(k::cpu), expected, 0, 0);
+    CHECK_MESSAGE(bool(same), same);
+  }
+  api.graph_exec_destroy(exec);
+  api.graph_destroy(graph);
+  k::Stream(s).synchronize();
+  api.stream_destroy(s);
+}
+
 // KILN_TUNE_ATTENTION_DQ=1 on Hopper: where q, k and v have one shape, one kernel computes dk, dv
 // and dq (dq's sums added with atomic reductions: attention_backward_kernel_sm90.hpp's dqkv), with
 // and without an inlined score_mod; its gradients against the oracle and against the two kernels'.
@@ -521,13 +609,13 @@ TEST_CASE("attention: the Hopper kernels' sources") {
     CHECK(pp_fwd.find("const int wg = KILN_WARPGROUP_INDEX") != std::string::npos);
     // The lean copies (NOTES item 190; read once a process): only under KILN_TUNE_ATTENTION_COPIES=1,
     // where the looping three-warpgroup producer does not unroll them.
-    const bool lean = k::Tuning::from_environment().attention_copies == 1;
+    const bool lean = k::Tuning::from_environment().attention_copies != 0;
     const std::string loop_fwd = cg::attention_forward_kernel_source(loop);
     CHECK((pp_fwd.find("#define KILN_LEAN_COPIES 1") != std::string::npos) == lean);
     CHECK((loop_fwd.find("#define KILN_PRODUCE_UNROLL 1\n") != std::string::npos) == (lean && D == 64));
     // The producer's copies by TMA (NOTES item 191; read once a process): only under
     // KILN_TUNE_ATTENTION_TMA=1, named apart, and in the producer kernels only.
-    const bool tma = k::Tuning::from_environment().attention_tma == 1;
+    const bool tma = k::Tuning::from_environment().attention_tma != 0;
     CHECK(pp.tma == tma);
     CHECK(!a.tma);
     CHECK((pp.name().find("_tma") != std::string::npos) == tma);

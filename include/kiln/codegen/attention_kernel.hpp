@@ -46,10 +46,10 @@ struct AttentionKernel {
   // device memory, one at a time as it finishes, instead of a round robin fixed in advance (NOTES
   // item 188; each launch leaves it zero for the next: runtime tile_counter).
   bool dynamic = false;
-  // With a producer (KILN_TUNE_ATTENTION_TMA=1): its thread 0 loads q and each key tile by TMA, from
-  // tensor maps of q, k and v the launcher encodes (the kernel's last parameters; NOTES item 191), rows
-  // past T filled with zeros by the copy engine. The launcher takes the cp.async kernel where a map
-  // cannot describe an operand (no keys, strides the copy engine does not take).
+  // With a producer (by default; KILN_TUNE_ATTENTION_TMA=0 its 128 threads' cp.async): its thread 0 loads q and each
+  // key tile by TMA, from tensor maps of q, k and v the launcher encodes (the kernel's last parameters; NOTES item
+  // 191), rows past T filled with zeros by the copy engine. The launcher takes the cp.async kernel where a map cannot
+  // describe an operand (no keys, strides the copy engine does not take).
   bool tma = false;
   // Hopper's forwards: each key tile's max taken over the raw scores and the scale applied inside the
   // exponent's FFMA (attention_kernel_sm90.hpp's softmax_tile; benchmarks/NOTES.md item 178), which
@@ -107,7 +107,7 @@ struct AttentionKernel {
     a.persistent = producer && persistent && a.score_mod.empty();
     if (a.persistent && a.stages() < 3) a.persistent = false;
     a.dynamic = a.persistent && dynamic;
-    static const bool tma = Tuning::from_environment().attention_tma == 1;  // an A/B knob: see Tuning
+    static const bool tma = Tuning::from_environment().attention_tma != 0;  // an A/B knob: see Tuning
     a.tma = producer && tma;
     return a;
   }

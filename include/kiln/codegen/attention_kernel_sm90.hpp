@@ -65,7 +65,7 @@ inline std::string wgmma_function(const std::string& name, int n, bool a_registe
 // primitives, wgmma's descriptors, fences and waits, and the loader of 128-byte-swizzled tiles;
 // `uniform`: the warpgroup index broadcast from lane 0 (KILN_UNIFORM_WARPGROUP below).
 inline std::string wgmma_prelude(bool uniform) {
-  static const bool lean = Tuning::from_environment().attention_copies == 1;  // an A/B knob: see Tuning
+  static const bool lean = Tuning::from_environment().attention_copies != 0;  // an A/B knob: see Tuning
   return std::string(uniform ? "#define KILN_UNIFORM_WARPGROUP 1\n" : "") +
          (lean ? "#define KILN_LEAN_COPIES 1\n" : "") + attention_prelude() + R"(
 typedef unsigned long long u64;
@@ -103,7 +103,7 @@ __device__ __forceinline__ void kiln_hold(float (&d)[N]) {
 // STEP is a multiple of 8, so the swizzle's row term stays put and each copy's destination and
 // source move by a constant: a few instructions a copy, where recomputing the row and column from
 // a running index took about 38 (ncu, benchmarks/NOTES.md item 190;
-// KILN_TUNE_ATTENTION_COPIES=1, which defines KILN_LEAN_COPIES).
+// the default: KILN_TUNE_ATTENTION_COPIES=0 leaves KILN_LEAN_COPIES undefined).
 template <int ROWS, int THREADS = KILN_WARPS * 32, int UNROLL = 4>
 __device__ __forceinline__ void load_tile_sw128(u32 tile, const u16* src, i64 st, int r0, int T, int t = threadIdx.x) {
   constexpr int STEP = THREADS / CH;

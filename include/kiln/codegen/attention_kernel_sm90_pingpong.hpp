@@ -40,10 +40,10 @@ inline std::string attention_forward_source_sm90_pingpong(const AttentionKernel&
   // The registers each role keeps (setmaxnreg): the producer's and the consumers' add up to the
   // register file at one block an SM of (warpgroups + 1) * 128 threads (two consumers: 128 * (40 + 2 *
   // 232) = 64512; three: 128 * (32 + 3 * 160) = 65536, FlashAttention-3's split).
-  // At 32 registers the producer's copies unrolled by 4 spill (ptxas, sm_90a): by 2 they do not. Under
-  // KILN_TUNE_ATTENTION_COPIES=1 (load_tile_sw128's lean copies) the kernels taking tiles from a
-  // counter spill by 2 as well (4-16 bytes): the three-warpgroup producers then do not unroll them.
-  static const bool lean = Tuning::from_environment().attention_copies == 1;  // an A/B knob: see Tuning
+  // At 32 registers the producer's copies unrolled by 4 spill (ptxas, sm_90a): by 2 they do not. With
+  // load_tile_sw128's lean copies (the default; KILN_TUNE_ATTENTION_COPIES=0 the loop before) the kernels taking tiles
+  // from a counter spill by 2 as well (4-16 bytes): the three-warpgroup producers then do not unroll them.
+  static const bool lean = Tuning::from_environment().attention_copies != 0;  // an A/B knob: see Tuning
   s += a.warpgroups == 2 ? "#define KILN_PRODUCER_REGS 40\n#define KILN_CONSUMER_REGS 232\n"
                          : "#define KILN_PRODUCER_REGS 32\n#define KILN_CONSUMER_REGS 160\n";
   s += std::string("#define KILN_PRODUCE_UNROLL ") + (a.warpgroups == 2 ? "4" : lean ? "1" : "2") + "\n";

@@ -139,18 +139,18 @@ struct Tuning {
                                        // too, 0 nowhere (threadIdx.x / 128, the rule before). Read where the
                                        // kernels' source is written, once a process
                                        // (KILN_TUNE_ATTENTION_UNIFORM)
-  int attention_copies = -1;           // the Hopper attention kernels' cp.async copies into swizzled tiles: 1
-                                       // each thread walks one chunk column's rows, its addresses advanced by
-                                       // constants (a few instructions a copy; NOTES item 190, not yet run on
-                                       // a GPU); default (or 0) each copy's row and column recomputed from a
-                                       // running index (about 38 instructions a copy). Read where the kernels'
-                                       // source is written, once a process (KILN_TUNE_ATTENTION_COPIES)
-  int attention_tma = -1;              // the Hopper attention forwards fed by a producer warpgroup: 1 its
-                                       // thread 0 loads each tile by TMA (cp.async.bulk.tensor, tensor maps
-                                       // the launcher encodes; NOTES item 191, not yet run on a GPU), where
-                                       // the operands' strides allow a map, else the cp.async copies; default
-                                       // (or 0) its 128 threads' cp.async copies. Read where the kernel is
-                                       // chosen, once a process (KILN_TUNE_ATTENTION_TMA)
+  int attention_copies = -1;           // the Hopper attention kernels' cp.async copies into swizzled tiles: by
+                                       // default (or 1) each thread walks one chunk column's rows, its
+                                       // addresses advanced by constants (a few instructions a copy; NOTES
+                                       // item 190); 0 each copy's row and column recomputed from a running
+                                       // index (about 38 instructions a copy, the rule before). Read where the
+                                       // kernels' source is written, once a process (KILN_TUNE_ATTENTION_COPIES)
+  int attention_tma = -1;              // the Hopper attention forwards fed by a producer warpgroup: by default
+                                       // (or 1) its thread 0 loads each tile by TMA (cp.async.bulk.tensor, tensor
+                                       // maps the launcher encodes; NOTES item 191) where the operands allow
+                                       // a map, else the cp.async copies; 0 its 128 threads' cp.async copies
+                                       // (the rule before). Read where the kernel is chosen, once a process
+                                       // (KILN_TUNE_ATTENTION_TMA)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
                              // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
                              // the dk/dv kernel, which has dS already (attention_backward_kernel_sm90.hpp's

@@ -3,6 +3,7 @@
 // warps, causal, dtype) through the disk cache. Lowering (runtime/lower.hpp) gives an attention
 // node to it only where attention_flash_fits says so; everywhere else attention is decomposed.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <numbers>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -22,6 +24,7 @@
 #include "../../core/driver.hpp"
 #include "../../core/error.hpp"
 #include "../../core/tensor.hpp"
+#include "../../debug/log.hpp"
 #include "../../graph/graph.hpp"
 #include "../../graph/infer_attention.hpp"
 #include "../compile/cached_cubin.hpp"
@@ -187,12 +190,15 @@ inline CUfunction function(const codegen::AttentionKernel& a, int device) {
 // it exactly once a tile, and the add that takes the last value puts it back to zero
 // (attention_kernel_sm90_pingpong.hpp), so a launch leaves the word as it found it and launches
 // need no zeroing of their own: one word a stream (launches on two streams never share one,
-// launches on one are ordered by it), zeroed once when made. Never freed. Inside a capture a word
-// of the stream's would be shared by every graph recorded on it, which may replay at once on
-// different streams; there the word is the graph's own (capture_temporary) and the graph zeroes it
-// before the launch, as a later node of the same graph may reuse it.
+// launches on one are ordered by it), zeroed once when made. Never freed: a caller's captured graph
+// may still point at it (its first launch on a stream must come before the caller captures on it,
+// as for any buffer the allocator would have to make). In kiln's own capture (`.cuda_graphs`) the
+// word is the graph's (capture_temporary, fresh from the driver) and the graph zeroes it before the
+// launch, as a later node of the same graph may reuse it: graphs recorded on kiln's capture stream
+// would otherwise share one word, and two of them replayed at once on two streams would take each
+// other's tiles.
 inline void* tile_counter(int device, CUstream stream, Tensor& captured) {
-  if (stream && driver::is_capturing(stream)) {
+  if (stream && active_capture_keep() && driver::is_capturing(stream)) {
     captured = capture_temporary(Dims{1}, dtype::i32, Device{Device::Kind::cuda, device}, stream);
     driver::memset_async(captured.data_ptr(), 0, sizeof(int), stream);
     return captured.data_ptr();
@@ -330,36 +336,26 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
   }
 }
 
-// out = softmax(q k^T * scale [causal]) v, written by the fused kernel attention_kernel_for picks
-// (`hopper`: the warpgroup kernel where it takes the head dim, attention_kernel_for's); given lse, each row's
-// log-sum-exp into it ([B, H, Tq] f32, attention_lse's value).
-inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int warps,
-                            int row_tiles, int hopper, Tensor& out, Tensor* lse, ScoreModCall mod, CUstream stream) {
-  if (!q.device().is_cuda()) throw error("attention: the fused kernel runs on CUDA devices only");
-  attention_detail::check(q, "q");
-  attention_detail::check(k, "k");
-  attention_detail::check(v, "v");
-  attention_detail::check(out, "its output");
-  if (lse) attention_detail::check_contiguous(*lse, "the log-sum-exp");
-  const Dims &qs = q.shape(), &ks = k.shape();
-  if (!attention_flash_fits(qs, ks, v.shape(), q.dtype(), 80) || k.dtype() != q.dtype() || v.dtype() != q.dtype())
-    throw shape_error("attention: this program runs the fused kernel, which does not take q " + qs.str() + ", k " +
-                      ks.str() + ", v " + v.shape().str() + " " + std::string(name(q.dtype())) +
-                      " (sizes changed under dynamic shapes): compile it again");
+namespace attention_detail {
+
+// Launches forward kernel `a` (attention_flash's arguments, checked): out, and lse where given.
+inline void launch_forward(codegen::AttentionKernel a, const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                           Tensor& out, Tensor* lse, ScoreModCall& mod, CUstream stream) {
   const int device = out.device().index;
-  codegen::AttentionKernel a = attention_kernel_for(
-      qs[3], warps, row_tiles, driver::compute_capability(device) == 90 ? hopper : 0, causal, q.dtype(), mod.mod);
-  a.raw_max = mod.mod || scale > 0;  // (a mod's scores come scaled: softmax_tile scales them by 1)
-  CUtensorMap maps[3];               // (TMA: q's, k's and v's, the kernel's last parameters)
+  const Dims &qs = q.shape(), &ks = k.shape();
+  const unsigned blocks = static_cast<unsigned>((qs[2] + a.query_rows() - 1) / a.query_rows());
+  const std::int64_t heads = qs[0] * qs[1], most = 65535;  // (batch, head) pairs along y, then z
+  if (blocks == 0 || heads == 0) return;
+  CUtensorMap maps[3];  // (TMA: q's, k's and v's, the kernel's last parameters)
   if (a.tma) {
     driver::make_current(device);
-    a.tma = attention_detail::tile_map(maps[0], q, a.query_rows()) &&
-            attention_detail::tile_map(maps[1], k, a.key_rows) && attention_detail::tile_map(maps[2], v, a.key_rows);
+    a.tma =
+        tile_map(maps[0], q, a.query_rows()) && tile_map(maps[1], k, a.key_rows) && tile_map(maps[2], v, a.key_rows);
   }
-  CUfunction f = attention_detail::function(a, device);
+  CUfunction f = function(a, device);
   driver::make_current(device);
-  int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]),
-      Tk = static_cast<int>(ks[2]);
+  int BH = static_cast<int>(qs[0] * qs[1]), H = static_cast<int>(qs[1]), G = static_cast<int>(qs[1] / ks[1]),
+      Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(ks[2]);
   float scale_log2 = static_cast<float>(scale * std::numbers::log2e), sc = static_cast<float>(scale);
   const void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr();
   void* op = out.data_ptr();
@@ -372,9 +368,6 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
                              &Tk,    &scale_log2, &st[0], &st[1], &st[2],  &st[3],  &st[4], &st[5],
                              &st[6], &st[7],      &st[8], &st[9], &st[10], &st[11], &lp};
   if (mod.mod) args.insert(args.end(), {&sc, mod.params.data()});  // the mod's parameters
-  const unsigned blocks = static_cast<unsigned>((Tq + a.query_rows() - 1) / a.query_rows());
-  const std::int64_t heads = qs[0] * qs[1], most = 65535;  // (batch, head) pairs along y, then z
-  if (blocks == 0 || heads == 0) return;
   // Looping (AttentionKernel::persistent): one block an SM, each taking one query tile a round of the
   // blocks (attention_kernel_sm90_pingpong.hpp's TILE_AT), or dynamic: the next from a counter.
   const Dim3 grid = a.persistent
@@ -384,12 +377,90 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
   Tensor captured;  // (dynamic inside a capture: the graph's own counter)
   void* cp = nullptr;
   if (a.dynamic) {  // (never with a mod: its parameters would come first)
-    cp = attention_detail::tile_counter(device, stream, captured);
+    cp = tile_counter(device, stream, captured);
     args.push_back(&cp);
   }
   if (a.tma) args.insert(args.end(), {&maps[0], &maps[1], &maps[2]});
   launch(f, grid, Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream,
          args.data(), a.name().c_str());
+}
+
+// options.autotune on Hopper: the first call of a problem (shapes, strides, dtype, causal, mod, the
+// scale's sign) times the forwards fed by a producer warpgroup — two or three consumer warpgroups, a
+// query tile a block, looping over a fixed round or taking tiles from a counter, each with cp.async
+// or TMA copies — on its own operands, and keeps the fastest for the process. Inside a capture
+// nothing is timed and the rules' kernel runs, unkept. Returns the kernel to launch.
+inline codegen::AttentionKernel tuned_forward(const codegen::AttentionKernel& rules, const Tensor& q, const Tensor& k,
+                                              const Tensor& v, double scale, Tensor& out, Tensor* lse,
+                                              ScoreModCall& mod, CUstream stream) {
+  if (stream && driver::is_capturing(stream)) return rules;
+  std::ostringstream key;
+  key << out.device().index << ' ' << rules.name() << ' ' << (lse != nullptr);
+  for (const Tensor* t : {&q, &k, &v, static_cast<const Tensor*>(&out)})
+    key << ' ' << t->shape().str() << t->strides().str();
+  static std::mutex mutex;
+  static auto* chosen = new std::map<std::string, codegen::AttentionKernel>();
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = chosen->find(key.str()); it != chosen->end()) return it->second;
+  }
+  std::vector<codegen::AttentionKernel> candidates = {rules};
+  for (int hopper : {6, 5, 4, 3})
+    for (bool tma : {false, true}) {
+      codegen::AttentionKernel c =
+          attention_kernel_for(q.shape()[3], rules.warps, rules.row_tiles, hopper, rules.causal, rules.dt, mod.mod);
+      c.raw_max = rules.raw_max;
+      c.tma = tma && c.producer;
+      if (std::none_of(candidates.begin(), candidates.end(),
+                       [&](const codegen::AttentionKernel& d) { return d.name() == c.name(); }))
+        candidates.push_back(c);
+    }
+  codegen::AttentionKernel best = rules;
+  double best_ms = 0, rules_ms = 0;
+  for (const codegen::AttentionKernel& c : candidates) {
+    const double ms = time_calls_ms([&] { launch_forward(c, q, k, v, scale, out, lse, mod, stream); }, stream);
+    if (&c == &candidates.front()) rules_ms = ms;
+    if (best_ms > 0 && ms >= best_ms) continue;
+    best_ms = ms;
+    best = c;
+  }
+  debug::log_lazy(debug::Channel::autotune, [&] {
+    return "attention q " + q.shape().str() + " k " + k.shape().str() + ": " + std::to_string(candidates.size()) +
+           " forwards timed, fastest " + best.name() + " " + std::to_string(best_ms) + " ms (the rules' " +
+           rules.name() + " " + std::to_string(rules_ms) + " ms)";
+  });
+  std::lock_guard lock(mutex);
+  return chosen->emplace(key.str(), best).first->second;
+}
+
+}  // namespace attention_detail
+
+// out = softmax(q k^T * scale [causal]) v, written by the fused kernel attention_kernel_for picks
+// (`hopper`: the warpgroup kernel where it takes the head dim, attention_kernel_for's; under
+// `autotune` the fastest of Hopper's producer forwards, attention_detail::tuned_forward); given lse,
+// each row's log-sum-exp into it ([B, H, Tq] f32, attention_lse's value).
+inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int warps,
+                            int row_tiles, int hopper, Tensor& out, Tensor* lse, ScoreModCall mod, CUstream stream,
+                            bool autotune = false) {
+  if (!q.device().is_cuda()) throw error("attention: the fused kernel runs on CUDA devices only");
+  attention_detail::check(q, "q");
+  attention_detail::check(k, "k");
+  attention_detail::check(v, "v");
+  attention_detail::check(out, "its output");
+  if (lse) attention_detail::check_contiguous(*lse, "the log-sum-exp");
+  const Dims &qs = q.shape(), &ks = k.shape();
+  if (!attention_flash_fits(qs, ks, v.shape(), q.dtype(), 80) || k.dtype() != q.dtype() || v.dtype() != q.dtype())
+    throw shape_error("attention: this program runs the fused kernel, which does not take q " + qs.str() + ", k " +
+                      ks.str() + ", v " + v.shape().str() + " " + std::string(name(q.dtype())) +
+                      " (sizes changed under dynamic shapes): compile it again");
+  const int device = out.device().index;
+  const bool sm90 = driver::compute_capability(device) == 90;
+  codegen::AttentionKernel a =
+      attention_kernel_for(qs[3], warps, row_tiles, sm90 ? hopper : 0, causal, q.dtype(), mod.mod);
+  a.raw_max = mod.mod || scale > 0;  // (a mod's scores come scaled: softmax_tile scales them by 1)
+  if (autotune && sm90 && a.warpgroups > 0 && qs[0] * qs[1] * qs[2] > 0)
+    a = attention_detail::tuned_forward(a, q, k, v, scale, out, lse, mod, stream);
+  attention_detail::launch_forward(a, q, k, v, scale, out, lse, mod, stream);
 }
 
 }  // namespace kiln::runtime

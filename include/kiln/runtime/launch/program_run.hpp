@@ -221,7 +221,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
                         attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a,
                         static_cast<int>(n.attrs.d), static_cast<int>(n.attrs.dims[0]),
                         n.attrs.dims.size() > 1 ? static_cast<int>(n.attrs.dims[1]) : 0, temps[k.extern_node],
-                        lse >= 0 ? &temps[lse] : nullptr, mod_of(n), stream);
+                        lse >= 0 ? &temps[lse] : nullptr, mod_of(n), stream, autotune);
         return;
       }
       if (n.op == Op::attention_lse) {  // the rows' log-sum-exp where no forward kernel wrote it
