@@ -5,6 +5,8 @@
 // candidate of every kernel on its real arguments, then a second round the winner's neighbours (the
 // winner with each single change of the first list on top: a coordinate descent step), and keeps
 // the fastest. GEMMs time cuBLASLt's best few algorithms the same way (runtime/extern/cuda_matmul.hpp).
+// Hopper's fused attention forward times its producer kernels the same way, once a process
+// (runtime/extern/attention.hpp's tuned_forward).
 // The choice is kept in the disk cache, so a later process compiles only the winners and times
 // nothing. CPU programs are not tuned: they run the rules' choices.
 #pragma once
