@@ -607,14 +607,14 @@ TEST_CASE("attention: the Hopper kernels' sources") {
     const int uniform = k::Tuning::from_environment().attention_uniform;
     CHECK((pp_fwd.find("#define KILN_UNIFORM_WARPGROUP 1") != std::string::npos) == (uniform != 0));
     CHECK(pp_fwd.find("const int wg = KILN_WARPGROUP_INDEX") != std::string::npos);
-    // The lean copies (NOTES item 190; read once a process): only under KILN_TUNE_ATTENTION_COPIES=1,
-    // where the looping three-warpgroup producer does not unroll them.
+    // The lean copies (NOTES item 190; read once a process): by default (not under
+    // KILN_TUNE_ATTENTION_COPIES=0), where the looping three-warpgroup producer does not unroll them.
     const bool lean = k::Tuning::from_environment().attention_copies != 0;
     const std::string loop_fwd = cg::attention_forward_kernel_source(loop);
     CHECK((pp_fwd.find("#define KILN_LEAN_COPIES 1") != std::string::npos) == lean);
     CHECK((loop_fwd.find("#define KILN_PRODUCE_UNROLL 1\n") != std::string::npos) == (lean && D == 64));
-    // The producer's copies by TMA (NOTES item 191; read once a process): only under
-    // KILN_TUNE_ATTENTION_TMA=1, named apart, and in the producer kernels only.
+    // The producer's copies by TMA (NOTES item 191; read once a process): by default (not under
+    // KILN_TUNE_ATTENTION_TMA=0), named apart, and in the producer kernels only.
     const bool tma = k::Tuning::from_environment().attention_tma != 0;
     CHECK(pp.tma == tma);
     CHECK(!a.tma);
@@ -622,6 +622,16 @@ TEST_CASE("attention: the Hopper kernels' sources") {
     CHECK((pp_fwd.find("#define KILN_TMA 1") != std::string::npos) == tma);
     CHECK(pp_fwd.find("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes") !=
           std::string::npos);
+    // The default forward (tiles from a counter at D 64) with each kind of copies compiles for sm_90a
+    // (NVRTC, no GPU needed): the launcher takes the cp.async kernel where a tensor map cannot be made.
+    for (bool by_tma : {true, false}) {
+      INFO("tma " << by_tma);
+      cg::AttentionKernel dyn = cg::AttentionKernel::hopper(cg::AttentionKernel::for_head_dim(D), 3, true, true, true);
+      dyn.causal = true;
+      dyn.tma = by_tma;
+      CHECK(dyn.dynamic == (D == 64));
+      CHECK(!k::runtime::compile_cubin(cg::attention_forward_kernel_source(dyn), dyn.name(), "sm_90a").empty());
+    }
     cg::AttentionKernel with_mod = cg::AttentionKernel::for_head_dim(D);
     with_mod.score_mod = "float kiln_score_mod(float s) { return s; }";
     with_mod.score_mod_tag = "t";
