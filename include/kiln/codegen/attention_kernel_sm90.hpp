@@ -18,6 +18,7 @@
 
 #include "../core/error.hpp"
 #include "attention_kernel.hpp"
+#include "attention_tma.hpp"
 
 namespace kiln::codegen {
 
