@@ -12,7 +12,6 @@
 #include <mutex>
 #include <numbers>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -394,15 +393,16 @@ inline codegen::AttentionKernel tuned_forward(const codegen::AttentionKernel& ru
                                               const Tensor& v, double scale, Tensor& out, Tensor* lse,
                                               ScoreModCall& mod, CUstream stream) {
   if (stream && driver::is_capturing(stream)) return rules;
-  std::ostringstream key;
-  key << out.device().index << ' ' << rules.name() << ' ' << (lse != nullptr);
+  // (the key: the rules' kernel, which names the dtype, causal, the mod and the scale's sign; then the
+  // device, whether lse is written, and every operand's sizes and strides)
+  std::pair<std::string, std::vector<std::int64_t>> key{rules.name(), {out.device().index, lse != nullptr}};
   for (const Tensor* t : {&q, &k, &v, static_cast<const Tensor*>(&out)})
-    key << ' ' << t->shape().str() << t->strides().str();
+    for (int i = 0; i < 4; ++i) key.second.insert(key.second.end(), {t->shape()[i], t->strides()[i]});
   static std::mutex mutex;
-  static auto* chosen = new std::map<std::string, codegen::AttentionKernel>();
+  static auto* chosen = new std::map<std::pair<std::string, std::vector<std::int64_t>>, codegen::AttentionKernel>();
   {
     std::lock_guard lock(mutex);
-    if (auto it = chosen->find(key.str()); it != chosen->end()) return it->second;
+    if (auto it = chosen->find(key); it != chosen->end()) return it->second;
   }
   std::vector<codegen::AttentionKernel> candidates = {rules};
   for (int hopper : {6, 5, 4, 3})
@@ -430,7 +430,7 @@ inline codegen::AttentionKernel tuned_forward(const codegen::AttentionKernel& ru
            rules.name() + " " + std::to_string(rules_ms) + " ms)";
   });
   std::lock_guard lock(mutex);
-  return chosen->emplace(key.str(), best).first->second;
+  return chosen->emplace(std::move(key), best).first->second;
 }
 
 }  // namespace attention_detail
