@@ -396,6 +396,11 @@ TEST_CASE("attention: the default forward inside a capture the caller started (c
     k::Stream(s).synchronize();
   }
   const k::Tensor expected = out.to(k::cpu);
+  {  // the warm call against the oracle; the replays against it bit for bit below
+    auto q = gq.to(k::cpu), kk = gk.to(k::cpu), v = gv.to(k::cpu);
+    auto r = k::testing::allclose(expected, k::reference::eval(k::attention(q, kk, v, {.causal = true})), 2e-2, 2e-2);
+    CHECK_MESSAGE(bool(r), r);
+  }
   k::driver::check(api.stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
   {
     k::Tensor y = f(k::Stream(s), gq, gk, gv);  // captured, not run
