@@ -38,7 +38,7 @@ inline void log_graph(debug::Channel ch, const std::string& title, const graph::
 }
 
 // k::attention on a CUDA device, over operands the fused kernel takes
-// (runtime/extern/attention.hpp's attention_flash_fits): the fused kernel's node, attention_flash
+// (runtime/extern/attention_kernels.hpp's attention_flash_fits): the fused kernel's node, attention_flash
 // (an extern step; its derivative rule builds the backward from primitives), instead of the
 // decomposition into batched matmuls and a materialised softmax. KILN_TUNE_ATTENTION=0 keeps the
 // decomposition; its other values set the kernel's warps. On Hopper the forward is the warpgroup
