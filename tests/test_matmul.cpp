@@ -18,6 +18,7 @@
 #include <kiln/core/tensor.hpp>
 #include <kiln/runtime/extern/cpu_matmul.hpp>
 #include <kiln/runtime/extern/cuda_matmul.hpp>
+#include <kiln/runtime/extern/dot_matmul.hpp>
 #include <kiln/runtime/extern/matmul_layout.hpp>
 
 #include "have_gpu.hpp"
@@ -699,4 +700,131 @@ TEST_CASE("cuda_matmul: threads sharing the default stream" * needs_gpu()) {
       check_close(to_host(results[static_cast<std::size_t>(t)][static_cast<std::size_t>(r)]), p.want,
                   {1e-3, 1e-3});  // interleaved partials are off by O(1)
     }
+}
+
+// ---- kiln's GEMM template (codegen/gemm_template.hpp on the prelude's `dot`) ----------------------
+
+namespace {
+
+// out = e(a @ b (+ bias)) in f64 from the stored values, with e's aux: the pre-activation a *_aux
+// epilogue stores, or the one dgelu_tanh reads (pre, given).
+std::vector<double> epilogue_reference(const Tensor& a, const Tensor& b, const Tensor* bias, rt::Epilogue e,
+                                       const Tensor* pre, std::vector<double>* kept) {
+  std::vector<double> want = reference(a, b);
+  const std::int64_t N = b.shape()[b.dim() - 1];
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const std::int64_t n = static_cast<std::int64_t>(i) % N;
+    double x = want[i] + (rt::epilogue_has_bias(e) ? at(*bias, {n}) : 0.0);
+    if (kept) kept->push_back(x);
+    if (e == rt::Epilogue::relu || e == rt::Epilogue::relu_bias) x = std::max(x, 0.0);
+    if (e == rt::Epilogue::gelu_tanh || e == rt::Epilogue::gelu_tanh_bias || e == rt::Epilogue::gelu_tanh_aux ||
+        e == rt::Epilogue::gelu_tanh_aux_bias)
+      x = 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    if (e == rt::Epilogue::dgelu_tanh) {
+      const double u = at(*pre, {static_cast<std::int64_t>(i) / N, n}), c = 0.7978845608028654;
+      const double t = std::tanh(c * (u + 0.044715 * u * u * u));
+      x *= 0.5 * (1 + t) + 0.5 * u * (1 - t * t) * c * (1 + 3 * 0.044715 * u * u);
+    }
+    want[i] = x;
+  }
+  return want;
+}
+
+// The template's result on `device` (garbage in the output first) against the reference. Epilogues
+// that read or keep the pre-activation take a [M, N] a and b (aux is 2-D here).
+void check_dot(const Tensor& a, const Tensor& b, k::dtype out_dt, rt::Epilogue e, k::Device device) {
+  const Dims shape = out_shape(a, b);
+  const std::int64_t N = shape[shape.size() - 1];
+  const Tensor bias = random({N}, out_dt), pre = random(shape, out_dt);
+  const bool aux = rt::epilogue_has_aux(e), keeps = aux && e != rt::Epilogue::dgelu_tanh;
+  std::vector<double> kept;
+  const std::vector<double> want = epilogue_reference(a, b, &bias, e, &pre, keeps ? &kept : nullptr);
+  Tensor out_host = Tensor::empty(shape, out_dt, k::cpu);
+  for (std::int64_t i = 0; i < out_host.numel(); ++i) k::store_from_double(out_host.data_ptr(), out_dt, i, 12345.0);
+  const bool gpu = device.is_cuda();
+  Tensor out = gpu ? to_cuda(out_host) : out_host, aux_t = aux ? (gpu ? to_cuda(pre) : pre) : Tensor();
+  const Tensor bias_d = gpu ? to_cuda(bias) : bias;
+  rt::dot_matmul(gpu ? to_cuda(a) : a, gpu ? to_cuda(b) : b, &bias_d, e, out, nullptr, aux ? &aux_t : nullptr);
+  // f32 products: the template's f32 sums in another order than the reference (and TF32 is off).
+  const double K = static_cast<double>(a.shape()[a.dim() - 1]);
+  std::vector<double> rounding = reference(a, b, true);
+  for (double& r : rounding) r *= 2 * std::sqrt(K) * 0x1p-24 * (e == rt::Epilogue::dgelu_tanh ? 2 : 1);
+  const Tol tol = e == rt::Epilogue::none || e == rt::Epilogue::bias ? tolerance(out_dt) : Tol{2e-2, 2e-2};
+  check_close(gpu ? to_host(out) : out, want, out_dt == k::f32 ? Tol{1e-4, 1e-4} : tol, rounding);
+  if (keeps) {
+    INFO("the kept pre-activation");
+    check_close(gpu ? to_host(aux_t) : aux_t, kept, out_dt == k::f32 ? Tol{1e-4, 1e-4} : tolerance(out_dt), rounding);
+  }
+}
+
+void check_dot_cases(k::Device device) {
+  using E = rt::Epilogue;
+  SUBCASE("dtypes and odd sizes") {
+    for (k::dtype dt : {k::f32, k::bf16, k::f16}) {
+      CAPTURE(k::name(dt));
+      check_dot(random({37, 29}, dt), random({29, 53}, dt), dt, E::none, device);
+      check_dot(random({130, 75}, dt), random({75, 131}, dt), dt, E::bias, device);
+      check_dot(random({1, 200}, dt), random({200, 5}, dt), dt, E::none, device);
+      check_dot(random({3, 0}, dt), random({0, 4}, dt), dt, E::bias, device);  // K = 0: the bias alone
+    }
+    check_dot(random({37, 29}, k::bf16), random({29, 53}, k::bf16), k::f32, E::none, device);  // f32 out
+  }
+  SUBCASE("layouts: transposed, strided, batched and broadcast") {
+    for (k::dtype dt : {k::bf16, k::f32}) {
+      CAPTURE(k::name(dt));
+      check_dot(random_transposed(70, 96, dt), random({96, 64}, dt), dt, E::none, device);   // a M-contiguous
+      check_dot(random({70, 96}, dt), random_transposed(96, 136, dt), dt, E::none, device);  // b K-contiguous
+      check_dot(random_transposed(65, 33, dt), random_transposed(33, 72, dt), dt, E::none, device);
+      check_dot(random_view({9, 11}, dt, {40, 2}, 3), random_view({11, 13}, dt, {3, 50}, 1), dt, E::none, device);
+      check_dot(random({3, 17, 40}, dt), random({40, 24}, dt), dt, E::bias, device);  // b broadcast
+      check_dot(random({17, 40}, dt), random({2, 40, 24}, dt), dt, E::none, device);  // a broadcast
+      check_dot(random_view({3, 17, 33}, dt, {17 * 33, 1, 17}), random_view({3, 33, 9}, dt, {1, 3, 99}), dt, E::none,
+                device);
+    }
+  }
+  SUBCASE("epilogues") {
+    for (E e : {E::relu, E::relu_bias, E::gelu_tanh_bias, E::gelu_tanh_aux_bias, E::dgelu_tanh}) {
+      CAPTURE(static_cast<int>(e));
+      check_dot(random({45, 70}, k::bf16), random_transposed(70, 40, k::bf16), k::bf16, e, device);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dot: kiln's GEMM template on the CPU against f64 products (odd sizes, layouts, epilogues)") {
+  check_dot_cases(k::cpu);
+  SUBCASE("what the template does not take is an error naming it") {
+    Tensor out = Tensor::empty({3, 5}, k::f32, k::cpu);
+    CHECK_THROWS_AS(rt::dot_matmul(random({3, 4}, k::f64), random({4, 5}, k::f64), nullptr, rt::Epilogue::none, out),
+                    k::dtype_error);
+    CHECK_THROWS_AS(rt::dot_matmul(random({3, 4}), random({4, 5}), nullptr, rt::Epilogue::bias, out), k::shape_error);
+  }
+}
+
+TEST_CASE("dot: the GEMM template's GPU kernels compile under NVRTC (sm_80, sm_90a)") {
+  // Every path of the device `dot`: 16-bit by ldmatrix both ways, f32 by TF32 and by FMA, cp.async
+  // and element-by-element staging, each epilogue's statements.
+  std::vector<k::codegen::GemmKernel> kernels;
+  k::codegen::GemmKernel g;
+  kernels.push_back(g);  // bf16, A K-contiguous, B N-contiguous, cp.async
+  g.dt = g.out_dt = k::f16, g.a_k = false, g.b_k = true, g.bias = true, g.act = k::schedule::Activation::gelu_tanh,
+  g.aux = true, g.warps_n = 4;
+  kernels.push_back(g);
+  g = {};
+  g.dt = g.out_dt = k::f32, g.tf32 = true, g.async = false, g.act = k::schedule::Activation::dgelu_tanh;
+  kernels.push_back(g);
+  g.tf32 = false, g.a_k = false, g.bm = 64, g.bn = 64, g.stages = 4, g.act = k::schedule::Activation::relu;
+  kernels.push_back(g);
+  for (const auto& kern : kernels)
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      CAPTURE(kern.name());
+      CAPTURE(arch);
+      std::vector<char> cubin = rt::compile_cubin(k::codegen::gemm_kernel_source(kern), kern.name(), arch);
+      CHECK(std::string(cubin.begin(), cubin.end()).find(kern.name()) != std::string::npos);
+    }
+}
+
+TEST_CASE("dot: kiln's GEMM template on tensor cores against f64 products (cuda)" * needs_gpu()) {
+  check_dot_cases(k::Device(k::cuda));
 }

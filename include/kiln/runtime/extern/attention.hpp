@@ -29,30 +29,17 @@
 #include "../compile/cached_cubin.hpp"
 #include "../launch/capture_keep.hpp"
 #include "../launch/cuda_module.hpp"
+#include "../launch/named_function.hpp"
 #include "attention_kernels.hpp"
 
 namespace kiln::runtime {
 
 namespace attention_detail {
 
-// A kernel by name, compiled once a device (through the disk cache) from the source `source()`
-// writes: only on that first call, not on every launch.
+// A kernel by name, compiled once a device (launch/named_function.hpp).
 template <class Source>
 CUfunction function(const std::string& name, Source&& source, int device) {
-  using Key = std::tuple<int, std::string>;
-  struct Loaded {
-    std::unique_ptr<Module> module;
-    CUfunction f = nullptr;
-  };
-  static std::mutex mutex;
-  static auto* loaded = new std::map<Key, Loaded>();  // never unloaded
-  std::lock_guard lock(mutex);
-  Loaded& l = (*loaded)[Key{device, name}];
-  if (!l.f) {
-    l.module = std::make_unique<Module>(cached_cubin(source(), name, driver::arch(device)), device);
-    l.f = l.module->function(name.c_str());
-  }
-  return l.f;
+  return named_function(name, std::forward<Source>(source), device);
 }
 inline CUfunction function(const codegen::AttentionKernel& a, int device) {
   return function(

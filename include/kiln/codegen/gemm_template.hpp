@@ -1,0 +1,133 @@
+// The GEMM template: a block program written on the prelude's `dot` (prelude_dot.hpp) that computes
+// out = epilogue(a @ b) for a [B, M, K] and b [B, K, N] of any strides, with the epilogues cuBLASLt
+// applies (schedule/epilogue.hpp: a bias of N, relu or tanh-gelu, the pre-activation kept beside
+// the output, or the product times gelu' of a kept pre-activation). One source for both targets:
+// on the GPU, tensor cores (runtime/extern/dot_matmul.hpp times it against cuBLASLt under
+// autotuning); on the CPU, the same program over loops.
+//
+// A kernel reads like this (bf16, bias and relu, A K-contiguous, B N-contiguous):
+//   KILN_KERNEL KILN_BOUNDS(DOT_THREADS) kiln_mm_bf16_bias_relu_kn_...(const bf16* a, const bf16* b,
+//       const bf16* bias, bf16* out, i64 M, i64 N, i64 K, i64 sa_b, ...) {
+//     KILN_DOT_PROGRAM(bz, m0, n0);
+//     kiln::dot_acc acc(m0, n0);
+//     kiln::dot_k_loop(acc, KILN_DOT_SHARED, a + bz * sa_b, sa_m, sa_k, b + bz * sb_b, sb_k, sb_n, M, N, K);
+//     KILN_DOT_ELEMENTS(acc, m, n, x) {
+//       const float pre = x + kiln::to_compute(bias[n]);
+//       out[bz * so_b + m * so_m + n * so_n] = kiln::store_cast<bf16>(kiln::relu(pre));
+//     }
+//   }
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "../core/dtype.hpp"
+#include "../schedule/epilogue.hpp"
+#include "prelude.hpp"
+#include "prelude_dot.hpp"
+#include "prelude_mma.hpp"
+
+namespace kiln::codegen {
+
+// One GEMM kernel: its types, epilogue, how its operands' tiles lie, and its blocking.
+struct GemmKernel {
+  kiln::dtype dt = kiln::dtype::bf16;      // a's and b's type (bf16, f16, f32)
+  kiln::dtype out_dt = kiln::dtype::bf16;  // what the kernel stores (dt, or f32); the bias and aux are in it too
+  schedule::Activation act = schedule::Activation::none;
+  bool bias = false;  // + a vector of N before the activation
+  bool aux = false;   // the pre-activation stored into aux too (gelu_tanh); dgelu_tanh reads it
+  bool a_k = true;    // a's tiles K-contiguous (a's stride along K is 1), else M-contiguous
+  bool b_k = false;   // b's tiles K-contiguous (b [K, N] with stride 1 along K), else N-contiguous
+  bool async = true;  // stride 1 along the contiguous dims and rows on 16 bytes: cp.async copies
+  bool tf32 = false;  // f32 on tensor cores through TF32 (KILN_ALLOW_TF32=1)
+  bool cpu = false;   // compiled by the host compiler (the CPU's program shape)
+  int bm = 128, bn = 128, warps_m = 2, warps_n = 2, stages = 3;
+
+  int threads() const { return warps_m * warps_n * 32; }
+  int bk() const { return 128 / static_cast<int>(itemsize(dt)); }
+  int shared_bytes() const { return cpu ? 0 : stages * (bm + bn) * bk() * static_cast<int>(itemsize(dt)); }
+  std::string epilogue() const {
+    std::string s = bias ? "bias" : "";
+    if (act != schedule::Activation::none) s += (s.empty() ? "" : "_") + std::string(schedule::activation_name(act));
+    return (s.empty() ? "none" : s) + (aux ? "_aux" : "");
+  }
+  std::string name() const {
+    const std::string out = out_dt == dt ? "" : "_out" + std::string(kiln::name(out_dt));
+    return "kiln_mm_" + std::string(kiln::name(dt)) + out + "_" + epilogue() + "_" + (a_k ? "k" : "m") +
+           (b_k ? "k" : "n") + (async ? "" : "_strided") + (tf32 ? "_tf32" : "") + "_" + std::to_string(bm) + "x" +
+           std::to_string(bn) +
+           (cpu ? "_cpu"
+                : "_w" + std::to_string(warps_m) + "x" + std::to_string(warps_n) + "_s" + std::to_string(stages));
+  }
+};
+
+namespace gemm_detail {
+
+inline std::string c_type(kiln::dtype d) {
+  return d == kiln::dtype::bf16 ? "bf16" : d == kiln::dtype::f16 ? "f16" : "float";
+}
+
+// The epilogue's statements for value x at (bz, m, n).
+inline std::string epilogue_body(const GemmKernel& g) {
+  const std::string o = c_type(g.out_dt), at = "bz * so_b + m * so_m + n * so_n";
+  std::string s;
+  if (g.act == schedule::Activation::dgelu_tanh) {
+    s += "      const float u = kiln::to_compute(aux[bz * sx_b + m * sx_m + n]);  // the kept pre-activation\n";
+    s += "      const float t = kiln::tanh(0.7978845608028654f * (u + 0.044715f * u * u * u));\n";
+    s += "      const float y = x * (0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * 0.7978845608028654f * "
+         "(1.0f + 3.0f * 0.044715f * u * u));\n";
+  } else {
+    s += std::string("      const float pre = x") + (g.bias ? " + kiln::to_compute(bias[n])" : "") + ";\n";
+    if (g.aux) s += "      aux[bz * sx_b + m * sx_m + n] = kiln::store_cast<" + o + ">(pre);\n";
+    s += g.act == schedule::Activation::relu        ? "      const float y = kiln::relu(pre);\n"
+         : g.act == schedule::Activation::gelu_tanh ? "      const float y = 0.5f * pre * (1.0f + "
+                                                      "kiln::tanh(0.7978845608028654f * (pre + 0.044715f * pre * pre * "
+                                                      "pre)));\n"
+                                                    : "      const float y = pre;\n";
+  }
+  return s + "      out[" + at + "] = kiln::store_cast<" + o + ">(y);\n";
+}
+
+}  // namespace gemm_detail
+
+// The kernel's whole translation unit: its configuration, the preludes and the program (and, on
+// the CPU, its entry `<name>_cpu(void** args, i64 programs)`).
+inline std::string gemm_kernel_source(const GemmKernel& g) {
+  using gemm_detail::c_type;
+  const std::string t = c_type(g.dt), o = c_type(g.out_dt), name = g.name();
+  const bool reads_aux = g.act == schedule::Activation::dgelu_tanh;
+  std::string s;
+  if (g.dt != kiln::dtype::f32 || g.out_dt != kiln::dtype::f32) s += "#define KILN_HALF 1\n";
+  s += "#define DOT_T " + t + "\n#define DOT_BM " + std::to_string(g.bm) + "\n#define DOT_BN " + std::to_string(g.bn) +
+       "\n#define DOT_WARPS_M " + std::to_string(g.warps_m) + "\n#define DOT_WARPS_N " + std::to_string(g.warps_n) +
+       "\n#define DOT_STAGES " + std::to_string(g.stages) + "\n#define DOT_A_K " + (g.a_k ? "1" : "0") +
+       "\n#define DOT_B_K " + (g.b_k ? "1" : "0") + "\n#define DOT_ASYNC " + (g.async ? "1" : "0") +
+       "\n#define DOT_TF32 " + (g.tf32 ? "1" : "0") + "\n#define DOT_IS_16BIT " +
+       (g.dt == kiln::dtype::f32 ? "0" : "1") + "\n#define DOT_IS_BF16 " + (g.dt == kiln::dtype::bf16 ? "1" : "0") +
+       "\n";
+  s += prelude;
+  if (!g.cpu) s += prelude_mma;
+  s += prelude_dot;
+  s += "\n// " + std::string(g.dt == kiln::dtype::f32 ? (g.tf32 ? "TF32" : "f32 FMA") : "tensor-core") +
+       " GEMM, epilogue " + g.epilogue() + "\n";
+  s += "KILN_KERNEL KILN_BOUNDS(" + std::string(g.cpu ? "" : "DOT_THREADS") + ") " + name + "(const " + t +
+       "* a, const " + t + "* b, const " + o + "* bias, " + (reads_aux ? "const " : "") + o + "* aux, " + o +
+       "* out, i64 M, i64 N, i64 K, i64 sa_b, i64 sa_m, i64 sa_k, i64 sb_b, i64 sb_k, i64 sb_n, i64 so_b, i64 so_m, "
+       "i64 so_n, i64 sx_b, i64 sx_m KILN_PROGRAM_PARAMS) {\n";
+  s += "  KILN_DOT_PROGRAM(bz, m0, n0);\n";
+  s += "  kiln::dot_acc acc(m0, n0);\n";
+  s += "  kiln::dot_k_loop(acc, KILN_DOT_SHARED, a + bz * sa_b, sa_m, sa_k, b + bz * sb_b, sb_k, sb_n, M, N, K);\n";
+  s += "  KILN_DOT_ELEMENTS(acc, m, n, x) {\n" + gemm_detail::epilogue_body(g) + "  }\n}\n";
+  if (g.cpu) {
+    const std::string cb = std::string(reads_aux ? "const " : "") + o;
+    s += "extern \"C\" void " + name +
+         "_cpu(void** v, i64 programs) {\n#pragma omp parallel for schedule(static) if (programs > 1)\n"
+         "  for (i64 pid = 0; pid < programs; ++pid)\n    " +
+         name + "(*(const " + t + "**)v[0], *(const " + t + "**)v[1], *(const " + o + "**)v[2], *(" + cb +
+         "**)v[3], *(" + o + "**)v[4]";
+    for (int i = 5; i < 19; ++i) s += ", *(i64*)v[" + std::to_string(i) + "]";
+    s += ", pid);\n}\n";
+  }
+  return s;
+}
+
+}  // namespace kiln::codegen

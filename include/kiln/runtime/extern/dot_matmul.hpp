@@ -1,0 +1,161 @@
+// kiln's own GEMM: the template of codegen/gemm_template.hpp (a block program on the prelude's tile
+// `dot`), compiled for the operands' layout and the epilogue, on the GPU by NVRTC and on the CPU by
+// the host compiler. On CUDA it is an autotuning candidate beside cuBLASLt (cuda_matmul.hpp: under
+// `.autotune` the first call of a problem times both and keeps the faster); dot_matmul runs it
+// directly (tests, benchmarks).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../../codegen/gemm_template.hpp"
+#include "../../core/dtype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/tensor.hpp"
+#include "../compile/host_compiler.hpp"
+#include "../launch/cuda_module.hpp"
+#include "../launch/named_function.hpp"
+#include "matmul_epilogue.hpp"
+#include "matmul_geometry.hpp"
+#include "strided_copy.hpp"
+
+namespace kiln::runtime {
+
+namespace dot_mm_detail {
+
+inline schedule::Activation activation_of(Epilogue e) {
+  switch (e) {
+    case Epilogue::relu:
+    case Epilogue::relu_bias:
+      return schedule::Activation::relu;
+    case Epilogue::gelu_tanh:
+    case Epilogue::gelu_tanh_bias:
+    case Epilogue::gelu_tanh_aux:
+    case Epilogue::gelu_tanh_aux_bias:
+      return schedule::Activation::gelu_tanh;
+    case Epilogue::dgelu_tanh:
+    case Epilogue::dgelu_tanh_bgrad:
+      return schedule::Activation::dgelu_tanh;
+    default:
+      return schedule::Activation::none;
+  }
+}
+
+inline bool on_16_bytes(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+}  // namespace dot_mm_detail
+
+// Why the template cannot compute out = e(a @ b) as asked ("" when it can): types (a and b of one
+// type among bf16, f16 and f32; out in it or f32), the epilogue (the bias gradient's column sums
+// are cuBLASLt's), a GPU grid's batch.
+inline std::string dot_matmul_unsupported(const Tensor& a, const Tensor& b, const Tensor& out, Epilogue e) {
+  const dtype ab = a.dtype();
+  if (b.dtype() != ab || !(ab == dtype::bf16 || ab == dtype::f16 || ab == dtype::f32))
+    return "operands of one type among bf16, f16 and f32";
+  if (out.dtype() != ab && out.dtype() != dtype::f32) return "an output in the operands' type or f32";
+  if (epilogue_writes_bias(e)) return "no bias gradient (column sums)";
+  if (out.device().is_cuda() && out.dim() == 3 && out.shape()[0] > 65535) return "a batch of at most 65535 on a GPU";
+  return "";
+}
+
+// The kernel for this problem at a blocking (the GPU's bm x bn of warps_m x warps_n warps,
+// `stages` deep; the CPU takes 64 x 64): its layout from the operands' strides, cp.async where
+// both operands' contiguous dims have stride 1 and their rows and batches start on 16 bytes.
+inline codegen::GemmKernel dot_matmul_kernel(const MatmulGeometry& g, const Tensor& a, const Tensor& b,
+                                             const Tensor& out, Epilogue e, int bm = 128, int bn = 128, int warps_m = 2,
+                                             int warps_n = 2, int stages = 3) {
+  codegen::GemmKernel k;
+  k.dt = a.dtype();
+  k.out_dt = out.dtype();
+  k.act = dot_mm_detail::activation_of(e);
+  k.bias = epilogue_has_bias(e);
+  k.aux = e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias;
+  k.a_k = !(g.a_sm == 1 && g.a_sk != 1);
+  k.b_k = g.b_sk == 1 && g.b_sn != 1;
+  const std::int64_t vec = 16 / static_cast<std::int64_t>(itemsize(k.dt));
+  const std::int64_t a_row = k.a_k ? g.a_sm : g.a_sk, b_row = k.b_k ? g.b_sn : g.b_sk;
+  const bool a_unit = (k.a_k ? g.a_sk : g.a_sm) == 1, b_unit = (k.b_k ? g.b_sk : g.b_sn) == 1;
+  k.async = a_unit && b_unit && a_row % vec == 0 && b_row % vec == 0 && g.a_bs % vec == 0 && g.b_bs % vec == 0 &&
+            dot_mm_detail::on_16_bytes(a.data_ptr()) && dot_mm_detail::on_16_bytes(b.data_ptr());
+  k.tf32 = k.dt == dtype::f32 && kiln::config::env("KILN_ALLOW_TF32") &&
+           std::string(kiln::config::env("KILN_ALLOW_TF32")) == "1";
+  k.cpu = !out.device().is_cuda();
+  if (k.cpu) {  // (the host's loops read any layout alike: one kernel for all)
+    k.bm = k.bn = 64, k.a_k = k.b_k = true, k.async = false;
+  } else {
+    k.bm = bm, k.bn = bn, k.warps_m = warps_m, k.warps_n = warps_n, k.stages = stages;
+  }
+  return k;
+}
+
+// Runs kernel k (dot_matmul_kernel's) for out = e(a @ b (+ bias)); bias: a contiguous vector of N
+// in out's dtype; aux: a contiguous tensor of out's shape in out's dtype (written by the *_aux
+// epilogues, read by dgelu_tanh). Queued on stream on a GPU; on the CPU it returns when done.
+inline void run_dot_matmul(const codegen::GemmKernel& k, const MatmulGeometry& g, const Tensor& a, const Tensor& b,
+                           const Tensor* bias, const Tensor* aux, const Tensor& out, CUstream stream) {
+  if (g.batch == 0 || g.M == 0 || g.N == 0) return;
+  const void* pa = a.data_ptr();
+  const void* pb = b.data_ptr();
+  const void* pbias = bias ? bias->data_ptr() : nullptr;
+  void* paux = aux ? aux->data_ptr() : nullptr;
+  void* pout = out.data_ptr();
+  std::int64_t sizes[14] = {g.M,    g.N,    g.K,    g.a_bs, g.a_sm, g.a_sk,    g.b_bs,
+                            g.b_sk, g.b_sn, g.o_bs, g.o_sm, g.o_sn, g.M * g.N, g.N};  // aux: contiguous [batch, M, N]
+  void* args[19] = {&pa, &pb, &pbias, &paux, &pout};
+  for (int i = 0; i < 14; ++i) args[5 + i] = &sizes[i];
+  const std::int64_t tiles = ((g.M + k.bm - 1) / k.bm) * ((g.N + k.bn - 1) / k.bn);
+  const std::string name = k.name();
+  if (k.cpu) {
+    auto object = compile_shared_object(codegen::gemm_kernel_source(k), name);
+    auto entry = reinterpret_cast<void (*)(void**, std::int64_t)>(object->symbol((name + "_cpu").c_str()));
+    entry(args, g.batch * tiles);
+    return;
+  }
+  if (tiles > INT32_MAX)
+    throw shape_error("matmul: " + std::to_string(tiles) + " output tiles are too many for a grid");
+  CUfunction f = named_function(
+      name, [&] { return codegen::gemm_kernel_source(k); }, out.device().index);
+  launch(f, Dim3{static_cast<unsigned>(tiles), static_cast<unsigned>(g.batch)},
+         Dim3{static_cast<unsigned>(k.threads())}, static_cast<unsigned>(k.shared_bytes()), stream, args, name.c_str());
+}
+
+// out = e(a @ b (+ bias)) by the template, on out's device (the same contract as
+// cuda_matmul_epilogue's, minus the bias gradient; a bias in another layout or dtype is made
+// contiguous in out's first). Throws kiln::error naming what the template does not take.
+inline void dot_matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Epilogue e, const Tensor& out,
+                       CUstream stream = nullptr, const Tensor* aux = nullptr) {
+  const MatmulGeometry g = matmul_geometry(a, b, out, "matmul");
+  if (const std::string why = dot_matmul_unsupported(a, b, out, e); !why.empty())
+    throw dtype_error("matmul: kiln's GEMM template takes " + why + "; got " + mm_detail::shapes_of(a, b) + " into " +
+                      std::string(name(out.dtype())));
+  for (const Tensor* t : {&b, &out})
+    if (t->device() != a.device())
+      throw device_error("matmul: operands and output on " + a.device().str() + " and " + t->device().str());
+  Tensor bias_c, aux_c;
+  if (epilogue_has_bias(e)) {
+    if (!bias || !bias->defined() || bias->numel() != g.N)
+      throw shape_error("matmul: this epilogue adds a bias of " + std::to_string(g.N) + " values");
+    bias_c = *bias;
+    if (bias->dtype() != out.dtype() || !bias->is_contiguous()) {  // a contiguous vector of N in out's dtype
+      const Tensor view = bias->as_strided({g.N}, {bias->strides().back()}, bias->offset());
+      if (out.device().is_cuda()) {
+        bias_c = cuda_mm_detail::contiguous_as(view, out.dtype(), stream);
+      } else {
+        bias_c = Tensor::empty({g.N}, out.dtype(), out.device());
+        for (std::int64_t i = 0; i < g.N; ++i)
+          store_from_double(bias_c.data_ptr(), out.dtype(), i,
+                            load_as_double(view.storage()->data, view.dtype(), view.offset() + i * view.strides()[0]));
+      }
+    }
+  }
+  if (epilogue_has_aux(e)) {
+    if (!aux || !aux->defined() || aux->shape() != out.shape() || !aux->is_contiguous() || aux->dtype() != out.dtype())
+      throw shape_error("matmul: this epilogue's pre-activation is a contiguous " + out.shape().str() + " " +
+                        std::string(name(out.dtype())));
+    aux_c = *aux;
+  }
+  run_dot_matmul(dot_matmul_kernel(g, a, b, out, e), g, a, b, bias_c.defined() ? &bias_c : nullptr,
+                 aux_c.defined() ? &aux_c : nullptr, out, stream);
+}
+
+}  // namespace kiln::runtime
