@@ -828,3 +828,21 @@ TEST_CASE("dot: the GEMM template's GPU kernels compile under NVRTC (sm_80, sm_9
 TEST_CASE("dot: kiln's GEMM template on tensor cores against f64 products (cuda)" * needs_gpu()) {
   check_dot_cases(k::Device(k::cuda));
 }
+
+TEST_CASE("cuda_matmul: autotuning times the GEMM template against cuBLASLt and keeps the faster (cuda)" *
+          needs_gpu()) {
+  // Whichever wins, every call's values are the product's: the tuning call (which ran both), and the
+  // calls after it (the kept choice), here with bias + tanh-gelu keeping its pre-activation.
+  const std::int64_t M = 300, K = 520, N = 264;
+  const Tensor a = random({M, K}, k::bf16), w = random_transposed(K, N, k::bf16), bias = random({N}, k::bf16);
+  std::vector<double> kept;
+  const std::vector<double> want = epilogue_reference(a, w, &bias, rt::Epilogue::gelu_tanh_aux_bias, nullptr, &kept);
+  const Tensor a_d = to_cuda(a), w_d = to_cuda(w), bias_d = to_cuda(bias);
+  for (int call = 0; call < 3; ++call) {
+    CAPTURE(call);
+    Tensor out = Tensor::empty({M, N}, k::bf16, k::cuda), pre = Tensor::empty({M, N}, k::bf16, k::cuda);
+    rt::cuda_matmul_epilogue(a_d, w_d, &bias_d, rt::Epilogue::gelu_tanh_aux_bias, out, nullptr, true, &pre);
+    check_close(to_host(out), want, {2e-2, 2e-2});
+    check_close(to_host(pre), kept, tolerance(k::bf16));
+  }
+}

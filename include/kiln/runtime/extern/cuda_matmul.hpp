@@ -32,6 +32,7 @@
 #include "cpu_matmul.hpp"
 #include "cublaslt.hpp"
 #include "cuda_matmul_state.hpp"
+#include "dot_matmul.hpp"
 #include "matmul_epilogue.hpp"
 #include "matmul_geometry.hpp"
 #include "matmul_layout.hpp"
@@ -120,9 +121,10 @@ inline GemmRoom gemm_room(const GemmPlan& p, const GemmRooms* rooms, const Tenso
 // dgelu_tanh, the same tensor as that step wrote it, read.
 // rooms: the storage shapes of a, b and out where they have room for a padded problem, zeroed
 // (a program's buffers, schedule/pad_buffers.hpp); views with the operands' strides.
-inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const Tensor* bias_in, Epilogue e,
-                                 const Tensor& out, CUstream stream, bool autotune = false, const Tensor* aux = nullptr,
-                                 const GemmRooms* rooms = nullptr) {
+// (cuda_matmul_epilogue below: this, or under autotuning kiln's GEMM template where it is faster.)
+inline void cublaslt_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const Tensor* bias_in, Epilogue e,
+                                     const Tensor& out, CUstream stream, bool autotune = false,
+                                     const Tensor* aux = nullptr, const GemmRooms* rooms = nullptr) {
   using namespace cuda_mm_detail;
   MatmulGeometry g = matmul_geometry(a_in, b_in, out, "matmul");
   const Device dev = out.device();
@@ -420,6 +422,29 @@ inline void cuda_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, const T
   if (pad.d && !pad.in_d)  // the product's block of the padded output back into d
     pad_copy(pd, q.m, q.n, q.ldd, d.data_ptr(), p.m, p.n, p.ldd, itemsize(dt), device, stream);
   if (!p.direct) device_copy(d, out, stream);
+}
+
+// out = epilogue(a @ b (+ bias)) on CUDA (the contract above). Under autotune, the first call of a
+// problem (outside a capture) also times kiln's GEMM template (dot_matmul.hpp) at each of its
+// blockings against cuBLASLt's tuned best, each result checked against cuBLASLt's, and the faster
+// serves every later call of the problem in this process; the template's kernels compile at that
+// first call (NVRTC, in parallel), so tuning a model's GEMMs takes seconds once.
+inline void cuda_matmul_epilogue(const Tensor& a, const Tensor& b, const Tensor* bias, Epilogue e, const Tensor& out,
+                                 CUstream stream, bool autotune = false, const Tensor* aux = nullptr,
+                                 const GemmRooms* rooms = nullptr) {
+  auto cublas = [&] { cublaslt_matmul_epilogue(a, b, bias, e, out, stream, autotune, aux, rooms); };
+  if (!autotune || !dot_matmul_unsupported(a, b, out, e).empty() || !out.device().is_cuda() ||
+      a.device() != out.device() || b.device() != out.device() || (epilogue_has_bias(e) && (!bias || !bias->defined())))
+    return cublas();
+  const MatmulGeometry g = matmul_geometry(a, b, out, "matmul");
+  if (g.batch == 0 || g.M == 0 || g.N == 0) return cublas();
+  const bool timed = !(stream && driver::is_capturing(stream));
+  const DotMatmulPick pick =
+      pick_dot_matmul(g, a, b, bias, e, out, aux, stream, timed, [&] { return time_calls_ms(cublas, stream); });
+  if (!pick.kernel) return cublas();
+  Tensor bias_c;
+  if (epilogue_has_bias(e)) bias_c = dot_matmul_bias(*bias, g, out, stream);
+  run_dot_matmul(*pick.kernel, g, a, b, bias_c.defined() ? &bias_c : nullptr, aux, out, stream);
 }
 
 // out = a @ b on CUDA, queued on stream (see cuda_matmul_epilogue).

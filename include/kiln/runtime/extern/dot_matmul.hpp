@@ -5,13 +5,20 @@
 // directly (tests, benchmarks).
 #pragma once
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../../codegen/gemm_template.hpp"
+#include "../../core/driver.hpp"
 #include "../../core/dtype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/tensor.hpp"
+#include "../../debug/log.hpp"
+#include "../compile/cached_cubin.hpp"
 #include "../compile/host_compiler.hpp"
 #include "../launch/cuda_module.hpp"
 #include "../launch/named_function.hpp"
@@ -88,6 +95,38 @@ inline codegen::GemmKernel dot_matmul_kernel(const MatmulGeometry& g, const Tens
   return k;
 }
 
+// The bias as the template reads it: a contiguous vector of N in out's dtype (a copy where it is not).
+inline Tensor dot_matmul_bias(const Tensor& bias, const MatmulGeometry& g, const Tensor& out, CUstream stream) {
+  if (bias.dtype() == out.dtype() && bias.is_contiguous()) return bias;
+  const Tensor view = bias.as_strided({g.N}, {bias.strides().back()}, bias.offset());
+  if (out.device().is_cuda()) return cuda_mm_detail::contiguous_as(view, out.dtype(), stream);
+  Tensor c = Tensor::empty({g.N}, out.dtype(), out.device());
+  for (std::int64_t i = 0; i < g.N; ++i)
+    store_from_double(c.data_ptr(), out.dtype(), i,
+                      load_as_double(view.storage()->data, view.dtype(), view.offset() + i * view.strides()[0]));
+  return c;
+}
+
+// The blockings autotuning tries on a GPU (bm, bn, warps along M and N, stages), those whose
+// shared memory the device gives a block: 128 x 128 tiles of four warps (each 64 x 64: 128 f32
+// accumulators a thread), 128 x 256 of eight, 128 x 64 and 64 x 64 for problems of few tiles.
+inline std::vector<codegen::GemmKernel> dot_matmul_candidates(const MatmulGeometry& g, const Tensor& a, const Tensor& b,
+                                                              const Tensor& out, Epilogue e) {
+  struct Blocking {
+    int bm, bn, wm, wn, stages;
+  };
+  const bool wide = a.dtype() != dtype::f32;  // (f32's FMA fragments of a 128 x 256 tile would spill)
+  std::vector<codegen::GemmKernel> ks;
+  const int shared = driver::shared_optin(out.device().index);
+  for (Blocking bl : {Blocking{128, 128, 2, 2, 3}, Blocking{128, 256, 2, 4, 3}, Blocking{128, 64, 2, 2, 4},
+                      Blocking{64, 64, 2, 2, 4}}) {
+    if (!wide && bl.bn == 256) continue;
+    codegen::GemmKernel k = dot_matmul_kernel(g, a, b, out, e, bl.bm, bl.bn, bl.wm, bl.wn, bl.stages);
+    if (k.shared_bytes() <= shared) ks.push_back(k);
+  }
+  return ks;
+}
+
 // Runs kernel k (dot_matmul_kernel's) for out = e(a @ b (+ bias)); bias: a contiguous vector of N
 // in out's dtype; aux: a contiguous tensor of out's shape in out's dtype (written by the *_aux
 // epilogues, read by dgelu_tanh). Queued on stream on a GPU; on the CPU it returns when done.
@@ -119,6 +158,117 @@ inline void run_dot_matmul(const codegen::GemmKernel& k, const MatmulGeometry& g
          Dim3{static_cast<unsigned>(k.threads())}, static_cast<unsigned>(k.shared_bytes()), stream, args, name.c_str());
 }
 
+// Autotuning's choice for one problem (cuda_matmul.hpp): the template's kernel, or none (cuBLASLt).
+struct DotMatmulPick {
+  std::optional<codegen::GemmKernel> kernel;
+};
+
+namespace dot_mm_detail {
+
+// Host copy of a CUDA tensor's values as f64, in index order (waits for stream).
+inline std::vector<double> host_values(const Tensor& t, CUstream stream) {
+  const std::size_t bytes = t.storage()->bytes;
+  std::vector<char> raw(bytes);
+  driver::copy_async(raw.data(), t.storage()->data, bytes, stream);
+  driver::synchronize(stream);
+  std::vector<double> v;
+  v.reserve(static_cast<std::size_t>(t.numel()));
+  for_each_index(t.shape(), [&](std::int64_t, const Dims& idx) {
+    v.push_back(load_as_double(raw.data(), t.dtype(), t.offset() + dot_strides(idx, t.strides())));
+  });
+  return v;
+}
+
+}  // namespace dot_mm_detail
+
+// The first call of a problem under autotuning (timed: not during a capture) times cuBLASLt
+// (time_cublas, its output then in out) and each candidate blocking of the template, each checked
+// first against cuBLASLt's output (within the rounding of out's dtype), and keeps the fastest for
+// the process: the template only where it beats cuBLASLt by more than 1% (timing noise). Later calls
+// (and calls during a capture) take the kept choice; an untimed first call takes cuBLASLt, unkept.
+template <class TimeCublas>
+DotMatmulPick pick_dot_matmul(const MatmulGeometry& g, const Tensor& a, const Tensor& b, const Tensor* bias, Epilogue e,
+                              const Tensor& out, const Tensor* aux, CUstream stream, bool timed,
+                              TimeCublas&& time_cublas) {
+  if (epilogue_has_aux(e) && !(aux && aux->defined() && aux->shape() == out.shape() && aux->is_contiguous() &&
+                               aux->dtype() == out.dtype() && aux->device() == out.device()))
+    return {};  // (cuBLASLt's path names what is wrong)
+  const auto align = [](const Tensor& t) { return std::int64_t{dot_mm_detail::on_16_bytes(t.data_ptr())}; };
+  const std::vector<std::int64_t> key{out.device().index,
+                                      static_cast<std::int64_t>(a.dtype()),
+                                      static_cast<std::int64_t>(out.dtype()),
+                                      static_cast<std::int64_t>(e),
+                                      g.batch,
+                                      g.M,
+                                      g.N,
+                                      g.K,
+                                      g.a_bs,
+                                      g.a_sm,
+                                      g.a_sk,
+                                      g.b_bs,
+                                      g.b_sk,
+                                      g.b_sn,
+                                      g.o_bs,
+                                      g.o_sm,
+                                      g.o_sn,
+                                      align(a),
+                                      align(b)};
+  static std::mutex mutex;
+  static auto* kept = new std::map<std::vector<std::int64_t>, DotMatmulPick>();  // never freed
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = kept->find(key); it != kept->end()) return it->second;
+  }
+  if (!timed) return {};
+  std::vector<codegen::GemmKernel> ks = dot_matmul_candidates(g, a, b, out, e);
+  {  // their CUBINs at once (NVRTC, into the disk cache that named_function reads)
+    const std::string arch = driver::arch(out.device().index);
+    std::vector<std::thread> compiling;
+    for (const auto& k : ks)
+      compiling.emplace_back([&k, &arch] {
+        try {
+          cached_cubin(codegen::gemm_kernel_source(k), k.name(), arch);
+        } catch (...) {  // (named_function below compiles it again and throws)
+        }
+      });
+    for (auto& t : compiling) t.join();
+  }
+  const double cublas_ms = time_cublas();
+  const std::vector<double> want = dot_mm_detail::host_values(out, stream);
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  const double tol = (out.dtype() == dtype::f32 ? 1e-3 : 2e-2) * std::max(scale, 1e-30);
+  Tensor bias_c;
+  if (epilogue_has_bias(e)) bias_c = dot_matmul_bias(*bias, g, out, stream);
+  DotMatmulPick pick;
+  double best = 0.99 * cublas_ms;
+  std::string report;
+  for (const auto& k : ks) {
+    auto go = [&] { run_dot_matmul(k, g, a, b, bias_c.defined() ? &bias_c : nullptr, aux, out, stream); };
+    go();
+    const std::vector<double> got = dot_mm_detail::host_values(out, stream);
+    bool same = got.size() == want.size();
+    for (std::size_t i = 0; same && i < got.size(); ++i) same = std::abs(got[i] - want[i]) <= tol;
+    if (!same) {
+      report += ", " + k.name() + " differs from cuBLASLt (not taken)";
+      continue;
+    }
+    const double ms = time_calls_ms(go, stream);
+    report += ", " + k.name() + " " + std::to_string(ms) + " ms";
+    if (ms < best) best = ms, pick.kernel = k;
+  }
+  // out holds the last candidate's values, which passed the check; a pick of cuBLASLt's rewrites it
+  // on this call (cuda_matmul_epilogue).
+  debug::log_lazy(debug::Channel::autotune, [&] {
+    return "matmul " + mm_detail::shapes_of(a, b) + " (" + std::string(name(out.dtype())) + " out, epilogue " +
+           std::to_string(static_cast<int>(e)) + "): cuBLASLt " + std::to_string(cublas_ms) + " ms" + report + ": " +
+           (pick.kernel ? pick.kernel->name() : std::string("cuBLASLt"));
+  });
+  std::lock_guard lock(mutex);
+  kept->emplace(key, pick);
+  return pick;
+}
+
 // out = e(a @ b (+ bias)) by the template, on out's device (the same contract as
 // cuda_matmul_epilogue's, minus the bias gradient; a bias in another layout or dtype is made
 // contiguous in out's first). Throws kiln::error naming what the template does not take.
@@ -135,18 +285,7 @@ inline void dot_matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Epi
   if (epilogue_has_bias(e)) {
     if (!bias || !bias->defined() || bias->numel() != g.N)
       throw shape_error("matmul: this epilogue adds a bias of " + std::to_string(g.N) + " values");
-    bias_c = *bias;
-    if (bias->dtype() != out.dtype() || !bias->is_contiguous()) {  // a contiguous vector of N in out's dtype
-      const Tensor view = bias->as_strided({g.N}, {bias->strides().back()}, bias->offset());
-      if (out.device().is_cuda()) {
-        bias_c = cuda_mm_detail::contiguous_as(view, out.dtype(), stream);
-      } else {
-        bias_c = Tensor::empty({g.N}, out.dtype(), out.device());
-        for (std::int64_t i = 0; i < g.N; ++i)
-          store_from_double(bias_c.data_ptr(), out.dtype(), i,
-                            load_as_double(view.storage()->data, view.dtype(), view.offset() + i * view.strides()[0]));
-      }
-    }
+    bias_c = dot_matmul_bias(*bias, g, out, stream);
   }
   if (epilogue_has_aux(e)) {
     if (!aux || !aux->defined() || aux->shape() != out.shape() || !aux->is_contiguous() || aux->dtype() != out.dtype())

@@ -1,0 +1,128 @@
+// kiln's GEMM template (codegen/gemm_template.hpp, on the prelude's tile `dot`) beside cuBLASLt on
+// the same GPU, in one run: model GEMMs (GPT-2 small's projections and LM head at 8 x 1024 tokens,
+// a square 4096 product, odd sizes), bf16 (and f16, f32 with --dtypes), a's rows contiguous, b as a
+// [K, N] weight or as linear's transposed [N, K] one, with no epilogue and with bias + tanh-gelu.
+// cuBLASLt is timed at its heuristic's choice and at its autotuned best (its first call times its
+// best few algorithms); the template at each blocking; and cuda_matmul_epilogue under autotuning
+// (the faster of the two, chosen at its first call). Every template result is checked against
+// cuBLASLt's output first. One JSON object a line:
+//   {"id": "gemm-bf16-8192x2304x768-kn-none", "impl": "cublaslt" | "cublaslt-tuned" | "autotuned" |
+//   "kiln-128x128w2x2s3", "ms": ..., "tflops": ...}
+// Usage: gemm [--dtypes bf16,f16,f32] [--reps N]
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <kiln/runtime/extern/cuda_matmul.hpp>
+
+#include "timing.hpp"
+
+namespace k = kiln;
+namespace rt = kiln::runtime;
+
+namespace {
+
+k::Tensor random_cuda(const k::Dims& shape, k::dtype dt, unsigned seed) {
+  k::Tensor h = k::Tensor::empty(shape, dt, k::cpu);
+  unsigned s = seed;
+  for (std::int64_t i = 0; i < h.numel(); ++i) {
+    s = s * 1664525u + 1013904223u;
+    k::store_from_double(h.data_ptr(), dt, i, (static_cast<double>(s >> 8) / 16777216.0 - 0.5) * 2.0);
+  }
+  return h.to(k::Device(k::cuda));
+}
+
+// The largest difference between two CUDA results, relative to the largest magnitude of the first.
+double max_rel_diff(const k::Tensor& x, const k::Tensor& y) {
+  const k::Tensor a = x.to(k::cpu).to(k::f64), b = y.to(k::cpu).to(k::f64);
+  const double* p = static_cast<const double*>(a.data_ptr());
+  const double* q = static_cast<const double*>(b.data_ptr());
+  double diff = 0, scale = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    diff = std::max(diff, std::abs(p[i] - q[i]));
+    scale = std::max(scale, std::abs(p[i]));
+    if (std::isnan(q[i])) return INFINITY;
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+struct Blocking {
+  int bm, bn, wm, wn, stages;
+  std::string str() const {
+    return std::to_string(bm) + "x" + std::to_string(bn) + "w" + std::to_string(wm) + "x" + std::to_string(wn) + "s" +
+           std::to_string(stages);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!kiln_bench::cuda_device_present()) {
+    std::printf("gemm: no CUDA device, skipped\n");
+    return 0;
+  }
+  std::vector<k::dtype> dtypes{k::bf16};
+  int reps = 30;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--dtypes")) {
+      dtypes.clear();
+      std::stringstream in(argv[i + 1]);
+      for (std::string d; std::getline(in, d, ',');)
+        dtypes.push_back(d == "f32" ? k::f32 : d == "f16" ? k::f16 : k::bf16);
+    }
+  }
+  struct Shape {
+    std::int64_t M, N, K;
+  };
+  const std::vector<Shape> shapes{{8192, 2304, 768},  {8192, 768, 768},   {8192, 3072, 768},  {8192, 768, 3072},
+                                  {8192, 50257, 768}, {4096, 4096, 4096}, {1000, 1000, 1000}, {777, 1536, 640}};
+  const std::vector<Blocking> blockings{
+      {128, 128, 2, 2, 3}, {128, 128, 2, 4, 3}, {128, 256, 2, 4, 3}, {128, 64, 2, 2, 4}, {64, 64, 2, 2, 4}};
+  for (k::dtype dt : dtypes)
+    for (const Shape& s : shapes)
+      for (bool b_k : {false, true})
+        for (rt::Epilogue e : {rt::Epilogue::none, rt::Epilogue::gelu_tanh_bias}) {
+          const std::string id = "gemm-" + std::string(k::name(dt)) + "-" + std::to_string(s.M) + "x" +
+                                 std::to_string(s.N) + "x" + std::to_string(s.K) + (b_k ? "-kk" : "-kn") + "-" +
+                                 (e == rt::Epilogue::none ? "none" : "bias_gelu");
+          const k::Tensor a = random_cuda({s.M, s.K}, dt, 1);
+          // b [K, N]: a row-major weight, or linear's [N, K] weight transposed (K-contiguous).
+          const k::Tensor w = random_cuda(b_k ? k::Dims{s.N, s.K} : k::Dims{s.K, s.N}, dt, 2);
+          const k::Tensor b = b_k ? w.as_strided({s.K, s.N}, {1, s.K}, 0) : w;
+          const k::Tensor bias = random_cuda({s.N}, dt, 3);
+          k::Tensor want = k::Tensor::empty({s.M, s.N}, dt, k::cuda), got = k::Tensor::empty({s.M, s.N}, dt, k::cuda);
+          const double flops = 2.0 * s.M * s.N * s.K;
+          auto emit = [&](const std::string& impl, double ms) {
+            std::printf("{\"id\": \"%s\", \"impl\": \"%s\", \"ms\": %.5f, \"tflops\": %.1f}\n", id.c_str(),
+                        impl.c_str(), ms, flops / ms / 1e9);
+            std::fflush(stdout);
+          };
+          emit("cublaslt",
+               kiln_bench::cuda_time_ms([&] { rt::cublaslt_matmul_epilogue(a, b, &bias, e, want, nullptr); }, reps));
+          emit("cublaslt-tuned", kiln_bench::cuda_time_ms(
+                                     [&] { rt::cublaslt_matmul_epilogue(a, b, &bias, e, want, nullptr, true); }, reps));
+          // What autotuning picks between them (cuda_matmul_epilogue): its first call tunes.
+          emit("autotuned",
+               kiln_bench::cuda_time_ms([&] { rt::cuda_matmul_epilogue(a, b, &bias, e, got, nullptr, true); }, reps));
+          const rt::MatmulGeometry g = rt::matmul_geometry(a, b, got, "matmul");
+          for (const Blocking& bl : blockings) {
+            if (dt == k::f32 && bl.bn == 256) continue;  // (f32's FMA fragments would not fit registers)
+            const k::codegen::GemmKernel kern =
+                rt::dot_matmul_kernel(g, a, b, got, e, bl.bm, bl.bn, bl.wm, bl.wn, bl.stages);
+            auto go = [&] { rt::run_dot_matmul(kern, g, a, b, &bias, nullptr, got, nullptr); };
+            go();
+            const double diff = max_rel_diff(want, got);
+            if (!(diff < (dt == k::f32 ? 1e-3 : 2e-2))) {
+              std::fprintf(stderr, "%s %s: differs from cuBLASLt by %g of its largest value\n", id.c_str(),
+                           kern.name().c_str(), diff);
+              continue;
+            }
+            emit("kiln-" + bl.str(), kiln_bench::cuda_time_ms(go, reps));
+          }
+        }
+  return 0;
+}
