@@ -49,14 +49,6 @@ double max_rel_diff(const k::Tensor& x, const k::Tensor& y) {
   return diff / std::max(scale, 1e-30);
 }
 
-struct Blocking {
-  int bm, bn, wm, wn, stages;
-  std::string str() const {
-    return std::to_string(bm) + "x" + std::to_string(bn) + "w" + std::to_string(wm) + "x" + std::to_string(wn) + "s" +
-           std::to_string(stages);
-  }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,8 +72,9 @@ int main(int argc, char** argv) {
   };
   const std::vector<Shape> shapes{{8192, 2304, 768},  {8192, 768, 768},   {8192, 3072, 768},  {8192, 768, 3072},
                                   {8192, 50257, 768}, {4096, 4096, 4096}, {1000, 1000, 1000}, {777, 1536, 640}};
-  const std::vector<Blocking> blockings{
-      {128, 128, 2, 2, 3}, {128, 128, 2, 4, 3}, {128, 256, 2, 4, 3}, {128, 64, 2, 2, 4}, {64, 64, 2, 2, 4}};
+  const std::vector<rt::DotBlocking> blockings{
+      {128, 128, 2, 2, 3},       {128, 256, 2, 4, 3},       {128, 64, 2, 2, 4},       {64, 64, 2, 2, 4},
+      {128, 128, 8, 1, 4, true}, {128, 256, 8, 1, 3, true}, {128, 256, 8, 1, 4, true}};
   for (k::dtype dt : dtypes)
     for (const Shape& s : shapes)
       for (bool b_k : {false, true})
@@ -109,10 +102,9 @@ int main(int argc, char** argv) {
           emit("autotuned",
                kiln_bench::cuda_time_ms([&] { rt::cuda_matmul_epilogue(a, b, &bias, e, got, nullptr, true); }, reps));
           const rt::MatmulGeometry g = rt::matmul_geometry(a, b, got, "matmul");
-          for (const Blocking& bl : blockings) {
-            if (dt == k::f32 && bl.bn == 256) continue;  // (f32's FMA fragments would not fit registers)
-            const k::codegen::GemmKernel kern =
-                rt::dot_matmul_kernel(g, a, b, got, e, bl.bm, bl.bn, bl.wm, bl.wn, bl.stages);
+          for (const rt::DotBlocking& bl : blockings) {
+            if (dt == k::f32 && (bl.bn == 256 || bl.wgmma)) continue;  // (f32: no wgmma; 128 x 256 FMA fragments spill)
+            const k::codegen::GemmKernel kern = rt::dot_matmul_kernel(g, a, b, got, e, bl);
             auto go = [&] { rt::run_dot_matmul(kern, g, a, b, &bias, nullptr, got, nullptr); };
             go();
             const double diff = max_rel_diff(want, got);

@@ -732,7 +732,8 @@ std::vector<double> epilogue_reference(const Tensor& a, const Tensor& b, const T
 
 // The template's result on `device` (garbage in the output first) against the reference. Epilogues
 // that read or keep the pre-activation take a [M, N] a and b (aux is 2-D here).
-void check_dot(const Tensor& a, const Tensor& b, k::dtype out_dt, rt::Epilogue e, k::Device device) {
+void check_dot(const Tensor& a, const Tensor& b, k::dtype out_dt, rt::Epilogue e, k::Device device,
+               const rt::DotBlocking& blocking) {
   const Dims shape = out_shape(a, b);
   const std::int64_t N = shape[shape.size() - 1];
   const Tensor bias = random({N}, out_dt), pre = random(shape, out_dt);
@@ -744,7 +745,8 @@ void check_dot(const Tensor& a, const Tensor& b, k::dtype out_dt, rt::Epilogue e
   const bool gpu = device.is_cuda();
   Tensor out = gpu ? to_cuda(out_host) : out_host, aux_t = aux ? (gpu ? to_cuda(pre) : pre) : Tensor();
   const Tensor bias_d = gpu ? to_cuda(bias) : bias;
-  rt::dot_matmul(gpu ? to_cuda(a) : a, gpu ? to_cuda(b) : b, &bias_d, e, out, nullptr, aux ? &aux_t : nullptr);
+  rt::dot_matmul(gpu ? to_cuda(a) : a, gpu ? to_cuda(b) : b, &bias_d, e, out, nullptr, aux ? &aux_t : nullptr,
+                 blocking);
   // f32 products: the template's f32 sums in another order than the reference (and TF32 is off).
   const double K = static_cast<double>(a.shape()[a.dim() - 1]);
   std::vector<double> rounding = reference(a, b, true);
@@ -757,8 +759,11 @@ void check_dot(const Tensor& a, const Tensor& b, k::dtype out_dt, rt::Epilogue e
   }
 }
 
-void check_dot_cases(k::Device device) {
+void check_dot_cases(k::Device device, const rt::DotBlocking& blocking = {}) {
   using E = rt::Epilogue;
+  auto check_dot = [&](const Tensor& a, const Tensor& b, k::dtype out_dt, E e, k::Device d) {
+    ::check_dot(a, b, out_dt, e, d, blocking);
+  };
   SUBCASE("dtypes and odd sizes") {
     for (k::dtype dt : {k::f32, k::bf16, k::f16}) {
       CAPTURE(k::name(dt));
@@ -803,7 +808,7 @@ TEST_CASE("dot: kiln's GEMM template on the CPU against f64 products (odd sizes,
 }
 
 TEST_CASE("dot: the GEMM template's GPU kernels compile under NVRTC (sm_80, sm_90a)") {
-  // Every path of the device `dot`: 16-bit by ldmatrix both ways, f32 by TF32 and by FMA, cp.async
+  // Every path of the device `dot`: 16-bit by ldmatrix both ways and by wgmma, f32 by TF32 and by FMA, cp.async
   // and element-by-element staging, each epilogue's statements.
   std::vector<k::codegen::GemmKernel> kernels;
   k::codegen::GemmKernel g;
@@ -816,8 +821,14 @@ TEST_CASE("dot: the GEMM template's GPU kernels compile under NVRTC (sm_80, sm_9
   kernels.push_back(g);
   g.tf32 = false, g.a_k = false, g.bm = 64, g.bn = 64, g.stages = 4, g.act = k::schedule::Activation::relu;
   kernels.push_back(g);
+  g = {};  // Hopper's warpgroup MMA, both layouts of each operand
+  g.wgmma = true, g.warps_m = 8, g.warps_n = 1, g.stages = 4;
+  kernels.push_back(g);
+  g.a_k = false, g.b_k = true, g.bn = 256, g.stages = 3, g.dt = g.out_dt = k::f16, g.bias = true;
+  kernels.push_back(g);
   for (const auto& kern : kernels)
     for (const char* arch : {"sm_80", "sm_90a"}) {
+      if (kern.wgmma && std::string(arch) != "sm_90a") continue;
       CAPTURE(kern.name());
       CAPTURE(arch);
       std::vector<char> cubin = rt::compile_cubin(k::codegen::gemm_kernel_source(kern), kern.name(), arch);
@@ -826,7 +837,17 @@ TEST_CASE("dot: the GEMM template's GPU kernels compile under NVRTC (sm_80, sm_9
 }
 
 TEST_CASE("dot: kiln's GEMM template on tensor cores against f64 products (cuda)" * needs_gpu()) {
-  check_dot_cases(k::Device(k::cuda));
+  for (const rt::DotBlocking& blocking :
+       {rt::DotBlocking{}, rt::DotBlocking{64, 64, 2, 2, 4}, rt::DotBlocking{128, 256, 2, 4, 3}}) {
+    CAPTURE(blocking.str());
+    check_dot_cases(k::Device(k::cuda), blocking);
+  }
+  if (k::driver::arch(0) == "sm_90a")  // Hopper's warpgroup MMA (f32 keeps mma.sync or FMA)
+    for (const rt::DotBlocking& blocking :
+         {rt::DotBlocking{128, 128, 8, 1, 4, true}, rt::DotBlocking{128, 256, 8, 1, 3, true}}) {
+      CAPTURE(blocking.str());
+      check_dot_cases(k::Device(k::cuda), blocking);
+    }
 }
 
 TEST_CASE("cuda_matmul: autotuning times the GEMM template against cuBLASLt and keeps the faster (cuda)" *

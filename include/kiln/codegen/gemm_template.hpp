@@ -39,7 +39,8 @@ struct GemmKernel {
   bool b_k = false;   // b's tiles K-contiguous (b [K, N] with stride 1 along K), else N-contiguous
   bool async = true;  // stride 1 along the contiguous dims and rows on 16 bytes: cp.async copies
   bool tf32 = false;  // f32 on tensor cores through TF32 (KILN_ALLOW_TF32=1)
-  bool cpu = false;   // compiled by the host compiler (the CPU's program shape)
+  bool wgmma = false;  // 16-bit on sm_90a by warpgroup MMA (warps_m = bm / 16, warps_n = 1)
+  bool cpu = false;    // compiled by the host compiler (the CPU's program shape)
   int bm = 128, bn = 128, warps_m = 2, warps_n = 2, stages = 3;
 
   int threads() const { return warps_m * warps_n * 32; }
@@ -53,8 +54,8 @@ struct GemmKernel {
   std::string name() const {
     const std::string out = out_dt == dt ? "" : "_out" + std::string(kiln::name(out_dt));
     return "kiln_mm_" + std::string(kiln::name(dt)) + out + "_" + epilogue() + "_" + (a_k ? "k" : "m") +
-           (b_k ? "k" : "n") + (async ? "" : "_strided") + (tf32 ? "_tf32" : "") + "_" + std::to_string(bm) + "x" +
-           std::to_string(bn) +
+           (b_k ? "k" : "n") + (async ? "" : "_strided") + (tf32 ? "_tf32" : "") + (wgmma ? "_wgmma" : "") + "_" +
+           std::to_string(bm) + "x" + std::to_string(bn) +
            (cpu ? "_cpu"
                 : "_w" + std::to_string(warps_m) + "x" + std::to_string(warps_n) + "_s" + std::to_string(stages));
   }
@@ -101,13 +102,19 @@ inline std::string gemm_kernel_source(const GemmKernel& g) {
        "\n#define DOT_WARPS_M " + std::to_string(g.warps_m) + "\n#define DOT_WARPS_N " + std::to_string(g.warps_n) +
        "\n#define DOT_STAGES " + std::to_string(g.stages) + "\n#define DOT_A_K " + (g.a_k ? "1" : "0") +
        "\n#define DOT_B_K " + (g.b_k ? "1" : "0") + "\n#define DOT_ASYNC " + (g.async ? "1" : "0") +
-       "\n#define DOT_TF32 " + (g.tf32 ? "1" : "0") + "\n#define DOT_IS_16BIT " +
-       (g.dt == kiln::dtype::f32 ? "0" : "1") + "\n#define DOT_IS_BF16 " + (g.dt == kiln::dtype::bf16 ? "1" : "0") +
-       "\n";
+       "\n#define DOT_TF32 " + (g.tf32 ? "1" : "0") + "\n#define DOT_WGMMA " + (g.wgmma ? "1" : "0") +
+       "\n#define DOT_IS_16BIT " + (g.dt == kiln::dtype::f32 ? "0" : "1") + "\n#define DOT_IS_BF16 " +
+       (g.dt == kiln::dtype::bf16 ? "1" : "0") + "\n";
   s += prelude;
   if (!g.cpu) s += prelude_mma;
+  if (g.wgmma)
+    s += "typedef unsigned long long u64;\n" + std::string(prelude_wgmma) +
+         wgmma_function("kiln_wgmma_dot", g.bn, false, false, g.b_k ? 0 : 1, t, g.a_k ? 0 : 1);
   s += prelude_dot;
-  s += "\n// " + std::string(g.dt == kiln::dtype::f32 ? (g.tf32 ? "TF32" : "f32 FMA") : "tensor-core") +
+  s += "\n// " +
+       std::string(g.dt == kiln::dtype::f32 ? (g.tf32 ? "TF32" : "f32 FMA")
+                   : g.wgmma                ? "wgmma"
+                                            : "mma.sync") +
        " GEMM, epilogue " + g.epilogue() + "\n";
   s += "KILN_KERNEL KILN_BOUNDS(" + std::string(g.cpu ? "" : "DOT_THREADS") + ") " + name + "(const " + t +
        "* a, const " + t + "* b, const " + o + "* bias, " + (reads_aux ? "const " : "") + o + "* aux, " + o +

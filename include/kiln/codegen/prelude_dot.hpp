@@ -7,6 +7,7 @@
 //   KILN_ALLOW_TF32=1), FMA otherwise; operand tiles are staged DOT_STAGES deep in shared memory,
 //   by cp.async where rows start on 16 bytes, their 16-byte chunks XOR-swizzled by row so that the
 //   eight rows one ldmatrix reads lie in eight bank groups;
+//   on Hopper wgmma m64nNk16 instead, a warpgroup's 64 rows at a time from the same shared tiles;
 // - on the CPU the tile is an array and the product plain loops the host compiler vectorises.
 // Appended after prelude.hpp (and, on the GPU, prelude_mma.hpp) by the kernels that use it
 // (codegen/gemm_template.hpp); a kernel defines, before it:
@@ -19,6 +20,8 @@
 //   DOT_ASYNC                 1: the operands' contiguous dims have stride 1 and their rows start
 //                             on 16 bytes (cp.async); 0: element by element, any strides
 //   DOT_TF32                  f32 on the GPU: 1 through TF32 on tensor cores, 0 by FMA
+//   DOT_WGMMA                 16-bit on sm_90a: 1 by warpgroup MMA (DOT_WARPS_M = DOT_BM / 16,
+//                             DOT_WARPS_N = 1, and the kernel defines kiln_wgmma_dot), 0 mma.sync
 // and names its sizes M, N and K.
 #pragma once
 #include <string_view>
@@ -38,9 +41,13 @@ inline constexpr std::string_view prelude_dot = R"KILN(
 // Shared memory a block takes: its stages of an A and a B tile.
 #define DOT_SHARED_BYTES (DOT_STAGES * (DOT_BM + DOT_BN) * DOT_BK * (int)sizeof(DOT_T))
 namespace kiln {
-// Element offset of (row r, column c) in a tile of COLS columns: 16-byte chunks swizzled by the row.
-template <int COLS> KILN_FN int dot_at(int r, int c) {
-  return (r * (COLS / DOT_VEC) + ((c / DOT_VEC) ^ (r & 7))) * DOT_VEC + c % DOT_VEC;
+// Element offset of (row r, column c) in a tile of ROWS x COLS: panels of 128-byte column blocks
+// (one for a K-contiguous tile, whose rows are 128 bytes), each ROWS rows of 128 bytes whose 16-byte
+// chunks are XOR-swizzled by the row: the layout of wgmma's 128-byte swizzle, and the eight rows
+// one ldmatrix reads lie in eight bank groups.
+#define DOT_PANEL (128 / (int)sizeof(DOT_T))  // elements a panel's row
+template <int ROWS, int COLS> KILN_FN int dot_at(int r, int c) {
+  return ((c / DOT_PANEL) * ROWS + r) * DOT_PANEL + ((c % DOT_PANEL / DOT_VEC) ^ (r & 7)) * DOT_VEC + c % DOT_VEC;
 }
 // The slice [r0, r0 + ROWS) x [k0, k0 + DOT_BK) of an operand X (element (r, k) at p[r s_r + k s_k],
 // R rows, K columns) into tile t, zeros past X's ends: [ROWS][DOT_BK] when KMAJOR, else [DOT_BK][ROWS].
@@ -54,14 +61,14 @@ KILN_FN void dot_stage(DOT_T* t, const DOT_T* p, i64 s_r, i64 s_k, i64 r0, i64 k
     // Along the contiguous dim, the elements left before X's end (a short chunk reads zeros past it).
     const i64 left = KMAJOR ? (r < R ? K - k : 0) : (k < K ? R - r : 0);
     const int bytes = left <= 0 ? 0 : left >= DOT_VEC ? 16 : (int)left * (int)sizeof(DOT_T);
-    kiln_cp_async16(t + dot_at<COLS>(row, col), bytes ? p + r * s_r + k * s_k : p, bytes);
+    kiln_cp_async16(t + dot_at<KMAJOR ? ROWS : DOT_BK, COLS>(row, col), bytes ? p + r * s_r + k * s_k : p, bytes);
 #else
     __align__(16) DOT_T v[DOT_VEC];
     for (int e = 0; e < DOT_VEC; ++e) {
       const i64 re = KMAJOR ? r : r + e, ke = KMAJOR ? k + e : k;
       v[e] = re < R && ke < K ? p[re * s_r + ke * s_k] : DOT_T{};
     }
-    *(uint4*)(t + dot_at<COLS>(row, col)) = *(const uint4*)v;
+    *(uint4*)(t + dot_at<KMAJOR ? ROWS : DOT_BK, COLS>(row, col)) = *(const uint4*)v;
 #endif
   }
 }
@@ -79,7 +86,38 @@ struct dot_acc {
   KILN_FN int row(int i, int e) const { return (threadIdx.x / 32) / DOT_WARPS_N * DOT_WM + i * 16 + threadIdx.x % 32 / 4 + e / 2 * 8; }
   KILN_FN int col(int j, int e) const { return (threadIdx.x / 32) % DOT_WARPS_N * DOT_WN + j * 8 + threadIdx.x % 4 * 2 + e % 2; }
 };
-#if DOT_IS_16BIT
+#if DOT_WGMMA
+// Hopper: each warpgroup's 64 rows of the tile by wgmma m64nBNk16 (kiln_wgmma_dot, written by the
+// kernel's source for BN and the operands' layouts), both operands read from shared memory through
+// descriptors of the 128-byte swizzle. K-contiguous: 8-row groups 1024 bytes apart, a step of 16
+// along K 32 bytes into the rows; M- or N-contiguous: panels of 64 columns, 16 rows of K a step
+// (2048 bytes). The block's warps run along M only (DOT_WARPS_M = DOT_BM / 16), so a warpgroup's
+// accumulator is dot_acc's v[0], 8 columns a group of 4, as mma leaves it.
+KILN_FN void dot(dot_acc& acc, const DOT_T* a, const DOT_T* b) {
+  const u32 wg = threadIdx.x / 128, as = kiln_shared_address(a), bs = kiln_shared_address(b);
+#if DOT_A_K
+  const u64 ad = kiln_wgmma_desc(as + wg * 64 * 128, 16, 1024);
+  constexpr u32 a_step = 32;
+#else
+  const u64 ad = kiln_wgmma_desc(as + wg * DOT_BK * 128, DOT_BK * 128, 1024);
+  constexpr u32 a_step = 2048;
+#endif
+#if DOT_B_K
+  const u64 bd = kiln_wgmma_desc(bs, 16, 1024);
+  constexpr u32 b_step = 32;
+#else
+  const u64 bd = kiln_wgmma_desc(bs, DOT_BK * 128, 1024);
+  constexpr u32 b_step = 2048;
+#endif
+  float (&d)[DOT_BN / 2] = *reinterpret_cast<float (*)[DOT_BN / 2]>(&acc.v[0][0][0]);
+  kiln_wgmma_fence();
+  KILN_UNROLL for (int kk = 0; kk < DOT_BK / 16; ++kk)
+    kiln_wgmma_dot(d, ad + ((kk * a_step) >> 4), bd + ((kk * b_step) >> 4));
+  kiln_wgmma_commit();
+  kiln_wgmma_wait<0>();
+  kiln_hold(d);
+}
+#elif DOT_IS_16BIT
 KILN_FN void dot_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 #if DOT_IS_BF16
   kiln_mma_16816_bf16(d, a, b0, b1);
@@ -96,18 +134,18 @@ KILN_FN void dot(dot_acc& acc, const DOT_T* a, const DOT_T* b) {
     KILN_UNROLL for (int i = 0; i < DOT_MT; ++i) {
       const int m = wm + i * 16;
 #if DOT_A_K
-      kiln_ldmatrix_x4(af[i], a + dot_at<DOT_BK>(m + lane % 8 + lane / 8 % 2 * 8, kk + lane / 16 * 8));
+      kiln_ldmatrix_x4(af[i], a + dot_at<DOT_BM, DOT_BK>(m + lane % 8 + lane / 8 % 2 * 8, kk + lane / 16 * 8));
 #else
-      kiln_ldmatrix_x4_trans(af[i], a + dot_at<DOT_BM>(kk + lane % 8 + lane / 16 * 8, m + lane / 8 % 2 * 8));
+      kiln_ldmatrix_x4_trans(af[i], a + dot_at<DOT_BK, DOT_BM>(kk + lane % 8 + lane / 16 * 8, m + lane / 8 % 2 * 8));
 #endif
     }
     KILN_UNROLL for (int j = 0; j < DOT_NT; j += 2) {  // two 8-column tiles of B a load
       const int n = wn + j * 8;
       u32 r[4];
 #if DOT_B_K
-      kiln_ldmatrix_x4(r, b + dot_at<DOT_BK>(n + lane % 8 + lane / 16 * 8, kk + lane / 8 % 2 * 8));
+      kiln_ldmatrix_x4(r, b + dot_at<DOT_BN, DOT_BK>(n + lane % 8 + lane / 16 * 8, kk + lane / 8 % 2 * 8));
 #else
-      kiln_ldmatrix_x4_trans(r, b + dot_at<DOT_BN>(kk + lane % 8 + lane / 8 % 2 * 8, n + lane / 16 * 8));
+      kiln_ldmatrix_x4_trans(r, b + dot_at<DOT_BK, DOT_BN>(kk + lane % 8 + lane / 8 % 2 * 8, n + lane / 16 * 8));
 #endif
       bf[j][0] = r[0], bf[j][1] = r[1], bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
     }
@@ -119,16 +157,16 @@ KILN_FN void dot(dot_acc& acc, const DOT_T* a, const DOT_T* b) {
 // f32 operands: element (m, k) of A's tile and (k, n) of B's.
 KILN_FN float dot_a(const float* a, int m, int k) {
 #if DOT_A_K
-  return a[dot_at<DOT_BK>(m, k)];
+  return a[dot_at<DOT_BM, DOT_BK>(m, k)];
 #else
-  return a[dot_at<DOT_BM>(k, m)];
+  return a[dot_at<DOT_BK, DOT_BM>(k, m)];
 #endif
 }
 KILN_FN float dot_b(const float* b, int k, int n) {
 #if DOT_B_K
-  return b[dot_at<DOT_BK>(n, k)];
+  return b[dot_at<DOT_BN, DOT_BK>(n, k)];
 #else
-  return b[dot_at<DOT_BN>(k, n)];
+  return b[dot_at<DOT_BK, DOT_BN>(k, n)];
 #endif
 }
 KILN_FN void dot(dot_acc& acc, const float* a, const float* b) {
@@ -189,6 +227,9 @@ KILN_FN void dot_k_loop(dot_acc& acc, unsigned char* shared, const DOT_T* a, i64
   }
   for (int s = 0; s < steps; ++s) {
     kiln_cp_async_wait<DOT_STAGES - 2>();
+#if DOT_WGMMA
+    kiln_fence_proxy_async();  // (the copies' writes, seen by wgmma's reads)
+#endif
     __syncthreads();
     if (s + DOT_STAGES - 1 < steps) stage(s + DOT_STAGES - 1);
     kiln_cp_async_commit();

@@ -65,12 +65,23 @@ inline std::string dot_matmul_unsupported(const Tensor& a, const Tensor& b, cons
   return "";
 }
 
-// The kernel for this problem at a blocking (the GPU's bm x bn of warps_m x warps_n warps,
-// `stages` deep; the CPU takes 64 x 64): its layout from the operands' strides, cp.async where
-// both operands' contiguous dims have stride 1 and their rows and batches start on 16 bytes.
+// A GPU blocking of the template: bm x bn tiles of warps_m x warps_n warps, `stages` deep; wgmma
+// (16-bit on sm_90a): by warpgroup MMA, the warps along M only (warps_m = bm / 16).
+struct DotBlocking {
+  int bm = 128, bn = 128, warps_m = 2, warps_n = 2, stages = 3;
+  bool wgmma = false;
+  std::string str() const {
+    return std::to_string(bm) + "x" + std::to_string(bn) +
+           (wgmma ? "wgmma" : "w" + std::to_string(warps_m) + "x" + std::to_string(warps_n)) + "s" +
+           std::to_string(stages);
+  }
+};
+
+// The kernel for this problem at a blocking (the CPU takes 64 x 64): its layout from the operands'
+// strides, cp.async where both operands' contiguous dims have stride 1 and their rows and batches
+// start on 16 bytes.
 inline codegen::GemmKernel dot_matmul_kernel(const MatmulGeometry& g, const Tensor& a, const Tensor& b,
-                                             const Tensor& out, Epilogue e, int bm = 128, int bn = 128, int warps_m = 2,
-                                             int warps_n = 2, int stages = 3) {
+                                             const Tensor& out, Epilogue e, const DotBlocking& bl = {}) {
   codegen::GemmKernel k;
   k.dt = a.dtype();
   k.out_dt = out.dtype();
@@ -90,7 +101,8 @@ inline codegen::GemmKernel dot_matmul_kernel(const MatmulGeometry& g, const Tens
   if (k.cpu) {  // (the host's loops read any layout alike: one kernel for all)
     k.bm = k.bn = 64, k.a_k = k.b_k = true, k.async = false;
   } else {
-    k.bm = bm, k.bn = bn, k.warps_m = warps_m, k.warps_n = warps_n, k.stages = stages;
+    k.bm = bl.bm, k.bn = bl.bn, k.stages = bl.stages, k.wgmma = bl.wgmma && k.dt != dtype::f32;
+    k.warps_m = k.wgmma ? bl.bm / 16 : bl.warps_m, k.warps_n = k.wgmma ? 1 : bl.warps_n;
   }
   return k;
 }
@@ -107,21 +119,21 @@ inline Tensor dot_matmul_bias(const Tensor& bias, const MatmulGeometry& g, const
   return c;
 }
 
-// The blockings autotuning tries on a GPU (bm, bn, warps along M and N, stages), those whose
-// shared memory the device gives a block: 128 x 128 tiles of four warps (each 64 x 64: 128 f32
-// accumulators a thread), 128 x 256 of eight, 128 x 64 and 64 x 64 for problems of few tiles.
+// The blockings autotuning tries on a GPU, those whose shared memory the device gives a block:
+// 128 x 128 tiles of four warps (each 64 x 64: 128 f32 accumulators a thread), 128 x 256 of eight,
+// 128 x 64 and 64 x 64 for problems of few tiles; on sm_90a, 16-bit also by wgmma at 128 x 128 and
+// 128 x 256 (two warpgroups of 64 rows).
 inline std::vector<codegen::GemmKernel> dot_matmul_candidates(const MatmulGeometry& g, const Tensor& a, const Tensor& b,
                                                               const Tensor& out, Epilogue e) {
-  struct Blocking {
-    int bm, bn, wm, wn, stages;
-  };
   const bool wide = a.dtype() != dtype::f32;  // (f32's FMA fragments of a 128 x 256 tile would spill)
+  const bool hopper = wide && driver::arch(out.device().index) == "sm_90a";
   std::vector<codegen::GemmKernel> ks;
   const int shared = driver::shared_optin(out.device().index);
-  for (Blocking bl : {Blocking{128, 128, 2, 2, 3}, Blocking{128, 256, 2, 4, 3}, Blocking{128, 64, 2, 2, 4},
-                      Blocking{64, 64, 2, 2, 4}}) {
-    if (!wide && bl.bn == 256) continue;
-    codegen::GemmKernel k = dot_matmul_kernel(g, a, b, out, e, bl.bm, bl.bn, bl.wm, bl.wn, bl.stages);
+  for (const DotBlocking& bl :
+       {DotBlocking{128, 128, 2, 2, 3}, DotBlocking{128, 256, 2, 4, 3}, DotBlocking{128, 64, 2, 2, 4},
+        DotBlocking{64, 64, 2, 2, 4}, DotBlocking{128, 128, 8, 1, 4, true}, DotBlocking{128, 256, 8, 1, 3, true}}) {
+    if ((!wide && bl.bn == 256) || (bl.wgmma && !hopper)) continue;
+    codegen::GemmKernel k = dot_matmul_kernel(g, a, b, out, e, bl);
     if (k.shared_bytes() <= shared) ks.push_back(k);
   }
   return ks;
@@ -273,7 +285,7 @@ DotMatmulPick pick_dot_matmul(const MatmulGeometry& g, const Tensor& a, const Te
 // cuda_matmul_epilogue's, minus the bias gradient; a bias in another layout or dtype is made
 // contiguous in out's first). Throws kiln::error naming what the template does not take.
 inline void dot_matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Epilogue e, const Tensor& out,
-                       CUstream stream = nullptr, const Tensor* aux = nullptr) {
+                       CUstream stream = nullptr, const Tensor* aux = nullptr, const DotBlocking& blocking = {}) {
   const MatmulGeometry g = matmul_geometry(a, b, out, "matmul");
   if (const std::string why = dot_matmul_unsupported(a, b, out, e); !why.empty())
     throw dtype_error("matmul: kiln's GEMM template takes " + why + "; got " + mm_detail::shapes_of(a, b) + " into " +
@@ -293,7 +305,7 @@ inline void dot_matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Epi
                         std::string(name(out.dtype())));
     aux_c = *aux;
   }
-  run_dot_matmul(dot_matmul_kernel(g, a, b, out, e), g, a, b, bias_c.defined() ? &bias_c : nullptr,
+  run_dot_matmul(dot_matmul_kernel(g, a, b, out, e, blocking), g, a, b, bias_c.defined() ? &bias_c : nullptr,
                  aux_c.defined() ? &aux_c : nullptr, out, stream);
 }
 
