@@ -45,7 +45,8 @@ struct GemmKernel {
 
   int threads() const { return warps_m * warps_n * 32; }
   int bk() const { return 128 / static_cast<int>(itemsize(dt)); }
-  int shared_bytes() const { return cpu ? 0 : stages * (bm + bn) * bk() * static_cast<int>(itemsize(dt)); }
+  // (prelude_dot.hpp's DOT_SHARED_BYTES: the stages from a 1024-byte boundary)
+  int shared_bytes() const { return cpu ? 0 : stages * (bm + bn) * bk() * static_cast<int>(itemsize(dt)) + 1024; }
   std::string epilogue() const {
     std::string s = bias ? "bias" : "";
     if (act != schedule::Activation::none) s += (s.empty() ? "" : "_") + std::string(schedule::activation_name(act));

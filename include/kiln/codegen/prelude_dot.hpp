@@ -38,8 +38,9 @@ inline constexpr std::string_view prelude_dot = R"KILN(
 #define DOT_MT (DOT_WM / 16)           // the warp's mma tiles along M (16 rows each) ...
 #define DOT_NT (DOT_WN / 8)            // ... and along N (8 columns each)
 #define DOT_VEC (16 / (int)sizeof(DOT_T))  // elements a 16-byte chunk
-// Shared memory a block takes: its stages of an A and a B tile.
-#define DOT_SHARED_BYTES (DOT_STAGES * (DOT_BM + DOT_BN) * DOT_BK * (int)sizeof(DOT_T))
+// Shared memory a block takes: its stages of an A and a B tile, from a 1024-byte boundary (where
+// the 128-byte swizzle's pattern repeats: wgmma reads it from the address bits).
+#define DOT_SHARED_BYTES (DOT_STAGES * (DOT_BM + DOT_BN) * DOT_BK * (int)sizeof(DOT_T) + 1024)
 namespace kiln {
 // Element offset of (row r, column c) in a tile of ROWS x COLS: panels of 128-byte column blocks
 // (one for a K-contiguous tile, whose rows are 128 bytes), each ROWS rows of 128 bytes whose 16-byte
@@ -240,9 +241,10 @@ KILN_FN void dot_k_loop(dot_acc& acc, unsigned char* shared, const DOT_T* a, i64
 }  // namespace kiln
 // The program's batch and tile of C (GPU: blockIdx.x the tiles, grouped eight rows of tiles at a
 // time so that a wave's tiles share A's and B's slices in L2, as Triton's GROUP_M; blockIdx.y the
-// batch), and its shared memory.
+// batch), and its shared memory (KILN_DOT_SHARED, on a 1024-byte boundary).
 #define KILN_DOT_PROGRAM(bz, m0, n0)                                                                    \
-  extern __shared__ __align__(128) unsigned char kiln_dot_shared[];                                   \
+  extern __shared__ __align__(1024) unsigned char kiln_dot_smem[];                                    \
+  unsigned char* const kiln_dot_shared = kiln_dot_smem + (-kiln_shared_address(kiln_dot_smem) & 1023u); \
   const i64 kiln_tiles_m = (M + DOT_BM - 1) / DOT_BM, kiln_tiles_n = (N + DOT_BN - 1) / DOT_BN;        \
   const i64 kiln_group = (i64)blockIdx.x / (8 * kiln_tiles_n), kiln_first = kiln_group * 8;            \
   const i64 kiln_rows = kiln_tiles_m - kiln_first < 8 ? kiln_tiles_m - kiln_first : 8;                 \
