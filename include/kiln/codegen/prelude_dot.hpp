@@ -41,6 +41,13 @@ inline constexpr std::string_view prelude_dot = R"KILN(
 // Shared memory a block takes: its stages of an A and a B tile, from a 1024-byte boundary (where
 // the 128-byte swizzle's pattern repeats: wgmma reads it from the address bits).
 #define DOT_SHARED_BYTES (DOT_STAGES * (DOT_BM + DOT_BN) * DOT_BK * (int)sizeof(DOT_T) + 1024)
+static_assert(DOT_BM % 64 == 0 && DOT_BN % 64 == 0 && DOT_BN <= 256 && DOT_STAGES >= 2,
+              "dot: tiles of multiples of 64 rows and columns (at most 256), two stages or more");
+#if DOT_WGMMA
+static_assert(DOT_WARPS_M == DOT_BM / 16 && DOT_WARPS_N == 1, "dot: wgmma's warps run along M, 16 rows each");
+#else
+static_assert(DOT_WM % 16 == 0 && DOT_WN % 16 == 0, "dot: each warp's part a multiple of 16 rows and columns");
+#endif
 namespace kiln {
 // Element offset of (row r, column c) in a tile of ROWS x COLS: panels of 128-byte column blocks
 // (one for a K-contiguous tile, whose rows are 128 bytes), each ROWS rows of 128 bytes whose 16-byte

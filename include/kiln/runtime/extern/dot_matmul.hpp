@@ -62,6 +62,8 @@ inline std::string dot_matmul_unsupported(const Tensor& a, const Tensor& b, cons
   if (out.dtype() != ab && out.dtype() != dtype::f32) return "an output in the operands' type or f32";
   if (epilogue_writes_bias(e)) return "no bias gradient (column sums)";
   if (out.device().is_cuda() && out.dim() == 3 && out.shape()[0] > 65535) return "a batch of at most 65535 on a GPU";
+  if (out.device().is_cuda() && driver::compute_capability(out.device().index) < 80)
+    return "a GPU of compute capability 8.0 or later (cp.async, bf16 mma.sync)";
   return "";
 }
 
@@ -257,7 +259,12 @@ DotMatmulPick pick_dot_matmul(const MatmulGeometry& g, const Tensor& a, const Te
   std::string report;
   for (const auto& k : ks) {
     auto go = [&] { run_dot_matmul(k, g, a, b, bias_c.defined() ? &bias_c : nullptr, aux, out, stream); };
-    go();
+    try {  // (a candidate that does not compile or launch is left out; a fault in it cannot be undone)
+      go();
+    } catch (const kiln::error& failed) {
+      report += ", " + k.name() + " failed (" + failed.what() + ")";
+      continue;
+    }
     const std::vector<double> got = dot_mm_detail::host_values(out, stream);
     bool same = got.size() == want.size();
     for (std::size_t i = 0; same && i < got.size(); ++i) same = std::abs(got[i] - want[i]) <= tol;
