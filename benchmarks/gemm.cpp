@@ -72,9 +72,15 @@ int main(int argc, char** argv) {
   };
   const std::vector<Shape> shapes{{8192, 2304, 768},  {8192, 768, 768},   {8192, 3072, 768},  {8192, 768, 3072},
                                   {8192, 50257, 768}, {4096, 4096, 4096}, {1000, 1000, 1000}, {777, 1536, 640}};
-  const std::vector<rt::DotBlocking> blockings{
-      {128, 128, 2, 2, 3},       {128, 256, 2, 4, 3},       {128, 64, 2, 2, 4},       {64, 64, 2, 2, 4},
-      {128, 128, 8, 1, 4, true}, {128, 256, 8, 1, 3, true}, {128, 256, 8, 1, 4, true}};
+  const std::vector<rt::DotBlocking> blockings{{128, 128, 2, 2, 3},
+                                               {128, 256, 2, 4, 3},
+                                               {128, 64, 2, 2, 4},
+                                               {64, 64, 2, 2, 4},
+                                               {128, 128, 8, 1, 4, true},
+                                               {128, 256, 8, 1, 3, true},
+                                               {128, 256, 8, 1, 4, true},
+                                               {128, 128, 8, 1, 4, true, true},
+                                               {128, 256, 8, 1, 4, true, true}};
   for (k::dtype dt : dtypes)
     for (const Shape& s : shapes)
       for (bool b_k : {false, true})

@@ -826,6 +826,8 @@ TEST_CASE("dot: the GEMM template's GPU kernels compile under NVRTC (sm_80, sm_9
   kernels.push_back(g);
   g.a_k = false, g.b_k = true, g.bn = 256, g.stages = 3, g.dt = g.out_dt = k::f16, g.bias = true;
   kernels.push_back(g);
+  g.overlap = true, g.stages = 4;
+  kernels.push_back(g);
   for (const auto& kern : kernels)
     for (const char* arch : {"sm_80", "sm_90a"}) {
       if (kern.wgmma && std::string(arch) != "sm_90a") continue;
@@ -844,7 +846,8 @@ TEST_CASE("dot: kiln's GEMM template on tensor cores against f64 products (cuda)
   }
   if (k::driver::arch(0) == "sm_90a")  // Hopper's warpgroup MMA (f32 keeps mma.sync or FMA)
     for (const rt::DotBlocking& blocking :
-         {rt::DotBlocking{128, 128, 8, 1, 4, true}, rt::DotBlocking{128, 256, 8, 1, 3, true}}) {
+         {rt::DotBlocking{128, 128, 8, 1, 4, true}, rt::DotBlocking{128, 256, 8, 1, 3, true},
+          rt::DotBlocking{128, 256, 8, 1, 4, true, true}, rt::DotBlocking{128, 128, 8, 1, 3, true, true}}) {
       CAPTURE(blocking.str());
       check_dot_cases(k::Device(k::cuda), blocking);
     }

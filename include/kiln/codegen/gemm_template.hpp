@@ -40,6 +40,7 @@ struct GemmKernel {
   bool async = true;  // stride 1 along the contiguous dims and rows on 16 bytes: cp.async copies
   bool tf32 = false;  // f32 on tensor cores through TF32 (KILN_ALLOW_TF32=1)
   bool wgmma = false;  // 16-bit on sm_90a by warpgroup MMA (warps_m = bm / 16, warps_n = 1)
+  bool overlap = false;  // wgmma: a step's products in flight under the next step's
   bool cpu = false;    // compiled by the host compiler (the CPU's program shape)
   int bm = 128, bn = 128, warps_m = 2, warps_n = 2, stages = 3;
 
@@ -55,8 +56,8 @@ struct GemmKernel {
   std::string name() const {
     const std::string out = out_dt == dt ? "" : "_out" + std::string(kiln::name(out_dt));
     return "kiln_mm_" + std::string(kiln::name(dt)) + out + "_" + epilogue() + "_" + (a_k ? "k" : "m") +
-           (b_k ? "k" : "n") + (async ? "" : "_strided") + (tf32 ? "_tf32" : "") + (wgmma ? "_wgmma" : "") + "_" +
-           std::to_string(bm) + "x" + std::to_string(bn) +
+           (b_k ? "k" : "n") + (async ? "" : "_strided") + (tf32 ? "_tf32" : "") +
+           (wgmma ? (overlap ? "_wgmma_ov" : "_wgmma") : "") + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            (cpu ? "_cpu"
                 : "_w" + std::to_string(warps_m) + "x" + std::to_string(warps_n) + "_s" + std::to_string(stages));
   }
@@ -104,8 +105,9 @@ inline std::string gemm_kernel_source(const GemmKernel& g) {
        "\n#define DOT_STAGES " + std::to_string(g.stages) + "\n#define DOT_A_K " + (g.a_k ? "1" : "0") +
        "\n#define DOT_B_K " + (g.b_k ? "1" : "0") + "\n#define DOT_ASYNC " + (g.async ? "1" : "0") +
        "\n#define DOT_TF32 " + (g.tf32 ? "1" : "0") + "\n#define DOT_WGMMA " + (g.wgmma ? "1" : "0") +
-       "\n#define DOT_IS_16BIT " + (g.dt == kiln::dtype::f32 ? "0" : "1") + "\n#define DOT_IS_BF16 " +
-       (g.dt == kiln::dtype::bf16 ? "1" : "0") + "\n";
+       "\n#define DOT_OVERLAP " + (g.wgmma && g.overlap ? "1" : "0") + "\n#define DOT_IS_16BIT " +
+       (g.dt == kiln::dtype::f32 ? "0" : "1") + "\n#define DOT_IS_BF16 " + (g.dt == kiln::dtype::bf16 ? "1" : "0") +
+       "\n";
   s += prelude;
   if (!g.cpu) s += prelude_mma;
   if (g.wgmma)

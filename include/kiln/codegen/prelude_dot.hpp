@@ -22,6 +22,8 @@
 //   DOT_TF32                  f32 on the GPU: 1 through TF32 on tensor cores, 0 by FMA
 //   DOT_WGMMA                 16-bit on sm_90a: 1 by warpgroup MMA (DOT_WARPS_M = DOT_BM / 16,
 //                             DOT_WARPS_N = 1, and the kernel defines kiln_wgmma_dot), 0 mma.sync
+//   DOT_OVERLAP               with DOT_WGMMA: 1 keeps a step's products in flight under the next
+//                             step's (DOT_STAGES >= 3), 0 waits for them
 // and names its sizes M, N and K.
 #pragma once
 #include <string_view>
@@ -45,6 +47,7 @@ static_assert(DOT_BM % 64 == 0 && DOT_BN % 64 == 0 && DOT_BN <= 256 && DOT_STAGE
               "dot: tiles of multiples of 64 rows and columns (at most 256), two stages or more");
 #if DOT_WGMMA
 static_assert(DOT_WARPS_M == DOT_BM / 16 && DOT_WARPS_N == 1, "dot: wgmma's warps run along M, 16 rows each");
+static_assert(!DOT_OVERLAP || DOT_STAGES >= 3, "dot: products in flight need three stages or more");
 #else
 static_assert(DOT_WM % 16 == 0 && DOT_WN % 16 == 0, "dot: each warp's part a multiple of 16 rows and columns");
 #endif
@@ -122,7 +125,9 @@ KILN_FN void dot(dot_acc& acc, const DOT_T* a, const DOT_T* b) {
   KILN_UNROLL for (int kk = 0; kk < DOT_BK / 16; ++kk)
     kiln_wgmma_dot(d, ad + ((kk * a_step) >> 4), bd + ((kk * b_step) >> 4));
   kiln_wgmma_commit();
-  kiln_wgmma_wait<0>();
+  // DOT_OVERLAP: this step's products stay in flight while the next step's are issued (the loop
+  // then stages one step less ahead, so the buffer a pending product reads is not refilled).
+  kiln_wgmma_wait<DOT_OVERLAP ? 1 : 0>();
   kiln_hold(d);
 }
 #elif DOT_IS_16BIT
@@ -229,20 +234,27 @@ KILN_FN void dot_k_loop(dot_acc& acc, unsigned char* shared, const DOT_T* a, i64
     dot_stage<DOT_BM, DOT_A_K>(as + buf * DOT_BM * DOT_BK, a, sam, sak, acc.m0, (i64)s * DOT_BK, M, K);
     dot_stage<DOT_BN, DOT_B_K>(bs + buf * DOT_BN * DOT_BK, b, sbn, sbk, acc.n0, (i64)s * DOT_BK, N, K);
   };
-  KILN_UNROLL for (int s = 0; s < DOT_STAGES - 1; ++s) {
+  // Steps staged ahead of the product: all but one buffer, or all but two where a step's product
+  // may still be reading its buffer after the next barrier (DOT_OVERLAP).
+  constexpr int AHEAD = DOT_STAGES - 1 - (DOT_WGMMA && DOT_OVERLAP ? 1 : 0);
+  KILN_UNROLL for (int s = 0; s < AHEAD; ++s) {
     if (s < steps) stage(s);
     kiln_cp_async_commit();
   }
   for (int s = 0; s < steps; ++s) {
-    kiln_cp_async_wait<DOT_STAGES - 2>();
+    kiln_cp_async_wait<AHEAD - 1>();  // step s's copies are in
 #if DOT_WGMMA
     kiln_fence_proxy_async();  // (the copies' writes, seen by wgmma's reads)
 #endif
-    __syncthreads();
-    if (s + DOT_STAGES - 1 < steps) stage(s + DOT_STAGES - 1);
+    __syncthreads();  // ... everyone's, and every product that read the buffer refilled next is done
+    if (s + AHEAD < steps) stage(s + AHEAD);
     kiln_cp_async_commit();
     dot(acc, as + s % DOT_STAGES * DOT_BM * DOT_BK, bs + s % DOT_STAGES * DOT_BN * DOT_BK);
   }
+#if DOT_WGMMA && DOT_OVERLAP
+  kiln_wgmma_wait<0>();
+  kiln_hold(*reinterpret_cast<float (*)[DOT_BN / 2]>(&acc.v[0][0][0]));
+#endif
   kiln_cp_async_wait<0>();
 }
 }  // namespace kiln

@@ -71,11 +71,11 @@ inline std::string dot_matmul_unsupported(const Tensor& a, const Tensor& b, cons
 // (16-bit on sm_90a): by warpgroup MMA, the warps along M only (warps_m = bm / 16).
 struct DotBlocking {
   int bm = 128, bn = 128, warps_m = 2, warps_n = 2, stages = 3;
-  bool wgmma = false;
+  bool wgmma = false, overlap = false;  // overlap: wgmma's products of a step in flight under the next's
   std::string str() const {
     return std::to_string(bm) + "x" + std::to_string(bn) +
-           (wgmma ? "wgmma" : "w" + std::to_string(warps_m) + "x" + std::to_string(warps_n)) + "s" +
-           std::to_string(stages);
+           (wgmma ? (overlap ? "wgmma-ov" : "wgmma") : "w" + std::to_string(warps_m) + "x" + std::to_string(warps_n)) +
+           "s" + std::to_string(stages);
   }
 };
 
@@ -104,6 +104,7 @@ inline codegen::GemmKernel dot_matmul_kernel(const MatmulGeometry& g, const Tens
     k.bm = k.bn = 64, k.a_k = k.b_k = true, k.async = false;
   } else {
     k.bm = bl.bm, k.bn = bl.bn, k.stages = bl.stages, k.wgmma = bl.wgmma && k.dt != dtype::f32;
+    k.overlap = k.wgmma && bl.overlap;
     k.warps_m = k.wgmma ? bl.bm / 16 : bl.warps_m, k.warps_n = k.wgmma ? 1 : bl.warps_n;
   }
   return k;
@@ -124,7 +125,7 @@ inline Tensor dot_matmul_bias(const Tensor& bias, const MatmulGeometry& g, const
 // The blockings autotuning tries on a GPU, those whose shared memory the device gives a block:
 // 128 x 128 tiles of four warps (each 64 x 64: 128 f32 accumulators a thread), 128 x 256 of eight,
 // 128 x 64 and 64 x 64 for problems of few tiles; on sm_90a, 16-bit also by wgmma at 128 x 128 and
-// 128 x 256 (two warpgroups of 64 rows).
+// 128 x 256 (two warpgroups of 64 rows), waiting for each step's products or keeping them in flight.
 inline std::vector<codegen::GemmKernel> dot_matmul_candidates(const MatmulGeometry& g, const Tensor& a, const Tensor& b,
                                                               const Tensor& out, Epilogue e) {
   const bool wide = a.dtype() != dtype::f32;  // (f32's FMA fragments of a 128 x 256 tile would spill)
