@@ -11,6 +11,7 @@
 // Usage: gemm [--dtypes bf16,f16,f32] [--reps N]
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -52,6 +53,7 @@ double max_rel_diff(const k::Tensor& x, const k::Tensor& y) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  setenv("KILN_TUNE_GEMM_TEMPLATE", "1", 1);  // (the "autotuned" column: cuBLASLt or the template)
   if (!kiln_bench::cuda_device_present()) {
     std::printf("gemm: no CUDA device, skipped\n");
     return 0;

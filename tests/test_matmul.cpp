@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <thread>
@@ -857,6 +858,10 @@ TEST_CASE("cuda_matmul: autotuning times the GEMM template against cuBLASLt and 
           needs_gpu()) {
   // Whichever wins, every call's values are the product's: the tuning call (which ran both), and the
   // calls after it (the kept choice), here with bias + tanh-gelu keeping its pre-activation.
+  setenv("KILN_TUNE_GEMM_TEMPLATE", "1", 1);  // (read at each autotuned call)
+  struct Unset {
+    ~Unset() { unsetenv("KILN_TUNE_GEMM_TEMPLATE"); }
+  } unset;
   const std::int64_t M = 300, K = 520, N = 264;
   const Tensor a = random({M, K}, k::bf16), w = random_transposed(K, N, k::bf16), bias = random({N}, k::bf16);
   std::vector<double> kept;

@@ -80,6 +80,14 @@ inline bool gemm_padding_enabled() {
   return enabled;
 }
 
+// KILN_TUNE_GEMM_TEMPLATE=1: autotuning also times kiln's GEMM template (dot_matmul.hpp) against
+// cuBLASLt. Off until the template has run on a GPU (benchmarks/NOTES.md item 195); read at each
+// autotuned call, which is rare.
+inline bool gemm_template_enabled() {
+  const char* v = kiln::config::env("KILN_TUNE_GEMM_TEMPLATE");
+  return v && std::string(v) == "1";
+}
+
 // The largest power of two (up to 256) dividing the address: what the heuristic may assume.
 inline std::uint32_t alignment(const void* p) {
   auto v = reinterpret_cast<std::uintptr_t>(p);
@@ -424,17 +432,18 @@ inline void cublaslt_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, con
   if (!p.direct) device_copy(d, out, stream);
 }
 
-// out = epilogue(a @ b (+ bias)) on CUDA (the contract above). Under autotune, the first call of a
-// problem (outside a capture) also times kiln's GEMM template (dot_matmul.hpp) at each of its
-// blockings against cuBLASLt's tuned best, each result checked against cuBLASLt's, and the faster
-// serves every later call of the problem in this process; the template's kernels compile at that
-// first call (NVRTC, in parallel), so tuning a model's GEMMs takes seconds once.
+// out = epilogue(a @ b (+ bias)) on CUDA (the contract above). Under autotune with
+// KILN_TUNE_GEMM_TEMPLATE=1, the first call of a problem (outside a capture) also times kiln's GEMM template
+// (dot_matmul.hpp) at each of its blockings against cuBLASLt's tuned best, each result checked against cuBLASLt's, and
+// the faster serves every later call of the problem in this process; the template's kernels compile at that first call
+// (NVRTC, in parallel), so tuning a model's GEMMs takes seconds once.
 inline void cuda_matmul_epilogue(const Tensor& a, const Tensor& b, const Tensor* bias, Epilogue e, const Tensor& out,
                                  CUstream stream, bool autotune = false, const Tensor* aux = nullptr,
                                  const GemmRooms* rooms = nullptr) {
   auto cublas = [&] { cublaslt_matmul_epilogue(a, b, bias, e, out, stream, autotune, aux, rooms); };
-  if (!autotune || !dot_matmul_unsupported(a, b, out, e).empty() || !out.device().is_cuda() ||
-      a.device() != out.device() || b.device() != out.device() || (epilogue_has_bias(e) && (!bias || !bias->defined())))
+  if (!autotune || !cuda_mm_detail::gemm_template_enabled() || !dot_matmul_unsupported(a, b, out, e).empty() ||
+      !out.device().is_cuda() || a.device() != out.device() || b.device() != out.device() ||
+      (epilogue_has_bias(e) && (!bias || !bias->defined())))
     return cublas();
   const MatmulGeometry g = matmul_geometry(a, b, out, "matmul");
   if (g.batch == 0 || g.M == 0 || g.N == 0) return cublas();
