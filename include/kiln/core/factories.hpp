@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "tensor.hpp"
@@ -15,22 +16,23 @@ namespace kiln {
 inline Tensor empty(const Dims& shape, kiln::dtype d = f32, Device dev = cpu) { return Tensor::empty(shape, d, dev); }
 
 namespace detail {
-// Runs fill(begin, end) over [0, n) in contiguous parts, one a core, where each part has at least
-// 2^18 elements (a randn of 2^27 values took 19 s on one core of an H100's host: NOTES item 187).
-template <class Fill>
-void fill_in_parts(std::int64_t n, const Fill& fill) {
+// Runs fill(ctx, begin, end) over [0, n) in contiguous parts, one a core, where each part has at
+// least 2^18 elements (a randn of 2^27 values took 19 s on one core of an H100's host: NOTES item
+// 187). A function pointer, not a template: each factory's fill for each dtype instantiated
+// std::thread's machinery anew in every user's translation unit (the include-only TU: 5.52 -> 5.34 s).
+inline void fill_in_parts(std::int64_t n, void (*fill)(const void*, std::int64_t, std::int64_t), const void* ctx) {
   constexpr std::int64_t grain = std::int64_t{1} << 18;
   const std::int64_t parts = std::min<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()), n / grain);
-  if (parts <= 1) return fill(std::int64_t{0}, n);
+  if (parts <= 1) return fill(ctx, std::int64_t{0}, n);
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(parts - 1));
   std::int64_t k = 1;
   try {  // where the system gives fewer threads, this one fills the parts left
-    for (; k < parts; ++k) threads.emplace_back(fill, n * k / parts, n * (k + 1) / parts);
+    for (; k < parts; ++k) threads.emplace_back(fill, ctx, n * k / parts, n * (k + 1) / parts);
   } catch (...) {
   }
-  fill(std::int64_t{0}, n / parts);
-  for (; k < parts; ++k) fill(n * k / parts, n * (k + 1) / parts);
+  fill(ctx, std::int64_t{0}, n / parts);
+  for (; k < parts; ++k) fill(ctx, n * k / parts, n * (k + 1) / parts);
   for (std::thread& t : threads) t.join();
 }
 // Fills a host tensor of the shape with f(i) for each linear index (f: thread-safe, no throw), then
@@ -43,14 +45,22 @@ Tensor generate(const Dims& shape, kiln::dtype d, Device dev, F&& f) {
   visit_dtype(d, [&](auto t) {
     using T = decltype(t);
     T* out = static_cast<T*>(host.data_ptr());
-    fill_in_parts(host.numel(), [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t i = begin; i < end; ++i) {
-        if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)
-          out[i] = T(static_cast<float>(f(i)));  // as store_from_double rounds
-        else
-          out[i] = static_cast<T>(f(i));
-      }
-    });
+    struct Fill {
+      T* out;
+      std::remove_reference_t<F>* f;
+    } fill{out, &f};
+    fill_in_parts(
+        host.numel(),
+        [](const void* ctx, std::int64_t begin, std::int64_t end) {
+          const Fill& c = *static_cast<const Fill*>(ctx);
+          for (std::int64_t i = begin; i < end; ++i) {
+            if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)
+              c.out[i] = T(static_cast<float>((*c.f)(i)));  // as store_from_double rounds
+            else
+              c.out[i] = static_cast<T>((*c.f)(i));
+          }
+        },
+        &fill);
   });
   return dev.is_cpu() ? host : host.to(dev);
 }
