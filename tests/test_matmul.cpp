@@ -808,6 +808,29 @@ TEST_CASE("dot: kiln's GEMM template on the CPU against f64 products (odd sizes,
   }
 }
 
+TEST_CASE("dot: the GEMM template's tile layouts and copies follow the operands' strides") {
+  // (what a GPU kernel is chosen for: the host's loops read every layout alike)
+  auto layout = [](const Tensor& a, const Tensor& b) {
+    Tensor out = Tensor::empty(out_shape(a, b), a.dtype(), k::cpu);
+    return rt::dot_layout(rt::matmul_geometry(a, b, out, "matmul"), a.dtype(), a.data_ptr(), b.data_ptr());
+  };
+  auto is = [](rt::DotLayout l, bool a_k, bool b_k, bool async) {
+    return l.a_k == a_k && l.b_k == b_k && l.async == async;
+  };
+  CHECK(is(layout(random({64, 96}, k::bf16), random({96, 40}, k::bf16)), true, false, true));  // b [K, N] row-major
+  CHECK(
+      is(layout(random({64, 96}, k::bf16), random_transposed(96, 40, k::bf16)), true, true, true));  // linear's weight
+  CHECK(is(layout(random_transposed(64, 96, k::bf16), random({96, 40}, k::bf16)), false, false, true));
+  CHECK(is(layout(random({64, 36}, k::f32), random({36, 40}, k::f32)), true, false, true));  // rows of 144 bytes
+  // Rows off 16 bytes (K = 37 bf16), a first element off them, a step along K: element by element.
+  CHECK(is(layout(random({64, 37}, k::bf16), random({37, 40}, k::bf16)), true, false, false));
+  CHECK(is(layout(random_view({64, 96}, k::bf16, {96, 1}, 3), random({96, 40}, k::bf16)), true, false, false));
+  CHECK(is(layout(random_view({9, 11}, k::bf16, {40, 2}), random({11, 16}, k::bf16)), true, false, false));
+  // Batches: a broadcast b (batch stride 0) keeps the copies; a batch stride off 16 bytes does not.
+  CHECK(is(layout(random({3, 16, 32}, k::bf16), random({32, 16}, k::bf16)), true, false, true));
+  CHECK(is(layout(random_view({2, 16, 32}, k::bf16, {516, 32, 1}), random({32, 16}, k::bf16)), true, false, false));
+}
+
 TEST_CASE("dot: the GEMM template's GPU kernels compile under NVRTC (sm_80, sm_90a)") {
   // Every path of the device `dot`: 16-bit by ldmatrix both ways and by wgmma, f32 by TF32 and by FMA, cp.async
   // and element-by-element staging, each epilogue's statements.

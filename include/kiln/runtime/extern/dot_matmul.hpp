@@ -67,6 +67,26 @@ inline std::string dot_matmul_unsupported(const Tensor& a, const Tensor& b, cons
   return "";
 }
 
+// How the operands' tiles lie in shared memory, from their strides: a_k (b_k) where the operand's
+// stride along K is 1 (else along M, or N, where that stride is 1: a transposed a, or b [K, N]
+// row-major), and async (cp.async copies of 16 bytes) where both operands have stride 1 along the
+// dim their tiles keep contiguous and their rows, batches and first elements start on 16 bytes; any
+// other layout is staged element by element (a strided slice, an odd row stride of 16-bit values).
+struct DotLayout {
+  bool a_k = true, b_k = false, async = false;
+};
+inline DotLayout dot_layout(const MatmulGeometry& g, dtype dt, const void* a, const void* b) {
+  DotLayout l;
+  l.a_k = !(g.a_sm == 1 && g.a_sk != 1);
+  l.b_k = g.b_sk == 1 && g.b_sn != 1;
+  const std::int64_t vec = 16 / static_cast<std::int64_t>(itemsize(dt));
+  const std::int64_t a_row = l.a_k ? g.a_sm : g.a_sk, b_row = l.b_k ? g.b_sn : g.b_sk;
+  const bool a_unit = (l.a_k ? g.a_sk : g.a_sm) == 1, b_unit = (l.b_k ? g.b_sk : g.b_sn) == 1;
+  l.async = a_unit && b_unit && a_row % vec == 0 && b_row % vec == 0 && g.a_bs % vec == 0 && g.b_bs % vec == 0 &&
+            dot_mm_detail::on_16_bytes(a) && dot_mm_detail::on_16_bytes(b);
+  return l;
+}
+
 // A GPU blocking of the template: bm x bn tiles of warps_m x warps_n warps, `stages` deep; wgmma
 // (16-bit on sm_90a): by warpgroup MMA, the warps along M only (warps_m = bm / 16).
 struct DotBlocking {
@@ -90,13 +110,8 @@ inline codegen::GemmKernel dot_matmul_kernel(const MatmulGeometry& g, const Tens
   k.act = dot_mm_detail::activation_of(e);
   k.bias = epilogue_has_bias(e);
   k.aux = e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias;
-  k.a_k = !(g.a_sm == 1 && g.a_sk != 1);
-  k.b_k = g.b_sk == 1 && g.b_sn != 1;
-  const std::int64_t vec = 16 / static_cast<std::int64_t>(itemsize(k.dt));
-  const std::int64_t a_row = k.a_k ? g.a_sm : g.a_sk, b_row = k.b_k ? g.b_sn : g.b_sk;
-  const bool a_unit = (k.a_k ? g.a_sk : g.a_sm) == 1, b_unit = (k.b_k ? g.b_sk : g.b_sn) == 1;
-  k.async = a_unit && b_unit && a_row % vec == 0 && b_row % vec == 0 && g.a_bs % vec == 0 && g.b_bs % vec == 0 &&
-            dot_mm_detail::on_16_bytes(a.data_ptr()) && dot_mm_detail::on_16_bytes(b.data_ptr());
+  const DotLayout layout = dot_layout(g, k.dt, a.data_ptr(), b.data_ptr());
+  k.a_k = layout.a_k, k.b_k = layout.b_k, k.async = layout.async;
   k.tf32 = k.dt == dtype::f32 && kiln::config::env("KILN_ALLOW_TF32") &&
            std::string(kiln::config::env("KILN_ALLOW_TF32")) == "1";
   k.cpu = !out.device().is_cuda();
