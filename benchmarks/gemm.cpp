@@ -8,7 +8,7 @@
 // cuBLASLt's output first. One JSON object a line:
 //   {"id": "gemm-bf16-8192x2304x768-kn-none", "impl": "cublaslt" | "cublaslt-tuned" | "autotuned" |
 //   "kiln-128x128w2x2s3", "ms": ..., "tflops": ...}
-// Usage: gemm [--dtypes bf16,f16,f32] [--reps N]
+// Usage: gemm [--dtypes bf16,f16,f32] [--reps N] > gemm.jsonl; benchmarks/gemm_table.py gemm.jsonl tabulates it.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
