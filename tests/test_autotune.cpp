@@ -399,3 +399,51 @@ TEST_CASE("autotune: a permute over symbolic sizes moves whole vectors where its
     if (v == 64) v = 65;  // a head dim of 65: the unassuming twin
   CHECK_FALSE(k::codegen::serves(kern->src, k::Bindings(sizes.data(), sizes.size())));
 }
+
+TEST_CASE(
+    "autotune: with KILN_TUNE_GEMM_TEMPLATE=1 a training step's GEMMs may take kiln's template, and "
+    "the values hold" *
+    needs_gpu()) {
+  // A bf16 MLP's value and gradients: the forward's GEMMs with bias and with bias + tanh-gelu kept
+  // for the backward (GELU_AUX), the backward's with DGELU and plain ones, some of them over
+  // transposed operands. Each GEMM step times cuBLASLt against the template's blockings at its
+  // first call; the values match the untuned program's (cuBLASLt throughout) either way.
+  ScopedEnv on("KILN_TUNE_GEMM_TEMPLATE", "1");
+  auto loss = [](auto x, auto w1, auto b1, auto w2, auto b2) {
+    auto h = k::gelu(k::matmul(x, w1) + b1, k::approximate::tanh);
+    return k::mean(k::square(k::matmul(h, w2) + b2));
+  };
+  auto x = k::randn({300, 256}, k::bf16, k::cpu, 31), w1 = k::randn({256, 520}, k::bf16, k::cpu, 32);
+  auto b1 = k::randn({520}, k::bf16, k::cpu, 33), w2 = k::randn({520, 136}, k::bf16, k::cpu, 34);
+  auto b2 = k::randn({136}, k::bf16, k::cpu, 35);
+  auto step = k::value_and_grad(loss, k::wrt<1, 2, 3, 4>);
+  auto args = [&] {
+    return std::make_tuple(x.to(k::cuda), k::Tensor(w1 * 0.05f).to(k::cuda), b1.to(k::cuda),
+                           k::Tensor(w2 * 0.05f).to(k::cuda), b2.to(k::cuda));
+  };
+  auto [xd, w1d, b1d, w2d, b2d] = args();
+  AutotuneLog log;
+  auto tuned = k::compile(step, {.autotune = true});
+  auto plain = k::compile(step);
+  for (int call = 0; call < 2; ++call) {  // the tuning call, then the kept choices
+    CAPTURE(call);
+    auto got = tuned(xd, w1d, b1d, w2d, b2d);
+    auto want = plain(xd, w1d, b1d, w2d, b2d);
+    std::apply(
+        [&](const auto&... g) {
+          std::apply(
+              [&](const auto&... w) {
+                (
+                    [&](const k::Tensor& a, const k::Tensor& b) {
+                      auto r = k::testing::allclose(a, b, 3e-2, 3e-2);
+                      CHECK_MESSAGE(bool(r), r);
+                    }(g, w),
+                    ...);
+              },
+              want);
+        },
+        got);
+  }
+  MESSAGE(log.text());
+  CHECK(log.text().find("kiln_mm_") != std::string::npos);  // the template's blockings were timed
+}

@@ -23,6 +23,7 @@
 #include <kiln/runtime/extern/matmul_layout.hpp>
 
 #include "have_gpu.hpp"
+#include "scoped_env.hpp"
 
 namespace {
 
@@ -881,10 +882,7 @@ TEST_CASE("cuda_matmul: autotuning times the GEMM template against cuBLASLt and 
           needs_gpu()) {
   // Whichever wins, every call's values are the product's: the tuning call (which ran both), and the
   // calls after it (the kept choice), here with bias + tanh-gelu keeping its pre-activation.
-  setenv("KILN_TUNE_GEMM_TEMPLATE", "1", 1);  // (read at each autotuned call)
-  struct Unset {
-    ~Unset() { unsetenv("KILN_TUNE_GEMM_TEMPLATE"); }
-  } unset;
+  ScopedEnv on("KILN_TUNE_GEMM_TEMPLATE", "1");  // (read at each autotuned call)
   const std::int64_t M = 300, K = 520, N = 264;
   const Tensor a = random({M, K}, k::bf16), w = random_transposed(K, N, k::bf16), bias = random({N}, k::bf16);
   std::vector<double> kept;
