@@ -195,13 +195,29 @@ struct DotMatmulPick {
 
 namespace dot_mm_detail {
 
-// Host copy of a CUDA tensor's values as f64, in index order (waits for stream).
+// Host copy of a CUDA tensor's values as f64 (waits for stream): in index order, or, for a
+// contiguous tensor of more than 2^23 elements, its first and last 2^22 (whole rows of every column
+// tile at the top and at the bottom, where a tile's masks would go wrong; a GPT-2 vocabulary's
+// logits are 412 million values, each candidate's check would copy 800 MB).
 inline std::vector<double> host_values(const Tensor& t, CUstream stream) {
+  constexpr std::int64_t part = std::int64_t{1} << 22;
+  const std::size_t size = itemsize(t.dtype());
+  std::vector<double> v;
+  if (t.is_contiguous() && t.numel() > 2 * part) {
+    std::vector<char> raw(static_cast<std::size_t>(2 * part) * size);
+    const char* base = static_cast<const char*>(t.data_ptr());
+    driver::copy_async(raw.data(), base, static_cast<std::size_t>(part) * size, stream);
+    driver::copy_async(raw.data() + part * size, base + (t.numel() - part) * size,
+                       static_cast<std::size_t>(part) * size, stream);
+    driver::synchronize(stream);
+    v.reserve(static_cast<std::size_t>(2 * part));
+    for (std::int64_t i = 0; i < 2 * part; ++i) v.push_back(load_as_double(raw.data(), t.dtype(), i));
+    return v;
+  }
   const std::size_t bytes = t.storage()->bytes;
   std::vector<char> raw(bytes);
   driver::copy_async(raw.data(), t.storage()->data, bytes, stream);
   driver::synchronize(stream);
-  std::vector<double> v;
   v.reserve(static_cast<std::size_t>(t.numel()));
   for_each_index(t.shape(), [&](std::int64_t, const Dims& idx) {
     v.push_back(load_as_double(raw.data(), t.dtype(), t.offset() + dot_strides(idx, t.strides())));
