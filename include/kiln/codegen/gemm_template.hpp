@@ -74,20 +74,20 @@ inline std::string epilogue_body(const GemmKernel& g) {
   const std::string o = c_type(g.out_dt), at = "bz * so_b + m * so_m + n * so_n";
   std::string s;
   if (g.act == schedule::Activation::dgelu_tanh) {
-    s += "      const float u = kiln::to_compute(aux[bz * sx_b + m * sx_m + n]);  // the kept pre-activation\n";
-    s += "      const float t = kiln::tanh(0.7978845608028654f * (u + 0.044715f * u * u * u));\n";
-    s += "      const float y = x * (0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * 0.7978845608028654f * "
+    s += "    const float u = kiln::to_compute(aux[bz * sx_b + m * sx_m + n]);  // the kept pre-activation\n";
+    s += "    const float t = kiln::tanh(0.7978845608028654f * (u + 0.044715f * u * u * u));\n";
+    s += "    const float y = x * (0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * 0.7978845608028654f * "
          "(1.0f + 3.0f * 0.044715f * u * u));\n";
   } else {
-    s += std::string("      const float pre = x") + (g.bias ? " + kiln::to_compute(bias[n])" : "") + ";\n";
-    if (g.aux) s += "      aux[bz * sx_b + m * sx_m + n] = kiln::store_cast<" + o + ">(pre);\n";
-    s += g.act == schedule::Activation::relu        ? "      const float y = kiln::relu(pre);\n"
-         : g.act == schedule::Activation::gelu_tanh ? "      const float y = 0.5f * pre * (1.0f + "
+    s += std::string("    const float pre = x") + (g.bias ? " + kiln::to_compute(bias[n])" : "") + ";\n";
+    if (g.aux) s += "    aux[bz * sx_b + m * sx_m + n] = kiln::store_cast<" + o + ">(pre);\n";
+    s += g.act == schedule::Activation::relu        ? "    const float y = kiln::relu(pre);\n"
+         : g.act == schedule::Activation::gelu_tanh ? "    const float y = 0.5f * pre * (1.0f + "
                                                       "kiln::tanh(0.7978845608028654f * (pre + 0.044715f * pre * pre * "
                                                       "pre)));\n"
-                                                    : "      const float y = pre;\n";
+                                                    : "    const float y = pre;\n";
   }
-  return s + "      out[" + at + "] = kiln::store_cast<" + o + ">(y);\n";
+  return s + "    out[" + at + "] = kiln::store_cast<" + o + ">(y);\n";
 }
 
 }  // namespace gemm_detail
