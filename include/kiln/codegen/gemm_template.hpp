@@ -3,7 +3,7 @@
 // applies (schedule/epilogue.hpp: a bias of N, relu or tanh-gelu, the pre-activation kept beside
 // the output, or the product times gelu' of a kept pre-activation). One source for both targets:
 // on the GPU, tensor cores (runtime/extern/dot_matmul.hpp times it against cuBLASLt under
-// autotuning); on the CPU, the same program over loops.
+// autotuning); on the CPU, the same program over loops (its entry: runtime's cpu_trampoline).
 //
 // A kernel reads like this (bf16, bias and relu, A K-contiguous, B N-contiguous):
 //   KILN_KERNEL KILN_BOUNDS(DOT_THREADS) kiln_mm_bf16_bias_relu_kn_...(const bf16* a, const bf16* b,
@@ -19,9 +19,12 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "../core/dtype.hpp"
 #include "../schedule/epilogue.hpp"
+#include "c_text.hpp"
+#include "kernel_writer.hpp"
 #include "prelude.hpp"
 #include "prelude_dot.hpp"
 #include "prelude_mma.hpp"
@@ -65,13 +68,11 @@ struct GemmKernel {
 
 namespace gemm_detail {
 
-inline std::string c_type(kiln::dtype d) {
-  return d == kiln::dtype::bf16 ? "bf16" : d == kiln::dtype::f16 ? "f16" : "float";
-}
+using detail::storage_c_type;
 
 // The epilogue's statements for value x at (bz, m, n).
 inline std::string epilogue_body(const GemmKernel& g) {
-  const std::string o = c_type(g.out_dt), at = "bz * so_b + m * so_m + n * so_n";
+  const std::string o = storage_c_type(g.out_dt), at = "bz * so_b + m * so_m + n * so_n";
   std::string s;
   if (g.act == schedule::Activation::dgelu_tanh) {
     s += "    const float u = kiln::to_compute(aux[bz * sx_b + m * sx_m + n]);  // the kept pre-activation\n";
@@ -92,12 +93,26 @@ inline std::string epilogue_body(const GemmKernel& g) {
 
 }  // namespace gemm_detail
 
-// The kernel's whole translation unit: its configuration, the preludes and the program (and, on
-// the CPU, its entry `<name>_cpu(void** args, i64 programs)`).
-inline std::string gemm_kernel_source(const GemmKernel& g) {
-  using gemm_detail::c_type;
-  const std::string t = c_type(g.dt), o = c_type(g.out_dt), name = g.name();
+// The kernel's parameters, in order: a, b, the bias (in out's type; unread without one), aux (the
+// pre-activation: written by the *_aux epilogues, read by dgelu), out, then the sizes and element
+// strides of a, b, out and aux (aux contiguous: sx_b = M N, sx_m = N). runtime/extern/dot_matmul.hpp
+// passes them in this order, and the CPU's entry is written from them (cpu_trampoline).
+inline std::vector<Param> gemm_kernel_params(const GemmKernel& g) {
   const bool reads_aux = g.act == schedule::Activation::dgelu_tanh;
+  std::vector<Param> ps{{Param::in_ptr, 0, g.dt, "a"},
+                        {Param::in_ptr, 1, g.dt, "b"},
+                        {Param::in_ptr, 2, g.out_dt, "bias"},
+                        {reads_aux ? Param::in_ptr : Param::out_ptr, 3, g.out_dt, "aux"},
+                        {Param::out_ptr, 4, g.out_dt, "out"}};
+  for (const char* size :
+       {"M", "N", "K", "sa_b", "sa_m", "sa_k", "sb_b", "sb_k", "sb_n", "so_b", "so_m", "so_n", "sx_b", "sx_m"})
+    ps.push_back({Param::size, static_cast<int>(ps.size()), kiln::dtype::i64, size});
+  return ps;
+}
+
+// The kernel's translation unit: its configuration, the preludes and the program.
+inline std::string gemm_kernel_source(const GemmKernel& g) {
+  const std::string t = detail::storage_c_type(g.dt), name = g.name();
   std::string s;
   if (g.dt != kiln::dtype::f32 || g.out_dt != kiln::dtype::f32) s += "#define KILN_HALF 1\n";
   s += "#define DOT_T " + t + "\n#define DOT_BM " + std::to_string(g.bm) + "\n#define DOT_BN " + std::to_string(g.bn) +
@@ -119,24 +134,22 @@ inline std::string gemm_kernel_source(const GemmKernel& g) {
                    : g.wgmma                ? "wgmma"
                                             : "mma.sync") +
        " GEMM, epilogue " + g.epilogue() + "\n";
-  s += "KILN_KERNEL KILN_BOUNDS(" + std::string(g.cpu ? "" : "DOT_THREADS") + ") " + name + "(const " + t +
-       "* a, const " + t + "* b, const " + o + "* bias, " + (reads_aux ? "const " : "") + o + "* aux, " + o +
-       "* out, i64 M, i64 N, i64 K, i64 sa_b, i64 sa_m, i64 sa_k, i64 sb_b, i64 sb_k, i64 sb_n, i64 so_b, i64 so_m, "
-       "i64 so_n, i64 sx_b, i64 sx_m KILN_PROGRAM_PARAMS) {\n";
+  s += "KILN_KERNEL KILN_BOUNDS(" + std::string(g.cpu ? "" : "DOT_THREADS") + ") " + name + "(";
+  const char* comma = "";
+  for (const Param& p : gemm_kernel_params(g)) {
+    const std::string type = detail::storage_c_type(p.dt);
+    s += comma +
+         (p.kind == Param::in_ptr    ? "const " + type + "* "
+          : p.kind == Param::out_ptr ? type + "* "
+                                     : "i64 ") +
+         p.name;
+    comma = ", ";
+  }
+  s += " KILN_PROGRAM_PARAMS) {\n";
   s += "  KILN_DOT_PROGRAM(bz, m0, n0);\n";
   s += "  kiln::dot_acc acc(m0, n0);\n";
   s += "  kiln::dot_k_loop(acc, KILN_DOT_SHARED, a + bz * sa_b, sa_m, sa_k, b + bz * sb_b, sb_k, sb_n, M, N, K);\n";
   s += "  KILN_DOT_ELEMENTS(acc, m, n, x) {\n" + gemm_detail::epilogue_body(g) + "  }\n}\n";
-  if (g.cpu) {
-    const std::string cb = std::string(reads_aux ? "const " : "") + o;
-    s += "extern \"C\" void " + name +
-         "_cpu(void** v, i64 programs) {\n#pragma omp parallel for schedule(static) if (programs > 1)\n"
-         "  for (i64 pid = 0; pid < programs; ++pid)\n    " +
-         name + "(*(const " + t + "**)v[0], *(const " + t + "**)v[1], *(const " + o + "**)v[2], *(" + cb +
-         "**)v[3], *(" + o + "**)v[4]";
-    for (int i = 5; i < 19; ++i) s += ", *(i64*)v[" + std::to_string(i) + "]";
-    s += ", pid);\n}\n";
-  }
   return s;
 }
 

@@ -36,13 +36,9 @@ namespace kiln::runtime {
 
 namespace attention_detail {
 
-// A kernel by name, compiled once a device (launch/named_function.hpp).
-template <class Source>
-CUfunction function(const std::string& name, Source&& source, int device) {
-  return named_function(name, std::forward<Source>(source), device);
-}
+// A forward kernel, compiled once a device (launch/named_function.hpp).
 inline CUfunction function(const codegen::AttentionKernel& a, int device) {
-  return function(
+  return named_function(
       a.name(), [&] { return codegen::attention_forward_kernel_source(a); }, device);
 }
 
@@ -101,7 +97,7 @@ inline void check_contiguous(const Tensor& t, const char* what) {
 inline void launch_part(const codegen::AttentionBackwardKernel& a, int device, std::int64_t rows, std::int64_t heads,
                         std::vector<void*> args, ScoreModCall& mod, CUstream stream) {
   if (mod.mod) args.push_back(mod.params.data());
-  CUfunction f = function(
+  CUfunction f = named_function(
       a.name(), [&] { return codegen::attention_backward_kernel_source(a); }, device);
   driver::make_current(device);
   const std::int64_t most = 65535;
@@ -184,7 +180,7 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
   }
   if (part == codegen::AttentionBackwardKernel::Part::dqkv) {  // dq's sums (slots 3 and 4) into slot 2
     const std::string name = codegen::attention_dq_convert_name(q.dtype());
-    CUfunction f = attention_detail::function(
+    CUfunction f = named_function(
         name, [&] { return codegen::attention_dq_convert_source(q.dtype()); }, device);
     std::int64_t n = out.numel() / 5;  // (a multiple of 8: D is 64 or 128)
     const std::size_t slot = out.nbytes() / 5;

@@ -62,14 +62,6 @@ inline cudaDataType_t cuda_type(dtype d) {
   }
 }
 
-inline bool allow_tf32() {
-  static const bool allowed = [] {
-    const char* v = kiln::config::env("KILN_ALLOW_TF32");
-    return v && std::string(v) == "1";
-  }();
-  return allowed;
-}
-
 // KILN_TUNE_GEMM_PAD=0: 16-bit GEMMs with sizes or leading dimensions off 16 bytes run as they are
 // (matmul_layout.hpp's plan_padding decides otherwise).
 inline bool gemm_padding_enabled() {
@@ -78,14 +70,6 @@ inline bool gemm_padding_enabled() {
     return !(v && std::string(v) == "0");
   }();
   return enabled;
-}
-
-// KILN_TUNE_GEMM_TEMPLATE=1: autotuning also times kiln's GEMM template (dot_matmul.hpp) against
-// cuBLASLt. Off until the template has run on a GPU (benchmarks/NOTES.md item 195); read at each
-// autotuned call, which is rare.
-inline bool gemm_template_enabled() {
-  const char* v = kiln::config::env("KILN_TUNE_GEMM_TEMPLATE");
-  return v && std::string(v) == "1";
 }
 
 // The largest power of two (up to 256) dividing the address: what the heuristic may assume.
@@ -178,7 +162,7 @@ inline void cublaslt_matmul_epilogue(const Tensor& a_in, const Tensor& b_in, con
                    : a_in.dtype() == b_in.dtype()                           ? a_in.dtype()
                                                                             : dtype::f32;
   const dtype dt = (ab == dtype::f16 || ab == dtype::bf16) && out.dtype() != ab ? dtype::f32 : ab;
-  const bool tf32 = ab == dtype::f32 && allow_tf32();
+  const bool tf32 = ab == dtype::f32 && mm_detail::allow_tf32();
   const cublasComputeType_t compute = ab == dtype::f64 ? CUBLAS_COMPUTE_64F
                                       : tf32           ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                        : CUBLAS_COMPUTE_32F;
@@ -441,19 +425,18 @@ inline void cuda_matmul_epilogue(const Tensor& a, const Tensor& b, const Tensor*
                                  CUstream stream, bool autotune = false, const Tensor* aux = nullptr,
                                  const GemmRooms* rooms = nullptr) {
   auto cublas = [&] { cublaslt_matmul_epilogue(a, b, bias, e, out, stream, autotune, aux, rooms); };
-  if (!autotune || !cuda_mm_detail::gemm_template_enabled() || !dot_matmul_unsupported(a, b, out, e).empty() ||
+  if (!autotune || !gemm_template_enabled() || !dot_matmul_unsupported(a, b, out, e).empty() ||
       !out.device().is_cuda() || a.device() != out.device() || b.device() != out.device() ||
       (epilogue_has_bias(e) && (!bias || !bias->defined())))
     return cublas();
   const MatmulGeometry g = matmul_geometry(a, b, out, "matmul");
   if (g.batch == 0 || g.M == 0 || g.N == 0) return cublas();
-  const bool timed = !(stream && driver::is_capturing(stream));
-  const DotMatmulPick pick =
-      pick_dot_matmul(g, a, b, bias, e, out, aux, stream, timed, [&] { return time_calls_ms(cublas, stream); });
-  if (!pick.kernel) return cublas();
+  const DotMatmulPick* pick =
+      pick_dot_matmul(g, a, b, bias, e, out, aux, stream, [&] { return time_calls_ms(cublas, stream); });
+  if (!pick) return cublas();
   Tensor bias_c;
   if (epilogue_has_bias(e)) bias_c = dot_matmul_bias(*bias, g, out, stream);
-  run_dot_matmul(*pick.kernel, g, a, b, bias_c.defined() ? &bias_c : nullptr, aux, out, stream);
+  run_dot_matmul(pick->kernel, g, a, b, bias_c.defined() ? &bias_c : nullptr, aux, out, stream, pick);
 }
 
 // out = a @ b on CUDA, queued on stream (see cuda_matmul_epilogue).

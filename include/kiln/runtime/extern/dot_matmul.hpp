@@ -20,6 +20,7 @@
 #include "../../debug/log.hpp"
 #include "../compile/cached_cubin.hpp"
 #include "../compile/host_compiler.hpp"
+#include "../compile/kernel_units.hpp"
 #include "../launch/cuda_module.hpp"
 #include "../launch/named_function.hpp"
 #include "matmul_epilogue.hpp"
@@ -27,6 +28,14 @@
 #include "strided_copy.hpp"
 
 namespace kiln::runtime {
+
+// KILN_TUNE_GEMM_TEMPLATE=1: autotuning also times the template against cuBLASLt
+// (cuda_matmul_epilogue). Off until the template has run on a GPU (benchmarks/NOTES.md item 195);
+// read at each autotuned call.
+inline bool gemm_template_enabled() {
+  const char* v = kiln::config::env("KILN_TUNE_GEMM_TEMPLATE");
+  return v && std::string(v) == "1";
+}
 
 namespace dot_mm_detail {
 
@@ -50,11 +59,19 @@ inline schedule::Activation activation_of(Epilogue e) {
 
 inline bool on_16_bytes(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
+// The pre-activation as the template reads or writes it: a contiguous tensor of out's shape, dtype
+// and device.
+inline bool aux_usable(const Tensor* aux, const Tensor& out) {
+  return aux && aux->defined() && aux->shape() == out.shape() && aux->is_contiguous() && aux->dtype() == out.dtype() &&
+         aux->device() == out.device();
+}
+
 }  // namespace dot_mm_detail
 
 // Why the template cannot compute out = e(a @ b) as asked ("" when it can): types (a and b of one
 // type among bf16, f16 and f32; out in it or f32), the epilogue (the bias gradient's column sums
-// are cuBLASLt's), a GPU grid's batch.
+// are cuBLASLt's), a GPU grid's batch. (And a GPU before compute capability 8.0: dot_matmul says
+// so, autotuning has no candidates there.)
 inline std::string dot_matmul_unsupported(const Tensor& a, const Tensor& b, const Tensor& out, Epilogue e) {
   const dtype ab = a.dtype();
   if (b.dtype() != ab || !(ab == dtype::bf16 || ab == dtype::f16 || ab == dtype::f32))
@@ -62,8 +79,6 @@ inline std::string dot_matmul_unsupported(const Tensor& a, const Tensor& b, cons
   if (out.dtype() != ab && out.dtype() != dtype::f32) return "an output in the operands' type or f32";
   if (epilogue_writes_bias(e)) return "no bias gradient (column sums)";
   if (out.device().is_cuda() && out.dim() == 3 && out.shape()[0] > 65535) return "a batch of at most 65535 on a GPU";
-  if (out.device().is_cuda() && driver::compute_capability(out.device().index) < 80)
-    return "a GPU of compute capability 8.0 or later (cp.async, bf16 mma.sync)";
   return "";
 }
 
@@ -112,8 +127,7 @@ inline codegen::GemmKernel dot_matmul_kernel(const MatmulGeometry& g, const Tens
   k.aux = e == Epilogue::gelu_tanh_aux || e == Epilogue::gelu_tanh_aux_bias;
   const DotLayout layout = dot_layout(g, k.dt, a.data_ptr(), b.data_ptr());
   k.a_k = layout.a_k, k.b_k = layout.b_k, k.async = layout.async;
-  k.tf32 = k.dt == dtype::f32 && kiln::config::env("KILN_ALLOW_TF32") &&
-           std::string(kiln::config::env("KILN_ALLOW_TF32")) == "1";
+  k.tf32 = k.dt == dtype::f32 && mm_detail::allow_tf32();
   k.cpu = !out.device().is_cuda();
   if (k.cpu) {  // (the host's loops read any layout alike: one kernel for all)
     k.bm = k.bn = 64, k.a_k = k.b_k = true, k.async = false;
@@ -143,6 +157,7 @@ inline Tensor dot_matmul_bias(const Tensor& bias, const MatmulGeometry& g, const
 // 128 x 256 (two warpgroups of 64 rows), waiting for each step's products or keeping them in flight.
 inline std::vector<codegen::GemmKernel> dot_matmul_candidates(const MatmulGeometry& g, const Tensor& a, const Tensor& b,
                                                               const Tensor& out, Epilogue e) {
+  if (driver::compute_capability(out.device().index) < 80) return {};  // (cp.async, bf16 mma.sync)
   const bool wide = a.dtype() != dtype::f32;  // (f32's FMA fragments of a 128 x 256 tile would spill)
   const bool hopper = wide && driver::arch(out.device().index) == "sm_90a";
   std::vector<codegen::GemmKernel> ks;
@@ -157,11 +172,21 @@ inline std::vector<codegen::GemmKernel> dot_matmul_candidates(const MatmulGeomet
   return ks;
 }
 
+// Autotuning's choice of the template for one problem (cuda_matmul.hpp): its kernel, resolved once
+// (the cache-hit path builds no name and looks up no module).
+struct DotMatmulPick {
+  codegen::GemmKernel kernel;
+  std::string name;
+  CUfunction function = nullptr;
+};
+
 // Runs kernel k (dot_matmul_kernel's) for out = e(a @ b (+ bias)); bias: a contiguous vector of N
 // in out's dtype; aux: a contiguous tensor of out's shape in out's dtype (written by the *_aux
 // epilogues, read by dgelu_tanh). Queued on stream on a GPU; on the CPU it returns when done.
+// `resolved`: the kernel's name and function where autotuning kept them.
 inline void run_dot_matmul(const codegen::GemmKernel& k, const MatmulGeometry& g, const Tensor& a, const Tensor& b,
-                           const Tensor* bias, const Tensor* aux, const Tensor& out, CUstream stream) {
+                           const Tensor* bias, const Tensor* aux, const Tensor& out, CUstream stream,
+                           const DotMatmulPick* resolved = nullptr) {
   if (g.batch == 0 || g.M == 0 || g.N == 0) return;
   const void* pa = a.data_ptr();
   const void* pb = b.data_ptr();
@@ -173,25 +198,25 @@ inline void run_dot_matmul(const codegen::GemmKernel& k, const MatmulGeometry& g
   void* args[19] = {&pa, &pb, &pbias, &paux, &pout};
   for (int i = 0; i < 14; ++i) args[5 + i] = &sizes[i];
   const std::int64_t tiles = ((g.M + k.bm - 1) / k.bm) * ((g.N + k.bn - 1) / k.bn);
-  const std::string name = k.name();
+  std::string own;
+  if (!resolved) own = k.name();
+  const std::string& name = resolved ? resolved->name : own;
   if (k.cpu) {
-    auto object = compile_shared_object(codegen::gemm_kernel_source(k), name);
+    codegen::KernelSource entry_of;  // (what cpu_trampoline reads: the name and parameters)
+    entry_of.params = codegen::gemm_kernel_params(k);
+    auto object = compile_shared_object(codegen::gemm_kernel_source(k) + cpu_trampoline(entry_of, name), name);
     auto entry = reinterpret_cast<void (*)(void**, std::int64_t)>(object->symbol((name + "_cpu").c_str()));
     entry(args, g.batch * tiles);
     return;
   }
   if (tiles > INT32_MAX)
     throw shape_error("matmul: " + std::to_string(tiles) + " output tiles are too many for a grid");
-  CUfunction f = named_function(
-      name, [&] { return codegen::gemm_kernel_source(k); }, out.device().index);
+  CUfunction f = resolved ? resolved->function
+                          : named_function(
+                                name, [&] { return codegen::gemm_kernel_source(k); }, out.device().index);
   launch(f, Dim3{static_cast<unsigned>(tiles), static_cast<unsigned>(g.batch)},
          Dim3{static_cast<unsigned>(k.threads())}, static_cast<unsigned>(k.shared_bytes()), stream, args, name.c_str());
 }
-
-// Autotuning's choice for one problem (cuda_matmul.hpp): the template's kernel, or none (cuBLASLt).
-struct DotMatmulPick {
-  std::optional<codegen::GemmKernel> kernel;
-};
 
 namespace dot_mm_detail {
 
@@ -231,14 +256,14 @@ inline std::vector<double> host_values(const Tensor& t, CUstream stream) {
 // (time_cublas, its output then in out) and each candidate blocking of the template, each checked
 // first against cuBLASLt's output (within the rounding of out's dtype), and keeps the fastest for
 // the process: the template only where it beats cuBLASLt by more than 1% (timing noise). Later calls
-// (and calls during a capture) take the kept choice; an untimed first call takes cuBLASLt, unkept.
+// (and calls during a capture) take the kept choice; a first call inside a capture takes cuBLASLt,
+// unkept.
+// Returns the kept template kernel, or nullptr for cuBLASLt.
 template <class TimeCublas>
-DotMatmulPick pick_dot_matmul(const MatmulGeometry& g, const Tensor& a, const Tensor& b, const Tensor* bias, Epilogue e,
-                              const Tensor& out, const Tensor* aux, CUstream stream, bool timed,
-                              TimeCublas&& time_cublas) {
-  if (epilogue_has_aux(e) && !(aux && aux->defined() && aux->shape() == out.shape() && aux->is_contiguous() &&
-                               aux->dtype() == out.dtype() && aux->device() == out.device()))
-    return {};  // (cuBLASLt's path names what is wrong)
+const DotMatmulPick* pick_dot_matmul(const MatmulGeometry& g, const Tensor& a, const Tensor& b, const Tensor* bias,
+                                     Epilogue e, const Tensor& out, const Tensor* aux, CUstream stream,
+                                     TimeCublas&& time_cublas) {
+  if (epilogue_has_aux(e) && !dot_mm_detail::aux_usable(aux, out)) return nullptr;  // (cuBLASLt's path names why)
   const auto align = [](const Tensor& t) { return std::int64_t{dot_mm_detail::on_16_bytes(t.data_ptr())}; };
   const std::vector<std::int64_t> key{out.device().index,
                                       static_cast<std::int64_t>(a.dtype()),
@@ -260,12 +285,13 @@ DotMatmulPick pick_dot_matmul(const MatmulGeometry& g, const Tensor& a, const Te
                                       align(a),
                                       align(b)};
   static std::mutex mutex;
-  static auto* kept = new std::map<std::vector<std::int64_t>, DotMatmulPick>();  // never freed
+  // (a kept cuBLASLt is an empty optional; the map's nodes never move, so their address is returned)
+  static auto* kept = new std::map<std::vector<std::int64_t>, std::optional<DotMatmulPick>>();  // never freed
   {
     std::lock_guard lock(mutex);
-    if (auto it = kept->find(key); it != kept->end()) return it->second;
+    if (auto it = kept->find(key); it != kept->end()) return it->second ? &*it->second : nullptr;
   }
-  if (!timed) return {};
+  if (stream && driver::is_capturing(stream)) return nullptr;  // (not timed inside a capture, nor kept)
   std::vector<codegen::GemmKernel> ks = dot_matmul_candidates(g, a, b, out, e);
   {  // their CUBINs at once (NVRTC, into the disk cache that named_function reads)
     const std::string arch = driver::arch(out.device().index);
@@ -286,7 +312,7 @@ DotMatmulPick pick_dot_matmul(const MatmulGeometry& g, const Tensor& a, const Te
   const double tol = (out.dtype() == dtype::f32 ? 1e-3 : 2e-2) * std::max(scale, 1e-30);
   Tensor bias_c;
   if (epilogue_has_bias(e)) bias_c = dot_matmul_bias(*bias, g, out, stream);
-  DotMatmulPick pick;
+  const codegen::GemmKernel* picked = nullptr;
   double best = 0.99 * cublas_ms;
   std::string report;
   for (const auto& k : ks) {
@@ -306,18 +332,23 @@ DotMatmulPick pick_dot_matmul(const MatmulGeometry& g, const Tensor& a, const Te
     }
     const double ms = time_calls_ms(go, stream);
     report += ", " + k.name() + " " + std::to_string(ms) + " ms";
-    if (ms < best) best = ms, pick.kernel = k;
+    if (ms < best) best = ms, picked = &k;
   }
   // out holds the last candidate's values, which passed the check; a pick of cuBLASLt's rewrites it
   // on this call (cuda_matmul_epilogue).
   debug::log_lazy(debug::Channel::autotune, [&] {
     return "matmul " + mm_detail::shapes_of(a, b) + " (" + std::string(name(out.dtype())) + " out, epilogue " +
            std::to_string(static_cast<int>(e)) + "): cuBLASLt " + std::to_string(cublas_ms) + " ms" + report + ": " +
-           (pick.kernel ? pick.kernel->name() : std::string("cuBLASLt"));
+           (picked ? picked->name() : std::string("cuBLASLt"));
   });
+  std::optional<DotMatmulPick> pick;
+  if (picked)
+    pick = DotMatmulPick{*picked, picked->name(),
+                         named_function(
+                             picked->name(), [&] { return codegen::gemm_kernel_source(*picked); }, out.device().index)};
   std::lock_guard lock(mutex);
-  kept->emplace(key, pick);
-  return pick;
+  const auto& entry = kept->emplace(key, std::move(pick)).first->second;
+  return entry ? &*entry : nullptr;
 }
 
 // out = e(a @ b (+ bias)) by the template, on out's device (the same contract as
@@ -332,6 +363,9 @@ inline void dot_matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Epi
   for (const Tensor* t : {&b, &out})
     if (t->device() != a.device())
       throw device_error("matmul: operands and output on " + a.device().str() + " and " + t->device().str());
+  if (out.device().is_cuda() && driver::compute_capability(out.device().index) < 80)
+    throw device_error("matmul: kiln's GEMM template needs a GPU of compute capability 8.0 or later, got " +
+                       out.device().str());
   Tensor bias_c, aux_c;
   if (epilogue_has_bias(e)) {
     if (!bias || !bias->defined() || bias->numel() != g.N)
@@ -339,7 +373,7 @@ inline void dot_matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Epi
     bias_c = dot_matmul_bias(*bias, g, out, stream);
   }
   if (epilogue_has_aux(e)) {
-    if (!aux || !aux->defined() || aux->shape() != out.shape() || !aux->is_contiguous() || aux->dtype() != out.dtype())
+    if (!dot_mm_detail::aux_usable(aux, out))
       throw shape_error("matmul: this epilogue's pre-activation is a contiguous " + out.shape().str() + " " +
                         std::string(name(out.dtype())));
     aux_c = *aux;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "../../core/config.hpp"
 #include "../../core/dtype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/tensor.hpp"
@@ -22,6 +23,16 @@ struct MatmulGeometry {
 };
 
 namespace mm_detail {
+
+// KILN_ALLOW_TF32=1: f32 products may run through TF32 on tensor cores (cuBLASLt's and the GEMM
+// template's); read once.
+inline bool allow_tf32() {
+  static const bool allowed = [] {
+    const char* v = kiln::config::env("KILN_ALLOW_TF32");
+    return v && std::string(v) == "1";
+  }();
+  return allowed;
+}
 
 inline std::string shapes_of(const Tensor& a, const Tensor& b) {
   return a.shape().str() + " (" + std::string(name(a.dtype())) + ") and " + b.shape().str() + " (" +
