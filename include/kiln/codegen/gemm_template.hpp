@@ -49,7 +49,7 @@ struct GemmKernel {
 
   int threads() const { return warps_m * warps_n * 32; }
   int bk() const { return 128 / static_cast<int>(itemsize(dt)); }
-  // (prelude_dot.hpp's DOT_SHARED_BYTES: the stages from a 1024-byte boundary)
+  // (the stages of A and B tiles from a 1024-byte boundary: prelude_dot.hpp's dot_k_loop)
   int shared_bytes() const { return cpu ? 0 : stages * (bm + bn) * bk() * static_cast<int>(itemsize(dt)) + 1024; }
   std::string epilogue() const {
     std::string s = bias ? "bias" : "";

@@ -40,9 +40,6 @@ inline constexpr std::string_view prelude_dot = R"KILN(
 #define DOT_MT (DOT_WM / 16)           // the warp's mma tiles along M (16 rows each) ...
 #define DOT_NT (DOT_WN / 8)            // ... and along N (8 columns each)
 #define DOT_VEC (16 / (int)sizeof(DOT_T))  // elements a 16-byte chunk
-// Shared memory a block takes: its stages of an A and a B tile, from a 1024-byte boundary (where
-// the 128-byte swizzle's pattern repeats: wgmma reads it from the address bits).
-#define DOT_SHARED_BYTES (DOT_STAGES * (DOT_BM + DOT_BN) * DOT_BK * (int)sizeof(DOT_T) + 1024)
 static_assert(DOT_BM % 64 == 0 && DOT_BN % 64 == 0 && DOT_BN <= 256 && DOT_STAGES >= 2,
               "dot: tiles of multiples of 64 rows and columns (at most 256), two stages or more");
 #if DOT_WGMMA
@@ -222,7 +219,9 @@ KILN_FN void dot(dot_acc& acc, const float* a, const float* b) {
 #endif
 // acc += A[m0:, :] B[:, n0:] over the whole of K: tiles staged DOT_STAGES - 1 steps ahead of the
 // product (cp.async groups; each stage's buffer written again only after the barrier that follows
-// every warp's product of it). shared: DOT_SHARED_BYTES.
+// every warp's product of it). shared: the block's dynamic shared memory, DOT_STAGES A and B tiles
+// from a 1024-byte boundary (where the 128-byte swizzle's pattern repeats: wgmma reads it from the
+// address bits), plus 1024 bytes to reach it: codegen::GemmKernel::shared_bytes().
 KILN_FN void dot_k_loop(dot_acc& acc, unsigned char* shared, const DOT_T* a, i64 sam, i64 sak, const DOT_T* b, i64 sbk,
                         i64 sbn, i64 M, i64 N, i64 K) {
   DOT_T* as = (DOT_T*)shared;
