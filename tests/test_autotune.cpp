@@ -3,6 +3,8 @@
 // a GEMM, several kernels, and an in-place update that must happen once, not once per timing.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <set>
 #include <string>
@@ -13,6 +15,7 @@
 #include <kiln/pipeline.hpp>
 #include <kiln/testing.hpp>
 
+#include "gradient_oracle.hpp"
 #include "have_gpu.hpp"
 #include "scoped_env.hpp"
 
@@ -406,41 +409,43 @@ TEST_CASE(
     needs_gpu()) {
   // A bf16 MLP's value and gradients: the forward's GEMMs with bias and with bias + tanh-gelu kept
   // for the backward (GELU_AUX), the backward's with DGELU and plain ones, some of them over
-  // transposed operands. Each GEMM step times cuBLASLt against the template's blockings at its
-  // first call; the values match the untuned program's (cuBLASLt throughout) either way.
+  // transposed operands (the loss a sum, so the gradients are not small next to the tolerance).
+  // Each GEMM step times cuBLASLt against the template's blockings at its
+  // first call; the tuning call and the call after it (the kept choices) match the unfused f64
+  // oracle either way.
   ScopedEnv on("KILN_TUNE_GEMM_TEMPLATE", "1");
   auto loss = [](auto x, auto w1, auto b1, auto w2, auto b2) {
     auto h = k::gelu(k::matmul(x, w1) + b1, k::approximate::tanh);
-    return k::mean(k::square(k::matmul(h, w2) + b2));
+    return k::sum(k::square(k::matmul(h, w2) + b2));
   };
-  auto x = k::randn({300, 256}, k::bf16, k::cpu, 31), w1 = k::randn({256, 520}, k::bf16, k::cpu, 32);
-  auto b1 = k::randn({520}, k::bf16, k::cpu, 33), w2 = k::randn({520, 136}, k::bf16, k::cpu, 34);
-  auto b2 = k::randn({136}, k::bf16, k::cpu, 35);
+  const k::Tensor x = k::randn({300, 256}, k::bf16, k::cpu, 31);
+  const k::Tensor w1 = k::Tensor(k::randn({256, 520}, k::bf16, k::cpu, 32) * 0.05f);
+  const k::Tensor b1 = k::randn({520}, k::bf16, k::cpu, 33);
+  const k::Tensor w2 = k::Tensor(k::randn({520, 136}, k::bf16, k::cpu, 34) * 0.05f);
+  const k::Tensor b2 = k::randn({136}, k::bf16, k::cpu, 35);
   auto step = k::value_and_grad(loss, k::wrt<1, 2, 3, 4>);
-  auto args = [&] {
-    return std::make_tuple(x.to(k::cuda), k::Tensor(w1 * 0.05f).to(k::cuda), b1.to(k::cuda),
-                           k::Tensor(w2 * 0.05f).to(k::cuda), b2.to(k::cuda));
-  };
-  auto [xd, w1d, b1d, w2d, b2d] = args();
+  auto f64 = [](const k::Tensor& t) { return k::Tensor(k::cast(t, k::f64)); };
+  const auto want = oracle_outputs(step, f64(x), f64(w1), f64(b1), f64(w2), f64(b2));
   AutotuneLog log;
   auto tuned = k::compile(step, {.autotune = true});
-  auto plain = k::compile(step);
   for (int call = 0; call < 2; ++call) {  // the tuning call, then the kept choices
     CAPTURE(call);
-    auto got = tuned(xd, w1d, b1d, w2d, b2d);
-    auto want = plain(xd, w1d, b1d, w2d, b2d);
+    auto got = tuned(x.to(k::cuda), w1.to(k::cuda), b1.to(k::cuda), w2.to(k::cuda), b2.to(k::cuda));
+    std::size_t i = 0;
     std::apply(
         [&](const auto&... g) {
-          std::apply(
-              [&](const auto&... w) {
-                (
-                    [&](const k::Tensor& a, const k::Tensor& b) {
-                      auto r = k::testing::allclose(a, b, 3e-2, 3e-2);
-                      CHECK_MESSAGE(bool(r), r);
-                    }(g, w),
-                    ...);
-              },
-              want);
+          (
+              [&](const k::Tensor& t) {
+                CAPTURE(i);
+                // bf16 intermediates (h, dy) summed over 300 rows: 5% of each value, and 2% of the
+                // output's largest one for elements whose sums cancel.
+                const k::reference::Value& w = want[i++];
+                double largest = 0;
+                for (double v : w.data) largest = std::max(largest, std::abs(v));
+                auto r = k::testing::allclose(t.to(k::f64), k::reference::to_tensor(w), 5e-2, 2e-2 * largest);
+                CHECK_MESSAGE(bool(r), r);
+              }(g),
+              ...);
         },
         got);
   }
