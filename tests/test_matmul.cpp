@@ -801,6 +801,15 @@ void check_dot_cases(k::Device device, const rt::DotBlocking& blocking = {}) {
 
 TEST_CASE("dot: kiln's GEMM template on the CPU against f64 products (odd sizes, layouts, epilogues)") {
   check_dot_cases(k::cpu);
+  SUBCASE("a bias in another dtype and layout is read as out's (a converted copy)") {
+    const Tensor a = random({21, 30}, k::bf16), b = random({30, 17}, k::bf16);
+    const Tensor bias = random_view({17}, k::f64, {3}, 2);  // every third value of an f64 vector
+    std::vector<double> want = reference(a, b);
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] += at(bias, {static_cast<std::int64_t>(i % 17)});
+    Tensor out = Tensor::empty({21, 17}, k::f32, k::cpu);
+    rt::dot_matmul(a, b, &bias, rt::Epilogue::bias, out);
+    check_close(out, want, {1e-4, 1e-4});
+  }
   SUBCASE("what the template does not take is an error naming it") {
     Tensor out = Tensor::empty({3, 5}, k::f32, k::cpu);
     CHECK_THROWS_AS(rt::dot_matmul(random({3, 4}, k::f64), random({4, 5}, k::f64), nullptr, rt::Epilogue::none, out),

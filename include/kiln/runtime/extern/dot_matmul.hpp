@@ -145,9 +145,7 @@ inline Tensor dot_matmul_bias(const Tensor& bias, const MatmulGeometry& g, const
   const Tensor view = bias.as_strided({g.N}, {bias.strides().back()}, bias.offset());
   if (out.device().is_cuda()) return cuda_mm_detail::contiguous_as(view, out.dtype(), stream);
   Tensor c = Tensor::empty({g.N}, out.dtype(), out.device());
-  for (std::int64_t i = 0; i < g.N; ++i)
-    store_from_double(c.data_ptr(), out.dtype(), i,
-                      load_as_double(view.storage()->data, view.dtype(), view.offset() + i * view.strides()[0]));
+  copy_to_contiguous_host(view, c.data_ptr(), out.dtype());
   return c;
 }
 
