@@ -8,7 +8,8 @@
 // cuBLASLt's output first. One JSON object a line:
 //   {"id": "gemm-bf16-8192x2304x768-kn-none", "impl": "cublaslt" | "cublaslt-tuned" | "autotuned" |
 //   "kiln-128x128w2x2s3", "ms": ..., "tflops": ...}
-// Usage: gemm [--dtypes bf16,f16,f32] [--reps N] > gemm.jsonl; benchmarks/gemm_table.py gemm.jsonl tabulates it.
+// Usage: gemm [--dtypes bf16,f16,f32] [--reps N] [--only SUBSTR] > gemm.jsonl; benchmarks/gemm_table.py gemm.jsonl
+// tabulates it.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -60,8 +61,10 @@ int main(int argc, char** argv) {
   }
   std::vector<k::dtype> dtypes{k::bf16};
   int reps = 30;
+  std::string only;  // --only SUBSTR: the cases whose id contains it
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
     if (!std::strcmp(argv[i], "--dtypes")) {
       dtypes.clear();
       std::stringstream in(argv[i + 1]);
@@ -82,7 +85,9 @@ int main(int argc, char** argv) {
                                                {128, 256, 8, 1, 3, true},
                                                {128, 256, 8, 1, 4, true},
                                                {128, 128, 8, 1, 4, true, true},
-                                               {128, 256, 8, 1, 4, true, true}};
+                                               {128, 256, 8, 1, 4, true, true},
+                                               {128, 128, 8, 1, 6, true, false, true},
+                                               {128, 256, 8, 1, 4, true, false, true}};
   for (k::dtype dt : dtypes)
     for (const Shape& s : shapes)
       for (bool b_k : {false, true})
@@ -90,6 +95,7 @@ int main(int argc, char** argv) {
           const std::string id = "gemm-" + std::string(k::name(dt)) + "-" + std::to_string(s.M) + "x" +
                                  std::to_string(s.N) + "x" + std::to_string(s.K) + (b_k ? "-kk" : "-kn") + "-" +
                                  (e == rt::Epilogue::none ? "none" : "bias_gelu");
+          if (id.find(only) == std::string::npos) continue;
           const k::Tensor a = random_cuda({s.M, s.K}, dt, 1);
           // b [K, N]: a row-major weight, or linear's [N, K] weight transposed (K-contiguous).
           const k::Tensor w = random_cuda(b_k ? k::Dims{s.N, s.K} : k::Dims{s.K, s.N}, dt, 2);
@@ -113,6 +119,7 @@ int main(int argc, char** argv) {
           for (const rt::DotBlocking& bl : blockings) {
             if (dt == k::f32 && (bl.bn == 256 || bl.wgmma)) continue;  // (f32: no wgmma; 128 x 256 FMA fragments spill)
             const k::codegen::GemmKernel kern = rt::dot_matmul_kernel(g, a, b, got, e, bl);
+            if (kern.tma != bl.tma) continue;  // (a layout TMA cannot copy)
             auto go = [&] { rt::run_dot_matmul(kern, g, a, b, &bias, nullptr, got, nullptr); };
             go();
             const double diff = max_rel_diff(want, got);

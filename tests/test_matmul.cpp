@@ -862,6 +862,10 @@ TEST_CASE("dot: the GEMM template's GPU kernels compile under NVRTC (sm_80, sm_9
   kernels.push_back(g);
   g.overlap = true, g.stages = 4;
   kernels.push_back(g);
+  g.overlap = false, g.tma = true;  // TMA from a producer warpgroup: M- and K-contiguous A, K- and N-contiguous B
+  kernels.push_back(g);
+  g.a_k = true, g.b_k = false, g.bn = 128, g.stages = 6, g.dt = g.out_dt = k::bf16, g.bias = false;
+  kernels.push_back(g);
   for (const auto& kern : kernels)
     for (const char* arch : {"sm_80", "sm_90a"}) {
       if (kern.wgmma && std::string(arch) != "sm_90a") continue;
@@ -870,6 +874,33 @@ TEST_CASE("dot: the GEMM template's GPU kernels compile under NVRTC (sm_80, sm_9
       std::vector<char> cubin = rt::compile_cubin(k::codegen::gemm_kernel_source(kern), kern.name(), arch);
       CHECK(std::string(cubin.begin(), cubin.end()).find(kern.name()) != std::string::npos);
     }
+}
+
+// Layouts TMA copies (rows on 16 bytes), with tails of M, N and K, K over more steps than stages,
+// batches and broadcast batches, every epilogue: each kernel is the TMA one.
+void check_dot_tma_cases(const rt::DotBlocking& blocking) {
+  using E = rt::Epilogue;
+  auto check = [&](const Tensor& a, const Tensor& b, k::dtype out_dt, E e) {
+    Tensor out = Tensor::empty(out_shape(a, b), out_dt, k::cpu);
+    const Tensor a_d = to_cuda(a), b_d = to_cuda(b);
+    CHECK(rt::dot_matmul_kernel(rt::matmul_geometry(a_d, b_d, out, "matmul"), a_d, b_d, to_cuda(out), e, blocking).tma);
+    check_dot(a, b, out_dt, e, k::Device(k::cuda), blocking);
+  };
+  for (k::dtype dt : {k::bf16, k::f16}) {
+    CAPTURE(k::name(dt));
+    check(random({200, 136}, dt), random({136, 264}, dt), dt, E::bias);
+    check(random({200, 136}, dt), random_transposed(136, 264, dt), dt, E::none);  // linear's weight
+    check(random_transposed(200, 136, dt), random({136, 264}, dt), dt, E::none);  // a M-contiguous
+    check(random_transposed(200, 136, dt), random_transposed(136, 72, dt), dt, E::gelu_tanh_bias);
+    check(random({130, 1032}, dt), random({1032, 72}, dt), k::f32, E::none);  // 17 steps of K
+    check(random({3, 72, 136}, dt), random({3, 136, 80}, dt), dt, E::none);
+    check(random({3, 72, 136}, dt), random({136, 80}, dt), dt, E::bias);  // b broadcast over the batch
+    check(random({72, 136}, dt), random({2, 136, 80}, dt), dt, E::none);  // a broadcast
+  }
+  for (E e : {E::relu_bias, E::gelu_tanh_bias, E::gelu_tanh_aux_bias, E::dgelu_tanh}) {
+    CAPTURE(static_cast<int>(e));
+    check(random({45, 72}, k::bf16), random_transposed(72, 40, k::bf16), k::bf16, e);
+  }
 }
 
 TEST_CASE("dot: kiln's GEMM template on tensor cores against f64 products (cuda)" * needs_gpu()) {
@@ -881,9 +912,12 @@ TEST_CASE("dot: kiln's GEMM template on tensor cores against f64 products (cuda)
   if (k::driver::arch(0) == "sm_90a")  // Hopper's warpgroup MMA (f32 keeps mma.sync or FMA)
     for (const rt::DotBlocking& blocking :
          {rt::DotBlocking{128, 128, 8, 1, 4, true}, rt::DotBlocking{128, 256, 8, 1, 3, true},
-          rt::DotBlocking{128, 256, 8, 1, 4, true, true}, rt::DotBlocking{128, 128, 8, 1, 3, true, true}}) {
+          rt::DotBlocking{128, 256, 8, 1, 4, true, true}, rt::DotBlocking{128, 128, 8, 1, 3, true, true},
+          rt::DotBlocking{128, 128, 8, 1, 6, true, false, true},
+          rt::DotBlocking{128, 256, 8, 1, 4, true, false, true}}) {
       CAPTURE(blocking.str());
       check_dot_cases(k::Device(k::cuda), blocking);
+      if (blocking.tma) check_dot_tma_cases(blocking);
     }
 }
 

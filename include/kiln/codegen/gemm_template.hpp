@@ -28,6 +28,7 @@
 #include "prelude.hpp"
 #include "prelude_dot.hpp"
 #include "prelude_mma.hpp"
+#include "prelude_tma.hpp"
 
 namespace kiln::codegen {
 
@@ -44,13 +45,17 @@ struct GemmKernel {
   bool tf32 = false;  // f32 on tensor cores through TF32 (KILN_ALLOW_TF32=1)
   bool wgmma = false;  // 16-bit on sm_90a by warpgroup MMA (warps_m = bm / 16, warps_n = 1)
   bool overlap = false;  // wgmma: a step's products in flight under the next step's
+  bool tma = false;      // wgmma at bm 128: tiles by TMA from a producer warpgroup (async layouts; two maps)
   bool cpu = false;    // compiled by the host compiler (the CPU's program shape)
   int bm = 128, bn = 128, warps_m = 2, warps_n = 2, stages = 3;
 
-  int threads() const { return warps_m * warps_n * 32; }
+  int threads() const { return warps_m * warps_n * 32 + (tma ? 128 : 0); }
   int bk() const { return 128 / static_cast<int>(itemsize(dt)); }
-  // (the stages of A and B tiles from a 1024-byte boundary: prelude_dot.hpp's dot_k_loop)
-  int shared_bytes() const { return cpu ? 0 : stages * (bm + bn) * bk() * static_cast<int>(itemsize(dt)) + 1024; }
+  // (the stages of A and B tiles from a 1024-byte boundary: prelude_dot.hpp's dot_k_loop; TMA: and
+  // the stages' two mbarriers each)
+  int shared_bytes() const {
+    return cpu ? 0 : stages * (bm + bn) * bk() * static_cast<int>(itemsize(dt)) + 1024 + (tma ? 16 * stages : 0);
+  }
   std::string epilogue() const {
     std::string s = bias ? "bias" : "";
     if (act != schedule::Activation::none) s += (s.empty() ? "" : "_") + std::string(schedule::activation_name(act));
@@ -60,7 +65,11 @@ struct GemmKernel {
     const std::string out = out_dt == dt ? "" : "_out" + std::string(kiln::name(out_dt));
     return "kiln_mm_" + std::string(kiln::name(dt)) + out + "_" + epilogue() + "_" + (a_k ? "k" : "m") +
            (b_k ? "k" : "n") + (async ? "" : "_strided") + (tf32 ? "_tf32" : "") +
-           (wgmma ? (overlap ? "_wgmma_ov" : "_wgmma") : "") + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
+           (wgmma ? (tma       ? "_wgmma_tma"
+                     : overlap ? "_wgmma_ov"
+                               : "_wgmma")
+                  : "") +
+           "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            (cpu ? "_cpu"
                 : "_w" + std::to_string(warps_m) + "x" + std::to_string(warps_n) + "_s" + std::to_string(stages));
   }
@@ -120,21 +129,28 @@ inline std::string gemm_kernel_source(const GemmKernel& g) {
        "\n#define DOT_STAGES " + std::to_string(g.stages) + "\n#define DOT_A_K " + (g.a_k ? "1" : "0") +
        "\n#define DOT_B_K " + (g.b_k ? "1" : "0") + "\n#define DOT_ASYNC " + (g.async ? "1" : "0") +
        "\n#define DOT_TF32 " + (g.tf32 ? "1" : "0") + "\n#define DOT_WGMMA " + (g.wgmma ? "1" : "0") +
-       "\n#define DOT_OVERLAP " + (g.wgmma && g.overlap ? "1" : "0") + "\n#define DOT_IS_16BIT " +
-       (g.dt == kiln::dtype::f32 ? "0" : "1") + "\n#define DOT_IS_BF16 " + (g.dt == kiln::dtype::bf16 ? "1" : "0") +
-       "\n";
+       "\n#define DOT_OVERLAP " + (g.wgmma && g.overlap ? "1" : "0") + "\n#define DOT_TMA " + (g.tma ? "1" : "0") +
+       "\n#define DOT_IS_16BIT " + (g.dt == kiln::dtype::f32 ? "0" : "1") + "\n#define DOT_IS_BF16 " +
+       (g.dt == kiln::dtype::bf16 ? "1" : "0") + "\n";
   s += prelude;
   if (!g.cpu) s += prelude_mma;
   if (g.wgmma)
     s += "typedef unsigned long long u64;\n" + std::string(prelude_wgmma) +
          wgmma_function("kiln_wgmma_dot", g.bn, false, false, g.b_k ? 0 : 1, t, g.a_k ? 0 : 1);
+  if (g.tma) s += mbarrier_functions() + tma_map_functions();
   s += prelude_dot;
   s += "\n// " +
        std::string(g.dt == kiln::dtype::f32 ? (g.tf32 ? "TF32" : "f32 FMA")
+                   : g.tma                  ? "TMA and wgmma"
                    : g.wgmma                ? "wgmma"
                                             : "mma.sync") +
        " GEMM, epilogue " + g.epilogue() + "\n";
-  s += "KILN_KERNEL KILN_BOUNDS(" + std::string(g.cpu ? "" : "DOT_THREADS") + ") " + name + "(";
+  // (TMA: one block an SM, the registers setmaxnreg moves between the warpgroups)
+  s += "KILN_KERNEL " +
+       std::string(g.tma   ? "__launch_bounds__(DOT_THREADS, 1)"
+                   : g.cpu ? "KILN_BOUNDS()"
+                           : "KILN_BOUNDS(DOT_THREADS)") +
+       " " + name + "(";
   const char* comma = "";
   for (const Param& p : gemm_kernel_params(g)) {
     const std::string type = detail::storage_c_type(p.dt);
@@ -145,10 +161,14 @@ inline std::string gemm_kernel_source(const GemmKernel& g) {
          p.name;
     comma = ", ";
   }
+  if (g.tma) s += ", const __grid_constant__ kiln_tensor_map a_map, const __grid_constant__ kiln_tensor_map b_map";
   s += " KILN_PROGRAM_PARAMS) {\n";
   s += "  KILN_DOT_PROGRAM(bz, m0, n0);\n";
   s += "  kiln::dot_acc acc(m0, n0);\n";
-  s += "  kiln::dot_k_loop(acc, KILN_DOT_SHARED, a + bz * sa_b, sa_m, sa_k, b + bz * sb_b, sb_k, sb_n, M, N, K);\n";
+  if (g.tma)
+    s += "  if (!kiln::dot_k_loop_tma(acc, KILN_DOT_SHARED, a_map, b_map, sa_b ? bz : 0, sb_b ? bz : 0, K)) return;\n";
+  else
+    s += "  kiln::dot_k_loop(acc, KILN_DOT_SHARED, a + bz * sa_b, sa_m, sa_k, b + bz * sb_b, sb_k, sb_n, M, N, K);\n";
   s += "  KILN_DOT_ELEMENTS(acc, m, n, x) {\n" + gemm_detail::epilogue_body(g) + "  }\n}\n";
   return s;
 }

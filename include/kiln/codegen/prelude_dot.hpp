@@ -24,6 +24,9 @@
 //                             DOT_WARPS_N = 1, and the kernel defines kiln_wgmma_dot), 0 mma.sync
 //   DOT_OVERLAP               with DOT_WGMMA: 1 keeps a step's products in flight under the next
 //                             step's (DOT_STAGES >= 3), 0 waits for them
+//   DOT_TMA                   with DOT_WGMMA and DOT_BM 128: 1 stages the tiles by TMA from a
+//                             producer warpgroup (dot_k_loop_tma; the kernel's source has
+//                             prelude_tma.hpp's functions), 0 (or undefined) by every thread's cp.async
 // and names its sizes M, N and K.
 #pragma once
 #include <string_view>
@@ -33,8 +36,11 @@ namespace kiln::codegen {
 inline constexpr std::string_view prelude_dot = R"KILN(
 // ---- dot: products of tiles ---------------------------------------------------------------------
 #define DOT_BK (128 / (int)sizeof(DOT_T))  // a tile row of K: 128 bytes
+#ifndef DOT_TMA
+#define DOT_TMA 0
+#endif
 #ifdef KILN_DEVICE_CODE
-#define DOT_THREADS (DOT_WARPS_M * DOT_WARPS_N * 32)
+#define DOT_THREADS (DOT_WARPS_M * DOT_WARPS_N * 32 + (DOT_TMA ? 128 : 0))  // (TMA: the producer warpgroup last)
 #define DOT_WM (DOT_BM / DOT_WARPS_M)  // a warp's rows of the tile ...
 #define DOT_WN (DOT_BN / DOT_WARPS_N)  // ... and its columns
 #define DOT_MT (DOT_WM / 16)           // the warp's mma tiles along M (16 rows each) ...
@@ -45,7 +51,9 @@ static_assert(DOT_BM % 64 == 0 && DOT_BN % 64 == 0 && DOT_BN <= 256 && DOT_STAGE
 #if DOT_WGMMA
 static_assert(DOT_WARPS_M == DOT_BM / 16 && DOT_WARPS_N == 1, "dot: wgmma's warps run along M, 16 rows each");
 static_assert(!DOT_OVERLAP || DOT_STAGES >= 3, "dot: products in flight need three stages or more");
+static_assert(!DOT_TMA || DOT_BM == 128, "dot: TMA feeds two consumer warpgroups (128 rows)");
 #else
+static_assert(!DOT_TMA, "dot: TMA stages feed wgmma only");
 static_assert(DOT_WM % 16 == 0 && DOT_WN % 16 == 0, "dot: each warp's part a multiple of 16 rows and columns");
 #endif
 namespace kiln {
@@ -101,7 +109,8 @@ struct dot_acc {
 // along K 32 bytes into the rows; M- or N-contiguous: panels of 64 columns, 16 rows of K a step
 // (2048 bytes). The block's warps run along M only (DOT_WARPS_M = DOT_BM / 16), so a warpgroup's
 // accumulator is dot_acc's v[0], 8 columns a group of 4, as mma leaves it.
-KILN_FN void dot(dot_acc& acc, const DOT_T* a, const DOT_T* b) {
+// Issues (and commits) one step's products; dot() below waits for them.
+KILN_FN void dot_issue(dot_acc& acc, const DOT_T* a, const DOT_T* b) {
   const u32 wg = threadIdx.x / 128, as = kiln_shared_address(a), bs = kiln_shared_address(b);
 #if DOT_A_K
   const u64 ad = kiln_wgmma_desc(as + wg * 64 * 128, 16, 1024);
@@ -122,11 +131,88 @@ KILN_FN void dot(dot_acc& acc, const DOT_T* a, const DOT_T* b) {
   KILN_UNROLL for (int kk = 0; kk < DOT_BK / 16; ++kk)
     kiln_wgmma_dot(d, ad + ((kk * a_step) >> 4), bd + ((kk * b_step) >> 4));
   kiln_wgmma_commit();
+}
+KILN_FN void dot(dot_acc& acc, const DOT_T* a, const DOT_T* b) {
+  dot_issue(acc, a, b);
   // DOT_OVERLAP: this step's products stay in flight while the next step's are issued (the loop
   // then stages one step less ahead, so the buffer a pending product reads is not refilled).
   kiln_wgmma_wait<DOT_OVERLAP ? 1 : 0>();
-  kiln_hold(d);
+  kiln_hold(*reinterpret_cast<float (*)[DOT_BN / 2]>(&acc.v[0][0][0]));
 }
+#if DOT_TMA
+// One box of a 3-D tensor map ({inner, outer, batch}, boxes of 64 inner columns) at (c0, c1, c2)
+// into shared memory at dst; its bytes land on `bar` (past the tensor's ends: zeros).
+KILN_FN void dot_tma_box(u32 dst, const kiln_tensor_map& map, int c0, int c1, int c2, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// The slice [r0, r0 + ROWS) x [k0, k0 + DOT_BK) of an operand of batch z into tile t (dot_stage's
+// layout): a K-contiguous operand's map is {K, rows, batch} with boxes of 64 x ROWS, one box; an
+// M- or N-contiguous one's {rows, K, batch} with boxes of 64 x DOT_BK, one a 64-column panel.
+template <int ROWS, bool KMAJOR>
+KILN_FN void dot_tma_stage(u32 t, const kiln_tensor_map& map, i64 r0, i64 k0, i64 z, u32 bar) {
+  if (KMAJOR) {
+    dot_tma_box(t, map, (int)k0, (int)r0, (int)z, bar);
+  } else {
+    KILN_UNROLL for (int p = 0; p < ROWS / 64; ++p)
+      dot_tma_box(t + p * DOT_BK * 128, map, (int)r0 + p * 64, (int)k0, (int)z, bar);
+  }
+}
+// acc += A[m0:, :] B[:, n0:] over the whole of K with TMA stages (sm_90a): the block's last
+// warpgroup is the producer, whose first thread copies each step's A and B tiles by the copy
+// engine into one of DOT_STAGES stages and expects their bytes on the stage's "full" mbarrier,
+// after each consumer warp has arrived on its "empty" one (done with the stage's products); the
+// two consumer warpgroups multiply by wgmma, a step's products in flight under the next's. No
+// block barrier after the start. The producer gives its registers to the consumers (setmaxnreg 40
+// and 232 a thread: one block an SM, 384 threads). Returns false in the producer, which holds no
+// part of C. az, bz: the operands' batch coordinates in their maps (0 where broadcast).
+// shared: the stages' tiles from a 1024-byte boundary, then the 2 DOT_STAGES mbarriers.
+KILN_FN bool dot_k_loop_tma(dot_acc& acc, unsigned char* shared, const kiln_tensor_map& a_map,
+                            const kiln_tensor_map& b_map, i64 az, i64 bz, i64 K) {
+  DOT_T* as = (DOT_T*)shared;
+  DOT_T* bs = as + DOT_STAGES * DOT_BM * DOT_BK;
+  const u32 bars = kiln_shared_address(bs + DOT_STAGES * DOT_BN * DOT_BK);
+#define DOT_FULL(s) (bars + 8u * (u32)(s))
+#define DOT_EMPTY(s) (bars + 8u * (u32)(DOT_STAGES + (s)))
+  const int steps = (int)((K + DOT_BK - 1) / DOT_BK);
+  constexpr int consumers = DOT_WARPS_M * 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < DOT_STAGES; ++s) kiln_mbar_init(DOT_FULL(s), 1), kiln_mbar_init(DOT_EMPTY(s), DOT_WARPS_M);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // (seen by the copy engine)
+  }
+  __syncthreads();
+  if (threadIdx.x >= consumers) {  // ---- the producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x == consumers)
+      for (int s = 0; s < steps; ++s) {
+        const int buf = s % DOT_STAGES;
+        if (s >= DOT_STAGES) kiln_mbar_wait(DOT_EMPTY(buf), (s / DOT_STAGES - 1) & 1);
+        kiln_mbar_expect(DOT_FULL(buf), (DOT_BM + DOT_BN) * 128);
+        dot_tma_stage<DOT_BM, DOT_A_K>(kiln_shared_address(as + buf * DOT_BM * DOT_BK), a_map, acc.m0, (i64)s * DOT_BK,
+                                       az, DOT_FULL(buf));
+        dot_tma_stage<DOT_BN, DOT_B_K>(kiln_shared_address(bs + buf * DOT_BN * DOT_BK), b_map, acc.n0, (i64)s * DOT_BK,
+                                       bz, DOT_FULL(buf));
+      }
+    return false;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");  // ---- the consumers
+  for (int s = 0; s < steps; ++s) {
+    const int buf = s % DOT_STAGES;
+    kiln_mbar_wait(DOT_FULL(buf), (s / DOT_STAGES) & 1);
+    dot_issue(acc, as + buf * DOT_BM * DOT_BK, bs + buf * DOT_BN * DOT_BK);
+    kiln_wgmma_wait<1>();  // step s - 1's products are done: its stage is free
+    if (s > 0 && threadIdx.x % 32 == 0) kiln_mbar_arrive(DOT_EMPTY((s - 1) % DOT_STAGES));
+  }
+  kiln_wgmma_wait<0>();
+  kiln_hold(*reinterpret_cast<float (*)[DOT_BN / 2]>(&acc.v[0][0][0]));
+#undef DOT_FULL
+#undef DOT_EMPTY
+  return true;
+}
+#endif
 #elif DOT_IS_16BIT
 KILN_FN void dot_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 #if DOT_IS_BF16

@@ -107,12 +107,26 @@ inline DotLayout dot_layout(const MatmulGeometry& g, dtype dt, const void* a, co
 struct DotBlocking {
   int bm = 128, bn = 128, warps_m = 2, warps_n = 2, stages = 3;
   bool wgmma = false, overlap = false;  // overlap: wgmma's products of a step in flight under the next's
+  bool tma = false;  // wgmma at bm 128: tiles by TMA from a producer warpgroup, where the layout allows
   std::string str() const {
     return std::to_string(bm) + "x" + std::to_string(bn) +
-           (wgmma ? (overlap ? "wgmma-ov" : "wgmma") : "w" + std::to_string(warps_m) + "x" + std::to_string(warps_n)) +
+           (wgmma ? (tma       ? "wgmma-tma"
+                     : overlap ? "wgmma-ov"
+                               : "wgmma")
+                  : "w" + std::to_string(warps_m) + "x" + std::to_string(warps_n)) +
            "s" + std::to_string(stages);
   }
 };
+
+// Whether TMA can copy the operands' tiles (dot_tma_maps): cp.async's conditions (stride 1 along the
+// tile's contiguous dim, rows, batches and starts on 16 bytes), rows of a nonzero stride, and
+// coordinates within TMA's 32-bit signed range.
+inline bool dot_tma_layout(const MatmulGeometry& g, const DotLayout& l) {
+  const std::int64_t a_row = l.a_k ? g.a_sm : g.a_sk, b_row = l.b_k ? g.b_sn : g.b_sk;
+  const std::int64_t most = std::int64_t{1} << 31;
+  return l.async && g.M > 0 && g.N > 0 && g.K > 0 && a_row > 0 && b_row > 0 && g.M < most && g.N < most && g.K < most &&
+         g.batch < most;
+}
 
 // The kernel for this problem at a blocking (the CPU takes 64 x 64): its layout from the operands'
 // strides, cp.async where both operands' contiguous dims have stride 1 and their rows and batches
@@ -134,6 +148,7 @@ inline codegen::GemmKernel dot_matmul_kernel(const MatmulGeometry& g, const Tens
   } else {
     k.bm = bl.bm, k.bn = bl.bn, k.stages = bl.stages, k.wgmma = bl.wgmma && k.dt != dtype::f32;
     k.overlap = k.wgmma && bl.overlap;
+    k.tma = k.wgmma && bl.tma && bl.bm == 128 && dot_tma_layout(g, layout);
     k.warps_m = k.wgmma ? bl.bm / 16 : bl.warps_m, k.warps_n = k.wgmma ? 1 : bl.warps_n;
   }
   return k;
@@ -152,7 +167,8 @@ inline Tensor dot_matmul_bias(const Tensor& bias, const MatmulGeometry& g, const
 // The blockings autotuning tries on a GPU, those whose shared memory the device gives a block:
 // 128 x 128 tiles of four warps (each 64 x 64: 128 f32 accumulators a thread), 128 x 256 of eight,
 // 128 x 64 and 64 x 64 for problems of few tiles; on sm_90a, 16-bit also by wgmma at 128 x 128 and
-// 128 x 256 (two warpgroups of 64 rows), waiting for each step's products or keeping them in flight.
+// 128 x 256 (two warpgroups of 64 rows), staged by every thread's cp.async or, where the layout
+// allows, by TMA from a producer warpgroup.
 inline std::vector<codegen::GemmKernel> dot_matmul_candidates(const MatmulGeometry& g, const Tensor& a, const Tensor& b,
                                                               const Tensor& out, Epilogue e) {
   if (driver::compute_capability(out.device().index) < 80) return {};  // (cp.async, bf16 mma.sync)
@@ -162,12 +178,37 @@ inline std::vector<codegen::GemmKernel> dot_matmul_candidates(const MatmulGeomet
   const int shared = driver::shared_optin(out.device().index);
   for (const DotBlocking& bl :
        {DotBlocking{128, 128, 2, 2, 3}, DotBlocking{128, 256, 2, 4, 3}, DotBlocking{128, 64, 2, 2, 4},
-        DotBlocking{64, 64, 2, 2, 4}, DotBlocking{128, 128, 8, 1, 4, true}, DotBlocking{128, 256, 8, 1, 3, true}}) {
+        DotBlocking{64, 64, 2, 2, 4}, DotBlocking{128, 128, 8, 1, 4, true}, DotBlocking{128, 256, 8, 1, 3, true},
+        DotBlocking{128, 128, 8, 1, 6, true, false, true}, DotBlocking{128, 256, 8, 1, 4, true, false, true}}) {
     if ((!wide && bl.bn == 256) || (bl.wgmma && !hopper)) continue;
     codegen::GemmKernel k = dot_matmul_kernel(g, a, b, out, e, bl);
+    if (k.tma != bl.tma) continue;  // (a layout TMA cannot copy)
     if (k.shared_bytes() <= shared) ks.push_back(k);
   }
   return ks;
+}
+
+// The tensor maps of a TMA kernel's operands (prelude_dot.hpp's dot_tma_stage): {K, rows, batch} with
+// boxes of 64 x the tile's rows for a K-contiguous operand, {rows, K, batch} with boxes of 64 x 64
+// for an M- or N-contiguous one; a broadcast batch (stride 0) is a batch of one, which the kernel
+// reads at coordinate 0.
+inline void dot_tma_maps(CUtensorMap (&maps)[2], const codegen::GemmKernel& k, const MatmulGeometry& g, const void* a,
+                         const void* b) {
+  const auto bytes = static_cast<std::uint64_t>(itemsize(k.dt));
+  auto encode = [&](CUtensorMap& map, const void* base, bool kmajor, std::int64_t rows, std::int64_t s_row,
+                    std::int64_t s_k, std::int64_t s_batch, int tile_rows) {
+    const std::int64_t inner = kmajor ? g.K : rows, outer = kmajor ? rows : g.K, s_outer = kmajor ? s_row : s_k;
+    const std::uint64_t dims[3] = {static_cast<std::uint64_t>(inner), static_cast<std::uint64_t>(outer),
+                                   static_cast<std::uint64_t>(s_batch ? g.batch : 1)};
+    const std::uint64_t strides[2] = {static_cast<std::uint64_t>(s_outer) * bytes,
+                                      static_cast<std::uint64_t>(s_batch ? s_batch : outer * s_outer) * bytes};
+    const std::uint32_t box[3] = {64, static_cast<std::uint32_t>(kmajor ? tile_rows : 64), 1};
+    if (!driver::encode_tile_map(map, k.dt == dtype::bf16, const_cast<void*>(base), 3, dims, strides, box))
+      throw error("matmul: cuTensorMapEncodeTiled refused the operand of " + std::to_string(rows) + " x " +
+                  std::to_string(g.K) + " for " + k.name());
+  };
+  encode(maps[0], a, k.a_k, g.M, g.a_sm, g.a_sk, g.a_bs, k.bm);
+  encode(maps[1], b, k.b_k, g.N, g.b_sn, g.b_sk, g.b_bs, k.bn);
 }
 
 // Autotuning's choice of the template for one problem (cuda_matmul.hpp): its kernel, resolved once
@@ -193,8 +234,13 @@ inline void run_dot_matmul(const codegen::GemmKernel& k, const MatmulGeometry& g
   void* pout = out.data_ptr();
   std::int64_t sizes[14] = {g.M,    g.N,    g.K,    g.a_bs, g.a_sm, g.a_sk,    g.b_bs,
                             g.b_sk, g.b_sn, g.o_bs, g.o_sm, g.o_sn, g.M * g.N, g.N};  // aux: contiguous [batch, M, N]
-  void* args[19] = {&pa, &pb, &pbias, &paux, &pout};
+  void* args[21] = {&pa, &pb, &pbias, &paux, &pout};
   for (int i = 0; i < 14; ++i) args[5 + i] = &sizes[i];
+  CUtensorMap maps[2];
+  if (k.tma) {
+    dot_tma_maps(maps, k, g, pa, pb);
+    args[19] = &maps[0], args[20] = &maps[1];
+  }
   const std::int64_t tiles = ((g.M + k.bm - 1) / k.bm) * ((g.N + k.bn - 1) / k.bn);
   std::string own;
   if (!resolved) own = k.name();
