@@ -424,6 +424,42 @@ TEST_CASE("attention: the default forward inside a capture the caller started (c
   api.stream_destroy(s);
 }
 
+// KILN_TUNE_ATTENTION_WAVE=1 on Hopper (read once a process): a problem whose 128-row query tiles fit
+// one wave of blocks runs the two-warpgroup kernel, a tile a block; a larger one keeps the rules'
+// looping three-warpgroup kernel. Both against the oracle.
+TEST_CASE("attention: one wave of query tiles (cuda)" * needs_gpu()) {
+  if (k::driver::compute_capability(0) != 90) return;
+  const bool one_wave = k::Tuning::from_environment().attention_wave == 1;
+  const int sms = k::driver::sm_count(0);
+  struct Case {
+    int B, H, T;
+    bool fits;
+  };
+  for (Case c : {Case{1, 2, 777, true}, Case{2, 4, 128 * sms / 8 + 1, false}}) {
+    INFO("B " << c.B << " H " << c.H << " T " << c.T);
+    CHECK(((c.T + 127) / 128 * c.B * c.H <= sms) == c.fits);
+    k::Tensor q = k::randn({c.B, c.H, c.T, 64}, k::bf16, k::cpu, 641);
+    k::Tensor kk = k::randn({c.B, c.H, c.T, 64}, k::bf16, k::cpu, 642);
+    k::Tensor v = k::randn({c.B, c.H, c.T, 64}, k::bf16, k::cpu, 643);
+    auto gq = q.to(k::cuda), gk = kk.to(k::cuda), gv = v.to(k::cuda);
+    for (bool causal : {false, true}) {
+      INFO("causal " << causal);
+      auto f = [causal](auto q, auto k, auto v) { return k::attention(q, k, v, {.causal = causal}); };
+      auto compiled = k::compile(f);
+      auto r =
+          k::testing::allclose(k::Tensor(compiled(gq, gk, gv)).to(k::cpu), k::reference::eval(f(q, kk, v)), 2e-2, 2e-2);
+      CHECK_MESSAGE(bool(r), r);
+      // The function that ran, against the kernel the rule names.
+      const CUfunction ran = k::runtime::attention_detail::last_forward();
+      const bool two = one_wave && c.fits;
+      k::codegen::AttentionKernel expected = k::runtime::attention_kernel_for(64, 4, 0, two ? 3 : 6, causal, k::bf16);
+      CHECK(expected.warpgroups == (two ? 2 : 3));
+      CHECK(expected.dynamic == !two);
+      CHECK(ran == k::runtime::attention_detail::function(expected, 0));
+    }
+  }
+}
+
 // KILN_TUNE_ATTENTION_DQ=1 on Hopper: where q, k and v have one shape, one kernel computes dk, dv
 // and dq (dq's sums added with atomic reductions: attention_backward_kernel_sm90.hpp's dqkv), with
 // and without an inlined score_mod; its gradients against the oracle and against the two kernels'.

@@ -151,6 +151,12 @@ struct Tuning {
                                        // a map, else the cp.async copies; 0 its 128 threads' cp.async copies
                                        // (the rule before). Read where the kernel is chosen, once a process
                                        // (KILN_TUNE_ATTENTION_TMA)
+  int attention_wave = -1;             // the Hopper forward where its query tiles fit one wave of blocks: 1
+                                       // the two-warpgroup kernel, a tile a block, wherever its 128-row tiles
+                                       // number no more than the SMs (looping buys nothing in one wave, and
+                                       // the three-warpgroup kernel's 192-row tiles leave SMs idle: NOTES
+                                       // item 192, not yet run on a GPU); default (or 0) the rules' kernel
+                                       // whatever the size. Read once a process (KILN_TUNE_ATTENTION_WAVE)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
                              // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
                              // the dk/dv kernel, which has dS already (attention_backward_kernel_sm90.hpp's
@@ -287,6 +293,7 @@ struct Tuning {
                                    {&Tuning::attention_uniform, "attention_uniform"},
                                    {&Tuning::attention_copies, "attention_copies"},
                                    {&Tuning::attention_tma, "attention_tma"},
+                                   {&Tuning::attention_wave, "attention_wave"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -365,6 +372,7 @@ struct Tuning {
                                    {&Tuning::attention_uniform, "KILN_TUNE_ATTENTION_UNIFORM", 0, 1},
                                    {&Tuning::attention_copies, "KILN_TUNE_ATTENTION_COPIES", 0, 1},
                                    {&Tuning::attention_tma, "KILN_TUNE_ATTENTION_TMA", 0, 1},
+                                   {&Tuning::attention_wave, "KILN_TUNE_ATTENTION_WAVE", 0, 1},
                                    {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;
     for (const auto& v : vars)

@@ -194,6 +194,12 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
 
 namespace attention_detail {
 
+// The function of this thread's last forward launch (for tests of the launcher's run-time choices).
+inline CUfunction& last_forward() {
+  thread_local CUfunction f = nullptr;
+  return f;
+}
+
 // Launches forward kernel `a` (attention_flash's arguments, checked): out, and lse where given.
 inline void launch_forward(codegen::AttentionKernel a, const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                            Tensor& out, Tensor* lse, ScoreModCall& mod, CUstream stream) {
@@ -239,6 +245,7 @@ inline void launch_forward(codegen::AttentionKernel a, const Tensor& q, const Te
   if (a.tma) args.insert(args.end(), {&maps[0], &maps[1], &maps[2]});
   launch(f, grid, Dim3{static_cast<unsigned>(a.threads())}, static_cast<unsigned>(a.shared_bytes()), stream,
          args.data(), a.name().c_str());
+  last_forward() = f;
 }
 
 // options.autotune on Hopper: the first call of a problem (shapes, strides, dtype, causal, mod, the
@@ -315,6 +322,15 @@ inline void attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, d
   codegen::AttentionKernel a =
       attention_kernel_for(qs[3], warps, row_tiles, sm90 ? hopper : 0, causal, q.dtype(), mod.mod);
   a.raw_max = mod.mod || scale > 0;  // (a mod's scores come scaled: softmax_tile scales them by 1)
+  // KILN_TUNE_ATTENTION_WAVE=1 (NOTES item 192): where the two-warpgroup kernel's 128-row tiles fit one
+  // wave of blocks, each SM's time is one tile's whichever kernel runs, so the shorter tile wins: looping
+  // buys nothing in one wave, and the three-warpgroup kernel's 192-row tiles would leave SMs idle.
+  static const bool one_wave = Tuning::from_environment().attention_wave == 1;  // an A/B knob: see Tuning
+  if (one_wave && a.warpgroups == 3 && (qs[2] + 127) / 128 * qs[0] * qs[1] <= driver::sm_count(device)) {
+    const bool raw_max = a.raw_max;
+    a = attention_kernel_for(qs[3], warps, row_tiles, 3, causal, q.dtype(), mod.mod);
+    a.raw_max = raw_max;
+  }
   if (autotune && sm90 && a.warpgroups > 0 && qs[0] * qs[1] * qs[2] > 0)
     a = attention_detail::tuned_forward(a, q, k, v, scale, out, lse, mod, stream);
   attention_detail::launch_forward(a, q, k, v, scale, out, lse, mod, stream);
