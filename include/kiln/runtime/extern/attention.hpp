@@ -13,6 +13,7 @@
 #include <numbers>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -59,10 +60,12 @@ inline void* tile_counter(int device, CUstream stream, Tensor& captured) {
     driver::memset_async(captured.data_ptr(), 0, sizeof(int), stream);
     return captured.data_ptr();
   }
+  // CU_STREAM_PER_THREAD names a different stream on each thread: its words are a thread's.
+  const std::thread::id thread = stream == CU_STREAM_PER_THREAD ? std::this_thread::get_id() : std::thread::id();
   static std::mutex mutex;
-  static auto* counters = new std::map<std::tuple<int, CUstream>, void*>();
+  static auto* counters = new std::map<std::tuple<int, CUstream, std::thread::id>, void*>();
   std::lock_guard lock(mutex);
-  void*& word = (*counters)[{device, stream}];
+  void*& word = (*counters)[{device, stream, thread}];
   if (!word) {
     void* fresh = driver::allocate(sizeof(int), device, stream);
     driver::memset_async(fresh, 0, sizeof(int), stream);
