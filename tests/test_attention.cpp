@@ -691,6 +691,21 @@ TEST_CASE("attention: the Hopper kernels' sources") {
       CHECK((bwd.find("#define KILN_UNIFORM_WARPGROUP 1") != std::string::npos) == (uniform == 1));
       CHECK(bwd.find("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16") != std::string::npos);
     }
+    // The backwards by TMA (NOTES item 193; KILN_TUNE_ATTENTION_BACKWARD_TMA=1, read once a process):
+    // named apart, 64 bytes more of shared memory for their mbarriers, and each part compiles for
+    // sm_90a (NVRTC, no GPU needed).
+    using Part = cg::AttentionBackwardKernel::Part;
+    for (auto part : {Part::dq, Part::dkv, Part::dqkv}) {
+      const bool knob = k::Tuning::from_environment().attention_bwd_tma == 1;
+      cg::AttentionBackwardKernel b = k::runtime::attention_backward_kernel_for(part, D, true, true, k::bf16);
+      CHECK(b.tma == knob);
+      b.tma = true;
+      CHECK(b.name().find("_tma") != std::string::npos);
+      CHECK(b.shared_bytes() <= 227 * 1024);
+      const std::string bwd = cg::attention_backward_kernel_source(b);
+      CHECK(bwd.find("#define KILN_BWD_TMA 1") != std::string::npos);
+      CHECK(!k::runtime::compile_cubin(bwd, b.name(), "sm_90a").empty());
+    }
     cg::AttentionBackwardKernel one;  // dq, dk and dv: dq's sums by atomic reductions, Hopper only
     one.part = cg::AttentionBackwardKernel::Part::dqkv;
     one.head_dim = D;

@@ -39,6 +39,10 @@ struct AttentionBackwardKernel {
   // dq and dkv on Hopper at head dims 64 and 128: attention_backward_kernel_sm90.hpp's warpgroup-MMA
   // kernels (two warpgroups, 128 rows a block, streamed tiles of 64 in two stages).
   bool hopper = false;
+  // Hopper's kernels under KILN_TUNE_ATTENTION_BACKWARD_TMA=1: thread 0 loads each tile by TMA from tensor
+  // maps of q, k, v and dO the launcher encodes (the kernel's last parameters; NOTES item 193), each
+  // stage's landing on an mbarrier; the launcher takes the cp.async kernel where a map cannot be made.
+  bool tma = false;
   // A score_mod's functions (codegen/score_mod_source.hpp): the scores are modded as the forward's
   // were, and dS goes back through the mod's derivative; empty: none (mma.sync kernels only).
   std::string_view score_mod, score_mod_tag;  // (views, as AttentionKernel's)
@@ -51,7 +55,7 @@ struct AttentionBackwardKernel {
     if (hopper)  // the block's two tiles, two stages of two streamed tiles, dk/dv's statistics, alignment
                  // (dqkv: and each warpgroup's dS tile, 64 keys x 64 queries)
       return 2 * block_rows() * head_dim * 2 + 4 * streamed_rows() * head_dim * 2 + 4 * streamed_rows() * 4 + 1024 +
-             (part == Part::dqkv ? block_rows() * streamed_rows() * 2 : 0);
+             (part == Part::dqkv ? block_rows() * streamed_rows() * 2 : 0) + (tma ? 64 : 0);
     const int tile = rows * head_dim * 2;
     switch (part) {
       case Part::stats: return 2 * tile;
@@ -62,8 +66,8 @@ struct AttentionBackwardKernel {
   std::string name() const {
     const char* parts[] = {"stats", "dq", "dk", "dv", "dkv", "dqkv"};
     return std::string("kiln_attention_bwd_") + parts[static_cast<int>(part)] + (hopper ? "_wgmma" : "") + "_d" +
-           std::to_string(head_dim) + (causal ? "_causal" : "") + "_" + std::string(kiln::name(dt)) +
-           score_mod_suffix(score_mod, score_mod_tag);
+           std::to_string(head_dim) + (tma ? "_tma" : "") + (causal ? "_causal" : "") + "_" +
+           std::string(kiln::name(dt)) + score_mod_suffix(score_mod, score_mod_tag);
   }
 };
 

@@ -44,6 +44,16 @@ inline std::string attention_backward_source_sm90(const AttentionBackwardKernel&
   // faster on an H100, non-causal ones at D 64 3% slower (NOTES item 184).
   static const bool uniform = Tuning::from_environment().attention_uniform == 1;  // an A/B knob: see Tuning
   s += wgmma_prelude(uniform);
+  if (a.tma) {  // q, dO, k and v tiles by the copy engine, each stage's landing on an mbarrier (NOTES item 193)
+    s += "#define KILN_BWD_TMA 1\n";
+    s += attention_sm90_detail::mbarrier_functions();
+    s += attention_sm90_detail::tma_functions();
+    s += "#define KILN_BWD_TMA_PARAMS , const __grid_constant__ kiln_tensor_map q_map, const __grid_constant__ "
+         "kiln_tensor_map k_map, const __grid_constant__ kiln_tensor_map v_map, const __grid_constant__ "
+         "kiln_tensor_map g_map\n";
+  } else {
+    s += "#define KILN_BWD_TMA_PARAMS\n";
+  }
   s += wgmma_function("kiln_wgmma_rows_first", a.streamed_rows(), false, true, 0, t);  // own rows x streamed rows^T
   s += wgmma_function("kiln_wgmma_rows", a.streamed_rows(), false, false, 0, t);
   s += wgmma_function("kiln_wgmma_tile", a.head_dim, true, false, 1, t);  // (registers) x a streamed tile
@@ -147,7 +157,7 @@ __device__ __forceinline__ void store_ds(u32 ds, const float (&x)[BC / 2], float
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32, 1)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, const u16* __restrict__ g,
           const float* __restrict__ stats, u16* __restrict__ dq, int BH, int H, int G, int Tq, int Tk, float scale_log2,
-          float scale KILN_BACKWARD_MOD_PARAMS) {
+          float scale KILN_BACKWARD_MOD_PARAMS KILN_BWD_TMA_PARAMS) {
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   const u32 Qs = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u, Gs = Qs + TILE_BYTES(BR);
   const u32 Ks = Gs + TILE_BYTES(BR), Vs = Ks + 2 * TILE_BYTES(BC);  // two stages each
@@ -161,6 +171,25 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   const int n_end = KILN_CAUSAL && m0 + BR < Tk ? m0 + BR : Tk;
   const int n_tiles = (n_end + BC - 1) / BC;
   const int w0 = m0 + wg * 64, r0 = w0 + warp * 16 + (lane >> 2);  // this thread's rows: r0 and r0 + 8
+#ifdef KILN_BWD_TMA
+  // mbarriers in the statistics' bytes, unused here: the block's q and dO tiles, then each stage's
+  const u32 bars = Vs + 2 * TILE_BYTES(BC);
+  auto load = [&](int j) {  // (thread 0)
+    const u32 bar = bars + 8 + 8 * (j & 1);
+    kiln_mbar_expect(bar, 2 * TILE_BYTES(BC));
+    kiln_tma_tile<BC>(Ks + (j & 1) * TILE_BYTES(BC), k_map, j * BC, hk, b, bar);
+    kiln_tma_tile<BC>(Vs + (j & 1) * TILE_BYTES(BC), v_map, j * BC, hk, b, bar);
+  };
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 3; ++i) kiln_mbar_init(bars + 8 * i, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // (seen by the copy engine)
+    kiln_mbar_expect(bars, 2 * TILE_BYTES(BR));
+    kiln_tma_tile<BR>(Qs, q_map, m0, bh % H, b, bars);
+    kiln_tma_tile<BR>(Gs, g_map, m0, bh % H, b, bars);
+    for (int j = 0; j < 2 && j < n_tiles; ++j) load(j);
+  }
+  __syncthreads();  // (the mbarriers initialised before anyone waits)
+#else
   load_tile_sw128<BR>(Qs, q + (i64)bh * Tq * KILN_D, KILN_D, m0, Tq);
   load_tile_sw128<BR>(Gs, g + (i64)bh * Tq * KILN_D, KILN_D, m0, Tq);
   kiln_cp_async_commit();
@@ -171,6 +200,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     }
     kiln_cp_async_commit();
   }
+#endif
   float lse2[2], delta[2];  // the rows' log-sum-exp in the exp2 domain (+inf past Tq: p = 0)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -185,8 +215,13 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   float p[BC / 2], dp[BC / 2];
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * BC, stage = j & 1;
+#ifdef KILN_BWD_TMA
+    kiln_mbar_wait(bars, 0);                          // the block's rows
+    kiln_mbar_wait(bars + 8 + 8 * stage, (j >> 1) & 1);  // key tile j
+#else
     kiln_cp_async_wait<1>();  // the block's rows and key tile j are in
     kiln_fence_proxy_async();
+#endif
     __syncthreads();
     if (!KILN_CAUSAL || n0 <= w0 + 63) {  // (causal: a warpgroup whose rows all come before the tile has nothing to add)
       const u32 kt = Ks + stage * TILE_BYTES(BC), vt = Vs + stage * TILE_BYTES(BC);
@@ -224,6 +259,11 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
       kiln_hold(acc);
     }
     __syncthreads();  // every warpgroup is done with this stage
+#ifdef KILN_BWD_TMA
+    if (j + 2 < n_tiles && threadIdx.x == 0) load(j + 2);
+  }
+  kiln_mbar_wait(bars, 0);  // (no key tile: the block's own tiles may still be landing)
+#else
     if (j + 2 < n_tiles) {
       load_tile_sw128<BC>(Ks + stage * TILE_BYTES(BC), kp, KILN_D, n0 + 2 * BC, Tk);
       load_tile_sw128<BC>(Vs + stage * TILE_BYTES(BC), vp, KILN_D, n0 + 2 * BC, Tk);
@@ -231,6 +271,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     kiln_cp_async_commit();
   }
   kiln_cp_async_wait<0>();  // (no key tile: the block's own tiles are still landing)
+#endif
   store_rows(dq + (i64)bh * Tq * KILN_D, acc, scale, r0, Tq);
 }
 )";
@@ -240,7 +281,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 extern "C" __global__ void __launch_bounds__(KILN_WARPS * 32, 1)
 KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, const u16* __restrict__ g,
           const float* __restrict__ stats, u16* __restrict__ out, int BHkv, int H, int G, int Tq, int Tk,
-          float scale_log2, float scale KILN_BACKWARD_MOD_PARAMS) {
+          float scale_log2, float scale KILN_BACKWARD_MOD_PARAMS KILN_BWD_TMA_PARAMS) {
   extern __shared__ __align__(1024) unsigned char kiln_smem[];
   const u32 Ks = (kiln_shared_address(kiln_smem) + 1023u) & ~1023u, Vs = Ks + TILE_BYTES(BR);
   const u32 Qs = Vs + TILE_BYTES(BR), Gs = Qs + 2 * TILE_BYTES(BC);  // two stages each
@@ -258,15 +299,40 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   const int kw0 = n0 + wg * 64, r0 = kw0 + warp * 16 + (lane >> 2);  // this thread's keys: r0 and r0 + 8
   const int first = KILN_CAUSAL ? n0 / BC * BC : 0;  // earlier queries see none of these keys
   const int per_head = first < Tq ? (Tq - first + BC - 1) / BC : 0, n_tiles = G * per_head;
+#ifdef KILN_BWD_TMA
+  // mbarriers after the statistics (dqkv: after the dS tile): the block's k and v tiles, then each stage's
+#ifdef KILN_DQKV
+  const u32 bars = DS + BR * BC * 2;
+#else
+  const u32 bars = Gs + 2 * TILE_BYTES(BC) + 4 * BC * 4;
+#endif
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 3; ++i) kiln_mbar_init(bars + 8 * i, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // (seen by the copy engine)
+    kiln_mbar_expect(bars, 2 * TILE_BYTES(BR));
+    kiln_tma_tile<BR>(Ks, k_map, n0, hk, b, bars);
+    kiln_tma_tile<BR>(Vs, v_map, n0, hk, b, bars);
+  }
+#else
   load_tile_sw128<BR>(Ks, k + (i64)bhk * Tk * KILN_D, KILN_D, n0, Tk);
   load_tile_sw128<BR>(Vs, v + (i64)bhk * Tk * KILN_D, KILN_D, n0, Tk);
   kiln_cp_async_commit();
+#endif
   // Query tile t: head hk * G + t / per_head, rows from first + (t % per_head) * BC.
   auto load = [&](int t) {
     const int stage = t & 1, i0 = first + (t % per_head) * BC;
     const i64 bh = (i64)b * H + hk * G + t / per_head;
+#ifdef KILN_BWD_TMA
+    if (threadIdx.x == 0) {
+      const u32 bar = bars + 8 + 8 * stage;
+      kiln_mbar_expect(bar, 2 * TILE_BYTES(BC));
+      kiln_tma_tile<BC>(Qs + stage * TILE_BYTES(BC), q_map, i0, hk * G + t / per_head, b, bar);
+      kiln_tma_tile<BC>(Gs + stage * TILE_BYTES(BC), g_map, i0, hk * G + t / per_head, b, bar);
+    }
+#else
     load_tile_sw128<BC>(Qs + stage * TILE_BYTES(BC), q + bh * Tq * KILN_D, KILN_D, i0, Tq);
     load_tile_sw128<BC>(Gs + stage * TILE_BYTES(BC), g + bh * Tq * KILN_D, KILN_D, i0, Tq);
+#endif
     for (int c = threadIdx.x; c < BC; c += KILN_WARPS * 32) {
       const bool in = i0 + c < Tq;
       Ls[stage * 2 * BC + c] = in ? stats[(bh * Tq + i0 + c) * 2] * LOG2E : KILN_POS_INF;
@@ -277,6 +343,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     if (t < n_tiles) load(t);
     kiln_cp_async_commit();
   }
+#ifdef KILN_BWD_TMA
+  __syncthreads();  // (the mbarriers initialised before anyone waits)
+#endif
   const u64 k_desc = kiln_wgmma_desc(Ks + wg * 64 * 128, 16, 1024), v_desc = kiln_wgmma_desc(Vs + wg * 64 * 128, 16, 1024);
   float acc_k[KILN_D / 2], acc_v[KILN_D / 2];
 #pragma unroll
@@ -284,8 +353,13 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   float p[BC / 2], dp[BC / 2];
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t & 1, i0 = first + (t % per_head) * BC;
+#ifdef KILN_BWD_TMA
+    kiln_mbar_wait(bars, 0);                          // the block's keys and values
+    kiln_mbar_wait(bars + 8 + 8 * stage, (t >> 1) & 1);  // query tile t
+#else
     kiln_cp_async_wait<1>();  // the block's keys and values and query tile t are in
     kiln_fence_proxy_async();
+#endif
     __syncthreads();
     if (!KILN_CAUSAL || i0 + BC - 1 >= kw0) {  // (causal: queries all before this warpgroup's keys see none)
       const u32 qt = Qs + stage * TILE_BYTES(BC), gt = Gs + stage * TILE_BYTES(BC);
@@ -353,7 +427,11 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     if (t + 2 < n_tiles) load(t + 2);
     kiln_cp_async_commit();
   }
+#ifdef KILN_BWD_TMA
+  kiln_mbar_wait(bars, 0);  // (no query tile: the block's own tiles may still be landing)
+#else
   kiln_cp_async_wait<0>();  // (no query tile: the block's own tiles are still landing)
+#endif
   store_rows(out + (i64)bhk * Tk * KILN_D, acc_k, scale, r0, Tk);
   store_rows(out + ((i64)BHkv + bhk) * Tk * KILN_D, acc_v, 1.f, r0, Tk);  // the second half
 }

@@ -157,6 +157,11 @@ struct Tuning {
                                        // the three-warpgroup kernel's 192-row tiles leave SMs idle: NOTES
                                        // item 192, not yet run on a GPU); default (or 0) the rules' kernel
                                        // whatever the size. Read once a process (KILN_TUNE_ATTENTION_WAVE)
+  int attention_bwd_tma = -1;          // the Hopper attention backwards (dq, dk/dv, dq/dk/dv): 1 thread 0
+                                       // loads each tile by TMA, each stage landing on an mbarrier (NOTES item
+                                       // 193, not yet run on a GPU), where the operands allow a map; default
+                                       // (or 0) every thread's cp.async copies. Read where the kernel is
+                                       // chosen, once a process (KILN_TUNE_ATTENTION_BACKWARD_TMA)
   int attention_dq = -1;     // the fused attention backward on Hopper where q, k and v have one shape: 0
                              // dq in a kernel of its own, 1 dq's sums added with atomic reductions by
                              // the dk/dv kernel, which has dS already (attention_backward_kernel_sm90.hpp's
@@ -294,6 +299,7 @@ struct Tuning {
                                    {&Tuning::attention_copies, "attention_copies"},
                                    {&Tuning::attention_tma, "attention_tma"},
                                    {&Tuning::attention_wave, "attention_wave"},
+                                   {&Tuning::attention_bwd_tma, "attention_bwd_tma"},
                                    {&Tuning::occupancy, "occupancy"},
                                    {&Tuning::row_shift, "row_shift"},
                                    {&Tuning::index32, "index32"},
@@ -373,6 +379,7 @@ struct Tuning {
                                    {&Tuning::attention_copies, "KILN_TUNE_ATTENTION_COPIES", 0, 1},
                                    {&Tuning::attention_tma, "KILN_TUNE_ATTENTION_TMA", 0, 1},
                                    {&Tuning::attention_wave, "KILN_TUNE_ATTENTION_WAVE", 0, 1},
+                                   {&Tuning::attention_bwd_tma, "KILN_TUNE_ATTENTION_BACKWARD_TMA", 0, 1},
                                    {&Tuning::attention_dq, "KILN_TUNE_ATTENTION_DQ", 0, 1}};
     Tuning t;
     for (const auto& v : vars)

@@ -98,8 +98,10 @@ inline void check_contiguous(const Tensor& t, const char* what) {
 // Launches one backward kernel over `blocks` row tiles of `heads` (batch, head) pairs; a score_mod's
 // scalars go after `args` (the kernel's last parameter).
 inline void launch_part(const codegen::AttentionBackwardKernel& a, int device, std::int64_t rows, std::int64_t heads,
-                        std::vector<void*> args, ScoreModCall& mod, CUstream stream) {
+                        std::vector<void*> args, ScoreModCall& mod, CUstream stream, CUtensorMap* maps = nullptr) {
   if (mod.mod) args.push_back(mod.params.data());
+  if (a.tma)  // (AttentionBackwardKernel::tma: q's, k's, v's and dO's maps, the kernel's last parameters)
+    for (int i = 0; i < 4; ++i) args.push_back(&maps[i]);
   CUfunction f = named_function(
       a.name(), [&] { return codegen::attention_backward_kernel_source(a); }, device);
   driver::make_current(device);
@@ -159,8 +161,16 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
   const char* names[] = {"q", "k", "v", "the output's cotangent", "the statistics", "a gradient"};
   for (int i = 0; i < 6; ++i) attention_detail::check_contiguous(*ts[i], names[i]);
   const int device = out.device().index;
-  const codegen::AttentionBackwardKernel a = attention_backward_kernel_for(
+  codegen::AttentionBackwardKernel a = attention_backward_kernel_for(
       part, q.shape()[3], causal, hopper && driver::compute_capability(device) == 90, q.dtype(), mod.mod);
+  CUtensorMap maps[4];  // (TMA: q's, k's, v's and dO's; the block's rows in boxes of its rows, the streamed in theirs)
+  if (a.tma) {
+    driver::make_current(device);
+    const bool dq = part == codegen::AttentionBackwardKernel::Part::dq;
+    const int query_rows = dq ? a.block_rows() : a.streamed_rows(), key_rows = dq ? a.streamed_rows() : a.block_rows();
+    a.tma = attention_detail::tile_map(maps[0], q, query_rows) && attention_detail::tile_map(maps[1], k, key_rows) &&
+            attention_detail::tile_map(maps[2], v, key_rows) && attention_detail::tile_map(maps[3], g, query_rows);
+  }
   if (part == codegen::AttentionBackwardKernel::Part::dqkv) {
     if (!a.hopper)
       throw error("attention: dq, dk and dv in one kernel run on compute capability 9.0 at head dims 64 and 128, not " +
@@ -175,11 +185,12 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
   const void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr(), *gp = g.data_ptr(), *sp = stats.data_ptr();
   void* op = out.data_ptr();
   if (part == codegen::AttentionBackwardKernel::Part::dq) {
-    attention_detail::launch_part(a, device, Tq, BH,
-                                  {&qp, &kp, &vp, &gp, &sp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod, stream);
-  } else {
     attention_detail::launch_part(
-        a, device, Tk, BHkv, {&qp, &kp, &vp, &gp, &sp, &op, &BHkv, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod, stream);
+        a, device, Tq, BH, {&qp, &kp, &vp, &gp, &sp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod, stream, maps);
+  } else {
+    attention_detail::launch_part(a, device, Tk, BHkv,
+                                  {&qp, &kp, &vp, &gp, &sp, &op, &BHkv, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod,
+                                  stream, maps);
   }
   if (part == codegen::AttentionBackwardKernel::Part::dqkv) {  // dq's sums (slots 3 and 4) into slot 2
     const std::string name = codegen::attention_dq_convert_name(q.dtype());

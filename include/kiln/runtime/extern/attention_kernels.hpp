@@ -122,6 +122,8 @@ inline codegen::AttentionBackwardKernel attention_backward_kernel_for(codegen::A
   a.dt = dt;
   if (mod) a.score_mod = mod->source, a.score_mod_tag = mod->tag;
   a.hopper = hopper && (part == Part::dq || part == Part::dkv || part == Part::dqkv) && (D == 64 || D == 128);
+  static const bool tma = Tuning::from_environment().attention_bwd_tma == 1;  // an A/B knob: see Tuning
+  a.tma = a.hopper && tma;
   return a;
 }
 inline std::string describe_attention_step(const graph::Graph& g, int node) {
