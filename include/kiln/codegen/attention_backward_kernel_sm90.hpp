@@ -166,8 +166,10 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   if (!kiln_block_tile(KILN_CAUSAL, BH, 4ll * Tk * KILN_D, rank, bh)) return;
   const int m0 = (KILN_CAUSAL ? gridDim.x - 1 - rank : rank) * BR;
   const int b = bh / H, hk = (bh % H) / G, Hkv = H / G;
+#ifndef KILN_BWD_TMA
   const u16* kp = k + (i64)(b * Hkv + hk) * Tk * KILN_D;
   const u16* vp = v + (i64)(b * Hkv + hk) * Tk * KILN_D;
+#endif
   const int n_end = KILN_CAUSAL && m0 + BR < Tk ? m0 + BR : Tk;
   const int n_tiles = (n_end + BC - 1) / BC;
   const int w0 = m0 + wg * 64, r0 = w0 + warp * 16 + (lane >> 2);  // this thread's rows: r0 and r0 + 8
@@ -183,12 +185,14 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   if (threadIdx.x == 0) {
     for (int i = 0; i < 3; ++i) kiln_mbar_init(bars + 8 * i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // (seen by the copy engine)
+  }
+  __syncthreads();  // (the mbarriers initialised before any copy or wait, as the forward does)
+  if (threadIdx.x == 0) {
     kiln_mbar_expect(bars, 2 * TILE_BYTES(BR));
     kiln_tma_tile<BR>(Qs, q_map, m0, bh % H, b, bars);
     kiln_tma_tile<BR>(Gs, g_map, m0, bh % H, b, bars);
     for (int j = 0; j < 2 && j < n_tiles; ++j) load(j);
   }
-  __syncthreads();  // (the mbarriers initialised before anyone waits)
 #else
   load_tile_sw128<BR>(Qs, q + (i64)bh * Tq * KILN_D, KILN_D, m0, Tq);
   load_tile_sw128<BR>(Gs, g + (i64)bh * Tq * KILN_D, KILN_D, m0, Tq);
@@ -309,6 +313,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   if (threadIdx.x == 0) {
     for (int i = 0; i < 3; ++i) kiln_mbar_init(bars + 8 * i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // (seen by the copy engine)
+  }
+  __syncthreads();  // (the mbarriers initialised before any copy or wait, as the forward does)
+  if (threadIdx.x == 0) {
     kiln_mbar_expect(bars, 2 * TILE_BYTES(BR));
     kiln_tma_tile<BR>(Ks, k_map, n0, hk, b, bars);
     kiln_tma_tile<BR>(Vs, v_map, n0, hk, b, bars);
@@ -341,11 +348,8 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   };
   for (int t = 0; t < 2; ++t) {
     if (t < n_tiles) load(t);
-    kiln_cp_async_commit();
+    kiln_cp_async_commit();  // (TMA: an empty group)
   }
-#ifdef KILN_BWD_TMA
-  __syncthreads();  // (the mbarriers initialised before anyone waits)
-#endif
   const u64 k_desc = kiln_wgmma_desc(Ks + wg * 64 * 128, 16, 1024), v_desc = kiln_wgmma_desc(Vs + wg * 64 * 128, 16, 1024);
   float acc_k[KILN_D / 2], acc_v[KILN_D / 2];
 #pragma unroll
