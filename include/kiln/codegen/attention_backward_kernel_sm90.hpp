@@ -220,13 +220,15 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * BC, stage = j & 1;
 #ifdef KILN_BWD_TMA
+    // Each thread waits for the copy engine itself: no block barrier (the stage's refill waits for
+    // the one at the tile's end).
     kiln_mbar_wait(bars, 0);                          // the block's rows
     kiln_mbar_wait(bars + 8 + 8 * stage, (j >> 1) & 1);  // key tile j
 #else
     kiln_cp_async_wait<1>();  // the block's rows and key tile j are in
     kiln_fence_proxy_async();
-#endif
     __syncthreads();
+#endif
     if (!KILN_CAUSAL || n0 <= w0 + 63) {  // (causal: a warpgroup whose rows all come before the tile has nothing to add)
       const u32 kt = Ks + stage * TILE_BYTES(BC), vt = Vs + stage * TILE_BYTES(BC);
       kiln_wgmma_fence();
@@ -360,11 +362,14 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #ifdef KILN_BWD_TMA
     kiln_mbar_wait(bars, 0);                          // the block's keys and values
     kiln_mbar_wait(bars + 8 + 8 * stage, (t >> 1) & 1);  // query tile t
+    // Each thread waits for the copy engine itself; the statistics of tile t were written before
+    // the barrier that ends tile t - 1, except the first two tiles': one barrier before tile 0.
+    if (t == 0) __syncthreads();
 #else
     kiln_cp_async_wait<1>();  // the block's keys and values and query tile t are in
     kiln_fence_proxy_async();
-#endif
     __syncthreads();
+#endif
     if (!KILN_CAUSAL || i0 + BC - 1 >= kw0) {  // (causal: queries all before this warpgroup's keys see none)
       const u32 qt = Qs + stage * TILE_BYTES(BC), gt = Gs + stage * TILE_BYTES(BC);
       const float* L = Ls + stage * 2 * BC;
