@@ -424,6 +424,38 @@ TEST_CASE("attention: the default forward inside a capture the caller started (c
   api.stream_destroy(s);
 }
 
+// options.autotune on Hopper, the backward: the first call times each backward kernel with cp.async
+// and with TMA copies (logged) and keeps the faster; the gradients agree with the untuned program's.
+TEST_CASE("attention: the autotuned backward (cuda)" * needs_gpu()) {
+  if (k::driver::compute_capability(0) != 90) return;
+  auto gq = k::randn({2, 4, 333, 64}, k::bf16, k::cuda, 651), gk = k::randn({2, 4, 333, 64}, k::bf16, k::cuda, 652),
+       gv = k::randn({2, 4, 333, 64}, k::bf16, k::cuda, 653), gw = k::randn({2, 4, 333, 64}, k::f32, k::cuda, 654);
+  auto loss = [](auto q, auto k, auto v, auto w) {
+    return k::sum(k::cast(k::attention(q, k, v, {.causal = true}), k::f32) * w);
+  };
+  auto plain = k::compile(k::value_and_grad(loss, k::wrt<0, 1, 2>));
+  auto want = plain(gq, gk, gv, gw);
+  auto old = k::debug::set_log_sink([](k::debug::Channel c, std::string_view s) {
+    if (c == k::debug::Channel::autotune) autotune_text() += s;
+  });
+  k::debug::set_log_channels("autotune");
+  autotune_text().clear();
+  auto tuned = k::compile(k::value_and_grad(loss, k::wrt<0, 1, 2>), {.autotune = true});
+  auto got = tuned(gq, gk, gv, gw);
+  const std::string log = autotune_text();
+  k::debug::set_log_sink(old);
+  k::debug::set_log_channels("");
+  CHECK(log.find("attention backward kiln_attention_bwd_") != std::string::npos);
+  CHECK(log.find("TMA") != std::string::npos);
+  const k::Tensor w[3] = {std::get<1>(want), std::get<2>(want), std::get<3>(want)};
+  const k::Tensor t[3] = {std::get<1>(got), std::get<2>(got), std::get<3>(got)};
+  for (int i = 0; i < 3; ++i) {  // (dq's sums are atomic additions: equal up to their order)
+    auto r = k::testing::allclose(t[i].to(k::cpu), w[i].to(k::cpu), 1e-2, 1e-2);
+    CHECK_MESSAGE(bool(r), "gradient " << i << ": " << r);
+  }
+  MESSAGE(log);
+}
+
 // KILN_TUNE_ATTENTION_WAVE=1 on Hopper (read once a process): a problem whose 128-row query tiles fit
 // one wave of blocks runs the two-warpgroup kernel, a tile a block; a larger one keeps the rules'
 // looping three-warpgroup kernel. Both against the oracle.

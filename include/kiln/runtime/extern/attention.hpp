@@ -156,54 +156,88 @@ inline void attention_lse(const Tensor& q, const Tensor& k, double scale, bool c
 // capability 9.0 (which dq, dk and dv together need).
 inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Tensor& q, const Tensor& k,
                            const Tensor& v, const Tensor& g, const Tensor& stats, double scale, bool causal,
-                           bool hopper, Tensor& out, ScoreModCall mod, CUstream stream) {
+                           bool hopper, Tensor& out, ScoreModCall mod, CUstream stream, bool autotune = false) {
+  using Part = codegen::AttentionBackwardKernel::Part;
   const Tensor* ts[] = {&q, &k, &v, &g, &stats, &out};
   const char* names[] = {"q", "k", "v", "the output's cotangent", "the statistics", "a gradient"};
   for (int i = 0; i < 6; ++i) attention_detail::check_contiguous(*ts[i], names[i]);
   const int device = out.device().index;
   codegen::AttentionBackwardKernel a = attention_backward_kernel_for(
       part, q.shape()[3], causal, hopper && driver::compute_capability(device) == 90, q.dtype(), mod.mod);
-  CUtensorMap maps[4];  // (TMA: q's, k's, v's and dO's; the block's rows in boxes of its rows, the streamed in theirs)
-  if (a.tma) {
-    driver::make_current(device);
-    const bool dq = part == codegen::AttentionBackwardKernel::Part::dq;
-    const int query_rows = dq ? a.block_rows() : a.streamed_rows(), key_rows = dq ? a.streamed_rows() : a.block_rows();
-    a.tma = attention_detail::tile_map(maps[0], q, query_rows) && attention_detail::tile_map(maps[1], k, key_rows) &&
-            attention_detail::tile_map(maps[2], v, key_rows) && attention_detail::tile_map(maps[3], g, query_rows);
-  }
-  if (part == codegen::AttentionBackwardKernel::Part::dqkv) {
-    if (!a.hopper)
-      throw error("attention: dq, dk and dv in one kernel run on compute capability 9.0 at head dims 64 and 128, not " +
-                  a.name() + " on device " + std::to_string(device));
-    const std::size_t slot = out.nbytes() / 5;  // dq's f32 sums, added by every key tile, start at zero
-    if (slot > 0) driver::memset_async(static_cast<char*>(out.data_ptr()) + 3 * slot, 0, 2 * slot, stream);
-  }
+  if (part == Part::dqkv && !a.hopper)
+    throw error("attention: dq, dk and dv in one kernel run on compute capability 9.0 at head dims 64 and 128, not " +
+                a.name() + " on device " + std::to_string(device));
   const Dims &qs = q.shape(), &ks = k.shape();
   int BH = static_cast<int>(qs[0] * qs[1]), BHkv = static_cast<int>(ks[0] * ks[1]), H = static_cast<int>(qs[1]),
       G = static_cast<int>(qs[1] / ks[1]), Tq = static_cast<int>(qs[2]), Tk = static_cast<int>(ks[2]);
   float scale_log2 = static_cast<float>(scale * std::numbers::log2e), sc = static_cast<float>(scale);
   const void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr(), *gp = g.data_ptr(), *sp = stats.data_ptr();
   void* op = out.data_ptr();
-  if (part == codegen::AttentionBackwardKernel::Part::dq) {
-    attention_detail::launch_part(
-        a, device, Tq, BH, {&qp, &kp, &vp, &gp, &sp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod, stream, maps);
-  } else {
-    attention_detail::launch_part(a, device, Tk, BHkv,
-                                  {&qp, &kp, &vp, &gp, &sp, &op, &BHkv, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod,
-                                  stream, maps);
+  // The whole gradient with kernel c (a run writes all of out: the dqkv sums are zeroed first).
+  auto run = [&](codegen::AttentionBackwardKernel c) {
+    CUtensorMap
+        maps[4];  // (TMA: q's, k's, v's and dO's; the block's rows in boxes of its rows, the streamed in theirs)
+    if (c.tma) {
+      driver::make_current(device);
+      const bool dq = part == Part::dq;
+      const int query_rows = dq ? c.block_rows() : c.streamed_rows(),
+                key_rows = dq ? c.streamed_rows() : c.block_rows();
+      c.tma = attention_detail::tile_map(maps[0], q, query_rows) && attention_detail::tile_map(maps[1], k, key_rows) &&
+              attention_detail::tile_map(maps[2], v, key_rows) && attention_detail::tile_map(maps[3], g, query_rows);
+    }
+    const std::size_t slot = out.nbytes() / 5;  // (dqkv) dq's f32 sums, added by every key tile, start at zero
+    if (part == Part::dqkv && slot > 0)
+      driver::memset_async(static_cast<char*>(out.data_ptr()) + 3 * slot, 0, 2 * slot, stream);
+    if (part == Part::dq) {
+      attention_detail::launch_part(c, device, Tq, BH,
+                                    {&qp, &kp, &vp, &gp, &sp, &op, &BH, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod,
+                                    stream, maps);
+    } else {
+      attention_detail::launch_part(c, device, Tk, BHkv,
+                                    {&qp, &kp, &vp, &gp, &sp, &op, &BHkv, &H, &G, &Tq, &Tk, &scale_log2, &sc}, mod,
+                                    stream, maps);
+    }
+    if (part == Part::dqkv) {  // dq's sums (slots 3 and 4) into slot 2
+      const std::string name = codegen::attention_dq_convert_name(q.dtype());
+      CUfunction f = named_function(
+          name, [&] { return codegen::attention_dq_convert_source(q.dtype()); }, device);
+      std::int64_t n = out.numel() / 5;  // (a multiple of 8: D is 64 or 128)
+      void* sums = static_cast<char*>(out.data_ptr()) + 3 * slot;
+      void* dq = static_cast<char*>(out.data_ptr()) + 2 * slot;
+      std::vector<void*> args = {&sums, &dq, &n};
+      const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n / 8 + 255) / 256, 4096));
+      if (blocks > 0) launch(f, Dim3{blocks}, Dim3{256}, 0, stream, args.data(), name.c_str());
+    }
+  };
+  // options.autotune: the first call of a problem times Hopper's kernel with cp.async and with TMA
+  // copies and keeps the faster for the process (not inside a capture: there the rules' runs, unkept).
+  if (autotune && a.hopper && !(stream && driver::is_capturing(stream)) && BH > 0 && Tq > 0 && Tk > 0) {
+    std::pair<std::string, std::vector<std::int64_t>> key{a.name(), {device, qs[0], qs[1], qs[2], qs[3], ks[1], ks[2]}};
+    static std::mutex mutex;
+    static auto* chosen = new std::map<std::pair<std::string, std::vector<std::int64_t>>, bool>();
+    std::optional<bool> tma;
+    {
+      std::lock_guard lock(mutex);
+      if (auto it = chosen->find(key); it != chosen->end()) tma = it->second;
+    }
+    if (!tma) {
+      double ms[2];
+      for (int t = 0; t < 2; ++t) {
+        codegen::AttentionBackwardKernel c = a;
+        c.tma = t == 1;
+        ms[t] = time_calls_ms([&] { run(c); }, stream);
+      }
+      tma = ms[1] < ms[0];
+      debug::log_lazy(debug::Channel::autotune, [&] {
+        return "attention backward " + a.name() + " q " + qs.str() + " k " + ks.str() + ": cp.async " +
+               std::to_string(ms[0]) + " ms, TMA " + std::to_string(ms[1]) + " ms";
+      });
+      std::lock_guard lock(mutex);
+      chosen->emplace(std::move(key), *tma);
+    }
+    a.tma = *tma;
   }
-  if (part == codegen::AttentionBackwardKernel::Part::dqkv) {  // dq's sums (slots 3 and 4) into slot 2
-    const std::string name = codegen::attention_dq_convert_name(q.dtype());
-    CUfunction f = named_function(
-        name, [&] { return codegen::attention_dq_convert_source(q.dtype()); }, device);
-    std::int64_t n = out.numel() / 5;  // (a multiple of 8: D is 64 or 128)
-    const std::size_t slot = out.nbytes() / 5;
-    void* sums = static_cast<char*>(out.data_ptr()) + 3 * slot;
-    void* dq = static_cast<char*>(out.data_ptr()) + 2 * slot;
-    std::vector<void*> args = {&sums, &dq, &n};
-    const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n / 8 + 255) / 256, 4096));
-    if (blocks > 0) launch(f, Dim3{blocks}, Dim3{256}, 0, stream, args.data(), name.c_str());
-  }
+  run(a);
 }
 
 namespace attention_detail {

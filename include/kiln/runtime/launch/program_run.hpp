@@ -233,7 +233,7 @@ inline void Program::run(const Tensor* const* args, const double* scalars, Tenso
         attention_grad(static_cast<codegen::AttentionBackwardKernel::Part>(n.attrs.c + 1), buffer(n.in[0]),
                        buffer(n.in[1]), buffer(n.in[2]), buffer(n.in[3]), buffer(n.in[4]),
                        attention_scale(graph, n, scalars, buffer(n.in[0]).shape()[3]), n.attrs.a, n.attrs.d != 0,
-                       temps[k.extern_node], mod_of(n), stream);
+                       temps[k.extern_node], mod_of(n), stream, autotune);
         return;
       }
       Tensor a = operand(n.in[0]), b = operand(n.in[1]);
