@@ -16,6 +16,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <kiln/runtime/extern/cuda_matmul.hpp>
@@ -116,6 +117,19 @@ int main(int argc, char** argv) {
           emit("autotuned",
                kiln_bench::cuda_time_ms([&] { rt::cuda_matmul_epilogue(a, b, &bias, e, got, nullptr, true); }, reps));
           const rt::MatmulGeometry g = rt::matmul_geometry(a, b, got, "matmul");
+          {  // every blocking's CUBIN at once (NVRTC, into the disk cache the runs below read)
+            std::vector<std::thread> compiling;
+            for (const rt::DotBlocking& bl : blockings)
+              compiling.emplace_back([&, bl] {
+                const k::codegen::GemmKernel kern = rt::dot_matmul_kernel(g, a, b, got, e, bl);
+                if ((dt == k::f32 && (bl.bn == 256 || bl.wgmma)) || kern.tma != bl.tma) return;  // (not run below)
+                try {
+                  rt::cached_cubin(k::codegen::gemm_kernel_source(kern), kern.name(), k::driver::arch(0));
+                } catch (const k::error&) {  // (the run below compiles it again and reports)
+                }
+              });
+            for (auto& t : compiling) t.join();
+          }
           for (const rt::DotBlocking& bl : blockings) {
             if (dt == k::f32 && (bl.bn == 256 || bl.wgmma)) continue;  // (f32: no wgmma; 128 x 256 FMA fragments spill)
             const k::codegen::GemmKernel kern = rt::dot_matmul_kernel(g, a, b, got, e, bl);
