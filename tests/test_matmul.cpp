@@ -5,6 +5,7 @@
 // with a GPU runtime::cuda_matmul itself.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -734,8 +735,17 @@ std::vector<double> epilogue_reference(const Tensor& a, const Tensor& b, const T
 
 // The template's result on `device` (garbage in the output first) against the reference. Epilogues
 // that read or keep the pre-activation take a [M, N] a and b (aux is 2-D here).
+// While set, check_dot on a GPU only lists the kernel it would run (compiled at once below).
+std::vector<k::codegen::GemmKernel>* dot_listing = nullptr;
+
 void check_dot(const Tensor& a, const Tensor& b, k::dtype out_dt, rt::Epilogue e, k::Device device,
                const rt::DotBlocking& blocking) {
+  if (dot_listing && device.is_cuda()) {
+    const Tensor a_d = to_cuda(a), b_d = to_cuda(b), out_d = Tensor::empty(out_shape(a, b), out_dt, k::cuda);
+    dot_listing->push_back(
+        rt::dot_matmul_kernel(rt::matmul_geometry(a_d, b_d, out_d, "matmul"), a_d, b_d, out_d, e, blocking));
+    return;
+  }
   const Dims shape = out_shape(a, b);
   const std::int64_t N = shape[shape.size() - 1];
   const Tensor bias = random({N}, out_dt), pre = random(shape, out_dt);
@@ -904,21 +914,43 @@ void check_dot_tma_cases(const rt::DotBlocking& blocking) {
 }
 
 TEST_CASE("dot: kiln's GEMM template on tensor cores against f64 products (cuda)" * needs_gpu()) {
-  for (const rt::DotBlocking& blocking :
-       {rt::DotBlocking{}, rt::DotBlocking{64, 64, 2, 2, 4}, rt::DotBlocking{128, 256, 2, 4, 3}}) {
-    CAPTURE(blocking.str());
-    check_dot_cases(k::Device(k::cuda), blocking);
-  }
+  std::vector<rt::DotBlocking> blockings{rt::DotBlocking{}, rt::DotBlocking{64, 64, 2, 2, 4},
+                                         rt::DotBlocking{128, 256, 2, 4, 3}};
   if (k::driver::arch(0) == "sm_90a")  // Hopper's warpgroup MMA (f32 keeps mma.sync or FMA)
-    for (const rt::DotBlocking& blocking :
-         {rt::DotBlocking{128, 128, 8, 1, 4, true}, rt::DotBlocking{128, 256, 8, 1, 3, true},
-          rt::DotBlocking{128, 256, 8, 1, 4, true, true}, rt::DotBlocking{128, 128, 8, 1, 3, true, true},
-          rt::DotBlocking{128, 128, 8, 1, 6, true, false, true},
-          rt::DotBlocking{128, 256, 8, 1, 4, true, false, true}}) {
+    blockings.insert(
+        blockings.end(),
+        {rt::DotBlocking{128, 128, 8, 1, 4, true}, rt::DotBlocking{128, 256, 8, 1, 3, true},
+         rt::DotBlocking{128, 256, 8, 1, 4, true, true}, rt::DotBlocking{128, 128, 8, 1, 3, true, true},
+         rt::DotBlocking{128, 128, 8, 1, 6, true, false, true}, rt::DotBlocking{128, 256, 8, 1, 4, true, false, true}});
+  auto each = [&] {
+    for (const rt::DotBlocking& blocking : blockings) {
       CAPTURE(blocking.str());
       check_dot_cases(k::Device(k::cuda), blocking);
       if (blocking.tma) check_dot_tma_cases(blocking);
     }
+  };
+  // This pass's kernels (a subcase's, over every blocking: hundreds of variants in all, minutes of
+  // NVRTC one after another) compiled at once into the disk cache, then run.
+  std::vector<k::codegen::GemmKernel> kernels;
+  dot_listing = &kernels;
+  each();
+  dot_listing = nullptr;
+  std::sort(kernels.begin(), kernels.end(), [](const auto& x, const auto& y) { return x.name() < y.name(); });
+  kernels.erase(
+      std::unique(kernels.begin(), kernels.end(), [](const auto& x, const auto& y) { return x.name() == y.name(); }),
+      kernels.end());
+  std::vector<std::thread> compiling;
+  const std::string arch = k::driver::arch(0);
+  const std::size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  for (std::size_t t = 0; t < threads; ++t)
+    compiling.emplace_back([&, t] {
+      for (std::size_t i = t; i < kernels.size(); i += threads) try {
+          rt::cached_cubin(k::codegen::gemm_kernel_source(kernels[i]), kernels[i].name(), arch);
+        } catch (const k::error&) {  // (the run below compiles it again and fails there)
+        }
+    });
+  for (auto& t : compiling) t.join();
+  each();
 }
 
 TEST_CASE("cuda_matmul: autotuning times the GEMM template against cuBLASLt and keeps the faster (cuda)" *
