@@ -849,6 +849,19 @@ TEST_CASE("dot: the GEMM template's tile layouts and copies follow the operands'
   // Batches: a broadcast b (batch stride 0) keeps the copies; a batch stride off 16 bytes does not.
   CHECK(is(layout(random({3, 16, 32}, k::bf16), random({32, 16}, k::bf16)), true, false, true));
   CHECK(is(layout(random_view({2, 16, 32}, k::bf16, {516, 32, 1}), random({32, 16}, k::bf16)), true, false, false));
+  // TMA's copies (Hopper's wgmma kernels): cp.async's layouts whose batches lie past a whole operand
+  // or are broadcast, with K > 0; a permuted batch keeps cp.async.
+  auto tma = [&](const Tensor& a, const Tensor& b) {
+    Tensor out = Tensor::empty(out_shape(a, b), a.dtype(), k::cpu);
+    const rt::MatmulGeometry g = rt::matmul_geometry(a, b, out, "matmul");
+    return rt::dot_tma_layout(g, rt::dot_layout(g, a.dtype(), a.data_ptr(), b.data_ptr()));
+  };
+  CHECK(tma(random({64, 96}, k::bf16), random_transposed(96, 40, k::bf16)));
+  CHECK(tma(random({3, 16, 32}, k::bf16), random({32, 16}, k::bf16)));  // b broadcast
+  CHECK(tma(random({3, 16, 32}, k::bf16), random({3, 32, 16}, k::bf16)));
+  CHECK_FALSE(tma(random_view({3, 16, 32}, k::bf16, {32, 96, 1}), random({32, 16}, k::bf16)));  // batch inside rows
+  CHECK_FALSE(tma(random({64, 37}, k::bf16), random({37, 40}, k::bf16)));                       // no cp.async
+  CHECK_FALSE(tma(random({3, 0}, k::bf16), random({0, 4}, k::bf16)));                           // K = 0
 }
 
 TEST_CASE("dot: the GEMM template's GPU kernels compile under NVRTC (sm_80, sm_90a)") {

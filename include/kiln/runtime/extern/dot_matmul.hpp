@@ -119,13 +119,18 @@ struct DotBlocking {
 };
 
 // Whether TMA can copy the operands' tiles (dot_tma_maps): cp.async's conditions (stride 1 along the
-// tile's contiguous dim, rows, batches and starts on 16 bytes), rows of a nonzero stride, and
-// coordinates within TMA's 32-bit signed range.
+// tile's contiguous dim, rows, batches and starts on 16 bytes), rows of a positive stride, batches
+// broadcast or laid past a whole operand (the tensor map's strides grow with its dims: a permuted
+// view keeps cp.async), strides below 2^40 bytes, and coordinates within TMA's 32-bit signed range.
 inline bool dot_tma_layout(const MatmulGeometry& g, const DotLayout& l) {
-  const std::int64_t a_row = l.a_k ? g.a_sm : g.a_sk, b_row = l.b_k ? g.b_sn : g.b_sk;
-  const std::int64_t most = std::int64_t{1} << 31;
-  return l.async && g.M > 0 && g.N > 0 && g.K > 0 && a_row > 0 && b_row > 0 && g.M < most && g.N < most && g.K < most &&
-         g.batch < most;
+  const std::int64_t most = std::int64_t{1} << 31,
+                     far = std::int64_t{1} << 36;  // (elements of 2 bytes: under 2^40 bytes)
+  auto fits = [&](std::int64_t row, std::int64_t rows, std::int64_t batch) {
+    return row > 0 && row < far && (batch == 0 || (batch >= rows * row && batch < far));
+  };
+  return l.async && g.M > 0 && g.N > 0 && g.K > 0 && g.M < most && g.N < most && g.K < most && g.batch < most &&
+         fits(l.a_k ? g.a_sm : g.a_sk, l.a_k ? g.M : g.K, g.a_bs) &&
+         fits(l.b_k ? g.b_sn : g.b_sk, l.b_k ? g.N : g.K, g.b_bs);
 }
 
 // The kernel for this problem at a blocking (the CPU takes 64 x 64): its layout from the operands'
