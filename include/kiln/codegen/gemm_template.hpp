@@ -166,7 +166,8 @@ inline std::string gemm_kernel_source(const GemmKernel& g) {
   s += "  KILN_DOT_PROGRAM(bz, m0, n0);\n";
   s += "  kiln::dot_acc acc(m0, n0);\n";
   if (g.tma)
-    s += "  if (!kiln::dot_k_loop_tma(acc, KILN_DOT_SHARED, a_map, b_map, sa_b ? bz : 0, sb_b ? bz : 0, K)) return;\n";
+    s += "  if (!kiln::dot_k_loop_tma(acc, KILN_DOT_SHARED, a_map, b_map, sa_b ? bz : 0, sb_b ? bz : 0, M, N, K)) "
+         "return;\n";
   else
     s += "  kiln::dot_k_loop(acc, KILN_DOT_SHARED, a + bz * sa_b, sa_m, sa_k, b + bz * sb_b, sb_k, sb_n, M, N, K);\n";
   s += "  KILN_DOT_ELEMENTS(acc, m, n, x) {\n" + gemm_detail::epilogue_body(g) + "  }\n}\n";

@@ -149,16 +149,24 @@ KILN_FN void dot_tma_box(u32 dst, const kiln_tensor_map& map, int c0, int c1, in
       "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
-// The slice [r0, r0 + ROWS) x [k0, k0 + DOT_BK) of an operand of batch z into tile t (dot_stage's
-// layout): a K-contiguous operand's map is {K, rows, batch} with boxes of 64 x ROWS, one box; an
-// M- or N-contiguous one's {rows, K, batch} with boxes of 64 x DOT_BK, one a 64-column panel.
+// The boxes a stage of rows [r0, r0 + ROWS) of an operand of R rows copies: a K-contiguous one's
+// single box (rows past R come as zeros), an M- or N-contiguous one's 64-column panels that start
+// before R (a panel wholly past R is not copied: the products it would feed are never stored).
 template <int ROWS, bool KMAJOR>
-KILN_FN void dot_tma_stage(u32 t, const kiln_tensor_map& map, i64 r0, i64 k0, i64 z, u32 bar) {
+KILN_FN int dot_tma_boxes(i64 r0, i64 R) {
+  const i64 panels = (R - r0 + 63) / 64;
+  return KMAJOR ? 1 : panels < ROWS / 64 ? (int)panels : ROWS / 64;
+}
+// The slice [r0, r0 + ROWS) x [k0, k0 + DOT_BK) of an operand of batch z into tile t (dot_stage's
+// layout) in `boxes` boxes: a K-contiguous operand's map is {K, rows, batch} with boxes of 64 x
+// ROWS, one box (ROWS * 128 bytes); an M- or N-contiguous one's {rows, K, batch} with boxes of 64 x
+// DOT_BK, one a 64-column panel (DOT_BK * 128 bytes).
+template <int ROWS, bool KMAJOR>
+KILN_FN void dot_tma_stage(u32 t, const kiln_tensor_map& map, i64 r0, i64 k0, i64 z, int boxes, u32 bar) {
   if (KMAJOR) {
     dot_tma_box(t, map, (int)k0, (int)r0, (int)z, bar);
   } else {
-    KILN_UNROLL for (int p = 0; p < ROWS / 64; ++p)
-      dot_tma_box(t + p * DOT_BK * 128, map, (int)r0 + p * 64, (int)k0, (int)z, bar);
+    for (int p = 0; p < boxes; ++p) dot_tma_box(t + p * DOT_BK * 128, map, (int)r0 + p * 64, (int)k0, (int)z, bar);
   }
 }
 // acc += A[m0:, :] B[:, n0:] over the whole of K with TMA stages (sm_90a): the block's last
@@ -168,10 +176,12 @@ KILN_FN void dot_tma_stage(u32 t, const kiln_tensor_map& map, i64 r0, i64 k0, i6
 // two consumer warpgroups multiply by wgmma, a step's products in flight under the next's. No
 // block barrier after the start. The producer gives its registers to the consumers (setmaxnreg 40
 // and 232 a thread: one block an SM, 384 threads). Returns false in the producer, which holds no
-// part of C. az, bz: the operands' batch coordinates in their maps (0 where broadcast).
+// part of C. az, bz: the operands' batch coordinates in their maps (0 where broadcast); M, N: the
+// operands' rows, past which an M- or N-contiguous operand's panels are not copied (their shared
+// memory keeps an earlier step's values, which feed only products the epilogue does not store).
 // shared: the stages' tiles from a 1024-byte boundary, then the 2 DOT_STAGES mbarriers.
 KILN_FN bool dot_k_loop_tma(dot_acc& acc, unsigned char* shared, const kiln_tensor_map& a_map,
-                            const kiln_tensor_map& b_map, i64 az, i64 bz, i64 K) {
+                            const kiln_tensor_map& b_map, i64 az, i64 bz, i64 M, i64 N, i64 K) {
   DOT_T* as = (DOT_T*)shared;
   DOT_T* bs = as + DOT_STAGES * DOT_BM * DOT_BK;
   const u32 bars = kiln_shared_address(bs + DOT_STAGES * DOT_BN * DOT_BK);
@@ -186,16 +196,19 @@ KILN_FN bool dot_k_loop_tma(dot_acc& acc, unsigned char* shared, const kiln_tens
   __syncthreads();
   if (threadIdx.x >= consumers) {  // ---- the producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (threadIdx.x == consumers)
+    if (threadIdx.x == consumers) {
+      const int a_boxes = dot_tma_boxes<DOT_BM, DOT_A_K>(acc.m0, M), b_boxes = dot_tma_boxes<DOT_BN, DOT_B_K>(acc.n0, N);
+      const u32 bytes = (DOT_A_K ? DOT_BM * 128 : a_boxes * DOT_BK * 128) + (DOT_B_K ? DOT_BN * 128 : b_boxes * DOT_BK * 128);
       for (int s = 0; s < steps; ++s) {
         const int buf = s % DOT_STAGES;
         if (s >= DOT_STAGES) kiln_mbar_wait(DOT_EMPTY(buf), (s / DOT_STAGES - 1) & 1);
-        kiln_mbar_expect(DOT_FULL(buf), (DOT_BM + DOT_BN) * 128);
+        kiln_mbar_expect(DOT_FULL(buf), bytes);
         dot_tma_stage<DOT_BM, DOT_A_K>(kiln_shared_address(as + buf * DOT_BM * DOT_BK), a_map, acc.m0, (i64)s * DOT_BK,
-                                       az, DOT_FULL(buf));
+                                       az, a_boxes, DOT_FULL(buf));
         dot_tma_stage<DOT_BN, DOT_B_K>(kiln_shared_address(bs + buf * DOT_BN * DOT_BK), b_map, acc.n0, (i64)s * DOT_BK,
-                                       bz, DOT_FULL(buf));
+                                       bz, b_boxes, DOT_FULL(buf));
       }
+    }
     return false;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");  // ---- the consumers
