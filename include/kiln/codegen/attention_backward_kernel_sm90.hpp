@@ -68,6 +68,24 @@ inline std::string attention_backward_source_sm90(const AttentionBackwardKernel&
 #define LOG2E 1.4426950408889634f
 #define KILN_POS_INF __int_as_float(0x7f800000)
 #define DIM_STEP(kk, rows) (((kk) >> 2) * (rows) * 128 + ((kk) & 3) * 32)
+#ifdef KILN_BWD_TMA
+// A block's start: thread 0 initialises its three mbarriers (its own two tiles', then each stage's),
+// which the block waits for (as the forward does), and loads its own two tiles, rows r0 of (batch,
+// head), onto the first.
+__device__ __forceinline__ void kiln_bwd_tma_start(u32 bars, u32 t0, const kiln_tensor_map& m0, u32 t1,
+                                                   const kiln_tensor_map& m1, int r0, int head, int batch) {
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 3; ++i) kiln_mbar_init(bars + 8 * i, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // (seen by the copy engine)
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    kiln_mbar_expect(bars, 2 * TILE_BYTES(BR));
+    kiln_tma_tile<BR>(t0, m0, r0, head, batch, bars);
+    kiln_tma_tile<BR>(t1, m1, r0, head, batch, bars);
+  }
+}
+#endif
 
 // acc = (this warpgroup's 64 own rows, a K-major descriptor) x (a streamed [BC, D] tile)^T.
 __device__ __forceinline__ void own_times_streamed(float (&acc)[BC / 2], u64 own, u64 tile) {
@@ -182,17 +200,9 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
     kiln_tma_tile<BC>(Ks + (j & 1) * TILE_BYTES(BC), k_map, j * BC, hk, b, bar);
     kiln_tma_tile<BC>(Vs + (j & 1) * TILE_BYTES(BC), v_map, j * BC, hk, b, bar);
   };
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < 3; ++i) kiln_mbar_init(bars + 8 * i, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // (seen by the copy engine)
-  }
-  __syncthreads();  // (the mbarriers initialised before any copy or wait, as the forward does)
-  if (threadIdx.x == 0) {
-    kiln_mbar_expect(bars, 2 * TILE_BYTES(BR));
-    kiln_tma_tile<BR>(Qs, q_map, m0, bh % H, b, bars);
-    kiln_tma_tile<BR>(Gs, g_map, m0, bh % H, b, bars);
+  kiln_bwd_tma_start(bars, Qs, q_map, Gs, g_map, m0, bh % H, b);
+  if (threadIdx.x == 0)
     for (int j = 0; j < 2 && j < n_tiles; ++j) load(j);
-  }
 #else
   load_tile_sw128<BR>(Qs, q + (i64)bh * Tq * KILN_D, KILN_D, m0, Tq);
   load_tile_sw128<BR>(Gs, g + (i64)bh * Tq * KILN_D, KILN_D, m0, Tq);
@@ -312,16 +322,7 @@ KILN_NAME(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __res
 #else
   const u32 bars = Gs + 2 * TILE_BYTES(BC) + 4 * BC * 4;
 #endif
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < 3; ++i) kiln_mbar_init(bars + 8 * i, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // (seen by the copy engine)
-  }
-  __syncthreads();  // (the mbarriers initialised before any copy or wait, as the forward does)
-  if (threadIdx.x == 0) {
-    kiln_mbar_expect(bars, 2 * TILE_BYTES(BR));
-    kiln_tma_tile<BR>(Ks, k_map, n0, hk, b, bars);
-    kiln_tma_tile<BR>(Vs, v_map, n0, hk, b, bars);
-  }
+  kiln_bwd_tma_start(bars, Ks, k_map, Vs, v_map, n0, hk, b);
 #else
   load_tile_sw128<BR>(Ks, k + (i64)bhk * Tk * KILN_D, KILN_D, n0, Tk);
   load_tile_sw128<BR>(Vs, v + (i64)bhk * Tk * KILN_D, KILN_D, n0, Tk);
