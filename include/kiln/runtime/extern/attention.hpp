@@ -11,7 +11,6 @@
 #include <memory>
 #include <mutex>
 #include <numbers>
-#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -31,6 +30,7 @@
 #include "../launch/capture_keep.hpp"
 #include "../launch/cuda_module.hpp"
 #include "../launch/named_function.hpp"
+#include "../tune/kept_choices.hpp"
 #include "attention_kernels.hpp"
 
 namespace kiln::runtime {
@@ -213,29 +213,22 @@ inline void attention_grad(codegen::AttentionBackwardKernel::Part part, const Te
   // copies and keeps the faster for the process (not inside a capture: there the rules' runs, unkept).
   if (autotune && a.hopper && !(stream && driver::is_capturing(stream)) && BH > 0 && Tq > 0 && Tk > 0) {
     std::pair<std::string, std::vector<std::int64_t>> key{a.name(), {device, qs[0], qs[1], qs[2], qs[3], ks[1], ks[2]}};
-    static std::mutex mutex;
-    static auto* chosen = new std::map<std::pair<std::string, std::vector<std::int64_t>>, bool>();
-    std::optional<bool> tma;
-    {
-      std::lock_guard lock(mutex);
-      if (auto it = chosen->find(key); it != chosen->end()) tma = it->second;
-    }
-    if (!tma) {
+    static auto* chosen = new KeptChoices<std::pair<std::string, std::vector<std::int64_t>>, bool>();
+    if (const bool* tma = chosen->find(key)) {
+      a.tma = *tma;
+    } else {
       double ms[2];
       for (int t = 0; t < 2; ++t) {
         codegen::AttentionBackwardKernel c = a;
         c.tma = t == 1;
         ms[t] = time_calls_ms([&] { run(c); }, stream);
       }
-      tma = ms[1] < ms[0];
       debug::log_lazy(debug::Channel::autotune, [&] {
         return "attention backward " + a.name() + " q " + qs.str() + " k " + ks.str() + ": cp.async " +
                std::to_string(ms[0]) + " ms, TMA " + std::to_string(ms[1]) + " ms";
       });
-      std::lock_guard lock(mutex);
-      chosen->emplace(std::move(key), *tma);
+      a.tma = chosen->keep(std::move(key), ms[1] < ms[0]);
     }
-    a.tma = *tma;
   }
   run(a);
 }
@@ -310,12 +303,8 @@ inline codegen::AttentionKernel tuned_forward(const codegen::AttentionKernel& ru
   std::pair<std::string, std::vector<std::int64_t>> key{rules.name(), {out.device().index, lse != nullptr}};
   for (const Tensor* t : {&q, &k, &v, static_cast<const Tensor*>(&out)})
     for (int i = 0; i < 4; ++i) key.second.insert(key.second.end(), {t->shape()[i], t->strides()[i]});
-  static std::mutex mutex;
-  static auto* chosen = new std::map<std::pair<std::string, std::vector<std::int64_t>>, codegen::AttentionKernel>();
-  {
-    std::lock_guard lock(mutex);
-    if (auto it = chosen->find(key); it != chosen->end()) return it->second;
-  }
+  static auto* chosen = new KeptChoices<std::pair<std::string, std::vector<std::int64_t>>, codegen::AttentionKernel>();
+  if (const codegen::AttentionKernel* kept = chosen->find(key)) return *kept;
   std::vector<codegen::AttentionKernel> candidates = {rules};
   for (int hopper : {6, 5, 4, 3})
     for (bool tma : {false, true}) {
@@ -341,8 +330,7 @@ inline codegen::AttentionKernel tuned_forward(const codegen::AttentionKernel& ru
            " forwards timed, fastest " + best.name() + " " + std::to_string(best_ms) + " ms (the rules' " +
            rules.name() + " " + std::to_string(rules_ms) + " ms)";
   });
-  std::lock_guard lock(mutex);
-  return chosen->emplace(std::move(key), best).first->second;
+  return chosen->keep(std::move(key), best);
 }
 
 }  // namespace attention_detail

@@ -5,8 +5,6 @@
 // directly (tests, benchmarks).
 #pragma once
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -23,6 +21,7 @@
 #include "../compile/kernel_units.hpp"
 #include "../launch/cuda_module.hpp"
 #include "../launch/named_function.hpp"
+#include "../tune/kept_choices.hpp"
 #include "matmul_epilogue.hpp"
 #include "matmul_geometry.hpp"
 #include "strided_copy.hpp"
@@ -333,13 +332,9 @@ const DotMatmulPick* pick_dot_matmul(const MatmulGeometry& g, const Tensor& a, c
                                       g.o_sn,
                                       align(a),
                                       align(b)};
-  static std::mutex mutex;
-  // (a kept cuBLASLt is an empty optional; the map's nodes never move, so their address is returned)
-  static auto* kept = new std::map<std::vector<std::int64_t>, std::optional<DotMatmulPick>>();  // never freed
-  {
-    std::lock_guard lock(mutex);
-    if (auto it = kept->find(key); it != kept->end()) return it->second ? &*it->second : nullptr;
-  }
+  // (a kept cuBLASLt is an empty optional)
+  static auto* kept = new KeptChoices<std::vector<std::int64_t>, std::optional<DotMatmulPick>>();
+  if (const auto* pick = kept->find(key)) return *pick ? &**pick : nullptr;
   if (stream && driver::is_capturing(stream)) return nullptr;  // (not timed inside a capture, nor kept)
   std::vector<codegen::GemmKernel> ks = dot_matmul_candidates(g, a, b, out, e);
   {  // their CUBINs at once (NVRTC, into the disk cache that named_function reads)
@@ -395,8 +390,7 @@ const DotMatmulPick* pick_dot_matmul(const MatmulGeometry& g, const Tensor& a, c
     pick = DotMatmulPick{*picked, picked->name(),
                          named_function(
                              picked->name(), [&] { return codegen::gemm_kernel_source(*picked); }, out.device().index)};
-  std::lock_guard lock(mutex);
-  const auto& entry = kept->emplace(key, std::move(pick)).first->second;
+  const auto& entry = kept->keep(key, std::move(pick));
   return entry ? &*entry : nullptr;
 }
 
