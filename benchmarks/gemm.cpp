@@ -16,7 +16,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include <kiln/runtime/extern/cuda_matmul.hpp>
@@ -117,23 +117,20 @@ int main(int argc, char** argv) {
           emit("autotuned",
                kiln_bench::cuda_time_ms([&] { rt::cuda_matmul_epilogue(a, b, &bias, e, got, nullptr, true); }, reps));
           const rt::MatmulGeometry g = rt::matmul_geometry(a, b, got, "matmul");
-          {  // every blocking's CUBIN at once (NVRTC, into the disk cache the runs below read)
-            std::vector<std::thread> compiling;
-            for (const rt::DotBlocking& bl : blockings)
-              compiling.emplace_back([&, bl] {
-                const k::codegen::GemmKernel kern = rt::dot_matmul_kernel(g, a, b, got, e, bl);
-                if ((dt == k::f32 && (bl.bn == 256 || bl.wgmma)) || kern.tma != bl.tma) return;  // (not run below)
-                try {
-                  rt::cached_cubin(k::codegen::gemm_kernel_source(kern), kern.name(), k::driver::arch(0));
-                } catch (const k::error&) {  // (the run below compiles it again and reports)
-                }
-              });
-            for (auto& t : compiling) t.join();
-          }
+          // The blockings that run here (f32: no wgmma, and 128 x 256 FMA fragments spill; TMA only
+          // where the layout allows it), their CUBINs compiled at once first.
+          std::vector<std::pair<rt::DotBlocking, k::codegen::GemmKernel>> runs;
+          std::vector<k::codegen::GemmKernel> kernels;
           for (const rt::DotBlocking& bl : blockings) {
-            if (dt == k::f32 && (bl.bn == 256 || bl.wgmma)) continue;  // (f32: no wgmma; 128 x 256 FMA fragments spill)
             const k::codegen::GemmKernel kern = rt::dot_matmul_kernel(g, a, b, got, e, bl);
-            if (kern.tma != bl.tma) continue;  // (a layout TMA cannot copy)
+            if ((dt == k::f32 && (bl.bn == 256 || bl.wgmma)) || kern.tma != bl.tma) continue;
+            runs.emplace_back(bl, kern);
+            kernels.push_back(kern);
+          }
+          rt::compile_gemm_kernels(kernels, k::driver::arch(0));
+          for (const auto& run : runs) {
+            const rt::DotBlocking& bl = run.first;
+            const k::codegen::GemmKernel& kern = run.second;  // (not a structured binding: the lambda captures it)
             auto go = [&] { rt::run_dot_matmul(kern, g, a, b, &bias, nullptr, got, nullptr); };
             go();
             const double diff = max_rel_diff(want, got);

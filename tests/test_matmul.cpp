@@ -952,17 +952,7 @@ TEST_CASE("dot: kiln's GEMM template on tensor cores against f64 products (cuda)
   kernels.erase(
       std::unique(kernels.begin(), kernels.end(), [](const auto& x, const auto& y) { return x.name() == y.name(); }),
       kernels.end());
-  std::vector<std::thread> compiling;
-  const std::string arch = k::driver::arch(0);
-  const std::size_t threads = std::max(1u, std::thread::hardware_concurrency());
-  for (std::size_t t = 0; t < threads; ++t)
-    compiling.emplace_back([&, t] {
-      for (std::size_t i = t; i < kernels.size(); i += threads) try {
-          rt::cached_cubin(k::codegen::gemm_kernel_source(kernels[i]), kernels[i].name(), arch);
-        } catch (const k::error&) {  // (the run below compiles it again and fails there)
-        }
-    });
-  for (auto& t : compiling) t.join();
+  rt::compile_gemm_kernels(kernels, k::driver::arch(0));
   each();
 }
 

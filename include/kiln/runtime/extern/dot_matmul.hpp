@@ -4,6 +4,7 @@
 // `.autotune` the first call of a problem times both and keeps the faster); dot_matmul runs it
 // directly (tests, benchmarks).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -215,6 +216,22 @@ inline void dot_tma_maps(CUtensorMap (&maps)[2], const codegen::GemmKernel& k, c
   encode(maps[1], b, k.b_k, g.N, g.b_sn, g.b_sk, g.b_bs, k.bn);
 }
 
+// The CUBINs of kernels ks for arch at once (NVRTC on every core, into the disk cache that
+// named_function reads): autotuning's candidates, a benchmark's or a test's blockings. A kernel that
+// fails to compile is left for its launch to compile again and report.
+inline void compile_gemm_kernels(const std::vector<codegen::GemmKernel>& ks, const std::string& arch) {
+  const std::size_t threads = std::min<std::size_t>(ks.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> compiling;
+  for (std::size_t t = 0; t < threads; ++t)
+    compiling.emplace_back([&ks, &arch, t, threads] {
+      for (std::size_t i = t; i < ks.size(); i += threads) try {
+          cached_cubin(codegen::gemm_kernel_source(ks[i]), ks[i].name(), arch);
+        } catch (...) {
+        }
+    });
+  for (auto& t : compiling) t.join();
+}
+
 // Autotuning's choice of the template for one problem (cuda_matmul.hpp): its kernel, resolved once
 // (the cache-hit path builds no name and looks up no module).
 struct DotMatmulPick {
@@ -337,18 +354,7 @@ const DotMatmulPick* pick_dot_matmul(const MatmulGeometry& g, const Tensor& a, c
   if (const auto* pick = kept->find(key)) return *pick ? &**pick : nullptr;
   if (stream && driver::is_capturing(stream)) return nullptr;  // (not timed inside a capture, nor kept)
   std::vector<codegen::GemmKernel> ks = dot_matmul_candidates(g, a, b, out, e);
-  {  // their CUBINs at once (NVRTC, into the disk cache that named_function reads)
-    const std::string arch = driver::arch(out.device().index);
-    std::vector<std::thread> compiling;
-    for (const auto& k : ks)
-      compiling.emplace_back([&k, &arch] {
-        try {
-          cached_cubin(codegen::gemm_kernel_source(k), k.name(), arch);
-        } catch (...) {  // (named_function below compiles it again and throws)
-        }
-      });
-    for (auto& t : compiling) t.join();
-  }
+  compile_gemm_kernels(ks, driver::arch(out.device().index));
   const double cublas_ms = time_cublas();
   const std::vector<double> want = dot_mm_detail::host_values(out, stream);
   double scale = 0;
