@@ -109,6 +109,10 @@ struct dot_acc {
 // along K 32 bytes into the rows; M- or N-contiguous: panels of 64 columns, 16 rows of K a step
 // (2048 bytes). The block's warps run along M only (DOT_WARPS_M = DOT_BM / 16), so a warpgroup's
 // accumulator is dot_acc's v[0], 8 columns a group of 4, as mma leaves it.
+// The warpgroup's accumulator as wgmma's fragment: dot_acc's v[0], all of it.
+KILN_FN float (&dot_wgmma_acc(dot_acc& acc))[DOT_BN / 2] {
+  return *reinterpret_cast<float (*)[DOT_BN / 2]>(&acc.v[0][0][0]);
+}
 // Issues (and commits) one step's products; dot() below waits for them.
 KILN_FN void dot_issue(dot_acc& acc, const DOT_T* a, const DOT_T* b) {
   const u32 wg = threadIdx.x / 128, as = kiln_shared_address(a), bs = kiln_shared_address(b);
@@ -126,7 +130,7 @@ KILN_FN void dot_issue(dot_acc& acc, const DOT_T* a, const DOT_T* b) {
   const u64 bd = kiln_wgmma_desc(bs, DOT_BK * 128, 1024);
   constexpr u32 b_step = 2048;
 #endif
-  float (&d)[DOT_BN / 2] = *reinterpret_cast<float (*)[DOT_BN / 2]>(&acc.v[0][0][0]);
+  float (&d)[DOT_BN / 2] = dot_wgmma_acc(acc);
   kiln_wgmma_fence();
   KILN_UNROLL for (int kk = 0; kk < DOT_BK / 16; ++kk)
     kiln_wgmma_dot(d, ad + ((kk * a_step) >> 4), bd + ((kk * b_step) >> 4));
@@ -137,7 +141,7 @@ KILN_FN void dot(dot_acc& acc, const DOT_T* a, const DOT_T* b) {
   // DOT_OVERLAP: this step's products stay in flight while the next step's are issued (the loop
   // then stages one step less ahead, so the buffer a pending product reads is not refilled).
   kiln_wgmma_wait<DOT_OVERLAP ? 1 : 0>();
-  kiln_hold(*reinterpret_cast<float (*)[DOT_BN / 2]>(&acc.v[0][0][0]));
+  kiln_hold(dot_wgmma_acc(acc));
 }
 #if DOT_TMA
 // One box of a 3-D tensor map ({inner, outer, batch}, boxes of 64 inner columns) at (c0, c1, c2)
@@ -220,7 +224,7 @@ KILN_FN bool dot_k_loop_tma(dot_acc& acc, unsigned char* shared, const kiln_tens
     if (s > 0 && threadIdx.x % 32 == 0) kiln_mbar_arrive(DOT_EMPTY((s - 1) % DOT_STAGES));
   }
   kiln_wgmma_wait<0>();
-  kiln_hold(*reinterpret_cast<float (*)[DOT_BN / 2]>(&acc.v[0][0][0]));
+  kiln_hold(dot_wgmma_acc(acc));
 #undef DOT_FULL
 #undef DOT_EMPTY
   return true;
@@ -351,7 +355,7 @@ KILN_FN void dot_k_loop(dot_acc& acc, unsigned char* shared, const DOT_T* a, i64
   }
 #if DOT_WGMMA && DOT_OVERLAP
   kiln_wgmma_wait<0>();
-  kiln_hold(*reinterpret_cast<float (*)[DOT_BN / 2]>(&acc.v[0][0][0]));
+  kiln_hold(dot_wgmma_acc(acc));
 #endif
   kiln_cp_async_wait<0>();
 }
